@@ -1,0 +1,1 @@
+"""Clients, edge servers, and the algorithms they run (see agents.algorithms)."""

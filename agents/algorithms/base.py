@@ -1,0 +1,163 @@
+"""The algorithm interface: one server-side class, one client-side class per algorithm.
+
+The round loop (:mod:`mecsim.runner`) is written once and calls, in order:
+
+1. ``server.select(round, rng)`` — which clients take part;
+2. ``server.configure_fit(round, selected)`` — one :class:`ClientTask` each: what the
+   client downloads (weights, which layers, how many bytes) and its round config;
+3. ``client.fit(ctx, task)`` on the client's host — real local training, returning a
+   :class:`ClientResult` with what it uploads and its op-trace;
+4. ``server.aggregate_fit(round, results)`` — with the results that made the deadline;
+5. ``server.configure_evaluate`` / ``client.evaluate`` — user accuracy on each client's
+   own test data.
+
+Nothing here knows about Ray or SimPy: algorithms are plain classes, testable
+in-process. State that lives on a client between rounds (a personal model, optimiser
+moments, private layers) lives in ``ctx.state``, a dict the host keeps per client.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import nn
+
+from agents.models import ModelLayout
+from agents.training import StepCosts, TrainStats, evaluate, make_optimizer, train_epochs
+from mecsim.ops import Compute, Download, OpTrace, Upload
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: int = 1
+    batch_size: int = 32
+    optimizer: str = "sgd"
+    lr: float = 0.01
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+
+@dataclass
+class ClientTask:
+    """What the server sends one client for one round."""
+
+    client_id: int
+    weights: np.ndarray | None  # flat model state (see agents.models), None: nothing sent
+    download_nbytes: int  # bytes on the air for this download (only what is sent counts)
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ClientResult:
+    """What one client returns after local training."""
+
+    client_id: int
+    weights: np.ndarray | None  # flat state uploaded; None: nothing uploaded
+    upload_nbytes: int
+    num_samples: int
+    train_loss: float
+    trace: OpTrace
+    flops: float
+    steps: int
+    peak_memory_bytes: int
+    host_seconds: float = 0.0  # measured wall time of this client's training on the host
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ClientContext:
+    """Everything a client algorithm may use on the host for one client."""
+
+    client_id: int
+    model: nn.Module  # a model instance shared by the host's clients: load state before use
+    layout: ModelLayout
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    state: dict[str, Any]  # persists on the host between rounds
+    train: TrainConfig
+    generator: torch.Generator  # seeded from (scenario seed, round, client)
+    costs: StepCosts
+    init_weights: np.ndarray  # the common initial model (read-only)
+
+
+@dataclass(frozen=True)
+class AggregateStats:
+    flops: float  # server FLOPs of aggregation (see each algorithm for how they are counted)
+
+
+class ServerAlgorithm:
+    """Server side of an algorithm. Subclasses override what differs."""
+
+    name: ClassVar[str] = "base"
+
+    def __init__(self, layout: ModelLayout, init_weights: np.ndarray,
+                 client_samples: dict[int, int], fraction: float,
+                 params: dict[str, Any]) -> None:
+        self.layout = layout
+        self.weights = init_weights.copy()  # the global model
+        self.client_samples = dict(client_samples)
+        self.fraction = fraction
+        self.params = dict(params)
+
+    def select(self, rnd: int, rng: np.random.Generator) -> list[int]:
+        """Uniform sampling without replacement of max(1, round(fraction * N)) clients."""
+        ids = np.array(sorted(self.client_samples))
+        k = max(1, int(round(self.fraction * len(ids))))
+        if k >= len(ids):
+            return ids.tolist()
+        return sorted(rng.choice(ids, size=k, replace=False).tolist())
+
+    def configure_fit(self, rnd: int, selected: list[int]) -> list[ClientTask]:
+        return [ClientTask(c, self.weights, self.layout.nbytes) for c in selected]
+
+    def aggregate_fit(self, rnd: int, results: list[ClientResult]) -> AggregateStats:
+        raise NotImplementedError
+
+    def configure_evaluate(self, rnd: int, clients: list[int]) -> list[ClientTask]:
+        """Which model each client evaluates (the global one, by default)."""
+        return [ClientTask(c, self.weights, 0) for c in clients]
+
+
+class ClientAlgorithm:
+    """Client side of an algorithm: local training and evaluation."""
+
+    name: ClassVar[str] = "base"
+
+    def __init__(self, params: dict[str, Any]) -> None:
+        self.params = dict(params)
+
+    def fit(self, ctx: ClientContext, task: ClientTask) -> ClientResult:
+        raise NotImplementedError
+
+    def evaluate(self, ctx: ClientContext, task: ClientTask) -> tuple[float, float]:
+        """(accuracy, loss) on the client's own test data of the model in ``task``."""
+        from agents.models import set_flat
+
+        if task.weights is not None:
+            set_flat(ctx.model, ctx.layout, task.weights)
+        return evaluate(ctx.model, ctx.x_test, ctx.y_test)
+
+
+def local_sgd(ctx: ClientContext, extra_loss=None, cost_key: str = "") -> TrainStats:
+    """Train ``ctx.model`` in place with the scenario's optimiser for E epochs."""
+    t = ctx.train
+    opt = make_optimizer(t.optimizer, ctx.model.parameters(), t.lr, t.momentum, t.weight_decay)
+    return train_epochs(ctx.model, opt, ctx.x_train, ctx.y_train, epochs=t.epochs,
+                        batch_size=t.batch_size, generator=ctx.generator, costs=ctx.costs,
+                        extra_loss=extra_loss, cost_key=cost_key)
+
+
+def standard_trace(download_nbytes: int, stats: TrainStats, upload_nbytes: int) -> OpTrace:
+    """The op-trace of a classic FL round: receive, train, send (zero-byte ops omitted)."""
+    ops: list = []
+    if download_nbytes:
+        ops.append(Download(download_nbytes))
+    ops.append(Compute(stats.flops, stats.steps))
+    if upload_nbytes:
+        ops.append(Upload(upload_nbytes))
+    return tuple(ops)

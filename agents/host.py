@@ -1,0 +1,111 @@
+"""Client hosts: one process trains many virtual clients in turn.
+
+A :class:`ClientHost` keeps, for each client it hosts, its data (normalised tensors) and
+its private state between rounds (a personal model, optimiser moments, private layers:
+whatever the algorithm stores in ``ctx.state``). One model instance is shared by all the
+host's clients: a client's state is loaded into it before it trains. 100 clients never
+mean 100 processes: the run loop places them on a small pool of hosts.
+
+The class is plain Python; :mod:`mecsim.execution` wraps it in a Ray actor (or calls it
+in-process for tests), so the same code runs in both.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from agents.algorithms import (
+    ClientContext,
+    ClientResult,
+    ClientTask,
+    TrainConfig,
+    algorithm_classes,
+)
+from agents.models import build_model, model_layout
+from agents.training import StepCosts
+from mecsim.data import DataPools, normalise
+
+
+@dataclass(frozen=True)
+class HostSetup:
+    """Everything a host needs to build its clients (sent once, when it starts)."""
+
+    model_name: str
+    in_shape: tuple[int, int, int]
+    num_classes: int
+    algorithm: str
+    algorithm_params: dict[str, Any]
+    train: TrainConfig
+    seed: int
+    init_weights: np.ndarray
+    torch_threads: int = 1
+
+
+def client_seed(seed: int, rnd: int, client_id: int, purpose: int = 0) -> int:
+    """A 63-bit seed for (scenario seed, round, client): the same wherever the client runs."""
+    state = np.random.SeedSequence([seed, rnd, client_id, purpose]).generate_state(2, np.uint32)
+    return int(state[0]) << 31 ^ int(state[1])
+
+
+class ClientHost:
+    def __init__(self, setup: HostSetup, pools: DataPools,
+                 clients: dict[int, tuple[np.ndarray, np.ndarray]]) -> None:
+        torch.set_num_threads(setup.torch_threads)
+        self.setup = setup
+        torch.manual_seed(setup.seed)
+        self.model = build_model(setup.model_name, setup.in_shape, setup.num_classes)
+        self.layout = model_layout(self.model)
+        self.costs = StepCosts()
+        _, client_cls = algorithm_classes(setup.algorithm)
+        self.algorithm = client_cls(setup.algorithm_params)
+        self.data: dict[int, tuple[torch.Tensor, ...]] = {}
+        self.state: dict[int, dict[str, Any]] = {}
+        name = pools.train.name
+        for cid, (train_idx, test_idx) in clients.items():
+            self.data[cid] = (
+                normalise(pools.train.images[train_idx], name),
+                torch.from_numpy(pools.train.labels[train_idx].astype(np.int64)),
+                normalise(pools.test.images[test_idx], name),
+                torch.from_numpy(pools.test.labels[test_idx].astype(np.int64)),
+            )
+            self.state[cid] = {}
+
+    def _context(self, cid: int, rnd: int, purpose: int) -> ClientContext:
+        x_tr, y_tr, x_te, y_te = self.data[cid]
+        gen = torch.Generator().manual_seed(client_seed(self.setup.seed, rnd, cid, purpose))
+        return ClientContext(
+            client_id=cid, model=self.model, layout=self.layout, x_train=x_tr, y_train=y_tr,
+            x_test=x_te, y_test=y_te, state=self.state[cid], train=self.setup.train,
+            generator=gen, costs=self.costs, init_weights=self.setup.init_weights,
+        )
+
+    def fit(self, rnd: int, tasks: list[ClientTask]) -> list[ClientResult]:
+        results = []
+        for task in tasks:
+            ctx = self._context(task.client_id, rnd, purpose=0)
+            torch.manual_seed(client_seed(self.setup.seed, rnd, task.client_id, purpose=1))
+            start = time.perf_counter()
+            result = self.algorithm.fit(ctx, task)
+            result.host_seconds = time.perf_counter() - start
+            results.append(result)
+        return results
+
+    def evaluate(self, rnd: int, tasks: list[ClientTask]) -> list[tuple[int, float, float, int]]:
+        """(client_id, accuracy, loss, test samples) for each task."""
+        out = []
+        for task in tasks:
+            ctx = self._context(task.client_id, rnd, purpose=2)
+            acc, loss = self.algorithm.evaluate(ctx, task)
+            out.append((task.client_id, acc, loss, int(ctx.y_test.shape[0])))
+        return out
+
+    def rss_bytes(self) -> int:
+        import psutil
+
+        return int(psutil.Process(os.getpid()).memory_info().rss)

@@ -1,0 +1,179 @@
+"""Local training and evaluation on a client's own data, with FLOPs and memory measured.
+
+FLOPs come from :class:`torch.utils.flop_counter.FlopCounterMode` (matmuls and
+convolutions, forward and backward). A step's FLOPs depend only on tensor shapes, so the
+first real step of each batch size is run under the counter and its count is reused for
+later steps of that size (:class:`StepCosts`): counting every step would slow training
+several-fold for the same number.
+
+The memory a training step needs is measured on that same first step: parameters,
+gradients, optimiser state, the input batch and every tensor autograd saves for the
+backward pass (via ``torch.autograd.graph.saved_tensors_hooks``). It is compared with
+a device's RAM by the run loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+LossTerm = Callable[[nn.Module], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class StepCost:
+    flops: float  # forward + backward FLOPs of one optimiser step
+    memory_bytes: int  # params + grads + optimiser state + batch + saved activations
+
+
+class StepCosts:
+    """Per-(batch size) cache of measured step costs for one model architecture."""
+
+    def __init__(self) -> None:
+        self._by_batch: dict[tuple[int, str], StepCost] = {}
+
+    def get(self, batch_size: int, key: str = "") -> StepCost | None:
+        return self._by_batch.get((batch_size, key))
+
+    def put(self, batch_size: int, cost: StepCost, key: str = "") -> None:
+        self._by_batch[(batch_size, key)] = cost
+
+
+def _tensor_bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    total = 0
+    for state in optimizer.state.values():
+        total += _tensor_bytes(v for v in state.values() if torch.is_tensor(v))
+    return total
+
+
+@dataclass(frozen=True)
+class TrainStats:
+    steps: int
+    samples: int
+    flops: float
+    mean_loss: float
+    peak_memory_bytes: int
+
+
+def make_optimizer(name: str, params, lr: float, momentum: float = 0.0,
+                   weight_decay: float = 0.0) -> torch.optim.Optimizer:
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
+    raise ValueError(f"unknown optimiser {name!r}; known: sgd, adam")
+
+
+def train_epochs(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    epochs: int,
+    batch_size: int,
+    generator: torch.Generator,
+    costs: StepCosts,
+    extra_loss: LossTerm | None = None,
+    cost_key: str = "",
+) -> TrainStats:
+    """``epochs`` passes of mini-batch training over (x, y), shuffled by ``generator``.
+
+    ``extra_loss(model)`` is added to the cross-entropy of every step (a proximal or
+    coaching term). The last batch of an epoch may be smaller; its cost is measured for
+    its own size.
+    """
+    model.train()
+    n = int(y.shape[0])
+    steps = 0
+    flops = 0.0
+    loss_sum = 0.0
+    peak = 0
+    for _ in range(epochs):
+        order = torch.randperm(n, generator=generator)
+        for start in range(0, n, batch_size):
+            idx = order[start : start + batch_size]
+            if idx.numel() < 2 and any(isinstance(m, nn.modules.batchnorm._BatchNorm)
+                                       for m in model.modules()):
+                continue  # BatchNorm cannot train on a single sample
+            xb, yb = x[idx], y[idx]
+            bsz = int(idx.numel())
+            cost = costs.get(bsz, cost_key)
+            if cost is None:
+                loss, cost = measured_step(model, optimizer, xb, yb, extra_loss)
+                costs.put(bsz, cost, cost_key)
+            else:
+                loss = _step(model, optimizer, xb, yb, extra_loss)
+            loss_sum += loss
+            steps += 1
+            flops += cost.flops
+            peak = max(peak, cost.memory_bytes)
+    return TrainStats(steps, n * epochs, flops, loss_sum / max(steps, 1), peak)
+
+
+def _loss(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor,
+          extra_loss: LossTerm | None) -> torch.Tensor:
+    loss = nn.functional.cross_entropy(model(xb), yb)
+    if extra_loss is not None:
+        loss = loss + extra_loss(model)
+    return loss
+
+
+def _step(model, optimizer, xb, yb, extra_loss) -> float:
+    optimizer.zero_grad(set_to_none=True)
+    loss = _loss(model, xb, yb, extra_loss)
+    loss.backward()
+    optimizer.step()
+    return float(loss.detach())
+
+
+def measured_step(model, optimizer, xb, yb, extra_loss) -> tuple[float, StepCost]:
+    saved: list[int] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.append(t.numel() * t.element_size())
+        return t
+
+    counter = FlopCounterMode(display=False)
+    optimizer.zero_grad(set_to_none=True)
+    with counter:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = _loss(model, xb, yb, extra_loss)
+        loss.backward()
+    optimizer.step()
+    params = list(model.parameters())
+    memory = (
+        _tensor_bytes(params)  # weights
+        + _tensor_bytes(p for p in params if p.requires_grad)  # gradients
+        + _tensor_bytes(model.buffers())
+        + _optimizer_state_bytes(optimizer)
+        + xb.numel() * xb.element_size()
+        + sum(saved)
+    )
+    return float(loss.detach()), StepCost(float(counter.get_total_flops()), int(memory))
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+             chunk: int = 2048) -> tuple[float, float]:
+    """(accuracy in [0, 1], mean cross-entropy) of ``model`` on (x, y)."""
+    n = int(y.shape[0])
+    if n == 0:
+        return float("nan"), float("nan")
+    model.eval()
+    correct = 0
+    loss_sum = 0.0
+    for start in range(0, n, chunk):
+        logits = model(x[start : start + chunk])
+        target = y[start : start + chunk]
+        loss_sum += float(nn.functional.cross_entropy(logits, target, reduction="sum"))
+        correct += int((logits.argmax(1) == target).sum())
+    return correct / n, loss_sum / n

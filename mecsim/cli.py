@@ -1,0 +1,207 @@
+"""The ``mecsim`` command.
+
+    mecsim run [SCENARIO.yaml]     run a scenario (default: the embedded one)
+    mecsim validate FILE...        check scenario files
+    mecsim schema [-o FILE]        JSON Schema of scenario files, for editors
+    mecsim devices                 the built-in device profiles and their sources
+    mecsim algorithms              the algorithms that can be named in a scenario
+
+Exit codes: 0 success, 2 bad input (scenario file, arguments), 1 a run that failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from mecsim.scenario import (
+    Scenario,
+    ScenarioError,
+    default_scenario_path,
+    json_schema,
+    load_scenario,
+    scenario_from_dict,
+)
+
+EXIT_BAD_INPUT = 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="mecsim",
+        description="Network-emulated MEC testbed for personalised federated learning: real "
+        "training, a SimPy model of the wireless network and device CPUs, and per-round "
+        "records of time, bytes, FLOPs, memory and accuracy.",
+    )
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    run = sub.add_parser(
+        "run", help="run a scenario",
+        description="Run a scenario and write its records to OUT/<run-id>/. Without a file, "
+        "runs the embedded default scenario (FedAvg, 10 clients, MNIST, ~1 minute).",
+    )
+    run.add_argument("scenario", nargs="?", help="scenario YAML (default: embedded)")
+    run.add_argument("--rounds", type=int, help="override the scenario's rounds")
+    run.add_argument("--seed", type=int, help="override the scenario's seed")
+    run.add_argument("--out", help="records directory (default: the scenario's outputs.dir)")
+    run.add_argument("--run-id", help="name of the run's folder (default: name-timestamp)")
+    run.add_argument("--backend", choices=["ray", "local"],
+                     help="ray (default): host actors in Ray; local: in this process")
+    run.add_argument("--hosts", type=int, help="host actors (default: one per core)")
+    run.add_argument("--ray-address", help="attach to an existing Ray cluster, e.g. auto or "
+                     "ray://head:10001")
+    run.add_argument("--metrics-port", type=int,
+                     help="port of the Prometheus /metrics endpoint (0: any free port)")
+    run.add_argument("--no-metrics", action="store_true", help="do not serve /metrics")
+    run.add_argument("--quiet", action="store_true", help="no progress bar or tables")
+
+    val = sub.add_parser("validate", help="check scenario files",
+                         description="Validate scenario files; prints one line per problem.")
+    val.add_argument("files", nargs="+")
+    sch = sub.add_parser("schema", help="print the scenario JSON Schema",
+                         description="The JSON Schema of scenario files, for editors.")
+    sch.add_argument("-o", "--output", help="write to this file instead of stdout")
+    sub.add_parser("devices", help="list device profiles with their sources")
+    sub.add_parser("algorithms", help="list the algorithms")
+    return p
+
+
+def _apply_overrides(scenario: Scenario, args: argparse.Namespace, source: str) -> Scenario:
+    data = scenario.model_dump(mode="json")
+    if args.rounds is not None:
+        data["rounds"] = args.rounds
+    if args.seed is not None:
+        data["seed"] = args.seed
+    if args.out is not None:
+        data["outputs"]["dir"] = args.out
+    if args.run_id is not None:
+        data["outputs"]["run_id"] = args.run_id
+    if args.no_metrics:
+        data["metrics"]["enabled"] = False
+    if args.metrics_port is not None:
+        data["metrics"]["port"] = args.metrics_port
+    return scenario_from_dict(data, f"{source} (with command-line overrides)")
+
+
+def _run_id(scenario: Scenario) -> str:
+    return scenario.outputs.run_id or f"{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def cmd_run(args: argparse.Namespace, console: Console) -> int:
+    from mecsim.console import ProgressBar, summary_table
+    from mecsim.metrics import MetricsExporter
+    from mecsim.records import RecordsWriter
+    from mecsim.runner import ScenarioInfeasible, run
+
+    path = Path(args.scenario) if args.scenario else default_scenario_path()
+    scenario = _apply_overrides(load_scenario(path), args, str(path))
+    run_id = _run_id(scenario)
+    out_dir = Path(scenario.outputs.dir) / run_id
+    if out_dir.exists():
+        console.print(f"[red]error:[/] {out_dir} already exists; choose another --run-id")
+        return EXIT_BAD_INPUT
+    records = RecordsWriter(out_dir)
+    observers: list = [records]
+    exporter = None
+    if scenario.metrics.enabled:
+        exporter = MetricsExporter(scenario.metrics.host, scenario.metrics.port)
+        observers.append(exporter)
+    progress = None if args.quiet else ProgressBar(console)
+    if progress:
+        observers.append(progress)
+    if not args.quiet:
+        console.print(f"[bold]mecsim[/] {scenario.name}: {scenario.algorithm.name}, "
+                      f"{scenario.topology.clients} clients, {scenario.rounds} rounds "
+                      f"-> {out_dir}")
+    try:
+        rows = run(scenario, run_id, out_dir, observers, hosts=args.hosts,
+                   backend=args.backend, ray_address=args.ray_address)
+    except ScenarioInfeasible as exc:
+        console.print(f"[red]error:[/] {path}: {exc}")
+        return EXIT_BAD_INPUT
+    except (FileNotFoundError, ValueError) as exc:
+        if not out_dir.exists():  # failed while setting up: bad input, nothing written
+            console.print(f"[red]error:[/] {path}: {exc}")
+            return EXIT_BAD_INPUT
+        raise
+    finally:
+        if progress:
+            progress.close()
+        if exporter:
+            exporter.close()
+    if not args.quiet:
+        for table in summary_table(scenario.algorithm.name, rows):
+            console.print(table)
+        console.print(f"records: {out_dir}/ (rounds.csv, clients.csv, summary.md, ...)")
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace, console: Console) -> int:
+    bad = 0
+    for f in args.files:
+        try:
+            load_scenario(f)
+            console.print(f"{f}: ok")
+        except ScenarioError as exc:
+            bad += 1
+            print(str(exc), file=sys.stderr)
+    return EXIT_BAD_INPUT if bad else 0
+
+
+def cmd_schema(args: argparse.Namespace, console: Console) -> int:
+    text = json.dumps(json_schema(), indent=2)
+    if args.output:
+        Path(args.output).write_text(text + "\n")
+    else:
+        print(text)
+    return 0
+
+
+def cmd_devices(args: argparse.Namespace, console: Console) -> int:
+    from rich.table import Table
+
+    from mecsim.devices import builtin_profiles
+
+    table = Table(title="Device profiles (t = batches * step_overhead + FLOPs / FLOP/s)")
+    for col in ("name", "GFLOP/s", "step overhead (ms)", "RAM (GiB)", "source of GFLOP/s"):
+        table.add_column(col)
+    for p in builtin_profiles().values():
+        table.add_row(p.name, f"{p.flops_per_s / 1e9:.2f}", f"{1e3 * p.step_overhead_s:.0f}",
+                      f"{p.ram_bytes / 2**30:.0f}", p.flops_source)
+    console.print(table)
+    return 0
+
+
+def cmd_algorithms(args: argparse.Namespace, console: Console) -> int:
+    from agents.algorithms import ALGORITHMS
+
+    for name, (server_cls, _) in sorted(ALGORITHMS.items()):
+        doc = (sys.modules[server_cls.__module__].__doc__ or "").strip().splitlines()[0]
+        console.print(f"[bold]{name}[/]: {doc}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    console = Console(stderr=False)
+    command = args.command or "run"
+    if args.command is None:  # plain `mecsim`: run the default scenario
+        args = _parser().parse_args(["run"])
+    handlers = {"run": cmd_run, "validate": cmd_validate, "schema": cmd_schema,
+                "devices": cmd_devices, "algorithms": cmd_algorithms}
+    try:
+        return handlers[command](args, console)
+    except ScenarioError as exc:
+        print(str(exc), file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/]: the finished rounds are kept in the records")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""What a person sees in the terminal: a progress bar over rounds and the final tables."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from mecsim.runner import RunInfo, RunObserver
+from mecsim.summary import summarise, table_rows
+
+
+class ProgressBar(RunObserver):
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
+            console=console, transient=False,
+        )
+        self.task = None
+
+    def on_run_start(self, info: RunInfo) -> None:
+        self.progress.start()
+        self.task = self.progress.add_task(f"{info.scenario.algorithm.name} rounds",
+                                           total=info.scenario.rounds, status="")
+
+    def on_round_end(self, info, row: dict[str, Any], client_rows, traces) -> None:
+        acc = row["mean_accuracy"]
+        acc_txt = f"acc {100 * acc:5.2f}%" if acc == acc else "acc   -   "
+        self.progress.update(
+            self.task, advance=1,
+            status=f"{acc_txt}  round {row['round_time_s']:.2f} s emulated, "
+                   f"{row['host_wall_s']:.2f} s host")
+
+    def on_run_end(self, info, rounds) -> None:
+        self.progress.stop()
+
+    def close(self) -> None:
+        self.progress.stop()
+
+
+def summary_table(algorithm: str, rows: list[dict[str, Any]]) -> list[Table]:
+    s = summarise(rows)
+    th, tc, ch, cc = table_rows(s)
+    time_table = Table(title="Average time per round (emulated, critical path)")
+    cost_table = Table(title="Communication and computation per round")
+    for table, header, cells in ((time_table, th, tc), (cost_table, ch, cc)):
+        table.add_column("method")
+        for h in header:
+            table.add_column(h, justify="right")
+        table.add_row(algorithm, *cells)
+    return [time_table, cost_table]

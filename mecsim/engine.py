@@ -1,0 +1,354 @@
+"""The timing engine: play one round's op-traces through a SimPy model of the network.
+
+"Execute, then time": the clients of a round have already run for real and returned
+op-traces (:mod:`mecsim.ops`). :func:`time_round` replays them in emulated time through
+dedicated links, shared media (processor sharing), device CPUs and edge-server CPUs,
+and returns per-client timelines and the round's critical-path breakdown. It is a pure
+function: no torch, no Ray, no wall clock.
+
+Units: seconds (``_s``), bits per second (``_bps``), FLOPs and FLOP/s (``flops_per_s``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from bisect import bisect_right
+from collections.abc import Generator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import simpy
+
+from mecsim.ops import Compute, Download, OpTrace, ServerCompute, Upload
+
+_Proc = Generator[simpy.Event, Any, None]
+
+
+@dataclass(frozen=True)
+class RateSchedule:
+    """Piecewise-constant rate: ``rates_bps[k]`` holds from ``times_s[k]`` to ``times_s[k+1]``.
+
+    Times are emulated seconds since the round started; the last rate holds forever.
+    """
+
+    times_s: tuple[float, ...]
+    rates_bps: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not self.times_s or len(self.times_s) != len(self.rates_bps):
+            raise ValueError("RateSchedule needs equally many (>= 1) times and rates")
+        if self.times_s[0] != 0.0:
+            raise ValueError("RateSchedule.times_s must start at 0.0")
+        if any(b <= a for a, b in zip(self.times_s, self.times_s[1:], strict=False)):
+            raise ValueError("RateSchedule.times_s must be strictly ascending")
+        if any(r < 0 or math.isnan(r) for r in self.rates_bps):
+            raise ValueError("RateSchedule.rates_bps must be >= 0")
+
+    def transfer_time_s(self, nbits: float, start_s: float) -> float:
+        """Seconds to move ``nbits`` bits starting at ``start_s``; inf if never done."""
+        if nbits <= 0:
+            return 0.0
+        first = max(bisect_right(self.times_s, start_s) - 1, 0)
+        t_s, left = start_s, float(nbits)
+        for k in range(first, len(self.times_s)):
+            rate = self.rates_bps[k]
+            end_s = self.times_s[k + 1] if k + 1 < len(self.times_s) else math.inf
+            if rate > 0 and left <= rate * (end_s - t_s):
+                return t_s + left / rate - start_s
+            left -= rate * (end_s - t_s)
+            t_s = end_s
+        return math.inf
+
+
+Rate = float | RateSchedule  # bits per second
+
+
+@dataclass(frozen=True)
+class ClientSpec:
+    """A client's links and device CPU (``t = batches*step_overhead_s + flops/flops_per_s``)."""
+
+    client_id: int
+    uplink_rate_bps: Rate
+    downlink_rate_bps: Rate
+    step_overhead_s: float
+    flops_per_s: float
+    edge_server: int = 0
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """An edge server's CPU, processor-shared among the jobs of its clients."""
+
+    flops_per_s: float
+    step_overhead_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class NetworkSpec:
+    """Which directions are shared media (per edge server), and the round's deadline."""
+
+    uplink_shared: bool = False
+    downlink_shared: bool = False
+    deadline_s: float | None = None
+
+
+@dataclass(frozen=True)
+class ClientTimeline:
+    """One client's round in emulated seconds; per-kind totals include contention."""
+
+    client_id: int
+    start_s: float
+    finish_s: float
+    download_s: float
+    compute_s: float
+    upload_s: float
+    server_compute_s: float
+    completed: bool
+
+
+@dataclass(frozen=True)
+class RoundTiming:
+    """A round's timelines and critical-path breakdown (seconds)."""
+
+    clients: tuple[ClientTimeline, ...]
+    critical_client: int | None
+    wait_s: float
+    aggregate_s: float
+    round_time_s: float
+    download_s: float
+    client_s: float
+    upload_s: float
+    server_s: float
+    idle_s: float
+    dropped: tuple[int, ...]
+
+
+class ProcessorSharing:
+    """Generalised processor sharing: with n active jobs, each progresses at its rate / n.
+
+    Implemented with virtual time ``v`` (dv/dt = 1/n): a job of ``work`` units at ``rate``
+    units/s arriving at ``v0`` finishes when ``v`` reaches ``v0 + work/rate``. Finish tags
+    sit in a heap, so each arrival/departure costs O(log n). One timer is pending for the
+    head job; a version counter makes stale timers no-ops.
+    """
+
+    def __init__(self, env: simpy.Environment, name: str) -> None:
+        self.env, self.name = env, name
+        self._v, self._last_s = 0.0, env.now  # virtual time (s of solo service), its update
+        self._heap: list[tuple[float, int, simpy.Event]] = []  # (finish tag, seq, event)
+        self._seq = self._version = 0
+
+    def __repr__(self) -> str:
+        return f"ProcessorSharing({self.name!r}, active={len(self._heap)})"
+
+    def serve(self, work: float, rate: float) -> simpy.Event:
+        """Event that fires when ``work`` units at own ``rate`` units/s are done (work > 0)."""
+        self._advance()
+        tag = self._v + work / rate if rate > 0 else math.inf
+        event = self.env.event()
+        self._seq += 1
+        heapq.heappush(self._heap, (tag, self._seq, event))
+        self._reschedule()
+        return event
+
+    def _advance(self) -> None:
+        if self._heap:
+            self._v += (self.env.now - self._last_s) / len(self._heap)
+        self._last_s = self.env.now
+
+    def _reschedule(self) -> None:
+        self._version += 1
+        if not self._heap or math.isinf(self._heap[0][0]):
+            return
+        version = self._version
+        delay_s = max(0.0, (self._heap[0][0] - self._v) * len(self._heap))
+        self.env.timeout(delay_s).callbacks.append(lambda _: self._on_timer(version))
+
+    def _on_timer(self, version: int) -> None:
+        if version != self._version:
+            return
+        self._advance()
+        self._v = max(self._v, self._heap[0][0])
+        while self._heap and self._heap[0][0] <= self._v:
+            heapq.heappop(self._heap)[2].succeed()
+        self._reschedule()
+
+
+class DedicatedLink:
+    """A client's own link: no contention; it owns its transfer delay."""
+
+    def __init__(self, env: simpy.Environment, rate_bps: Rate) -> None:
+        self.env, self.rate_bps = env, rate_bps
+
+    def __repr__(self) -> str:
+        return f"DedicatedLink(rate_bps={self.rate_bps!r})"
+
+    def transfer(self, nbits: float) -> _Proc:
+        if nbits <= 0:
+            return
+        if isinstance(self.rate_bps, RateSchedule):
+            delay_s = self.rate_bps.transfer_time_s(nbits, self.env.now)
+        else:
+            delay_s = nbits / self.rate_bps if self.rate_bps > 0 else math.inf
+        # an infinitely long transfer waits on an event that never fires
+        yield self.env.event() if math.isinf(delay_s) else self.env.timeout(delay_s)
+
+
+class SharedLink:
+    """A client's share of a medium: its transfers are served at ``rate_bps / n``."""
+
+    def __init__(self, medium: ProcessorSharing, rate_bps: float) -> None:
+        self.medium, self.rate_bps = medium, rate_bps
+
+    def __repr__(self) -> str:
+        return f"SharedLink({self.medium.name!r}, rate_bps={self.rate_bps})"
+
+    def transfer(self, nbits: float) -> _Proc:
+        if nbits > 0:
+            yield self.medium.serve(nbits, self.rate_bps)
+
+
+class Device:
+    """A client's own CPU: ``batches*step_overhead_s + flops/flops_per_s`` seconds."""
+
+    def __init__(self, env: simpy.Environment, step_overhead_s: float, flops_per_s: float):
+        self.env, self.step_overhead_s, self.flops_per_s = env, step_overhead_s, flops_per_s
+
+    def __repr__(self) -> str:
+        return f"Device(step_overhead_s={self.step_overhead_s}, flops_per_s={self.flops_per_s})"
+
+    def run(self, flops: float, batches: int) -> _Proc:
+        flop_s = flops / self.flops_per_s if self.flops_per_s > 0 else math.inf
+        delay_s = batches * self.step_overhead_s + (flop_s if flops > 0 else 0.0)
+        if delay_s > 0:
+            yield self.env.event() if math.isinf(delay_s) else self.env.timeout(delay_s)
+
+
+class EdgeServerCPU:
+    """An edge server's CPU, processor-shared; a job is its step overheads + FLOPs, in FLOPs."""
+
+    def __init__(self, env: simpy.Environment, index: int, spec: ServerSpec) -> None:
+        self.spec = spec
+        self.cpu = ProcessorSharing(env, f"server{index}.cpu")
+
+    def __repr__(self) -> str:
+        return f"EdgeServerCPU({self.cpu.name!r}, {self.spec})"
+
+    def run(self, flops: float, batches: int) -> _Proc:
+        work = batches * self.spec.step_overhead_s * self.spec.flops_per_s + max(flops, 0.0)
+        if work > 0:
+            yield self.cpu.serve(work, self.spec.flops_per_s)
+
+
+_Link = DedicatedLink | SharedLink
+_KIND: dict[type, str] = {
+    Download: "download", Compute: "compute", Upload: "upload", ServerCompute: "server"
+}
+
+
+class _Client:
+    """One client's round as a SimPy process; records time spent per kind of op."""
+
+    def __init__(
+        self, env: simpy.Environment, cid: int, trace: OpTrace, down: _Link, up: _Link,
+        device: Device, server: EdgeServerCPU | None,
+    ) -> None:
+        self.env, self.cid, self.trace = env, cid, trace
+        self.down, self.up, self.device, self.server = down, up, device, server
+        self.spent_s = dict.fromkeys(_KIND.values(), 0.0)
+        self.current: str | None = None
+        self.finish_s: float | None = None
+
+    def run(self) -> _Proc:
+        for op in self.trace:
+            t0_s, self.current = self.env.now, _KIND[type(op)]
+            if isinstance(op, Download):
+                yield from self.down.transfer(8 * op.nbytes)
+            elif isinstance(op, Upload):
+                yield from self.up.transfer(8 * op.nbytes)
+            elif isinstance(op, Compute):
+                yield from self.device.run(op.flops, op.batches)
+            elif self.server is not None:
+                yield from self.server.run(op.flops, op.batches)
+            self.spent_s[self.current] += self.env.now - t0_s
+        self.current, self.finish_s = None, self.env.now
+
+    def timeline(self, deadline_s: float | None) -> ClientTimeline:
+        spent, finish_s = dict(self.spent_s), self.finish_s
+        if finish_s is None:  # stuck in an op that never ends
+            spent[self.current or "compute"] = finish_s = math.inf
+        return ClientTimeline(
+            self.cid, 0.0, finish_s, spent["download"], spent["compute"], spent["upload"],
+            spent["server"], deadline_s is None or finish_s <= deadline_s,
+        )
+
+
+def time_round(
+    traces: Mapping[int, OpTrace],
+    clients: Mapping[int, ClientSpec],
+    servers: Sequence[ServerSpec],
+    network: NetworkSpec,
+    aggregate_s: float = 0.0,
+) -> RoundTiming:
+    """Time one round: all clients start at 0 s and run their op-traces in order.
+
+    ``traces`` maps client_id -> op-trace (its order is the output order); ``clients``
+    must hold a spec for each. Raises ValueError for a shared medium with a
+    :class:`RateSchedule` rate, or a ServerCompute on a missing edge server.
+    """
+    env = simpy.Environment()
+    media: dict[tuple[str, int], ProcessorSharing] = {}
+    cpus: dict[int, EdgeServerCPU] = {}
+
+    def link(spec: ClientSpec, rate: Rate, shared: bool, direction: str) -> _Link:
+        if not shared:
+            return DedicatedLink(env, rate)
+        if isinstance(rate, RateSchedule):
+            raise ValueError(f"client {spec.client_id}: a shared {direction} medium needs a "
+                             "constant rate, not a RateSchedule")
+        key = (direction, spec.edge_server)
+        if key not in media:
+            media[key] = ProcessorSharing(env, f"server{key[1]}.{direction}")
+        return SharedLink(media[key], float(rate))
+
+    procs: list[_Client] = []
+    for cid, trace in traces.items():
+        spec = clients[cid]
+        if spec.client_id != cid:
+            raise ValueError(f"clients[{cid}] has client_id {spec.client_id}")
+        es, server = spec.edge_server, None
+        if any(isinstance(op, ServerCompute) for op in trace):
+            if not 0 <= es < len(servers):
+                raise ValueError(f"client {cid}: no edge server {es}")
+            if es not in cpus:
+                cpus[es] = EdgeServerCPU(env, es, servers[es])
+            server = cpus[es]
+        client = _Client(
+            env, cid, tuple(trace),
+            link(spec, spec.downlink_rate_bps, network.downlink_shared, "downlink"),
+            link(spec, spec.uplink_rate_bps, network.uplink_shared, "uplink"),
+            Device(env, spec.step_overhead_s, spec.flops_per_s), server,
+        )
+        procs.append(client)
+        env.process(client.run())
+    env.run()
+
+    deadline_s = network.deadline_s
+    timelines = tuple(c.timeline(deadline_s) for c in procs)
+    done = [t for t in timelines if t.completed]
+    dropped = tuple(t.client_id for t in timelines if not t.completed)
+    crit = max(done, key=lambda t: t.finish_s) if done else None
+    wait_s = deadline_s if dropped and deadline_s is not None else crit.finish_s if crit else 0.0
+    round_s = wait_s + aggregate_s
+    parts = (
+        (crit.download_s, crit.compute_s, crit.upload_s, crit.server_compute_s + aggregate_s)
+        if crit else (0.0, 0.0, 0.0, aggregate_s)
+    )
+    idle_s = round_s - sum(parts) if math.isfinite(round_s) else 0.0
+    return RoundTiming(
+        clients=timelines, critical_client=crit.client_id if crit else None,
+        wait_s=wait_s, aggregate_s=aggregate_s, round_time_s=round_s,
+        download_s=parts[0], client_s=parts[1], upload_s=parts[2], server_s=parts[3],
+        idle_s=max(0.0, idle_s), dropped=dropped,
+    )

@@ -1,0 +1,118 @@
+"""Where clients and edge servers run: Ray actors, or in-process.
+
+Both executors drive the same plain classes (:class:`agents.host.ClientHost`,
+:class:`agents.server.EdgeServer`); Ray is only a thin wrapper around them, so a run
+gives the same records with either backend (a test checks it).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from agents.algorithms import ClientResult, ClientTask
+from agents.host import ClientHost, HostSetup
+from agents.server import AggregateReport, EdgeServer
+from mecsim.data import DataPools
+
+ClientData = dict[int, tuple[np.ndarray, np.ndarray]]
+
+
+class LocalExecutor:
+    """Everything in this process: for tests, debugging and profiling."""
+
+    def __init__(self, server_kwargs: dict[str, Any], setup: HostSetup, pools: DataPools,
+                 host_clients: list[ClientData]) -> None:
+        self.server = EdgeServer(**server_kwargs)
+        self.hosts = [ClientHost(setup, pools, clients) for clients in host_clients]
+        self.host_of = {cid: h for h, clients in enumerate(host_clients) for cid in clients}
+
+    def _by_host(self, tasks: list[ClientTask]) -> dict[int, list[ClientTask]]:
+        grouped: dict[int, list[ClientTask]] = defaultdict(list)
+        for task in tasks:
+            grouped[self.host_of[task.client_id]].append(task)
+        return grouped
+
+    def plan(self, rnd: int) -> tuple[list[int], list[ClientTask]]:
+        return self.server.plan(rnd)
+
+    def fit(self, rnd: int, tasks: list[ClientTask]) -> list[ClientResult]:
+        out: list[ClientResult] = []
+        for h, group in self._by_host(tasks).items():
+            out += self.hosts[h].fit(rnd, group)
+        return sorted(out, key=lambda r: r.client_id)
+
+    def aggregate(self, rnd: int, results: list[ClientResult]) -> AggregateReport:
+        return self.server.aggregate(rnd, results)
+
+    def evaluate(self, rnd: int, clients: list[int]) -> list[tuple[int, float, float, int]]:
+        tasks = self.server.evaluation_tasks(rnd, clients)
+        out = []
+        for h, group in self._by_host(tasks).items():
+            out += self.hosts[h].evaluate(rnd, group)
+        return sorted(out)
+
+    def host_rss_bytes(self) -> list[int]:
+        return [self.hosts[0].rss_bytes()] if self.hosts else []
+
+    def close(self) -> None:
+        pass
+
+
+class RayExecutor(LocalExecutor):
+    """Host actors (one CPU each) and an edge-server actor in a Ray cluster."""
+
+    def __init__(self, server_kwargs: dict[str, Any], setup: HostSetup, pools: DataPools,
+                 host_clients: list[ClientData], ray_address: str | None = None) -> None:
+        import ray
+
+        if not ray.is_initialized():
+            os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+            kwargs: dict[str, Any] = dict(include_dashboard=False, logging_level=logging.WARNING,
+                                          configure_logging=False, log_to_driver=True)
+            if ray_address:
+                kwargs["address"] = ray_address
+            else:
+                kwargs["num_cpus"] = max(len(host_clients), os.cpu_count() or 1)
+            ray.init(**kwargs)
+            self._owns_ray = True
+        else:
+            self._owns_ray = False
+        self._ray = ray
+        server_actor = ray.remote(num_cpus=0)(EdgeServer)
+        host_actor = ray.remote(num_cpus=1)(ClientHost)
+        pools_ref = ray.put(pools)
+        self.server = server_actor.remote(**server_kwargs)
+        self.hosts = [host_actor.remote(setup, pools_ref, clients) for clients in host_clients]
+        self.host_of = {cid: h for h, clients in enumerate(host_clients) for cid in clients}
+        ray.get(self.server.rss_bytes.remote())  # surface start-up errors here
+        ray.get([h.rss_bytes.remote() for h in self.hosts])
+
+    def plan(self, rnd: int) -> tuple[list[int], list[ClientTask]]:
+        return self._ray.get(self.server.plan.remote(rnd))
+
+    def fit(self, rnd: int, tasks: list[ClientTask]) -> list[ClientResult]:
+        refs = [self.hosts[h].fit.remote(rnd, group) for h, group in self._by_host(tasks).items()]
+        out = [r for part in self._ray.get(refs) for r in part]
+        return sorted(out, key=lambda r: r.client_id)
+
+    def aggregate(self, rnd: int, results: list[ClientResult]) -> AggregateReport:
+        return self._ray.get(self.server.aggregate.remote(rnd, results))
+
+    def evaluate(self, rnd: int, clients: list[int]) -> list[tuple[int, float, float, int]]:
+        tasks = self._ray.get(self.server.evaluation_tasks.remote(rnd, clients))
+        refs = [self.hosts[h].evaluate.remote(rnd, g) for h, g in self._by_host(tasks).items()]
+        return sorted(x for part in self._ray.get(refs) for x in part)
+
+    def host_rss_bytes(self) -> list[int]:
+        return self._ray.get([h.rss_bytes.remote() for h in self.hosts])
+
+    def close(self) -> None:
+        for actor in [self.server, *self.hosts]:
+            self._ray.kill(actor)
+        if self._owns_ray:
+            self._ray.shutdown()

@@ -1,0 +1,370 @@
+"""Scenario files: YAML -> validated, typed pydantic model (parsed once, then typed).
+
+``mecsim schema`` exports the JSON Schema of :class:`Scenario`, so editors can validate
+scenario files. :func:`load_scenario` turns every problem (unreadable file, bad YAML,
+unknown or ill-typed field) into a :class:`ScenarioError` whose lines each name the file
+and the field.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+PositiveFloat = Annotated[float, Field(gt=0)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --------------------------------------------------------------------------- data
+
+
+class IidPartition(_Strict):
+    method: Literal["iid"] = "iid"
+
+
+class DirichletPartition(_Strict):
+    method: Literal["dirichlet"]
+    alpha: PositiveFloat = Field(description="Dirichlet concentration over clients, per class")
+    min_samples: int = Field(1, ge=0, description="redraw until every client has this many")
+
+
+class ShardsPartition(_Strict):
+    method: Literal["shards"]
+    shards_per_client: int = Field(2, ge=1)
+
+
+class PrimarySecondaryPartition(_Strict):
+    method: Literal["primary_secondary"]
+    samples_per_client: int = Field(gt=0)
+    test_samples_per_client: int = Field(gt=0)
+
+
+Partition = Annotated[
+    IidPartition | DirichletPartition | ShardsPartition | PrimarySecondaryPartition,
+    Field(discriminator="method"),
+]
+
+
+class DatasetConfig(_Strict):
+    name: Literal["mnist-embedded", "mnist", "fashion-mnist", "cifar10", "cifar100"] = (
+        "mnist-embedded"
+    )
+    root: str | None = Field(None, description="directory holding the dataset files")
+    train_size: int | None = Field(None, gt=0, description="train pool size (subsample)")
+    test_size: int | None = Field(None, gt=0, description="test pool size (subsample)")
+    partition: Partition = Field(default_factory=IidPartition)
+
+
+# --------------------------------------------------------------------------- model, training
+
+
+class ModelConfig(_Strict):
+    name: Literal["mlp_2nn", "mtfl_cnn", "kapc_cnn", "phsfl_cnn", "resnet18"] = "mlp_2nn"
+
+
+class TrainingConfig(_Strict):
+    epochs: int = Field(1, ge=1, description="local epochs per round (E)")
+    batch_size: int = Field(32, ge=1)
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    lr: PositiveFloat = 0.01
+    momentum: float = Field(0.0, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0)
+
+
+class AlgorithmConfig(_Strict):
+    name: str = Field("fedavg", description="fedavg, local, ... (see `mecsim algorithms`)")
+    params: dict[str, Any] = Field(default_factory=dict, description="algorithm hyper-parameters")
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, name: str) -> str:
+        from agents.algorithms import ALGORITHMS
+
+        if name not in ALGORITHMS:
+            raise ValueError(f"unknown algorithm {name!r}; known: {', '.join(sorted(ALGORITHMS))}")
+        return name
+
+
+# --------------------------------------------------------------------------- topology, devices
+
+
+class TopologyConfig(_Strict):
+    clients: int = Field(10, ge=1, description="number of clients (virtual; not processes)")
+    edge_servers: int = Field(1, ge=1)
+    participation: float = Field(
+        1.0, gt=0, le=1, description="fraction of clients selected per round (C)"
+    )
+
+
+class CustomProfile(_Strict):
+    flops_per_s: PositiveFloat
+    step_overhead_s: float = Field(ge=0)
+    ram_bytes: int = Field(gt=0)
+    description: str = ""
+    flops_source: str = Field(description="where flops_per_s comes from")
+    step_overhead_source: str = Field(description="where step_overhead_s comes from")
+    ram_source: str = ""
+
+
+class DeviceGroup(_Strict):
+    profile: str
+    count: int | None = Field(None, ge=1, description="clients in this group; omit: the rest")
+
+
+class DevicesConfig(_Strict):
+    clients: list[DeviceGroup] = Field(
+        default_factory=lambda: [DeviceGroup(profile="rpi4")],
+        description="groups assigned to clients in id order",
+    )
+    edge_server: str = "edge-server-x86"
+    profiles: dict[str, CustomProfile] = Field(
+        default_factory=dict, description="extra or overriding device profiles"
+    )
+
+
+# --------------------------------------------------------------------------- channel
+
+
+class Interference(_Strict):
+    """Co-channel interference drawn per client-round from N(mean, std^2), clipped at 0.
+
+    The KAPC paper (Table 4) gives N(1, 4) uplink and N(1, 9) downlink without a unit, so
+    the unit must be named here.
+    """
+
+    unit: Literal["W", "mW", "dBm", "noise"] = Field(
+        description="unit of the draws; 'noise' = multiples of the link's thermal noise N0*B"
+    )
+    uplink_mean: float = 1.0
+    uplink_std: float = Field(2.0, ge=0)
+    downlink_mean: float = 1.0
+    downlink_std: float = Field(3.0, ge=0)
+
+
+Range = float | tuple[float, float]
+
+
+class ShannonUplink(_Strict):
+    bandwidth_hz: Range = Field((10e6, 30e6), description="per-client, uniform in [lo, hi]")
+    tx_power_dbm: Range = Field((23.0, 30.0), description="per-client, uniform in [lo, hi]")
+    shared: bool = Field(False, description="uplinks of an edge server's clients share one medium")
+
+
+class ShannonDownlink(_Strict):
+    bandwidth_hz: PositiveFloat = 50e6
+    tx_power_dbm: float = 30.0
+    mode: Literal["full", "equal_split", "shared"] = Field(
+        "full",
+        description="full: whole band per client; equal_split: band/n per client; "
+        "shared: processor sharing of the band among concurrent downloads",
+    )
+
+
+class ShannonChannelConfig(_Strict):
+    model: Literal["shannon"] = "shannon"
+    uplink: ShannonUplink = Field(default_factory=ShannonUplink)
+    downlink: ShannonDownlink = Field(default_factory=ShannonDownlink)
+    interference: Interference | None = Field(None, description="null: no interference")
+    distance_m: Range = Field((100.0, 500.0), description="per-client, uniform in [lo, hi]")
+    path_loss_db: float = -40.0
+    reference_distance_m: PositiveFloat = 1.0
+    path_loss_exponent: PositiveFloat = 4.0
+    fading: Literal["none", "rayleigh"] = "none"
+    noise_psd_dbm_per_hz: float = -174.0
+    snr_offset_db: float = Field(
+        0.0, description="calibration added to every SNR (dB); 0 = the literal model"
+    )
+
+
+class FixedLink(_Strict):
+    rate_bps: PositiveFloat
+    shared: bool = False
+
+
+class FixedRateChannelConfig(_Strict):
+    model: Literal["fixed_rate"]
+    uplink: FixedLink
+    downlink: FixedLink
+
+
+class TraceChannelConfig(_Strict):
+    model: Literal["trace"]
+    path: str = Field(description="CSV: time_s,client_id,uplink_mbps,downlink_mbps")
+
+
+ChannelConfig = Annotated[
+    ShannonChannelConfig | FixedRateChannelConfig | TraceChannelConfig,
+    Field(discriminator="model"),
+]
+
+
+class BackhaulConfig(_Strict):
+    bandwidth_bps: PositiveFloat = 1e9
+    latency_s: float = Field(0.005, ge=0)
+
+
+# --------------------------------------------------------------------------- run-level
+
+
+class EvaluationConfig(_Strict):
+    every: int = Field(1, ge=1, description="evaluate user accuracy every N rounds (and last)")
+    clients: Literal["all", "selected"] = "all"
+
+
+class OutputsConfig(_Strict):
+    dir: str = "runs"
+    run_id: str | None = Field(None, description="default: <scenario name>-<timestamp>")
+    table_format: Literal["parquet", "csv"] = "parquet"
+    save_optraces: bool = True
+
+
+class MetricsConfig(_Strict):
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    port: int = Field(9464, ge=0, le=65535, description="0 = any free port")
+
+
+class ExecutionConfig(_Strict):
+    backend: Literal["ray", "local"] = Field(
+        "ray", description="ray: host actors in Ray; local: in-process (tests, debugging)"
+    )
+    hosts: int | None = Field(None, ge=1, description="host actors; default one per core")
+    ray_address: str | None = Field(None, description="attach to an existing Ray cluster")
+
+
+class Scenario(_Strict):
+    """A complete mecsim scenario. Every field has a default except where noted."""
+
+    name: str = "scenario"
+    description: str = ""
+    seed: int = Field(0, ge=0)
+    rounds: int = Field(10, ge=1)
+    dataset: DatasetConfig = Field(default_factory=DatasetConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    topology: TopologyConfig = Field(default_factory=TopologyConfig)
+    devices: DevicesConfig = Field(default_factory=DevicesConfig)
+    channel: ChannelConfig = Field(default_factory=ShannonChannelConfig)
+    backhaul: BackhaulConfig = Field(default_factory=BackhaulConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    deadline_s: float | None = Field(None, gt=0, description="round deadline (emulated s)")
+    evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
+    outputs: OutputsConfig = Field(default_factory=OutputsConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    execution: ExecutionConfig = Field(default_factory=ExecutionConfig)
+
+    @model_validator(mode="after")
+    def _device_groups_fit(self) -> Scenario:
+        from mecsim.devices import builtin_profiles
+
+        known = set(builtin_profiles()) | set(self.devices.profiles)
+        for i, group in enumerate(self.devices.clients):
+            if group.profile not in known:
+                raise ValueError(
+                    f"devices.clients.{i}.profile: unknown device profile {group.profile!r}; "
+                    f"known: {', '.join(sorted(known))}"
+                )
+        if self.devices.edge_server not in known:
+            raise ValueError(f"devices.edge_server: unknown device profile "
+                             f"{self.devices.edge_server!r}")
+        counted = sum(g.count or 0 for g in self.devices.clients)
+        open_groups = sum(g.count is None for g in self.devices.clients)
+        if counted > self.topology.clients or (open_groups == 0
+                                               and counted != self.topology.clients):
+            raise ValueError(f"devices.clients: the groups cover {counted} clients but "
+                             f"topology.clients is {self.topology.clients}")
+        if open_groups > 1:
+            raise ValueError("devices.clients: only one group may omit 'count'")
+        if self.topology.edge_servers > self.topology.clients:
+            raise ValueError("topology.edge_servers: more edge servers than clients")
+        return self
+
+    def clients_per_round(self) -> int:
+        return max(1, int(round(self.topology.participation * self.topology.clients)))
+
+    def client_profiles(self) -> list[str]:
+        """The device profile name of every client, in client-id order."""
+        n = self.topology.clients
+        fixed = sum(g.count or 0 for g in self.devices.clients)
+        out: list[str] = []
+        for g in self.devices.clients:
+            out += [g.profile] * (g.count if g.count is not None else n - fixed)
+        return out[:n]
+
+    def edge_server_of(self, client_id: int) -> int:
+        """Clients are split into contiguous, near-equal blocks, one per edge server."""
+        per = math.ceil(self.topology.clients / self.topology.edge_servers)
+        return client_id // per
+
+
+class ScenarioError(Exception):
+    """A scenario that cannot be used; ``str()`` is one line per problem."""
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    # pydantic puts union tags (e.g. 'shannon') into the location; keep field names only
+    parts = [str(p) for p in loc if not (isinstance(p, str) and p in _UNION_TAGS)]
+    return ".".join(parts) or "(top level)"
+
+
+_UNION_TAGS = {"shannon", "fixed_rate", "trace", "iid", "dirichlet", "shards",
+               "primary_secondary", "function-after[_known(), str]"}
+
+
+def scenario_from_dict(data: Any, source: str = "<scenario>") -> Scenario:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{source}: the top level must be a mapping of sections")
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["loc"]:
+                lines.append(f"{source}: {_loc(err['loc'])}: {msg}")
+            else:  # whole-scenario checks put the field name in the message
+                lines.append(f"{source}: {msg}")
+        raise ScenarioError("\n".join(lines)) from None
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ScenarioError(f"{path}: cannot read scenario file ({exc.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ScenarioError(f"{path}:{where}: invalid YAML: {problem}") from None
+    return scenario_from_dict(data, str(path))
+
+
+def default_scenario_path() -> Path:
+    from importlib import resources
+
+    return Path(str(resources.files("mecsim").joinpath("scenarios/default.yaml")))
+
+
+def json_schema() -> dict[str, Any]:
+    schema = Scenario.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "mecsim scenario"
+    return schema
+
+
+def resolved_yaml(scenario: Scenario) -> str:
+    """The scenario with every default filled in, as YAML."""
+    return yaml.safe_dump(scenario.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,102 @@
+"""The tables a run ends with, shaped like the KAPC paper's Tables 5 and 6.
+
+Table 5 shape: average time per round split into upload / download / client / server
+seconds with their share of the round. Table 6 shape: MiB uploaded and downloaded per
+round (all selected clients) and client / server GFLOPs per round. Beside them: server
+memory and the best mean user accuracy over the evaluated rounds (the papers' "best mean
+accuracy").
+
+The papers' "MB" are MiB (ResNet18's 11.17 M float32 parameters are "42.65 MB"), so
+bytes are divided by 2**20 here too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+MiB = 1024 * 1024
+
+
+def summarise(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Per-round averages over all rounds of one run."""
+    n = len(rows)
+    if n == 0:
+        raise ValueError("no rounds to summarise")
+
+    def avg(key: str) -> float:
+        return sum(float(r[key]) for r in rows) / n
+
+    accs = [float(r["mean_accuracy"]) for r in rows if not math.isnan(float(r["mean_accuracy"]))]
+    best_round = max(range(n), key=lambda i: float(rows[i]["mean_accuracy"])
+                     if not math.isnan(float(rows[i]["mean_accuracy"])) else -1.0)
+    out = {
+        "rounds": float(n),
+        "round_time_s": avg("round_time_s"),
+        "ul_time_s": avg("ul_time_s"),
+        "dl_time_s": avg("dl_time_s"),
+        "client_time_s": avg("client_time_s"),
+        "server_time_s": avg("server_time_s"),
+        "idle_time_s": avg("idle_time_s"),
+        "total_time_s": float(rows[-1]["elapsed_s"]),
+        "ul_mib": avg("bytes_up") / MiB,
+        "dl_mib": avg("bytes_down") / MiB,
+        "client_gflops": avg("client_gflops"),
+        "server_gflops": avg("server_gflops"),
+        "server_rss_mb": max(float(r["server_rss_mb"]) for r in rows),
+        "client_peak_mb": max(float(r["client_peak_mb"]) for r in rows),
+        "best_mean_accuracy": max(accs) if accs else float("nan"),
+        "best_round": float(best_round) if accs else float("nan"),
+        "final_mean_accuracy": accs[-1] if accs else float("nan"),
+        "host_wall_s": avg("host_wall_s"),
+    }
+    return out
+
+
+def _share(part: float, total: float) -> float:
+    return 100.0 * part / total if total > 0 else 0.0
+
+
+def table_rows(s: dict[str, float]) -> tuple[list[str], list[str], list[str], list[str]]:
+    """(time header, time cells, cost header, cost cells) as strings."""
+    t = s["round_time_s"]
+    time_header = ["Time (s)", "U-Comm (s/%)", "D-Comm (s/%)", "Client (s/%)", "Server (s/%)"]
+    time_cells = [f"{t:.2f}"] + [
+        f"{s[k]:.2f} ({_share(s[k], t):.2f})"
+        for k in ("ul_time_s", "dl_time_s", "client_time_s", "server_time_s")
+    ]
+    if s["idle_time_s"] > 0:
+        time_header.append("Idle (s/%)")
+        time_cells.append(f"{s['idle_time_s']:.2f} ({_share(s['idle_time_s'], t):.2f})")
+    cost_header = ["U-Comm (MiB)", "D-Comm (MiB)", "C-Comp (GFLOPs)", "S-Comp (GFLOPs)",
+                   "Server mem (MB)", "Best mean acc (%)"]
+    cost_cells = [f"{s['ul_mib']:.2f}", f"{s['dl_mib']:.2f}", f"{s['client_gflops']:.2f}",
+                  f"{s['server_gflops']:.3f}", f"{s['server_rss_mb']:.1f}",
+                  f"{100 * s['best_mean_accuracy']:.2f}"]
+    return time_header, time_cells, cost_header, cost_cells
+
+
+def markdown(run_id: str, algorithm: str, s: dict[str, float]) -> str:
+    th, tc, ch, cc = table_rows(s)
+
+    def md(header: list[str], cells: list[str]) -> str:
+        return "\n".join([
+            "| method | " + " | ".join(header) + " |",
+            "|---" * (len(header) + 1) + "|",
+            f"| {algorithm} | " + " | ".join(cells) + " |",
+        ])
+
+    return (
+        f"# Run {run_id}\n\n"
+        f"{int(s['rounds'])} rounds, {s['total_time_s']:.1f} emulated seconds in all, "
+        f"{s['host_wall_s']:.2f} host seconds per round.\n\n"
+        "## Average time per round (emulated; critical path)\n\n"
+        f"{md(th, tc)}\n\n"
+        "## Communication and computation per round\n\n"
+        f"{md(ch, cc)}\n\n"
+        f"Best mean user accuracy {100 * s['best_mean_accuracy']:.2f} % "
+        f"(round {int(s['best_round']) if not math.isnan(s['best_round']) else '-'}); "
+        f"final {100 * s['final_mean_accuracy']:.2f} %. Peak modelled client training-step "
+        f"memory {s['client_peak_mb']:.1f} MiB.\n"
+    )
