@@ -11,6 +11,7 @@ vector arithmetic, a layer is a slice, and bytes on the air are ``4 * elements``
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -287,7 +288,11 @@ def set_flat(model: nn.Module, layout: ModelLayout, flat: np.ndarray) -> None:
     if flat.shape != (layout.size,):
         raise ValueError(f"flat state has shape {flat.shape}, model needs ({layout.size},)")
     state = model.state_dict()
-    src = torch.from_numpy(np.ascontiguousarray(flat, dtype=np.float32))
+    flat = np.ascontiguousarray(flat, dtype=np.float32)
+    with warnings.catch_warnings():
+        # arrays arriving from Ray's object store are read-only; this tensor is only read
+        warnings.simplefilter("ignore", UserWarning)
+        src = torch.from_numpy(flat)
     with torch.no_grad():
         for s in layout.slots:
             state[s.name].copy_(src[s.offset : s.offset + s.numel].view(s.shape))

@@ -45,6 +45,14 @@ class EdgeServer:
         wall = time.perf_counter() - start
         return AggregateReport(stats.flops, wall, self.rss_bytes())
 
+    def aggregate_split(self, rnd: int, results: list[ClientResult],
+                        *weights_by_host: dict[int, np.ndarray]) -> AggregateReport:
+        """:meth:`aggregate` with the uploads delivered apart (see ClientHost.fit_split)."""
+        weights = {cid: w for part in weights_by_host for cid, w in part.items()}
+        for r in results:
+            r.weights = weights.get(r.client_id)
+        return self.aggregate(rnd, results)
+
     def evaluation_tasks(self, rnd: int, clients: list[int]) -> list[ClientTask]:
         return self.algorithm.configure_evaluate(rnd, clients)
 

@@ -96,12 +96,18 @@ class RayExecutor(LocalExecutor):
         return self._ray.get(self.server.plan.remote(rnd))
 
     def fit(self, rnd: int, tasks: list[ClientTask]) -> list[ClientResult]:
-        refs = [self.hosts[h].fit.remote(rnd, group) for h, group in self._by_host(tasks).items()]
-        out = [r for part in self._ray.get(refs) for r in part]
+        """Results without their weights; the weights stay in the object store."""
+        meta_refs, self._weight_refs = [], []
+        for h, group in self._by_host(tasks).items():
+            meta, weights = self.hosts[h].fit_split.options(num_returns=2).remote(rnd, group)
+            meta_refs.append(meta)
+            self._weight_refs.append(weights)
+        out = [r for part in self._ray.get(meta_refs) for r in part]
         return sorted(out, key=lambda r: r.client_id)
 
     def aggregate(self, rnd: int, results: list[ClientResult]) -> AggregateReport:
-        return self._ray.get(self.server.aggregate.remote(rnd, results))
+        refs, self._weight_refs = self._weight_refs, []
+        return self._ray.get(self.server.aggregate_split.remote(rnd, results, *refs))
 
     def evaluate(self, rnd: int, clients: list[int]) -> list[tuple[int, float, float, int]]:
         tasks = self._ray.get(self.server.evaluation_tasks.remote(rnd, clients))

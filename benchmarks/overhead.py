@@ -1,0 +1,123 @@
+"""How much mecsim adds to the cost of the training itself.
+
+The same FedAvg workload — the embedded MNIST images split IID over N clients, MTFL's
+2NN, one local epoch of SGD at batch 32 per round, weighted averaging — run two ways:
+
+1. a plain PyTorch loop in one process (load global weights, train each client in turn,
+   average), with 1 and with 2 torch threads; the faster of the two is the reference;
+2. ``mecsim`` with the Ray backend (host actors, edge-server actor, SimPy timing, channel
+   draws, FLOP and memory accounting, records), evaluation switched off between rounds.
+
+Reports the median round wall time of each and their ratio, for N = 10 and 100. The
+first round of every run (warm-up) and mecsim's last round (which also evaluates) are
+left out; the three runs are repeated ``--trials`` times, interleaved, to even out noise
+from other work on the machine.
+
+    python benchmarks/overhead.py [--rounds 10] [--trials 3] [--clients 10 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+from agents.algorithms.fedavg import weighted_average
+from agents.models import build_model, get_flat, model_layout, set_flat
+from mecsim.data import load_dataset, normalise, partition
+from mecsim.runner import run
+from mecsim.scenario import scenario_from_dict
+
+TRAIN, TEST, BATCH, LR = 9000, 1000, 32, 0.05
+
+
+def scenario(n_clients: int, rounds: int, out_dir: str) -> dict:
+    return {
+        "name": f"overhead-{n_clients}", "seed": 0, "rounds": rounds,
+        "dataset": {"name": "mnist-embedded", "train_size": TRAIN, "test_size": TEST,
+                    "partition": {"method": "iid"}},
+        "model": {"name": "mlp_2nn"},
+        "topology": {"clients": n_clients},
+        "training": {"epochs": 1, "batch_size": BATCH, "lr": LR},
+        "evaluation": {"every": rounds + 1},  # only after the last round
+        "outputs": {"dir": out_dir, "save_optraces": True},
+        "metrics": {"enabled": False},
+    }
+
+
+def plain_loop(n_clients: int, rounds: int, threads: int | None = None) -> list[float]:
+    """Round wall times of the same FedAvg work in a plain PyTorch loop."""
+    previous = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    rng = np.random.default_rng(np.random.SeedSequence([0, 1]))
+    pools = load_dataset("mnist-embedded", None, TRAIN, TEST, rng)
+    parts = partition(pools, n_clients, "iid", rng)
+    data = [(normalise(pools.train.images[idx], "mnist-embedded"),
+             torch.from_numpy(pools.train.labels[idx].astype(np.int64))) for idx in parts.train]
+    torch.manual_seed(0)
+    model = build_model("mlp_2nn", (1, 28, 28), 10)
+    layout = model_layout(model)
+    global_w = get_flat(model, layout)
+    gen = torch.Generator().manual_seed(0)
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        updates, sizes = [], []
+        for x, y in data:
+            set_flat(model, layout, global_w)
+            model.train()
+            opt = torch.optim.SGD(model.parameters(), lr=LR)
+            order = torch.randperm(len(y), generator=gen)
+            for b in range(0, len(y), BATCH):
+                idx = order[b:b + BATCH]
+                if len(idx) < 2:
+                    continue
+                opt.zero_grad(set_to_none=True)
+                loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx])
+                loss.backward()
+                opt.step()
+            updates.append(get_flat(model, layout))
+            sizes.append(len(y))
+        global_w = weighted_average(updates, sizes)
+        times.append(time.perf_counter() - start)
+    torch.set_num_threads(previous)
+    return times
+
+
+def mecsim_rounds(n_clients: int, rounds: int, hosts: int | None) -> list[float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        sc = scenario_from_dict(scenario(n_clients, rounds, tmp))
+        rows = run(sc, "bench", None, [], backend="ray", hosts=hosts)
+    return [r["host_wall_s"] for r in rows[:-1]]  # the last round also evaluates
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--clients", type=int, nargs="+", default=[10, 100])
+    ap.add_argument("--hosts", type=int, default=None,
+                    help="mecsim host actors (default: one per core; 1 = same CPU as the "
+                    "one-thread plain loop)")
+    args = ap.parse_args()
+    print(f"{'clients':>8} {'plain 1 thr':>12} {'plain 2 thr':>12} {'mecsim':>9} "
+          f"{'ratio':>6}   (median seconds per round)")
+    for n in args.clients:
+        one, two, ours = [], [], []
+        for _ in range(args.trials):
+            one += plain_loop(n, args.rounds, threads=1)[1:]  # first round warms up
+            two += plain_loop(n, args.rounds, threads=2)[1:]
+            ours += mecsim_rounds(n, args.rounds, args.hosts)[1:]
+        plain = min(statistics.median(one), statistics.median(two))
+        mine = statistics.median(ours)
+        print(f"{n:>8} {statistics.median(one):>12.3f} {statistics.median(two):>12.3f} "
+              f"{mine:>9.3f} {mine / plain:>6.2f}")
+
+
+if __name__ == "__main__":
+    main()
