@@ -9,6 +9,7 @@ and the field.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -90,6 +91,20 @@ class AlgorithmConfig(_Strict):
         if name not in ALGORITHMS:
             raise ValueError(f"unknown algorithm {name!r}; known: {', '.join(sorted(ALGORITHMS))}")
         return name
+
+    @model_validator(mode="after")
+    def _params_fit(self) -> AlgorithmConfig:
+        """Validate ``params`` against the algorithm's own Params model."""
+        from agents.algorithms import ALGORITHMS
+
+        server_cls, _ = ALGORITHMS[self.name]
+        try:
+            server_cls.Params(**self.params)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in err["loc"])
+            raise ValueError(f"params.{where}: {err['msg']} (algorithm {self.name})") from None
+        return self
 
 
 # --------------------------------------------------------------------------- topology, devices
@@ -328,11 +343,13 @@ def scenario_from_dict(data: Any, source: str = "<scenario>") -> Scenario:
     except ValidationError as exc:
         lines = []
         for err in exc.errors():
-            msg = err["msg"].removeprefix("Value error, ")
-            if err["loc"]:
-                lines.append(f"{source}: {_loc(err['loc'])}: {msg}")
-            else:  # whole-scenario checks put the field name in the message
-                lines.append(f"{source}: {msg}")
+            field, msg = _loc(err["loc"]), err["msg"].removeprefix("Value error, ")
+            # checks spanning several fields name the field at the start of the message
+            inner = re.match(r"^([A-Za-z_][\w.]*): (.*)$", msg, re.S)
+            if err["type"] == "value_error" and inner:
+                prefix = "" if field == "(top level)" else field + "."
+                field, msg = prefix + inner.group(1), inner.group(2)
+            lines.append(f"{source}: {field}: {msg}")
         raise ScenarioError("\n".join(lines)) from None
 
 

@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
+from pydantic import BaseModel, ConfigDict
 from torch import nn
 
 from agents.models import ModelLayout
@@ -85,6 +86,17 @@ class ClientContext:
     init_weights: np.ndarray  # the common initial model (read-only)
 
 
+class NoParams(BaseModel):
+    """Hyper-parameters of an algorithm (``algorithm.params`` in a scenario).
+
+    Each algorithm declares a subclass with typed, documented fields and defaults; the
+    scenario is validated against it, so a misspelt or ill-typed hyper-parameter is
+    reported with its field name before anything runs.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
 @dataclass(frozen=True)
 class AggregateStats:
     flops: float  # server FLOPs of aggregation (see each algorithm for how they are counted)
@@ -94,6 +106,7 @@ class ServerAlgorithm:
     """Server side of an algorithm. Subclasses override what differs."""
 
     name: ClassVar[str] = "base"
+    Params: ClassVar[type[BaseModel]] = NoParams  # shared with the client side
 
     def __init__(self, layout: ModelLayout, init_weights: np.ndarray,
                  client_samples: dict[int, int], fraction: float,
@@ -102,7 +115,7 @@ class ServerAlgorithm:
         self.weights = init_weights.copy()  # the global model
         self.client_samples = dict(client_samples)
         self.fraction = fraction
-        self.params = dict(params)
+        self.params = self.Params(**params)
 
     def select(self, rnd: int, rng: np.random.Generator) -> list[int]:
         """Uniform sampling without replacement of max(1, round(fraction * N)) clients."""
@@ -127,9 +140,10 @@ class ClientAlgorithm:
     """Client side of an algorithm: local training and evaluation."""
 
     name: ClassVar[str] = "base"
+    Params: ClassVar[type[BaseModel]] = NoParams  # the same class as the server side's
 
     def __init__(self, params: dict[str, Any]) -> None:
-        self.params = dict(params)
+        self.params = self.Params(**params)
 
     def fit(self, ctx: ClientContext, task: ClientTask) -> ClientResult:
         raise NotImplementedError
