@@ -24,6 +24,7 @@ class AggregateReport:
     flops: float
     wall_s: float  # measured host seconds of the aggregation
     rss_bytes: int  # resident memory of the server process after aggregating
+    metrics: dict[str, float]  # the algorithm's own per-round figures
 
 
 class EdgeServer:
@@ -43,7 +44,7 @@ class EdgeServer:
         start = time.perf_counter()
         stats = self.algorithm.aggregate_fit(rnd, sorted(results, key=lambda r: r.client_id))
         wall = time.perf_counter() - start
-        return AggregateReport(stats.flops, wall, self.rss_bytes())
+        return AggregateReport(stats.flops, wall, self.rss_bytes(), dict(stats.metrics))
 
     def aggregate_split(self, rnd: int, results: list[ClientResult],
                         *weights_by_host: dict[int, np.ndarray]) -> AggregateReport:

@@ -68,7 +68,11 @@ class RecordsWriter(RunObserver):
         self.out_dir.mkdir(parents=True, exist_ok=False)
         sc = info.scenario
         (self.out_dir / "scenario.yaml").write_text(resolved_yaml(sc))
-        self.rounds = _AppendCsv(self.out_dir / "rounds.csv", ROUND_COLUMNS)
+        from agents.algorithms import algorithm_classes
+
+        server_cls, _ = algorithm_classes(sc.algorithm.name)
+        self.rounds = _AppendCsv(self.out_dir / "rounds.csv",
+                                 ROUND_COLUMNS + list(server_cls.round_metrics))
         self.clients = _AppendCsv(self.out_dir / "clients.csv", CLIENT_COLUMNS)
         self.traces = (self.out_dir / "optraces.jsonl").open("w") \
             if sc.outputs.save_optraces else None

@@ -214,6 +214,7 @@ def run_round(rs: RunSetup, rnd: int, elapsed_s: float) -> tuple[dict, list[dict
         "train_loss": _mean([r.train_loss for r in results]),
         "host_wall_s": host_wall, "host_train_wall_s": train_wall,
         "host_aggregate_s": agg.wall_s,
+        **agg.metrics,
     }
     trace_record = {
         "round": rnd, "aggregate_flops": agg.flops,

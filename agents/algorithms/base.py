@@ -100,6 +100,9 @@ class NoParams(BaseModel):
 @dataclass(frozen=True)
 class AggregateStats:
     flops: float  # server FLOPs of aggregation (see each algorithm for how they are counted)
+    # algorithm-specific per-round figures; keys must be listed in the server class's
+    # ``round_metrics`` (they become columns of rounds.csv and Prometheus series)
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 class ServerAlgorithm:
@@ -107,6 +110,7 @@ class ServerAlgorithm:
 
     name: ClassVar[str] = "base"
     Params: ClassVar[type[BaseModel]] = NoParams  # shared with the client side
+    round_metrics: ClassVar[tuple[str, ...]] = ()  # names of AggregateStats.metrics keys
 
     def __init__(self, layout: ModelLayout, init_weights: np.ndarray,
                  client_samples: dict[int, int], fraction: float,
