@@ -1,0 +1,69 @@
+"""Models, their layers, and the flat state vector."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from agents.models import MODELS, build_model, get_flat, model_layout, set_flat
+
+
+def test_resnet18_size_matches_the_kapc_paper():
+    # 11,173,962 parameters: 42.63 MiB as float32; with the BatchNorm running statistics
+    # (2 x 4,800 floats) 42.66 MiB -- the paper's "42.65 MB" per client (426.54 for ten).
+    model = build_model("resnet18", (3, 32, 32), 10)
+    n_params = sum(p.numel() for p in model.parameters())
+    assert n_params == 11_173_962
+    layout = model_layout(model)
+    assert layout.size == 11_173_962 + 2 * 4_800
+    assert layout.nbytes / 2**20 == pytest.approx(42.66, abs=0.01)
+
+
+def test_2nn_layers_and_sizes():
+    model = build_model("mlp_2nn", (1, 28, 28), 10)
+    layout = model_layout(model)
+    # Linear(784,200), BatchNorm1d(200), Linear(200,200), Linear(200,10)
+    assert layout.layer_kinds == ("Linear", "BatchNorm1d", "Linear", "Linear")
+    per_layer = layout.layer_numel().tolist()
+    assert per_layer == [784 * 200 + 200, 4 * 200, 200 * 200 + 200, 200 * 10 + 10]
+    assert layout.size == sum(per_layer)
+    bn_slots = [s for s in layout.slots if s.layer == 1]
+    assert [s.name.rsplit(".", 1)[1] for s in bn_slots] == [
+        "weight", "bias", "running_mean", "running_var"]
+    assert [s.is_param for s in bn_slots] == [True, True, False, False]
+
+
+def test_flat_roundtrip_and_layer_masks():
+    torch.manual_seed(0)
+    model = build_model("kapc_cnn", (1, 28, 28), 10)
+    layout = model_layout(model)
+    flat = get_flat(model, layout)
+    other = build_model("kapc_cnn", (1, 28, 28), 10)
+    set_flat(other, layout, flat)
+    for a, b in zip(model.state_dict().values(), other.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    # a mask over layers 0 and 2 covers exactly their elements, and their bytes
+    mask = layout.mask([0, 2])
+    numel = layout.layer_numel()
+    assert mask.sum() == numel[0] + numel[2]
+    assert layout.nbytes_of_layers([0, 2]) == 4 * (numel[0] + numel[2])
+    assert layout.nbytes_of_layers(np.array([True, False, True, False, False])) == \
+        layout.nbytes_of_layers([0, 2])
+    with pytest.raises(ValueError, match="shape"):
+        set_flat(other, layout, flat[:-1])
+
+
+@pytest.mark.parametrize("name,shape", [("mlp_2nn", (1, 28, 28)), ("mtfl_cnn", (3, 32, 32)),
+                                        ("kapc_cnn", (1, 28, 28)), ("phsfl_cnn", (1, 28, 28)),
+                                        ("resnet18", (3, 32, 32))])
+def test_every_model_runs_forward(name, shape):
+    model = build_model(name, shape, 10)
+    assert set(MODELS) >= {name}
+    out = model.eval()(torch.zeros(2, *shape))
+    assert out.shape == (2, 10)
+
+
+def test_unknown_model_is_named():
+    with pytest.raises(ValueError, match="unknown model 'vgg'"):
+        build_model("vgg", (1, 28, 28), 10)
