@@ -116,12 +116,13 @@ class ClientHost:
         return results, weights
 
     def evaluate(self, rnd: int, tasks: list[ClientTask]) -> list[tuple[int, float, float, int]]:
-        """(client_id, accuracy, loss, test samples) for each task."""
+        """(client_id, accuracy, loss, test samples[, extras]) for each task; ``extras``
+        (a dict) only when the algorithm's evaluate returns one."""
         out = []
         for task in tasks:
             ctx = self._context(task.client_id, rnd, purpose=2)
-            acc, loss = self.algorithm.evaluate(ctx, task)
-            out.append((task.client_id, acc, loss, int(ctx.y_test.shape[0])))
+            acc, loss, *extras = self.algorithm.evaluate(ctx, task)
+            out.append((task.client_id, acc, loss, int(ctx.y_test.shape[0]), *extras))
         return out
 
     def rss_bytes(self) -> int:

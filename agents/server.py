@@ -30,9 +30,11 @@ class AggregateReport:
 class EdgeServer:
     def __init__(self, algorithm: str, layout: ModelLayout, init_weights: np.ndarray,
                  client_samples: dict[int, int], fraction: float, params: dict[str, Any],
-                 seed: int) -> None:
+                 seed: int, edge_server_of: dict[int, int] | None = None) -> None:
         server_cls, _ = algorithm_classes(algorithm)
         self.algorithm = server_cls(layout, init_weights, client_samples, fraction, params)
+        if edge_server_of is not None:  # which edge server serves each client (topology)
+            self.algorithm.edge_server_of = dict(edge_server_of)
         # selection draws come from their own stream of the scenario seed
         self.rng = np.random.default_rng(np.random.SeedSequence([seed, 0x5E1EC7]))
 

@@ -6,3 +6,18 @@ would have taken. See README.md and docs/.
 """
 
 __version__ = "0.1.0"
+
+__all__ = ["__version__", "replay", "sweep"]
+
+
+def __getattr__(name: str):
+    """``mecsim.sweep`` and ``mecsim.replay``, imported on first use (they load pandas).
+
+    Both are callable modules (:func:`mecsim.sweep.sweep`, :func:`mecsim.replay.replay`),
+    so ``mecsim.sweep(...)`` works however they were imported first.
+    """
+    if name in ("sweep", "replay"):
+        import importlib
+
+        return importlib.import_module(f"mecsim.{name}")
+    raise AttributeError(f"module 'mecsim' has no attribute {name!r}")

@@ -5,6 +5,8 @@
     mecsim schema [-o FILE]        JSON Schema of scenario files, for editors
     mecsim devices                 the built-in device profiles and their sources
     mecsim algorithms              the algorithms that can be named in a scenario
+    mecsim sweep RUN... --set P=V,...  what-if sweeps: replay recorded runs over a grid
+    mecsim report RUN_DIR...       the papers' tables (markdown, CSV) and figures of runs
 
 Exit codes: 0 success, 2 bad input (scenario file, arguments), 1 a run that failed.
 """
@@ -29,6 +31,16 @@ from mecsim.scenario import (
 )
 
 EXIT_BAD_INPUT = 2
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of seconds >= 0")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -57,6 +69,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--metrics-port", type=int,
                      help="port of the Prometheus /metrics endpoint (0: any free port)")
     run.add_argument("--no-metrics", action="store_true", help="do not serve /metrics")
+    run.add_argument("--metrics-linger", type=_seconds, default=0.0, metavar="SECONDS",
+                     help="keep /metrics up this long after the last round, so Prometheus "
+                     "scrapes the final values of a short run (default 0)")
+    run.add_argument("--no-plots", action="store_true",
+                     help="do not write the PNG figures to <run dir>/plots at the end")
     run.add_argument("--quiet", action="store_true", help="no progress bar or tables")
 
     val = sub.add_parser("validate", help="check scenario files",
@@ -67,6 +84,12 @@ def _parser() -> argparse.ArgumentParser:
     sch.add_argument("-o", "--output", help="write to this file instead of stdout")
     sub.add_parser("devices", help="list device profiles with their sources")
     sub.add_parser("algorithms", help="list the algorithms")
+    from mecsim.sweep_cli import add_sweep_parser  # what-if sweeps (issue 8)
+
+    add_sweep_parser(sub)
+    from mecsim.report import add_report_parser  # tables and figures of runs (issue 7)
+
+    add_report_parser(sub)
     return p
 
 
@@ -106,9 +129,14 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         return EXIT_BAD_INPUT
     records = RecordsWriter(out_dir)
     observers: list = [records]
+    if not args.no_plots:
+        from mecsim.plots import PlotWriter
+
+        observers.append(PlotWriter(out_dir / "plots"))
     exporter = None
     if scenario.metrics.enabled:
-        exporter = MetricsExporter(scenario.metrics.host, scenario.metrics.port)
+        exporter = MetricsExporter(scenario.metrics.host, scenario.metrics.port,
+                                   linger_s=args.metrics_linger)
         observers.append(exporter)
     progress = None if args.quiet else ProgressBar(console)
     if progress:
@@ -185,6 +213,18 @@ def cmd_algorithms(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
+    from mecsim.sweep_cli import cmd_sweep as run_sweep
+
+    return run_sweep(args, console)
+
+
+def cmd_report(args: argparse.Namespace, console: Console) -> int:
+    from mecsim.report import cmd_report as make_report
+
+    return make_report(args, console)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     console = Console(stderr=False)
@@ -192,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:  # plain `mecsim`: run the default scenario
         args = _parser().parse_args(["run"])
     handlers = {"run": cmd_run, "validate": cmd_validate, "schema": cmd_schema,
-                "devices": cmd_devices, "algorithms": cmd_algorithms}
+                "devices": cmd_devices, "algorithms": cmd_algorithms, "sweep": cmd_sweep,
+                "report": cmd_report}
     try:
         return handlers[command](args, console)
     except ScenarioError as exc:

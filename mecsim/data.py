@@ -23,11 +23,14 @@ import numpy as np
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-DATASETS = ("mnist-embedded", "mnist", "fashion-mnist", "cifar10", "cifar100")
+DATASETS = ("mnist-embedded", "mnist-embedded-3x32", "mnist", "fashion-mnist", "cifar10",
+            "cifar100")
 EMBEDDED_DIR = Path(__file__).resolve().parent / "_data"
 NORM_STATS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
     "mnist": ((0.1307,), (0.3081,)),
     "mnist-embedded": ((0.1307,), (0.3081,)),
+    # MNIST's constants per channel (the zero border makes the true mean ~0.100)
+    "mnist-embedded-3x32": ((0.1307,) * 3, (0.3081,) * 3),
     "fashion-mnist": ((0.2860,), (0.3530,)),
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
     "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
@@ -173,6 +176,8 @@ def load_dataset(name: str, root: str | Path | None = None, train_size: int | No
     2,000); ``rng`` is required. Other datasets read local files under ``root`` and are
     subsampled without replacement (``rng`` required then) when a size is given.
     """
+    if name == "mnist-embedded-3x32":
+        return _as_3x32(load_dataset("mnist-embedded", root, train_size, test_size, rng))
     if name == "mnist-embedded":
         full = load_embedded_mnist()
         n_tr = 8000 if train_size is None else train_size
@@ -194,6 +199,17 @@ def load_dataset(name: str, root: str | Path | None = None, train_size: int | No
     train, test = loader(name, root)
     return DataPools(_subsample(train, train_size, rng, "train"),
                      _subsample(test, test_size, rng, "test"))
+
+
+def _as_3x32(pools: DataPools) -> DataPools:
+    """A stand-in for CIFAR-shaped input (3 x 32 x 32) when CIFAR files are absent: each
+    MNIST image zero-padded by 2 pixels on every side (28 -> 32, as LeNet-5 fed MNIST)
+    and repeated over 3 channels. Same images and labels, so the same split and partition."""
+    def widen(ds: ArrayDataset) -> ArrayDataset:
+        x = np.pad(ds.images, ((0, 0), (0, 0), (2, 2), (2, 2)))
+        return ArrayDataset(np.repeat(x, 3, axis=1), ds.labels, ds.num_classes,
+                            "mnist-embedded-3x32")
+    return DataPools(widen(pools.train), widen(pools.test))
 
 
 def to_float_tensor(images: np.ndarray) -> torch.Tensor:

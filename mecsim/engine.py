@@ -18,9 +18,10 @@ from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import simpy
 
-from mecsim.ops import Compute, Download, OpTrace, ServerCompute, Upload
+from mecsim.ops import Backhaul, Compute, Download, OpTrace, ServerCompute, Upload
 
 _Proc = Generator[simpy.Event, Any, None]
 
@@ -78,10 +79,13 @@ class ClientSpec:
 
 @dataclass(frozen=True)
 class ServerSpec:
-    """An edge server's CPU, processor-shared among the jobs of its clients."""
+    """An edge server's CPU, processor-shared among the jobs of its clients, and its wired
+    backhaul to the central server (``t = backhaul_latency_s + 8*nbytes/backhaul_bps``)."""
 
     flops_per_s: float
     step_overhead_s: float = 0.0
+    backhaul_bps: float = math.inf
+    backhaul_latency_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,9 @@ class ClientTimeline:
     upload_s: float
     server_compute_s: float
     completed: bool
+    # transfer time of its edge server's Backhaul ops; the time it waited at them for the
+    # server's other clients is in none of the per-kind totals
+    backhaul_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -122,6 +129,7 @@ class RoundTiming:
     server_s: float
     idle_s: float
     dropped: tuple[int, ...]
+    backhaul_s: float = 0.0
 
 
 class ProcessorSharing:
@@ -241,9 +249,39 @@ class EdgeServerCPU:
             yield self.cpu.serve(work, self.spec.flops_per_s)
 
 
+class EdgeBackhaul:
+    """An edge server's wired link to the central server, used once per Backhaul op position.
+
+    The k-th Backhaul op of the server's clients is one transfer: it starts when the last of
+    the ``expected[k]`` clients carrying a k-th Backhaul op reaches it, lasts
+    ``latency + 8*nbytes/bandwidth`` and then releases them all.
+    """
+
+    def __init__(self, env: simpy.Environment, index: int, spec: ServerSpec,
+                 expected: list[int]) -> None:
+        self.env, self.index, self.spec, self.expected = env, index, spec, expected
+        self.arrived = [0] * len(expected)
+        self.start_s = [math.nan] * len(expected)
+        self.done = [env.event() for _ in expected]
+
+    def __repr__(self) -> str:
+        return (f"EdgeBackhaul(server{self.index}, bandwidth_bps={self.spec.backhaul_bps}, "
+                f"latency_s={self.spec.backhaul_latency_s})")
+
+    def transfer(self, k: int, nbytes: int) -> _Proc:
+        self.arrived[k] += 1
+        if self.arrived[k] == self.expected[k]:
+            self.start_s[k] = self.env.now
+            bw = self.spec.backhaul_bps
+            delay_s = self.spec.backhaul_latency_s + (8.0 * nbytes / bw if nbytes > 0 else 0.0)
+            self.env.timeout(delay_s).callbacks.append(lambda _: self.done[k].succeed())
+        yield self.done[k]
+
+
 _Link = DedicatedLink | SharedLink
 _KIND: dict[type, str] = {
-    Download: "download", Compute: "compute", Upload: "upload", ServerCompute: "server"
+    Download: "download", Compute: "compute", Upload: "upload", ServerCompute: "server",
+    Backhaul: "backhaul",
 }
 
 
@@ -252,18 +290,25 @@ class _Client:
 
     def __init__(
         self, env: simpy.Environment, cid: int, trace: OpTrace, down: _Link, up: _Link,
-        device: Device, server: EdgeServerCPU | None,
+        device: Device, server: EdgeServerCPU | None, backhaul: EdgeBackhaul | None = None,
     ) -> None:
         self.env, self.cid, self.trace = env, cid, trace
         self.down, self.up, self.device, self.server = down, up, device, server
+        self.backhaul = backhaul
         self.spent_s = dict.fromkeys(_KIND.values(), 0.0)
         self.current: str | None = None
         self.finish_s: float | None = None
 
     def run(self) -> _Proc:
+        k_backhaul = 0
         for op in self.trace:
             t0_s, self.current = self.env.now, _KIND[type(op)]
-            if isinstance(op, Download):
+            if isinstance(op, Backhaul):
+                assert self.backhaul is not None  # _edge_backhauls made one for its server
+                yield from self.backhaul.transfer(k_backhaul, op.nbytes)
+                t0_s = self.backhaul.start_s[k_backhaul]  # waiting for peers is not transfer
+                k_backhaul += 1
+            elif isinstance(op, Download):
                 yield from self.down.transfer(8 * op.nbytes)
             elif isinstance(op, Upload):
                 yield from self.up.transfer(8 * op.nbytes)
@@ -280,7 +325,7 @@ class _Client:
             spent[self.current or "compute"] = finish_s = math.inf
         return ClientTimeline(
             self.cid, 0.0, finish_s, spent["download"], spent["compute"], spent["upload"],
-            spent["server"], deadline_s is None or finish_s <= deadline_s,
+            spent["server"], deadline_s is None or finish_s <= deadline_s, spent["backhaul"],
         )
 
 
@@ -290,13 +335,118 @@ def time_round(
     servers: Sequence[ServerSpec],
     network: NetworkSpec,
     aggregate_s: float = 0.0,
+    *,
+    method: str = "auto",
 ) -> RoundTiming:
     """Time one round: all clients start at 0 s and run their op-traces in order.
 
     ``traces`` maps client_id -> op-trace (its order is the output order); ``clients``
     must hold a spec for each. Raises ValueError for a shared medium with a
     :class:`RateSchedule` rate, or a ServerCompute on a missing edge server.
+
+    ``method``: ``"auto"`` (default) uses the closed form of :func:`_closed_form_timelines`
+    when the round has no contention (it equals the SimPy model bit for bit) and the SimPy
+    model otherwise; ``"simpy"`` always runs the SimPy model.
     """
+    if method not in ("auto", "simpy"):
+        raise ValueError(f"method {method!r} is not one of ('auto', 'simpy')")
+    timelines = _closed_form_timelines(traces, clients, network) if method == "auto" else None
+    if timelines is None:
+        timelines = _simulate(traces, clients, servers, network)
+    return _summarise(timelines, network.deadline_s, aggregate_s)
+
+
+# Op types the closed form covers, and the column of each in its per-kind time table.
+# Exact types only: a subclass (or any op type added later) goes to the SimPy model.
+_CLOSED_FORM_KIND: dict[type, int] = {Download: 0, Compute: 1, Upload: 2}
+
+
+def _closed_form_timelines(
+    traces: Mapping[int, OpTrace], clients: Mapping[int, ClientSpec], network: NetworkSpec,
+) -> tuple[ClientTimeline, ...] | None:
+    """Per-client timelines without SimPy, or None when the round needs the SimPy model.
+
+    Applies when nothing is shared: no shared medium, no edge-server compute, constant
+    rates, and only Download / Compute / Upload ops. Then each client's clock is the sum
+    of its op durations. Clients with the same sequence of op kinds are stacked into numpy
+    arrays and advanced together, one op at a time, with the arithmetic of the SimPy
+    model in the same order (clock ``now + delay``, per-kind time += clock difference,
+    an op that never ends leaves the client stuck at ``inf``), so the result is equal to
+    the SimPy model's bit for bit (``tests/test_engine_closed_form.py`` checks it on
+    random rounds).
+    """
+    if network.uplink_shared or network.downlink_shared:
+        return None
+    ids = list(traces)
+    groups: dict[tuple[type, ...], list[int]] = {}  # sequence of op types -> positions
+    for pos, cid in enumerate(ids):
+        spec = clients[cid]
+        if spec.client_id != cid:
+            raise ValueError(f"clients[{cid}] has client_id {spec.client_id}")
+        if isinstance(spec.uplink_rate_bps, RateSchedule) or isinstance(
+                spec.downlink_rate_bps, RateSchedule):
+            return None
+        groups.setdefault(tuple(map(type, traces[cid])), []).append(pos)
+    if any(t not in _CLOSED_FORM_KIND for types in groups for t in types):
+        return None
+
+    finish_s = np.zeros(len(ids))
+    spent_s = np.zeros((len(ids), 3))  # download, compute, upload
+    for types, positions in groups.items():
+        kinds = tuple(_CLOSED_FORM_KIND[t] for t in types)
+        rows = [traces[ids[p]] for p in positions]
+        specs = [clients[ids[p]] for p in positions]
+        finish_s[positions], spent_s[positions] = _advance_group(kinds, rows, specs)
+
+    deadline_s = network.deadline_s
+    fin, spent = finish_s.tolist(), spent_s.tolist()
+    return tuple(
+        ClientTimeline(cid, 0.0, fin[i], spent[i][0], spent[i][1], spent[i][2], 0.0,
+                       deadline_s is None or fin[i] <= deadline_s)
+        for i, cid in enumerate(ids)
+    )
+
+
+def _advance_group(kinds: tuple[int, ...], rows: list[OpTrace],
+                   specs: list[ClientSpec]) -> tuple[np.ndarray, np.ndarray]:
+    """(finish_s, per-kind seconds) of clients sharing one sequence of op kinds."""
+    m = len(rows)
+    down_bps = np.array([float(s.downlink_rate_bps) for s in specs])
+    up_bps = np.array([float(s.uplink_rate_bps) for s in specs])
+    overhead_s = np.array([float(s.step_overhead_s) for s in specs])
+    flops_per_s = np.array([float(s.flops_per_s) for s in specs])
+    now_s, spent_s = np.zeros(m), np.zeros((m, 3))
+    stuck, stuck_kind = np.zeros(m, dtype=bool), np.zeros(m, dtype=np.int64)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        for k, kind in enumerate(kinds):
+            if kind == 1:  # Device.run
+                flops = np.array([float(r[k].flops) for r in rows])
+                batches = np.array([float(r[k].batches) for r in rows])
+                flop_s = np.where(flops_per_s > 0, flops / flops_per_s, np.inf)
+                delay_s = batches * overhead_s + np.where(flops > 0, flop_s, 0.0)
+                delay_s = np.where(delay_s > 0, delay_s, 0.0)
+            else:  # DedicatedLink.transfer
+                nbits = 8.0 * np.array([float(r[k].nbytes) for r in rows])
+                rate = down_bps if kind == 0 else up_bps
+                delay_s = np.where(nbits > 0, np.where(rate > 0, nbits / rate, np.inf), 0.0)
+            blocked = np.isinf(delay_s) & ~stuck
+            stuck_kind[blocked] = kind
+            stuck |= blocked
+            new_s = np.where(stuck, now_s, now_s + delay_s)
+            spent_s[:, kind] += new_s - now_s
+            now_s = new_s
+    now_s[stuck] = np.inf
+    spent_s[stuck, stuck_kind[stuck]] = np.inf
+    return now_s, spent_s
+
+
+def _simulate(
+    traces: Mapping[int, OpTrace],
+    clients: Mapping[int, ClientSpec],
+    servers: Sequence[ServerSpec],
+    network: NetworkSpec,
+) -> tuple[ClientTimeline, ...]:
+    """Per-client timelines from the SimPy model (any op-trace, media, CPUs)."""
     env = simpy.Environment()
     media: dict[tuple[str, int], ProcessorSharing] = {}
     cpus: dict[int, EdgeServerCPU] = {}
@@ -312,6 +462,7 @@ def time_round(
             media[key] = ProcessorSharing(env, f"server{key[1]}.{direction}")
         return SharedLink(media[key], float(rate))
 
+    backhauls = _edge_backhauls(env, traces, clients, servers)
     procs: list[_Client] = []
     for cid, trace in traces.items():
         spec = clients[cid]
@@ -329,26 +480,66 @@ def time_round(
             link(spec, spec.downlink_rate_bps, network.downlink_shared, "downlink"),
             link(spec, spec.uplink_rate_bps, network.uplink_shared, "uplink"),
             Device(env, spec.step_overhead_s, spec.flops_per_s), server,
+            backhauls.get(es),
         )
         procs.append(client)
         env.process(client.run())
     env.run()
 
-    deadline_s = network.deadline_s
-    timelines = tuple(c.timeline(deadline_s) for c in procs)
+    return tuple(c.timeline(network.deadline_s) for c in procs)
+
+
+def _edge_backhauls(env: simpy.Environment, traces: Mapping[int, OpTrace],
+                    clients: Mapping[int, ClientSpec],
+                    servers: Sequence[ServerSpec]) -> dict[int, EdgeBackhaul]:
+    """One :class:`EdgeBackhaul` per edge server whose clients carry Backhaul ops.
+
+    Raises ValueError when the k-th Backhaul ops of one server's clients differ (they are
+    one transfer) or name a missing edge server.
+    """
+    ops_by_server: dict[int, list[list[Backhaul]]] = {}
+    for cid, trace in traces.items():
+        ops = [op for op in trace if isinstance(op, Backhaul)]
+        if ops:
+            ops_by_server.setdefault(clients[cid].edge_server, []).append(ops)
+    out: dict[int, EdgeBackhaul] = {}
+    for es, per_client in ops_by_server.items():
+        if not 0 <= es < len(servers):
+            raise ValueError(f"Backhaul op of a client of edge server {es}: no such server")
+        depth = max(len(ops) for ops in per_client)
+        for k in range(depth):
+            kth = {ops[k] for ops in per_client if len(ops) > k}
+            if len(kth) > 1:
+                raise ValueError(f"edge server {es}: its clients' Backhaul op #{k} differ "
+                                 f"({sorted(map(repr, kth))}); it is one transfer")
+        expected = [sum(len(ops) > k for ops in per_client) for k in range(depth)]
+        out[es] = EdgeBackhaul(env, es, servers[es], expected)
+    return out
+
+
+def _busy_s(t: ClientTimeline) -> float:
+    return t.download_s + t.compute_s + t.upload_s + t.server_compute_s + t.backhaul_s
+
+
+def _summarise(timelines: tuple[ClientTimeline, ...], deadline_s: float | None,
+               aggregate_s: float) -> RoundTiming:
+    """The round's makespan and critical-path breakdown from its client timelines."""
     done = [t for t in timelines if t.completed]
     dropped = tuple(t.client_id for t in timelines if not t.completed)
-    crit = max(done, key=lambda t: t.finish_s) if done else None
+    # among clients finishing together (released by one backhaul transfer), the critical
+    # one is the one that waited least: its own ops make up the path
+    crit = max(done, key=lambda t: (t.finish_s, _busy_s(t))) if done else None
     wait_s = deadline_s if dropped and deadline_s is not None else crit.finish_s if crit else 0.0
     round_s = wait_s + aggregate_s
     parts = (
-        (crit.download_s, crit.compute_s, crit.upload_s, crit.server_compute_s + aggregate_s)
-        if crit else (0.0, 0.0, 0.0, aggregate_s)
+        (crit.download_s, crit.compute_s, crit.upload_s, crit.server_compute_s + aggregate_s,
+         crit.backhaul_s)
+        if crit else (0.0, 0.0, 0.0, aggregate_s, 0.0)
     )
     idle_s = round_s - sum(parts) if math.isfinite(round_s) else 0.0
     return RoundTiming(
         clients=timelines, critical_client=crit.client_id if crit else None,
         wait_s=wait_s, aggregate_s=aggregate_s, round_time_s=round_s,
         download_s=parts[0], client_s=parts[1], upload_s=parts[2], server_s=parts[3],
-        idle_s=max(0.0, idle_s), dropped=dropped,
+        idle_s=max(0.0, idle_s), dropped=dropped, backhaul_s=parts[4],
     )

@@ -97,18 +97,25 @@ class NetworkModel:
             scenario.topology.clients, np.random.default_rng([seed, _CLIENTS_STREAM]))
         self.devices = [profiles[name] for name in scenario.client_profiles()]
         server = profiles[scenario.devices.edge_server]
-        self.servers = [ServerSpec(server.flops_per_s, server.step_overhead_s)
+        bh = scenario.backhaul  # each edge server's wired link to the central server
+        self.servers = [ServerSpec(server.flops_per_s, server.step_overhead_s,
+                                   backhaul_bps=bh.bandwidth_bps, backhaul_latency_s=bh.latency_s)
                         for _ in range(scenario.topology.edge_servers)]
         up_shared, down_shared = shared_media(scenario.channel)
         self.network = NetworkSpec(uplink_shared=up_shared, downlink_shared=down_shared,
                                    deadline_s=scenario.deadline_s)
 
-    def round(self, rnd: int, selected: list[int], elapsed_s: float = 0.0):
-        """(client specs by id, server specs, network spec, channel records by id)."""
+    def round(self, rnd: int, selected: list[int], elapsed_s: float = 0.0, *,
+              records: bool = True):
+        """(client specs by id, server specs, network spec, channel records by id).
+
+        ``records=False`` skips building the channel records (an empty dict is returned):
+        a replay, which re-draws the same channel, does not need them.
+        """
         rng = np.random.default_rng([self.scenario.seed, _ROUND_STREAM, rnd])
         ch = self.channel.draw_round(self.radio, np.asarray(selected, dtype=np.int64), rng,
                                      time_s=elapsed_s)
-        records = {int(r["client_id"]): r for r in ch.records()}
+        records = {int(r["client_id"]): r for r in ch.records()} if records else {}
         specs: dict[int, ClientSpec] = {}
         for i, cid in enumerate(selected):
             up: float | RateSchedule = float(ch.uplink_rate_bps[i])

@@ -50,7 +50,31 @@ class ServerCompute:
     what: str = "server"
 
 
-Op = Download | Upload | Compute | ServerCompute
+@dataclass(frozen=True, slots=True)
+class Backhaul:
+    """Edge server <-> central server transfer over the wired backhaul, once per edge server.
+
+    Every client of an edge server that takes part in the round carries the same Backhaul
+    op (the k-th Backhaul op of each of them is one transfer): the edge server sends or
+    receives its model once, so the transfer starts when the last of its clients reaches
+    the op (the edge model needs all their updates, PHSFL Eqs. 14-16) and releases all of
+    them when done, ``latency_s + 8 * nbytes / bandwidth_bps`` later. ``direction`` is
+    ``"up"`` (edge -> central) or ``"down"`` (central -> edge). Not counted in
+    :func:`trace_bytes` (which counts the wireless bytes).
+    """
+
+    nbytes: int
+    direction: str = "up"
+    what: str = "edge_model"
+
+    def __post_init__(self) -> None:
+        if self.direction not in ("up", "down"):
+            raise ValueError(f"Backhaul.direction must be 'up' or 'down', got {self.direction!r}")
+        if self.nbytes < 0:
+            raise ValueError(f"Backhaul.nbytes must be >= 0, got {self.nbytes}")
+
+
+Op = Download | Upload | Compute | ServerCompute | Backhaul
 OpTrace = tuple[Op, ...]
 
 _OP_TYPES: dict[str, type] = {
@@ -58,6 +82,7 @@ _OP_TYPES: dict[str, type] = {
     "upload": Upload,
     "compute": Compute,
     "server_compute": ServerCompute,
+    "backhaul": Backhaul,
 }
 _OP_NAMES = {cls: name for name, cls in _OP_TYPES.items()}
 

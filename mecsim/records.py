@@ -26,7 +26,8 @@ from mecsim.summary import markdown, summarise
 ROUND_COLUMNS = [
     "run_id", "round", "algorithm", "selected", "completed", "dropped",
     "round_time_s", "dl_time_s", "client_time_s", "ul_time_s", "server_time_s",
-    "idle_time_s", "elapsed_s", "bytes_up", "bytes_down", "client_gflops", "server_gflops",
+    "backhaul_time_s", "idle_time_s", "elapsed_s", "bytes_up", "bytes_down", "client_gflops",
+    "server_gflops",
     "server_rss_mb", "client_peak_mb", "mean_accuracy", "min_accuracy", "max_accuracy",
     "mean_test_loss", "train_loss", "host_wall_s", "host_train_wall_s", "host_aggregate_s",
 ]

@@ -27,7 +27,7 @@ from agents.algorithms import TrainConfig
 from agents.host import HostSetup
 from agents.models import build_model, get_flat, model_layout
 from agents.training import make_optimizer, measured_step
-from mecsim.data import load_dataset, partition
+from mecsim.data import heterogeneity_dkl, load_dataset, partition
 from mecsim.devices import DeviceProfile
 from mecsim.engine import time_round
 from mecsim.execution import LocalExecutor, RayExecutor
@@ -125,7 +125,7 @@ def prepare(scenario: Scenario, run_id: str, out_dir, *, hosts: int | None = Non
         algorithm=scenario.algorithm.name, layout=layout, init_weights=init_weights,
         client_samples={cid: len(parts.train[cid]) for cid in range(n)},
         fraction=scenario.topology.participation, params=dict(scenario.algorithm.params),
-        seed=seed,
+        seed=seed, edge_server_of={cid: scenario.edge_server_of(cid) for cid in range(n)},
     )
     backend = backend or scenario.execution.backend
     if backend == "ray":
@@ -137,13 +137,17 @@ def prepare(scenario: Scenario, run_id: str, out_dir, *, hosts: int | None = Non
                    cost.flops, client_devices,
                    extra={"hosts": n_hosts, "backend": backend,
                           "train_samples": [len(p) for p in parts.train],
-                          "test_samples": [len(p) for p in parts.test]})
+                          "test_samples": [len(p) for p in parts.test],
+                          # D-bar_KL of DC-PFL (Eq. 1-2) over the clients' train labels
+                          "label_dkl": heterogeneity_dkl(parts.label_histograms(pools)[0])})
     network = NetworkModel(scenario, profiles)
     return RunSetup(info, executor, network, profiles[scenario.devices.edge_server])
 
 
 def _mean(values: list[float]) -> float:
-    return float(np.mean(values)) if values else float("nan")
+    """Mean ignoring NaN (a client without test data has NaN accuracy)."""
+    finite = [v for v in values if not np.isnan(v)]
+    return float(np.mean(finite)) if finite else float("nan")
 
 
 def run_round(rs: RunSetup, rnd: int, elapsed_s: float) -> tuple[dict, list[dict], dict]:
@@ -163,10 +167,14 @@ def run_round(rs: RunSetup, rnd: int, elapsed_s: float) -> tuple[dict, list[dict
     timing = time_round(traces, specs, servers, net, aggregate_s=aggregate_s)
 
     evals: dict[int, tuple[float, float]] = {}
+    eval_extras: dict[int, dict[str, float]] = {}  # an algorithm's own per-client figures
     last = rnd == sc.rounds - 1
     if (rnd + 1) % sc.evaluation.every == 0 or last:
         who = list(range(sc.topology.clients)) if sc.evaluation.clients == "all" else selected
-        evals = {cid: (acc, loss) for cid, acc, loss, _ in rs.executor.evaluate(rnd, who)}
+        for cid, acc, loss, _, *extra in rs.executor.evaluate(rnd, who):
+            evals[cid] = (acc, loss)
+            if extra:
+                eval_extras[cid] = extra[0]
     host_wall = time.perf_counter() - wall0
 
     by_id = {r.client_id: r for r in results}
@@ -191,7 +199,7 @@ def run_round(rs: RunSetup, rnd: int, elapsed_s: float) -> tuple[dict, list[dict
             row["accuracy"], row["test_loss"] = evals[cid]
         client_rows.append(row)
 
-    accs = [a for a, _ in evals.values()]
+    accs = [a for a, _ in evals.values() if not np.isnan(a)]
     up_total = sum(trace_bytes(r.trace)[0] for r in results)
     down_total = sum(trace_bytes(r.trace)[1] for r in results)
     round_row = {
@@ -200,7 +208,8 @@ def run_round(rs: RunSetup, rnd: int, elapsed_s: float) -> tuple[dict, list[dict
         "dropped": len(timing.dropped),
         "round_time_s": timing.round_time_s, "dl_time_s": timing.download_s,
         "client_time_s": timing.client_s, "ul_time_s": timing.upload_s,
-        "server_time_s": timing.server_s, "idle_time_s": timing.idle_s,
+        "server_time_s": timing.server_s, "backhaul_time_s": timing.backhaul_s,
+        "idle_time_s": timing.idle_s,
         "elapsed_s": elapsed_s + timing.round_time_s,
         "bytes_up": up_total, "bytes_down": down_total,
         "client_gflops": sum(r.flops for r in results) / 1e9,
@@ -215,6 +224,8 @@ def run_round(rs: RunSetup, rnd: int, elapsed_s: float) -> tuple[dict, list[dict
         "host_wall_s": host_wall, "host_train_wall_s": train_wall,
         "host_aggregate_s": agg.wall_s,
         **agg.metrics,
+        **{f"mean_{k}": _mean([e[k] for e in eval_extras.values()])
+           for k in sorted({k for e in eval_extras.values() for k in e})},
     }
     trace_record = {
         "round": rnd, "aggregate_flops": agg.flops,

@@ -54,9 +54,11 @@ Partition = Annotated[
 
 
 class DatasetConfig(_Strict):
-    name: Literal["mnist-embedded", "mnist", "fashion-mnist", "cifar10", "cifar100"] = (
-        "mnist-embedded"
-    )
+    name: Literal["mnist-embedded", "mnist-embedded-3x32", "mnist", "fashion-mnist", "cifar10",
+                  "cifar100"] = Field(
+        "mnist-embedded",
+        description="mnist-embedded-3x32: the embedded MNIST padded to 32x32 and repeated "
+        "over 3 channels (a CIFAR-shaped stand-in; nothing is downloaded)")
     root: str | None = Field(None, description="directory holding the dataset files")
     train_size: int | None = Field(None, gt=0, description="train pool size (subsample)")
     test_size: int | None = Field(None, gt=0, description="test pool size (subsample)")

@@ -100,3 +100,23 @@ def markdown(run_id: str, algorithm: str, s: dict[str, float]) -> str:
         f"final {100 * s['final_mean_accuracy']:.2f} %. Peak modelled client training-step "
         f"memory {s['client_peak_mb']:.1f} MiB.\n"
     )
+
+
+def rounds_to_target(rows: Sequence[dict[str, Any]], target: float,
+                     column: str = "mean_accuracy") -> int | None:
+    """Rounds needed to reach a target average user accuracy (the MTFL paper's Table 2 figure).
+
+    The number of rounds, counted from 1 (``row["round"] + 1``), until ``column`` of a
+    round row first reaches ``target`` (``>=``); ``None`` when it never does within the
+    rows (the paper's "X"). Rounds without the column or with NaN (not evaluated) are
+    skipped. ``column`` is e.g. ``mean_clean_accuracy`` for MTFL's noisy-client runs.
+    """
+    if not any(column in r for r in rows):
+        raise ValueError(f"no round row has a {column!r} column")
+    for r in rows:
+        value = r.get(column)
+        if value is None or math.isnan(float(value)):
+            continue
+        if float(value) >= target:
+            return int(r["round"]) + 1
+    return None

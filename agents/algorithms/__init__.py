@@ -16,12 +16,37 @@ from agents.algorithms.base import (
     ServerAlgorithm,
     TrainConfig,
 )
+from agents.algorithms.dcpfl import (
+    DCPFLClient,
+    DCPFLServer,
+    NoDCClient,
+    NoDCServer,
+    NoLAClient,
+    NoLAServer,
+)
 from agents.algorithms.fedavg import FedAvgClient, FedAvgServer
+from agents.algorithms.fedprox import FedProxClient, FedProxServer
+from agents.algorithms.kapc import KapcBlsClient, KapcBlsServer, KapcClient, KapcServer
+from agents.algorithms.kmeans_cluster import KMeansClusterClient, KMeansClusterServer
 from agents.algorithms.local import LocalClient, LocalServer
+from agents.algorithms.mtfl import MTFLClient, MTFLServer
+from agents.algorithms.perfedavg import PerFedAvgClient, PerFedAvgServer
+from agents.algorithms.phsfl import HSFLClient, HSFLServer, PHSFLClient, PHSFLServer
 
 ALGORITHMS: dict[str, tuple[type[ServerAlgorithm], type[ClientAlgorithm]]] = {
     "fedavg": (FedAvgServer, FedAvgClient),
+    "fedprox": (FedProxServer, FedProxClient),
+    "kapc": (KapcServer, KapcClient),
+    "kapc_bls": (KapcBlsServer, KapcBlsClient),
     "local": (LocalServer, LocalClient),
+    "mtfl": (MTFLServer, MTFLClient),
+    "perfedavg": (PerFedAvgServer, PerFedAvgClient),
+    "kmeans_cluster": (KMeansClusterServer, KMeansClusterClient),
+    "dcpfl": (DCPFLServer, DCPFLClient),
+    "dcpfl_nola": (NoLAServer, NoLAClient),
+    "dcpfl_nodc": (NoDCServer, NoDCClient),
+    "phsfl": (PHSFLServer, PHSFLClient),
+    "hsfl": (HSFLServer, HSFLClient),
 }
 
 

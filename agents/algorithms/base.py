@@ -120,6 +120,8 @@ class ServerAlgorithm:
         self.client_samples = dict(client_samples)
         self.fraction = fraction
         self.params = self.Params(**params)
+        # client -> edge server; the run loop sets the scenario's topology after construction
+        self.edge_server_of: dict[int, int] = dict.fromkeys(self.client_samples, 0)
 
     def select(self, rnd: int, rng: np.random.Generator) -> list[int]:
         """Uniform sampling without replacement of max(1, round(fraction * N)) clients."""
@@ -153,7 +155,12 @@ class ClientAlgorithm:
         raise NotImplementedError
 
     def evaluate(self, ctx: ClientContext, task: ClientTask) -> tuple[float, float]:
-        """(accuracy, loss) on the client's own test data of the model in ``task``."""
+        """(accuracy, loss) on the client's own test data of the model in ``task``.
+
+        An algorithm may return a third element, ``{name: value}`` of its own per-client
+        figures; the round row then carries ``mean_<name>`` over the evaluated clients,
+        and each ``mean_<name>`` must be listed in the server class's ``round_metrics``.
+        """
         from agents.models import set_flat
 
         if task.weights is not None:

@@ -1,0 +1,714 @@
+"""KAPC (knowledge-aware parameter coaching) and KAPC+BLS (bidirectional layer selection).
+
+Zhi et al., AAAI 2024 (KAPC) and IEEE TMC 2024 (Sec. 4: KAPC; Sec. 5-6: BLS).
+
+Two algorithms are registered: ``kapc`` (Algorithms 1-2 of the AAAI paper, with the
+client selection of TMC Algorithm 5) and ``kapc_bls`` (TMC Algorithms 3-6: the server
+filters the regulariser by self-relationship mu, the client uploads only its first
+Omega layers).
+
+Equation numbers: "A." = the AAAI paper, "T." = the TMC paper (its Eqs. 20-34 are BLS).
+
+Server (one round k, selected clients C^k, K = |C^k|, T. Algorithm 5):
+
+1. slice R to C^k (``R[C, :, C]``, shape K x L x K) and normalise by row;
+2. W: the latest parameters of every client; layers a client did not upload keep their
+   stale values (T. Eq. 33);
+3. E_r gradient steps of A. Eq. 11 / T. Eq. 12 on every r_i of the slice, with
+   f(r_i) = lam * sum_l ||sum_j r_ij^l w_j^l - w_i^l||^2 + beta/2 * ||r_i - 1/N||^2
+   (A. Eq. 10 / T. Eq. 11), gradient (A. Eq. 12):
+   d f / d r_ij^l = 2 lam <sum_j' r_ij'^l w_j'^l - w_i^l, w_j^l> + beta (r_ij^l - 1/N);
+4. write the slice back into R and normalise R by row (T. Alg. 5 line 12);
+5. s_i^l = sum_j r_ij^l w_j^l with the normalised slice (A. Eq. 14, T. Eq. 15 / 34),
+   sent to client i — with BLS only the layers whose self-relationship r_ii^l <= mu
+   (T. Algorithm 3).
+
+Client i (A. Algorithm 2, T. Algorithm 6): keeps its own model between rounds, trains E
+epochs on f_i(w_i) + lam * sum_l ||w_i^l - s_i^l||^2 over the layers it received
+(A. Eq. 15-16, T. Eq. 16-17, via training's ``extra_loss`` hook), then uploads w_i —
+with BLS only its first Omega_i layers (T. Algorithm 4, criterion Eq. 29).
+
+Choices the papers leave open (each tested in tests/test_kapc.py):
+
+* **w^l is a layer's trainable parameters.** A layer is one parameterised module
+  (:class:`agents.models.ModelLayout`). BatchNorm running statistics are not parameters of
+  f_s and take no gradient: they stay on the client and are never sent, so a full KAPC
+  transfer is the model's parameter bytes (for the 2-conv/3-FC CNN: all of its state).
+* **R starts uniform at 1/N.** "Normalise by row" = clamp negatives to 0 and divide by
+  the row's sum, for each (client, layer) row (uniform when the sum is 0); option
+  ``normalise: softmax`` uses softmax(r / temperature) instead.
+* **The prior term pulls towards 1/N**, N = all clients, as A. Eq. 10 writes it, also
+  on a slice of K < N clients (after renormalisation this is a shrinkage towards the
+  slice's uniform row).
+* **No normalisation between the E_r steps**: the slice is normalised before the steps
+  and after them (T. Alg. 5 lines 6 and 12); s_i uses the normalised slice (T. Sec. 4.3:
+  "the relationship matrix r^{k+1} is normalized, and then ... s_i").
+* **f_s is the squared L2 distance**, so the coaching term's gradient is
+  2 lam (w - s); the relation cube's learning rate and E_r are ``lr_relation`` and
+  ``relation_steps``.
+* **Server work is planned, then timed.** The relation update and the s_i are computed
+  when the round is planned (they need the round's selection) and reported as this
+  round's server FLOPs, so the engine times them as the round's server phase.
+
+Server FLOPs are counted analytically (:func:`kapc_server_flops`), per round, for what
+this code computes:
+
+* Gram matrices of the selected clients' layers, G^l = X^l X^l^T (X^l: K x n_l):
+  K(K+1)/2 distinct inner products of 2 n_l FLOPs each -> K(K+1) * sum_l n_l;
+* E_r gradient steps: per client and layer G r (2K^2) and 7K element-wise operations
+  (subtract g_i, scale by 2 lam, r - 1/N, scale by beta, add, scale by lr, subtract)
+  -> E_r * K * L * (2K^2 + 7K);
+* normalisations, 3 FLOPs per entry (clamp, sum, divide): the slice before and after
+  the steps and the K written-back rows of N -> K * L * (6K + 3N);
+* s_i: one multiply and one add per element per contributing client, for the layers
+  sent to client i -> sum_i sum_{l sent to i} 2 K n_l (FedAvg's count is 2 |w| K).
+
+Storing the uploads costs no FLOPs. For 10 selected ResNet18 clients (P = 11.17 M
+parameters) this is about 1.23 + 2.23 = 3.46 GFLOPs per round with full downloads.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from pydantic import Field
+from torch import nn
+
+from agents.algorithms.base import (
+    AggregateStats,
+    ClientAlgorithm,
+    ClientContext,
+    ClientResult,
+    ClientTask,
+    NoParams,
+    ServerAlgorithm,
+    local_sgd,
+    standard_trace,
+)
+from agents.models import BYTES_PER_ELEMENT, ModelLayout, get_flat, set_flat
+
+# =========================================================================== parameters
+
+
+class KapcParams(NoParams):
+    """Hyper-parameters of ``kapc`` (``algorithm.params``)."""
+
+    lam: float = Field(1.0, ge=0, description="lambda: weight of the coaching loss (A. Eq. 5)")
+    beta: float = Field(0.01, ge=0, description="beta: weight of the equal-share prior on R; "
+                        "the papers fix beta / (2 lambda) = 0.005 for alpha = 0.1")
+    lr_relation: float = Field(0.01, gt=0, description="eta_r: learning rate of R (A. Eq. 11)")
+    relation_steps: int = Field(1, ge=1, description="E_r: gradient steps on R per round")
+    normalise: Literal["clamp", "softmax"] = Field(
+        "clamp", description="row normalisation of R: clamp negatives to 0 and divide by the "
+        "sum (uniform if 0), or softmax(r / temperature)")
+    temperature: float = Field(1.0, gt=0, description="softmax temperature (normalise: softmax)")
+
+
+class KapcBlsParams(KapcParams):
+    """Hyper-parameters of ``kapc_bls``: KAPC's, plus the layer-selection constants."""
+
+    mu: float = Field(0.7, ge=0, le=1, description="self-relationship threshold: layer l of "
+                      "s_i is not sent when r_ii^l > mu (T. Algorithm 3; Table 6 uses 0.7)")
+    first_download_full: bool = Field(
+        True, description="a client selected for the first time receives every layer of s_i "
+        "(T. Sec. 5.2.3: 'the full-layered regularizer is distributed')")
+    class_count: Literal["model", "client"] = Field(
+        "model", description="c_i of Eq. 23/29: the model's output width (default), or the "
+        "number of distinct labels in the client's training data")
+    confidence_term: bool = Field(
+        False, description="keep the second term of Eq. 28 (the paper drops it: Eq. 29)")
+    rho: float = Field(1.0, gt=0, description="Lipschitz constant rho of the loss (Eq. 23, "
+                       "used only with confidence_term)")
+    delta: float = Field(0.05, gt=0, lt=1, description="confidence delta (Eq. 23)")
+    loss_range: float = Field(math.log(10.0), gt=0, description="b - a, the range of the "
+                              "loss (Eq. 23); default ln 10, the cross-entropy of a uniform "
+                              "10-class prediction")
+    input_bound: float | None = Field(
+        None, gt=0, description="A_i with ||x|| <= A_i (Eq. 23); default: the largest L2 norm "
+        "of the client's (normalised) training inputs")
+    omega_search: Literal["last_holding", "as_written"] = Field(
+        "last_holding", description="Algorithm 4's downward search returns the smallest Omega "
+        "that still satisfies Eq. 29 (last_holding), or, as written, the first that does not")
+
+
+# =========================================================================== layer view
+
+
+@dataclass(frozen=True)
+class ParamView:
+    """The trainable parameters of a model as one vector P, grouped by layer.
+
+    ``index`` holds the positions of the parameter elements in the flat state vector of
+    :mod:`agents.models` (buffers such as BatchNorm running statistics are left out);
+    layer l occupies ``P[bounds[l]:bounds[l + 1]]``. ``out_dim`` (d^l) and ``in_cols``
+    (n^l) describe each layer's weight as a matrix (rows = outputs, columns =
+    weight.numel() / rows: in_features for Linear, in_channels * kh * kw for Conv2d, 1
+    for a BatchNorm's per-channel scale), as BLS's bounds need (T. Eq. 23).
+    """
+
+    index: np.ndarray
+    bounds: np.ndarray
+    out_dim: np.ndarray
+    in_cols: np.ndarray
+    param_slots: tuple[tuple[str, tuple[int, ...], int, int], ...]  # name, shape, P-offset, layer
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.bounds) - 1
+
+    @property
+    def size(self) -> int:
+        return int(self.bounds[-1])
+
+    def numel(self) -> np.ndarray:
+        return np.diff(self.bounds)
+
+    def extract(self, flat: np.ndarray) -> np.ndarray:
+        """P (float32) from a flat model state."""
+        return np.asarray(flat, dtype=np.float32)[self.index]
+
+    def layer(self, p: np.ndarray, layer: int) -> np.ndarray:
+        return p[self.bounds[layer]:self.bounds[layer + 1]]
+
+    def select(self, p: np.ndarray, layers: Sequence[int]) -> np.ndarray:
+        """The elements of the given layers of P, concatenated in layer order (what is sent)."""
+        parts = [self.layer(p, int(layer)) for layer in sorted(layers)]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=p.dtype)
+
+    def nbytes(self, layers: Sequence[int]) -> int:
+        """Bytes on the air for the parameters of these layers."""
+        numel = self.numel()
+        return int(sum(int(numel[int(layer)]) for layer in set(layers))) * BYTES_PER_ELEMENT
+
+    def split(self, compact: np.ndarray, layers: Sequence[int]) -> dict[int, np.ndarray]:
+        """Inverse of :meth:`select`: layer -> its part of ``compact``."""
+        out, at, numel = {}, 0, self.numel()
+        for layer in sorted(layers):
+            n = int(numel[int(layer)])
+            out[int(layer)] = compact[at:at + n]
+            at += n
+        if at != len(compact):
+            raise ValueError(f"{len(compact)} elements received for layers {sorted(layers)}, "
+                             f"which hold {at}")
+        return out
+
+
+def param_view(layout: ModelLayout) -> ParamView:
+    index: list[np.ndarray] = []
+    slots = []
+    counts = np.zeros(layout.num_layers, dtype=np.int64)
+    out_dim = np.ones(layout.num_layers, dtype=np.int64)
+    in_cols = np.ones(layout.num_layers, dtype=np.int64)
+    last_layer, at = -1, 0
+    for s in layout.slots:
+        if not s.is_param:
+            continue
+        if s.layer < last_layer:
+            raise ValueError(f"parameters of layer {s.layer} ({s.name}) come after layer "
+                             f"{last_layer}: layers must be contiguous in the flat state")
+        last_layer = s.layer
+        index.append(np.arange(s.offset, s.offset + s.numel))
+        slots.append((s.name, s.shape, at, s.layer))
+        at += s.numel
+        counts[s.layer] += s.numel
+        if s.name.endswith("weight") and len(s.shape) >= 1:
+            out_dim[s.layer] = s.shape[0]
+            in_cols[s.layer] = max(1, s.numel // s.shape[0])
+    if np.any(counts == 0):
+        raise ValueError("every layer needs trainable parameters for KAPC")
+    bounds = np.concatenate([[0], np.cumsum(counts)])
+    return ParamView(np.concatenate(index), bounds, out_dim, in_cols, tuple(slots))
+
+
+# =========================================================================== relation cube
+
+
+def normalise_rows(r: np.ndarray, method: str = "clamp", temperature: float = 1.0
+                   ) -> np.ndarray:
+    """Normalise the last axis of ``r`` (one row = one client's relation to the others on
+    one layer). ``clamp``: negatives -> 0, divide by the sum, uniform if the sum is 0.
+    ``softmax``: softmax(r / temperature)."""
+    r = np.asarray(r, dtype=np.float64)
+    if method == "softmax":
+        z = r / temperature
+        z = np.exp(z - z.max(axis=-1, keepdims=True))
+        return z / z.sum(axis=-1, keepdims=True)
+    if method != "clamp":
+        raise ValueError(f"unknown normalisation {method!r}; known: clamp, softmax")
+    pos = np.maximum(r, 0.0)
+    total = pos.sum(axis=-1, keepdims=True)
+    uniform = np.full_like(pos, 1.0 / r.shape[-1])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(total > 0, pos / np.where(total > 0, total, 1.0), uniform)
+
+
+def relation_objective(r_i: np.ndarray, grams: np.ndarray, i: int, lam: float, beta: float,
+                       n_clients: int) -> float:
+    """f(r_i) of A. Eq. 10: lam * sum_l ||sum_j r_ij^l w_j^l - w_i^l||^2 + beta/2 ||r_i - 1/N||^2,
+    from the Gram matrices G^l_jk = <w_j^l, w_k^l> (r_i: L x K, grams: L x K x K; ``i``:
+    client i's position in the slice)."""
+    quad = np.einsum("lj,ljk,lk->", r_i, grams, r_i)
+    cross = np.einsum("lj,lj->", r_i, grams[:, :, i])
+    const = float(grams[:, i, i].sum())
+    coach = quad - 2.0 * cross + const
+    return float(lam * coach + beta / 2.0 * np.sum((r_i - 1.0 / n_clients) ** 2))
+
+
+def relation_gradient(r_i: np.ndarray, grams: np.ndarray, i: int, lam: float, beta: float,
+                      n_clients: int) -> np.ndarray:
+    """Gradient of f(r_i) (A. Eq. 11-12): 2 lam (G^l r_i^l - G^l[:, i]) + beta (r_i^l - 1/N)."""
+    g_r = np.einsum("ljk,lk->lj", grams, r_i)
+    return 2.0 * lam * (g_r - grams[:, :, i]) + beta * (r_i - 1.0 / n_clients)
+
+
+def update_relations(r_slice: np.ndarray, grams: np.ndarray, *, lam: float, beta: float,
+                     lr: float, steps: int, n_clients: int) -> np.ndarray:
+    """E_r steps of A. Eq. 11 on every r_i of a normalised slice (K x L x K); slice row a
+    belongs to the client at position a of the slice. Not normalised afterwards."""
+    r = np.array(r_slice, dtype=np.float64)
+    for _ in range(steps):
+        grads = np.stack([relation_gradient(r[a], grams, a, lam, beta, n_clients)
+                          for a in range(r.shape[0])])
+        r = r - lr * grads  # all r_i from the same W^k: Jacobi order, as Eq. 9 stacks them
+    return r
+
+
+def self_relation_filter(self_relation: np.ndarray, mu: float) -> np.ndarray:
+    """T. Algorithm 3: layer l of s_i is sent unless r_ii^l > mu (True = send)."""
+    return ~(np.asarray(self_relation) > mu)
+
+
+def personalised_regulariser(r_i: np.ndarray, layer_stacks: Sequence[np.ndarray],
+                             layers: Sequence[int]) -> list[np.ndarray]:
+    """s_i^l = sum_j r_ij^l w_j^l (A. Eq. 14, T. Eq. 15/34) for the given layers;
+    ``layer_stacks[l]`` is the K x n_l matrix of the slice's parameters of layer l."""
+    return [r_i[layer] @ layer_stacks[layer] for layer in layers]
+
+
+def kapc_server_flops(k: int, n_clients: int, layer_numel: np.ndarray, steps: int,
+                      sent: np.ndarray) -> float:
+    """Analytic server FLOPs of one round (see the module docstring).
+
+    ``layer_numel``: n_l per layer; ``sent``: K x L booleans, layer l of s_i sent to the
+    client at slice position i."""
+    numel = np.asarray(layer_numel, dtype=np.float64)
+    n_layers = len(numel)
+    gram = k * (k + 1) * numel.sum()
+    relation = steps * k * n_layers * (2 * k * k + 7 * k)
+    normalisation = k * n_layers * (6 * k + 3 * n_clients)
+    regulariser = 2.0 * k * float((np.asarray(sent, dtype=np.float64) @ numel).sum())
+    return float(gram + relation + normalisation + regulariser)
+
+
+# =========================================================================== coaching loss
+
+
+def coaching_pairs(model: nn.Module, view: ParamView, received: dict[int, np.ndarray]
+                   ) -> list[tuple[nn.Parameter, torch.Tensor]]:
+    """(parameter, its target s) for every parameter tensor of the received layers."""
+    params = dict(model.named_parameters())
+    pairs = []
+    for name, shape, at, layer in view.param_slots:
+        if layer not in received:
+            continue
+        start = at - int(view.bounds[layer])
+        n = int(np.prod(shape)) if shape else 1
+        target = torch.from_numpy(np.array(received[layer][start:start + n],
+                                           dtype=np.float32)).view(shape)
+        pairs.append((params[name], target))
+    return pairs
+
+
+def coaching_loss(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], lam: float
+                  ) -> torch.Tensor:
+    """lam * sum_l f_s(s_i^l, w_i^l), f_s = squared L2 distance (A. Eq. 15; T. Eq. 16)."""
+    return lam * sum((p - t).pow(2).sum() for p, t in pairs)
+
+
+# =========================================================================== BLS criterion
+
+
+def layer_norms(p: np.ndarray, view: ParamView) -> np.ndarray:
+    """B^l = ||w^l||_F (T. Eq. 30) for every layer."""
+    return np.array([float(np.linalg.norm(view.layer(p, layer).astype(np.float64)))
+                     for layer in range(view.num_layers)])
+
+
+def log_m(tau: np.ndarray, b: np.ndarray, n_cols: np.ndarray, omega: int) -> float:
+    """log M(Omega) of T. Eq. 27:
+    M(Omega) = tau^Omega / (2 B^Omega) + sum_{k=1}^{Omega-1} tau^{Omega-k}
+               prod_{j=1}^{k} sqrt(n^{Omega+1-j}) / (2 B^{Omega-k}),
+    i.e. sum over layers l <= Omega of tau^l / (2 B^l) * prod_{i=l+1}^{Omega} sqrt(n^i);
+    M = M(L). (Arrays are indexed from 0 for layer 1.) Zero bounds B are floored at 1e-12."""
+    tau = np.asarray(tau, dtype=np.float64)[:omega]
+    b = np.maximum(np.asarray(b, dtype=np.float64)[:omega], 1e-12)
+    half_log_n = 0.5 * np.log(np.asarray(n_cols, dtype=np.float64)[:omega])
+    # prod_{i=l+1}^{omega} sqrt(n^i): suffix sums of the half logs, excluding layer l itself
+    suffix = np.concatenate([np.cumsum(half_log_n[::-1])[::-1][1:], [0.0]])
+    with np.errstate(divide="ignore"):
+        terms = np.log(tau) - np.log(2.0 * b) + suffix
+    return float(np.logaddexp.reduce(terms)) if len(terms) else -np.inf
+
+
+@dataclass(frozen=True)
+class BlsConstants:
+    """The data- and model-dependent constants of T. Eq. 23-29 for one client."""
+
+    n_cols: np.ndarray  # n^l, columns of layer l's weight
+    out_dim: np.ndarray  # d^l, output width of layer l
+    classes: int  # c_i
+    samples: int  # m_i
+    rho: float = 1.0
+    input_bound: float = 1.0  # A_i
+    delta: float = 0.05
+    loss_range: float = math.log(10.0)  # b - a
+    confidence_term: bool = False
+
+
+def criterion_log_lhs(omega: int, tau_hat: np.ndarray, b_hat: np.ndarray, tau: np.ndarray,
+                      b: np.ndarray, k: BlsConstants) -> float:
+    """log of the left side of T. Eq. 29 divided by its right side, so that the layer
+    selection criterion holds iff the result is < 0:
+
+        L d_Omega M^(Omega) / (Omega c 2^(L-Omega) M)  <  prod_{l=Omega+1}^{L} B^l     (29)
+
+    M^(Omega) is built from the partial bounds (tau_hat, b_hat), M = M(L) and the product
+    from the full bounds (tau, b). With ``k.confidence_term`` the second term of Eq. 28 is
+    kept, i.e. Definition 1 with Theorems 3-4 in full:
+    (L - Omega) * 3 (b-a) sqrt(ln(2/delta) / (2 m)) / (Omega * 2 sqrt(2) rho A / sqrt(m)
+    * c 2^L prod_{l<=L} B^l M) is added to the left side of (29) divided by its right side
+    (derived from L E_partial < Omega E_full, with E the bounds of Eq. 23 and Eq. 26).
+    """
+    n_layers = len(b)
+    if not 1 <= omega <= n_layers:
+        raise ValueError(f"Omega={omega} outside [1, {n_layers}]")
+    log_b = np.log(np.maximum(np.asarray(b, dtype=np.float64), 1e-12))
+    log_m_full = log_m(tau, b, k.n_cols, n_layers)
+    if log_m_full == -np.inf:  # no regulariser bound known (tau = 0): (29) is undefined;
+        return math.inf  # we read it as "not satisfied", so more layers go up
+    main = (math.log(n_layers * k.out_dim[omega - 1]) + log_m(tau_hat, b_hat, k.n_cols, omega)
+            - math.log(omega * k.classes) - (n_layers - omega) * math.log(2.0) - log_m_full
+            - float(log_b[omega:].sum()))
+    if not k.confidence_term or omega == n_layers:
+        return float(main)
+    gap = 3.0 * k.loss_range * math.sqrt(math.log(2.0 / k.delta) / (2.0 * k.samples))
+    lip = 2.0 * math.sqrt(2.0) * k.rho * k.input_bound / math.sqrt(k.samples)
+    second = (math.log((n_layers - omega) * gap) - math.log(omega * lip * k.classes)
+              - n_layers * math.log(2.0) - float(log_b.sum()) - log_m_full)
+    return float(np.logaddexp(main, second))
+
+
+def search_omega(omega_prev: int, holds: Callable[[int], bool], n_layers: int,
+                 as_written: bool = False) -> int:
+    """T. Algorithm 4 lines 15-24: start from last round's Omega; if the criterion holds,
+    decrease Omega while it still holds; otherwise increase Omega until it holds.
+
+    Written literally, the decreasing loop ("repeat Omega <- Omega - 1 until (29) is not
+    satisfied") returns the first Omega that FAILS the criterion (``as_written=True``).
+    By default we return the last one that satisfies it (the smallest Omega of the run),
+    since the criterion is what makes an upload of Omega layers acceptable (Definition
+    1). The increasing loop stops at L if no Omega satisfies it (L never does strictly
+    when the bounds are current: both sides of (29) are then equal); Omega stays in [1, L].
+    """
+    omega = min(max(int(omega_prev), 1), n_layers)
+    if holds(omega):
+        if as_written:
+            while omega > 1:
+                omega -= 1
+                if not holds(omega):
+                    break
+            return omega
+        while omega > 1 and holds(omega - 1):
+            omega -= 1
+        return omega
+    while omega < n_layers:
+        omega += 1
+        if holds(omega):
+            return omega
+    return n_layers
+
+
+@dataclass
+class BlsClientState:
+    """What T. Algorithm 4 keeps for a client between its selections."""
+
+    n_layers: int
+    times_selected: int = 0  # q
+    omega: int = 0  # Omega of the last selection (0: never selected)
+    b_full: np.ndarray = field(default=None)  # B^l, full-layer parameter bounds
+    tau_full: np.ndarray = field(default=None)  # tau^l, full-layer regulariser bounds
+
+    def __post_init__(self) -> None:
+        # Alg. 4 line 2: "initialize B^l = 0 and tau^l = 0" — once, for the client's first
+        # selection (re-initialising every call would make line 6's max meaningless)
+        if self.b_full is None:
+            self.b_full = np.zeros(self.n_layers)
+        if self.tau_full is None:
+            self.tau_full = np.zeros(self.n_layers)
+
+
+def algorithm4(state: BlsClientState, b_now: np.ndarray, tau_now: np.ndarray,
+               k: BlsConstants, as_written: bool = False) -> int:
+    """T. Algorithm 4 (with Algorithm 6 line 7): the number of leading layers to upload.
+
+    ``b_now`` = Eq. 30 of the trained parameters; ``tau_now`` = Eq. 31 for the layers whose
+    regulariser the client received this round, NaN for the others.
+
+    * first selection, or last round's upload was full (Omega = L): the full bounds become
+      max(stored, current) and Omega = L - 1 (lines 3-9); a layer without a regulariser
+      this round keeps its stored tau;
+    * otherwise the partial bounds are the current ones (tau of a layer not received: the
+      stored one, "estimated with the staled information") and the full bounds the stored
+      ones (lines 10-14), and Omega is searched from last round's value (lines 15-24).
+    """
+    L = state.n_layers
+    b_now = np.asarray(b_now, dtype=np.float64)
+    tau_now = np.asarray(tau_now, dtype=np.float64)
+    if state.times_selected == 0 or state.omega == L:
+        state.b_full = np.maximum(state.b_full, b_now)
+        state.tau_full = np.fmax(state.tau_full, tau_now)  # NaN (not received) keeps stored
+        omega = max(L - 1, 1)
+    else:
+        tau_hat = np.where(np.isnan(tau_now), state.tau_full, tau_now)
+        b_full, tau_full = state.b_full, state.tau_full
+
+        def holds(om: int) -> bool:
+            return criterion_log_lhs(om, tau_hat, b_now, tau_full, b_full, k) < 0.0
+
+        omega = search_omega(state.omega, holds, L, as_written)
+    state.omega = omega
+    state.times_selected += 1
+    return omega
+
+
+# =========================================================================== server
+
+
+class KapcServer(ServerAlgorithm):
+    """KAPC's edge server: every client's latest parameters W and the relation cube R."""
+
+    name = "kapc"
+    Params = KapcParams
+    round_metrics = ("kapc_layers_down_mean", "kapc_layers_up_mean",
+                     "kapc_self_relation_mean", "kapc_plan_host_s")
+
+    def __init__(self, layout: ModelLayout, init_weights: np.ndarray,
+                 client_samples: dict[int, int], fraction: float,
+                 params: dict[str, Any]) -> None:
+        super().__init__(layout, init_weights, client_samples, fraction, params)
+        self.view = param_view(layout)
+        self.ids = sorted(client_samples)
+        self.position = {cid: a for a, cid in enumerate(self.ids)}
+        n, n_layers = len(self.ids), self.view.num_layers
+        self.relations = np.full((n, n_layers, n), 1.0 / n)  # R, client x layer x client
+        self.init_params = self.view.extract(init_weights)
+        # W: latest uploaded parameters; a client that never uploaded has the common initial
+        # model (kept once), so memory grows with the clients seen, not with N
+        self.client_params: dict[int, np.ndarray] = {}
+        self.times_selected = {cid: 0 for cid in self.ids}
+        self._planned: dict[str, Any] = {"flops": 0.0, "metrics": {}}
+
+    # ------------------------------------------------------------------ maths on W
+
+    def params_of(self, cid: int) -> np.ndarray:
+        return self.client_params.get(cid, self.init_params)
+
+    def layer_stack(self, selected: Sequence[int], layer: int) -> np.ndarray:
+        """X^l: the K x n_l float64 matrix of the selected clients' layer l (T. Eq. 33)."""
+        return np.stack([self.view.layer(self.params_of(c), layer) for c in selected]
+                        ).astype(np.float64)
+
+    def grams(self, selected: Sequence[int]) -> np.ndarray:
+        """G^l = X^l X^l^T for every layer (L x K x K)."""
+        out = []
+        for layer in range(self.view.num_layers):
+            x = self.layer_stack(selected, layer)
+            out.append(x @ x.T)
+        return np.stack(out)
+
+    def normalise(self, r: np.ndarray) -> np.ndarray:
+        return normalise_rows(r, self.params.normalise, self.params.temperature)
+
+    def download_layers(self, cid: int, self_relation: np.ndarray) -> np.ndarray:
+        """Which layers of s_i are sent (KAPC: all of them)."""
+        return np.ones(len(self_relation), dtype=bool)
+
+    # ------------------------------------------------------------------ the round
+
+    def configure_fit(self, rnd: int, selected: list[int]) -> list[ClientTask]:
+        start = time.perf_counter()
+        p = self.params
+        pos = np.array([self.position[c] for c in selected])
+        k, n_layers, n = len(selected), self.view.num_layers, len(self.ids)
+        grams = self.grams(selected)
+        block = np.ix_(pos, np.arange(n_layers), pos)
+        r = self.normalise(self.relations[block])  # T. Alg. 5 line 6
+        r = update_relations(r, grams, lam=p.lam, beta=p.beta, lr=p.lr_relation,
+                             steps=p.relation_steps, n_clients=n)  # lines 8-10
+        self.relations[block] = r  # line 12
+        self.relations[pos] = self.normalise(self.relations[pos])
+        coeffs = self.normalise(r)  # normalised before s_i = r_i W (T. Sec. 4.3)
+        self_rel = coeffs[np.arange(k), :, np.arange(k)]  # r_ii^l, K x L
+        sent = np.stack([self.download_layers(c, self_rel[a]) for a, c in enumerate(selected)])
+        parts: list[list[np.ndarray]] = [[] for _ in selected]
+        for layer in range(n_layers):  # one K x n_l stack in memory at a time
+            rows = np.flatnonzero(sent[:, layer])
+            if len(rows) == 0:
+                continue
+            s = coeffs[rows, layer, :] @ self.layer_stack(selected, layer)  # Eq. 14/34
+            for row, s_row in zip(rows, s, strict=True):
+                parts[row].append(s_row.astype(np.float32))
+        tasks = []
+        for a, cid in enumerate(selected):
+            layers = np.flatnonzero(sent[a]).tolist()
+            s_i = np.concatenate(parts[a]) if parts[a] else np.zeros(0, np.float32)
+            tasks.append(ClientTask(cid, s_i, s_i.size * BYTES_PER_ELEMENT,
+                                    {"layers": layers}))
+            self.times_selected[cid] += 1
+        self._planned = {
+            "flops": kapc_server_flops(k, n, self.view.numel(), p.relation_steps, sent),
+            "metrics": {"kapc_layers_down_mean": float(sent.sum(1).mean()),
+                        "kapc_self_relation_mean": float(self_rel.mean()),
+                        "kapc_plan_host_s": time.perf_counter() - start},
+        }
+        return tasks
+
+    def aggregate_fit(self, rnd: int, results: list[ClientResult]) -> AggregateStats:
+        """Store every upload into W (stale layers stay, T. Eq. 33); no arithmetic."""
+        uploaded = []
+        for r in results:
+            if r.weights is None:
+                continue
+            layers = r.extra["layers"]
+            mine = self.client_params.get(r.client_id)
+            if mine is None:
+                mine = self.client_params[r.client_id] = self.init_params.copy()
+            for layer, values in self.view.split(np.asarray(r.weights), layers).items():
+                mine[self.view.bounds[layer]:self.view.bounds[layer + 1]] = values
+            uploaded.append(len(layers))
+        planned, self._planned = self._planned, {"flops": 0.0, "metrics": {}}
+        metrics = {key: float("nan") for key in self.round_metrics}
+        metrics.update(planned["metrics"])
+        if uploaded:
+            metrics["kapc_layers_up_mean"] = float(np.mean(uploaded))
+        return AggregateStats(flops=planned["flops"], metrics=metrics)
+
+    def configure_evaluate(self, rnd: int, clients: list[int]) -> list[ClientTask]:
+        return [ClientTask(c, None, 0) for c in clients]  # each client's own model
+
+
+class KapcBlsServer(KapcServer):
+    """KAPC with the server half of BLS: T. Algorithm 3 filters s_i by self-relationship."""
+
+    name = "kapc_bls"
+    Params = KapcBlsParams
+
+    def download_layers(self, cid: int, self_relation: np.ndarray) -> np.ndarray:
+        if self.params.first_download_full and self.times_selected[cid] == 0:
+            return np.ones(len(self_relation), dtype=bool)
+        return self_relation_filter(self_relation, self.params.mu)
+
+
+# =========================================================================== client
+
+
+_VIEWS: dict[int, tuple[ModelLayout, ParamView]] = {}
+
+
+def _view_of(layout: ModelLayout) -> ParamView:
+    """param_view, once per layout object (a host's clients share one). The entry keeps
+    its layout alive, so its id cannot be reused by another layout while cached."""
+    entry = _VIEWS.get(id(layout))
+    if entry is None or entry[0] is not layout:
+        if len(_VIEWS) >= 16:
+            _VIEWS.clear()
+        entry = _VIEWS[id(layout)] = (layout, param_view(layout))
+    return entry[1]
+
+
+class KapcClient(ClientAlgorithm):
+    """A KAPC client: its own model, coached towards s_i (A. Algorithm 2)."""
+
+    name = "kapc"
+    Params = KapcParams
+
+    def _own(self, ctx: ClientContext) -> np.ndarray:
+        own = ctx.state.get("weights")
+        return ctx.init_weights if own is None else own
+
+    def upload_layers(self, ctx: ClientContext, view: ParamView, p: np.ndarray,
+                      received: dict[int, np.ndarray]) -> list[int]:
+        """Which layers to upload (KAPC: all of them)."""
+        return list(range(view.num_layers))
+
+    def fit(self, ctx: ClientContext, task: ClientTask) -> ClientResult:
+        start = time.perf_counter()
+        view = _view_of(ctx.layout)
+        set_flat(ctx.model, ctx.layout, self._own(ctx))
+        layers = list(task.config.get("layers", []))
+        weights = np.zeros(0, np.float32) if task.weights is None else task.weights
+        received = view.split(np.asarray(weights), layers)
+        pairs = coaching_pairs(ctx.model, view, received)
+        lam = self.params.lam
+        extra = (lambda model: coaching_loss(pairs, lam)) if pairs else None
+        stats = local_sgd(ctx, extra_loss=extra, cost_key=f"{self.name}:{len(weights)}")
+        flat = get_flat(ctx.model, ctx.layout)
+        ctx.state["weights"] = flat
+        p = view.extract(flat)
+        up_layers = self.upload_layers(ctx, view, p, received)
+        upload = view.select(p, up_layers)
+        up = upload.size * BYTES_PER_ELEMENT
+        return ClientResult(
+            client_id=ctx.client_id, weights=upload, upload_nbytes=up,
+            num_samples=int(ctx.y_train.shape[0]), train_loss=stats.mean_loss,
+            trace=standard_trace(task.download_nbytes, stats, up), flops=stats.flops,
+            steps=stats.steps, peak_memory_bytes=stats.peak_memory_bytes,
+            host_seconds=time.perf_counter() - start,
+            extra={"layers": up_layers, "received_layers": layers},
+        )
+
+    def evaluate(self, ctx: ClientContext, task: ClientTask) -> tuple[float, float]:
+        set_flat(ctx.model, ctx.layout, self._own(ctx))
+        return super().evaluate(ctx, ClientTask(ctx.client_id, None, 0))
+
+
+class KapcBlsClient(KapcClient):
+    """KAPC with the client half of BLS: upload the first Omega layers (T. Algorithm 4)."""
+
+    name = "kapc_bls"
+    Params = KapcBlsParams
+
+    def constants(self, ctx: ClientContext, view: ParamView) -> BlsConstants:
+        p = self.params
+        if p.class_count == "model":
+            classes = int(view.out_dim[-1])
+        else:
+            classes = int(torch.unique(ctx.y_train).numel())
+        bound = p.input_bound
+        if bound is None:
+            bound = ctx.state.get("bls_input_bound")
+            if bound is None:
+                bound = float(ctx.x_train.flatten(1).norm(dim=1).max())
+                ctx.state["bls_input_bound"] = bound
+        return BlsConstants(view.in_cols, view.out_dim, classes, int(ctx.y_train.shape[0]),
+                            p.rho, bound, p.delta, p.loss_range, p.confidence_term)
+
+    def upload_layers(self, ctx: ClientContext, view: ParamView, p: np.ndarray,
+                      received: dict[int, np.ndarray]) -> list[int]:
+        b_now = layer_norms(p, view)  # Eq. 30
+        tau_now = np.full(view.num_layers, np.nan)
+        for layer, s in received.items():  # Eq. 31, for the layers received
+            tau_now[layer] = float(np.linalg.norm(
+                view.layer(p, layer).astype(np.float64) - s.astype(np.float64)))
+        state = ctx.state.get("bls")
+        if state is None:
+            state = ctx.state["bls"] = BlsClientState(view.num_layers)
+        omega = algorithm4(state, b_now, tau_now, self.constants(ctx, view),
+                           self.params.omega_search == "as_written")
+        return list(range(omega))

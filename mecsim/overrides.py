@@ -1,0 +1,199 @@
+"""Dotted-path overrides of a scenario: ``channel.uplink.bandwidth_hz = 5e6``.
+
+A path walks the resolved scenario (``mecsim.scenario.resolved_yaml``): mapping keys by
+name, list items by index (``devices.clients.0.profile``). The overridden data is
+validated again as a whole scenario, so a bad value is reported with its field name.
+
+Which paths a *replay* can answer is decided here too: replay re-times the recorded
+op-traces, so it can change only what the timing depends on (channel, devices,
+deadline, backhaul). Anything else changes what the clients execute and needs training.
+
+Command-line values (``--set path=v1,v2,...``) are parsed by :func:`parse_values`.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+
+from mecsim.scenario import Scenario, ScenarioError, scenario_from_dict
+
+# Top-level sections whose changes only change timing: replay re-times recorded traces.
+TIMING_PATHS = ("channel", "devices", "deadline_s", "backhaul")
+
+
+class OverrideError(ValueError):
+    """An override that cannot be applied; ``str()`` names the path and what is valid."""
+
+
+def is_timing_path(path: str) -> bool:
+    """Does ``path`` change only timing (so replaying recorded op-traces answers it)?"""
+    return path.split(".", 1)[0] in TIMING_PATHS
+
+
+def _keys_of(node: Any) -> str:
+    if isinstance(node, dict):
+        return ", ".join(str(k) for k in node) or "(none)"
+    if isinstance(node, list):
+        return f"indices 0..{len(node) - 1}" if node else "(an empty list)"
+    return "(none: it is a value, not a section)"
+
+
+def _step(node: Any, part: str, walked: str, path: str) -> Any:
+    """The child ``part`` of ``node``; OverrideError naming the valid alternatives."""
+    where = walked or "the top level"
+    if isinstance(node, dict):
+        if part not in node:
+            raise OverrideError(f"unknown override path {path!r}: {part!r} is not a field of "
+                                f"{where}; valid: {_keys_of(node)}")
+        return node[part]
+    if isinstance(node, list):
+        if not re.fullmatch(r"\d+", part) or int(part) >= len(node):
+            raise OverrideError(f"unknown override path {path!r}: {where} is a list; "
+                                f"use an index, valid: {_keys_of(node)}")
+        return node[int(part)]
+    if node is None:
+        raise OverrideError(f"override path {path!r}: {where} is null in this scenario; set "
+                            f"{where} whole, e.g. {where}={{key: value, ...}}")
+    raise OverrideError(f"unknown override path {path!r}: {where} is a value, not a section")
+
+
+def check_path(data: dict[str, Any], path: str) -> None:
+    """Raise OverrideError unless ``path`` names a field of the scenario ``data``."""
+    if not path or any(not p for p in path.split(".")):
+        raise OverrideError(f"override path {path!r} is empty or has an empty part; "
+                            f"valid top-level fields: {_keys_of(data)}")
+    node: Any = data
+    walked = ""
+    for part in path.split("."):
+        node = _step(node, part, walked, path)
+        walked = f"{walked}.{part}" if walked else part
+
+
+def apply_overrides(scenario: Scenario, overrides: Mapping[str, Any],
+                    source: str = "scenario") -> Scenario:
+    """A new scenario with each ``path: value`` of ``overrides`` set, validated again."""
+    data = scenario.model_dump(mode="json")
+    for path, value in overrides.items():
+        check_path(data, path)
+        *parents, last = path.split(".")
+        node: Any = data
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        if isinstance(node, list):
+            node[int(last)] = copy.deepcopy(value)
+        else:
+            node[last] = copy.deepcopy(value)
+    if not overrides:
+        return scenario
+    text = ", ".join(f"{p}={v!r}" for p, v in overrides.items())
+    try:
+        return scenario_from_dict(data, f"{source} with {text}")
+    except ScenarioError as exc:
+        raise OverrideError(str(exc)) from None
+
+
+# --------------------------------------------------------------------------- CLI values
+
+
+def _split_top(text: str) -> list[str]:
+    """Split at commas outside brackets/braces: ``1,[2,3],{a: 1, b: 2}`` -> 3 parts."""
+    parts, depth, cur = [], 0, []
+    for ch in text:
+        if ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+            if depth < 0:
+                raise OverrideError(f"unbalanced brackets in {text!r}")
+        if ch == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    if depth != 0:
+        raise OverrideError(f"unbalanced brackets in {text!r}")
+    parts.append("".join(cur))
+    return [p.strip() for p in parts]
+
+
+def parse_scalar(text: str) -> Any:
+    """``5e6`` -> 5000000.0, ``3`` -> 3, ``true``/``false``, ``null``/``none``, else text.
+
+    (YAML 1.1 would read ``5e6`` as a string; here any Python number literal is a number.)
+    """
+    low = text.lower()
+    if low in ("null", "none", "~"):
+        return None
+    if low in ("true", "false"):
+        return low == "true"
+    for convert in (int, float):
+        try:
+            return convert(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_value(text: str) -> Any:
+    """One value: a scalar, a ``[a, b]`` list (of values) or a ``{k: v}`` YAML mapping."""
+    text = text.strip()
+    if text.startswith("["):
+        if not text.endswith("]"):
+            raise OverrideError(f"a list value must end with ']': {text!r}")
+        inner = text[1:-1].strip()
+        return [parse_value(p) for p in _split_top(inner)] if inner else []
+    if text.startswith("{"):
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise OverrideError(f"invalid mapping {text!r}: {exc}") from None
+        return _numbers_in(value)
+    return parse_scalar(text)
+
+
+def _numbers_in(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _numbers_in(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_numbers_in(v) for v in value]
+    return parse_scalar(value) if isinstance(value, str) else value
+
+
+_LINSPACE = re.compile(r"^([^:\[\]{}]+):([^:\[\]{}]+):(\d+)$")
+
+
+def parse_values(text: str) -> list[Any]:
+    """The values of ``--set path=v1,v2,...``.
+
+    ``v1,v2,...`` is a comma-separated list (commas inside ``[...]`` or ``{...}`` do not
+    split), or ``start:stop:count`` for ``count`` evenly spaced numbers from ``start`` to
+    ``stop`` inclusive (``1e6:50e6:50``).
+    """
+    m = _LINSPACE.match(text.strip())
+    if m:
+        start, stop = parse_scalar(m.group(1)), parse_scalar(m.group(2))
+        count = int(m.group(3))
+        if not all(isinstance(x, (int, float)) for x in (start, stop)) or count < 1:
+            raise OverrideError(f"{text!r}: start:stop:count needs two numbers and count >= 1")
+        if count == 1:
+            return [float(start)]
+        step = (stop - start) / (count - 1)
+        return [float(start + i * step) for i in range(count - 1)] + [float(stop)]
+    values = [parse_value(p) for p in _split_top(text)]
+    if any(v == "" for v in values):
+        raise OverrideError(f"empty value in {text!r}")
+    return values
+
+
+def parse_set(text: str) -> tuple[str, list[Any]]:
+    """``path=v1,v2`` -> (path, [v1, v2])."""
+    path, sep, values = text.partition("=")
+    if not sep or not path.strip() or not values.strip():
+        raise OverrideError(f"--set {text!r}: expected path=value[,value...], e.g. "
+                            "channel.uplink.bandwidth_hz=5e6,10e6,20e6")
+    return path.strip(), parse_values(values)

@@ -1,0 +1,209 @@
+"""PNG figures of one or more runs (matplotlib; the papers' convergence and cost figures).
+
+:func:`write_plots` draws, for any number of runs (overlaid, one colour per run):
+
+- ``accuracy_vs_round.png``: mean user accuracy per evaluated round, with the min-max
+  band over clients (the papers' convergence curves);
+- ``accuracy_vs_time.png``: the same against emulated seconds elapsed;
+- ``time_split.png``: stacked emulated time per round by phase (download, client,
+  upload, backhaul, server, idle), one panel per run;
+- ``bytes_per_round.png``: MiB sent up (solid) and down (dashed) per round;
+- ``client_accuracy.png``: the distribution of per-client accuracy in each run's last
+  evaluated round (box plot with every client as a dot).
+
+:class:`PlotWriter` is a run observer that writes them to ``<run dir>/plots/`` when the
+run ends. Figures are drawn on the Agg canvas without pyplot, so no GUI and no global
+state are involved.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from mecsim.runner import RunInfo, RunObserver
+from mecsim.tables import RunRecords, evaluated, from_rows, label_runs
+
+MiB = 1024 * 1024
+PLOT_NAMES = ("accuracy_vs_round.png", "accuracy_vs_time.png", "time_split.png",
+              "bytes_per_round.png", "client_accuracy.png")
+_PHASES = (("download", "dl_time_s"), ("client", "client_time_s"), ("upload", "ul_time_s"),
+           ("backhaul", "backhaul_time_s"), ("server", "server_time_s"),
+           ("idle", "idle_time_s"))
+
+
+def _figure(width: float = 7.0, height: float = 4.2) -> Figure:
+    fig = Figure(figsize=(width, height), dpi=110, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    fig.savefig(path, format="png")
+    return path
+
+
+def _colors(n: int) -> list:
+    import matplotlib
+
+    cmap = matplotlib.colormaps["tab10" if n <= 10 else "viridis"]
+    return [cmap(i if n <= 10 else i / max(1, n - 1)) for i in range(n)]
+
+
+def _accuracy(runs: Sequence[RunRecords], x: str, path: Path, target: float | None) -> Path:
+    fig = _figure()
+    ax = fig.add_subplot()
+    for r, color in zip(runs, _colors(len(runs)), strict=True):
+        ev = evaluated(r)
+        if ev.empty:
+            continue
+        xs = ev["round"].to_numpy() + 1 if x == "round" else ev["elapsed_s"].to_numpy()
+        ax.plot(xs, 100 * ev["mean_accuracy"].to_numpy(), marker="o", markersize=3,
+                color=color, label=r.label)
+        if "min_accuracy" in ev and "max_accuracy" in ev:
+            ax.fill_between(xs, 100 * ev["min_accuracy"].to_numpy(),
+                            100 * ev["max_accuracy"].to_numpy(), color=color, alpha=0.15,
+                            linewidth=0)
+    if target is not None:
+        ax.axhline(100 * target, color="grey", linestyle=":", label=f"target {100 * target:g} %")
+    ax.set_xlabel("round" if x == "round" else "emulated time (s)")
+    if x == "round":
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("user accuracy (%)")
+    ax.set_title("Mean user accuracy (band: min-max over clients)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def _time_split(runs: Sequence[RunRecords], path: Path) -> Path:
+    phases = [(name, col) for name, col in _PHASES
+              if any(col in r.rounds and (r.rounds[col].fillna(0) > 0).any() for r in runs)]
+    fig = _figure(7.0, max(3.0, 2.6 * len(runs)))
+    axes = fig.subplots(len(runs), 1, sharex=True, squeeze=False)[:, 0]
+    colors = dict(zip([n for n, _ in _PHASES], _colors(len(_PHASES)), strict=True))
+    for ax, r in zip(axes, runs, strict=True):
+        rounds = r.rounds["round"].to_numpy() + 1
+        bottom = np.zeros(len(rounds))
+        for name, col in phases:
+            values = r.rounds[col].fillna(0).to_numpy(dtype=float) if col in r.rounds \
+                else np.zeros(len(rounds))
+            ax.bar(rounds, values, bottom=bottom, color=colors[name], label=name, width=0.8)
+            bottom += values
+        ax.set_ylabel("emulated s")
+        ax.set_title(r.label, fontsize="medium")
+        ax.grid(axis="y", alpha=0.3)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", fontsize="small",
+               ncols=max(1, len(phases)))
+    axes[-1].set_xlabel("round")
+    axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
+    fig.suptitle("Time per round by phase (critical path)")
+    return _save(fig, path)
+
+
+def _bytes(runs: Sequence[RunRecords], path: Path) -> Path:
+    fig = _figure()
+    ax = fig.add_subplot()
+    for r, color in zip(runs, _colors(len(runs)), strict=True):
+        rounds = r.rounds["round"].to_numpy() + 1
+        ax.plot(rounds, r.rounds["bytes_up"].to_numpy(dtype=float) / MiB, color=color,
+                marker="^", markersize=4, label=f"{r.label} up")
+        ax.plot(rounds, r.rounds["bytes_down"].to_numpy(dtype=float) / MiB, color=color,
+                marker="v", markersize=4, linestyle="--", label=f"{r.label} down")
+    ax.set_xlabel("round")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("MiB per round (all selected clients)")
+    ax.set_title("Bytes per round")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def last_client_accuracies(r: RunRecords) -> tuple[int | None, np.ndarray]:
+    """(round index, per-client accuracies) of the run's last evaluated round."""
+    c = r.clients
+    if c is None or "accuracy" not in c or c["accuracy"].notna().sum() == 0:
+        return None, np.array([])
+    c = c[c["accuracy"].notna()]
+    last = int(c["round"].max())
+    return last, c.loc[c["round"] == last, "accuracy"].to_numpy(dtype=float)
+
+
+def _client_accuracy(runs: Sequence[RunRecords], path: Path) -> Path | None:
+    data = [(r, *last_client_accuracies(r)) for r in runs]
+    data = [(r, rnd, acc) for r, rnd, acc in data if acc.size]
+    if not data:
+        return None
+    fig = _figure(max(5.0, 1.6 * len(data) + 2), 4.2)
+    ax = fig.add_subplot()
+    ax.boxplot([100 * acc for _, _, acc in data], widths=0.5, showfliers=False)
+    rng = np.random.default_rng(0)  # jitter only; fixed so the figure is reproducible
+    for i, (_, _, acc) in enumerate(data, start=1):
+        ax.scatter(i + rng.uniform(-0.15, 0.15, acc.size), 100 * acc, s=10, alpha=0.6,
+                   color="tab:blue", zorder=3)
+    ax.set_xticks(range(1, len(data) + 1),
+                  [f"{r.label}\nround {rnd + 1}, {acc.size} clients" for r, rnd, acc in data],
+                  fontsize="small")
+    ax.set_ylabel("user accuracy (%)")
+    ax.set_title("Per-client accuracy, last evaluated round")
+    ax.grid(axis="y", alpha=0.3)
+    return _save(fig, path)
+
+
+def write_plots(runs: Sequence[RunRecords], out_dir: str | Path,
+                target: float | None = None) -> list[Path]:
+    """Write the figures for ``runs`` into ``out_dir``; returns the files written.
+
+    ``client_accuracy.png`` is skipped when no run has per-client accuracies.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = [
+        _accuracy(runs, "round", out / "accuracy_vs_round.png", target),
+        _accuracy(runs, "time", out / "accuracy_vs_time.png", target),
+        _time_split(runs, out / "time_split.png"),
+        _bytes(runs, out / "bytes_per_round.png"),
+    ]
+    dist = _client_accuracy(runs, out / "client_accuracy.png")
+    if dist is not None:
+        written.append(dist)
+    return written
+
+
+class PlotWriter(RunObserver):
+    """Writes the figures of a run to ``out_dir`` (``<run dir>/plots``) when it ends.
+
+    Keeps the client rows of the latest evaluated round only (the distribution plot's
+    data), so memory does not grow with rounds x clients.
+    """
+
+    def __init__(self, out_dir: str | Path) -> None:
+        self.out_dir = Path(out_dir)
+        self._last_eval: list[dict[str, Any]] = []
+        self.written: list[Path] = []
+
+    def on_round_end(self, info, round_row, client_rows, traces) -> None:
+        rows = [c for c in client_rows if c.get("accuracy") is not None]
+        if rows:
+            self._last_eval = rows
+
+    def on_run_end(self, info: RunInfo, rounds: list[dict[str, Any]]) -> None:
+        if not rounds:
+            return
+        try:
+            r = from_rows(info.run_id, rounds, self._last_eval, path=self.out_dir,
+                          planned_rounds=info.scenario.rounds)
+            label_runs([r])
+            self.written = write_plots([r], self.out_dir)
+        except Exception as exc:  # noqa: BLE001 - the records are written; say why, go on
+            print(f"mecsim: plots not written to {self.out_dir}: "
+                  f"{type(exc).__name__}: {exc}", file=sys.stderr)
