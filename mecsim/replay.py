@@ -176,6 +176,8 @@ def load_run(run_dir: str | Path) -> RecordedRun:
         rec = records[r]
         traces = {int(cid): tuple(op_from_dict(d) for d in ops)
                   for cid, ops in rec["clients"].items()}
+        if "selected" in rec:  # the selection order the run drew the channel in
+            traces = {int(cid): traces[int(cid)] for cid in rec["selected"]}
         up = sum(trace_bytes(t)[0] for t in traces.values())
         down = sum(trace_bytes(t)[1] for t in traces.values())
         rounds.append(RecordedRound(r, traces, float(rec["aggregate_flops"]), up, down))

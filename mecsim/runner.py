@@ -228,7 +228,7 @@ def run_round(rs: RunSetup, rnd: int, elapsed_s: float) -> tuple[dict, list[dict
            for k in sorted({k for e in eval_extras.values() for k in e})},
     }
     trace_record = {
-        "round": rnd, "aggregate_flops": agg.flops,
+        "round": rnd, "aggregate_flops": agg.flops, "selected": list(selected),
         "clients": {str(cid): [op_to_dict(op) for op in tr] for cid, tr in traces.items()},
     }
     return round_row, client_rows, trace_record

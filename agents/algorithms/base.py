@@ -111,6 +111,10 @@ class ServerAlgorithm:
     name: ClassVar[str] = "base"
     Params: ClassVar[type[BaseModel]] = NoParams  # shared with the client side
     round_metrics: ClassVar[tuple[str, ...]] = ()  # names of AggregateStats.metrics keys
+    # True when the algorithm's decisions depend on emulated time (e.g. on which clients
+    # a deadline dropped beyond the aggregation itself): replay then marks re-timed rounds
+    # as inexact instead of reporting them as exact
+    uses_emulated_time: ClassVar[bool] = False
 
     def __init__(self, layout: ModelLayout, init_weights: np.ndarray,
                  client_samples: dict[int, int], fraction: float,
