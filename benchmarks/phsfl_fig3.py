@@ -10,7 +10,8 @@ no test sample). Long: run it by hand, niced, e.g.::
 
     nice -n 10 python benchmarks/phsfl_fig3.py --global-rounds 10 --out runs/phsfl-fig3
 
-(``--alphas 0.1`` and ``--alphas 0.5`` in two processes use two cores.) The paper runs
+(``--alphas 0.1`` and ``--alphas 0.5``, or ``--algorithms phsfl`` and ``--algorithms
+hsfl``, in two processes use two cores.) The paper runs
 R = 100 global rounds on CIFAR-10; its figures, for the shape: alpha = 0.1: global
 HSFL 0.6606 / PHSFL 0.6446 (loss 1.0049 / 1.0975), personalised HSFL 0.7958 / PHSFL
 0.8708 (loss 0.6735 / 0.4721); alpha = 0.5: personalised +4.75 % (HSFL) and +9.03 %
@@ -138,8 +139,8 @@ def main() -> None:
             results[run_id] = res
             print(f"{run_id}: {json.dumps({k: v for k, v in res.items() if k != 'curve'})}",
                   flush=True)
-    (args.out / f"fig3-{'-'.join(f'{a:g}' for a in args.alphas)}.json").write_text(
-        json.dumps(results, indent=1))
+    stem = f"fig3-{'-'.join(f'{a:g}' for a in args.alphas)}-{'-'.join(args.algorithms)}"
+    (args.out / f"{stem}.json").write_text(json.dumps(results, indent=1))
     lines = ["| run | global acc | global loss | personalised acc | personalised loss |"
              " paper (CIFAR-10, R=100) |", "|---|---|---|---|---|---|"]
     for run_id, res in results.items():
@@ -150,7 +151,7 @@ def main() -> None:
         lines.append(f"| {run_id} | {res['global_acc']:.4f} | {res['global_loss']:.4f} | "
                      f"{res['personal_acc']:.4f} | {res['personal_loss']:.4f} | {paper} |")
     table = "\n".join(lines)
-    (args.out / f"fig3-{'-'.join(f'{a:g}' for a in args.alphas)}.md").write_text(table + "\n")
+    (args.out / f"{stem}.md").write_text(table + "\n")
     print(table)
 
 
