@@ -208,7 +208,8 @@ def cmd_algorithms(args: argparse.Namespace, console: Console) -> int:
     from agents.algorithms import ALGORITHMS
 
     for name, (server_cls, _) in sorted(ALGORITHMS.items()):
-        doc = (sys.modules[server_cls.__module__].__doc__ or "").strip().splitlines()[0]
+        module_doc = (sys.modules[server_cls.__module__].__doc__ or "").strip()
+        doc = " ".join(module_doc.split("\n\n")[0].split())  # first paragraph
         console.print(f"[bold]{name}[/]: {doc}")
     return 0
 

@@ -255,21 +255,28 @@ def test_fedadam_step_hand_numbers():
     np.testing.assert_allclose(w2, [1.18671026392758, -2.0, -0.18429552209404576], rtol=1e-6)
 
 
-def test_fedadam_server_steps_only_federated_values_and_counts_flops():
+@pytest.mark.parametrize("stats", ["average", "adam"])
+def test_fedadam_server_steps_only_federated_values_and_counts_flops(stats):
     layout = _tiny_bn_layout()
     init = np.array([1.0, -2.0, 1.0, 0.0, 0.0, 1.0], np.float32)
     server = MTFLServer(layout, init, {0: 1, 1: 1}, 1.0,
                         {"private": "yb", "strategy": "fedadam", "server_lr": 0.1,
-                         "server_beta1": 0.9, "server_beta2": 0.99, "server_eps": 1e-3})
-    # uploads of the 4 federated values whose average is [1.5, -2, -0.3, 1]
+                         "server_beta1": 0.9, "server_beta2": 0.99, "server_eps": 1e-3,
+                         "fedadam_stats": stats})
+    # uploads of the 4 federated values (0.weight, 0.bias, running mean, running var)
+    # whose average is [1.5, -2, -0.3, 1]
     a = [1.0, -2.0, -0.6, 1.0]
     b = [2.0, -2.0, 0.0, 1.0]
-    stats = server.aggregate_fit(0, [_result(0, a, 1), _result(1, b, 1)])
-    # running_mean 0 -> -0.3 is stepped like any value; running_var 1 -> 1: no change
-    np.testing.assert_allclose(server.weights,
-                               [1.0980392156862746, -2.0, 1.0, 0.0, -0.0967741935483871, 1.0],
-                               rtol=1e-6)
-    assert stats.flops == 2 * 4 * 2 + FEDADAM_FLOPS_PER_ELEMENT * 4
+    out = server.aggregate_fit(0, [_result(0, a, 1), _result(1, b, 1)])
+    # gamma, beta (private) stay 1, 0; running_var's average is unchanged at 1
+    if stats == "average":  # running mean 0 -> its average -0.3; 2 values Adam-stepped
+        expected = [1.0980392156862746, -2.0, 1.0, 0.0, -0.3, 1.0]
+        stepped = 2
+    else:  # the authors' code: running mean 0 -> -0.3 is Adam-stepped like a parameter
+        expected = [1.0980392156862746, -2.0, 1.0, 0.0, -0.0967741935483871, 1.0]
+        stepped = 4
+    np.testing.assert_allclose(server.weights, expected, rtol=1e-6)
+    assert out.flops == 2 * 4 * 2 + FEDADAM_FLOPS_PER_ELEMENT * stepped
 
 
 # --------------------------------------------------------------------------- bytes

@@ -36,9 +36,14 @@ Omega is a pseudo-gradient for a server Adam step without bias correction,
     m <- b1 m + (1 - b1) Delta_r ;  v <- b2 v + (1 - b2) Delta_r^2
     Omega <- Omega + eta m / (sqrt(v) + tau)           (m = v = 0 at the start)
 
-(Omega - eta * m_g / (sqrt(v) + tau) with the paper's sign, Delta = Omega - average). It
-applies to every federated value, BatchNorm running statistics included, as the authors'
-code does (``optimisers.ServerAdam`` over ``FLModel.get_params``). FedAvg-Adam: clients
+(Omega - eta * m_g / (sqrt(v) + tau) with the paper's sign, Delta = Omega - average). The
+Adam step is for the trainable parameters; federated BatchNorm running statistics (which
+no gradient trains) are averaged, as in FedAvg (``fedadam_stats: average``, the default).
+``fedadam_stats: adam`` steps them with Adam too, as the authors' code does
+(``optimisers.ServerAdam`` over ``FLModel.get_params``): the statistics then move by about
+eta per round and lag far behind the clients' activations, which ruins eval-mode UA when
+they are federated (``none``, ``yb``) -- FL(FedAdam) on ``mtfl-mnist-shards`` never passed
+85 % that way (docs/mtfl.md). FedAvg-Adam: clients
 run Adam; they download and upload the Adam first and second moments of the federated
 parameters and the step counter beside the model, and the server averages all of it
 with the same weights. The moments (and step counter) of private parameters stay on the
@@ -122,9 +127,14 @@ class MTFLParams(NoParams):
         "fedavg", description="fedavg (SGD, average), fedadam (SGD, server Adam), "
         "fedavg_adam (client Adam, model and moments averaged); MTFL Table 1")
     server_lr: float = Field(0.01, gt=0, description="FedAdam server learning rate eta")
+    # FedAdam defaults: the authors' example (README of their code: beta1 0.9, beta2 0.999,
+    # epsilon 1e-4, server lr 0.01 with client lr 0.3)
     server_beta1: float = Field(0.9, ge=0, lt=1, description="FedAdam server beta1")
-    server_beta2: float = Field(0.99, ge=0, lt=1, description="FedAdam server beta2")
-    server_eps: float = Field(1e-3, gt=0, description="FedAdam adaptivity tau (epsilon)")
+    server_beta2: float = Field(0.999, ge=0, lt=1, description="FedAdam server beta2")
+    server_eps: float = Field(1e-4, gt=0, description="FedAdam adaptivity tau (epsilon)")
+    fedadam_stats: Literal["average", "adam"] = Field(
+        "average", description="FedAdam: federated BN running statistics are averaged "
+        "(default) or Adam-stepped like the parameters (the authors' code)")
     noisy_fraction: float = Field(
         0.0, ge=0, le=1, description="fraction of clients with Gaussian noise on their "
         "training images (Table 3: 0.2)")
@@ -306,9 +316,13 @@ class MTFLServer(ServerAlgorithm):
         self.adam_m = np.zeros(n_mom, np.float32)
         self.adam_v = np.zeros(n_mom, np.float32)
         self.adam_step = 0.0
-        # FedAdam: the server optimiser's moments over the federated values
-        self.server_m = np.zeros(n_sh, np.float64)
-        self.server_v = np.zeros(n_sh, np.float64)
+        # FedAdam: which federated values take the Adam step (positions in the federated
+        # vector), and the server optimiser's moments over them
+        params_only = p.fedadam_stats == "average"
+        self.adam_stepped = param_mask(layout)[self.wire.shared] if params_only \
+            else np.ones(n_sh, bool)
+        self.server_m = np.zeros(int(self.adam_stepped.sum()), np.float64)
+        self.server_v = np.zeros(int(self.adam_stepped.sum()), np.float64)
         self.noisy = noisy_clients(list(self.client_samples), p.noisy_fraction, p.noise_seed)
 
     def _payload(self) -> np.ndarray:
@@ -330,11 +344,15 @@ class MTFLServer(ServerAlgorithm):
         flops = aggregation_flops(self.wire.numel, len(uploads))
         p = self.params
         if p.strategy == "fedadam":
+            stepped = self.adam_stepped
+            federated = self.weights[self.wire.shared]
             new, self.server_m, self.server_v = fedadam_step(
-                self.weights[self.wire.shared], shared_avg, self.server_m, self.server_v,
+                federated[stepped], shared_avg[stepped], self.server_m, self.server_v,
                 p.server_lr, p.server_beta1, p.server_beta2, p.server_eps)
-            self.weights[self.wire.shared] = new
-            flops += FEDADAM_FLOPS_PER_ELEMENT * len(shared_avg)
+            federated[stepped] = new
+            federated[~stepped] = shared_avg[~stepped]  # running statistics: averaged
+            self.weights[self.wire.shared] = federated
+            flops += FEDADAM_FLOPS_PER_ELEMENT * len(new)
         else:
             self.weights[self.wire.shared] = shared_avg
             if p.strategy == "fedavg_adam":
