@@ -10,8 +10,8 @@ within ``--rounds``). A run stops early once it has reached every target.
 
 Every run is in-process (``backend: local``, one host). A round is 20 clients x 15 steps
 plus the evaluation of 4,000 test images; on the shared 2-core build machine (load 5-13)
-it took 0.7-2.6 s of wall time, so the default grid (28 runs of at most 150 rounds) takes
-one to two hours there.
+it took 0.3-3 s of wall time, so the default grid (36 runs of at most 150 rounds) took
+about two hours there. ``--table-from`` rebuilds the table from earlier runs.csv files.
 
     nice -n 10 python benchmarks/mtfl_table2.py                      # the default grid
     nice -n 10 python benchmarks/mtfl_table2.py --participation 1.0 0.5 --seeds 0 1 2
