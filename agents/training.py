@@ -111,7 +111,7 @@ def train_epochs(
                 loss, cost = measured_step(model, optimizer, xb, yb, extra_loss)
                 costs.put(bsz, cost, cost_key)
             else:
-                loss = _step(model, optimizer, xb, yb, extra_loss)
+                loss = optimizer_step(model, optimizer, xb, yb, extra_loss)
             loss_sum += loss
             steps += 1
             flops += cost.flops
@@ -119,17 +119,19 @@ def train_epochs(
     return TrainStats(steps, n * epochs, flops, loss_sum / max(steps, 1), peak)
 
 
-def _loss(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor,
-          extra_loss: LossTerm | None) -> torch.Tensor:
+def batch_loss(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor,
+               extra_loss: LossTerm | None) -> torch.Tensor:
+    """Cross-entropy of one batch, plus the algorithm's extra term (if any)."""
     loss = nn.functional.cross_entropy(model(xb), yb)
     if extra_loss is not None:
         loss = loss + extra_loss(model)
     return loss
 
 
-def _step(model, optimizer, xb, yb, extra_loss) -> float:
+def optimizer_step(model, optimizer, xb, yb, extra_loss) -> float:
+    """One unmeasured training step on a batch; returns the batch loss."""
     optimizer.zero_grad(set_to_none=True)
-    loss = _loss(model, xb, yb, extra_loss)
+    loss = batch_loss(model, xb, yb, extra_loss)
     loss.backward()
     optimizer.step()
     return float(loss.detach())
@@ -146,7 +148,7 @@ def measured_step(model, optimizer, xb, yb, extra_loss) -> tuple[float, StepCost
     optimizer.zero_grad(set_to_none=True)
     with counter:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            loss = _loss(model, xb, yb, extra_loss)
+            loss = batch_loss(model, xb, yb, extra_loss)
         loss.backward()
     optimizer.step()
     params = list(model.parameters())

@@ -18,6 +18,7 @@ moments, private layers) lives in ``ctx.state``, a dict the host keeps per clien
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -190,3 +191,18 @@ def standard_trace(download_nbytes: int, stats: TrainStats, upload_nbytes: int) 
     if upload_nbytes:
         ops.append(Upload(upload_nbytes))
     return tuple(ops)
+
+
+def trained_result(ctx: ClientContext, stats: TrainStats, *, weights: np.ndarray | None,
+                   upload_nbytes: int, download_nbytes: int, started_at: float,
+                   extra: dict[str, Any] | None = None) -> ClientResult:
+    """The result of a classic FL client round: ``stats`` of its local training, the
+    standard receive-train-send op-trace, and the host time since ``started_at``
+    (a ``time.perf_counter()`` reading)."""
+    return ClientResult(
+        client_id=ctx.client_id, weights=weights, upload_nbytes=upload_nbytes,
+        num_samples=int(ctx.y_train.shape[0]), train_loss=stats.mean_loss,
+        trace=standard_trace(download_nbytes, stats, upload_nbytes), flops=stats.flops,
+        steps=stats.steps, peak_memory_bytes=stats.peak_memory_bytes,
+        host_seconds=time.perf_counter() - started_at, extra=dict(extra or {}),
+    )

@@ -23,7 +23,7 @@ from agents.algorithms.base import (
     ClientTask,
     ServerAlgorithm,
     local_sgd,
-    standard_trace,
+    trained_result,
 )
 from agents.models import get_flat, set_flat
 
@@ -70,10 +70,5 @@ class FedAvgClient(ClientAlgorithm):
         stats = local_sgd(ctx, extra_loss=self.extra_loss(ctx, task), cost_key=self.name)
         weights = get_flat(ctx.model, ctx.layout)
         up = ctx.layout.nbytes
-        return ClientResult(
-            client_id=ctx.client_id, weights=weights, upload_nbytes=up,
-            num_samples=int(ctx.y_train.shape[0]), train_loss=stats.mean_loss,
-            trace=standard_trace(task.download_nbytes, stats, up), flops=stats.flops,
-            steps=stats.steps, peak_memory_bytes=stats.peak_memory_bytes,
-            host_seconds=time.perf_counter() - start,
-        )
+        return trained_result(ctx, stats, weights=weights, upload_nbytes=up,
+                              download_nbytes=task.download_nbytes, started_at=start)

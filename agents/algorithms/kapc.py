@@ -89,7 +89,7 @@ from agents.algorithms.base import (
     NoParams,
     ServerAlgorithm,
     local_sgd,
-    standard_trace,
+    trained_result,
 )
 from agents.models import BYTES_PER_ELEMENT, ModelLayout, get_flat, set_flat
 
@@ -664,14 +664,9 @@ class KapcClient(ClientAlgorithm):
         up_layers = self.upload_layers(ctx, view, p, received)
         upload = view.select(p, up_layers)
         up = upload.size * BYTES_PER_ELEMENT
-        return ClientResult(
-            client_id=ctx.client_id, weights=upload, upload_nbytes=up,
-            num_samples=int(ctx.y_train.shape[0]), train_loss=stats.mean_loss,
-            trace=standard_trace(task.download_nbytes, stats, up), flops=stats.flops,
-            steps=stats.steps, peak_memory_bytes=stats.peak_memory_bytes,
-            host_seconds=time.perf_counter() - start,
-            extra={"layers": up_layers, "received_layers": layers},
-        )
+        return trained_result(ctx, stats, weights=upload, upload_nbytes=up,
+                              download_nbytes=task.download_nbytes, started_at=start,
+                              extra={"layers": up_layers, "received_layers": layers})
 
     def evaluate(self, ctx: ClientContext, task: ClientTask) -> tuple[float, float]:
         set_flat(ctx.model, ctx.layout, self._own(ctx))

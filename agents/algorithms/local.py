@@ -16,7 +16,7 @@ from agents.algorithms.base import (
     ClientTask,
     ServerAlgorithm,
     local_sgd,
-    standard_trace,
+    trained_result,
 )
 from agents.models import get_flat, set_flat
 
@@ -46,13 +46,8 @@ class LocalClient(ClientAlgorithm):
         self._load_own(ctx)
         stats = local_sgd(ctx, cost_key=self.name)
         ctx.state["weights"] = get_flat(ctx.model, ctx.layout)
-        return ClientResult(
-            client_id=ctx.client_id, weights=None, upload_nbytes=0,
-            num_samples=int(ctx.y_train.shape[0]), train_loss=stats.mean_loss,
-            trace=standard_trace(0, stats, 0), flops=stats.flops, steps=stats.steps,
-            peak_memory_bytes=stats.peak_memory_bytes,
-            host_seconds=time.perf_counter() - start,
-        )
+        return trained_result(ctx, stats, weights=None, upload_nbytes=0, download_nbytes=0,
+                              started_at=start)
 
     def evaluate(self, ctx: ClientContext, task: ClientTask) -> tuple[float, float]:
         self._load_own(ctx)

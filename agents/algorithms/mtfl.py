@@ -96,7 +96,7 @@ from agents.algorithms.base import (
     ClientTask,
     NoParams,
     ServerAlgorithm,
-    standard_trace,
+    trained_result,
 )
 from agents.algorithms.fedavg import aggregation_flops, weighted_average
 from agents.models import BYTES_PER_ELEMENT, ModelLayout, get_flat, set_flat
@@ -424,13 +424,8 @@ class MTFLClient(ClientAlgorithm):
             m_new, v_new, step_new = self._store_adam(ctx, wire, opt)
         payload = wire.pack(trained[wire.shared], m_new, v_new, step_new)  # Lines 15-16
         up = BYTES_PER_ELEMENT * payload.size
-        return ClientResult(
-            client_id=ctx.client_id, weights=payload, upload_nbytes=up,
-            num_samples=int(ctx.y_train.shape[0]), train_loss=stats.mean_loss,
-            trace=standard_trace(task.download_nbytes, stats, up), flops=stats.flops,
-            steps=stats.steps, peak_memory_bytes=stats.peak_memory_bytes,
-            host_seconds=time.perf_counter() - start,
-        )
+        return trained_result(ctx, stats, weights=payload, upload_nbytes=up,
+                              download_nbytes=task.download_nbytes, started_at=start)
 
     # FedAvg-Adam: Adam state <-> flat moment vectors --------------------------------
 

@@ -34,11 +34,18 @@ from agents.algorithms.base import (
     ClientResult,
     ClientTask,
     NoParams,
-    standard_trace,
+    trained_result,
 )
 from agents.algorithms.fedavg import FedAvgServer
 from agents.models import get_flat, set_flat
-from agents.training import StepCost, TrainStats, _loss, _step, evaluate, measured_step
+from agents.training import (
+    StepCost,
+    TrainStats,
+    batch_loss,
+    evaluate,
+    measured_step,
+    optimizer_step,
+)
 
 
 class PerFedAvgParams(NoParams):
@@ -84,7 +91,7 @@ def fo_maml_epochs(ctx: ClientContext, inner_lr: float, outer_lr: float,
                 loss, cost = measured_step(model, inner, xa, ya, None)
                 ctx.costs.put(len(ya), cost, cost_key)
             else:
-                loss = _step(model, inner, xa, ya, None)
+                loss = optimizer_step(model, inner, xa, ya, None)
             flops += cost.flops
             peak = max(peak, cost.memory_bytes)
             outer.zero_grad(set_to_none=True)  # outer step: w - beta g(w'; D')
@@ -92,7 +99,7 @@ def fo_maml_epochs(ctx: ClientContext, inner_lr: float, outer_lr: float,
             cost_b = ctx.costs.get(len(yb), outer_key)
             counter = FlopCounterMode(display=False) if cost_b is None else nullcontext()
             with counter:
-                outer_loss = _loss(model, xb, yb, None)
+                outer_loss = batch_loss(model, xb, yb, None)
                 outer_loss.backward()
             if cost_b is None:
                 cost_b = StepCost(float(counter.get_total_flops()), cost.memory_bytes)
@@ -122,13 +129,8 @@ class PerFedAvgClient(ClientAlgorithm):
         stats = fo_maml_epochs(ctx, alpha, beta, cost_key=self.name)
         weights = get_flat(ctx.model, ctx.layout)
         up = ctx.layout.nbytes
-        return ClientResult(
-            client_id=ctx.client_id, weights=weights, upload_nbytes=up,
-            num_samples=int(ctx.y_train.shape[0]), train_loss=stats.mean_loss,
-            trace=standard_trace(task.download_nbytes, stats, up), flops=stats.flops,
-            steps=stats.steps, peak_memory_bytes=stats.peak_memory_bytes,
-            host_seconds=time.perf_counter() - start,
-        )
+        return trained_result(ctx, stats, weights=weights, upload_nbytes=up,
+                              download_nbytes=task.download_nbytes, started_at=start)
 
     def evaluate(self, ctx: ClientContext, task: ClientTask) -> tuple[float, float]:
         """One personalisation step from the global model on one training batch, then test."""
@@ -138,5 +140,5 @@ class PerFedAvgClient(ClientAlgorithm):
         idx = torch.randperm(n, generator=ctx.generator)[: ctx.train.batch_size]
         ctx.model.train()
         opt = torch.optim.SGD(ctx.model.parameters(), lr=alpha)
-        _step(ctx.model, opt, ctx.x_train[idx], ctx.y_train[idx], None)
+        optimizer_step(ctx.model, opt, ctx.x_train[idx], ctx.y_train[idx], None)
         return evaluate(ctx.model, ctx.x_test, ctx.y_test)
