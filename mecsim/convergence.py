@@ -11,9 +11,13 @@ convergence is detected. mecsim's definition, applied to the per-round mean user
   holds at every later evaluated round ("reached its final accuracy and stayed there");
 - up to and including ``R``: the **communication rounds** (rounds in which model weights
   were sent: the algorithm's ``comm_round`` column where it has one, else any bytes
-  sent), the **communication time** (sum of the emulated download and upload time of the
-  rounds' critical paths, ``dl_time_s + ul_time_s``), the **computation time**
+  sent), the **communication time** (sum of the emulated download, upload and backhaul
+  time of the rounds' critical paths, ``dl_time_s + ul_time_s + backhaul_time_s``), the
+  **computation time**
   (``client_time_s``) and the **total time** (emulated ``elapsed_s`` at the end of ``R``).
+
+This is the one definition: ``mecsim report``'s DC-PFL table (``--window``,
+``--tolerance``) and ``benchmarks/dcpfl_table.py`` both use it.
 
 Defaults: ``window = 5`` rounds, ``tol = 0.01`` (one accuracy point). A run that is still
 improving at its end converges late by this definition; its figures are then those of
@@ -69,6 +73,14 @@ def convergence_round(accuracy: Sequence[float], window: int = WINDOW_ROUNDS,
     return int(idx[min(first_ok, len(idx) - 1)])
 
 
+def _seconds(row: Mapping[str, Any], key: str) -> float:
+    """A time column of a round row; 0 where the run has no such phase (absent or NaN)."""
+    value = row.get(key)
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return 0.0
+    return float(value)
+
+
 def _is_comm_round(row: Mapping[str, Any]) -> bool:
     flag = row.get("comm_round")
     if flag is not None and not (isinstance(flag, float) and math.isnan(flag)):
@@ -89,8 +101,9 @@ def to_convergence(rows: Sequence[Mapping[str, Any]], window: int = WINDOW_ROUND
         "convergence_round": float(r_conv),
         "training_rounds": float(len(upto)),
         "comm_rounds": float(sum(_is_comm_round(r) for r in upto)),
-        "comm_time_s": float(sum(float(r["dl_time_s"]) + float(r["ul_time_s"]) for r in upto)),
-        "compute_time_s": float(sum(float(r["client_time_s"]) for r in upto)),
+        "comm_time_s": float(sum(_seconds(r, "dl_time_s") + _seconds(r, "ul_time_s")
+                                 + _seconds(r, "backhaul_time_s") for r in upto)),
+        "compute_time_s": float(sum(_seconds(r, "client_time_s") for r in upto)),
         "total_time_s": float(upto[-1]["elapsed_s"]),
         "bytes_total": float(sum(float(r["bytes_up"]) + float(r["bytes_down"]) for r in upto)),
     }

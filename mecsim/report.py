@@ -23,7 +23,8 @@ Tables (markdown on stdout and in tables.md; one CSV each):
                        memory, best mean accuracy
   MTFL Table 4 shape   round time and % in Down / Client / Up / Server
   DC-PFL Tables I-II   final accuracy, comm. rounds, comm. time, total time at
-                       convergence (see --tolerance), ratio to the first run
+                       convergence (see --window, --tolerance), ratio to the
+                       first run
   accuracy             best mean user accuracy and its round, final accuracy, rounds and
                        emulated time to --target
 Figures (PNG): accuracy vs round and vs emulated time, time split per round, bytes per
@@ -49,6 +50,16 @@ def _fraction(text: str) -> float:
     return value
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a whole number >= 1")
+    return value
+
+
 def add_report_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="the papers' tables and figures from finished runs",
                        description=DESCRIPTION, epilog=EPILOG,
@@ -60,8 +71,11 @@ def add_report_parser(sub) -> argparse.ArgumentParser:
                    help="target mean user accuracy as a fraction (e.g. 0.97): adds rounds "
                    "and emulated time to reach it")
     p.add_argument("--tolerance", type=_fraction, default=0.01,
-                   help="convergence tolerance around the final accuracy (default 0.01 = "
-                   "1 percentage point)")
+                   help="convergence: how far below the final accuracy the trailing mean may "
+                   "stay (default 0.01 = 1 percentage point)")
+    p.add_argument("--window", type=_positive_int, default=5,
+                   help="convergence: evaluated rounds in the final accuracy and the "
+                   "trailing mean (default 5; 1 = the last round alone)")
     p.add_argument("--no-plots", action="store_true", help="tables only")
     p.add_argument("--quiet", action="store_true", help="do not print the tables")
     return p
@@ -92,7 +106,7 @@ def cmd_report(args: argparse.Namespace, console=None) -> int:
     if out.exists() and not out.is_dir():
         print(f"error: {out}: exists and is not a directory", file=sys.stderr)
         return 2
-    tables = build_tables(runs, args.target, args.tolerance)
+    tables = build_tables(runs, args.target, args.tolerance, args.window)
     text = tables.markdown()
     out.mkdir(parents=True, exist_ok=True)
     header = "# mecsim report\n\nRuns: " + ", ".join(

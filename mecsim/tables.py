@@ -20,16 +20,16 @@ rendered as markdown by :func:`markdown_tables` in the papers' own layout.
 Definitions (the same in ``docs/reports.md``):
 
 - Rounds are counted from 1 in the tables (round index 0 in the records is "round 1").
-- *Final accuracy*: the mean user accuracy of the last evaluated round.
-- *Convergence round*: the earliest evaluated round from which the mean user accuracy of
-  every evaluated round up to the end stays within ``tolerance`` (default 0.01, i.e. one
-  percentage point) of the final accuracy. Training is "converged" once accuracy has
-  settled at the value it ends with.
-- *Comm. rounds*: rounds up to and including the convergence round in which any byte was
-  sent (``bytes_up + bytes_down > 0``); a run that never communicates shows "-".
-- *Comm. time*: the emulated communication time on the critical path (download + upload
-  + backhaul seconds) summed over those communication rounds.
-- *Total time*: emulated seconds elapsed at the end of the convergence round.
+- *Final accuracy* (accuracy table): the mean user accuracy of the last evaluated round.
+- DC-PFL table: final accuracy, convergence round, comm. rounds, comm. time and total
+  time as :mod:`mecsim.convergence` defines them (one definition for ``mecsim report``
+  and ``benchmarks/dcpfl_table.py``): the final accuracy is the mean over the last
+  ``window`` (default 5) evaluated rounds; the convergence round is the earliest
+  evaluated round from which the trailing ``window``-round mean stays at or above the
+  final accuracy minus ``tolerance`` (default 0.01); comm. rounds are the rounds up to it
+  in which weights were sent (the algorithm's ``comm_round`` column, else any byte);
+  comm. time sums the critical path's download + upload + backhaul seconds up to it;
+  total time is the emulated seconds elapsed at its end.
 - *Rounds to target*: the number of rounds until the mean user accuracy first reaches
   ``target`` (an evaluated round with accuracy >= target); "X" when it never does (the
   MTFL paper's notation).
@@ -45,6 +45,8 @@ from typing import Any
 
 import pandas as pd
 import yaml
+
+from mecsim import convergence
 
 MiB = 1024 * 1024
 
@@ -164,21 +166,18 @@ def evaluated(r: RunRecords) -> pd.DataFrame:
     return r.rounds[r.rounds["mean_accuracy"].notna()]
 
 
-def convergence_round(r: RunRecords, tolerance: float = 0.01) -> int | None:
+def convergence_round(r: RunRecords, tolerance: float = convergence.TOLERANCE,
+                      window: int = convergence.WINDOW_ROUNDS) -> int | None:
     """Index (records' ``round``) of the convergence round; None if nothing was evaluated.
 
-    The earliest evaluated round from which every evaluated round's mean user accuracy
-    stays within ``tolerance`` of the final (last evaluated) mean accuracy.
+    :func:`mecsim.convergence.convergence_round`: the earliest evaluated round from which
+    the trailing ``window``-round mean of the mean user accuracy stays at or above the
+    final accuracy (mean of the last ``window`` evaluated rounds) minus ``tolerance``.
     """
-    ev = evaluated(r)
-    if ev.empty:
+    if evaluated(r).empty:
         return None
-    acc = ev["mean_accuracy"].astype(float).to_numpy()
-    final = acc[-1]
-    k = len(acc) - 1
-    while k > 0 and abs(acc[k - 1] - final) <= tolerance:
-        k -= 1
-    return int(ev["round"].iloc[k])
+    acc = r.rounds["mean_accuracy"].astype(float).to_numpy()
+    return int(r.rounds["round"].iloc[convergence.convergence_round(acc, window, tolerance)])
 
 
 def rounds_to_target(r: RunRecords, target: float) -> tuple[int | None, float | None]:
@@ -246,23 +245,23 @@ def mtfl_time_table(runs: Sequence[RunRecords]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def dcpfl_table(runs: Sequence[RunRecords], tolerance: float = 0.01) -> pd.DataFrame:
-    """DC-PFL Tables I-II shape, at the convergence round (see the module docstring)."""
+def dcpfl_table(runs: Sequence[RunRecords], tolerance: float = convergence.TOLERANCE,
+                window: int = convergence.WINDOW_ROUNDS) -> pd.DataFrame:
+    """DC-PFL Tables I-II shape, at the convergence round (:mod:`mecsim.convergence`)."""
     rows = []
     for r in runs:
-        c = convergence_round(r, tolerance)
-        df = r.rounds if c is None else r.rounds[r.rounds["round"] <= c]
-        ev = evaluated(r)
-        sent = (df["bytes_up"].astype(float) + df["bytes_down"].astype(float)) > 0
-        comm = (_col(df, "dl_time_s") + _col(df, "ul_time_s") + _col(df, "backhaul_time_s"))
-        rows.append({
-            "method": r.algorithm, "run": r.run_id,
-            "final_acc": float(ev["mean_accuracy"].iloc[-1]) if not ev.empty else math.nan,
-            "convergence_round": (c + 1) if c is not None else math.nan,
-            "comm_rounds": int(sent.sum()),
-            "comm_time_s": float(comm[sent].sum()),
-            "total_time_s": float(df["elapsed_s"].iloc[-1]),
-        })
+        base = {"method": r.algorithm, "run": r.run_id}
+        if evaluated(r).empty:
+            df = r.rounds
+            rows.append({**base, "final_acc": math.nan, "convergence_round": math.nan,
+                         "comm_rounds": 0, "comm_time_s": 0.0,
+                         "total_time_s": float(df["elapsed_s"].iloc[-1])})
+            continue
+        conv = convergence.to_convergence(r.rounds.to_dict("records"), window, tolerance)
+        rows.append({**base, "final_acc": conv["final_accuracy"],
+                     "convergence_round": int(conv["convergence_round"]) + 1,
+                     "comm_rounds": int(conv["comm_rounds"]),
+                     "comm_time_s": conv["comm_time_s"], "total_time_s": conv["total_time_s"]})
     out = pd.DataFrame(rows)
     base = out["total_time_s"].iloc[0]
     out["total_time_ratio"] = out["total_time_s"] / base if base > 0 else math.nan
@@ -322,7 +321,8 @@ class Tables:
     dcpfl: pd.DataFrame
     accuracy: pd.DataFrame
     target: float | None = None
-    tolerance: float = 0.01
+    tolerance: float = convergence.TOLERANCE
+    window: int = convergence.WINDOW_ROUNDS
 
     CSV_NAMES = {"kapc_time": "kapc_table5_time.csv", "kapc_cost": "kapc_table6_cost.csv",
                  "mtfl_time": "mtfl_table4_time.csv", "dcpfl": "dcpfl_tables_1_2.csv",
@@ -389,9 +389,10 @@ class Tables:
         parts.append(
             "## Accuracy and time to convergence (DC-PFL Tables I-II shape)\n\n"
             + _md(header, rows)
-            + f"\n\nConverged: the earliest evaluated round from which the mean user accuracy "
-            f"stays within {pp:g} percentage point{'' if pp == 1 else 's'} of the final "
-            "accuracy. "
+            + f"\n\nFinal Acc.: the mean over the last {self.window} evaluated round"
+            f"{'' if self.window == 1 else 's'}. Converged: the earliest evaluated round from "
+            f"which the trailing {self.window}-round mean accuracy stays no more than {pp:g} "
+            f"percentage point{'' if pp == 1 else 's'} below the final accuracy. "
             "Comm. rounds and times count rounds up to it; (×) is the total time relative to "
             "the first run.")
 
@@ -413,8 +414,10 @@ class Tables:
 
 
 def build_tables(runs: Sequence[RunRecords], target: float | None = None,
-                 tolerance: float = 0.01) -> Tables:
+                 tolerance: float = convergence.TOLERANCE,
+                 window: int = convergence.WINDOW_ROUNDS) -> Tables:
     if not runs:
         raise ReportError("no runs given")
     return Tables(kapc_time_table(runs), kapc_cost_table(runs), mtfl_time_table(runs),
-                  dcpfl_table(runs, tolerance), accuracy_table(runs, target), target, tolerance)
+                  dcpfl_table(runs, tolerance, window), accuracy_table(runs, target), target,
+                  tolerance, window)

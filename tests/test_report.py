@@ -81,7 +81,7 @@ def two_runs(tmp_path):
 def test_tables_from_hand_made_records(two_runs):
     runs = [load_run(p) for p in two_runs]
     label_runs(runs)
-    t = build_tables(runs, target=0.7)
+    t = build_tables(runs, target=0.7, window=1)
 
     k5 = t.kapc_time.set_index("run")
     assert k5.loc["a", "time_s"] == 10.0
@@ -145,9 +145,29 @@ def test_convergence_means_staying_near_the_final_accuracy():
     rows = [{"round": i, "algorithm": "x", "mean_accuracy": a, "elapsed_s": i + 1.0}
             for i, a in enumerate([0.5, 0.81, 0.7, 0.795, 0.80])]
     r = from_rows("x", rows)
-    assert convergence_round(r, 0.01) == 3  # 0.81 is close, but accuracy fell after it
-    assert convergence_round(r, 0.2) == 1
-    assert convergence_round(r, 0.5) == 0
+    assert convergence_round(r, 0.01, window=1) == 3  # 0.81 reached it, then accuracy fell
+    assert convergence_round(r, 0.2, window=1) == 1
+    assert convergence_round(r, 0.5, window=1) == 0
+    # window 2: final = (0.795 + 0.80) / 2 = 0.7975; trailing means 0.5, 0.655, 0.755,
+    # 0.7475, 0.7975 -> only the last is within 0.01 of it
+    assert convergence_round(r, 0.01, window=2) == 4
+    # tolerance 0.06 (target 0.7375): 0.755 and 0.7475 clear it, 0.655 does not
+    assert convergence_round(r, 0.06, window=2) == 2
+
+
+def test_default_window_is_five_evaluated_rounds(two_runs):
+    """RUN_A with the default window: final = mean(0.5, 0.7, 0.795, 0.80) = 0.69875;
+    trailing means 0.5, 0.6, 0.665, 0.69875, so only the last round is within 0.01."""
+    runs = [load_run(p) for p in two_runs]
+    label_runs(runs)
+    dc = build_tables(runs).dcpfl.set_index("run")
+    assert dc.loc["a", "final_acc"] == pytest.approx(0.69875)
+    assert dc.loc["a", "convergence_round"] == 4
+    assert dc.loc["a", "comm_rounds"] == 4
+    assert dc.loc["a", "comm_time_s"] == 17.0  # (2+3) + (2+3) + (1+2) + (2+2)
+    assert dc.loc["a", "total_time_s"] == 40.0
+    assert "Final Acc.: the mean over the last 5 evaluated rounds" in \
+        build_tables(runs).markdown()
 
 
 def test_backhaul_appears_when_a_run_has_it_and_counts_as_communication():
@@ -167,7 +187,8 @@ def test_backhaul_appears_when_a_run_has_it_and_counts_as_communication():
 
 def test_report_command_writes_markdown_csv_and_plots(two_runs, tmp_path, capsys):
     out = tmp_path / "rep"
-    assert main(["report", *map(str, two_runs), "--target", "0.7", "--out", str(out)]) == 0
+    assert main(["report", *map(str, two_runs), "--target", "0.7", "--window", "1",
+                 "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "| fedavg (a) | 10.00 | 2.50 (25.00) |" in printed
     assert "(fedavg, 4 rounds of 5)" in printed  # interrupted run: 4 of the scenario's 5
