@@ -72,6 +72,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--metrics-linger", type=_seconds, default=0.0, metavar="SECONDS",
                      help="keep /metrics up this long after the last round, so Prometheus "
                      "scrapes the final values of a short run (default 0)")
+    run.add_argument("--target", type=float, action="append", metavar="ACC",
+                     help="target mean user accuracy as a fraction (e.g. 0.97; repeat for "
+                     "several): the summary reports the rounds and emulated seconds to reach "
+                     "it (sets evaluation.target_accuracy)")
     run.add_argument("--no-plots", action="store_true",
                      help="do not write the PNG figures to <run dir>/plots at the end")
     run.add_argument("--quiet", action="store_true", help="no progress bar or tables")
@@ -107,6 +111,8 @@ def _apply_overrides(scenario: Scenario, args: argparse.Namespace, source: str) 
         data["metrics"]["enabled"] = False
     if args.metrics_port is not None:
         data["metrics"]["port"] = args.metrics_port
+    if args.target:
+        data["evaluation"]["target_accuracy"] = args.target
     return scenario_from_dict(data, f"{source} (with command-line overrides)")
 
 
@@ -119,6 +125,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     from mecsim.metrics import MetricsExporter
     from mecsim.records import RecordsWriter
     from mecsim.runner import ScenarioInfeasible, run
+    from mecsim.summary import target_lines
 
     path = Path(args.scenario) if args.scenario else default_scenario_path()
     scenario = _apply_overrides(load_scenario(path), args, str(path))
@@ -164,6 +171,8 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     if not args.quiet:
         for table in summary_table(scenario.algorithm.name, rows):
             console.print(table)
+        for line in target_lines(rows, scenario.evaluation.target_accuracy):
+            console.print(line)
         console.print(f"records: {out_dir}/ (rounds.csv, clients.csv, summary.md, ...)")
     return 0
 

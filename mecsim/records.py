@@ -21,7 +21,7 @@ import pandas as pd
 
 from mecsim.runner import RunInfo, RunObserver
 from mecsim.scenario import resolved_yaml
-from mecsim.summary import markdown, summarise
+from mecsim.summary import markdown, summarise, target_lines
 
 ROUND_COLUMNS = [
     "run_id", "round", "algorithm", "selected", "completed", "dropped",
@@ -100,8 +100,9 @@ class RecordsWriter(RunObserver):
                 pd.read_csv(self.out_dir / f"{name}.csv").to_parquet(
                     self.out_dir / f"{name}.parquet", index=False)
         self.summary = summarise(rounds)
+        targets = target_lines(rounds, info.scenario.evaluation.target_accuracy)
         (self.out_dir / "summary.md").write_text(
-            markdown(info.run_id, info.scenario.algorithm.name, self.summary))
+            markdown(info.run_id, info.scenario.algorithm.name, self.summary, targets))
 
 
 def read_rounds(run_dir: str | Path) -> pd.DataFrame:

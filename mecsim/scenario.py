@@ -230,9 +230,16 @@ class BackhaulConfig(_Strict):
 # --------------------------------------------------------------------------- run-level
 
 
+Fraction = Annotated[float, Field(gt=0, le=1)]
+
+
 class EvaluationConfig(_Strict):
     every: int = Field(1, ge=1, description="evaluate user accuracy every N rounds (and last)")
     clients: Literal["all", "selected"] = "all"
+    target_accuracy: list[Fraction] = Field(
+        default_factory=list, description="target mean user accuracies (fractions, e.g. 0.97): "
+        "the run's summary reports the rounds and emulated seconds until each is first "
+        "reached (MTFL Table 2's figure), or X")
 
 
 class OutputsConfig(_Strict):

@@ -77,7 +77,49 @@ def table_rows(s: dict[str, float]) -> tuple[list[str], list[str], list[str], li
     return time_header, time_cells, cost_header, cost_cells
 
 
-def markdown(run_id: str, algorithm: str, s: dict[str, float]) -> str:
+def target_column(rows: Sequence[dict[str, Any]]) -> str:
+    """The accuracy column targets are read from: ``mean_clean_accuracy`` in runs with noisy
+    clients (MTFL Table 3 reports the non-noisy clients' UA), else ``mean_accuracy``."""
+    for r in rows:
+        value = r.get("mean_clean_accuracy")
+        if value is not None and not math.isnan(float(value)):
+            return "mean_clean_accuracy"
+    return "mean_accuracy"
+
+
+def times_to_targets(rows: Sequence[dict[str, Any]], targets: Sequence[float]
+                     ) -> list[tuple[float, int | None, float | None]]:
+    """(target, rounds counted from 1 or None, emulated seconds elapsed then or None)
+    for each target: :func:`rounds_to_target` on :func:`target_column`."""
+    column = target_column(rows)
+    by_round = {int(r["round"]): r for r in rows}
+    out = []
+    for target in targets:
+        reached = rounds_to_target(rows, target, column) if rows else None
+        elapsed = float(by_round[reached - 1]["elapsed_s"]) if reached is not None else None
+        out.append((float(target), reached, elapsed))
+    return out
+
+
+def target_lines(rows: Sequence[dict[str, Any]], targets: Sequence[float]) -> list[str]:
+    """One sentence a target, e.g. 'Rounds to 97 % mean user accuracy: 26 (812.3 s
+    emulated).' or '... X (not reached in 100 rounds).'"""
+    if not targets:
+        return []
+    what = ("mean user accuracy of the non-noisy clients"
+            if target_column(rows) == "mean_clean_accuracy" else "mean user accuracy")
+    lines = []
+    for target, reached, elapsed in times_to_targets(rows, targets):
+        head = f"Rounds to {100 * target:g} % {what}: "
+        if reached is None:
+            lines.append(head + f"X (not reached in {len(rows)} rounds).")
+        else:
+            lines.append(head + f"{reached} ({elapsed:.1f} s emulated).")
+    return lines
+
+
+def markdown(run_id: str, algorithm: str, s: dict[str, float],
+             target_text: Sequence[str] = ()) -> str:
     th, tc, ch, cc = table_rows(s)
 
     def md(header: list[str], cells: list[str]) -> str:
@@ -99,6 +141,7 @@ def markdown(run_id: str, algorithm: str, s: dict[str, float]) -> str:
         f"(round {int(s['best_round']) if not math.isnan(s['best_round']) else '-'}); "
         f"final {100 * s['final_mean_accuracy']:.2f} %. Peak modelled client training-step "
         f"memory {s['client_peak_mb']:.1f} MiB.\n"
+        + "".join(f"\n{line}\n" for line in target_text)
     )
 
 

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -30,7 +31,7 @@ from mecsim.network import NetworkModel, device_profiles
 from mecsim.ops import Compute, Download, Upload
 from mecsim.runner import prepare, run_round
 from mecsim.scenario import ScenarioError, load_scenario, scenario_from_dict
-from mecsim.summary import rounds_to_target
+from mecsim.summary import rounds_to_target, target_lines, times_to_targets
 
 ROOT = Path(__file__).resolve().parents[1]
 N_2NN = 784 * 200 + 200 + 4 * 200 + 200 * 200 + 200 + 200 * 10 + 10  # 200,010 floats
@@ -387,6 +388,48 @@ def test_rounds_to_target_counts_from_one_and_skips_unevaluated_rounds():
     assert rounds_to_target(rows, 0.975, "mean_clean_accuracy") == 4
     with pytest.raises(ValueError, match="no round row has a 'mean_ua' column"):
         rounds_to_target(rows, 0.9, "mean_ua")
+
+
+def test_times_to_targets_give_rounds_and_emulated_seconds_or_x():
+    rows = [{"round": 0, "mean_accuracy": 0.5, "elapsed_s": 10.0},
+            {"round": 1, "mean_accuracy": float("nan"), "elapsed_s": 25.0},
+            {"round": 2, "mean_accuracy": 0.97, "elapsed_s": 31.5}]
+    assert times_to_targets(rows, [0.5, 0.9, 0.98]) == [
+        (0.5, 1, 10.0), (0.9, 3, 31.5), (0.98, None, None)]
+    assert target_lines(rows, [0.9, 0.98]) == [
+        "Rounds to 90 % mean user accuracy: 3 (31.5 s emulated).",
+        "Rounds to 98 % mean user accuracy: X (not reached in 3 rounds)."]
+    # a noisy-client run is judged on its clean clients (MTFL Table 3)
+    for r, clean in zip(rows, (0.95, float("nan"), 0.96), strict=True):
+        r["mean_clean_accuracy"] = clean
+    assert times_to_targets(rows, [0.95, 0.97]) == [(0.95, 1, 10.0), (0.97, None, None)]
+    assert target_lines(rows, [0.95])[0].startswith(
+        "Rounds to 95 % mean user accuracy of the non-noisy clients: 1 ")
+    assert target_lines(rows, []) == []
+
+
+def test_run_reports_rounds_to_its_targets(tmp_path, capsys):
+    from conftest import tiny
+
+    from mecsim.cli import main
+
+    path = tmp_path / "tiny.yaml"
+    path.write_text(tiny(rounds=3).model_dump_json())
+    code = main(["run", str(path), "--out", str(tmp_path / "runs"), "--run-id", "t",
+                 "--target", "0.05", "--target", "1.0", "--no-plots"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    rounds = pd.read_csv(tmp_path / "runs" / "t" / "rounds.csv")
+    first = int(rounds.index[rounds["mean_accuracy"] >= 0.05][0])  # the records decide
+    line = (f"Rounds to 5 % mean user accuracy: {first + 1} "
+            f"({rounds['elapsed_s'][first]:.1f} s emulated).")
+    summary = (tmp_path / "runs" / "t" / "summary.md").read_text()
+    assert line in printed and line in summary
+    assert "Rounds to 100 % mean user accuracy: X (not reached in 3 rounds)." in summary
+    # a target outside (0, 1] is a scenario error naming the field; nothing is written
+    assert main(["run", str(path), "--out", str(tmp_path / "bad"), "--target", "1.5"]) == 2
+    assert "evaluation.target_accuracy.0" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
 
 
 # --------------------------------------------------------------------------- scenarios
