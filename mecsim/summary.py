@@ -38,6 +38,7 @@ def summarise(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
         "dl_time_s": avg("dl_time_s"),
         "client_time_s": avg("client_time_s"),
         "server_time_s": avg("server_time_s"),
+        "backhaul_time_s": sum(float(r.get("backhaul_time_s", 0.0)) for r in rows) / n,
         "idle_time_s": avg("idle_time_s"),
         "total_time_s": float(rows[-1]["elapsed_s"]),
         "ul_mib": avg("bytes_up") / MiB,
@@ -66,9 +67,10 @@ def table_rows(s: dict[str, float]) -> tuple[list[str], list[str], list[str], li
         f"{s[k]:.2f} ({_share(s[k], t):.2f})"
         for k in ("ul_time_s", "dl_time_s", "client_time_s", "server_time_s")
     ]
-    if s["idle_time_s"] > 0:
-        time_header.append("Idle (s/%)")
-        time_cells.append(f"{s['idle_time_s']:.2f} ({_share(s['idle_time_s'], t):.2f})")
+    for key, name in (("backhaul_time_s", "Backhaul"), ("idle_time_s", "Idle")):
+        if s.get(key, 0.0) > 0:  # phases most runs do not have are shown when present
+            time_header.append(f"{name} (s/%)")
+            time_cells.append(f"{s[key]:.2f} ({_share(s[key], t):.2f})")
     cost_header = ["U-Comm (MiB)", "D-Comm (MiB)", "C-Comp (GFLOPs)", "S-Comp (GFLOPs)",
                    "Server mem (MB)", "Best mean acc (%)"]
     cost_cells = [f"{s['ul_mib']:.2f}", f"{s['dl_mib']:.2f}", f"{s['client_gflops']:.2f}",

@@ -256,3 +256,21 @@ def test_plots_are_written_at_the_end_of_a_real_run_and_report_agrees(tmp_path, 
     assert k5["time_s"].iloc[0] == pytest.approx(np.mean([r["round_time_s"] for r in rows]))
     acc = pd.read_csv(out / "report" / "accuracy.csv")
     assert acc["final_acc"].iloc[0] == pytest.approx(rows[-1]["mean_accuracy"])
+
+
+def test_run_summary_adds_backhaul_and_idle_only_when_present():
+    """summary.md / the printed table of one run (mecsim.summary), from hand-made rows."""
+    from mecsim.summary import summarise, table_rows
+
+    row = {"round_time_s": 10.0, "ul_time_s": 2.0, "dl_time_s": 1.0, "client_time_s": 5.0,
+           "server_time_s": 0.0, "idle_time_s": 0.0, "elapsed_s": 10.0, "bytes_up": MiB,
+           "bytes_down": MiB, "client_gflops": 1.0, "server_gflops": 0.0,
+           "server_rss_mb": 1.0, "client_peak_mb": 1.0, "mean_accuracy": 0.5,
+           "host_wall_s": 0.1}
+    header, cells, _, _ = table_rows(summarise([row]))
+    assert "Backhaul (s/%)" not in header and "Idle (s/%)" not in header
+    hier = [{**row, "backhaul_time_s": 2.0}, {**row, "backhaul_time_s": 1.0,
+                                               "idle_time_s": 1.0, "elapsed_s": 20.0}]
+    header, cells, _, _ = table_rows(summarise(hier))
+    assert header[-2:] == ["Backhaul (s/%)", "Idle (s/%)"]
+    assert cells[-2:] == ["1.50 (15.00)", "0.50 (5.00)"]
