@@ -81,10 +81,15 @@ def table_rows(s: dict[str, float]) -> tuple[list[str], list[str], list[str], li
 
 def target_column(rows: Sequence[dict[str, Any]]) -> str:
     """The accuracy column targets are read from: ``mean_clean_accuracy`` in runs with noisy
-    clients (MTFL Table 3 reports the non-noisy clients' UA), else ``mean_accuracy``."""
+    clients (MTFL Table 3 reports the non-noisy clients' UA), else ``mean_accuracy``.
+
+    MTFL records ``mean_clean_accuracy`` in every run; without noisy clients it equals
+    ``mean_accuracy``, so a run counts as noisy where the two differ in some round."""
     for r in rows:
-        value = r.get("mean_clean_accuracy")
-        if value is not None and not math.isnan(float(value)):
+        clean, mean = r.get("mean_clean_accuracy"), r.get("mean_accuracy")
+        if clean is None or mean is None or math.isnan(float(clean)) or math.isnan(float(mean)):
+            continue
+        if float(clean) != float(mean):
             return "mean_clean_accuracy"
     return "mean_accuracy"
 
