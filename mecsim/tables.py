@@ -252,10 +252,9 @@ def dcpfl_table(runs: Sequence[RunRecords], tolerance: float = convergence.TOLER
     for r in runs:
         base = {"method": r.algorithm, "run": r.run_id}
         if evaluated(r).empty:
-            df = r.rounds
             rows.append({**base, "final_acc": math.nan, "convergence_round": math.nan,
                          "comm_rounds": 0, "comm_time_s": 0.0,
-                         "total_time_s": float(df["elapsed_s"].iloc[-1])})
+                         "total_time_s": float(r.rounds["elapsed_s"].iloc[-1])})
             continue
         conv = convergence.to_convergence(r.rounds.to_dict("records"), window, tolerance)
         rows.append({**base, "final_acc": conv["final_accuracy"],
