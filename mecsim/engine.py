@@ -325,7 +325,7 @@ class _Client:
             spent[self.current or "compute"] = finish_s = math.inf
         return ClientTimeline(
             self.cid, 0.0, finish_s, spent["download"], spent["compute"], spent["upload"],
-            spent["server"], deadline_s is None or finish_s <= deadline_s, spent["backhaul"],
+            spent["server"], _made_it(finish_s, deadline_s), spent["backhaul"],
         )
 
 
@@ -402,7 +402,7 @@ def _closed_form_timelines(
     fin, spent = finish_s.tolist(), spent_s.tolist()
     return tuple(
         ClientTimeline(cid, 0.0, fin[i], spent[i][0], spent[i][1], spent[i][2], 0.0,
-                       deadline_s is None or fin[i] <= deadline_s)
+                       _made_it(fin[i], deadline_s))
         for i, cid in enumerate(ids)
     )
 
@@ -515,6 +515,12 @@ def _edge_backhauls(env: simpy.Environment, traces: Mapping[int, OpTrace],
         expected = [sum(len(ops) > k for ops in per_client) for k in range(depth)]
         out[es] = EdgeBackhaul(env, es, servers[es], expected)
     return out
+
+
+def _made_it(finish_s: float, deadline_s: float | None) -> bool:
+    """A client completes when it finishes at all (an op that never ends, e.g. a link of
+    rate 0 for ever, is an outage, not a completion) and, with a deadline, by it."""
+    return math.isfinite(finish_s) and (deadline_s is None or finish_s <= deadline_s)
 
 
 def _busy_s(t: ClientTimeline) -> float:

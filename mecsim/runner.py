@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -235,8 +236,13 @@ def run_round(rs: RunSetup, rnd: int, elapsed_s: float) -> tuple[dict, list[dict
 
 
 def run(scenario: Scenario, run_id: str, out_dir=None, observers: list[RunObserver] = (),
+        *, should_stop: Callable[[], bool] | None = None,
         **prepare_kwargs) -> list[dict[str, Any]]:
-    """Run every round of ``scenario``; returns the round rows."""
+    """Run every round of ``scenario``; returns the round rows.
+
+    ``should_stop`` is asked after every round; when it returns True the run stops there,
+    keeping the rounds done (a service cancelling a running run uses it).
+    """
     rs = prepare(scenario, run_id, out_dir, **prepare_kwargs)
     rows: list[dict[str, Any]] = []
     try:
@@ -249,6 +255,8 @@ def run(scenario: Scenario, run_id: str, out_dir=None, observers: list[RunObserv
             rows.append(row)
             for obs in observers:
                 obs.on_round_end(rs.info, row, client_rows, traces)
+            if should_stop is not None and should_stop() and rnd + 1 < scenario.rounds:
+                break
         for obs in observers:
             obs.on_run_end(rs.info, rows)
     finally:

@@ -230,3 +230,17 @@ def test_edge_servers_do_not_share_media_or_cpu() -> None:
     assert [c.finish_s for c in r.clients] == [approx(1.0), approx(1.0)]
     with pytest.raises(ValueError, match="edge server"):
         time_round(traces, clients, SERVER, NetworkSpec())
+
+
+@pytest.mark.parametrize("method", ["auto", "simpy"])
+def test_client_that_never_finishes_is_not_completed(method: str) -> None:
+    # Without a deadline, a client whose link is at 0 b/s for ever never finishes: it is
+    # not completed, and the round ends when the others are done (client 2: 1 s + 0.5 s).
+    traces = {1: (Download(1_000_000),), 2: (Download(1_000_000),)}
+    clients = {1: spec(1, down=0.0), 2: spec(2, down=8e6)}
+    r = time_round(traces, clients, SERVER, NetworkSpec(), aggregate_s=0.5, method=method)
+    t = by_id(r)
+    assert math.isinf(t[1].finish_s) and not t[1].completed
+    assert t[2].completed and r.dropped == (1,)
+    assert r.round_time_s == approx(1.5) and math.isfinite(r.round_time_s)
+    assert r.critical_client == 2
