@@ -12,6 +12,7 @@ in-process for tests), so the same code runs in both.
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 from dataclasses import dataclass
@@ -85,9 +86,14 @@ class ClientHost:
             generator=gen, costs=self.costs, init_weights=self.setup.init_weights,
         )
 
-    def fit(self, rnd: int, tasks: list[ClientTask]) -> list[ClientResult]:
+    def fit(self, rnd: int, tasks: list[ClientTask],
+            lost: frozenset[int] = frozenset()) -> list[ClientResult]:
+        """Train each task's client. For the clients in ``lost`` (an emulated crash) the
+        work is lost: their private state is put back as it was before training."""
         results = []
         for task in tasks:
+            saved = copy.deepcopy(self.state[task.client_id]) if task.client_id in lost \
+                else None
             ctx = self._context(task.client_id, rnd, purpose=0)
             # CPU generator only: torch.manual_seed also seeds (lazily) every accelerator
             # backend, which costs ~1 ms a call
@@ -96,10 +102,12 @@ class ClientHost:
             start = time.perf_counter()
             result = self.algorithm.fit(ctx, task)
             result.host_seconds = time.perf_counter() - start
+            if saved is not None:
+                self.state[task.client_id] = saved
             results.append(result)
         return results
 
-    def fit_split(self, rnd: int, tasks: list[ClientTask]
+    def fit_split(self, rnd: int, tasks: list[ClientTask], lost: frozenset[int] = frozenset()
                   ) -> tuple[list[ClientResult], dict[int, np.ndarray]]:
         """:meth:`fit`, with the uploaded weights returned apart from the small rest.
 
@@ -107,7 +115,7 @@ class ClientHost:
         part (op-traces, counts) and hands the weights' reference to the edge server, so
         model updates travel host -> server once, not via the driver.
         """
-        results = self.fit(rnd, tasks)
+        results = self.fit(rnd, tasks, lost)
         weights = {}
         for r in results:
             if r.weights is not None:
@@ -124,6 +132,30 @@ class ClientHost:
             acc, loss, *extras = self.algorithm.evaluate(ctx, task)
             out.append((task.client_id, acc, loss, int(ctx.y_test.shape[0]), *extras))
         return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every hosted client's private state (``ctx.state``) and the host's cache of
+        measured step costs, encoded for a checkpoint (see :mod:`agents.state`).
+
+        The client algorithm object itself holds only what its parameters determine; the
+        shared model instance is loaded with a client's state before each use.
+        """
+        from agents.state import encode
+
+        return encode({"clients": self.state, "costs": self.costs._by_batch}, "host")
+
+    def load_state_dict(self, encoded: dict[str, Any]) -> None:
+        """Restore the states of this host's clients from a checkpoint holding (at least)
+        them; clients the checkpoint does not name start empty."""
+        from agents.state import decode
+
+        state = decode(encoded)
+        clients = state["clients"]
+        self.state = {cid: clients.get(cid, {}) for cid in self.state}
+        self.costs._by_batch = dict(state["costs"])
+
+    def pid(self) -> int:
+        return os.getpid()
 
     def rss_bytes(self) -> int:
         import psutil

@@ -25,6 +25,31 @@ class AggregateReport:
     wall_s: float  # measured host seconds of the aggregation
     rss_bytes: int  # resident memory of the server process after aggregating
     metrics: dict[str, float]  # the algorithm's own per-round figures
+    rejected: tuple[int, ...] = ()  # clients whose upload held NaN or inf: not aggregated
+
+
+def _finite(value: Any) -> bool:
+    if isinstance(value, np.ndarray):
+        return value.dtype.kind not in "fc" or bool(np.isfinite(value).all())
+    if isinstance(value, float):
+        return np.isfinite(value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return all(_finite(v) for v in value)
+    try:
+        import torch
+
+        if isinstance(value, torch.Tensor):
+            return not value.is_floating_point() or bool(torch.isfinite(value).all())
+    except ImportError:  # pragma: no cover - torch is a dependency
+        pass
+    return True
+
+
+def finite_upload(result: ClientResult) -> bool:
+    """Is everything the client uploaded (its weights and any arrays in ``extra``) finite?"""
+    return _finite(result.weights) and _finite(result.extra)
 
 
 class EdgeServer:
@@ -43,10 +68,16 @@ class EdgeServer:
         return selected, self.algorithm.configure_fit(rnd, selected)
 
     def aggregate(self, rnd: int, results: list[ClientResult]) -> AggregateReport:
+        """Aggregate the results whose uploads are finite; an update holding any NaN or
+        inf (a diverged client) is rejected, never aggregated. With every update
+        rejected the algorithm aggregates nothing and its model stays as it was."""
+        rejected = tuple(sorted(r.client_id for r in results if not finite_upload(r)))
+        kept = [r for r in results if r.client_id not in rejected]
         start = time.perf_counter()
-        stats = self.algorithm.aggregate_fit(rnd, sorted(results, key=lambda r: r.client_id))
+        stats = self.algorithm.aggregate_fit(rnd, sorted(kept, key=lambda r: r.client_id))
         wall = time.perf_counter() - start
-        return AggregateReport(stats.flops, wall, self.rss_bytes(), dict(stats.metrics))
+        return AggregateReport(stats.flops, wall, self.rss_bytes(), dict(stats.metrics),
+                               rejected)
 
     def aggregate_split(self, rnd: int, results: list[ClientResult],
                         *weights_by_host: dict[int, np.ndarray]) -> AggregateReport:
@@ -56,8 +87,24 @@ class EdgeServer:
             r.weights = weights.get(r.client_id)
         return self.aggregate(rnd, results)
 
+    def state_dict(self) -> dict[str, Any]:
+        """The algorithm's state and the selection generator, encoded for a checkpoint."""
+        from agents.state import encode
+
+        return encode({"algorithm": self.algorithm.state_dict(), "rng": self.rng}, "server")
+
+    def load_state_dict(self, encoded: dict[str, Any]) -> None:
+        from agents.state import decode
+
+        state = decode(encoded)
+        self.algorithm.load_state_dict(state["algorithm"])
+        self.rng = state["rng"]
+
     def evaluation_tasks(self, rnd: int, clients: list[int]) -> list[ClientTask]:
         return self.algorithm.configure_evaluate(rnd, clients)
+
+    def pid(self) -> int:
+        return os.getpid()
 
     def rss_bytes(self) -> int:
         return int(psutil.Process(os.getpid()).memory_info().rss)

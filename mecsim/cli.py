@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
+import signal
 import sys
 import time
 from pathlib import Path
 
 from rich.console import Console
+from rich.text import Text
 
 from mecsim.scenario import (
     Scenario,
@@ -57,6 +60,10 @@ def _parser() -> argparse.ArgumentParser:
         "runs the embedded default scenario (FedAvg, 10 clients, MNIST, ~1 minute).",
     )
     run.add_argument("scenario", nargs="?", help="scenario YAML (default: embedded)")
+    run.add_argument("--resume", metavar="RUN_DIR",
+                     help="continue a run that was killed or interrupted (e.g. runs/<run-id>) "
+                     "from its last checkpoint; its records end up equal to an uninterrupted "
+                     "run's. Takes no scenario file: the run's own scenario.yaml is used")
     run.add_argument("--rounds", type=int, help="override the scenario's rounds")
     run.add_argument("--seed", type=int, help="override the scenario's seed")
     run.add_argument("--out", help="records directory (default: the scenario's outputs.dir)")
@@ -120,20 +127,66 @@ def _run_id(scenario: Scenario) -> str:
     return scenario.outputs.run_id or f"{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled like Ctrl-C: the finished rounds are kept, exit 143."""
+
+
+def _on_sigterm(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
+    raise Terminated()
+
+
+def _error(console: Console, text: str) -> None:
+    """One error line on stderr, printed literally (paths may hold rich markup)."""
+    print(f"error: {text}", file=sys.stderr)
+
+
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
     from mecsim.console import ProgressBar, summary_table
     from mecsim.metrics import MetricsExporter
     from mecsim.records import RecordsWriter
-    from mecsim.runner import ScenarioInfeasible, run
+    from mecsim.runfolder import RunFolderError, RunLock, prepare_resume, status_line
+    from mecsim.runner import RunFailed, ScenarioInfeasible, run
     from mecsim.summary import target_lines
 
-    path = Path(args.scenario) if args.scenario else default_scenario_path()
-    scenario = _apply_overrides(load_scenario(path), args, str(path))
-    run_id = _run_id(scenario)
-    out_dir = Path(scenario.outputs.dir) / run_id
-    if out_dir.exists():
-        console.print(f"[red]error:[/] {out_dir} already exists; choose another --run-id")
-        return EXIT_BAD_INPUT
+    resume = None
+    created: Path | None = None
+    if args.resume:
+        if args.scenario or args.rounds is not None or args.seed is not None or args.run_id:
+            _error(console, "--resume continues a run as it was planned: give no scenario "
+                   "file, --rounds, --seed or --run-id with it")
+            return EXIT_BAD_INPUT
+        try:
+            target = prepare_resume(args.resume, warn=lambda m: print(f"warning: {m}",
+                                                                      file=sys.stderr))
+        except RunFolderError as exc:
+            _error(console, str(exc))
+            return EXIT_BAD_INPUT
+        scenario, run_id, out_dir, lock = target.scenario, target.run_id, target.run_dir, \
+            target.lock
+        resume = target.point
+        path = out_dir / "scenario.yaml"
+        if args.no_metrics or args.metrics_port is not None:
+            data = scenario.model_dump(mode="json")
+            if args.no_metrics:
+                data["metrics"]["enabled"] = False
+            if args.metrics_port is not None:
+                data["metrics"]["port"] = args.metrics_port
+            scenario = scenario_from_dict(data, f"{path} (with command-line overrides)")
+    else:
+        path = Path(args.scenario) if args.scenario else default_scenario_path()
+        scenario = _apply_overrides(load_scenario(path), args, str(path))
+        run_id = _run_id(scenario)
+        out_dir = Path(scenario.outputs.dir) / run_id
+        if out_dir.exists():
+            _error(console, f"{out_dir} already exists; choose another --run-id (or "
+                   f"--resume {out_dir} to continue it)")
+            return EXIT_BAD_INPUT
+        created = out_dir  # the outermost folder this run creates (removed on bad input)
+        while not created.parent.exists():
+            created = created.parent
+        out_dir.mkdir(parents=True)
+        lock = RunLock(out_dir).acquire()
+
     records = RecordsWriter(out_dir)
     observers: list = [records]
     if not args.no_plots:
@@ -149,32 +202,81 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     if progress:
         observers.append(progress)
     if not args.quiet:
-        console.print(f"[bold]mecsim[/] {scenario.name}: {scenario.algorithm.name}, "
-                      f"{scenario.topology.clients} clients, {scenario.rounds} rounds "
-                      f"-> {out_dir}")
+        what = (f"resuming after round {len(resume.rows)} of {scenario.rounds}" if resume
+                else f"{scenario.rounds} rounds")
+        console.print(Text(f"mecsim {scenario.name}: {scenario.algorithm.name}, "
+                           f"{scenario.topology.clients} clients, {what} -> {out_dir}"))
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    rows: list = []
     try:
         rows = run(scenario, run_id, out_dir, observers, hosts=args.hosts,
-                   backend=args.backend, ray_address=args.ray_address)
+                   backend=args.backend, ray_address=args.ray_address, resume=resume)
     except ScenarioInfeasible as exc:
-        console.print(f"[red]error:[/] {path}: {exc}")
+        _error(console, f"{path}: {exc}")
+        _remove_if_unused(out_dir, created, lock)
         return EXIT_BAD_INPUT
     except (FileNotFoundError, ValueError) as exc:
-        if not out_dir.exists():  # failed while setting up: bad input, nothing written
-            console.print(f"[red]error:[/] {path}: {exc}")
+        if not (out_dir / "run.json").exists():  # failed while setting up: bad input
+            _error(console, f"{path}: {exc}")
+            _remove_if_unused(out_dir, created, lock)
             return EXIT_BAD_INPUT
         raise
+    except KeyboardInterrupt as exc:
+        done = _rounds_done(out_dir)
+        print(f"interrupted after {done} of {scenario.rounds} rounds; the finished rounds "
+              f"are kept. Resume with: mecsim run --resume {out_dir}", file=sys.stderr)
+        return 143 if isinstance(exc, Terminated) else 130
+    except RunFailed as exc:
+        print(f"error: the run failed: {exc}. Its finished rounds are kept; resume with: "
+              f"mecsim run --resume {out_dir}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # a bug or an environment failure mid-run: say where it is
+        import traceback
+
+        log = out_dir / "error.txt"
+        try:
+            log.write_text(traceback.format_exc())
+        except OSError:
+            log = None
+        print(f"error: the run failed: {type(exc).__name__}: {exc}. Its finished rounds are "
+              f"kept" + (f"; the traceback is in {log}" if log else "") +
+              f". Resume with: mecsim run --resume {out_dir}", file=sys.stderr)
+        return 1
     finally:
+        signal.signal(signal.SIGTERM, previous)
         if progress:
             progress.close()
         if exporter:
             exporter.close()
+        lock.release()
     if not args.quiet:
-        for table in summary_table(scenario.algorithm.name, rows):
-            console.print(table)
-        for line in target_lines(rows, scenario.evaluation.target_accuracy):
-            console.print(line)
-        console.print(f"records: {out_dir}/ (rounds.csv, clients.csv, summary.md, ...)")
+        if len(rows) < scenario.rounds:
+            console.print(Text(status_line("cancelled", len(rows), scenario.rounds)))
+        if rows:
+            for table in summary_table(scenario.algorithm.name, rows):
+                console.print(table)
+            for line in target_lines(rows, scenario.evaluation.target_accuracy):
+                console.print(Text(line))
+        console.print(Text(f"records: {out_dir}/ (rounds.csv, clients.csv, summary.md, ...)"))
     return 0
+
+
+def _rounds_done(out_dir: Path) -> int:
+    from mecsim.runfolder import read_meta
+
+    return int(read_meta(out_dir).get("rounds_done") or 0)
+
+
+def _remove_if_unused(out_dir: Path, created: Path | None, lock) -> None:
+    """A fresh run's folder holding nothing but its lock is removed, with the parent
+    folders the run created (nothing is left behind on bad input)."""
+    if created is None or not out_dir.is_dir():
+        return
+    from mecsim.runfolder import LOCK_NAME
+
+    if all(p.name == LOCK_NAME for p in out_dir.iterdir()):
+        lock.release()
+        shutil.rmtree(created, ignore_errors=True)
 
 
 def cmd_validate(args: argparse.Namespace, console: Console) -> int:
@@ -249,9 +351,9 @@ def main(argv: list[str] | None = None) -> int:
     except ScenarioError as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        console.print("[yellow]interrupted[/]: the finished rounds are kept in the records")
-        return 130
+    except KeyboardInterrupt as exc:
+        print("interrupted", file=sys.stderr)
+        return 143 if isinstance(exc, Terminated) else 130
 
 
 if __name__ == "__main__":

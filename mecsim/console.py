@@ -7,6 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from mecsim.runner import RunInfo, RunObserver
 from mecsim.summary import summarise, table_rows
@@ -25,9 +26,22 @@ class ProgressBar(RunObserver):
     def on_run_start(self, info: RunInfo) -> None:
         self.progress.start()
         self.task = self.progress.add_task(f"{info.scenario.algorithm.name} rounds",
-                                           total=info.scenario.rounds, status="")
+                                           total=info.scenario.rounds, status="",
+                                           completed=info.resumed_from)
+
+    def _warn(self, text: str) -> None:
+        # user text is printed literally (no rich markup in ids or messages)
+        self.console.print(Text("warning: ", style="yellow") + Text(text))
 
     def on_round_end(self, info, row: dict[str, Any], client_rows, traces) -> None:
+        rejected = int(row.get("rejected", 0) or 0)
+        if rejected:
+            ids = [c["client_id"] for c in client_rows if c.get("status") == "rejected_nonfinite"]
+            text = (f"round {int(row['round']) + 1}: {rejected} update(s) with NaN or inf "
+                    f"rejected (clients {', '.join(map(str, ids))})")
+            if int(row.get("completed", 0) or 0) == 0:
+                text += "; no update was aggregated, the model is unchanged"
+            self._warn(text)
         acc = row["mean_accuracy"]
         acc_txt = f"acc {100 * acc:5.2f}%" if acc == acc else "acc   -   "
         self.progress.update(
@@ -35,7 +49,14 @@ class ProgressBar(RunObserver):
             status=f"{acc_txt}  round {row['round_time_s']:.2f} s emulated, "
                    f"{row['host_wall_s']:.2f} s host")
 
+    def on_fault(self, info, rnd: int, message: str) -> None:
+        self._warn(f"round {rnd + 1}: an actor died ({message}); re-creating the actors "
+                   "from the last checkpoint")
+
     def on_run_end(self, info, rounds) -> None:
+        self.progress.stop()
+
+    def on_run_stopped(self, info, rounds, status, message) -> None:
         self.progress.stop()
 
     def close(self) -> None:

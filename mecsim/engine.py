@@ -14,8 +14,8 @@ from __future__ import annotations
 import heapq
 import math
 from bisect import bisect_right
-from collections.abc import Generator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Generator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -337,6 +337,8 @@ def time_round(
     aggregate_s: float = 0.0,
     *,
     method: str = "auto",
+    failed: Collection[int] = (),
+    wait_for: int | None = None,
 ) -> RoundTiming:
     """Time one round: all clients start at 0 s and run their op-traces in order.
 
@@ -347,13 +349,28 @@ def time_round(
     ``method``: ``"auto"`` (default) uses the closed form of :func:`_closed_form_timelines`
     when the round has no contention (it equals the SimPy model bit for bit) and the SimPy
     model otherwise; ``"simpy"`` always runs the SimPy model.
+
+    ``failed``: clients whose op-trace ends in a failure (a crash, a drop-out before the
+    upload): timed as they ran, never completed. ``wait_for``: the server aggregates once
+    this many clients have completed; the later ones are dropped as at a deadline.
     """
     if method not in ("auto", "simpy"):
         raise ValueError(f"method {method!r} is not one of ('auto', 'simpy')")
     timelines = _closed_form_timelines(traces, clients, network) if method == "auto" else None
     if timelines is None:
         timelines = _simulate(traces, clients, servers, network)
-    return _summarise(timelines, network.deadline_s, aggregate_s)
+    deadline_s = network.deadline_s
+    if failed or wait_for is not None:
+        failed = frozenset(failed)
+        finishes = sorted(t.finish_s for t in timelines
+                          if t.completed and t.client_id not in failed)
+        if wait_for is not None and 0 < wait_for < len(finishes):
+            cutoff_s = finishes[wait_for - 1]
+            deadline_s = cutoff_s if deadline_s is None else min(deadline_s, cutoff_s)
+        timelines = tuple(
+            replace(t, completed=t.client_id not in failed and _made_it(t.finish_s, deadline_s))
+            for t in timelines)
+    return _summarise(timelines, deadline_s, aggregate_s)
 
 
 # Op types the closed form covers, and the column of each in its per-kind time table.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -17,9 +18,32 @@ import numpy as np
 from agents.algorithms import ClientResult, ClientTask
 from agents.host import ClientHost, HostSetup
 from agents.server import AggregateReport, EdgeServer
+from agents.state import decode, encode
 from mecsim.data import DataPools
 
 ClientData = dict[int, tuple[np.ndarray, np.ndarray]]
+
+
+class ActorFailure(RuntimeError):
+    """A Ray actor (a client host or the edge server) died mid-run: its process was killed,
+    ran out of memory, or its node went away. The run loop re-creates the actors, restores
+    them from the last checkpoint and re-executes from there."""
+
+
+@dataclass
+class ExecutorState:
+    """Encoded state of the server and of every client (see :mod:`agents.state`)."""
+
+    server: Any
+    clients: dict[int, Any]
+    costs: Any
+
+
+def _merge_costs(encoded: list[Any]) -> Any:
+    merged: dict = {}
+    for enc in encoded:
+        merged.update(decode(enc))
+    return encode(merged, "costs")
 
 
 class LocalExecutor:
@@ -27,9 +51,34 @@ class LocalExecutor:
 
     def __init__(self, server_kwargs: dict[str, Any], setup: HostSetup, pools: DataPools,
                  host_clients: list[ClientData]) -> None:
+        self._args = (server_kwargs, setup, pools, host_clients)
+        self.host_clients = host_clients
+        self.host_of = {cid: h for h, clients in enumerate(host_clients) for cid in clients}
+        self._start()
+
+    def _start(self) -> None:
+        server_kwargs, setup, pools, host_clients = self._args
         self.server = EdgeServer(**server_kwargs)
         self.hosts = [ClientHost(setup, pools, clients) for clients in host_clients]
-        self.host_of = {cid: h for h, clients in enumerate(host_clients) for cid in clients}
+
+    def restart(self) -> None:
+        """New server and hosts in their initial state (then :meth:`load_state`)."""
+        self._start()
+
+    def state(self) -> ExecutorState:
+        hosts = [h.state_dict() for h in self.hosts]
+        return ExecutorState(self.server.state_dict(),
+                             {cid: st for h in hosts for cid, st in h["clients"].items()},
+                             _merge_costs([h["costs"] for h in hosts]))
+
+    def _host_states(self, st: ExecutorState) -> list[dict[str, Any]]:
+        return [{"clients": {cid: st.clients[cid] for cid in clients if cid in st.clients},
+                 "costs": st.costs} for clients in self.host_clients]
+
+    def load_state(self, st: ExecutorState) -> None:
+        self.server.load_state_dict(st.server)
+        for host, hs in zip(self.hosts, self._host_states(st), strict=True):
+            host.load_state_dict(hs)
 
     def _by_host(self, tasks: list[ClientTask]) -> dict[int, list[ClientTask]]:
         grouped: dict[int, list[ClientTask]] = defaultdict(list)
@@ -40,10 +89,11 @@ class LocalExecutor:
     def plan(self, rnd: int) -> tuple[list[int], list[ClientTask]]:
         return self.server.plan(rnd)
 
-    def fit(self, rnd: int, tasks: list[ClientTask]) -> list[ClientResult]:
+    def fit(self, rnd: int, tasks: list[ClientTask],
+            lost: frozenset[int] = frozenset()) -> list[ClientResult]:
         out: list[ClientResult] = []
         for h, group in self._by_host(tasks).items():
-            out += self.hosts[h].fit(rnd, group)
+            out += self.hosts[h].fit(rnd, group, lost)
         return sorted(out, key=lambda r: r.client_id)
 
     def aggregate(self, rnd: int, results: list[ClientResult]) -> AggregateReport:
@@ -64,7 +114,12 @@ class LocalExecutor:
 
 
 class RayExecutor(LocalExecutor):
-    """Host actors (one CPU each) and an edge-server actor in a Ray cluster."""
+    """Host actors (one CPU each) and an edge-server actor in a Ray cluster.
+
+    Every call that waits on an actor turns the death of an actor (its process killed,
+    out of memory, its node gone) into :class:`ActorFailure`; :meth:`restart` kills what
+    is left of the actors and starts new ones.
+    """
 
     def __init__(self, server_kwargs: dict[str, Any], setup: HostSetup, pools: DataPools,
                  host_clients: list[ClientData], ray_address: str | None = None) -> None:
@@ -83,42 +138,100 @@ class RayExecutor(LocalExecutor):
         else:
             self._owns_ray = False
         self._ray = ray
-        server_actor = ray.remote(num_cpus=0)(EdgeServer)
-        host_actor = ray.remote(num_cpus=1)(ClientHost)
-        pools_ref = ray.put(pools)
-        self.server = server_actor.remote(**server_kwargs)
-        self.hosts = [host_actor.remote(setup, pools_ref, clients) for clients in host_clients]
+        self._args = (server_kwargs, setup, pools, host_clients)
+        self.host_clients = host_clients
         self.host_of = {cid: h for h, clients in enumerate(host_clients) for cid in clients}
-        ray.get(self.server.rss_bytes.remote())  # surface start-up errors here
-        ray.get([h.rss_bytes.remote() for h in self.hosts])
+        self._pools_ref = ray.put(pools)
+        self.server, self.hosts = None, []
+        self._start()
+
+    def _start(self) -> None:
+        ray = self._ray
+        server_kwargs, setup, _, host_clients = self._args
+        server_actor = ray.remote(num_cpus=0, max_restarts=0)(EdgeServer)
+        host_actor = ray.remote(num_cpus=1, max_restarts=0)(ClientHost)
+        self.server = server_actor.remote(**server_kwargs)
+        self.hosts = [host_actor.remote(setup, self._pools_ref, clients)
+                      for clients in host_clients]
+        self._weight_refs: list[Any] = []
+        self._get(self.server.rss_bytes.remote())  # surface start-up errors here
+        self._get([h.rss_bytes.remote() for h in self.hosts])
+
+    def _get(self, refs: Any) -> Any:
+        """``ray.get``, with an actor's death raised as :class:`ActorFailure`."""
+        from ray import exceptions as rex
+
+        try:
+            return self._ray.get(refs)
+        except (rex.RayActorError, rex.ObjectLostError, rex.OwnerDiedError,
+                rex.WorkerCrashedError, rex.NodeDiedError) as exc:
+            raise ActorFailure(f"{type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
+        except rex.RayTaskError as exc:
+            # a task whose arguments came from an actor that died
+            cause = exc.as_instanceof_cause() if hasattr(exc, "as_instanceof_cause") else exc
+            if isinstance(cause, (rex.RayActorError, rex.ObjectLostError, rex.OwnerDiedError,
+                                  rex.WorkerCrashedError)):
+                raise ActorFailure(f"{type(cause).__name__}") from exc
+            raise
+
+    def _kill_all(self) -> None:
+        for actor in [self.server, *self.hosts]:
+            if actor is None:
+                continue
+            try:
+                self._ray.kill(actor)
+            except Exception:  # noqa: BLE001 - already dead or unreachable: nothing to kill
+                pass
+
+    def restart(self) -> None:
+        self._kill_all()
+        self._start()
 
     def plan(self, rnd: int) -> tuple[list[int], list[ClientTask]]:
-        return self._ray.get(self.server.plan.remote(rnd))
+        return self._get(self.server.plan.remote(rnd))
 
-    def fit(self, rnd: int, tasks: list[ClientTask]) -> list[ClientResult]:
+    def fit(self, rnd: int, tasks: list[ClientTask],
+            lost: frozenset[int] = frozenset()) -> list[ClientResult]:
         """Results without their weights; the weights stay in the object store."""
         meta_refs, self._weight_refs = [], []
         for h, group in self._by_host(tasks).items():
-            meta, weights = self.hosts[h].fit_split.options(num_returns=2).remote(rnd, group)
+            meta, weights = self.hosts[h].fit_split.options(num_returns=2).remote(
+                rnd, group, lost)
             meta_refs.append(meta)
             self._weight_refs.append(weights)
-        out = [r for part in self._ray.get(meta_refs) for r in part]
+        out = [r for part in self._get(meta_refs) for r in part]
         return sorted(out, key=lambda r: r.client_id)
 
     def aggregate(self, rnd: int, results: list[ClientResult]) -> AggregateReport:
         refs, self._weight_refs = self._weight_refs, []
-        return self._ray.get(self.server.aggregate_split.remote(rnd, results, *refs))
+        return self._get(self.server.aggregate_split.remote(rnd, results, *refs))
 
     def evaluate(self, rnd: int, clients: list[int]) -> list[tuple[int, float, float, int]]:
-        tasks = self._ray.get(self.server.evaluation_tasks.remote(rnd, clients))
+        tasks = self._get(self.server.evaluation_tasks.remote(rnd, clients))
         refs = [self.hosts[h].evaluate.remote(rnd, g) for h, g in self._by_host(tasks).items()]
-        return sorted(x for part in self._ray.get(refs) for x in part)
+        return sorted(x for part in self._get(refs) for x in part)
+
+    def state(self) -> ExecutorState:
+        server, *hosts = self._get([self.server.state_dict.remote(),
+                                    *(h.state_dict.remote() for h in self.hosts)])
+        return ExecutorState(server, {cid: st for h in hosts for cid, st in h["clients"].items()},
+                             _merge_costs([h["costs"] for h in hosts]))
+
+    def load_state(self, st: ExecutorState) -> None:
+        refs = [self.server.load_state_dict.remote(st.server)]
+        refs += [host.load_state_dict.remote(hs)
+                 for host, hs in zip(self.hosts, self._host_states(st), strict=True)]
+        self._get(refs)
 
     def host_rss_bytes(self) -> list[int]:
-        return self._ray.get([h.rss_bytes.remote() for h in self.hosts])
+        return self._get([h.rss_bytes.remote() for h in self.hosts])
+
+    def actor_pids(self) -> dict[str, list[int]]:
+        """Process ids of the edge-server actor and of the host actors (for fault tests)."""
+        return {"server": [self._get(self.server.pid.remote())],
+                "hosts": self._get([h.pid.remote() for h in self.hosts])}
 
     def close(self) -> None:
-        for actor in [self.server, *self.hosts]:
-            self._ray.kill(actor)
+        self._kill_all()
         if self._owns_ray:
             self._ray.shutdown()

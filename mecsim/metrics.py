@@ -38,7 +38,10 @@ MiB = 1024 * 1024
 PHASES = (("download", "dl_time_s"), ("client", "client_time_s"), ("upload", "ul_time_s"),
           ("backhaul", "backhaul_time_s"), ("server", "server_time_s"),
           ("idle", "idle_time_s"))
-CLIENT_STATUSES = ("selected", "completed", "dropped")
+#: Client counts of a round by ``status`` label: the round-row column of each. ``dropped``
+#: is every selected client not aggregated; the others split it by cause.
+CLIENT_STATUSES = ("selected", "completed", "dropped", "dropped_deadline", "crashed",
+                   "dropped_out", "outage", "rejected")
 
 #: Buckets of the per-client channel-rate histogram: 10^3 .. 10^10 bytes/s in half
 #: decades (8 kbit/s .. 80 Gbit/s).
@@ -74,6 +77,12 @@ METRICS: dict[str, tuple[str, str]] = {
     "mecsim_test_loss": ("gauge", "Mean test loss of the last evaluated round"),
     "mecsim_round_clients": ("gauge", "Clients in the last round by status"),
     "mecsim_clients_total": ("counter", "Client-rounds by status, summed over rounds"),
+    "mecsim_actor_failures_total": ("counter", "Ray actors (client hosts, edge server) that "
+                                               "died and were re-created from the last "
+                                               "checkpoint"),
+    "mecsim_checkpoint_bytes": ("gauge", "Size of the last checkpoint written"),
+    "mecsim_checkpoint_write_seconds": ("gauge", "Host seconds the last checkpoint took to "
+                                                 "write"),
     "mecsim_host_round_wall_seconds": ("gauge", "Host wall-clock seconds of the last round"),
     "mecsim_host_wall_seconds_total": ("counter", "Host wall-clock seconds spent in rounds"),
     "mecsim_channel_rate_bytes_per_second": ("histogram", "Per-client link rate drawn for "
@@ -97,6 +106,11 @@ def _finite(value: Any) -> bool:
         return math.isfinite(float(value))
     except (TypeError, ValueError):
         return False
+
+
+def _number(value: Any) -> float:
+    """A round-row value as a number for a counter (missing or NaN: 0)."""
+    return float(value) if _finite(value) else 0.0
 
 
 class MetricsExporter(RunObserver):
@@ -133,6 +147,9 @@ class MetricsExporter(RunObserver):
         self.test_loss = make("mecsim_test_loss")
         self.clients = make("mecsim_round_clients", ("status",))
         self.clients_total = make("mecsim_clients_total", ("status",))
+        self.actor_failures = make("mecsim_actor_failures_total")
+        self.checkpoint_bytes = make("mecsim_checkpoint_bytes")
+        self.checkpoint_seconds = make("mecsim_checkpoint_write_seconds")
         self.host_wall = make("mecsim_host_round_wall_seconds")
         self.host_total = make("mecsim_host_wall_seconds_total")
         self.rate = make("mecsim_channel_rate_bytes_per_second", ("direction",),
@@ -184,20 +201,49 @@ class MetricsExporter(RunObserver):
             self.flops.labels(**lab, side=side)
         for status in CLIENT_STATUSES:
             self.clients_total.labels(**lab, status=status)
+        self.actor_failures.labels(**lab)
+        self.checkpoint_bytes.labels(**lab)  # 0 until the first checkpoint
+        self.checkpoint_seconds.labels(**lab)
 
-    def on_round_end(self, info, row: dict[str, Any], client_rows, traces) -> None:
+    def on_run_resume(self, info: RunInfo, rounds: list[dict[str, Any]]) -> None:
+        """Counters continue from the finished rounds' sums (read back from the records),
+        so a resumed run's series go on where the killed run's stopped."""
+        self.on_run_start(info)
+        for row in rounds:
+            self._count(info, row)
+            self.actor_failures.labels(run=info.run_id, algorithm=row["algorithm"]).inc(
+                _number(row.get("faults")))
+
+    def _count(self, info, row: dict[str, Any]) -> None:
+        """The counters' increments of one round."""
         lab = {"run": info.run_id, "algorithm": row["algorithm"]}
         self.rounds.labels(**lab).inc()
-        self.round_time.labels(**lab).set(row["round_time_s"])
         self.emulated.labels(**lab).inc(row["round_time_s"])
         for phase, key in PHASES:
-            seconds = float(row.get(key, 0.0) or 0.0)
-            self.phase_time.labels(**lab, phase=phase).set(seconds)
-            self.phase_total.labels(**lab, phase=phase).inc(seconds)
+            self.phase_total.labels(**lab, phase=phase).inc(_number(row.get(key)))
         self.bytes.labels(**lab, direction="up").inc(row["bytes_up"])
         self.bytes.labels(**lab, direction="down").inc(row["bytes_down"])
         self.flops.labels(**lab, side="client").inc(row["client_gflops"] * 1e9)
         self.flops.labels(**lab, side="server").inc(row["server_gflops"] * 1e9)
+        for status in CLIENT_STATUSES:
+            self.clients_total.labels(**lab, status=status).inc(_number(row.get(status)))
+        self.host_total.labels(**lab).inc(row["host_wall_s"])
+
+    def on_fault(self, info, rnd: int, message: str) -> None:
+        self.actor_failures.labels(run=info.run_id,
+                                   algorithm=info.scenario.algorithm.name).inc()
+
+    def on_checkpoint(self, info, rounds_done: int, nbytes: int, seconds: float) -> None:
+        lab = {"run": info.run_id, "algorithm": info.scenario.algorithm.name}
+        self.checkpoint_bytes.labels(**lab).set(nbytes)
+        self.checkpoint_seconds.labels(**lab).set(seconds)
+
+    def on_round_end(self, info, row: dict[str, Any], client_rows, traces) -> None:
+        lab = {"run": info.run_id, "algorithm": row["algorithm"]}
+        self._count(info, row)
+        self.round_time.labels(**lab).set(row["round_time_s"])
+        for phase, key in PHASES:
+            self.phase_time.labels(**lab, phase=phase).set(_number(row.get(key)))
         self.server_rss.labels(**lab).set(row["server_rss_mb"] * MiB)
         self.client_peak.labels(**lab).set(row["client_peak_mb"] * MiB)
         for stat in ("mean", "min", "max"):
@@ -209,10 +255,8 @@ class MetricsExporter(RunObserver):
         if _finite(row.get("train_loss")):
             self.train_loss.labels(**lab).set(row["train_loss"])
         for status in CLIENT_STATUSES:
-            self.clients.labels(**lab, status=status).set(row[status])
-            self.clients_total.labels(**lab, status=status).inc(row[status])
+            self.clients.labels(**lab, status=status).set(_number(row.get(status)))
         self.host_wall.labels(**lab).set(row["host_wall_s"])
-        self.host_total.labels(**lab).inc(row["host_wall_s"])
         for c in client_rows:
             if not c.get("selected"):
                 continue
@@ -227,6 +271,9 @@ class MetricsExporter(RunObserver):
                                ("upload", "upload_s")):
                 if _finite(c.get(key)):
                     self.client_phase.labels(**lab, phase=phase).observe(float(c[key]))
+
+    def on_run_stopped(self, info, rounds, status, message) -> None:
+        self.close()
 
     def on_run_end(self, info, rounds) -> None:
         if self.linger_s > 0 and self._server is not None:

@@ -18,6 +18,7 @@ state are involved.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -46,7 +47,10 @@ def _figure(width: float = 7.0, height: float = 4.2) -> Figure:
 
 
 def _save(fig: Figure, path: Path) -> Path:
-    fig.savefig(path, format="png")
+    """Write the PNG to a temporary name and rename it: a killed run leaves no half file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    fig.savefig(tmp, format="png")
+    os.replace(tmp, path)
     return path
 
 
@@ -195,6 +199,24 @@ class PlotWriter(RunObserver):
         rows = [c for c in client_rows if c.get("accuracy") is not None]
         if rows:
             self._last_eval = rows
+
+    def on_run_resume(self, info: RunInfo, rounds: list[dict[str, Any]]) -> None:
+        """The last evaluated round's client rows, from the records of the rounds done."""
+        import pandas as pd
+
+        path = self.out_dir.parent / "clients.csv"
+        if not path.exists():
+            return
+        df = pd.read_csv(path)
+        if "accuracy" in df.columns:
+            evaluated = df[df["accuracy"].notna()]
+            if len(evaluated):
+                last = evaluated[evaluated["round"] == evaluated["round"].max()]
+                self._last_eval = last.to_dict("records")
+
+    def on_run_stopped(self, info: RunInfo, rounds: list[dict[str, Any]], status: str,
+                       message: str) -> None:
+        self.on_run_end(info, rounds)
 
     def on_run_end(self, info: RunInfo, rounds: list[dict[str, Any]]) -> None:
         if not rounds:

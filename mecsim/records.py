@@ -1,12 +1,17 @@
 """Run records in ``runs/<run-id>/``, written as each round ends.
 
 - ``scenario.yaml``: the resolved scenario (every default filled in);
-- ``rounds.csv`` / ``clients.csv``: one row per round / per client-round, appended and
-  fsync'ed at the end of every round, so a killed run keeps every finished round;
+- ``run.json``: the run's status (running, finished, interrupted, cancelled, failed),
+  rounds done and planned, model size, hosts, resumes and recovered faults;
+- ``rounds.csv`` / ``clients.csv``: one row per round / per client-round; the header is
+  fsync'ed when the run starts and the rows at the end of every round, so a killed run
+  keeps every finished round (``mecsim run --resume`` continues it);
 - ``optraces.jsonl``: one line per round with every client's op-trace and the server's
   aggregation FLOPs (what a replay needs);
-- at the end: ``rounds.parquet`` / ``clients.parquet`` (when ``outputs.table_format`` is
-  parquet) and ``summary.md`` with the tables.
+- at the end (also of an interrupted run): ``rounds.parquet`` / ``clients.parquet`` (when
+  ``outputs.table_format`` is parquet) and ``summary.md`` with the tables, each written
+  to a temporary name and renamed into place;
+- ``checkpoints/round-NNNNNN.pt``: see :mod:`mecsim.checkpoint`.
 """
 
 from __future__ import annotations
@@ -14,17 +19,30 @@ from __future__ import annotations
 import csv
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from mecsim.chaos import kill_point
+from mecsim.checkpoint import atomic_write_text
+from mecsim.runfolder import (
+    LOCK_NAME,
+    RunFolderError,
+    csv_header_ok,
+    read_meta,
+    rows_from_csv,
+    status_line,
+    write_meta,
+)
 from mecsim.runner import RunInfo, RunObserver
 from mecsim.scenario import resolved_yaml
 from mecsim.summary import markdown, summarise, target_lines
 
 ROUND_COLUMNS = [
     "run_id", "round", "algorithm", "selected", "completed", "dropped",
+    "dropped_deadline", "crashed", "dropped_out", "outage", "rejected", "faults",
     "round_time_s", "dl_time_s", "client_time_s", "ul_time_s", "server_time_s",
     "backhaul_time_s", "idle_time_s", "elapsed_s", "bytes_up", "bytes_down", "client_gflops",
     "server_gflops",
@@ -37,7 +55,7 @@ CHANNEL_COLUMNS = [
     "downlink_snr_db",
 ]
 CLIENT_COLUMNS = [
-    "run_id", "round", "client_id", "device", "edge_server", "selected", "completed",
+    "run_id", "round", "client_id", "device", "edge_server", "selected", "status", "completed",
     "start_s", "finish_s", "download_s", "compute_s", "upload_s", "server_compute_s",
     "bytes_up", "bytes_down", "gflops", "steps", "num_samples", "train_loss",
     "peak_memory_mb", "host_train_s", "accuracy", "test_loss", *CHANNEL_COLUMNS,
@@ -45,64 +63,158 @@ CLIENT_COLUMNS = [
 
 
 class _AppendCsv:
-    def __init__(self, path: Path, columns: list[str]) -> None:
+    """A CSV file whose header is on disk (fsync'ed) before any row, and whose rows are
+    fsync'ed as each round ends."""
+
+    def __init__(self, path: Path, columns: list[str], append: bool = False) -> None:
         self.path = path
-        self.file = path.open("w", newline="")
+        fresh = not append or not csv_header_ok(path)
+        if not fresh:
+            with path.open(newline="") as f:
+                header = next(csv.reader(f))
+            if header != columns:
+                raise RunFolderError(f"{path}: its columns differ from this mecsim's; the run "
+                                     "was written by another version and cannot be resumed")
+        self.file = path.open("w" if fresh else "a", newline="")
         self.writer = csv.DictWriter(self.file, fieldnames=columns, restval="")
-        self.writer.writeheader()
+        if fresh:
+            self.writer.writeheader()
+            self._sync()
+
+    def _sync(self) -> None:
+        self.file.flush()
+        os.fsync(self.file.fileno())
 
     def append(self, rows: list[dict[str, Any]]) -> None:
         self.writer.writerows(rows)
-        self.file.flush()
-        os.fsync(self.file.fileno())
+        self._sync()
 
     def close(self) -> None:
         self.file.close()
 
 
 class RecordsWriter(RunObserver):
+    """Writes a run's records; ``run.json`` follows its status round by round."""
+
     def __init__(self, out_dir: Path) -> None:
         self.out_dir = Path(out_dir)
         self.summary: dict[str, float] | None = None
+        self.meta: dict[str, Any] = {}
+        self._open = False
 
-    def on_run_start(self, info: RunInfo) -> None:
-        self.out_dir.mkdir(parents=True, exist_ok=False)
-        sc = info.scenario
-        (self.out_dir / "scenario.yaml").write_text(resolved_yaml(sc))
+    # -- start -----------------------------------------------------------------------
+    def _open_files(self, info: RunInfo, append: bool) -> None:
         from agents.algorithms import algorithm_classes
 
+        sc = info.scenario
         server_cls, _ = algorithm_classes(sc.algorithm.name)
         self.rounds = _AppendCsv(self.out_dir / "rounds.csv",
-                                 ROUND_COLUMNS + list(server_cls.round_metrics))
-        self.clients = _AppendCsv(self.out_dir / "clients.csv", CLIENT_COLUMNS)
-        self.traces = (self.out_dir / "optraces.jsonl").open("w") \
+                                 ROUND_COLUMNS + list(server_cls.round_metrics), append)
+        self.clients = _AppendCsv(self.out_dir / "clients.csv", CLIENT_COLUMNS, append)
+        self.traces = (self.out_dir / "optraces.jsonl").open("a" if append else "w") \
             if sc.outputs.save_optraces else None
-        meta = {"run_id": info.run_id, "num_params": info.num_params,
-                "model_bytes": info.model_nbytes, "step_memory_bytes": info.step_memory_bytes,
-                "step_flops": info.step_flops, "client_devices": info.client_devices,
-                **info.extra}
-        (self.out_dir / "run.json").write_text(json.dumps(meta, indent=1))
+        self._open = True
 
+    def _write_meta(self, **changes: Any) -> None:
+        self.meta.update(changes, updated_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        write_meta(self.out_dir, self.meta)
+
+    def on_run_start(self, info: RunInfo) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        if any(p.name != LOCK_NAME for p in self.out_dir.iterdir()):
+            raise FileExistsError(f"{self.out_dir}: not empty; records go to a new folder")
+        sc = info.scenario
+        atomic_write_text(self.out_dir / "scenario.yaml", resolved_yaml(sc))
+        self._open_files(info, append=False)
+        self.meta = {"run_id": info.run_id, "status": "running", "rounds_done": 0,
+                     "rounds_planned": sc.rounds, "pid": os.getpid(),
+                     "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                     "num_params": info.num_params,
+                     "model_bytes": info.model_nbytes, "step_memory_bytes": info.step_memory_bytes,
+                     "step_flops": info.step_flops, "client_devices": info.client_devices,
+                     "resumes": [], "faults": [], **info.extra}
+        self._write_meta()
+
+    def on_run_resume(self, info: RunInfo, rounds: list[dict[str, Any]]) -> None:
+        self._open_files(info, append=True)
+        self.meta = read_meta(self.out_dir) or {"run_id": info.run_id}
+        resumes = list(self.meta.get("resumes", [])) + [
+            {"from_round": len(rounds), "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+             "pid": os.getpid()}]
+        self.meta.pop("error", None)
+        self._write_meta(status="running", rounds_done=len(rounds), pid=os.getpid(),
+                         rounds_planned=info.scenario.rounds, resumes=resumes,
+                         hosts=info.extra.get("hosts"), backend=info.extra.get("backend"))
+
+    # -- each round ------------------------------------------------------------------
     def on_round_end(self, info, round_row, client_rows, traces) -> None:
         self.clients.append(client_rows)
         self.rounds.append([round_row])
         if self.traces is not None:
             self.traces.write(json.dumps(traces) + "\n")
             self.traces.flush()
+            os.fsync(self.traces.fileno())
+        self._write_meta(rounds_done=int(round_row["round"]) + 1)
 
-    def on_run_end(self, info: RunInfo, rounds: list[dict[str, Any]]) -> None:
-        self.rounds.close()
-        self.clients.close()
-        if self.traces is not None:
-            self.traces.close()
+    def on_checkpoint(self, info, rounds_done, nbytes, seconds) -> None:
+        self._write_meta(checkpoint={"rounds_done": rounds_done, "bytes": nbytes,
+                                     "seconds": round(seconds, 6)})
+
+    def on_fault(self, info, rnd, message) -> None:
+        faults = list(self.meta.get("faults", [])) + [{"round": rnd, "error": message}]
+        self._write_meta(faults=faults)
+
+    # -- end -------------------------------------------------------------------------
+    def _close(self) -> None:
+        if self._open:
+            self.rounds.close()
+            self.clients.close()
+            if self.traces is not None:
+                self.traces.close()
+            self._open = False
+
+    def _finish_files(self, info: RunInfo, status_text: str | None) -> None:
+        """Parquet copies and summary.md, from the records on disk (so a resumed run's
+        equal an uninterrupted one's), each written to a temporary name and renamed."""
+        from mecsim.replay import read_csv_exact
+
         if info.scenario.outputs.table_format == "parquet":
             for name in ("rounds", "clients"):
-                pd.read_csv(self.out_dir / f"{name}.csv").to_parquet(
-                    self.out_dir / f"{name}.parquet", index=False)
-        self.summary = summarise(rounds)
-        targets = target_lines(rounds, info.scenario.evaluation.target_accuracy)
-        (self.out_dir / "summary.md").write_text(
-            markdown(info.run_id, info.scenario.algorithm.name, self.summary, targets))
+                path = self.out_dir / f"{name}.parquet"
+                tmp = path.with_name(f".{path.name}.tmp")
+                read_csv_exact(self.out_dir / f"{name}.csv").to_parquet(tmp, index=False)
+                with tmp.open("rb") as f:
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+                kill_point("finish")
+        rows = rows_from_csv(self.out_dir / "rounds.csv")
+        if not rows:
+            return
+        self.summary = summarise(rows)
+        targets = target_lines(rows, info.scenario.evaluation.target_accuracy)
+        text = markdown(info.run_id, info.scenario.algorithm.name, self.summary, targets)
+        if status_text:
+            text = text.replace("\n\n", f"\n\n**Run {status_text}.**\n\n", 1)
+        atomic_write_text(self.out_dir / "summary.md", text)
+
+    def on_run_end(self, info: RunInfo, rounds: list[dict[str, Any]]) -> None:
+        self._close()
+        self._finish_files(info, None)
+        self._write_meta(status="finished", rounds_done=len(rounds))
+
+    def on_run_stopped(self, info: RunInfo, rounds: list[dict[str, Any]], status: str,
+                       message: str) -> None:
+        self._close()
+        if not self.meta:  # stopped before on_run_start wrote anything
+            return
+        done, planned = len(rounds), info.scenario.rounds
+        try:
+            self._finish_files(info, status_line(status, done, planned))
+        finally:
+            changes: dict[str, Any] = {"status": status, "rounds_done": done}
+            if message:
+                changes["error"] = message
+            self._write_meta(**changes)
 
 
 def read_rounds(run_dir: str | Path) -> pd.DataFrame:

@@ -16,9 +16,10 @@ files, Prometheus or progress bars.
 from __future__ import annotations
 
 import os
+import sys
 import time
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -28,13 +29,16 @@ from agents.algorithms import TrainConfig
 from agents.host import HostSetup
 from agents.models import build_model, get_flat, model_layout
 from agents.training import make_optimizer, measured_step
+from mecsim import faults
+from mecsim.chaos import kill_point
+from mecsim.checkpoint import Checkpoint, CheckpointStore, scenario_digest
 from mecsim.data import heterogeneity_dkl, load_dataset, partition
 from mecsim.devices import DeviceProfile
 from mecsim.engine import time_round
-from mecsim.execution import LocalExecutor, RayExecutor
+from mecsim.execution import ActorFailure, ExecutorState, LocalExecutor, RayExecutor
 from mecsim.network import NetworkModel, device_profiles
 from mecsim.ops import op_to_dict, trace_bytes
-from mecsim.scenario import Scenario
+from mecsim.scenario import Scenario, resolved_yaml
 
 MiB = 1024 * 1024
 
@@ -44,10 +48,28 @@ class RunObserver:
 
     def on_run_start(self, info: RunInfo) -> None: ...
 
+    def on_run_resume(self, info: RunInfo, rounds: list[dict[str, Any]]) -> None:
+        """A resumed run starts after ``rounds`` (its finished rounds, read back from its
+        records); by default the same as :meth:`on_run_start`."""
+        self.on_run_start(info)
+
     def on_round_end(self, info: RunInfo, round_row: dict[str, Any],
                      client_rows: list[dict[str, Any]], traces: dict[str, Any]) -> None: ...
 
-    def on_run_end(self, info: RunInfo, rounds: list[dict[str, Any]]) -> None: ...
+    def on_checkpoint(self, info: RunInfo, rounds_done: int, nbytes: int,
+                      seconds: float) -> None:
+        """A checkpoint after ``rounds_done`` rounds was written."""
+
+    def on_fault(self, info: RunInfo, rnd: int, message: str) -> None:
+        """An actor died in round ``rnd``; the run recovers from its last checkpoint."""
+
+    def on_run_end(self, info: RunInfo, rounds: list[dict[str, Any]]) -> None:
+        """Every planned round is done."""
+
+    def on_run_stopped(self, info: RunInfo, rounds: list[dict[str, Any]], status: str,
+                       message: str) -> None:
+        """The run stopped before its last round: ``status`` is ``interrupted`` (Ctrl-C,
+        SIGTERM), ``cancelled`` (asked to stop) or ``failed`` (``message`` says why)."""
 
 
 @dataclass
@@ -61,6 +83,7 @@ class RunInfo:
     step_flops: float
     client_devices: list[str]
     extra: dict[str, Any] = field(default_factory=dict)
+    resumed_from: int = 0  # rounds already done when this process started the run
 
 
 class ScenarioInfeasible(Exception):
@@ -73,6 +96,7 @@ class RunSetup:
     executor: Any
     network: NetworkModel
     server_profile: DeviceProfile
+    slowdown: np.ndarray  # per-client compute slow-down of emulated stragglers (1: none)
 
 
 def _step_cost(model: torch.nn.Module, in_shape, num_classes: int, train: TrainConfig):
@@ -142,7 +166,8 @@ def prepare(scenario: Scenario, run_id: str, out_dir, *, hosts: int | None = Non
                           # D-bar_KL of DC-PFL (Eq. 1-2) over the clients' train labels
                           "label_dkl": heterogeneity_dkl(parts.label_histograms(pools)[0])})
     network = NetworkModel(scenario, profiles)
-    return RunSetup(info, executor, network, profiles[scenario.devices.edge_server])
+    slowdown = faults.slowdown_factors(scenario.faults, seed, n)
+    return RunSetup(info, executor, network, profiles[scenario.devices.edge_server], slowdown)
 
 
 def _mean(values: list[float]) -> float:
@@ -151,21 +176,50 @@ def _mean(values: list[float]) -> float:
     return float(np.mean(finite)) if finite else float("nan")
 
 
+def _status(cid: int, completed: set[int], rejected: set[int], rf: faults.RoundFaults,
+            finish_s: float) -> str:
+    if cid in rf.outage or (cid not in completed and np.isinf(finish_s)):
+        return "outage"
+    if cid in rf.crash_at:
+        return "crashed"
+    if cid in rf.dropout:
+        return "dropped_out"
+    if cid not in completed:
+        return "dropped_deadline"
+    return "rejected_nonfinite" if cid in rejected else "completed"
+
+
 def run_round(rs: RunSetup, rnd: int, elapsed_s: float) -> tuple[dict, list[dict], dict]:
     """One round; returns (round row, client rows, op-traces record)."""
     sc = rs.info.scenario
     wall0 = time.perf_counter()
     selected, tasks = rs.executor.plan(rnd)
-    results = rs.executor.fit(rnd, tasks)
+    rf = faults.draw_round(sc.faults, sc.seed, rnd, selected)
+    # a client whose link is down all round cannot receive the model: it does not train
+    results = rs.executor.fit(rnd, [t for t in tasks if t.client_id not in rf.outage],
+                              frozenset(rf.crash_at))
     train_wall = time.perf_counter() - wall0
     traces = {r.client_id: r.trace for r in results}
+    for cid, at in rf.crash_at.items():
+        traces[cid] = faults.crash_trace(traces[cid], at)
+    for cid in rf.dropout:
+        traces[cid] = faults.dropout_trace(traces[cid])
+    for t in tasks:
+        if t.client_id in rf.outage:
+            traces[t.client_id] = faults.outage_trace(t.download_nbytes)
+    traces = {cid: traces[cid] for cid in sorted(traces)}
     specs, servers, net, channel_rows = rs.network.round(rnd, selected, elapsed_s)
+    specs = faults.apply_to_specs(specs, sc.faults, rs.slowdown, elapsed_s, rf.outage)
+    failed = set(rf.failed)
+    wait_for = faults.wait_for_count(sc.faults, len(selected))
 
-    timing = time_round(traces, specs, servers, net)
+    timing = time_round(traces, specs, servers, net, failed=failed, wait_for=wait_for)
     completed_ids = {c.client_id for c in timing.clients if c.completed}
     agg = rs.executor.aggregate(rnd, [r for r in results if r.client_id in completed_ids])
+    rejected = set(agg.rejected)
     aggregate_s = rs.server_profile.compute_time_s(agg.flops, 0)
-    timing = time_round(traces, specs, servers, net, aggregate_s=aggregate_s)
+    timing = time_round(traces, specs, servers, net, aggregate_s=aggregate_s, failed=failed,
+                        wait_for=wait_for)
 
     evals: dict[int, tuple[float, float]] = {}
     eval_extras: dict[int, dict[str, float]] = {}  # an algorithm's own per-client figures
@@ -180,33 +234,46 @@ def run_round(rs: RunSetup, rnd: int, elapsed_s: float) -> tuple[dict, list[dict
 
     by_id = {r.client_id: r for r in results}
     tl_by_id = {c.client_id: c for c in timing.clients}
+    statuses: dict[int, str] = {}
     client_rows: list[dict[str, Any]] = []
     for cid in sorted(set(selected) | set(evals)):
         row: dict[str, Any] = {"run_id": rs.info.run_id, "round": rnd, "client_id": cid,
                                "device": rs.info.client_devices[cid],
                                "edge_server": sc.edge_server_of(cid),
-                               "selected": cid in by_id}
-        if cid in by_id:
-            r, tl = by_id[cid], tl_by_id[cid]
-            up, down = trace_bytes(r.trace)
-            row.update(completed=tl.completed, start_s=tl.start_s, finish_s=tl.finish_s,
+                               "selected": cid in tl_by_id}
+        if cid in tl_by_id:
+            tl = tl_by_id[cid]
+            statuses[cid] = status = _status(cid, completed_ids, rejected, rf, tl.finish_s)
+            up, down = trace_bytes(traces[cid])
+            row.update(status=status, completed=status == "completed",
+                       start_s=tl.start_s, finish_s=tl.finish_s,
                        download_s=tl.download_s, compute_s=tl.compute_s,
                        upload_s=tl.upload_s, server_compute_s=tl.server_compute_s,
-                       bytes_up=up, bytes_down=down, gflops=r.flops / 1e9, steps=r.steps,
-                       num_samples=r.num_samples, train_loss=r.train_loss,
-                       peak_memory_mb=r.peak_memory_bytes / MiB, host_train_s=r.host_seconds)
+                       bytes_up=up, bytes_down=down)
+            if cid in by_id:
+                r = by_id[cid]
+                row.update(gflops=r.flops / 1e9, steps=r.steps,
+                           num_samples=r.num_samples, train_loss=r.train_loss,
+                           peak_memory_mb=r.peak_memory_bytes / MiB,
+                           host_train_s=r.host_seconds)
             row.update(channel_rows.get(cid, {}))
         if cid in evals:
             row["accuracy"], row["test_loss"] = evals[cid]
         client_rows.append(row)
 
+    def count(status: str) -> int:
+        return sum(s == status for s in statuses.values())
+
     accs = [a for a, _ in evals.values() if not np.isnan(a)]
-    up_total = sum(trace_bytes(r.trace)[0] for r in results)
-    down_total = sum(trace_bytes(r.trace)[1] for r in results)
+    up_total = sum(trace_bytes(t)[0] for t in traces.values())
+    down_total = sum(trace_bytes(t)[1] for t in traces.values())
     round_row = {
         "run_id": rs.info.run_id, "round": rnd, "algorithm": sc.algorithm.name,
-        "selected": len(selected), "completed": len(completed_ids),
-        "dropped": len(timing.dropped),
+        "selected": len(selected), "completed": count("completed"),
+        "dropped": len(selected) - count("completed"),
+        "dropped_deadline": count("dropped_deadline"), "crashed": count("crashed"),
+        "dropped_out": count("dropped_out"), "outage": count("outage"),
+        "rejected": count("rejected_nonfinite"), "faults": 0,
         "round_time_s": timing.round_time_s, "dl_time_s": timing.download_s,
         "client_time_s": timing.client_s, "ul_time_s": timing.upload_s,
         "server_time_s": timing.server_s, "backhaul_time_s": timing.backhaul_s,
@@ -232,33 +299,173 @@ def run_round(rs: RunSetup, rnd: int, elapsed_s: float) -> tuple[dict, list[dict
         "round": rnd, "aggregate_flops": agg.flops, "selected": list(selected),
         "clients": {str(cid): [op_to_dict(op) for op in tr] for cid, tr in traces.items()},
     }
+    if failed or rf.outage:  # what replay needs to re-time a faulted round the same way
+        trace_record["failed"] = {str(c): st for c, st in sorted(rf.failed.items())}
+        trace_record["outage"] = sorted(rf.outage)
     return round_row, client_rows, trace_record
 
 
+class RunFailed(Exception):
+    """The run cannot go on (e.g. its actors keep dying); its finished rounds are kept."""
+
+
+#: Actor deaths recovered from without a round finishing in between before giving up.
+MAX_RECOVERIES = 3
+
+_SAME_COLUMNS = ("selected", "completed", "bytes_up", "bytes_down", "client_gflops",
+                 "elapsed_s", "mean_accuracy", "train_loss")
+
+
+class _Loop:
+    """The rounds of one run, with checkpoints and recovery from actor deaths."""
+
+    def __init__(self, rs: RunSetup, observers, store: CheckpointStore | None,
+                 start: Checkpoint | None, prior_rows: list[dict[str, Any]],
+                 should_stop: Callable[[], bool] | None) -> None:
+        self.rs, self.observers, self.store = rs, list(observers), store
+        self.should_stop = should_stop
+        self.rows = list(prior_rows)
+        self.rnd = start.rounds_done if start else 0
+        self.elapsed_s = start.elapsed_s if start else 0.0
+        self.base = start  # the newest checkpoint of this history (None: the start)
+        sc = rs.info.scenario
+        self.every = sc.checkpoint.every if store is not None else 0
+
+    def _emit(self, name: str, *args: Any) -> None:
+        for obs in self.observers:
+            getattr(obs, name)(self.rs.info, *args)
+
+    def _checkpoint(self) -> None:
+        st = self.rs.executor.state()
+        ckpt = Checkpoint(self.rnd, self.elapsed_s, st.server, st.clients, st.costs)
+        assert self.store is not None
+        path = self.store.save(ckpt)
+        self.base = Checkpoint(ckpt.rounds_done, ckpt.elapsed_s, None, {}, None, path)
+        self._emit("on_checkpoint", self.rnd, self.store.last_bytes, self.store.last_seconds)
+
+    def _recover(self, failure: ActorFailure) -> None:
+        """New actors, restored from the newest checkpoint (or the run's start); the
+        rounds after it are re-executed without being recorded again."""
+        rs = self.rs
+        rs.executor.restart()
+        target = self.rnd
+        if self.base is not None:
+            ckpt = self.store.load(self.base.path) if self.base.path is not None else self.base
+            rs.executor.load_state(ExecutorState(ckpt.server, ckpt.clients, ckpt.costs))
+            redo, elapsed = ckpt.rounds_done, ckpt.elapsed_s
+        else:
+            redo, elapsed = 0, 0.0
+        for r in range(redo, target):
+            row, _, _ = run_round(rs, r, elapsed)
+            elapsed = row["elapsed_s"]
+            recorded = self.rows[r] if r < len(self.rows) else None
+            if recorded is not None and any(
+                    not _same(row[k], recorded.get(k)) for k in _SAME_COLUMNS):
+                print(f"mecsim: warning: round {r + 1}, re-executed after an actor died, "
+                      "differs from its record", file=sys.stderr)
+        self.elapsed_s = elapsed
+
+    def run(self) -> str:
+        """Run the remaining rounds; returns ``finished`` or ``cancelled``."""
+        sc = self.rs.info.scenario
+        faults_in_round, recoveries = 0, 0
+        while self.rnd < sc.rounds:
+            kill_point(f"round-start:{self.rnd}")
+            try:
+                row, client_rows, traces = run_round(self.rs, self.rnd, self.elapsed_s)
+            except ActorFailure as exc:
+                faults_in_round, recoveries = faults_in_round + 1, recoveries + 1
+                self._emit("on_fault", self.rnd, str(exc))
+                if recoveries > MAX_RECOVERIES:
+                    raise RunFailed(f"actors died {recoveries} times without a round "
+                                    f"finishing in between (last: {exc})") from exc
+                self._recover(exc)
+                continue
+            row["faults"] = faults_in_round
+            faults_in_round = recoveries = 0
+            self.rows.append(row)
+            self.elapsed_s = row["elapsed_s"]
+            self.rnd += 1
+            self._emit("on_round_end", row, client_rows, traces)
+            kill_point(f"round-end:{self.rnd - 1}")
+            if self.every and (self.rnd % self.every == 0 or self.rnd == sc.rounds):
+                while True:
+                    try:
+                        self._checkpoint()
+                        break
+                    except ActorFailure as exc:
+                        recoveries += 1
+                        self._emit("on_fault", self.rnd - 1, str(exc))
+                        if recoveries > MAX_RECOVERIES:
+                            raise RunFailed(f"actors died {recoveries} times while "
+                                            f"checkpointing (last: {exc})") from exc
+                        self._recover(exc)
+            if self.should_stop is not None and self.rnd < sc.rounds and self.should_stop():
+                return "cancelled"
+        return "finished"
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        fa, fb = float(a), float(b)
+    except (TypeError, ValueError):
+        return a == b
+    return fa == fb or (np.isnan(fa) and np.isnan(fb))
+
+
+@dataclass
+class ResumePoint:
+    """Where a run continues: its newest usable checkpoint (None: from the start) and the
+    round rows already recorded up to it."""
+
+    checkpoint: Checkpoint | None
+    rows: list[dict[str, Any]]
+
+
 def run(scenario: Scenario, run_id: str, out_dir=None, observers: list[RunObserver] = (),
-        *, should_stop: Callable[[], bool] | None = None,
+        *, should_stop: Callable[[], bool] | None = None, resume: ResumePoint | None = None,
         **prepare_kwargs) -> list[dict[str, Any]]:
     """Run every round of ``scenario``; returns the round rows.
 
-    ``should_stop`` is asked after every round; when it returns True the run stops there,
-    keeping the rounds done (a service cancelling a running run uses it).
+    With ``out_dir``, a checkpoint is written after every ``checkpoint.every`` rounds
+    (and after the last) to ``out_dir/checkpoints``. ``resume`` continues a run from
+    its checkpoint (see :mod:`mecsim.runfolder`). ``should_stop`` is asked after every
+    round; when it returns True the run stops there, keeping the rounds done (a service
+    cancelling a running run uses it). A Ray actor that dies is re-created and restored
+    from the last checkpoint, and the round re-executed (``faults`` column).
+
+    Observers hear how the run ends: ``on_run_end`` when every round is done,
+    ``on_run_stopped`` otherwise (then the exception, if any, propagates).
     """
     rs = prepare(scenario, run_id, out_dir, **prepare_kwargs)
-    rows: list[dict[str, Any]] = []
+    store = None
+    if out_dir is not None and scenario.checkpoint.every > 0:
+        store = CheckpointStore(out_dir, run_id, scenario_digest(resolved_yaml(scenario)),
+                                scenario.checkpoint.keep)
+    start = resume.checkpoint if resume else None
+    loop = _Loop(rs, observers, store, start, resume.rows if resume else [], should_stop)
     try:
-        for obs in observers:
-            obs.on_run_start(rs.info)
-        elapsed = 0.0
-        for rnd in range(scenario.rounds):
-            row, client_rows, traces = run_round(rs, rnd, elapsed)
-            elapsed = row["elapsed_s"]
-            rows.append(row)
-            for obs in observers:
-                obs.on_round_end(rs.info, row, client_rows, traces)
-            if should_stop is not None and should_stop() and rnd + 1 < scenario.rounds:
-                break
-        for obs in observers:
-            obs.on_run_end(rs.info, rows)
+        if start is not None:
+            rs.executor.load_state(ExecutorState(start.server, start.clients, start.costs))
+        rs.info.resumed_from = loop.rnd
+        if resume is not None:
+            loop._emit("on_run_resume", list(loop.rows))
+        else:
+            loop._emit("on_run_start")
+        status = loop.run()
+    except BaseException as exc:
+        status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+        message = "" if status == "interrupted" else f"{type(exc).__name__}: {exc}"
+        try:
+            loop._emit("on_run_stopped", loop.rows, status, message)
+        finally:
+            rs.executor.close()
+        raise
+    try:
+        if status == "finished":
+            loop._emit("on_run_end", loop.rows)
+        else:
+            loop._emit("on_run_stopped", loop.rows, status, "")
     finally:
         rs.executor.close()
-    return rows
+    return loop.rows

@@ -263,6 +263,60 @@ class ExecutionConfig(_Strict):
     ray_address: str | None = Field(None, description="attach to an existing Ray cluster")
 
 
+class CheckpointConfig(_Strict):
+    every: int = Field(1, ge=0, description="checkpoint after every N rounds (and after the "
+                       "last); 0: never (a killed run then resumes from its start)")
+    keep: int = Field(2, ge=1, description="how many of the newest checkpoints to keep")
+
+
+Probability = Annotated[float, Field(ge=0, le=1)]
+
+
+class StragglerConfig(_Strict):
+    fraction: Probability = Field(0.0, description="share of the clients that straggle "
+                                  "(drawn once per run)")
+    slowdown: Range = Field((2.0, 4.0), description="compute slow-down factor (>= 1) of a "
+                            "straggler, uniform in [lo, hi], drawn once per straggler")
+
+    @field_validator("slowdown")
+    @classmethod
+    def _at_least_one(cls, v: Range) -> Range:
+        lo, hi = (v, v) if isinstance(v, (int, float)) else v
+        if not (1.0 <= lo <= hi < float("inf")):
+            raise ValueError("slowdown factors must be finite, >= 1 and [lo, hi] ascending")
+        return v
+
+
+class LinkOutage(_Strict):
+    start_s: float = Field(ge=0, description="emulated seconds since the run started")
+    duration_s: PositiveFloat
+    clients: Literal["all"] | list[Annotated[int, Field(ge=0)]] = "all"
+    direction: Literal["both", "uplink", "downlink"] = "both"
+
+
+class EdgeServerOutage(_Strict):
+    edge_server: int = Field(ge=0)
+    start_s: float = Field(ge=0, description="emulated seconds since the run started")
+    duration_s: PositiveFloat
+
+
+class FaultsConfig(_Strict):
+    """Emulated faults, drawn from the scenario seed (see docs/reliability.md)."""
+
+    crash_prob: Probability = Field(0.0, description="per client-round: the device crashes "
+                                    "during local training; its work is lost")
+    dropout_prob: Probability = Field(0.0, description="per client-round: the client trains, "
+                                      "then leaves before uploading")
+    outage_prob: Probability = Field(0.0, description="per client-round: the client's link is "
+                                     "down for the whole round")
+    straggler: StragglerConfig | None = None
+    link_outages: list[LinkOutage] = Field(default_factory=list)
+    edge_server_outages: list[EdgeServerOutage] = Field(default_factory=list)
+    wait_for_fraction: Fraction = Field(1.0, description="aggregate once this fraction of "
+                                        "the selected clients has delivered (MTFL step 5); "
+                                        "later ones are dropped")
+
+
 class Scenario(_Strict):
     """A complete mecsim scenario. Every field has a default except where noted."""
 
@@ -283,6 +337,31 @@ class Scenario(_Strict):
     outputs: OutputsConfig = Field(default_factory=OutputsConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     execution: ExecutionConfig = Field(default_factory=ExecutionConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    faults: FaultsConfig | None = Field(None, description="emulated faults; null: none")
+
+    @model_validator(mode="after")
+    def _faults_fit(self) -> Scenario:
+        f = self.faults
+        if f is None:
+            return self
+        for i, o in enumerate(f.edge_server_outages):
+            if o.edge_server >= self.topology.edge_servers:
+                raise ValueError(f"faults.edge_server_outages.{i}.edge_server: no edge server "
+                                 f"{o.edge_server} (topology.edge_servers is "
+                                 f"{self.topology.edge_servers})")
+        for i, o in enumerate(f.link_outages):
+            if o.clients != "all" and any(c >= self.topology.clients for c in o.clients):
+                raise ValueError(f"faults.link_outages.{i}.clients: client ids must be below "
+                                 f"topology.clients ({self.topology.clients})")
+        if f.link_outages or f.edge_server_outages:
+            from mecsim.network import shared_media
+
+            if any(shared_media(self.channel)):
+                raise ValueError("faults: outage intervals need dedicated links; this "
+                                 "channel shares a medium (a shared medium's rate cannot "
+                                 "vary in time yet)")
+        return self
 
     @model_validator(mode="after")
     def _device_groups_fit(self) -> Scenario:

@@ -128,6 +128,25 @@ class ServerAlgorithm:
         # client -> edge server; the run loop sets the scenario's topology after construction
         self.edge_server_of: dict[int, int] = dict.fromkeys(self.client_samples, 0)
 
+    #: attributes set from the construction arguments (the scenario): not checkpointed
+    static_attributes: ClassVar[tuple[str, ...]] = (
+        "layout", "params", "client_samples", "fraction", "edge_server_of")
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything the server keeps between rounds, for a checkpoint.
+
+        By default every attribute but :attr:`static_attributes` (an algorithm's state is
+        its attributes: arrays, numbers, dicts, lists, small dataclasses; see
+        :mod:`agents.state`). Override both methods if an algorithm holds anything else.
+        """
+        return {k: v for k, v in vars(self).items() if k not in self.static_attributes}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned (on an instance built from the same
+        scenario)."""
+        for key, value in state.items():
+            setattr(self, key, value)
+
     def select(self, rnd: int, rng: np.random.Generator) -> list[int]:
         """Uniform sampling without replacement of max(1, round(fraction * N)) clients."""
         ids = np.array(sorted(self.client_samples))
