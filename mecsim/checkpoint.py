@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from mecsim.interrupts import atomic_section
+
 FORMAT_VERSION = 1
 _NAME = re.compile(r"^round-(\d{6,})\.pt$")
 
@@ -58,12 +60,13 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so that ``path`` is either the old file or the new one."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    with atomic_section():
+        with tmp.open("wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -94,15 +97,16 @@ class CheckpointStore:
                    "server": ckpt.server, "clients": ckpt.clients, "costs": ckpt.costs}
         path = self.path(ckpt.rounds_done)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with tmp.open("wb") as f:
-            torch.save(payload, f)
-            f.flush()
-            os.fsync(f.fileno())
-        self.last_bytes = tmp.stat().st_size
-        os.replace(tmp, path)
-        fsync_dir(self.dir)
-        for old in self.all()[:-self.keep]:
-            old.unlink(missing_ok=True)
+        with atomic_section():
+            with tmp.open("wb") as f:
+                torch.save(payload, f)
+                f.flush()
+                os.fsync(f.fileno())
+            self.last_bytes = tmp.stat().st_size
+            os.replace(tmp, path)
+            fsync_dir(self.dir)
+            for old in self.all()[:-self.keep]:
+                old.unlink(missing_ok=True)
         self.last_seconds = time.perf_counter() - start
         return path
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import signal
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
+from mecsim import interrupts
+from mecsim.interrupts import Terminated
 from mecsim.scenario import (
     Scenario,
     ScenarioError,
@@ -127,14 +128,6 @@ def _run_id(scenario: Scenario) -> str:
     return scenario.outputs.run_id or f"{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, handled like Ctrl-C: the finished rounds are kept, exit 143."""
-
-
-def _on_sigterm(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
-    raise Terminated()
-
-
 def _error(console: Console, text: str) -> None:
     """One error line on stderr, printed literally (paths may hold rich markup)."""
     print(f"error: {text}", file=sys.stderr)
@@ -206,7 +199,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
                 else f"{scenario.rounds} rounds")
         console.print(Text(f"mecsim {scenario.name}: {scenario.algorithm.name}, "
                            f"{scenario.topology.clients} clients, {what} -> {out_dir}"))
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    restore_signals = interrupts.install()
     rows: list = []
     try:
         rows = run(scenario, run_id, out_dir, observers, hosts=args.hosts,
@@ -243,7 +236,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
               f". Resume with: mecsim run --resume {out_dir}", file=sys.stderr)
         return 1
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        restore_signals()
         if progress:
             progress.close()
         if exporter:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
-from rich.text import Text
 
 from mecsim.runner import RunInfo, RunObserver
 from mecsim.summary import summarise, table_rows
@@ -30,8 +30,8 @@ class ProgressBar(RunObserver):
                                            completed=info.resumed_from)
 
     def _warn(self, text: str) -> None:
-        # user text is printed literally (no rich markup in ids or messages)
-        self.console.print(Text("warning: ", style="yellow") + Text(text))
+        # on stderr, literally (no rich markup); the live bar shows it above itself
+        print(f"warning: {text}", file=sys.stderr)
 
     def on_round_end(self, info, row: dict[str, Any], client_rows, traces) -> None:
         rejected = int(row.get("rejected", 0) or 0)

@@ -27,6 +27,7 @@ import pandas as pd
 
 from mecsim.chaos import kill_point
 from mecsim.checkpoint import atomic_write_text
+from mecsim.interrupts import atomic_section
 from mecsim.runfolder import (
     LOCK_NAME,
     RunFolderError,
@@ -148,13 +149,14 @@ class RecordsWriter(RunObserver):
 
     # -- each round ------------------------------------------------------------------
     def on_round_end(self, info, round_row, client_rows, traces) -> None:
-        self.clients.append(client_rows)
-        self.rounds.append([round_row])
-        if self.traces is not None:
-            self.traces.write(json.dumps(traces) + "\n")
-            self.traces.flush()
-            os.fsync(self.traces.fileno())
-        self._write_meta(rounds_done=int(round_row["round"]) + 1)
+        with atomic_section():  # an interrupt waits until the round is on disk
+            self.clients.append(client_rows)
+            self.rounds.append([round_row])
+            if self.traces is not None:
+                self.traces.write(json.dumps(traces) + "\n")
+                self.traces.flush()
+                os.fsync(self.traces.fileno())
+            self._write_meta(rounds_done=int(round_row["round"]) + 1)
 
     def on_checkpoint(self, info, rounds_done, nbytes, seconds) -> None:
         self._write_meta(checkpoint={"rounds_done": rounds_done, "bytes": nbytes,
@@ -182,10 +184,11 @@ class RecordsWriter(RunObserver):
             for name in ("rounds", "clients"):
                 path = self.out_dir / f"{name}.parquet"
                 tmp = path.with_name(f".{path.name}.tmp")
-                read_csv_exact(self.out_dir / f"{name}.csv").to_parquet(tmp, index=False)
-                with tmp.open("rb") as f:
-                    os.fsync(f.fileno())
-                os.replace(tmp, path)
+                with atomic_section():
+                    read_csv_exact(self.out_dir / f"{name}.csv").to_parquet(tmp, index=False)
+                    with tmp.open("rb") as f:
+                        os.fsync(f.fileno())
+                    os.replace(tmp, path)
                 kill_point("finish")
         rows = rows_from_csv(self.out_dir / "rounds.csv")
         if not rows:

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from mecsim import faults
 from mecsim.engine import time_round
 from mecsim.network import NetworkModel, device_profiles
 from mecsim.ops import OpTrace, op_from_dict, trace_bytes
@@ -74,6 +75,8 @@ class RecordedRound:
     aggregate_flops: float
     bytes_up: int
     bytes_down: int
+    failed: dict[int, str] = field(default_factory=dict)  # emulated crashes, drop-outs
+    outage: frozenset[int] = frozenset()  # clients whose link was down all round
 
 
 @dataclass(frozen=True)
@@ -165,7 +168,13 @@ def load_run(run_dir: str | Path) -> RecordedRun:
 
     rounds_df = rounds_df.set_index("round").sort_index()
     sel = clients_df[_true(clients_df["selected"])]
-    dropped_by_round = sel[~_true(sel["completed"])].groupby("round")["client_id"]
+    # dropped by the timing (deadline, crash, outage...); an update rejected for NaN/inf
+    # arrived in time, so replay counts it as the engine does
+    if "status" in sel.columns:
+        not_timed_in = ~sel["status"].astype(str).isin(["completed", "rejected_nonfinite"])
+    else:
+        not_timed_in = ~_true(sel["completed"])
+    dropped_by_round = sel[not_timed_in].groupby("round")["client_id"]
     dropped = {int(r): frozenset(int(c) for c in ids) for r, ids in dropped_by_round}
     finish = {int(r): dict(zip(g["client_id"].astype(int), g["finish_s"].astype(float),
                                strict=True))
@@ -180,7 +189,10 @@ def load_run(run_dir: str | Path) -> RecordedRun:
             traces = {int(cid): traces[int(cid)] for cid in rec["selected"]}
         up = sum(trace_bytes(t)[0] for t in traces.values())
         down = sum(trace_bytes(t)[1] for t in traces.values())
-        rounds.append(RecordedRound(r, traces, float(rec["aggregate_flops"]), up, down))
+        failed = {int(c): str(st) for c, st in rec.get("failed", {}).items()}
+        outage = frozenset(int(c) for c in rec.get("outage", []))
+        rounds.append(RecordedRound(r, traces, float(rec["aggregate_flops"]), up, down,
+                                    failed, outage))
     meta_path = run_dir / "run.json"
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
     step_mem = meta.get("step_memory_bytes")
@@ -260,12 +272,18 @@ def retime(run: RecordedRun, scenario: Scenario) -> _Timed:
     server = profiles[scenario.devices.edge_server]
     rows, dropped, finish = [], [], []
     elapsed_s = 0.0
+    slowdown = faults.slowdown_factors(scenario.faults, scenario.seed, scenario.topology.clients)
     for rec in run.rounds:
         selected = list(rec.traces)
         specs, servers, net, _ = network.round(rec.round, selected, elapsed_s,
                                                records=False)
+        # the run's emulated faults: its stragglers and link outages are the scenario's,
+        # its crashes and drop-outs are what the records say
+        specs = faults.apply_to_specs(specs, scenario.faults, slowdown, elapsed_s, rec.outage)
         aggregate_s = server.compute_time_s(rec.aggregate_flops, 0)
-        t = time_round(rec.traces, specs, servers, net, aggregate_s=aggregate_s)
+        t = time_round(rec.traces, specs, servers, net, aggregate_s=aggregate_s,
+                       failed=set(rec.failed),
+                       wait_for=faults.wait_for_count(scenario.faults, len(selected)))
         elapsed_s = elapsed_s + t.round_time_s
         rows.append({
             "round": rec.round, "selected": len(selected),

@@ -81,6 +81,19 @@ def add_report_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
+def _rounds_text(r) -> str:
+    """``12 rounds``, or ``interrupted after 6 of 12 rounds`` for a run that stopped."""
+    from mecsim.runfolder import run_status, status_line
+
+    st = run_status(r.path)
+    done = len(r.rounds)
+    if st["status"] in ("interrupted", "cancelled", "failed", "running"):
+        return status_line(st["status"], done, r.planned_rounds or st["rounds_planned"])
+    if r.planned_rounds and r.planned_rounds != done:
+        return f"{done} rounds of {r.planned_rounds}"
+    return f"{done} rounds"
+
+
 def cmd_report(args: argparse.Namespace, console=None) -> int:
     from mecsim.tables import ReportError, build_tables, label_runs, load_run
 
@@ -110,9 +123,7 @@ def cmd_report(args: argparse.Namespace, console=None) -> int:
     text = tables.markdown()
     out.mkdir(parents=True, exist_ok=True)
     header = "# mecsim report\n\nRuns: " + ", ".join(
-        f"`{r.path}` ({r.algorithm}, {len(r.rounds)} rounds"
-        + (f" of {r.planned_rounds}" if r.planned_rounds and r.planned_rounds != len(r.rounds)
-           else "") + ")" for r in runs) + "\n\n"
+        f"`{r.path}` ({r.algorithm}, {_rounds_text(r)})" for r in runs) + "\n\n"
     (out / "tables.md").write_text(header + text)
     written = tables.write_csv(out)
     if not args.no_plots:

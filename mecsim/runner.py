@@ -37,7 +37,7 @@ from mecsim.devices import DeviceProfile
 from mecsim.engine import time_round
 from mecsim.execution import ActorFailure, ExecutorState, LocalExecutor, RayExecutor
 from mecsim.network import NetworkModel, device_profiles
-from mecsim.ops import op_to_dict, trace_bytes
+from mecsim.ops import Compute, op_to_dict, trace_bytes, trace_flops
 from mecsim.scenario import Scenario, resolved_yaml
 
 MiB = 1024 * 1024
@@ -252,7 +252,11 @@ def run_round(rs: RunSetup, rnd: int, elapsed_s: float) -> tuple[dict, list[dict
                        bytes_up=up, bytes_down=down)
             if cid in by_id:
                 r = by_id[cid]
-                row.update(gflops=r.flops / 1e9, steps=r.steps,
+                flops, steps = r.flops, r.steps
+                if cid in rf.crash_at:  # the device did only the part before its crash
+                    flops = trace_flops(traces[cid])[0]
+                    steps = sum(op.batches for op in traces[cid] if isinstance(op, Compute))
+                row.update(gflops=flops / 1e9, steps=steps,
                            num_samples=r.num_samples, train_loss=r.train_loss,
                            peak_memory_mb=r.peak_memory_bytes / MiB,
                            host_train_s=r.host_seconds)
@@ -280,7 +284,8 @@ def run_round(rs: RunSetup, rnd: int, elapsed_s: float) -> tuple[dict, list[dict
         "idle_time_s": timing.idle_s,
         "elapsed_s": elapsed_s + timing.round_time_s,
         "bytes_up": up_total, "bytes_down": down_total,
-        "client_gflops": sum(r.flops for r in results) / 1e9,
+        "client_gflops": sum(trace_flops(traces[r.client_id])[0] if r.client_id in rf.crash_at
+                             else r.flops for r in results) / 1e9,
         "server_gflops": agg.flops / 1e9,
         "server_rss_mb": agg.rss_bytes / MiB,
         "client_peak_mb": max((r.peak_memory_bytes for r in results), default=0) / MiB,
@@ -394,7 +399,8 @@ class _Loop:
                         self._checkpoint()
                         break
                     except ActorFailure as exc:
-                        recoveries += 1
+                        # counted in the next round's row (this one's is written)
+                        faults_in_round, recoveries = faults_in_round + 1, recoveries + 1
                         self._emit("on_fault", self.rnd - 1, str(exc))
                         if recoveries > MAX_RECOVERIES:
                             raise RunFailed(f"actors died {recoveries} times while "

@@ -1,0 +1,324 @@
+"""Resuming an interrupted run gives the records of an uninterrupted one, value for value.
+
+In-process for every registered algorithm (an observer stops the run after a round's
+records are written and before its checkpoint, the worst moment); in a subprocess with a
+real SIGKILL at three points (during round 0, mid-run, while the final files are being
+written) and with SIGTERM, for FedAvg and for MTFL with FedAvg-Adam (private patches,
+client and server Adam moments).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import tiny
+
+from agents.algorithms import ALGORITHMS
+from mecsim.checkpoint import CheckpointStore
+from mecsim.records import RecordsWriter
+from mecsim.replay import read_csv_exact
+from mecsim.runfolder import RunFolderError, prepare_resume, run_status
+from mecsim.runner import RunObserver, run
+
+# columns that measure this machine, not the emulated testbed
+HOST_COLUMNS = {"host_wall_s", "host_train_wall_s", "host_aggregate_s", "server_rss_mb",
+                "host_train_s"}
+
+
+def is_host_column(name: str) -> bool:
+    """Columns measured on this machine (wall time, RSS), e.g. ``kapc_plan_host_s``."""
+    return name in HOST_COLUMNS or "host" in name.split("_")
+
+
+class SimulatedKill(BaseException):
+    """Stands for a kill: not an Exception, so nothing in the run loop swallows it."""
+
+
+class StopAfter(RunObserver):
+    """Raises SimulatedKill at the end of round ``rnd`` (after its records are written,
+    before its checkpoint)."""
+
+    def __init__(self, rnd: int) -> None:
+        self.rnd = rnd
+
+    def on_round_end(self, info, row, client_rows, traces) -> None:
+        if row["round"] == self.rnd:
+            raise SimulatedKill()
+
+
+def assert_same_records(a: Path, b: Path, ignore: tuple[str, ...] = ()) -> None:
+    """rounds.*, clients.*, optraces.jsonl equal except host columns (and ``ignore``);
+    summary.md equal except its host-time and server-memory figures."""
+    for name in ("rounds", "clients"):
+        x, y = read_csv_exact(a / f"{name}.csv"), read_csv_exact(b / f"{name}.csv")
+        assert list(x.columns) == list(y.columns)
+        cols = [c for c in x.columns
+                if not is_host_column(c) and c != "run_id" and c not in ignore]
+        pd.testing.assert_frame_equal(x[cols], y[cols], check_exact=True)
+        if (a / f"{name}.parquet").exists() or (b / f"{name}.parquet").exists():
+            px, py = pd.read_parquet(a / f"{name}.parquet"), pd.read_parquet(b / f"{name}.parquet")
+            pd.testing.assert_frame_equal(px[cols], py[cols], check_exact=True)
+    assert (a / "optraces.jsonl").read_text() == (b / "optraces.jsonl").read_text()
+    assert _masked_summary((a / "summary.md").read_text()) == \
+        _masked_summary((b / "summary.md").read_text())
+
+
+def _masked_summary(text: str) -> list[str]:
+    """summary.md without the figures that measure this machine: host seconds per round,
+    and the Server mem (MB) cell of the table whose header names it."""
+    text = re.sub(r"[0-9.]+ host seconds per round", "H host seconds per round", text)
+    lines = re.sub(r"^# Run .*$", "# Run ID", text, flags=re.M).splitlines()
+    for i, line in enumerate(lines):
+        if "Server mem (MB)" in line:
+            col = line.split("|").index(" Server mem (MB) ")
+            cells = lines[i + 2].split("|")
+            cells[col] = " M "
+            lines[i + 2] = "|".join(cells)
+    return lines
+
+
+def _algorithm_scenario(name: str, rounds: int):
+    extra: dict = {}
+    params: dict = {}
+    if name in ("phsfl", "hsfl"):
+        extra = dict(model={"name": "phsfl_cnn"}, topology={"clients": 4, "edge_servers": 2})
+        params = {"edge_rounds": 2, "finetune_steps": 2, "batches_per_epoch": 2}
+    elif name == "mtfl":
+        params = {"strategy": "fedavg_adam"}
+        extra = dict(training={"optimizer": "adam", "lr": 0.001, "batch_size": 16})
+    elif name.startswith("dcpfl"):
+        from test_dcpfl import E2E, FAST
+
+        params = dict(FAST) if name != "dcpfl_nodc" else {
+            k: v for k, v in FAST.items() if k != "gamma_step"}
+        extra = dict(E2E)
+    elif name == "kmeans_cluster":
+        params = {"warmup_rounds": 2, "clusters": 2}
+    elif name == "kapc_bls":
+        params = {"mu": 0.3}
+    elif name == "perfedavg":
+        extra = dict(evaluation={"every": 1, "clients": "all"})
+    return tiny(rounds=rounds, algorithm={"name": name, "params": params}, **extra)
+
+
+def _interrupted_then_resumed(sc, tmp_path: Path, stop_at: int, hosts=(2, 2)) -> Path:
+    out = tmp_path / "resumed" / "r"
+    with pytest.raises(SimulatedKill):
+        run(sc, "r", out, [RecordsWriter(out), StopAfter(stop_at)], hosts=hosts[0])
+    assert json.loads((out / "run.json").read_text())["status"] == "failed"
+    target = prepare_resume(out)
+    try:
+        # cut back to the checkpoint before the stopped round
+        assert target.rounds_done == stop_at
+        assert len(pd.read_csv(out / "rounds.csv")) == stop_at
+        run(target.scenario, target.run_id, out, [RecordsWriter(out)], hosts=hosts[1],
+            resume=target.point)
+    finally:
+        target.lock.release()
+    assert json.loads((out / "run.json").read_text())["status"] == "finished"
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_every_algorithm_resumes_exactly(name: str, tmp_path: Path) -> None:
+    rounds = 11 if name.startswith("dcpfl") else 5
+    stop_at = 7 if name.startswith("dcpfl") else 2
+    sc = _algorithm_scenario(name, rounds)
+    full = tmp_path / "full" / "r"
+    run(sc, "r", full, [RecordsWriter(full)])
+    out = _interrupted_then_resumed(sc, tmp_path, stop_at)
+    assert_same_records(full, out)
+
+
+def test_resume_with_another_number_of_hosts(tmp_path: Path) -> None:
+    # client state is checkpointed per client, so the hosts may be re-arranged
+    sc = _algorithm_scenario("kapc_bls", 4)
+    full = tmp_path / "full" / "r"
+    run(sc, "r", full, [RecordsWriter(full)], hosts=2)
+    out = _interrupted_then_resumed(sc, tmp_path, 1, hosts=(2, 3))
+    assert_same_records(full, out)
+
+
+def test_a_finished_or_busy_folder_is_not_resumed(tmp_path: Path) -> None:
+    out = tmp_path / "r"
+    run(tiny(rounds=1), "r", out, [RecordsWriter(out)])
+    with pytest.raises(RunFolderError, match="finished"):
+        prepare_resume(out)
+    meta = json.loads((out / "run.json").read_text())
+    (out / "run.json").write_text(json.dumps({**meta, "status": "running"}))
+    target = prepare_resume(out)  # a "running" run nobody holds: it was killed
+    try:
+        with pytest.raises(RunFolderError, match="in use"):
+            prepare_resume(out)
+    finally:
+        target.lock.release()
+    with pytest.raises(RunFolderError, match="not a run folder"):
+        prepare_resume(tmp_path)
+
+
+def test_an_unreadable_newest_checkpoint_falls_back_to_an_older_one(tmp_path: Path) -> None:
+    sc = tiny(rounds=4)
+    full = tmp_path / "full" / "r"
+    run(sc, "r", full, [RecordsWriter(full)])
+    out = tmp_path / "cut" / "r"
+    with pytest.raises(SimulatedKill):
+        run(sc, "r", out, [RecordsWriter(out), StopAfter(3)])
+    ckpts = sorted((out / "checkpoints").iterdir())
+    assert [p.name for p in ckpts] == ["round-000002.pt", "round-000003.pt"]
+    ckpts[-1].write_bytes(ckpts[-1].read_bytes()[:1000])  # torn by a disk fault
+    warnings: list[str] = []
+    target = prepare_resume(out, warn=warnings.append)
+    try:
+        assert target.rounds_done == 2 and "unreadable" in warnings[0]
+        run(target.scenario, target.run_id, out, [RecordsWriter(out)], resume=target.point)
+    finally:
+        target.lock.release()
+    assert_same_records(full, out)
+
+
+def test_checkpoints_are_kept_as_configured_and_hold_no_code(tmp_path: Path) -> None:
+    sc = tiny(rounds=5, checkpoint={"every": 2, "keep": 2})
+    out = tmp_path / "r"
+    run(sc, "r", out, [RecordsWriter(out)])
+    names = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert names == ["round-000004.pt", "round-000005.pt"]  # every 2, and after the last
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["checkpoint"]["rounds_done"] == 5 and meta["checkpoint"]["bytes"] > 800_000
+    # a file that would run code when unpickled is refused, not executed
+    evil = out / "checkpoints" / "round-000006.pt"
+
+    class Boom:
+        def __reduce__(self):
+            return (os.system, (f"touch {tmp_path / 'pwned'}",))
+
+    import pickle
+
+    evil.write_bytes(pickle.dumps({"format": 1, "x": Boom()}))
+    store = CheckpointStore(out, "r", "unused")
+    with pytest.raises(Exception, match="unreadable"):
+        store.load(evil)
+    assert not (tmp_path / "pwned").exists()
+
+
+# --------------------------------------------------------------------------- subprocess
+
+SUBPROCESS_TIMEOUT_S = 240
+
+
+def _scenario_file(tmp_path: Path, algorithm: dict, rounds: int = 5) -> Path:
+    data = tiny(rounds=rounds, algorithm=algorithm,
+                **({"training": {"optimizer": "adam", "lr": 0.001, "batch_size": 16}}
+                   if algorithm.get("name") == "mtfl" else {})).model_dump(mode="json")
+    data["outputs"]["dir"] = str(tmp_path / "runs")
+    path = tmp_path / f"{algorithm['name']}.yaml"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _mecsim(*args: str, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mecsim.cli", *args], capture_output=True,
+                          text=True, timeout=SUBPROCESS_TIMEOUT_S,
+                          env={**os.environ, **(env or {})}, **kw)
+
+
+def _reference(tmp_path: Path, scenario: Path) -> Path:
+    ref_dir = tmp_path / "ref"
+    done = _mecsim("run", str(scenario), "--run-id", "r", "--out", str(ref_dir), "--quiet",
+                   "--no-plots")
+    assert done.returncode == 0, done.stderr
+    return ref_dir / "r"
+
+
+KILL_POINTS = (("round-start:0", 0), ("round-end:2", 3), ("finish", 5))
+
+
+@pytest.mark.parametrize(("algorithm", "points"), [
+    ({"name": "fedavg"}, KILL_POINTS),
+    # the points before any checkpoint and after the last round do not depend on the
+    # algorithm; mid-run, the private patches and Adam moments must come back exactly
+    ({"name": "mtfl", "params": {"strategy": "fedavg_adam"}}, KILL_POINTS[1:2]),
+], ids=["fedavg", "mtfl-adam"])
+def test_kill_9_then_resume(algorithm: dict, points, tmp_path: Path) -> None:
+    scenario = _scenario_file(tmp_path, algorithm)
+    ref = _reference(tmp_path, scenario)
+    for point, rows_left in points:
+        run_id = point.replace(":", "-")
+        out = tmp_path / "runs" / run_id
+        killed = _mecsim("run", str(scenario), "--run-id", run_id, "--quiet", "--no-plots",
+                         env={"MECSIM_KILL_AT": point})
+        assert killed.returncode == -signal.SIGKILL, killed.stderr
+        assert run_status(out)["status"] == "interrupted"  # "running", but nobody holds it
+        assert len(pd.read_csv(out / "rounds.csv")) == rows_left  # header always there
+        if point == "finish":
+            assert (out / "rounds.parquet").exists() and not (out / "summary.md").exists()
+        resumed = _mecsim("run", "--resume", str(out), "--quiet", "--no-plots")
+        assert resumed.returncode == 0, resumed.stderr
+        assert "Traceback" not in resumed.stderr
+        assert_same_records(ref, out)
+        meta = json.loads((out / "run.json").read_text())
+        assert meta["status"] == "finished" and meta["rounds_done"] == 5
+
+
+def test_sigterm_keeps_the_rounds_says_how_to_resume_and_exits_143(tmp_path: Path) -> None:
+    scenario = _scenario_file(tmp_path, {"name": "fedavg"}, rounds=40)
+    out = tmp_path / "runs" / "t"
+    proc = subprocess.Popen([sys.executable, "-m", "mecsim.cli", "run", str(scenario),
+                             "--run-id", "t", "--quiet", "--no-plots"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + SUBPROCESS_TIMEOUT_S
+    while time.monotonic() < deadline:
+        rounds = out / "rounds.csv"
+        if rounds.exists() and len(rounds.read_text().splitlines()) > 3:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=SUBPROCESS_TIMEOUT_S)
+    assert proc.returncode == 143, err
+    assert "Traceback" not in err and "mecsim run --resume" in err
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["status"] == "interrupted" and 3 <= meta["rounds_done"] < 40
+    summary = (out / "summary.md").read_text()
+    assert f"interrupted after {meta['rounds_done']} of 40 rounds" in summary
+    assert len(pd.read_csv(out / "rounds.csv")) == meta["rounds_done"]
+
+
+def test_an_interrupt_waits_for_the_write_in_progress() -> None:
+    from mecsim import interrupts
+
+    restore = interrupts.install()
+    try:
+        done = []
+        with pytest.raises(interrupts.Terminated):
+            with interrupts.atomic_section():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.05)  # the handler has run by now: it must not raise here
+                done.append("written")
+        assert done == ["written"]
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+    finally:
+        restore()
+
+
+def test_report_and_summary_say_how_far_a_stopped_run_got(tmp_path: Path, capsys) -> None:
+    from mecsim.cli import main
+
+    out = tmp_path / "r"
+    with pytest.raises(SimulatedKill):
+        run(tiny(rounds=4), "r", out, [RecordsWriter(out), StopAfter(1)])
+    assert "**Run failed after 2 of 4 rounds.**" in (out / "summary.md").read_text()
+    meta = json.loads((out / "run.json").read_text())
+    # what a kill -9 leaves: "running", with nobody holding the folder's lock
+    (out / "run.json").write_text(json.dumps({**meta, "status": "running"}))
+    assert main(["report", str(out), "--no-plots", "--out", str(tmp_path / "rep")]) == 0
+    assert "(fedavg, interrupted after 2 of 4 rounds)" in capsys.readouterr().out
