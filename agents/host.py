@@ -133,16 +133,20 @@ class ClientHost:
             out.append((task.client_id, acc, loss, int(ctx.y_test.shape[0]), *extras))
         return out
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, known_blobs: set[str] | None = None
+                   ) -> tuple[dict[str, Any], dict[str, Any]]:
         """Every hosted client's private state (``ctx.state``) and the host's cache of
-        measured step costs, encoded for a checkpoint (see :mod:`agents.state`).
+        measured step costs, encoded for a checkpoint (see :mod:`agents.state`): (tree,
+        new blobs), as :meth:`agents.server.EdgeServer.state_dict`.
 
         The client algorithm object itself holds only what its parameters determine; the
         shared model instance is loaded with a client's state before each use.
         """
-        from agents.state import encode
+        from agents.state import BlobSink, encode
 
-        return encode({"clients": self.state, "costs": self.costs._by_batch}, "host")
+        sink = BlobSink(known_blobs) if known_blobs is not None else None
+        tree = encode({"clients": self.state, "costs": self.costs._by_batch}, "host", sink)
+        return tree, (sink.new if sink else {})
 
     def load_state_dict(self, encoded: dict[str, Any]) -> None:
         """Restore the states of this host's clients from a checkpoint holding (at least)

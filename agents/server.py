@@ -87,11 +87,17 @@ class EdgeServer:
             r.weights = weights.get(r.client_id)
         return self.aggregate(rnd, results)
 
-    def state_dict(self) -> dict[str, Any]:
-        """The algorithm's state and the selection generator, encoded for a checkpoint."""
-        from agents.state import encode
+    def state_dict(self, known_blobs: set[str] | None = None
+                   ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The algorithm's state and the selection generator, encoded for a checkpoint:
+        (tree, new blobs). With ``known_blobs`` (the digests a checkpoint folder holds),
+        large arrays are references, and only those not yet stored come back as blobs."""
+        from agents.state import BlobSink, encode
 
-        return encode({"algorithm": self.algorithm.state_dict(), "rng": self.rng}, "server")
+        sink = BlobSink(known_blobs) if known_blobs is not None else None
+        tree = encode({"algorithm": self.algorithm.state_dict(), "rng": self.rng}, "server",
+                      sink)
+        return tree, (sink.new if sink else {})
 
     def load_state_dict(self, encoded: dict[str, Any]) -> None:
         from agents.state import decode

@@ -15,6 +15,7 @@ continue their streams exactly where they were (tests check each kind).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
 from typing import Any
 
@@ -22,6 +23,8 @@ import numpy as np
 import torch
 
 TAG = "__mecsim__"
+#: Arrays and tensors of at least this size are stored apart, by content (see BlobSink).
+BLOB_MIN_BYTES = 1 << 16
 _ALLOWED_MODULES = ("agents.", "mecsim.")
 _BIT_GENERATORS = {"PCG64": np.random.PCG64, "PCG64DXSM": np.random.PCG64DXSM,
                    "Philox": np.random.Philox, "SFC64": np.random.SFC64,
@@ -33,8 +36,64 @@ class StateError(TypeError):
     """A value that cannot be stored in, or read back from, a checkpoint."""
 
 
-def encode(obj: Any, where: str = "state") -> Any:
-    """A tree of dict/list/tuple/str/int/float/bool/None/bytes/tensor equal to ``obj``."""
+class BlobSink:
+    """Collects large tensors by content, so a checkpoint stores each once.
+
+    ``encode(..., blobs=sink)`` replaces every array or tensor of at least
+    :data:`BLOB_MIN_BYTES` by a reference to its SHA-256 digest (of dtype, shape and
+    bytes); the tensor itself is kept in :attr:`new` only if its digest is not in
+    ``known`` (the blobs a checkpoint folder already has). Most of a large run's state —
+    the models of clients that did not take part in a round — is then neither sent to
+    the driver nor written again.
+    """
+
+    def __init__(self, known: frozenset[str] | set[str] = frozenset()) -> None:
+        self.known = known
+        self.new: dict[str, torch.Tensor] = {}
+
+    def reference(self, tensor: torch.Tensor, kind: str) -> dict[str, Any]:
+        t = tensor.detach().cpu().contiguous()
+        h = hashlib.sha256(f"{t.dtype}{tuple(t.shape)}".encode())
+        h.update(memoryview(t.view(torch.uint8).reshape(-1).numpy()) if t.numel() else b"")
+        key = h.hexdigest()
+        if key not in self.known and key not in self.new:
+            self.new[key] = t.clone()
+        return {TAG: "blob", "key": key, "kind": kind}
+
+
+def resolve_blobs(tree: Any, load) -> Any:
+    """``tree`` with each blob reference replaced by its tensor (``load(key)``), in the
+    form :func:`decode` reads."""
+    if isinstance(tree, list):
+        return [resolve_blobs(v, load) for v in tree]
+    if isinstance(tree, tuple):
+        return tuple(resolve_blobs(v, load) for v in tree)
+    if not isinstance(tree, dict):
+        return tree
+    if tree.get(TAG) == "blob":
+        tensor = load(tree["key"])
+        return {TAG: "ndarray", "data": tensor} if tree["kind"] == "ndarray" else tensor
+    return {k: resolve_blobs(v, load) for k, v in tree.items()}
+
+
+def blob_keys(tree: Any) -> set[str]:
+    """The blob digests a tree refers to."""
+    if isinstance(tree, (list, tuple)):
+        return set().union(*(blob_keys(v) for v in tree)) if tree else set()
+    if not isinstance(tree, dict):
+        return set()
+    if tree.get(TAG) == "blob":
+        return {tree["key"]}
+    return set().union(*(blob_keys(v) for v in tree.values())) if tree else set()
+
+
+def encode(obj: Any, where: str = "state", blobs: BlobSink | None = None) -> Any:
+    """A tree of dict/list/tuple/str/int/float/bool/None/bytes/tensor equal to ``obj``
+    (with ``blobs``, large arrays as references to it)."""
+
+    def enc(value: Any, at: str) -> Any:
+        return encode(value, at, blobs)
+
     if obj is None or isinstance(obj, (bool, str, bytes)):
         return obj
     if isinstance(obj, np.generic):  # numpy scalars keep their dtype
@@ -46,8 +105,12 @@ def encode(obj: Any, where: str = "state") -> Any:
     if isinstance(obj, np.ndarray):
         if obj.dtype.kind not in "biuf" or obj.dtype.byteorder == ">":
             raise StateError(f"{where}: array of dtype {obj.dtype} cannot be stored")
+        if blobs is not None and obj.nbytes >= BLOB_MIN_BYTES:
+            return blobs.reference(torch.from_numpy(np.ascontiguousarray(obj)), "ndarray")
         return {TAG: "ndarray", "data": torch.from_numpy(np.ascontiguousarray(obj).copy())}
     if isinstance(obj, torch.Tensor):
+        if blobs is not None and obj.numel() * obj.element_size() >= BLOB_MIN_BYTES:
+            return blobs.reference(obj, "tensor")
         return obj.detach().cpu().clone()
     if isinstance(obj, np.random.Generator):
         bg = obj.bit_generator
@@ -59,15 +122,15 @@ def encode(obj: Any, where: str = "state") -> Any:
         return {TAG: "torch_generator", "state": obj.get_state()}
     if isinstance(obj, dict):
         if all(isinstance(k, _PLAIN_KEY) and k != TAG for k in obj):
-            return {k: encode(v, f"{where}[{k!r}]") for k, v in obj.items()}
-        return {TAG: "dict", "items": [(encode(k, f"{where} key"), encode(v, f"{where}[{k!r}]"))
+            return {k: enc(v, f"{where}[{k!r}]") for k, v in obj.items()}
+        return {TAG: "dict", "items": [(enc(k, f"{where} key"), enc(v, f"{where}[{k!r}]"))
                                        for k, v in obj.items()]}
     if isinstance(obj, list):
-        return [encode(v, f"{where}[{i}]") for i, v in enumerate(obj)]
+        return [enc(v, f"{where}[{i}]") for i, v in enumerate(obj)]
     if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
-        return tuple(encode(v, f"{where}[{i}]") for i, v in enumerate(obj))
+        return tuple(enc(v, f"{where}[{i}]") for i, v in enumerate(obj))
     if isinstance(obj, (set, frozenset)):
-        return {TAG: type(obj).__name__, "items": [encode(v, f"{where} item")
+        return {TAG: type(obj).__name__, "items": [enc(v, f"{where} item")
                                                    for v in sorted(obj, key=repr)]}
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         cls = type(obj)
@@ -77,7 +140,7 @@ def encode(obj: Any, where: str = "state") -> Any:
         # every attribute, also those a __post_init__ adds beside the declared fields
         names = list(vars(obj)) if hasattr(obj, "__dict__") else \
             [f.name for f in dataclasses.fields(obj)]
-        fields = {name: encode(getattr(obj, name), f"{where}.{name}") for name in names}
+        fields = {name: enc(getattr(obj, name), f"{where}.{name}") for name in names}
         return {TAG: "dataclass", "type": f"{cls.__module__}:{cls.__qualname__}",
                 "fields": fields}
     raise StateError(f"{where}: a {type(obj).__module__}.{type(obj).__qualname__} cannot be "

@@ -22,12 +22,13 @@ import hashlib
 import os
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from agents.state import blob_keys, resolve_blobs
 from mecsim.interrupts import atomic_section
 
 FORMAT_VERSION = 1
@@ -46,6 +47,7 @@ class Checkpoint:
     clients: dict[int, Any]  # encoded ctx.state of every client
     costs: Any  # encoded measured step costs
     path: Path | None = None
+    blobs: dict[str, Any] = field(default_factory=dict)  # new large tensors, by digest
 
 
 def fsync_dir(path: Path) -> None:
@@ -77,38 +79,94 @@ def scenario_digest(resolved_yaml: str) -> str:
     return hashlib.sha256(resolved_yaml.encode()).hexdigest()
 
 
+def _torch_save_atomic(obj: Any, path: Path) -> int:
+    """torch.save to a temporary name, fsync, rename; returns the bytes written."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with tmp.open("wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    size = tmp.stat().st_size
+    os.replace(tmp, path)
+    return size
+
+
 class CheckpointStore:
-    """The checkpoints of one run folder."""
+    """The checkpoints of one run folder.
+
+    Large arrays (models, moments: see :class:`agents.state.BlobSink`) live in
+    ``checkpoints/blobs/<sha256>.pt``, each written once and shared by every checkpoint
+    that holds it, so a round's checkpoint writes only what changed in it (the models of
+    the clients that trained, the server's new aggregate). A blob is written before the
+    checkpoint that refers to it, and removed only when no kept checkpoint refers to it.
+    """
 
     def __init__(self, run_dir: Path, run_id: str, digest: str, keep: int = 2) -> None:
         self.dir = Path(run_dir) / "checkpoints"
+        self.blob_dir = self.dir / "blobs"
         self.run_id, self.digest, self.keep = run_id, digest, max(1, keep)
-        self.last_bytes = 0  # size and time of the last save (the run records them)
+        self.last_bytes = 0  # bytes written by the last save and its time (recorded)
         self.last_seconds = 0.0
+        self._blobs: set[str] | None = None
+        self._refs: dict[Path, set[str]] = {}  # checkpoint -> blobs it refers to
 
     def path(self, rounds_done: int) -> Path:
         return self.dir / f"round-{rounds_done:06d}.pt"
 
+    def blob_keys(self) -> set[str]:
+        """Digests of the blobs on disk."""
+        if self._blobs is None:
+            self._blobs = {p.name[:-3] for p in self.blob_dir.glob("*.pt")} \
+                if self.blob_dir.is_dir() else set()
+        return set(self._blobs)
+
     def save(self, ckpt: Checkpoint) -> Path:
         start = time.perf_counter()
-        self.dir.mkdir(exist_ok=True)
+        self.blob_dir.mkdir(parents=True, exist_ok=True)
+        known = self.blob_keys()
+        refs = blob_keys([ckpt.server, ckpt.clients])
         payload = {"format": FORMAT_VERSION, "run_id": self.run_id, "scenario": self.digest,
                    "rounds_done": ckpt.rounds_done, "elapsed_s": ckpt.elapsed_s,
-                   "server": ckpt.server, "clients": ckpt.clients, "costs": ckpt.costs}
+                   "server": ckpt.server, "clients": ckpt.clients, "costs": ckpt.costs,
+                   "blobs": sorted(refs)}
         path = self.path(ckpt.rounds_done)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        written = 0
         with atomic_section():
-            with tmp.open("wb") as f:
-                torch.save(payload, f)
-                f.flush()
-                os.fsync(f.fileno())
-            self.last_bytes = tmp.stat().st_size
-            os.replace(tmp, path)
+            for key, tensor in ckpt.blobs.items():
+                if key in refs and key not in known:
+                    written += _torch_save_atomic(tensor, self.blob_dir / f"{key}.pt")
+                    known.add(key)
+            if refs - known:
+                raise CheckpointError(f"checkpoint after round {ckpt.rounds_done} refers to "
+                                      f"{len(refs - known)} blob(s) nobody sent")
+            fsync_dir(self.blob_dir)
+            written += _torch_save_atomic(payload, path)
             fsync_dir(self.dir)
+            self._blobs = known
+            self._refs[path] = refs
             for old in self.all()[:-self.keep]:
                 old.unlink(missing_ok=True)
+                self._refs.pop(old, None)
+            self._prune_blobs()
+        self.last_bytes = written
         self.last_seconds = time.perf_counter() - start
         return path
+
+    def _prune_blobs(self) -> None:
+        """Remove blobs no kept checkpoint refers to."""
+        used: set[str] = set()
+        for p in self.all():
+            if p not in self._refs:
+                try:
+                    payload = torch.load(p, map_location="cpu", weights_only=True)
+                    self._refs[p] = set(payload.get("blobs", []))
+                except Exception:  # noqa: BLE001 - an unreadable checkpoint refers to nothing
+                    self._refs[p] = set()
+            used |= self._refs[p]
+        for key in self.blob_keys() - used:
+            (self.blob_dir / f"{key}.pt").unlink(missing_ok=True)
+            assert self._blobs is not None
+            self._blobs.discard(key)
 
     def all(self) -> list[Path]:
         """Checkpoint files, oldest first."""
@@ -132,8 +190,21 @@ class CheckpointStore:
         m = _NAME.match(path.name)
         if not m or int(m.group(1)) != payload.get("rounds_done"):
             raise CheckpointError(f"{path}: its name and contents disagree")
+
+        def load_blob(key: str) -> torch.Tensor:
+            blob = self.blob_dir / f"{key}.pt"
+            try:
+                tensor = torch.load(blob, map_location="cpu", weights_only=True)
+            except Exception as exc:  # missing, truncated or foreign
+                raise CheckpointError(f"{path}: its blob {blob.name} is unreadable "
+                                      f"({type(exc).__name__})") from None
+            if not isinstance(tensor, torch.Tensor):
+                raise CheckpointError(f"{path}: its blob {blob.name} is not a tensor")
+            return tensor
+
+        server, clients = resolve_blobs([payload["server"], payload["clients"]], load_blob)
         return Checkpoint(int(payload["rounds_done"]), float(payload["elapsed_s"]),
-                          payload["server"], dict(payload["clients"]), payload["costs"], path)
+                          server, dict(clients), payload["costs"], path)
 
     def latest(self, warn=None) -> Checkpoint | None:
         """The newest readable checkpoint (an unreadable one is reported through

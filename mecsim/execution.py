@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -32,11 +32,22 @@ class ActorFailure(RuntimeError):
 
 @dataclass
 class ExecutorState:
-    """Encoded state of the server and of every client (see :mod:`agents.state`)."""
+    """Encoded state of the server and of every client (see :mod:`agents.state`); large
+    arrays may be blob references, with the blobs not yet stored in ``blobs``."""
 
     server: Any
     clients: dict[int, Any]
     costs: Any
+    blobs: dict[str, Any] = field(default_factory=dict)
+
+
+def _collect(server: tuple[Any, dict], hosts: list[tuple[Any, dict]]) -> ExecutorState:
+    blobs = dict(server[1])
+    for _, new in hosts:
+        blobs.update(new)
+    return ExecutorState(server[0],
+                         {cid: st for tree, _ in hosts for cid, st in tree["clients"].items()},
+                         _merge_costs([tree["costs"] for tree, _ in hosts]), blobs)
 
 
 def _merge_costs(encoded: list[Any]) -> Any:
@@ -65,11 +76,10 @@ class LocalExecutor:
         """New server and hosts in their initial state (then :meth:`load_state`)."""
         self._start()
 
-    def state(self) -> ExecutorState:
-        hosts = [h.state_dict() for h in self.hosts]
-        return ExecutorState(self.server.state_dict(),
-                             {cid: st for h in hosts for cid, st in h["clients"].items()},
-                             _merge_costs([h["costs"] for h in hosts]))
+    def state(self, known_blobs: set[str] | None = None) -> ExecutorState:
+        """The state to checkpoint; with ``known_blobs``, large arrays by reference."""
+        return _collect(self.server.state_dict(known_blobs),
+                        [h.state_dict(known_blobs) for h in self.hosts])
 
     def _host_states(self, st: ExecutorState) -> list[dict[str, Any]]:
         return [{"clients": {cid: st.clients[cid] for cid in clients if cid in st.clients},
@@ -211,11 +221,10 @@ class RayExecutor(LocalExecutor):
         refs = [self.hosts[h].evaluate.remote(rnd, g) for h, g in self._by_host(tasks).items()]
         return sorted(x for part in self._get(refs) for x in part)
 
-    def state(self) -> ExecutorState:
-        server, *hosts = self._get([self.server.state_dict.remote(),
-                                    *(h.state_dict.remote() for h in self.hosts)])
-        return ExecutorState(server, {cid: st for h in hosts for cid, st in h["clients"].items()},
-                             _merge_costs([h["costs"] for h in hosts]))
+    def state(self, known_blobs: set[str] | None = None) -> ExecutorState:
+        server, *hosts = self._get([self.server.state_dict.remote(known_blobs),
+                                    *(h.state_dict.remote(known_blobs) for h in self.hosts)])
+        return _collect(server, hosts)
 
     def load_state(self, st: ExecutorState) -> None:
         refs = [self.server.load_state_dict.remote(st.server)]

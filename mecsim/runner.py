@@ -341,9 +341,10 @@ class _Loop:
             getattr(obs, name)(self.rs.info, *args)
 
     def _checkpoint(self) -> None:
-        st = self.rs.executor.state()
-        ckpt = Checkpoint(self.rnd, self.elapsed_s, st.server, st.clients, st.costs)
         assert self.store is not None
+        st = self.rs.executor.state(self.store.blob_keys())
+        ckpt = Checkpoint(self.rnd, self.elapsed_s, st.server, st.clients, st.costs,
+                          blobs=st.blobs)
         path = self.store.save(ckpt)
         self.base = Checkpoint(ckpt.rounds_done, ckpt.elapsed_s, None, {}, None, path)
         self._emit("on_checkpoint", self.rnd, self.store.last_bytes, self.store.last_seconds)

@@ -172,7 +172,7 @@ def test_an_unreadable_newest_checkpoint_falls_back_to_an_older_one(tmp_path: Pa
     out = tmp_path / "cut" / "r"
     with pytest.raises(SimulatedKill):
         run(sc, "r", out, [RecordsWriter(out), StopAfter(3)])
-    ckpts = sorted((out / "checkpoints").iterdir())
+    ckpts = sorted((out / "checkpoints").glob("*.pt"))
     assert [p.name for p in ckpts] == ["round-000002.pt", "round-000003.pt"]
     ckpts[-1].write_bytes(ckpts[-1].read_bytes()[:1000])  # torn by a disk fault
     warnings: list[str] = []
@@ -189,7 +189,7 @@ def test_checkpoints_are_kept_as_configured_and_hold_no_code(tmp_path: Path) -> 
     sc = tiny(rounds=5, checkpoint={"every": 2, "keep": 2})
     out = tmp_path / "r"
     run(sc, "r", out, [RecordsWriter(out)])
-    names = sorted(p.name for p in (out / "checkpoints").iterdir())
+    names = sorted(p.name for p in (out / "checkpoints").glob("*.pt"))
     assert names == ["round-000004.pt", "round-000005.pt"]  # every 2, and after the last
     meta = json.loads((out / "run.json").read_text())
     assert meta["checkpoint"]["rounds_done"] == 5 and meta["checkpoint"]["bytes"] > 800_000
@@ -322,3 +322,31 @@ def test_report_and_summary_say_how_far_a_stopped_run_got(tmp_path: Path, capsys
     (out / "run.json").write_text(json.dumps({**meta, "status": "running"}))
     assert main(["report", str(out), "--no-plots", "--out", str(tmp_path / "rep")]) == 0
     assert "(fedavg, interrupted after 2 of 4 rounds)" in capsys.readouterr().out
+
+
+def test_a_checkpoint_writes_only_what_changed(tmp_path: Path) -> None:
+    # local training, half the clients a round: each round changes the models of the two
+    # selected clients only (the global model never moves), so a checkpoint writes two
+    # 800,040-byte models and a small index, and the folder keeps the blobs the two
+    # newest checkpoints refer to: the global model, the 4 clients' models, and the
+    # previous versions of the 2 that trained last
+    sc = tiny(rounds=4, topology={"clients": 4, "participation": 0.5},
+              algorithm={"name": "local"})
+    out = tmp_path / "r"
+    run(sc, "r", out, [RecordsWriter(out)])
+    model_bytes = json.loads((out / "run.json").read_text())["model_bytes"]
+    written = json.loads((out / "run.json").read_text())["checkpoint"]["bytes"]
+    assert 2 * model_bytes < written < 2 * model_bytes + 100_000
+    blobs = list((out / "checkpoints" / "blobs").glob("*.pt"))
+    assert len(blobs) == 7
+    full = tmp_path / "f"
+    run(sc, "r", full, [RecordsWriter(full)])
+    cut = tmp_path / "c" / "r"
+    with pytest.raises(SimulatedKill):
+        run(sc, "r", cut, [RecordsWriter(cut), StopAfter(2)])
+    target = prepare_resume(cut)
+    try:
+        run(target.scenario, "r", cut, [RecordsWriter(cut)], resume=target.point)
+    finally:
+        target.lock.release()
+    assert_same_records(full, cut)
