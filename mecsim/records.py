@@ -159,8 +159,13 @@ class RecordsWriter(RunObserver):
             self._write_meta(rounds_done=int(round_row["round"]) + 1)
 
     def on_checkpoint(self, info, rounds_done, nbytes, seconds) -> None:
+        totals = dict(self.meta.get("checkpoint_totals") or {"count": 0, "bytes": 0,
+                                                             "seconds": 0.0})
+        totals = {"count": totals["count"] + 1, "bytes": totals["bytes"] + nbytes,
+                  "seconds": round(totals["seconds"] + seconds, 6)}
         self._write_meta(checkpoint={"rounds_done": rounds_done, "bytes": nbytes,
-                                     "seconds": round(seconds, 6)})
+                                     "seconds": round(seconds, 6)},
+                         checkpoint_totals=totals)
 
     def on_fault(self, info, rnd, message) -> None:
         faults = list(self.meta.get("faults", [])) + [{"round": rnd, "error": message}]
