@@ -35,6 +35,10 @@ CHANNEL_COLUMNS = [
     "distance_m", "bandwidth_hz", "tx_power_dbm", "fading_gain", "ul_interference_w",
     "dl_interference_w", "uplink_rate_bps", "downlink_rate_bps", "uplink_snr_db",
     "downlink_snr_db",
+    # latency, jitter, loss (mecsim.network.TRANSPORT_KEYS): the latency drawn for the
+    # client-round and the goodput the loss rate leaves of the link rate
+    "uplink_latency_s", "downlink_latency_s", "uplink_goodput_bps", "downlink_goodput_bps",
+    "backhaul_latency_s", "backhaul_goodput_bps",
 ]
 CLIENT_COLUMNS = [
     "run_id", "round", "client_id", "device", "edge_server", "selected", "completed",
