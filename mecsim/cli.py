@@ -123,9 +123,10 @@ def _run_id(scenario: Scenario) -> str:
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
     from mecsim.console import ProgressBar, summary_table
     from mecsim.metrics import MetricsExporter
+    from mecsim.network import downlink_note
     from mecsim.records import RecordsWriter
     from mecsim.runner import ScenarioInfeasible, run
-    from mecsim.summary import target_lines
+    from mecsim.summary import energy_line, summarise, target_lines
 
     path = Path(args.scenario) if args.scenario else default_scenario_path()
     scenario = _apply_overrides(load_scenario(path), args, str(path))
@@ -171,8 +172,11 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     if not args.quiet:
         for table in summary_table(scenario.algorithm.name, rows):
             console.print(table)
-        for line in target_lines(rows, scenario.evaluation.target_accuracy):
-            console.print(line)
+        note = downlink_note(scenario)
+        for line in [energy_line(summarise(rows)),
+                     *target_lines(rows, scenario.evaluation.target_accuracy), note]:
+            if line:
+                console.print(line, highlight=False)
         console.print(f"records: {out_dir}/ (rounds.csv, clients.csv, summary.md, ...)")
     return 0
 

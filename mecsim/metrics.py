@@ -84,7 +84,15 @@ METRICS: dict[str, tuple[str, str]] = {
     "mecsim_client_phase_seconds": ("histogram", "Emulated time of each selected "
                                                  "client-round by phase (download, compute, "
                                                  "upload)"),
+    "mecsim_client_energy_joules_total": ("counter", "Energy of the selected clients' devices "
+                                                     "summed over rounds, by part (compute, "
+                                                     "radio, idle), from the device profiles"),
+    "mecsim_round_energy_joules": ("gauge", "Energy of the last round's selected clients, "
+                                            "all parts"),
 }
+#: Parts of a client-round's energy: (``part`` label, round-row column).
+ENERGY_PARTS = (("compute", "energy_compute_j"), ("radio", "energy_radio_j"),
+                ("idle", "energy_idle_j"))
 
 
 def _family(name: str) -> str:
@@ -140,6 +148,8 @@ class MetricsExporter(RunObserver):
         self.snr = make("mecsim_channel_snr_decibels", ("direction",), buckets=SNR_BUCKETS)
         self.client_phase = make("mecsim_client_phase_seconds", ("phase",),
                                  buckets=CLIENT_SECONDS_BUCKETS)
+        self.energy = make("mecsim_client_energy_joules_total", ("part",))
+        self.round_energy = make("mecsim_round_energy_joules")
         self._server = None
         self._thread = None
 
@@ -184,6 +194,8 @@ class MetricsExporter(RunObserver):
             self.flops.labels(**lab, side=side)
         for status in CLIENT_STATUSES:
             self.clients_total.labels(**lab, status=status)
+        for part, _ in ENERGY_PARTS:
+            self.energy.labels(**lab, part=part)
 
     def on_round_end(self, info, row: dict[str, Any], client_rows, traces) -> None:
         lab = {"run": info.run_id, "algorithm": row["algorithm"]}
@@ -211,6 +223,10 @@ class MetricsExporter(RunObserver):
         for status in CLIENT_STATUSES:
             self.clients.labels(**lab, status=status).set(row[status])
             self.clients_total.labels(**lab, status=status).inc(row[status])
+        if _finite(row.get("energy_j")):  # NaN: a device profile without power figures
+            self.round_energy.labels(**lab).set(row["energy_j"])
+            for part, key in ENERGY_PARTS:
+                self.energy.labels(**lab, part=part).inc(row[key])
         self.host_wall.labels(**lab).set(row["host_wall_s"])
         self.host_total.labels(**lab).inc(row["host_wall_s"])
         for c in client_rows:

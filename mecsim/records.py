@@ -19,6 +19,7 @@ from typing import Any
 
 import pandas as pd
 
+from mecsim.network import downlink_note
 from mecsim.runner import RunInfo, RunObserver
 from mecsim.scenario import resolved_yaml
 from mecsim.summary import markdown, summarise, target_lines
@@ -26,8 +27,10 @@ from mecsim.summary import markdown, summarise, target_lines
 ROUND_COLUMNS = [
     "run_id", "round", "algorithm", "selected", "completed", "dropped",
     "round_time_s", "dl_time_s", "client_time_s", "ul_time_s", "server_time_s",
-    "backhaul_time_s", "idle_time_s", "elapsed_s", "bytes_up", "bytes_down", "client_gflops",
-    "server_gflops",
+    "backhaul_time_s", "idle_time_s", "elapsed_s", "bytes_up", "bytes_down",
+    # joules, summed over the round's selected clients (mecsim.energy)
+    "energy_j", "energy_compute_j", "energy_radio_j", "energy_idle_j",
+    "client_gflops", "server_gflops",
     "server_rss_mb", "client_peak_mb", "mean_accuracy", "min_accuracy", "max_accuracy",
     "mean_test_loss", "train_loss", "host_wall_s", "host_train_wall_s", "host_aggregate_s",
 ]
@@ -44,7 +47,8 @@ CLIENT_COLUMNS = [
     "run_id", "round", "client_id", "device", "edge_server", "selected", "completed",
     "start_s", "finish_s", "download_s", "compute_s", "upload_s", "server_compute_s",
     "bytes_up", "bytes_down", "gflops", "steps", "num_samples", "train_loss",
-    "peak_memory_mb", "host_train_s", "accuracy", "test_loss", *CHANNEL_COLUMNS,
+    "peak_memory_mb", "host_train_s", "accuracy", "test_loss",
+    "energy_j", "energy_compute_j", "energy_radio_j", "energy_idle_j", *CHANNEL_COLUMNS,
 ]
 
 
@@ -105,8 +109,10 @@ class RecordsWriter(RunObserver):
                     self.out_dir / f"{name}.parquet", index=False)
         self.summary = summarise(rounds)
         targets = target_lines(rounds, info.scenario.evaluation.target_accuracy)
+        note = downlink_note(info.scenario)
         (self.out_dir / "summary.md").write_text(
-            markdown(info.run_id, info.scenario.algorithm.name, self.summary, targets))
+            markdown(info.run_id, info.scenario.algorithm.name, self.summary, targets,
+                     [note] if note else []))
 
 
 def read_rounds(run_dir: str | Path) -> pd.DataFrame:

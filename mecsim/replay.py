@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from mecsim.energy import ENERGY_KEYS, client_energy, round_energy
 from mecsim.engine import time_round
 from mecsim.network import NetworkModel, device_profiles
 from mecsim.ops import OpTrace, op_from_dict, trace_bytes
@@ -53,7 +54,7 @@ MiB = 1024 * 1024
 ROUND_COLUMNS = [
     "round", "selected", "completed", "dropped", "round_time_s", "dl_time_s",
     "client_time_s", "ul_time_s", "server_time_s", "backhaul_time_s", "idle_time_s",
-    "elapsed_s", "bytes_up", "bytes_down", "mean_accuracy",
+    "elapsed_s", "bytes_up", "bytes_down", *ENERGY_KEYS, "mean_accuracy",
 ]
 
 
@@ -267,6 +268,9 @@ def retime(run: RecordedRun, scenario: Scenario) -> _Timed:
         aggregate_s = server.compute_time_s(rec.aggregate_flops, 0)
         t = time_round(rec.traces, specs, servers, net, aggregate_s=aggregate_s)
         elapsed_s = elapsed_s + t.round_time_s
+        energy = round_energy(
+            client_energy(network.devices[c.client_id], c, rec.traces[c.client_id],
+                          specs[c.client_id], t.round_time_s) for c in t.clients)
         rows.append({
             "round": rec.round, "selected": len(selected),
             "completed": len(selected) - len(t.dropped), "dropped": len(t.dropped),
@@ -274,7 +278,7 @@ def retime(run: RecordedRun, scenario: Scenario) -> _Timed:
             "client_time_s": t.client_s, "ul_time_s": t.upload_s,
             "server_time_s": t.server_s, "backhaul_time_s": t.backhaul_s,
             "idle_time_s": t.idle_s, "elapsed_s": elapsed_s,
-            "bytes_up": rec.bytes_up, "bytes_down": rec.bytes_down,
+            "bytes_up": rec.bytes_up, "bytes_down": rec.bytes_down, **energy,
         })
         dropped.append(frozenset(t.dropped))
         finish.append({c.client_id: c.finish_s for c in t.clients})
@@ -409,7 +413,7 @@ def _retrain(run: RecordedRun, scenario: Scenario, overrides: dict[str, Any],
         rows = run_scenario(scenario, run_id, out_dir, observers, backend=backend)
     except ScenarioInfeasible as exc:
         raise ReplayInfeasible(str(exc)) from None
-    frame = pd.DataFrame(rows)[ROUND_COLUMNS]
+    frame = pd.DataFrame(rows).reindex(columns=ROUND_COLUMNS)
     return ReplayResult(
         run_id=run.run_id, algorithm=run.algorithm, overrides=overrides, scenario=scenario,
         rounds=frame.reset_index(drop=True), source="retrained", exact=True,
@@ -419,7 +423,8 @@ def _retrain(run: RecordedRun, scenario: Scenario, overrides: dict[str, Any],
 
 def _result_from_records(rec: RecordedRun, run: RecordedRun, overrides: dict[str, Any],
                          timing_dependent: bool, notes: list[str]) -> ReplayResult:
-    frame = _read_csv(rec.run_dir / "rounds.csv")[ROUND_COLUMNS]
+    # records of an older mecsim may lack columns (energy): NaN there
+    frame = _read_csv(rec.run_dir / "rounds.csv").reindex(columns=ROUND_COLUMNS)
     return ReplayResult(
         run_id=run.run_id, algorithm=run.algorithm, overrides=overrides,
         scenario=rec.scenario, rounds=frame, source="retrained", exact=True,
@@ -431,7 +436,8 @@ def recorded_frame(run: RecordedRun) -> pd.DataFrame:
     """The recorded rounds' timing columns (from rounds.csv), for comparisons."""
     if run.run_dir is None:
         raise RunLoadError(f"{run.run_id}: no run directory")
-    return _read_csv(run.run_dir / "rounds.csv")[ROUND_COLUMNS].iloc[:len(run.rounds)]
+    frame = _read_csv(run.run_dir / "rounds.csv").reindex(columns=ROUND_COLUMNS)
+    return frame.iloc[:len(run.rounds)]
 
 
 def reproduces(run: RecordedRun) -> bool:

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -30,6 +30,7 @@ from agents.models import build_model, get_flat, model_layout
 from agents.training import make_optimizer, measured_step
 from mecsim.data import heterogeneity_dkl, load_dataset, partition
 from mecsim.devices import DeviceProfile
+from mecsim.energy import client_energy, round_energy
 from mecsim.engine import time_round
 from mecsim.execution import LocalExecutor, RayExecutor
 from mecsim.network import NetworkModel, device_profiles
@@ -196,6 +197,8 @@ def run_round(rs: RunSetup, rnd: int, elapsed_s: float) -> tuple[dict, list[dict
                        num_samples=r.num_samples, train_loss=r.train_loss,
                        peak_memory_mb=r.peak_memory_bytes / MiB, host_train_s=r.host_seconds)
             row.update(channel_rows.get(cid, {}))
+            row.update(client_energy(rs.network.devices[cid], tl, r.trace, specs[cid],
+                                     timing.round_time_s))
         if cid in evals:
             row["accuracy"], row["test_loss"] = evals[cid]
         client_rows.append(row)
@@ -213,6 +216,7 @@ def run_round(rs: RunSetup, rnd: int, elapsed_s: float) -> tuple[dict, list[dict
         "idle_time_s": timing.idle_s,
         "elapsed_s": elapsed_s + timing.round_time_s,
         "bytes_up": up_total, "bytes_down": down_total,
+        **round_energy(c for c in client_rows if c["selected"]),
         "client_gflops": sum(r.flops for r in results) / 1e9,
         "server_gflops": agg.flops / 1e9,
         "server_rss_mb": agg.rss_bytes / MiB,

@@ -128,6 +128,32 @@ class CustomProfile(_Strict):
     flops_source: str = Field(description="where flops_per_s comes from")
     step_overhead_source: str = Field(description="where step_overhead_s comes from")
     ram_source: str = ""
+    active_power_w: float | None = Field(None, gt=0, description="whole board, every core "
+                                         "busy (W); with idle_power_w: energy per round")
+    idle_power_w: float | None = Field(None, ge=0, description="whole board, idle (W)")
+    radio_tx_power_w: float | None = Field(None, ge=0, description="the radio's extra draw "
+                                           "above idle while transmitting (W)")
+    radio_rx_power_w: float | None = Field(None, ge=0, description="the radio's extra draw "
+                                           "above idle while receiving (W)")
+    power_source: str = Field("", description="where active/idle_power_w come from")
+    radio_power_source: str = Field("", description="where radio_*_power_w come from")
+
+    @model_validator(mode="after")
+    def _power_sourced(self) -> CustomProfile:
+        board = (self.active_power_w, self.idle_power_w)
+        radio = (self.radio_tx_power_w, self.radio_rx_power_w)
+        for names, values, source, source_name in (
+                (("active_power_w", "idle_power_w"), board, self.power_source, "power_source"),
+                (("radio_tx_power_w", "radio_rx_power_w"), radio, self.radio_power_source,
+                 "radio_power_source")):
+            given = [v is not None for v in values]
+            if any(given) and not all(given):
+                missing = names[given.index(False)]
+                raise ValueError(f"{missing}: give {names[0]} and {names[1]} together")
+            if any(given) and not source.strip():
+                raise ValueError(f"{source_name}: say where {names[0]} and {names[1]} come "
+                                 "from (a measurement, a datasheet, or 'estimate: ...')")
+        return self
 
 
 class DeviceGroup(_Strict):

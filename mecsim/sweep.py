@@ -53,7 +53,8 @@ METRIC_COLUMNS = [
     "round_time_max_s", "dl_time_mean_s", "client_time_mean_s", "ul_time_mean_s",
     "server_time_mean_s", "backhaul_time_mean_s", "idle_time_mean_s", "total_time_s",
     "target_accuracy", "rounds_to_target", "time_to_target_s", "final_accuracy", "bytes_up",
-    "bytes_down", "dropped", "notes",
+    "bytes_down", "energy_mean_j", "energy_compute_mean_j", "energy_radio_mean_j",
+    "energy_idle_mean_j", "energy_total_j", "dropped", "notes",
 ]
 # A process pool costs ~50 ms to start and replaying costs ~10 us per client-round (both
 # measured on 2 shared cores, FedAvg runs; see benchmarks/sweep.py): below this many
@@ -169,6 +170,12 @@ def summarise(result: ReplayResult, target_accuracy: float | None = None) -> dic
         "rounds_to_target": rounds_to, "time_to_target_s": time_to,
         "final_accuracy": float(acc[-1]),
         "bytes_up": int(rounds["bytes_up"].sum()), "bytes_down": int(rounds["bytes_down"].sum()),
+        # joules of all selected clients: mean per round, its parts, and the whole run
+        "energy_mean_j": float(rounds["energy_j"].mean(skipna=False)),
+        "energy_compute_mean_j": float(rounds["energy_compute_j"].mean(skipna=False)),
+        "energy_radio_mean_j": float(rounds["energy_radio_j"].mean(skipna=False)),
+        "energy_idle_mean_j": float(rounds["energy_idle_j"].mean(skipna=False)),
+        "energy_total_j": float(rounds["energy_j"].sum(min_count=len(rounds))),
         "dropped": int(rounds["dropped"].sum()), "notes": " | ".join(notes),
     }
 
