@@ -138,6 +138,8 @@ def prepare(scenario: Scenario, run_id: str, out_dir, *, hosts: int | None = Non
     info = RunInfo(run_id, scenario, out_dir, layout.size, layout.nbytes, cost.memory_bytes,
                    cost.flops, client_devices,
                    extra={"hosts": n_hosts, "backend": backend,
+                          # the optimiser's element-wise update, part of step_flops
+                          "step_optimizer_flops": cost.optimizer_flops,
                           "train_samples": [len(p) for p in parts.train],
                           "test_samples": [len(p) for p in parts.test],
                           # D-bar_KL of DC-PFL (Eq. 1-2) over the clients' train labels
