@@ -215,7 +215,10 @@ class ReplayResult:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def __repr__(self) -> str:
-        where = "exact" if self.exact else f"inexact from round {self.inexact_from_round}"
+        # rounds a person reads are counted from 1 (inexact_from_round is a record index)
+        where = "exact" if self.exact else (
+            f"inexact from round {self.inexact_from_round + 1}"
+            if self.inexact_from_round is not None else "inexact")
         total = self.rounds["round_time_s"].sum() if len(self.rounds) else 0.0
         return (f"ReplayResult({self.run_id!r}, {self.source}, {where}, "
                 f"overrides={self.overrides}, rounds={len(self.rounds)}, total={total:.6g} s)")
@@ -286,7 +289,8 @@ def retime(run: RecordedRun, scenario: Scenario) -> _Timed:
 
 
 def _rounds_list(rounds: list[int]) -> str:
-    shown = ", ".join(str(r) for r in rounds[:8])
+    """Record indices, shown counted from 1."""
+    shown = ", ".join(str(r + 1) for r in rounds[:8])
     return shown + (f", ... ({len(rounds)} rounds)" if len(rounds) > 8 else "")
 
 
@@ -295,10 +299,10 @@ def _first_divergence(run: RecordedRun, timed: _Timed, aware: bool) -> tuple[int
     for r in range(len(run.rounds)):
         rec, rep = run.dropped[r], timed.dropped[r]
         if rec != rep:
-            return r, (f"round {r}: the replay drops clients {sorted(rep)} at the deadline, "
+            return r, (f"round {r + 1}: the replay drops clients {sorted(rep)} at the deadline, "
                        f"the recorded run dropped {sorted(rec)}")
         if aware and timed.finish_s[r] != run.finish_s[r]:
-            return r, (f"round {r}: client timelines differ from the recorded ones and the "
+            return r, (f"round {r + 1}: client timelines differ from the recorded ones and the "
                        "algorithm decides from emulated time (uses_emulated_time)")
     return None, ""
 
@@ -366,7 +370,7 @@ def replay(run: RecordedRun | str | Path, overrides: Mapping[str, Any] | None = 
         if recorded_drops:
             notes.append("the replay drops the same clients in every round, so it is exact")
     else:
-        notes.append(f"not exact from round {first} on ({why}): the aggregated models, "
+        notes.append(f"not exact from round {first + 1} on ({why}): the aggregated models, "
                      "accuracy (not reported from there) and possibly later op-traces would "
                      "differ; round times from there on re-time the recorded op-traces. "
                      "Use retrain=True (--retrain) to re-run with training")

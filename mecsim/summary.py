@@ -144,7 +144,7 @@ def energy_line(s: dict[str, float]) -> str | None:
     parts = ", ".join(f"{name} {_share(s[f'energy_{name}_j'], total):.0f} %"
                       for name in ("compute", "radio", "idle"))
     return (f"Client energy per round: {total:.1f} J ({parts}), all selected clients, from "
-            "the device profiles' power figures (docs/energy.md).")
+            "the device profiles' power figures (docs/devices.md).")
 
 
 def markdown(run_id: str, algorithm: str, s: dict[str, float],

@@ -384,7 +384,7 @@ class Tables:
         parts.append("## Communication and computation per round (KAPC Table 6 shape)\n\n"
                      + _md(header, rows)
                      + "\n\nClient energy: joules of all selected clients per round "
-                     "(compute, radio and idle; docs/energy.md).")
+                     "(compute, radio and idle; docs/devices.md).")
 
         # MTFL Table 4
         t4 = self.mtfl_time
