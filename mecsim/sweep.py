@@ -435,7 +435,8 @@ def sweep_figure(frame: pd.DataFrame, x: str, metric: str, title: str | None = N
               else np.array([categories.index(value_text(v)) for v in group[x]], float))
         ys = pd.to_numeric(group[metric], errors="coerce").to_numpy(dtype=float) \
             * y_axis.scale
-        style = "o-" if len(group) < 30 else "-"
+        # categories (profile names, null) have no order to join: markers only
+        style = "o" if not numeric else "o-" if len(group) < 30 else "-"
         (line,) = ax.plot(xs, ys, style, label=label, markersize=4)
         missing = np.isnan(ys)
         if missing.any():  # shown on the x axis, not dropped
