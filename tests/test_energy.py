@@ -182,3 +182,12 @@ def test_sweep_energy_metric(tmp_path):
                        "energy_idle_mean_j"]].sum()
     assert parts == pytest.approx(df.loc[0, "energy_mean_j"], rel=1e-12)
     assert df.loc[1, "energy_mean_j"] != df.loc[0, "energy_mean_j"]
+    # and from the command line, plotted
+    from mecsim.cli import main
+
+    sw = tmp_path / "sw"
+    assert main(["sweep", str(out), "--set", "devices.clients.0.profile=rpi2b,rpi5",
+                 "--metric", "energy_mean_j", "--out", str(sw), "--quiet"]) == 0
+    cli = pd.read_csv(sw / "sweep.csv")
+    assert cli["energy_mean_j"].tolist() == pytest.approx(df["energy_mean_j"].tolist())
+    assert (sw / "sweep.png").stat().st_size > 0

@@ -142,3 +142,39 @@ def test_bad_transport_settings_refused_with_the_field(channel, field, fragment)
 def test_backhaul_loss_needs_latency():
     with pytest.raises(ScenarioError, match=r"bad.yaml: backhaul.loss_rate: .*round-trip"):
         scenario_from_dict({"backhaul": {"latency_s": 0.0, "loss_rate": 0.01}}, "bad.yaml")
+
+
+def test_loss_rate_swept_from_the_command_line_hand_computed(tmp_path):
+    """Record a tiny run once, then `mecsim sweep --set channel.uplink.loss_rate=...`:
+    each point's upload time is 8 * bytes / min(rate, Mathis) + latency."""
+    import pandas as pd
+
+    from mecsim.cli import main
+    from mecsim.records import RecordsWriter
+    from mecsim.runner import run
+
+    sc = scenario_from_dict({
+        "name": "tiny-loss", "rounds": 2, "seed": 5, "topology": {"clients": 3},
+        "dataset": {"train_size": 300, "test_size": 60},
+        "channel": {"model": "fixed_rate", "uplink": {"rate_bps": 2e6},
+                    "downlink": {"rate_bps": 8e6}},
+        "execution": {"backend": "local"}, "metrics": {"enabled": False}}, "tiny.yaml")
+    rec = tmp_path / "rec"
+    run(sc, "rec", rec, [RecordsWriter(rec)])
+    nbytes = int(pd.read_csv(rec / "clients.csv")["bytes_up"].iloc[0])
+    out = tmp_path / "sweep"
+    assert main(["sweep", str(rec), "--set", "channel.uplink.loss_rate=0,0.001,0.05",
+                 "--set", "channel.uplink.latency_s=0.05", "--metric", "ul_time_mean_s",
+                 "--out", str(out), "--quiet"]) == 0
+    df = pd.read_csv(out / "sweep.csv")
+    assert (out / "sweep.png").stat().st_size > 0
+    for p, expected_bps in ((0.0, 2e6), (0.001, 2e6),  # the bound 9.05 Mbit/s > 2 Mbit/s
+                            (0.05, 11680 * math.sqrt(1.5) / (0.05 * math.sqrt(0.05)))):
+        row = df[df["channel.uplink.loss_rate"] == p].iloc[0]
+        assert bool(row["exact"])
+        assert row["ul_time_mean_s"] == pytest.approx(8 * nbytes / expected_bps + 0.05,
+                                                      rel=1e-12)
+    assert expected_bps == pytest.approx(1_279_479.9, rel=1e-7)  # p = 5 %: binds
+    # the bare loss rate without a round trip is refused, naming the field
+    assert main(["sweep", str(rec), "--set", "channel.uplink.loss_rate=0.01",
+                 "--out", str(tmp_path / "bad"), "--quiet"]) == 2
