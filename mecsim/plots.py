@@ -145,7 +145,7 @@ def time_split_figure(runs: Sequence[RunRecords]) -> Figure:
             bottom += values
         ax.set_ylabel("emulated s")
         mean_s = float(np.nansum(bottom) / max(len(rounds), 1))
-        ax.set_title(f"{r.label}: {mean_s:.3g} s a round on average", fontsize="medium")
+        ax.set_title(f"{r.label}: {mean_s:.4g} s a round on average", fontsize="medium")
         ax.grid(axis="y", alpha=0.3)
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", fontsize="small",
@@ -183,7 +183,7 @@ def energy_figure(runs: Sequence[RunRecords]) -> Figure | None:
                     transform=ax.transAxes, ha="center", va="center", fontsize="small")
         ax.set_ylabel("J per round")
         mean_j = float(np.sum(bottom) / max(len(rounds), 1))
-        ax.set_title(f"{r.label}: {mean_j:.3g} J a round on average" if has_energy(r)
+        ax.set_title(f"{r.label}: {mean_j:.4g} J a round on average" if has_energy(r)
                      else r.label, fontsize="medium")
         ax.grid(axis="y", alpha=0.3)
     handles, labels = axes[0].get_legend_handles_labels()
