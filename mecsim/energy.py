@@ -34,6 +34,8 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import numpy as np
+
 from mecsim.devices import DeviceProfile
 from mecsim.engine import ClientSpec, ClientTimeline, RateSchedule
 from mecsim.ops import Download, OpTrace, Upload
@@ -93,3 +95,79 @@ def round_energy(client_rows: Iterable[Mapping[str, Any]]) -> dict[str, float]:
 def energy_parts() -> tuple[str, ...]:
     """(compute, radio, idle): the parts of ``energy_j`` (``energy_<part>_j``)."""
     return _PARTS
+
+
+def round_energy_arrays(power_w: np.ndarray, times_s: np.ndarray, bits: np.ndarray,
+                        n_ops: np.ndarray, rates_bps: np.ndarray, latency_s: np.ndarray,
+                        round_time_s: float) -> dict[str, float]:
+    """:func:`round_energy` of :func:`client_energy` for a whole round at once, in numpy
+    (what replays and sweeps use: no per-client Python work beyond building the arrays).
+
+    One row per selected client: ``power_w`` (active, idle, tx, rx; NaN where the profile
+    has none), ``times_s`` (download, compute, upload, server compute, backhaul, finish),
+    ``bits`` and ``n_ops`` (up, down: bits sent and transfers with bytes), ``rates_bps``
+    (up, down; NaN for a rate schedule) and ``latency_s`` (up, down). Equal to summing
+    :func:`client_energy` over the clients (``tests/test_energy.py`` checks it)."""
+    if len(times_s) == 0:
+        return dict.fromkeys(ENERGY_KEYS, 0.0)
+    p_active, p_idle, p_tx, p_rx = power_w.T
+    if (math.isfinite(round_time_s) and np.isfinite(times_s).all()
+            and np.isfinite(power_w).all() and (rates_bps > 0).all()):
+        # the common case: every client finished over constant, working links (the same
+        # arithmetic as below, without the branches; n = 0 transfers have 0 bits)
+        compute_s, finish_s = times_s[:, 1], times_s[:, 5]
+        window_s = np.maximum(round_time_s, finish_s)
+        e_compute = p_active * compute_s
+        e_radio = p_tx * (bits[:, 0] / rates_bps[:, 0]) + p_rx * (bits[:, 1] / rates_bps[:, 1])
+        e_idle = p_idle * np.maximum(0.0, window_s - compute_s)
+        return {key: float(sum(values.tolist())) for key, values in zip(
+            ENERGY_KEYS, (e_compute + e_radio + e_idle, e_compute, e_radio, e_idle),
+            strict=True)}
+    download_s, compute_s, upload_s, server_s, backhaul_s, finish_s = times_s.T
+    with np.errstate(invalid="ignore", divide="ignore"):
+        window_s = np.where(np.isfinite(finish_s), np.maximum(round_time_s, finish_s),
+                            round_time_s)
+        others = np.where(np.isfinite(download_s), download_s, 0.0) \
+            + np.where(np.isfinite(upload_s), upload_s, 0.0) \
+            + np.where(np.isfinite(server_s), server_s, 0.0) \
+            + np.where(np.isfinite(backhaul_s), backhaul_s, 0.0)
+        compute_s = np.where(np.isfinite(compute_s), compute_s,
+                             np.maximum(0.0, window_s - others))
+        air = []
+        for k, elapsed_s in ((0, upload_s), (1, download_s)):
+            rate, lat, n = rates_bps[:, k], latency_s[:, k], n_ops[:, k]
+            schedule = np.where(np.isfinite(elapsed_s),
+                                np.maximum(0.0, elapsed_s - n * lat), 0.0)
+            constant = np.where(rate > 0, bits[:, k] / rate, 0.0)
+            air.append(np.where(n == 0, 0.0, np.where(np.isnan(rate), schedule, constant)))
+        e_compute = p_active * compute_s
+        e_radio = p_tx * air[0] + p_rx * air[1]
+        e_idle = p_idle * np.maximum(0.0, window_s - compute_s)
+        total = e_compute + e_radio + e_idle
+    bad = ~np.isfinite(window_s) | np.isnan(power_w).any(axis=1)
+    out = {}
+    for key, values in zip(ENERGY_KEYS, (total, e_compute, e_radio, e_idle), strict=True):
+        values = np.where(bad, np.nan, values)
+        out[key] = float(sum(values.tolist()))  # in client order, as round_energy sums
+    return out
+
+
+def transfer_arrays(traces: Iterable[OpTrace]) -> tuple[np.ndarray, np.ndarray]:
+    """(bits, transfers with bytes) of each trace's uploads and downloads, shape (n, 2),
+    summed as :func:`client_energy` sums them."""
+    bits, n_ops = [], []
+    for trace in traces:
+        up = [op for op in trace if isinstance(op, Upload) and op.nbytes > 0]
+        down = [op for op in trace if isinstance(op, Download) and op.nbytes > 0]
+        bits.append((sum(8.0 * op.nbytes for op in up), sum(8.0 * op.nbytes for op in down)))
+        n_ops.append((len(up), len(down)))
+    return (np.array(bits, dtype=float).reshape(-1, 2),
+            np.array(n_ops, dtype=float).reshape(-1, 2))
+
+
+def power_array(profiles: Iterable[DeviceProfile]) -> np.ndarray:
+    """(active, idle, tx, rx) watts of each profile, NaN where it has none: shape (n, 4)."""
+    return np.array([[math.nan if w is None else float(w)
+                      for w in (p.active_power_w, p.idle_power_w, p.radio_tx_power_w,
+                                p.radio_rx_power_w)] for p in profiles],
+                    dtype=float).reshape(-1, 4)

@@ -21,6 +21,7 @@ import numpy as np
 from channel import FixedRateChannel, ShannonChannel, TraceChannel
 from channel.transport import jittered_latency_s, mathis_goodput_bps
 from mecsim.devices import DeviceProfile, builtin_profiles
+from mecsim.energy import power_array
 from mecsim.engine import ClientSpec, NetworkSpec, RateSchedule, ServerSpec
 from mecsim.scenario import (
     FixedRateChannelConfig,
@@ -158,6 +159,8 @@ class NetworkModel:
         self.radio = self.channel.draw_clients(
             scenario.topology.clients, np.random.default_rng([seed, _CLIENTS_STREAM]))
         self.devices = [profiles[name] for name in scenario.client_profiles()]
+        # (active, idle, tx, rx) W per client, for vectorised energy (mecsim.energy)
+        self.power_w = power_array(self.devices)
         server = profiles[scenario.devices.edge_server]
         self.server_profile = server
         self.uplink, self.downlink = transport_of(scenario.channel)
@@ -226,4 +229,11 @@ class NetworkModel:
                     backhaul_latency_s=float(bh_lat[es]), backhaul_goodput_bps=float(bh_bps[es]))
         for rec in records.values():
             rec.pop("client_id", None)
+        # the round's links as arrays in selection order (goodput NaN where a rate schedule
+        # applies), for vectorised energy in replays: (up, down) rates and latencies
+        schedule = isinstance(self.channel, TraceChannel)
+        self.round_links = (
+            np.column_stack([np.full(len(selected), np.nan) if schedule else up_good,
+                             np.full(len(selected), np.nan) if schedule else down_good]),
+            np.column_stack([up_lat, down_lat]))
         return specs, servers, self.network, records

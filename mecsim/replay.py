@@ -35,13 +35,14 @@ import sys
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from mecsim.energy import ENERGY_KEYS, client_energy, round_energy
+from mecsim.energy import ENERGY_KEYS, round_energy_arrays, transfer_arrays
 from mecsim.engine import time_round
 from mecsim.network import NetworkModel, device_profiles
 from mecsim.ops import OpTrace, op_from_dict, trace_bytes
@@ -75,6 +76,12 @@ class RecordedRound:
     aggregate_flops: float
     bytes_up: int
     bytes_down: int
+
+    @cached_property
+    def transfer_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(bits, transfers) of each client's uploads and downloads, shape (clients, 2),
+        in selection order: what the energy of a re-timed round needs (computed once)."""
+        return transfer_arrays(self.traces.values())
 
 
 @dataclass(frozen=True)
@@ -271,9 +278,7 @@ def retime(run: RecordedRun, scenario: Scenario) -> _Timed:
         aggregate_s = server.compute_time_s(rec.aggregate_flops, 0)
         t = time_round(rec.traces, specs, servers, net, aggregate_s=aggregate_s)
         elapsed_s = elapsed_s + t.round_time_s
-        energy = round_energy(
-            client_energy(network.devices[c.client_id], c, rec.traces[c.client_id],
-                          specs[c.client_id], t.round_time_s) for c in t.clients)
+        energy = _round_energy(network, rec, selected, t)
         rows.append({
             "round": rec.round, "selected": len(selected),
             "completed": len(selected) - len(t.dropped), "dropped": len(t.dropped),
@@ -286,6 +291,17 @@ def retime(run: RecordedRun, scenario: Scenario) -> _Timed:
         dropped.append(frozenset(t.dropped))
         finish.append({c.client_id: c.finish_s for c in t.clients})
     return _Timed(rows, dropped, finish)
+
+
+def _round_energy(network: NetworkModel, rec: RecordedRound, selected: list[int],
+                  t) -> dict[str, float]:
+    """The round's client energy (mecsim.energy), vectorised over its clients."""
+    bits, n_ops = rec.transfer_arrays
+    times = np.array([(c.download_s, c.compute_s, c.upload_s, c.server_compute_s,
+                       c.backhaul_s, c.finish_s) for c in t.clients], dtype=float)
+    rates, lat = network.round_links  # of the round just drawn, in selection order
+    return round_energy_arrays(network.power_w[selected], times, bits, n_ops, rates, lat,
+                               t.round_time_s)
 
 
 def _rounds_list(rounds: list[int]) -> str:

@@ -191,3 +191,59 @@ def test_sweep_energy_metric(tmp_path):
     cli = pd.read_csv(sw / "sweep.csv")
     assert cli["energy_mean_j"].tolist() == pytest.approx(df["energy_mean_j"].tolist())
     assert (sw / "sweep.png").stat().st_size > 0
+
+
+def test_vectorised_round_energy_equals_the_per_client_sum():
+    """What replays use (round_energy_arrays) equals summing client_energy exactly, on
+    random rounds: dedicated and shared links, latency, rate schedules, outages,
+    deadlines, profiles with and without power."""
+    import numpy as np
+
+    from mecsim.energy import power_array, round_energy_arrays, transfer_arrays
+
+    rng = np.random.default_rng(7)
+    bare = DeviceProfile("bare", 1e9, 0.0, 2**30)
+    checked_nan = checked_stuck = 0
+    for case in range(120):
+        n = int(rng.integers(1, 12))
+        shared = bool(rng.random() < 0.3)
+        traces, specs, profiles = {}, {}, []
+        for c in range(n):
+            ops = [Download(int(rng.integers(0, 3)) * 400_000),
+                   Compute(float(rng.uniform(1e8, 1e10)), 5),
+                   Upload(int(rng.integers(0, 3)) * 500_000)]
+            if rng.random() < 0.3:
+                ops.append(Upload(int(rng.integers(1, 4)) * 100_000))
+            traces[c] = tuple(ops)
+            up = 0.0 if rng.random() < 0.05 else float(rng.uniform(1e5, 1e7))
+            if not shared and rng.random() < 0.2:
+                up = RateSchedule((0.0, float(rng.uniform(0.1, 2))),
+                                  (float(rng.uniform(1e5, 1e6)), float(rng.uniform(1e6, 1e7))))
+            specs[c] = ClientSpec(c, up, float(rng.uniform(1e6, 2e7)), 0.01,
+                                  0.0 if rng.random() < 0.03 else 1e9,
+                                  uplink_latency_s=float(rng.uniform(0, 0.1)),
+                                  downlink_latency_s=float(rng.uniform(0, 0.1)))
+            profiles.append(bare if rng.random() < 0.05 else PI)
+        deadline = None if rng.random() < 0.5 else float(rng.uniform(1, 20))
+        t = time_round(traces, specs, [ServerSpec(1e9)],
+                       NetworkSpec(uplink_shared=shared, deadline_s=deadline),
+                       aggregate_s=float(rng.uniform(0, 1)))
+        per_client = round_energy(
+            client_energy(profiles[c.client_id], c, traces[c.client_id], specs[c.client_id],
+                          t.round_time_s) for c in t.clients)
+        bits, n_ops = transfer_arrays(traces.values())
+        times = np.array([(c.download_s, c.compute_s, c.upload_s, c.server_compute_s,
+                           c.backhaul_s, c.finish_s) for c in t.clients])
+        rates = np.array([[r if isinstance(r, float) else np.nan
+                           for r in (specs[c].uplink_rate_bps, specs[c].downlink_rate_bps)]
+                          for c in range(n)])
+        lat = np.array([(specs[c].uplink_latency_s, specs[c].downlink_latency_s)
+                        for c in range(n)])
+        fast = round_energy_arrays(power_array(profiles), times, bits, n_ops, rates, lat,
+                                   t.round_time_s)
+        for k in ENERGY_KEYS:
+            a, b = per_client[k], fast[k]
+            assert (math.isnan(a) and math.isnan(b)) or a == b, (case, k, a, b)
+        checked_nan += math.isnan(per_client["energy_j"])
+        checked_stuck += any(math.isinf(c.finish_s) for c in t.clients)
+    assert checked_nan > 0 and checked_stuck > 0  # the random cases reached those branches
