@@ -1,10 +1,13 @@
 """Local training and evaluation on a client's own data, with FLOPs and memory measured.
 
 FLOPs come from :class:`torch.utils.flop_counter.FlopCounterMode` (matmuls and
-convolutions, forward and backward). A step's FLOPs depend only on tensor shapes, so the
-first real step of each batch size is run under the counter and its count is reused for
-later steps of that size (:class:`StepCosts`): counting every step would slow training
-several-fold for the same number.
+convolutions, forward and backward), plus the optimiser's element-wise update of every
+parameter it steps, which the counter does not see (:func:`optimizer_step_flops`: 2 per
+parameter for plain SGD, 4 with momentum, 13 for Adam, +2 with weight decay). A step's
+FLOPs depend only on tensor shapes, so the first real step of each batch size is run
+under the counter and its count is reused for later steps of that size
+(:class:`StepCosts`): counting every step would slow training several-fold for the same
+number.
 
 The memory a training step needs is measured on that same first step: parameters,
 gradients, optimiser state, the input batch and every tensor autograd saves for the
@@ -26,8 +29,47 @@ LossTerm = Callable[[nn.Module], torch.Tensor]
 
 @dataclass(frozen=True)
 class StepCost:
-    flops: float  # forward + backward FLOPs of one optimiser step
+    flops: float  # forward + backward FLOPs of one step, and the optimiser's update
     memory_bytes: int  # params + grads + optimiser state + batch + saved activations
+    optimizer_flops: float = 0.0  # the optimiser's element-wise update (part of flops)
+
+
+#: Element-wise FLOPs per stepped parameter, counted from the update equations of
+#: PyTorch's documented algorithms (torch.optim.SGD, torch.optim.Adam) as its single-tensor
+#: implementation performs them, one FLOP per add, multiply, divide or square root:
+#: SGD ``p -= lr * g`` (2); momentum ``b = mu * b + g`` (+2); weight decay
+#: ``g += wd * p`` (+2); dampening (+1) and Nesterov ``g += mu * b`` (+2) where set.
+#: Adam: ``m.lerp_(g, 1 - b1)`` (3), ``v.mul_(b2).addcmul_(g, g, 1 - b2)`` (4),
+#: ``denom = v.sqrt() / sqrt(bc2) + eps`` (3), ``p.addcdiv_(m, denom, -lr / bc1)`` (3):
+#: 13, the count MTFL's FedAdam server step uses too; +2 with weight decay, +1 with AMSGrad.
+SGD_FLOPS_PER_PARAM = 2
+MOMENTUM_FLOPS_PER_PARAM = 2
+WEIGHT_DECAY_FLOPS_PER_PARAM = 2
+ADAM_FLOPS_PER_PARAM = 13
+
+
+def _flops_per_param(optimizer: torch.optim.Optimizer, group: dict) -> int:
+    wd = WEIGHT_DECAY_FLOPS_PER_PARAM if group.get("weight_decay", 0.0) else 0
+    if isinstance(optimizer, torch.optim.Adam):
+        return ADAM_FLOPS_PER_PARAM + wd + (1 if group.get("amsgrad") else 0)
+    if isinstance(optimizer, torch.optim.SGD):
+        n = SGD_FLOPS_PER_PARAM + wd
+        if group.get("momentum", 0.0):
+            n += MOMENTUM_FLOPS_PER_PARAM + (1 if group.get("dampening", 0.0) else 0)
+            n += 2 if group.get("nesterov") else 0
+        return n
+    raise ValueError(f"no per-parameter FLOP count for optimiser {type(optimizer).__name__}; "
+                     "known: SGD, Adam (agents.training.optimizer_step_flops)")
+
+
+def optimizer_step_flops(optimizer: torch.optim.Optimizer) -> float:
+    """FLOPs of one ``optimizer.step()`` over the parameters that have a gradient (the
+    ones it updates): their element count times the per-parameter count above."""
+    total = 0
+    for group in optimizer.param_groups:
+        per = _flops_per_param(optimizer, group)
+        total += per * sum(p.numel() for p in group["params"] if p.grad is not None)
+    return float(total)
 
 
 class StepCosts:
@@ -58,9 +100,10 @@ def _optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
 class TrainStats:
     steps: int
     samples: int
-    flops: float
+    flops: float  # includes optimizer_flops
     mean_loss: float
     peak_memory_bytes: int
+    optimizer_flops: float = 0.0
 
 
 def make_optimizer(name: str, params, lr: float, momentum: float = 0.0,
@@ -94,7 +137,7 @@ def train_epochs(
     model.train()
     n = int(y.shape[0])
     steps = 0
-    flops = 0.0
+    flops = opt_flops = 0.0
     loss_sum = 0.0
     peak = 0
     for _ in range(epochs):
@@ -115,8 +158,9 @@ def train_epochs(
             loss_sum += loss
             steps += 1
             flops += cost.flops
+            opt_flops += cost.optimizer_flops
             peak = max(peak, cost.memory_bytes)
-    return TrainStats(steps, n * epochs, flops, loss_sum / max(steps, 1), peak)
+    return TrainStats(steps, n * epochs, flops, loss_sum / max(steps, 1), peak, opt_flops)
 
 
 def batch_loss(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor,
@@ -150,6 +194,7 @@ def measured_step(model, optimizer, xb, yb, extra_loss) -> tuple[float, StepCost
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             loss = batch_loss(model, xb, yb, extra_loss)
         loss.backward()
+    opt_flops = optimizer_step_flops(optimizer)  # after backward: the stepped parameters
     optimizer.step()
     params = list(model.parameters())
     memory = (
@@ -160,7 +205,8 @@ def measured_step(model, optimizer, xb, yb, extra_loss) -> tuple[float, StepCost
         + xb.numel() * xb.element_size()
         + sum(saved)
     )
-    return float(loss.detach()), StepCost(float(counter.get_total_flops()), int(memory))
+    return float(loss.detach()), StepCost(float(counter.get_total_flops()) + opt_flops,
+                                          int(memory), opt_flops)
 
 
 @torch.no_grad()

@@ -109,7 +109,8 @@ def dcpfl_structure(df: pd.DataFrame) -> str:
     lines = []
     for _, r in df[df["trial"] == 1].iterrows():
         verdict = "kept" if r["split_accepted"] == 1 else "rejected"
-        lines.append(f"round {int(r['round'])}: split {verdict} -> {int(r['groups'])} groups, "
+        # rounds counted from 1 (the records' round index + 1), as everywhere a person reads
+        lines.append(f"round {int(r['round']) + 1}: split {verdict} -> {int(r['groups'])} groups, "
                      f"gamma~ {r['gamma_tilde']:.2f}, bytes_down {int(r['bytes_down'])}, "
                      f"round time {r['round_time_s']:.2f} s")
     last = df.iloc[-1]
@@ -126,7 +127,7 @@ def markdown(t: pd.DataFrame, dkl: float | None) -> str:
         comm = "-" if r["comm_rounds"] == 0 else f"{int(r['comm_rounds'])}"
         ctime = "-" if r["comm_rounds"] == 0 else f"{r['comm_time_s']:.0f}"
         body += (f"| {r['method']} | {r['final_accuracy']:.3f} | "
-                 f"{int(r['convergence_round'])} | {comm} | {ctime} | "
+                 f"{int(r['convergence_round']) + 1} | {comm} | {ctime} | "
                  f"{r['compute_time_s']:.0f} | {r['total_time_s']:.0f}{ratio} |\n")
     note = (f"\nConvergence: final accuracy = mean of the last {WINDOW_ROUNDS} rounds; "
             f"converged at the first round from which the {WINDOW_ROUNDS}-round trailing "

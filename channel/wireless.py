@@ -168,10 +168,10 @@ class ShannonChannel:
     server's full power per sub-band, as the paper's per-link formula reads).
 
     ``snr_offset_db`` (default 0: the literal model) is a *calibration knob* added to every
-    SNR. Read literally, Table 4 gives SNR ≈ −11 dB at 300 m and uploads 20–70× slower than
-    the times the paper reports; +20 dB (no interference, full downlink band, round = slowest
-    of 10 clients) reproduces them (see DESIGN.md, "Channel model"). A scenario setting it
-    must say why.
+    SNR. Read literally, Table 4 gives SNR ≈ −11.6 dB at 300 m and round transfers 20–75×
+    slower than the times the paper reports; +20 dB (no interference, full downlink band,
+    round = slowest of 10 clients) reproduces them (docs/channel.md, "The +20 dB
+    calibration"). A scenario setting it must say why.
     """
 
     uplink_bandwidth_range_hz: tuple[float, float] = (10e6, 30e6)

@@ -136,10 +136,11 @@ def _error(console: Console, text: str) -> None:
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
     from mecsim.console import ProgressBar, summary_table
     from mecsim.metrics import MetricsExporter
+    from mecsim.network import downlink_note
     from mecsim.records import RecordsWriter
     from mecsim.runfolder import RunFolderError, RunLock, prepare_resume, status_line
     from mecsim.runner import RunFailed, ScenarioInfeasible, run
-    from mecsim.summary import target_lines
+    from mecsim.summary import energy_line, summarise, target_lines
 
     resume = None
     created: Path | None = None
@@ -248,8 +249,11 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         if rows:
             for table in summary_table(scenario.algorithm.name, rows):
                 console.print(table)
-            for line in target_lines(rows, scenario.evaluation.target_accuracy):
-                console.print(Text(line))
+            note = downlink_note(scenario)
+            for line in [energy_line(summarise(rows)),
+                         *target_lines(rows, scenario.evaluation.target_accuracy), note]:
+                if line:
+                    console.print(Text(line))
         console.print(Text(f"records: {out_dir}/ (rounds.csv, clients.csv, summary.md, ...)"))
     return 0
 
@@ -298,12 +302,20 @@ def cmd_devices(args: argparse.Namespace, console: Console) -> int:
 
     from mecsim.devices import builtin_profiles
 
-    table = Table(title="Device profiles (t = batches * step_overhead + FLOPs / FLOP/s)")
-    for col in ("name", "GFLOP/s", "step overhead (ms)", "RAM (GiB)", "source of GFLOP/s"):
+    table = Table(title="Device profiles (t = batches * step_overhead + FLOPs / FLOP/s; "
+                  "power: docs/devices.md)")
+    for col in ("name", "GFLOP/s", "step overhead (ms)", "RAM (GiB)",
+                "active / idle W", "radio tx / rx W", "source of GFLOP/s", "source of power"):
         table.add_column(col)
+
+    def watts(a: float | None, b: float | None) -> str:
+        return "-" if a is None or b is None else f"{a:g} / {b:g}"
+
     for p in builtin_profiles().values():
         table.add_row(p.name, f"{p.flops_per_s / 1e9:.2f}", f"{1e3 * p.step_overhead_s:.0f}",
-                      f"{p.ram_bytes / 2**30:.0f}", p.flops_source)
+                      f"{p.ram_bytes / 2**30:.0f}", watts(p.active_power_w, p.idle_power_w),
+                      watts(p.radio_tx_power_w, p.radio_rx_power_w), p.flops_source,
+                      p.power_source or "-")
     console.print(table)
     return 0
 

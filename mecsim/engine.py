@@ -67,7 +67,11 @@ Rate = float | RateSchedule  # bits per second
 
 @dataclass(frozen=True)
 class ClientSpec:
-    """A client's links and device CPU (``t = batches*step_overhead_s + flops/flops_per_s``)."""
+    """A client's links and device CPU (``t = batches*step_overhead_s + flops/flops_per_s``).
+
+    A transfer of ``nbits`` takes ``nbits / rate + latency`` on its link (the rate is the
+    goodput; the latency, one-way, is added to every transfer after its last bit is sent).
+    """
 
     client_id: int
     uplink_rate_bps: Rate
@@ -75,6 +79,8 @@ class ClientSpec:
     step_overhead_s: float
     flops_per_s: float
     edge_server: int = 0
+    uplink_latency_s: float = 0.0
+    downlink_latency_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -184,37 +190,43 @@ class ProcessorSharing:
 
 
 class DedicatedLink:
-    """A client's own link: no contention; it owns its transfer delay."""
+    """A client's own link: no contention; it owns its transfer delay
+    (``nbits / rate + latency_s``)."""
 
-    def __init__(self, env: simpy.Environment, rate_bps: Rate) -> None:
-        self.env, self.rate_bps = env, rate_bps
+    def __init__(self, env: simpy.Environment, rate_bps: Rate, latency_s: float = 0.0) -> None:
+        self.env, self.rate_bps, self.latency_s = env, rate_bps, latency_s
 
     def __repr__(self) -> str:
-        return f"DedicatedLink(rate_bps={self.rate_bps!r})"
+        return f"DedicatedLink(rate_bps={self.rate_bps!r}, latency_s={self.latency_s})"
 
     def transfer(self, nbits: float) -> _Proc:
         if nbits <= 0:
             return
         if isinstance(self.rate_bps, RateSchedule):
-            delay_s = self.rate_bps.transfer_time_s(nbits, self.env.now)
+            delay_s = self.rate_bps.transfer_time_s(nbits, self.env.now) + self.latency_s
         else:
-            delay_s = nbits / self.rate_bps if self.rate_bps > 0 else math.inf
+            delay_s = nbits / self.rate_bps + self.latency_s if self.rate_bps > 0 else math.inf
         # an infinitely long transfer waits on an event that never fires
         yield self.env.event() if math.isinf(delay_s) else self.env.timeout(delay_s)
 
 
 class SharedLink:
-    """A client's share of a medium: its transfers are served at ``rate_bps / n``."""
+    """A client's share of a medium: its transfers are served at ``rate_bps / n``, then
+    arrive ``latency_s`` later (the latency does not hold the medium)."""
 
-    def __init__(self, medium: ProcessorSharing, rate_bps: float) -> None:
-        self.medium, self.rate_bps = medium, rate_bps
+    def __init__(self, medium: ProcessorSharing, rate_bps: float,
+                 latency_s: float = 0.0) -> None:
+        self.medium, self.rate_bps, self.latency_s = medium, rate_bps, latency_s
 
     def __repr__(self) -> str:
-        return f"SharedLink({self.medium.name!r}, rate_bps={self.rate_bps})"
+        return (f"SharedLink({self.medium.name!r}, rate_bps={self.rate_bps}, "
+                f"latency_s={self.latency_s})")
 
     def transfer(self, nbits: float) -> _Proc:
         if nbits > 0:
             yield self.medium.serve(nbits, self.rate_bps)
+            if self.latency_s > 0:
+                yield self.medium.env.timeout(self.latency_s)
 
 
 class Device:
@@ -430,6 +442,8 @@ def _advance_group(kinds: tuple[int, ...], rows: list[OpTrace],
     m = len(rows)
     down_bps = np.array([float(s.downlink_rate_bps) for s in specs])
     up_bps = np.array([float(s.uplink_rate_bps) for s in specs])
+    down_lat_s = np.array([float(s.downlink_latency_s) for s in specs])
+    up_lat_s = np.array([float(s.uplink_latency_s) for s in specs])
     overhead_s = np.array([float(s.step_overhead_s) for s in specs])
     flops_per_s = np.array([float(s.flops_per_s) for s in specs])
     now_s, spent_s = np.zeros(m), np.zeros((m, 3))
@@ -444,8 +458,9 @@ def _advance_group(kinds: tuple[int, ...], rows: list[OpTrace],
                 delay_s = np.where(delay_s > 0, delay_s, 0.0)
             else:  # DedicatedLink.transfer
                 nbits = 8.0 * np.array([float(r[k].nbytes) for r in rows])
-                rate = down_bps if kind == 0 else up_bps
-                delay_s = np.where(nbits > 0, np.where(rate > 0, nbits / rate, np.inf), 0.0)
+                rate, lat_s = (down_bps, down_lat_s) if kind == 0 else (up_bps, up_lat_s)
+                delay_s = np.where(nbits > 0,
+                                   np.where(rate > 0, nbits / rate + lat_s, np.inf), 0.0)
             blocked = np.isinf(delay_s) & ~stuck
             stuck_kind[blocked] = kind
             stuck |= blocked
@@ -469,15 +484,16 @@ def _simulate(
     cpus: dict[int, EdgeServerCPU] = {}
 
     def link(spec: ClientSpec, rate: Rate, shared: bool, direction: str) -> _Link:
+        latency_s = spec.uplink_latency_s if direction == "uplink" else spec.downlink_latency_s
         if not shared:
-            return DedicatedLink(env, rate)
+            return DedicatedLink(env, rate, latency_s)
         if isinstance(rate, RateSchedule):
             raise ValueError(f"client {spec.client_id}: a shared {direction} medium needs a "
                              "constant rate, not a RateSchedule")
         key = (direction, spec.edge_server)
         if key not in media:
             media[key] = ProcessorSharing(env, f"server{key[1]}.{direction}")
-        return SharedLink(media[key], float(rate))
+        return SharedLink(media[key], float(rate), latency_s)
 
     backhauls = _edge_backhauls(env, traces, clients, servers)
     procs: list[_Client] = []

@@ -93,7 +93,15 @@ METRICS: dict[str, tuple[str, str]] = {
     "mecsim_client_phase_seconds": ("histogram", "Emulated time of each selected "
                                                  "client-round by phase (download, compute, "
                                                  "upload)"),
+    "mecsim_client_energy_joules_total": ("counter", "Energy of the selected clients' devices "
+                                                     "summed over rounds, by part (compute, "
+                                                     "radio, idle), from the device profiles"),
+    "mecsim_round_energy_joules": ("gauge", "Energy of the last round's selected clients, "
+                                            "all parts"),
 }
+#: Parts of a client-round's energy: (``part`` label, round-row column).
+ENERGY_PARTS = (("compute", "energy_compute_j"), ("radio", "energy_radio_j"),
+                ("idle", "energy_idle_j"))
 
 
 def _family(name: str) -> str:
@@ -157,6 +165,8 @@ class MetricsExporter(RunObserver):
         self.snr = make("mecsim_channel_snr_decibels", ("direction",), buckets=SNR_BUCKETS)
         self.client_phase = make("mecsim_client_phase_seconds", ("phase",),
                                  buckets=CLIENT_SECONDS_BUCKETS)
+        self.energy = make("mecsim_client_energy_joules_total", ("part",))
+        self.round_energy = make("mecsim_round_energy_joules")
         self._server = None
         self._thread = None
 
@@ -204,6 +214,8 @@ class MetricsExporter(RunObserver):
         self.actor_failures.labels(**lab)
         self.checkpoint_bytes.labels(**lab)  # 0 until the first checkpoint
         self.checkpoint_seconds.labels(**lab)
+        for part, _ in ENERGY_PARTS:
+            self.energy.labels(**lab, part=part)
 
     def on_run_resume(self, info: RunInfo, rounds: list[dict[str, Any]]) -> None:
         """Counters continue from the finished rounds' sums (read back from the records),
@@ -228,6 +240,9 @@ class MetricsExporter(RunObserver):
         for status in CLIENT_STATUSES:
             self.clients_total.labels(**lab, status=status).inc(_number(row.get(status)))
         self.host_total.labels(**lab).inc(row["host_wall_s"])
+        if _finite(row.get("energy_j")):  # NaN: a device profile without power figures
+            for part, key in ENERGY_PARTS:
+                self.energy.labels(**lab, part=part).inc(_number(row.get(key)))
 
     def on_fault(self, info, rnd: int, message: str) -> None:
         self.actor_failures.labels(run=info.run_id,
@@ -256,6 +271,8 @@ class MetricsExporter(RunObserver):
             self.train_loss.labels(**lab).set(row["train_loss"])
         for status in CLIENT_STATUSES:
             self.clients.labels(**lab, status=status).set(_number(row.get(status)))
+        if _finite(row.get("energy_j")):  # NaN: a device profile without power figures
+            self.round_energy.labels(**lab).set(row["energy_j"])
         self.host_wall.labels(**lab).set(row["host_wall_s"])
         for c in client_rows:
             if not c.get("selected"):

@@ -4,12 +4,19 @@
 
 - ``accuracy_vs_round.png``: mean user accuracy per evaluated round, with the min-max
   band over clients (the papers' convergence curves);
-- ``accuracy_vs_time.png``: the same against emulated seconds elapsed;
+- ``accuracy_vs_time.png``: the same against emulated seconds elapsed, on a log time
+  axis when the runs' total times differ by more than 10x;
 - ``time_split.png``: stacked emulated time per round by phase (download, client,
-  upload, backhaul, server, idle), one panel per run;
+  upload, backhaul, server, idle), one panel per run, all panels on one y scale;
 - ``bytes_per_round.png``: MiB sent up (solid) and down (dashed) per round;
+- ``energy_per_round.png``: joules of the selected clients per round, stacked by part
+  (compute, radio, idle), one panel per run on one y scale (skipped when no run has
+  energy figures);
 - ``client_accuracy.png``: the distribution of per-client accuracy in each run's last
   evaluated round (box plot with every client as a dot).
+
+Rounds are counted from 1 (the records' round index + 1) and round axes have integer
+ticks. With many series the legend goes outside the axes, to the right of the data.
 
 :class:`PlotWriter` is a run observer that writes them to ``<run dir>/plots/`` when the
 run ends. Figures are drawn on the Agg canvas without pyplot, so no GUI and no global
@@ -34,10 +41,39 @@ from mecsim.tables import RunRecords, evaluated, from_rows, label_runs
 
 MiB = 1024 * 1024
 PLOT_NAMES = ("accuracy_vs_round.png", "accuracy_vs_time.png", "time_split.png",
-              "bytes_per_round.png", "client_accuracy.png")
+              "bytes_per_round.png", "energy_per_round.png", "client_accuracy.png")
 _PHASES = (("download", "dl_time_s"), ("client", "client_time_s"), ("upload", "ul_time_s"),
            ("backhaul", "backhaul_time_s"), ("server", "server_time_s"),
            ("idle", "idle_time_s"))
+_ENERGY_PARTS = (("compute", "energy_compute_j"), ("radio", "energy_radio_j"),
+                 ("idle", "energy_idle_j"))
+#: More legend entries than this go outside the axes (right of the data).
+LEGEND_INSIDE_MAX = 6
+#: A time axis is logarithmic when the runs' total emulated times differ by more than this.
+LOG_TIME_RATIO = 10.0
+
+
+def round_numbers(df) -> np.ndarray:
+    """Rounds as a person reads them: counted from 1 (the records' ``round`` index + 1)."""
+    return df["round"].to_numpy() + 1
+
+
+def log_time_axis(runs: Sequence[RunRecords]) -> bool:
+    """Do the runs' total emulated times differ by more than :data:`LOG_TIME_RATIO`?"""
+    totals = [float(r.rounds["elapsed_s"].max()) for r in runs if not evaluated(r).empty]
+    totals = [t for t in totals if t > 0 and np.isfinite(t)]
+    return len(totals) > 1 and max(totals) / min(totals) > LOG_TIME_RATIO
+
+
+def _legend(ax, fig: Figure) -> None:
+    """Inside the axes for a few entries; outside, right of the data, for many."""
+    handles, labels = ax.get_legend_handles_labels()
+    if not handles:
+        return
+    if len(handles) > LEGEND_INSIDE_MAX:
+        fig.legend(handles, labels, loc="outside right upper", fontsize="small")
+    else:
+        ax.legend(handles, labels, fontsize="small")
 
 
 def _figure(width: float = 7.0, height: float = 4.2) -> Figure:
@@ -61,14 +97,15 @@ def _colors(n: int) -> list:
     return [cmap(i if n <= 10 else i / max(1, n - 1)) for i in range(n)]
 
 
-def _accuracy(runs: Sequence[RunRecords], x: str, path: Path, target: float | None) -> Path:
-    fig = _figure()
+def accuracy_figure(runs: Sequence[RunRecords], x: str, target: float | None = None) -> Figure:
+    """Mean user accuracy against rounds (``x='round'``) or emulated time (``'time'``)."""
+    fig = _figure(9.0 if len(runs) > LEGEND_INSIDE_MAX else 7.0)
     ax = fig.add_subplot()
     for r, color in zip(runs, _colors(len(runs)), strict=True):
         ev = evaluated(r)
         if ev.empty:
             continue
-        xs = ev["round"].to_numpy() + 1 if x == "round" else ev["elapsed_s"].to_numpy()
+        xs = round_numbers(ev) if x == "round" else ev["elapsed_s"].to_numpy()
         ax.plot(xs, 100 * ev["mean_accuracy"].to_numpy(), marker="o", markersize=3,
                 color=color, label=r.label)
         if "min_accuracy" in ev and "max_accuracy" in ev:
@@ -77,24 +114,33 @@ def _accuracy(runs: Sequence[RunRecords], x: str, path: Path, target: float | No
                             linewidth=0)
     if target is not None:
         ax.axhline(100 * target, color="grey", linestyle=":", label=f"target {100 * target:g} %")
-    ax.set_xlabel("round" if x == "round" else "emulated time (s)")
     if x == "round":
+        ax.set_xlabel("round")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlim(left=0.5)  # rounds start at 1: no tick at 0
+    elif log_time_axis(runs):
+        ax.set_xscale("log")
+        ax.set_xlabel("emulated time elapsed (s, log scale: the runs differ by > 10x)")
+    else:
+        ax.set_xlabel("emulated time elapsed (s)")
+        ax.set_xlim(left=0)
     ax.set_ylabel("user accuracy (%)")
     ax.set_title("Mean user accuracy (band: min-max over clients)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
-    return _save(fig, path)
+    _legend(ax, fig)
+    return fig
 
 
-def _time_split(runs: Sequence[RunRecords], path: Path) -> Path:
+def time_split_figure(runs: Sequence[RunRecords]) -> Figure:
+    """Stacked seconds per round by phase, one panel per run, one y scale."""
     phases = [(name, col) for name, col in _PHASES
               if any(col in r.rounds and (r.rounds[col].fillna(0) > 0).any() for r in runs)]
     fig = _figure(7.0, max(3.0, 2.6 * len(runs)))
-    axes = fig.subplots(len(runs), 1, sharex=True, squeeze=False)[:, 0]
+    # one y scale for every panel, so the runs' round times compare at a glance
+    axes = fig.subplots(len(runs), 1, sharex=True, sharey=True, squeeze=False)[:, 0]
     colors = dict(zip([n for n, _ in _PHASES], _colors(len(_PHASES)), strict=True))
     for ax, r in zip(axes, runs, strict=True):
-        rounds = r.rounds["round"].to_numpy() + 1
+        rounds = round_numbers(r.rounds)
         bottom = np.zeros(len(rounds))
         for name, col in phases:
             values = r.rounds[col].fillna(0).to_numpy(dtype=float) if col in r.rounds \
@@ -102,34 +148,76 @@ def _time_split(runs: Sequence[RunRecords], path: Path) -> Path:
             ax.bar(rounds, values, bottom=bottom, color=colors[name], label=name, width=0.8)
             bottom += values
         ax.set_ylabel("emulated s")
-        ax.set_title(r.label, fontsize="medium")
+        mean_s = float(np.nansum(bottom) / max(len(rounds), 1))
+        ax.set_title(f"{r.label}: {mean_s:.4g} s a round on average", fontsize="medium")
         ax.grid(axis="y", alpha=0.3)
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", fontsize="small",
                ncols=max(1, len(phases)))
     axes[-1].set_xlabel("round")
     axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes[-1].set_xlim(left=0.5)  # rounds start at 1: no tick at 0
     fig.suptitle("Time per round by phase (critical path)")
-    return _save(fig, path)
+    return fig
 
 
-def _bytes(runs: Sequence[RunRecords], path: Path) -> Path:
-    fig = _figure()
+def energy_figure(runs: Sequence[RunRecords]) -> Figure | None:
+    """Stacked joules per round by part, one panel per run, one y scale; None when no run
+    recorded energy (older records, or device profiles without power figures)."""
+    def has_energy(r: RunRecords) -> bool:
+        return "energy_j" in r.rounds and bool(r.rounds["energy_j"].notna().any())
+
+    if not any(has_energy(r) for r in runs):
+        return None
+    fig = _figure(7.0, max(3.0, 2.6 * len(runs)))
+    axes = fig.subplots(len(runs), 1, sharex=True, sharey=True, squeeze=False)[:, 0]
+    colors = dict(zip([n for n, _ in _ENERGY_PARTS], ("tab:red", "tab:purple", "tab:gray"),
+                      strict=True))
+    for ax, r in zip(axes, runs, strict=True):
+        rounds = round_numbers(r.rounds)
+        bottom = np.zeros(len(rounds))
+        for name, col in _ENERGY_PARTS:
+            values = r.rounds[col].to_numpy(dtype=float) if col in r.rounds \
+                else np.full(len(rounds), np.nan)
+            ax.bar(rounds, np.nan_to_num(values), bottom=bottom, color=colors[name],
+                   label=name, width=0.8)
+            bottom += np.nan_to_num(values)
+        if not has_energy(r):
+            ax.text(0.5, 0.5, "no energy figures (device profiles without power)",
+                    transform=ax.transAxes, ha="center", va="center", fontsize="small")
+        ax.set_ylabel("J per round")
+        mean_j = float(np.sum(bottom) / max(len(rounds), 1))
+        ax.set_title(f"{r.label}: {mean_j:.4g} J a round on average" if has_energy(r)
+                     else r.label, fontsize="medium")
+        ax.grid(axis="y", alpha=0.3)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", fontsize="small",
+               ncols=len(_ENERGY_PARTS))
+    axes[-1].set_xlabel("round")
+    axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes[-1].set_xlim(left=0.5)  # rounds start at 1: no tick at 0
+    fig.suptitle("Client energy per round (all selected clients)")
+    return fig
+
+
+def bytes_figure(runs: Sequence[RunRecords]) -> Figure:
+    fig = _figure(9.0 if 2 * len(runs) > LEGEND_INSIDE_MAX else 7.0)
     ax = fig.add_subplot()
     for r, color in zip(runs, _colors(len(runs)), strict=True):
-        rounds = r.rounds["round"].to_numpy() + 1
+        rounds = round_numbers(r.rounds)
         ax.plot(rounds, r.rounds["bytes_up"].to_numpy(dtype=float) / MiB, color=color,
                 marker="^", markersize=4, label=f"{r.label} up")
         ax.plot(rounds, r.rounds["bytes_down"].to_numpy(dtype=float) / MiB, color=color,
                 marker="v", markersize=4, linestyle="--", label=f"{r.label} down")
     ax.set_xlabel("round")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlim(left=0.5)  # rounds start at 1: no tick at 0
     ax.set_ylabel("MiB per round (all selected clients)")
     ax.set_title("Bytes per round")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
-    return _save(fig, path)
+    _legend(ax, fig)
+    return fig
 
 
 def last_client_accuracies(r: RunRecords) -> tuple[int | None, np.ndarray]:
@@ -167,16 +255,20 @@ def write_plots(runs: Sequence[RunRecords], out_dir: str | Path,
                 target: float | None = None) -> list[Path]:
     """Write the figures for ``runs`` into ``out_dir``; returns the files written.
 
-    ``client_accuracy.png`` is skipped when no run has per-client accuracies.
+    ``energy_per_round.png`` is skipped when no run has energy figures and
+    ``client_accuracy.png`` when no run has per-client accuracies.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = [
-        _accuracy(runs, "round", out / "accuracy_vs_round.png", target),
-        _accuracy(runs, "time", out / "accuracy_vs_time.png", target),
-        _time_split(runs, out / "time_split.png"),
-        _bytes(runs, out / "bytes_per_round.png"),
+        _save(accuracy_figure(runs, "round", target), out / "accuracy_vs_round.png"),
+        _save(accuracy_figure(runs, "time", target), out / "accuracy_vs_time.png"),
+        _save(time_split_figure(runs), out / "time_split.png"),
+        _save(bytes_figure(runs), out / "bytes_per_round.png"),
     ]
+    energy = energy_figure(runs)
+    if energy is not None:
+        written.append(_save(energy, out / "energy_per_round.png"))
     dist = _client_accuracy(runs, out / "client_accuracy.png")
     if dist is not None:
         written.append(dist)

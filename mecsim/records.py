@@ -28,6 +28,7 @@ import pandas as pd
 from mecsim.chaos import kill_point
 from mecsim.checkpoint import atomic_write_text
 from mecsim.interrupts import atomic_section
+from mecsim.network import downlink_note
 from mecsim.runfolder import (
     LOCK_NAME,
     RunFolderError,
@@ -45,8 +46,10 @@ ROUND_COLUMNS = [
     "run_id", "round", "algorithm", "selected", "completed", "dropped",
     "dropped_deadline", "crashed", "dropped_out", "outage", "rejected", "faults",
     "round_time_s", "dl_time_s", "client_time_s", "ul_time_s", "server_time_s",
-    "backhaul_time_s", "idle_time_s", "elapsed_s", "bytes_up", "bytes_down", "client_gflops",
-    "server_gflops",
+    "backhaul_time_s", "idle_time_s", "elapsed_s", "bytes_up", "bytes_down",
+    # joules, summed over the round's selected clients (mecsim.energy)
+    "energy_j", "energy_compute_j", "energy_radio_j", "energy_idle_j",
+    "client_gflops", "server_gflops",
     "server_rss_mb", "client_peak_mb", "mean_accuracy", "min_accuracy", "max_accuracy",
     "mean_test_loss", "train_loss", "host_wall_s", "host_train_wall_s", "host_aggregate_s",
 ]
@@ -54,12 +57,17 @@ CHANNEL_COLUMNS = [
     "distance_m", "bandwidth_hz", "tx_power_dbm", "fading_gain", "ul_interference_w",
     "dl_interference_w", "uplink_rate_bps", "downlink_rate_bps", "uplink_snr_db",
     "downlink_snr_db",
+    # latency, jitter, loss (mecsim.network.TRANSPORT_KEYS): the latency drawn for the
+    # client-round and the goodput the loss rate leaves of the link rate
+    "uplink_latency_s", "downlink_latency_s", "uplink_goodput_bps", "downlink_goodput_bps",
+    "backhaul_latency_s", "backhaul_goodput_bps",
 ]
 CLIENT_COLUMNS = [
     "run_id", "round", "client_id", "device", "edge_server", "selected", "status", "completed",
     "start_s", "finish_s", "download_s", "compute_s", "upload_s", "server_compute_s",
     "bytes_up", "bytes_down", "gflops", "steps", "num_samples", "train_loss",
-    "peak_memory_mb", "host_train_s", "accuracy", "test_loss", *CHANNEL_COLUMNS,
+    "peak_memory_mb", "host_train_s", "accuracy", "test_loss",
+    "energy_j", "energy_compute_j", "energy_radio_j", "energy_idle_j", *CHANNEL_COLUMNS,
 ]
 
 
@@ -200,7 +208,9 @@ class RecordsWriter(RunObserver):
             return
         self.summary = summarise(rows)
         targets = target_lines(rows, info.scenario.evaluation.target_accuracy)
-        text = markdown(info.run_id, info.scenario.algorithm.name, self.summary, targets)
+        note = downlink_note(info.scenario)
+        text = markdown(info.run_id, info.scenario.algorithm.name, self.summary, targets,
+                        [note] if note else [])
         if status_text:
             text = text.replace("\n\n", f"\n\n**Run {status_text}.**\n\n", 1)
         atomic_write_text(self.out_dir / "summary.md", text)

@@ -35,6 +35,7 @@ import sys
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,8 @@ import numpy as np
 import pandas as pd
 
 from mecsim import faults
-from mecsim.engine import time_round
+from mecsim.energy import ENERGY_KEYS, round_energy_arrays, transfer_arrays
+from mecsim.engine import RateSchedule, time_round
 from mecsim.network import NetworkModel, device_profiles
 from mecsim.ops import OpTrace, op_from_dict, trace_bytes
 from mecsim.overrides import OverrideError, apply_overrides, is_timing_path
@@ -54,7 +56,7 @@ MiB = 1024 * 1024
 ROUND_COLUMNS = [
     "round", "selected", "completed", "dropped", "round_time_s", "dl_time_s",
     "client_time_s", "ul_time_s", "server_time_s", "backhaul_time_s", "idle_time_s",
-    "elapsed_s", "bytes_up", "bytes_down", "mean_accuracy",
+    "elapsed_s", "bytes_up", "bytes_down", *ENERGY_KEYS, "mean_accuracy",
 ]
 
 
@@ -77,6 +79,12 @@ class RecordedRound:
     bytes_down: int
     failed: dict[int, str] = field(default_factory=dict)  # emulated crashes, drop-outs
     outage: frozenset[int] = frozenset()  # clients whose link was down all round
+
+    @cached_property
+    def transfer_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(bits, transfers) of each client's uploads and downloads, shape (clients, 2),
+        in selection order: what the energy of a re-timed round needs (computed once)."""
+        return transfer_arrays(self.traces.values())
 
 
 @dataclass(frozen=True)
@@ -226,7 +234,10 @@ class ReplayResult:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def __repr__(self) -> str:
-        where = "exact" if self.exact else f"inexact from round {self.inexact_from_round}"
+        # rounds a person reads are counted from 1 (inexact_from_round is a record index)
+        where = "exact" if self.exact else (
+            f"inexact from round {self.inexact_from_round + 1}"
+            if self.inexact_from_round is not None else "inexact")
         total = self.rounds["round_time_s"].sum() if len(self.rounds) else 0.0
         return (f"ReplayResult({self.run_id!r}, {self.source}, {where}, "
                 f"overrides={self.overrides}, rounds={len(self.rounds)}, total={total:.6g} s)")
@@ -285,6 +296,9 @@ def retime(run: RecordedRun, scenario: Scenario) -> _Timed:
                        failed=set(rec.failed),
                        wait_for=faults.wait_for_count(scenario.faults, len(selected)))
         elapsed_s = elapsed_s + t.round_time_s
+        links = _links(specs, selected) if faults.active(scenario.faults) else \
+            network.round_links
+        energy = _round_energy(network, rec, selected, t, links)
         rows.append({
             "round": rec.round, "selected": len(selected),
             "completed": len(selected) - len(t.dropped), "dropped": len(t.dropped),
@@ -292,15 +306,40 @@ def retime(run: RecordedRun, scenario: Scenario) -> _Timed:
             "client_time_s": t.client_s, "ul_time_s": t.upload_s,
             "server_time_s": t.server_s, "backhaul_time_s": t.backhaul_s,
             "idle_time_s": t.idle_s, "elapsed_s": elapsed_s,
-            "bytes_up": rec.bytes_up, "bytes_down": rec.bytes_down,
+            "bytes_up": rec.bytes_up, "bytes_down": rec.bytes_down, **energy,
         })
         dropped.append(frozenset(t.dropped))
         finish.append({c.client_id: c.finish_s for c in t.clients})
     return _Timed(rows, dropped, finish)
 
 
+def _links(specs, selected: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(rates, latencies) arrays as ``NetworkModel.round_links`` has them, from the round's
+    client specs after the emulated faults changed them (a rate schedule: NaN)."""
+    def rate(r) -> float:
+        return float("nan") if isinstance(r, RateSchedule) else float(r)
+
+    rates = np.array([(rate(specs[c].uplink_rate_bps), rate(specs[c].downlink_rate_bps))
+                      for c in selected], dtype=float).reshape(-1, 2)
+    lat = np.array([(specs[c].uplink_latency_s, specs[c].downlink_latency_s)
+                    for c in selected], dtype=float).reshape(-1, 2)
+    return rates, lat
+
+
+def _round_energy(network: NetworkModel, rec: RecordedRound, selected: list[int],
+                  t, links) -> dict[str, float]:
+    """The round's client energy (mecsim.energy), vectorised over its clients."""
+    bits, n_ops = rec.transfer_arrays
+    times = np.array([(c.download_s, c.compute_s, c.upload_s, c.server_compute_s,
+                       c.backhaul_s, c.finish_s) for c in t.clients], dtype=float)
+    rates, lat = links  # of the round just drawn, in selection order
+    return round_energy_arrays(network.power_w[selected], times, bits, n_ops, rates, lat,
+                               t.round_time_s)
+
+
 def _rounds_list(rounds: list[int]) -> str:
-    shown = ", ".join(str(r) for r in rounds[:8])
+    """Record indices, shown counted from 1."""
+    shown = ", ".join(str(r + 1) for r in rounds[:8])
     return shown + (f", ... ({len(rounds)} rounds)" if len(rounds) > 8 else "")
 
 
@@ -309,10 +348,10 @@ def _first_divergence(run: RecordedRun, timed: _Timed, aware: bool) -> tuple[int
     for r in range(len(run.rounds)):
         rec, rep = run.dropped[r], timed.dropped[r]
         if rec != rep:
-            return r, (f"round {r}: the replay drops clients {sorted(rep)} at the deadline, "
+            return r, (f"round {r + 1}: the replay drops clients {sorted(rep)} at the deadline, "
                        f"the recorded run dropped {sorted(rec)}")
         if aware and timed.finish_s[r] != run.finish_s[r]:
-            return r, (f"round {r}: client timelines differ from the recorded ones and the "
+            return r, (f"round {r + 1}: client timelines differ from the recorded ones and the "
                        "algorithm decides from emulated time (uses_emulated_time)")
     return None, ""
 
@@ -380,7 +419,7 @@ def replay(run: RecordedRun | str | Path, overrides: Mapping[str, Any] | None = 
         if recorded_drops:
             notes.append("the replay drops the same clients in every round, so it is exact")
     else:
-        notes.append(f"not exact from round {first} on ({why}): the aggregated models, "
+        notes.append(f"not exact from round {first + 1} on ({why}): the aggregated models, "
                      "accuracy (not reported from there) and possibly later op-traces would "
                      "differ; round times from there on re-time the recorded op-traces. "
                      "Use retrain=True (--retrain) to re-run with training")
@@ -427,7 +466,7 @@ def _retrain(run: RecordedRun, scenario: Scenario, overrides: dict[str, Any],
         rows = run_scenario(scenario, run_id, out_dir, observers, backend=backend)
     except ScenarioInfeasible as exc:
         raise ReplayInfeasible(str(exc)) from None
-    frame = pd.DataFrame(rows)[ROUND_COLUMNS]
+    frame = pd.DataFrame(rows).reindex(columns=ROUND_COLUMNS)
     return ReplayResult(
         run_id=run.run_id, algorithm=run.algorithm, overrides=overrides, scenario=scenario,
         rounds=frame.reset_index(drop=True), source="retrained", exact=True,
@@ -437,7 +476,8 @@ def _retrain(run: RecordedRun, scenario: Scenario, overrides: dict[str, Any],
 
 def _result_from_records(rec: RecordedRun, run: RecordedRun, overrides: dict[str, Any],
                          timing_dependent: bool, notes: list[str]) -> ReplayResult:
-    frame = _read_csv(rec.run_dir / "rounds.csv")[ROUND_COLUMNS]
+    # records of an older mecsim may lack columns (energy): NaN there
+    frame = _read_csv(rec.run_dir / "rounds.csv").reindex(columns=ROUND_COLUMNS)
     return ReplayResult(
         run_id=run.run_id, algorithm=run.algorithm, overrides=overrides,
         scenario=rec.scenario, rounds=frame, source="retrained", exact=True,
@@ -449,7 +489,8 @@ def recorded_frame(run: RecordedRun) -> pd.DataFrame:
     """The recorded rounds' timing columns (from rounds.csv), for comparisons."""
     if run.run_dir is None:
         raise RunLoadError(f"{run.run_id}: no run directory")
-    return _read_csv(run.run_dir / "rounds.csv")[ROUND_COLUMNS].iloc[:len(run.rounds)]
+    frame = _read_csv(run.run_dir / "rounds.csv").reindex(columns=ROUND_COLUMNS)
+    return frame.iloc[:len(run.rounds)]
 
 
 def reproduces(run: RecordedRun) -> bool:

@@ -34,6 +34,7 @@ from mecsim.chaos import kill_point
 from mecsim.checkpoint import Checkpoint, CheckpointStore, scenario_digest
 from mecsim.data import heterogeneity_dkl, load_dataset, partition
 from mecsim.devices import DeviceProfile
+from mecsim.energy import client_energy, round_energy
 from mecsim.engine import time_round
 from mecsim.execution import ActorFailure, ExecutorState, LocalExecutor, RayExecutor
 from mecsim.network import NetworkModel, device_profiles
@@ -161,6 +162,8 @@ def prepare(scenario: Scenario, run_id: str, out_dir, *, hosts: int | None = Non
     info = RunInfo(run_id, scenario, out_dir, layout.size, layout.nbytes, cost.memory_bytes,
                    cost.flops, client_devices,
                    extra={"hosts": n_hosts, "backend": backend,
+                          # the optimiser's element-wise update, part of step_flops
+                          "step_optimizer_flops": cost.optimizer_flops,
                           "train_samples": [len(p) for p in parts.train],
                           "test_samples": [len(p) for p in parts.test],
                           # D-bar_KL of DC-PFL (Eq. 1-2) over the clients' train labels
@@ -261,6 +264,8 @@ def run_round(rs: RunSetup, rnd: int, elapsed_s: float) -> tuple[dict, list[dict
                            peak_memory_mb=r.peak_memory_bytes / MiB,
                            host_train_s=r.host_seconds)
             row.update(channel_rows.get(cid, {}))
+            row.update(client_energy(rs.network.devices[cid], tl, traces[cid], specs[cid],
+                                     timing.round_time_s))
         if cid in evals:
             row["accuracy"], row["test_loss"] = evals[cid]
         client_rows.append(row)
@@ -284,6 +289,7 @@ def run_round(rs: RunSetup, rnd: int, elapsed_s: float) -> tuple[dict, list[dict
         "idle_time_s": timing.idle_s,
         "elapsed_s": elapsed_s + timing.round_time_s,
         "bytes_up": up_total, "bytes_down": down_total,
+        **round_energy(c for c in client_rows if c.get("selected")),
         "client_gflops": sum(trace_flops(traces[r.client_id])[0] if r.client_id in rf.crash_at
                              else r.flops for r in results) / 1e9,
         "server_gflops": agg.flops / 1e9,

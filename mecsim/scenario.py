@@ -128,6 +128,32 @@ class CustomProfile(_Strict):
     flops_source: str = Field(description="where flops_per_s comes from")
     step_overhead_source: str = Field(description="where step_overhead_s comes from")
     ram_source: str = ""
+    active_power_w: float | None = Field(None, gt=0, description="whole board, every core "
+                                         "busy (W); with idle_power_w: energy per round")
+    idle_power_w: float | None = Field(None, ge=0, description="whole board, idle (W)")
+    radio_tx_power_w: float | None = Field(None, ge=0, description="the radio's extra draw "
+                                           "above idle while transmitting (W)")
+    radio_rx_power_w: float | None = Field(None, ge=0, description="the radio's extra draw "
+                                           "above idle while receiving (W)")
+    power_source: str = Field("", description="where active/idle_power_w come from")
+    radio_power_source: str = Field("", description="where radio_*_power_w come from")
+
+    @model_validator(mode="after")
+    def _power_sourced(self) -> CustomProfile:
+        board = (self.active_power_w, self.idle_power_w)
+        radio = (self.radio_tx_power_w, self.radio_rx_power_w)
+        for names, values, source, source_name in (
+                (("active_power_w", "idle_power_w"), board, self.power_source, "power_source"),
+                (("radio_tx_power_w", "radio_rx_power_w"), radio, self.radio_power_source,
+                 "radio_power_source")):
+            given = [v is not None for v in values]
+            if any(given) and not all(given):
+                missing = names[given.index(False)]
+                raise ValueError(f"{missing}: give {names[0]} and {names[1]} together")
+            if any(given) and not source.strip():
+                raise ValueError(f"{source_name}: say where {names[0]} and {names[1]} come "
+                                 "from (a measurement, a datasheet, or 'estimate: ...')")
+        return self
 
 
 class DeviceGroup(_Strict):
@@ -168,19 +194,52 @@ class Interference(_Strict):
 Range = float | tuple[float, float]
 
 
-class ShannonUplink(_Strict):
+class LinkTransport(_Strict):
+    """Latency, jitter and packet loss of one link class (uplink, downlink or backhaul).
+
+    A transfer of n bytes takes ``latency + 8*n / goodput``; the latency is drawn per
+    client-round as ``max(0, latency_s + jitter_s * U[-1, 1])`` from the scenario seed; a
+    loss rate p limits the goodput to the Mathis et al. TCP bound
+    ``min(rate, 8*MSS/(RTT*sqrt(p)) * sqrt(3/2))`` (docs/channel.md).
+    """
+
+    latency_s: float = Field(0.0, ge=0, description="one-way propagation + queueing delay "
+                             "added to every transfer (s)")
+    jitter_s: float = Field(0.0, ge=0, description="latency varies per client-round "
+                            "uniformly in [latency_s - jitter_s, latency_s + jitter_s], "
+                            "clipped at 0 (s)")
+    loss_rate: float = Field(0.0, ge=0, lt=1, description="packet-loss probability; > 0 "
+                             "limits TCP goodput to the Mathis et al. bound")
+    mss_bytes: int = Field(1460, gt=0, description="TCP maximum segment size for the "
+                           "Mathis bound (bytes)")
+
+
+def _check_client_loss(uplink: LinkTransport, downlink: LinkTransport) -> None:
+    """A loss rate needs a round trip: the Mathis bound divides by the RTT."""
+    if uplink.latency_s + downlink.latency_s > 0:
+        return
+    for name, link in (("uplink", uplink), ("downlink", downlink)):
+        if link.loss_rate > 0:
+            raise ValueError(f"{name}.loss_rate: a loss rate needs a round-trip time for the "
+                             "Mathis bound (RTT = uplink.latency_s + downlink.latency_s); set "
+                             "a latency_s > 0")
+
+
+class ShannonUplink(LinkTransport):
     bandwidth_hz: Range = Field((10e6, 30e6), description="per-client, uniform in [lo, hi]")
     tx_power_dbm: Range = Field((23.0, 30.0), description="per-client, uniform in [lo, hi]")
     shared: bool = Field(False, description="uplinks of an edge server's clients share one medium")
 
 
-class ShannonDownlink(_Strict):
+class ShannonDownlink(LinkTransport):
     bandwidth_hz: PositiveFloat = 50e6
     tx_power_dbm: float = 30.0
-    mode: Literal["full", "equal_split", "shared"] = Field(
-        "full",
-        description="full: whole band per client; equal_split: band/n per client; "
-        "shared: processor sharing of the band among concurrent downloads",
+    mode: Literal["auto", "full", "equal_split", "shared"] = Field(
+        "auto",
+        description="auto: shared for algorithms whose downloads differ per client, full "
+        "for broadcasts; full: whole band per client; equal_split: band/n per client; "
+        "shared: processor sharing of the band among concurrent downloads "
+        "(docs/channel.md)",
     )
 
 
@@ -199,8 +258,13 @@ class ShannonChannelConfig(_Strict):
         0.0, description="calibration added to every SNR (dB); 0 = the literal model"
     )
 
+    @model_validator(mode="after")
+    def _loss_needs_rtt(self) -> ShannonChannelConfig:
+        _check_client_loss(self.uplink, self.downlink)
+        return self
 
-class FixedLink(_Strict):
+
+class FixedLink(LinkTransport):
     rate_bps: PositiveFloat
     shared: bool = False
 
@@ -210,10 +274,24 @@ class FixedRateChannelConfig(_Strict):
     uplink: FixedLink
     downlink: FixedLink
 
+    @model_validator(mode="after")
+    def _loss_needs_rtt(self) -> FixedRateChannelConfig:
+        _check_client_loss(self.uplink, self.downlink)
+        return self
+
 
 class TraceChannelConfig(_Strict):
     model: Literal["trace"]
     path: str = Field(description="CSV: time_s,client_id,uplink_mbps,downlink_mbps")
+    uplink: LinkTransport = Field(default_factory=LinkTransport,
+                                  description="latency, jitter, loss of the uplinks")
+    downlink: LinkTransport = Field(default_factory=LinkTransport,
+                                    description="latency, jitter, loss of the downlinks")
+
+    @model_validator(mode="after")
+    def _loss_needs_rtt(self) -> TraceChannelConfig:
+        _check_client_loss(self.uplink, self.downlink)
+        return self
 
 
 ChannelConfig = Annotated[
@@ -222,9 +300,18 @@ ChannelConfig = Annotated[
 ]
 
 
-class BackhaulConfig(_Strict):
+class BackhaulConfig(LinkTransport):
+    """Each edge server's wired link to the central server (RTT = 2 * latency)."""
+
     bandwidth_bps: PositiveFloat = 1e9
-    latency_s: float = Field(0.005, ge=0)
+    latency_s: float = Field(0.005, ge=0, description="one-way latency of each transfer (s)")
+
+    @model_validator(mode="after")
+    def _loss_needs_rtt(self) -> BackhaulConfig:
+        if self.loss_rate > 0 and self.latency_s == 0:
+            raise ValueError("loss_rate: a loss rate needs a round-trip time for the Mathis "
+                             "bound (RTT = 2 * latency_s); set latency_s > 0")
+        return self
 
 
 # --------------------------------------------------------------------------- run-level
@@ -357,7 +444,7 @@ class Scenario(_Strict):
         if f.link_outages or f.edge_server_outages:
             from mecsim.network import shared_media
 
-            if any(shared_media(self.channel)):
+            if any(shared_media(self.channel, self.algorithm.name)):
                 raise ValueError("faults: outage intervals need dedicated links; this "
                                  "channel shares a medium (a shared medium's rate cannot "
                                  "vary in time yet)")

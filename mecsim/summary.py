@@ -28,6 +28,9 @@ def summarise(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
     def avg(key: str) -> float:
         return sum(float(r[key]) for r in rows) / n
 
+    def avg_or_nan(key: str) -> float:  # columns older records may not have
+        return avg(key) if all(key in r for r in rows) else float("nan")
+
     accs = [float(r["mean_accuracy"]) for r in rows if not math.isnan(float(r["mean_accuracy"]))]
     best_round = max(range(n), key=lambda i: float(rows[i]["mean_accuracy"])
                      if not math.isnan(float(rows[i]["mean_accuracy"])) else -1.0)
@@ -43,12 +46,18 @@ def summarise(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
         "total_time_s": float(rows[-1]["elapsed_s"]),
         "ul_mib": avg("bytes_up") / MiB,
         "dl_mib": avg("bytes_down") / MiB,
+        "energy_j": avg_or_nan("energy_j"),
+        "energy_compute_j": avg_or_nan("energy_compute_j"),
+        "energy_radio_j": avg_or_nan("energy_radio_j"),
+        "energy_idle_j": avg_or_nan("energy_idle_j"),
         "client_gflops": avg("client_gflops"),
         "server_gflops": avg("server_gflops"),
         "server_rss_mb": max(float(r["server_rss_mb"]) for r in rows),
         "client_peak_mb": max(float(r["client_peak_mb"]) for r in rows),
         "best_mean_accuracy": max(accs) if accs else float("nan"),
-        "best_round": float(best_round) if accs else float("nan"),
+        # counted from 1, as everything a person reads (the records' round index + 1)
+        "best_round": float(int(rows[best_round].get("round", best_round)) + 1)
+        if accs else float("nan"),
         "final_mean_accuracy": accs[-1] if accs else float("nan"),
         "host_wall_s": avg("host_wall_s"),
     }
@@ -72,10 +81,11 @@ def table_rows(s: dict[str, float]) -> tuple[list[str], list[str], list[str], li
             time_header.append(f"{name} (s/%)")
             time_cells.append(f"{s[key]:.2f} ({_share(s[key], t):.2f})")
     cost_header = ["U-Comm (MiB)", "D-Comm (MiB)", "C-Comp (GFLOPs)", "S-Comp (GFLOPs)",
-                   "Server mem (MB)", "Best mean acc (%)"]
+                   "Client energy (J)", "Server mem (MB)", "Best mean acc (%)"]
+    energy = s.get("energy_j", float("nan"))
     cost_cells = [f"{s['ul_mib']:.2f}", f"{s['dl_mib']:.2f}", f"{s['client_gflops']:.2f}",
-                  f"{s['server_gflops']:.3f}", f"{s['server_rss_mb']:.1f}",
-                  f"{100 * s['best_mean_accuracy']:.2f}"]
+                  f"{s['server_gflops']:.3f}", "-" if math.isnan(energy) else f"{energy:.1f}",
+                  f"{s['server_rss_mb']:.1f}", f"{100 * s['best_mean_accuracy']:.2f}"]
     return time_header, time_cells, cost_header, cost_cells
 
 
@@ -125,8 +135,20 @@ def target_lines(rows: Sequence[dict[str, Any]], targets: Sequence[float]) -> li
     return lines
 
 
+def energy_line(s: dict[str, float]) -> str | None:
+    """'Client energy per round: 123.4 J (compute 60 %, radio 5 %, idle 35 %), all selected
+    clients.' or None without energy figures."""
+    total = s.get("energy_j", float("nan"))
+    if math.isnan(total):
+        return None
+    parts = ", ".join(f"{name} {_share(s[f'energy_{name}_j'], total):.0f} %"
+                      for name in ("compute", "radio", "idle"))
+    return (f"Client energy per round: {total:.1f} J ({parts}), all selected clients, from "
+            "the device profiles' power figures (docs/devices.md).")
+
+
 def markdown(run_id: str, algorithm: str, s: dict[str, float],
-             target_text: Sequence[str] = ()) -> str:
+             target_text: Sequence[str] = (), notes: Sequence[str] = ()) -> str:
     th, tc, ch, cc = table_rows(s)
 
     def md(header: list[str], cells: list[str]) -> str:
@@ -148,7 +170,7 @@ def markdown(run_id: str, algorithm: str, s: dict[str, float],
         f"(round {int(s['best_round']) if not math.isnan(s['best_round']) else '-'}); "
         f"final {100 * s['final_mean_accuracy']:.2f} %. Peak modelled client training-step "
         f"memory {s['client_peak_mb']:.1f} MiB.\n"
-        + "".join(f"\n{line}\n" for line in target_text)
+        + "".join(f"\n{line}\n" for line in [energy_line(s), *target_text, *notes] if line)
     )
 
 

@@ -53,7 +53,8 @@ METRIC_COLUMNS = [
     "round_time_max_s", "dl_time_mean_s", "client_time_mean_s", "ul_time_mean_s",
     "server_time_mean_s", "backhaul_time_mean_s", "idle_time_mean_s", "total_time_s",
     "target_accuracy", "rounds_to_target", "time_to_target_s", "final_accuracy", "bytes_up",
-    "bytes_down", "dropped", "notes",
+    "bytes_down", "energy_mean_j", "energy_compute_mean_j", "energy_radio_mean_j",
+    "energy_idle_mean_j", "energy_total_j", "dropped", "notes",
 ]
 # A process pool costs ~50 ms to start and replaying costs ~10 us per client-round (both
 # measured on 2 shared cores, FedAvg runs; see benchmarks/sweep.py): below this many
@@ -146,8 +147,10 @@ def summarise(result: ReplayResult, target_accuracy: float | None = None) -> dic
             rounds_to = int(reached[0]) + 1
             time_to = float(rounds["elapsed_s"].iloc[reached[0]])
         elif not result.exact:
-            notes.append(f"target accuracy {target_accuracy} not reached before round "
-                         f"{result.inexact_from_round}, where the replay stops being exact")
+            where = (f"round {result.inexact_from_round + 1}"
+                     if result.inexact_from_round is not None else "the first round")
+            notes.append(f"target accuracy {target_accuracy} not reached before {where}, "
+                         "where the replay stops being exact")
         else:
             notes.append(f"target accuracy {target_accuracy} not reached in {len(acc)} rounds")
     return {
@@ -169,6 +172,12 @@ def summarise(result: ReplayResult, target_accuracy: float | None = None) -> dic
         "rounds_to_target": rounds_to, "time_to_target_s": time_to,
         "final_accuracy": float(acc[-1]),
         "bytes_up": int(rounds["bytes_up"].sum()), "bytes_down": int(rounds["bytes_down"].sum()),
+        # joules of all selected clients: mean per round, its parts, and the whole run
+        "energy_mean_j": float(rounds["energy_j"].mean(skipna=False)),
+        "energy_compute_mean_j": float(rounds["energy_compute_j"].mean(skipna=False)),
+        "energy_radio_mean_j": float(rounds["energy_radio_j"].mean(skipna=False)),
+        "energy_idle_mean_j": float(rounds["energy_idle_j"].mean(skipna=False)),
+        "energy_total_j": float(rounds["energy_j"].sum(min_count=len(rounds))),
         "dropped": int(rounds["dropped"].sum()), "notes": " | ".join(notes),
     }
 
@@ -203,7 +212,7 @@ def _point(run: RecordedRun, point: dict[str, Any], target: float | None,
         row.update(exact=False, inexact_from_round=mismatch if row["exact"] else min(
             mismatch, row["inexact_from_round"]))
         row["notes"] = " | ".join(filter(None, [row["notes"], (
-            f"the replay with no override does not reproduce the recorded round {mismatch} "
+            f"the replay with no override does not reproduce the recorded round {mismatch + 1} "
             "(recorded by another version of the timing model?)")]))
     return row
 
@@ -300,7 +309,8 @@ def sweep(runs: RunLike | Sequence[RunLike], grid: Mapping[str, Sequence[Any]] |
             bar.tick(1)
             if mismatch[-1] is not None:
                 warnings.warn(f"{run.run_id}: a replay with no override does not reproduce the "
-                              f"recorded round {mismatch[-1]}; its points are marked not exact",
+                              f"recorded round {mismatch[-1] + 1}; its points are marked not "
+                              "exact",
                               RuntimeWarning, stacklevel=2)
         if untimed:  # every point needs training
             rows = [dict.fromkeys(METRIC_COLUMNS) for _ in tasks]
@@ -371,63 +381,100 @@ class _Progress:
 
 def _numeric(values: Sequence[Any]) -> bool:
     return all(isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
-               for v in values)
-
-
-def _label(value: Any) -> str:
-    missing = value is None or (isinstance(value, float) and math.isnan(value))
-    return "none" if missing else f"{value:g}" if isinstance(value, float) else str(value)
+               and not (isinstance(v, float) and math.isnan(v)) for v in values)
 
 
 def plot_sweep(frame: pd.DataFrame, x: str, metric: str, path: str | Path,
                title: str | None = None) -> Path:
-    """PNG of ``metric`` against the grid path ``x``: one line per run (algorithm) and
-    combination of the other grid paths. Numeric x spanning >= 20x is drawn on a log axis;
-    non-numeric x (profile names, ranges) as categories."""
+    """Write :func:`sweep_figure` as a PNG to ``path``."""
+    fig = sweep_figure(frame, x, metric, title)  # selects the Agg backend first
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def sweep_figure(frame: pd.DataFrame, x: str, metric: str, title: str | None = None):
+    """The figure of ``metric`` against the grid path ``x``: one line per run (algorithm)
+    and combination of the other grid paths.
+
+    Axes carry human labels and units (:mod:`mecsim.labels`: Hz shown as MHz, seconds,
+    joules...), the y axis starts at 0 for times, energies, bytes and counts, and every
+    grid point is drawn: numeric x spanning >= 20x on a log axis; x with a ``null`` (or
+    any non-numeric value: profile names, ranges) as categories in the grid's order, null
+    included; a point whose metric has no value (a target never reached, an infeasible
+    point) as a hollow marker on the x axis, labelled in the legend. Points that are not
+    exact are crossed in red."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from mecsim.labels import axis, setting_text, value_text
+
     if x not in frame.columns or metric not in frame.columns:
         raise KeyError(f"plot needs columns {x!r} and {metric!r}")
     grid_cols = [c for c in frame.columns[len(HEAD_COLUMNS):]
                  if c not in METRIC_COLUMNS and c != x]
+    x_axis, y_axis = axis(x), axis(metric)
     xs_all = list(frame[x])
     numeric = _numeric(xs_all)
-    categories = list(dict.fromkeys(str(v) for v in xs_all))
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
-    for keys, group in frame.groupby(["algorithm", "run_id", *grid_cols], sort=False,
-                                     dropna=False):
+    categories = list(dict.fromkeys(value_text(v) for v in xs_all))
+    groups = list(frame.groupby(["algorithm", "run_id", *grid_cols], sort=False, dropna=False))
+    wide = len(groups) > 6
+    fig, ax = plt.subplots(figsize=(9.5 if wide else 7, 4.5), dpi=120,
+                           layout="constrained")
+    missing_drawn = inexact_drawn = False
+    for keys, group in groups:
         keys = keys if isinstance(keys, tuple) else (keys,)
         label = f"{keys[0]} ({keys[1]})" + "".join(
-            f", {c}={_label(v)}" for c, v in zip(grid_cols, keys[2:], strict=True))
-        xs = (group[x].to_numpy(dtype=float) if numeric
-              else np.array([categories.index(str(v)) for v in group[x]]))
-        ys = group[metric].to_numpy(dtype=float)
-        style = "o-" if len(group) < 30 else "-"
-        ax.plot(xs, ys, style, label=label, markersize=4)
-        inexact = ~group["exact"].astype(bool).to_numpy()
+            f", {setting_text(c, v)}" for c, v in zip(grid_cols, keys[2:], strict=True))
+        xs = (group[x].to_numpy(dtype=float) * x_axis.scale if numeric
+              else np.array([categories.index(value_text(v)) for v in group[x]], float))
+        ys = pd.to_numeric(group[metric], errors="coerce").to_numpy(dtype=float) \
+            * y_axis.scale
+        # categories (profile names, null) have no order to join: markers only
+        style = "o" if not numeric else "o-" if len(group) < 30 else "-"
+        (line,) = ax.plot(xs, ys, style, label=label, markersize=4)
+        missing = np.isnan(ys)
+        if missing.any():  # shown on the x axis, not dropped
+            ax.plot(xs[missing], np.zeros(missing.sum()), "v", markersize=8,
+                    markerfacecolor="none", markeredgecolor=line.get_color(),
+                    clip_on=False, zorder=4)
+            missing_drawn = True
+        inexact = ~group["exact"].fillna(False).astype(bool).to_numpy()
         if inexact.any():
-            ax.plot(xs[inexact], ys[inexact], "x", color="red", markersize=8)
+            ax.plot(xs[inexact], np.where(np.isnan(ys[inexact]), 0.0, ys[inexact]), "x",
+                    color="red", markersize=8, clip_on=False, zorder=5)
+            inexact_drawn = True
     if numeric:
-        lo, hi = np.nanmin(np.asarray(xs_all, float)), np.nanmax(np.asarray(xs_all, float))
+        lo, hi = float(np.min(np.asarray(xs_all, float))), float(np.max(np.asarray(xs_all,
+                                                                                    float)))
         if lo > 0 and hi / lo >= 20:
             ax.set_xscale("log")
     else:
-        ax.set_xticks(range(len(categories)), categories, rotation=20)
-    ax.set_xlabel(x)
-    ax.set_ylabel(metric)
-    ax.set_title(title or f"{metric} vs {x}")
+        ax.set_xticks(range(len(categories)), categories,
+                      rotation=20 if max(map(len, categories)) > 6 else 0)
+    ax.set_xlabel(x_axis.text)
+    ax.set_ylabel(y_axis.text)
+    if y_axis.zero_based:
+        top = np.nanmax(pd.to_numeric(frame[metric], errors="coerce").to_numpy(float)
+                        * y_axis.scale) if frame[metric].notna().any() else 1.0
+        ax.set_ylim(bottom=0, top=max(top * 1.08, 1e-12) if np.isfinite(top) else None)
+    ax.set_title(title or f"{y_axis.label} vs {x_axis.label}")
     ax.grid(True, alpha=0.3)
-    if (~frame["exact"].astype(bool)).any():
+    if missing_drawn:
+        ax.plot([], [], "v", markerfacecolor="none", markeredgecolor="black",
+                label="no value (target not reached, infeasible; see notes)")
+    if inexact_drawn:
         ax.plot([], [], "x", color="red", label="not exact (see notes)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    if wide:
+        fig.legend(loc="outside right upper", fontsize=7)
+    else:
+        ax.legend(fontsize=7)
+    return fig
 
 
 class _CallableModule(types.ModuleType):

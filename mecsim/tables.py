@@ -119,15 +119,31 @@ def load_run(path: str | Path) -> RunRecords:
         except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
             raise ReportError(f"{clients_file}: unreadable ({exc})") from None
     planned = None
+    notes: list[str] = []
     scenario_file = path / "scenario.yaml"
     if scenario_file.is_file():
         try:
             planned = int((yaml.safe_load(scenario_file.read_text()) or {}).get("rounds"))
         except (yaml.YAMLError, TypeError, ValueError, AttributeError):
             planned = None
+        notes = _scenario_notes(scenario_file)
     run_id = str(rounds["run_id"].iloc[0]) if "run_id" in rounds.columns else path.name
     algorithms = sorted(set(rounds["algorithm"].astype(str)))
-    return RunRecords(path, run_id, "+".join(algorithms), rounds, clients, planned)
+    return RunRecords(path, run_id, "+".join(algorithms), rounds, clients, planned,
+                      extra={"notes": notes})
+
+
+def _scenario_notes(scenario_file: Path) -> list[str]:
+    """The assumptions a run's tables must state (the downlink note), from its scenario;
+    none when the file is not a valid scenario of this mecsim (records of another one)."""
+    from mecsim.network import downlink_note
+    from mecsim.scenario import ScenarioError, load_scenario
+
+    try:
+        note = downlink_note(load_scenario(scenario_file))
+    except (ScenarioError, ValueError):
+        return []
+    return [note] if note else []
 
 
 def label_runs(runs: Sequence[RunRecords]) -> None:
@@ -221,6 +237,9 @@ def kapc_cost_table(runs: Sequence[RunRecords]) -> pd.DataFrame:
             "d_comm_mib": float(df["bytes_down"].mean()) / MiB,
             "c_comp_gflops": float(df["client_gflops"].mean()),
             "s_comp_gflops": float(df["server_gflops"].mean()),
+            # joules of all selected clients per round (NaN in records without energy)
+            "client_energy_j": float(df["energy_j"].mean(skipna=False))
+            if "energy_j" in df.columns else math.nan,
             "server_mem_mb": float(df["server_rss_mb"].max()),
             "client_step_mem_mib": float(df["client_peak_mb"].max()),
             "best_mean_acc": float(ev["mean_accuracy"].max()) if not ev.empty else math.nan,
@@ -322,6 +341,7 @@ class Tables:
     target: float | None = None
     tolerance: float = convergence.TOLERANCE
     window: int = convergence.WINDOW_ROUNDS
+    notes: list[str] = field(default_factory=list)  # assumptions to print under the tables
 
     CSV_NAMES = {"kapc_time": "kapc_table5_time.csv", "kapc_cost": "kapc_table6_cost.csv",
                  "mtfl_time": "mtfl_table4_time.csv", "dcpfl": "dcpfl_tables_1_2.csv",
@@ -354,13 +374,17 @@ class Tables:
         # KAPC Table 6
         t6 = self.kapc_cost
         header = ["method", "U-Comm (MiB)", "D-Comm (MiB)", "C-Comp (GFLOPs)", "S-Comp (GFLOPs)",
-                  "Server mem (MB)", "Client step mem (MiB)", "Best mean acc (%)"]
+                  "Client energy (J)", "Server mem (MB)", "Client step mem (MiB)",
+                  "Best mean acc (%)"]
         rows = [[_method(r, n), _num(r["u_comm_mib"], ".2f"), _num(r["d_comm_mib"], ".2f"),
                  _num(r["c_comp_gflops"], ".2f"), _num(r["s_comp_gflops"], ".3f"),
+                 _num(r["client_energy_j"], ".1f"),
                  _num(r["server_mem_mb"], ".1f"), _num(r["client_step_mem_mib"], ".2f"),
                  _num(100 * r["best_mean_acc"], ".2f")] for _, r in t6.iterrows()]
         parts.append("## Communication and computation per round (KAPC Table 6 shape)\n\n"
-                     + _md(header, rows))
+                     + _md(header, rows)
+                     + "\n\nClient energy: joules of all selected clients per round "
+                     "(compute, radio and idle; docs/devices.md).")
 
         # MTFL Table 4
         t4 = self.mtfl_time
@@ -409,6 +433,8 @@ class Tables:
                           _num(r["time_to_target_s"], ".1f", "X")]
             rows.append(cells)
         parts.append("## User accuracy\n\n" + _md(header, rows))
+        if self.notes:
+            parts.append("## Assumptions\n\n" + "\n".join(f"- {note}" for note in self.notes))
         return "\n\n".join(parts) + "\n"
 
 
@@ -417,6 +443,8 @@ def build_tables(runs: Sequence[RunRecords], target: float | None = None,
                  window: int = convergence.WINDOW_ROUNDS) -> Tables:
     if not runs:
         raise ReportError("no runs given")
+    notes = [note if len(runs) == 1 else f"{r.label}: {note}"
+             for r in runs for note in r.extra.get("notes", [])]
     return Tables(kapc_time_table(runs), kapc_cost_table(runs), mtfl_time_table(runs),
                   dcpfl_table(runs, tolerance, window), accuracy_table(runs, target), target,
-                  tolerance, window)
+                  tolerance, window, notes)

@@ -42,8 +42,9 @@ def _random_round(rng: np.random.Generator):
         traces[cid] = tuple(ops)
         rate = lambda: 0.0 if rng.random() < 0.05 else float(rng.uniform(1e5, 1e8))  # noqa: E731
         fps = 0.0 if rng.random() < 0.03 else float(rng.uniform(1e8, 3e10))
+        lat = lambda: 0.0 if rng.random() < 0.5 else float(rng.uniform(0.0, 0.3))  # noqa: E731
         specs[cid] = ClientSpec(cid, rate(), rate(), float(rng.choice([0.0, rng.uniform(0, 0.2)])),
-                                fps)
+                                fps, uplink_latency_s=lat(), downlink_latency_s=lat())
     deadline = None if rng.random() < 0.4 else float(rng.uniform(0.1, 30.0))
     return traces, specs, NetworkSpec(deadline_s=deadline), float(rng.uniform(0, 1))
 

@@ -119,6 +119,11 @@ def test_exporter_serves_every_family_with_the_runs_numbers(scraped):
             sum(r[status] for r in rows)
     assert s[("mecsim_host_wall_seconds_total", ())] == \
         pytest.approx(sum(r["host_wall_s"] for r in rows))
+    for part in ("compute", "radio", "idle"):  # joules of the selected clients, summed
+        assert s[("mecsim_client_energy_joules_total", (("part", part),))] == \
+            pytest.approx(sum(r[f"energy_{part}_j"] for r in rows))
+    assert s[("mecsim_round_energy_joules", ())] == pytest.approx(rows[-1]["energy_j"])
+    assert rows[-1]["energy_j"] > 0
 
 
 def test_channel_histograms_count_every_selected_client_round(scraped):

@@ -56,6 +56,9 @@ def _write_run(path: Path, run_id: str, algorithm: str, table, client_acc) -> Pa
                         "idle_time_s": idle, "elapsed_s": el, "bytes_up": up * MiB,
                         "bytes_down": down * MiB, "client_gflops": cg, "server_gflops": sg,
                         "server_rss_mb": rss, "client_peak_mb": peak,
+                        # run A: 5 J per emulated second of the round; run B: none
+                        # (records without energy)
+                        "energy_j": 5 * t if algorithm == "fedavg" else "",
                         "mean_accuracy": "" if math.isnan(acc) else acc,
                         "min_accuracy": "" if math.isnan(acc) else acc - 0.1,
                         "max_accuracy": "" if math.isnan(acc) else acc + 0.1,
@@ -96,8 +99,9 @@ def test_tables_from_hand_made_records(two_runs):
     k6 = t.kapc_cost.set_index("run")
     assert k6.loc["a"].to_dict() == {
         "method": "fedavg", "u_comm_mib": 2.0, "d_comm_mib": 2.0, "c_comp_gflops": 3.0,
-        "s_comp_gflops": 0.5, "server_mem_mb": 120.0, "client_step_mem_mib": 12.0,
-        "best_mean_acc": 0.8}
+        "s_comp_gflops": 0.5, "client_energy_j": 50.0, "server_mem_mb": 120.0,
+        "client_step_mem_mib": 12.0, "best_mean_acc": 0.8}
+    assert math.isnan(k6.loc["b", "client_energy_j"])
 
     dc = t.dcpfl.set_index("run")
     # A: 0.795 at round 3 is within 0.01 of the final 0.80, 0.70 at round 2 is not
@@ -126,7 +130,8 @@ def test_tables_from_hand_made_records(two_runs):
         "| 0.00 (0.00) |",
         "| local (b) | 5.00 | 0.00 (0.00) | 0.00 (0.00) | 4.33 (86.67) | 0.00 (0.00) "
         "| 0.67 (13.33) |",
-        "| fedavg (a) | 2.00 | 2.00 | 3.00 | 0.500 | 120.0 | 12.00 | 80.00 |",
+        "| fedavg (a) | 2.00 | 2.00 | 3.00 | 0.500 | 50.0 | 120.0 | 12.00 | 80.00 |",
+        "| local (b) | 0.00 | 0.00 | 2.00 | 0.000 | - | 50.0 | 5.00 | 60.00 |",
         "| Learning scheme | Round time (s) | Down (%) | Client (%) | Up (%) | Server (%) "
         "| Idle (%) |",
         "| fedavg (a) | 10.00 | 17.5 | 50.0 | 25.0 | 7.5 | 0.0 |",

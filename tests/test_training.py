@@ -7,7 +7,13 @@ import torch
 from torch import nn
 
 from agents.models import build_model
-from agents.training import StepCosts, make_optimizer, measured_step, train_epochs
+from agents.training import (
+    StepCosts,
+    make_optimizer,
+    measured_step,
+    optimizer_step_flops,
+    train_epochs,
+)
 from mecsim.devices import builtin_profiles
 
 
@@ -23,7 +29,36 @@ def test_step_flops_of_a_two_layer_mlp():
     opt = make_optimizer("sgd", model.parameters(), 0.1)
     _, cost = measured_step(model, opt, torch.randn(b, i), torch.randint(0, o, (b,)), None)
     forward = 2 * b * (i * h + h * o)
-    assert cost.flops == forward + forward + 2 * b * h * o
+    # plus plain SGD's update p -= lr * g: 2 FLOPs for each of the 7*11+11 + 11*3+3 = 124
+    # parameters
+    assert cost.optimizer_flops == 2 * 124
+    assert cost.flops == forward + forward + 2 * b * h * o + 2 * 124
+
+
+@pytest.mark.parametrize("name,kwargs,per_param", [
+    ("sgd", {}, 2),                      # p -= lr * g
+    ("sgd", {"momentum": 0.9}, 4),       # b = mu * b + g; p -= lr * b
+    ("sgd", {"momentum": 0.9, "weight_decay": 1e-4}, 6),  # g += wd * p
+    ("adam", {}, 13),                    # m: 3, v: 4, denominator: 3, update: 3
+    ("adam", {"weight_decay": 1e-4}, 15),
+])
+def test_optimizer_step_flops_per_parameter(name, kwargs, per_param):
+    model = _mlp(7, 11, 3)  # 124 parameters
+    opt = make_optimizer(name, model.parameters(), 0.1, **kwargs)
+    _, cost = measured_step(model, opt, torch.randn(5, 7), torch.randint(0, 3, (5,)), None)
+    assert cost.optimizer_flops == per_param * 124
+
+
+def test_optimizer_flops_count_only_stepped_parameters_and_known_optimizers():
+    model = _mlp(7, 11, 3)
+    for p in model[0].parameters():  # a frozen first layer gets no gradient, no update
+        p.requires_grad_(False)
+    opt = make_optimizer("adam", [p for p in model.parameters() if p.requires_grad], 0.1)
+    _, cost = measured_step(model, opt, torch.randn(5, 7), torch.randint(0, 3, (5,)), None)
+    assert cost.optimizer_flops == 13 * (11 * 3 + 3)
+    rms = torch.optim.RMSprop(model.parameters())
+    with pytest.raises(ValueError, match="RMSprop"):
+        optimizer_step_flops(rms)
 
 
 def test_step_memory_counts_optimizer_state_exactly():
@@ -54,7 +89,8 @@ def test_train_epochs_counts_steps_and_reuses_measured_costs():
     full, last = costs.get(16), costs.get(2)
     assert full is not None and last is not None
     assert stats.flops == 2 * (3 * full.flops + last.flops)
-    assert full.flops == 3 * 2 * 16 * (7 * 11 + 11 * 3) - 2 * 16 * 7 * 11
+    assert full.flops == 3 * 2 * 16 * (7 * 11 + 11 * 3) - 2 * 16 * 7 * 11 + 2 * 124
+    assert stats.optimizer_flops == 8 * 2 * 124  # 8 SGD steps over 124 parameters
 
 
 def test_pi2b_calibration_reproduces_the_mtfl_testbed_training_time():

@@ -116,6 +116,11 @@ class ServerAlgorithm:
     # a deadline dropped beyond the aggregation itself): replay then marks re-timed rounds
     # as inexact instead of reporting them as exact
     uses_emulated_time: ClassVar[bool] = False
+    # True when the clients of a round download different bytes (a personalised model, a
+    # group's model, per-batch gradients): K concurrent unicasts, not one broadcast. With
+    # the Shannon channel's `downlink.mode: auto` the server's band is then time-shared
+    # among the downloads (docs/channel.md)
+    personalised_downloads: ClassVar[bool] = False
 
     def __init__(self, layout: ModelLayout, init_weights: np.ndarray,
                  client_samples: dict[int, int], fraction: float,

@@ -351,6 +351,7 @@ class NoDCParams(DCPFLParams):
 
 class DCPFLServer(ServerAlgorithm):
     name = "dcpfl"
+    personalised_downloads = True  # see ServerAlgorithm
     Params = DCPFLParams
     round_metrics = ("comm_round", "groups", "gamma_tilde", "trial", "split_accepted",
                      "layers_aggregated", "smoothed_loss", "curvature_radius")

@@ -494,6 +494,7 @@ class KapcServer(ServerAlgorithm):
     """KAPC's edge server: every client's latest parameters W and the relation cube R."""
 
     name = "kapc"
+    personalised_downloads = True  # see ServerAlgorithm
     Params = KapcParams
     round_metrics = ("kapc_layers_down_mean", "kapc_layers_up_mean",
                      "kapc_self_relation_mean", "kapc_plan_host_s")

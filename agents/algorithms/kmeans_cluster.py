@@ -56,6 +56,7 @@ def kmeans_labels(weights: np.ndarray, k: int, iterations: int, seed: int) -> np
 
 class KMeansClusterServer(FedAvgServer):
     name = "kmeans_cluster"
+    personalised_downloads = True  # see ServerAlgorithm
     Params = KMeansClusterParams
     round_metrics = ("groups",)
 

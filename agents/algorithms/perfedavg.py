@@ -45,6 +45,7 @@ from agents.training import (
     evaluate,
     measured_step,
     optimizer_step,
+    optimizer_step_flops,
 )
 
 
@@ -76,7 +77,7 @@ def fo_maml_epochs(ctx: ClientContext, inner_lr: float, outer_lr: float,
     n = int(ctx.y_train.shape[0])
     has_bn = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
     model.train()
-    steps, flops, loss_sum, peak = 0, 0.0, 0.0, 0
+    steps, flops, opt_flops, loss_sum, peak = 0, 0.0, 0.0, 0.0, 0
     for _ in range(t.epochs):
         order = torch.randperm(n, generator=ctx.generator)
         batches = [order[s:s + t.batch_size] for s in range(0, n, t.batch_size)]
@@ -93,6 +94,7 @@ def fo_maml_epochs(ctx: ClientContext, inner_lr: float, outer_lr: float,
             else:
                 loss = optimizer_step(model, inner, xa, ya, None)
             flops += cost.flops
+            opt_flops += cost.optimizer_flops
             peak = max(peak, cost.memory_bytes)
             outer.zero_grad(set_to_none=True)  # outer step: w - beta g(w'; D')
             outer_key = cost_key + "/outer"
@@ -101,17 +103,20 @@ def fo_maml_epochs(ctx: ClientContext, inner_lr: float, outer_lr: float,
             with counter:
                 outer_loss = batch_loss(model, xb, yb, None)
                 outer_loss.backward()
-            if cost_b is None:
-                cost_b = StepCost(float(counter.get_total_flops()), cost.memory_bytes)
+            if cost_b is None:  # + the outer SGD update (agents.training.optimizer_step_flops)
+                update = optimizer_step_flops(outer)
+                cost_b = StepCost(float(counter.get_total_flops()) + update, cost.memory_bytes,
+                                  update)
                 ctx.costs.put(len(yb), cost_b, outer_key)
             with torch.no_grad():
                 for p, p0 in zip(params, start, strict=True):
                     p.copy_(p0)
             outer.step()
             flops += cost_b.flops
+            opt_flops += cost_b.optimizer_flops
             loss_sum += loss + float(outer_loss.detach())
             steps += 2
-    return TrainStats(steps, n * t.epochs, flops, loss_sum / max(steps, 1), peak)
+    return TrainStats(steps, n * t.epochs, flops, loss_sum / max(steps, 1), peak, opt_flops)
 
 
 class PerFedAvgClient(ClientAlgorithm):

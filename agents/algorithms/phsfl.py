@@ -338,6 +338,7 @@ def finetune_head(parts: SplitParts, x: torch.Tensor, y: torch.Tensor, steps: in
 
 class PHSFLServer(ServerAlgorithm):
     name = "phsfl"
+    personalised_downloads = True  # see ServerAlgorithm
     Params = PHSFLParams
     round_metrics = (
         "global_round", "edge_round", "activation_bytes", "index_bytes", "gradient_bytes",
