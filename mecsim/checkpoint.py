@@ -19,6 +19,7 @@ never runs code from the file.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import time
@@ -75,8 +76,18 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
 
 
-def scenario_digest(resolved_yaml: str) -> str:
-    return hashlib.sha256(resolved_yaml.encode()).hexdigest()
+#: Scenario sections that do not change a run's results: a run may be resumed with other
+#: metrics, execution (hosts, backend, Ray address), outputs or checkpoint settings.
+_NOT_RESULTS = ("description", "metrics", "execution", "outputs", "checkpoint")
+
+
+def scenario_digest(scenario) -> str:
+    """SHA-256 of what decides a run's results: the scenario without :data:`_NOT_RESULTS`
+    (a checkpoint belongs to the run whose digest it carries)."""
+    data = scenario.model_dump(mode="json")
+    for key in _NOT_RESULTS:
+        data.pop(key, None)
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
 def _torch_save_atomic(obj: Any, path: Path) -> int:

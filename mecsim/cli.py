@@ -145,9 +145,11 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     resume = None
     created: Path | None = None
     if args.resume:
-        if args.scenario or args.rounds is not None or args.seed is not None or args.run_id:
+        if (args.scenario or args.rounds is not None or args.seed is not None or args.run_id
+                or args.out or args.target):
             _error(console, "--resume continues a run as it was planned: give no scenario "
-                   "file, --rounds, --seed or --run-id with it")
+                   "file, --rounds, --seed, --run-id, --out or --target with it (--hosts, "
+                   "--backend, --ray-address and the metrics options may differ)")
             return EXIT_BAD_INPUT
         try:
             target = prepare_resume(args.resume, warn=lambda m: print(f"warning: {m}",

@@ -34,7 +34,7 @@ from mecsim.checkpoint import (
     atomic_write_text,
     scenario_digest,
 )
-from mecsim.scenario import Scenario, ScenarioError, load_scenario, resolved_yaml
+from mecsim.scenario import Scenario, ScenarioError, load_scenario
 
 STATUSES = ("running", "finished", "interrupted", "cancelled", "failed")
 LOCK_NAME = ".lock"
@@ -219,7 +219,7 @@ def prepare_resume(run_dir: str | Path, warn=None) -> ResumeTarget:
         except ScenarioError as exc:
             raise RunFolderError(f"{run_dir}: its scenario.yaml is not valid: {exc}") from None
         run_id = str(meta.get("run_id") or run_dir.name)
-        store = CheckpointStore(run_dir, run_id, scenario_digest(resolved_yaml(scenario)),
+        store = CheckpointStore(run_dir, run_id, scenario_digest(scenario),
                                 scenario.checkpoint.keep)
         try:
             ckpt = store.latest(warn)

@@ -39,7 +39,7 @@ from mecsim.engine import time_round
 from mecsim.execution import ActorFailure, ExecutorState, LocalExecutor, RayExecutor
 from mecsim.network import NetworkModel, device_profiles
 from mecsim.ops import Compute, op_to_dict, trace_bytes, trace_flops
-from mecsim.scenario import Scenario, resolved_yaml
+from mecsim.scenario import Scenario
 
 MiB = 1024 * 1024
 
@@ -453,7 +453,7 @@ def run(scenario: Scenario, run_id: str, out_dir=None, observers: list[RunObserv
     rs = prepare(scenario, run_id, out_dir, **prepare_kwargs)
     store = None
     if out_dir is not None and scenario.checkpoint.every > 0:
-        store = CheckpointStore(out_dir, run_id, scenario_digest(resolved_yaml(scenario)),
+        store = CheckpointStore(out_dir, run_id, scenario_digest(scenario),
                                 scenario.checkpoint.keep)
     start = resume.checkpoint if resume else None
     loop = _Loop(rs, observers, store, start, resume.rows if resume else [], should_stop)

@@ -350,3 +350,32 @@ def test_a_checkpoint_writes_only_what_changed(tmp_path: Path) -> None:
     finally:
         target.lock.release()
     assert_same_records(full, cut)
+
+
+def test_a_run_killed_twice_resumes_twice_with_other_settings(tmp_path: Path) -> None:
+    # the second process runs with other metrics/execution settings (as `mecsim run
+    # --resume ... --metrics-port N --hosts 3` would): its checkpoints still belong to
+    # the run, so the third process resumes from the second's newest, not from round 0
+    sc = tiny(rounds=5)
+    full = tmp_path / "full" / "r"
+    run(sc, "r", full, [RecordsWriter(full)])
+    out = tmp_path / "twice" / "r"
+    with pytest.raises(SimulatedKill):
+        run(sc, "r", out, [RecordsWriter(out), StopAfter(1)])
+    target = prepare_resume(out)
+    other = tiny(rounds=5, metrics={"enabled": False, "port": 9999},
+                 execution={"backend": "local", "hosts": 3}, checkpoint={"keep": 3})
+    try:
+        with pytest.raises(SimulatedKill):
+            run(other, "r", out, [RecordsWriter(out), StopAfter(3)], resume=target.point)
+    finally:
+        target.lock.release()
+    target = prepare_resume(out)
+    try:
+        assert target.rounds_done == 3
+        run(target.scenario, "r", out, [RecordsWriter(out)], resume=target.point)
+    finally:
+        target.lock.release()
+    assert_same_records(full, out)
+    assert [r["from_round"] for r in json.loads((out / "run.json").read_text())["resumes"]] \
+        == [1, 3]
