@@ -6,15 +6,23 @@ dedicated links, shared media (processor sharing), device CPUs and edge-server C
 and returns per-client timelines and the round's critical-path breakdown. It is a pure
 function: no torch, no Ray, no wall clock.
 
+The SimPy processes below are the reference model. :func:`time_round` solves the same
+model faster where it can: a numpy closed form when nothing is shared (here), each
+shared resource for all its flows at once when clients visit resources in one order
+(:mod:`mecsim.engine_media`), and event by event without SimPy otherwise
+(:mod:`mecsim.engine_events`); docs/engine.md has the details and the speeds.
+
 Units: seconds (``_s``), bits per second (``_bps``), FLOPs and FLOP/s (``flops_per_s``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import heapq
 import math
 from bisect import bisect_right
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -344,16 +352,83 @@ def time_round(
     must hold a spec for each. Raises ValueError for a shared medium with a
     :class:`RateSchedule` rate, or a ServerCompute on a missing edge server.
 
-    ``method``: ``"auto"`` (default) uses the closed form of :func:`_closed_form_timelines`
-    when the round has no contention (it equals the SimPy model bit for bit) and the SimPy
-    model otherwise; ``"simpy"`` always runs the SimPy model.
+    ``method`` picks how the model is solved. Every way gives the SimPy model's timelines
+    float for float (tests check thousands of random rounds), except that when two
+    events fall on the very same instant the fast paths may take them in another order
+    than SimPy does, which can move a result by a few ulps (tests check <= 1e-9
+    relative on rounds built to be full of such ties):
+
+    - ``"closed_form"``: :func:`_closed_form_timelines`, numpy, when nothing is shared
+      (no shared medium, edge-server CPU, backhaul or rate trace);
+    - ``"media"``: :func:`mecsim.engine_media.media_timelines`, each shared resource for
+      all its flows at once, when every client visits each resource at most once and in
+      an order all agree on (download, then upload: FedAvg-like rounds on shared media);
+    - ``"events"``: :func:`mecsim.engine_events.event_timelines`, event by event without
+      SimPy, for any round (per-batch split learning, backhaul, rate traces);
+    - ``"simpy"``: :func:`_simulate`, the SimPy model: the reference the others are
+      tested against, and what runs a round none of them covers (an op type they do not
+      know) or reports invalid input;
+    - ``"auto"`` (default): the first of closed_form, media, events that covers the
+      round, else simpy.
+
+    A named method that does not cover the round falls back the same way (closed_form ->
+    media -> events -> simpy).
     """
-    if method not in ("auto", "simpy"):
-        raise ValueError(f"method {method!r} is not one of ('auto', 'simpy')")
-    timelines = _closed_form_timelines(traces, clients, network) if method == "auto" else None
-    if timelines is None:
-        timelines = _simulate(traces, clients, servers, network)
-    return _summarise(timelines, network.deadline_s, aggregate_s)
+    if method not in METHODS:
+        raise ValueError(f"method {method!r} is not one of {METHODS}")
+    with _collector_paused():
+        _, timelines = _solve(traces, clients, servers, network, method)
+        return _summarise(timelines, network.deadline_s, aggregate_s)
+
+
+METHODS = ("auto", "closed_form", "media", "events", "simpy")
+_PATHS = METHODS[1:]
+
+
+def engine_path(traces: Mapping[int, OpTrace], clients: Mapping[int, ClientSpec],
+                servers: Sequence[ServerSpec], network: NetworkSpec) -> str:
+    """Which way :func:`time_round` (``method="auto"``) solves this round (it solves it)."""
+    with _collector_paused():
+        return _solve(traces, clients, servers, network, "auto")[0]
+
+
+def _solve(traces: Mapping[int, OpTrace], clients: Mapping[int, ClientSpec],
+           servers: Sequence[ServerSpec], network: NetworkSpec,
+           method: str) -> tuple[str, tuple[ClientTimeline, ...]]:
+    """(path, timelines): the first path from ``method`` on that covers the round."""
+    from mecsim import engine_events, engine_media
+
+    for path in _PATHS[0 if method == "auto" else _PATHS.index(method):]:
+        if path == "closed_form":
+            timelines = _closed_form_timelines(traces, clients, network)
+        elif path == "media":
+            timelines = engine_media.media_timelines(traces, clients, servers, network)
+        elif path == "events":
+            timelines = engine_events.event_timelines(traces, clients, servers, network)
+        else:
+            timelines = _simulate(traces, clients, servers, network)
+        if timelines is not None:
+            return path, timelines
+    raise AssertionError("the SimPy model covers every round")
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while a round is solved, as ``timeit`` does.
+
+    Solving allocates tens of thousands of small objects (heap entries, timelines) that
+    form no cycles; each allocation burst would start collections that traverse every
+    live object, including all the recorded op-traces a replay holds (millions). That
+    cost 30-40 % of a 10,000-client round. Reference counting frees everything as usual;
+    the collector runs again afterwards.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 # Op types the closed form covers, and the column of each in its per-kind time table.
