@@ -369,7 +369,9 @@ def time_round(
       tested against, and what runs a round none of them covers (an op type they do not
       know) or reports invalid input;
     - ``"auto"`` (default): the first of closed_form, media, events that covers the
-      round, else simpy.
+      round, else simpy; media only for groups of clients large enough to pay for
+      numpy's per-call cost (``engine_media.WORTHWHILE_GROUP_SIZE``), as in a
+      1,000-client round on a shared access point.
 
     A named method that does not cover the round falls back the same way (closed_form ->
     media -> events -> simpy).
@@ -402,7 +404,9 @@ def _solve(traces: Mapping[int, OpTrace], clients: Mapping[int, ClientSpec],
         if path == "closed_form":
             timelines = _closed_form_timelines(traces, clients, network)
         elif path == "media":
-            timelines = engine_media.media_timelines(traces, clients, servers, network)
+            timelines = engine_media.media_timelines(
+                traces, clients, servers, network,
+                min_group_size=engine_media.WORTHWHILE_GROUP_SIZE if method == "auto" else 0)
         elif path == "events":
             timelines = engine_events.event_timelines(traces, clients, servers, network)
         else:
