@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import heapq
+import itertools
 import math
 from bisect import bisect_right
 from collections.abc import Generator, Iterator, Mapping, Sequence
@@ -477,13 +478,22 @@ def _closed_form_timelines(
         specs = [clients[ids[p]] for p in positions]
         finish_s[positions], spent_s[positions] = _advance_group(kinds, rows, specs)
 
-    deadline_s = network.deadline_s
-    fin, spent = finish_s.tolist(), spent_s.tolist()
-    return tuple(
-        ClientTimeline(cid, 0.0, fin[i], spent[i][0], spent[i][1], spent[i][2], 0.0,
-                       _made_it(fin[i], deadline_s))
-        for i, cid in enumerate(ids)
-    )
+    return _timelines(ids, finish_s, spent_s, network.deadline_s)
+
+
+def _timelines(ids: list[int], finish_s: np.ndarray, spent_s: np.ndarray,
+               deadline_s: float | None) -> tuple[ClientTimeline, ...]:
+    """Each client's ClientTimeline from its finish time and per-kind seconds (n x 3:
+    download, compute, upload; or n x 5 with server and backhaul); ``completed`` as
+    :func:`_made_it` says, computed for all clients at once."""
+    made_it = np.isfinite(finish_s)
+    if deadline_s is not None:
+        made_it &= finish_s <= deadline_s
+    cols = spent_s.T.tolist()
+    zeros = itertools.repeat(0.0)
+    server, backhaul = (cols[3], cols[4]) if len(cols) == 5 else (zeros, zeros)
+    return tuple(map(ClientTimeline, ids, itertools.repeat(0.0), finish_s.tolist(), cols[0],
+                     cols[1], cols[2], server, made_it.tolist(), backhaul))
 
 
 def _advance_group(kinds: tuple[int, ...], rows: list[OpTrace],

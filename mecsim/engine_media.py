@@ -23,7 +23,6 @@ left to :mod:`mecsim.engine_events` (``media_timelines`` returns None).
 from __future__ import annotations
 
 import heapq
-import itertools
 import math
 from collections.abc import Mapping, Sequence
 from operator import attrgetter, itemgetter
@@ -36,6 +35,7 @@ from mecsim.engine import (
     NetworkSpec,
     RateSchedule,
     ServerSpec,
+    _timelines,
 )
 from mecsim.ops import Backhaul, Compute, Download, OpTrace, ServerCompute, Upload
 
@@ -267,19 +267,7 @@ def media_timelines(
         g.now_s[g.stuck] = _INF
         g.spent_s[g.stuck, g.stuck_kind[g.stuck]] = _INF
         finish_s[g.positions], spent_s[g.positions] = g.now_s, g.spent_s
-    return timelines(ids, finish_s, spent_s, network.deadline_s)
-
-
-def timelines(ids: list[int], finish_s: np.ndarray, spent_s: np.ndarray,
-              deadline_s: float | None) -> tuple[ClientTimeline, ...]:
-    """ClientTimeline of each client from its finish time and per-kind seconds (n x 5:
-    download, compute, upload, server, backhaul); ``completed`` as :func:`_made_it`."""
-    made_it = np.isfinite(finish_s)
-    if deadline_s is not None:
-        made_it &= finish_s <= deadline_s
-    cols = spent_s.T.tolist()
-    return tuple(map(ClientTimeline, ids, itertools.repeat(0.0), finish_s.tolist(), cols[0],
-                     cols[1], cols[2], cols[3], made_it.tolist(), cols[4]))
+    return _timelines(ids, finish_s, spent_s, network.deadline_s)
 
 
 def _resource_order(groups: list[_Group]) -> list[tuple] | None:
