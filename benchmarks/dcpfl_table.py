@@ -56,8 +56,8 @@ DEFAULT_METHODS = ["standalone", "fedavg", "perfedavg", "kmeans_cluster", "dcpfl
                    "dcpfl_nola", "dcpfl_nodc"]
 
 
-# --quick: seconds, not minutes (10 clients, 8 rounds: warm-up, then DC-PFL's first trial)
-QUICK = {"rounds": 8, "methods": ["fedavg", "dcpfl"], "clients": 10}
+# --quick: seconds, not minutes (8 clients, 7 rounds: DC-PFL's warm-up and beyond)
+QUICK = {"rounds": 7, "methods": ["fedavg", "dcpfl"], "clients": 8}
 
 
 def scenario_for(key: str, rounds: int | None, model: str | None = None,

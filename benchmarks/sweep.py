@@ -84,11 +84,12 @@ def recorded_run(scenario: dict, record_dir: Path, run_dir: Path | None):
 
     t0 = time.perf_counter()
     if run_dir is not None:
-        run = load_run(run_dir)
+        run, how = load_run(run_dir), "loaded"
     else:
         run = record(scenario_from_dict(scenario, "benchmarks/sweep.py"), record_dir)
+        how = "recorded once, then loaded"
     print(f"run {run.run_dir}: {len(run.rounds)} rounds, ready in "
-          f"{time.perf_counter() - t0:.2f} s (recorded once, then loaded)", flush=True)
+          f"{time.perf_counter() - t0:.2f} s ({how})", flush=True)
     return run
 
 

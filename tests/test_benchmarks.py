@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -41,11 +44,20 @@ def test_discovery_finds_the_benchmarks_and_not_the_helpers():
     assert "kapc_common.py" not in names
 
 
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A fresh directory with a short path (Ray's socket paths under it must stay below
+    the 107 bytes AF_UNIX allows, which pytest's tmp_path can exceed)."""
+    path = Path(tempfile.mkdtemp(prefix="mecsim-quick-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.mark.parametrize("script", [_param(p) for p in discover()])
-def test_benchmark_quick_run(script: Path, tmp_path: Path) -> None:
-    env = {**os.environ, "MECSIM_BENCH_DIR": str(tmp_path / "records"),
-           "TMPDIR": str(tmp_path), "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run([sys.executable, str(script), "--quick"], cwd=tmp_path, env=env,
+def test_benchmark_quick_run(script: Path, short_tmp: Path) -> None:
+    env = {**os.environ, "MECSIM_BENCH_DIR": str(short_tmp / "records"),
+           "TMPDIR": str(short_tmp), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run([sys.executable, str(script), "--quick"], cwd=short_tmp, env=env,
                           capture_output=True, text=True, timeout=540)
     tail = f"\n--- stdout ---\n{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-3000:]}"
     assert proc.returncode == 0, tail
