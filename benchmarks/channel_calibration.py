@@ -3,7 +3,7 @@ question of its interference, and the +20 dB calibration against Table 5's trans
 
 Pure numpy (no training, a second or two):
 
-    python benchmarks/channel_calibration.py [--seeds 200] [--clients 10]
+    python benchmarks/channel_calibration.py [--seeds 200] [--clients 10] [--quick]
 
 1. the median client (d = 300 m, B = 20 MHz, p = 26.5 dBm; the downlink at 50 MHz,
    30 dBm) step by step: gain, received power, thermal noise, SNR, Shannon rate and the
@@ -126,7 +126,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, default=200)
     p.add_argument("--clients", type=int, default=10)
+    p.add_argument("--quick", action="store_true",
+                   help="20 seeded populations instead of --seeds (seconds; a smoke run)")
     args = p.parse_args()
+    if args.quick:
+        args.seeds = min(args.seeds, 20)
     median_client()
     interference_units()
     populations(args.seeds, args.clients)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,17 @@ from mecsim.runner import run
 from mecsim.scenario import load_scenario, scenario_from_dict
 
 MiB = 1024 * 1024
+# --quick (seconds, not minutes): small data, one epoch, in-process, records in a new
+# temporary directory unless --out is given
+QUICK_OVERRIDES: dict[str, Any] = {"dataset": {"train_size": 400, "test_size": 100},
+                                   "training": {"epochs": 1}}
+
+
+def quick_out(out: str | None, quick: bool, default: str) -> Path:
+    """The records directory: --out, else a new temporary one with --quick, else default."""
+    if out:
+        return Path(out)
+    return Path(tempfile.mkdtemp(prefix=Path(default).name + "-")) if quick else Path(default)
 
 
 def run_variant(scenario_path: str | Path, run_id: str, algorithm: dict[str, Any], *,
@@ -33,8 +45,11 @@ def run_variant(scenario_path: str | Path, run_id: str, algorithm: dict[str, Any
     data["metrics"]["enabled"] = False
     data["outputs"]["table_format"] = "csv"
     data["execution"]["backend"] = backend
-    for key, value in (overrides or {}).items():
-        data[key] = value
+    for key, value in (overrides or {}).items():  # sections merged one level deep
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
     scenario = scenario_from_dict(data, f"{scenario_path} [{run_id}]")
     run_dir = out / run_id
     if run_dir.exists():

@@ -18,7 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
-from kapc_common import MiB, best_mean_accuracy, run_variant
+from kapc_common import QUICK_OVERRIDES, MiB, best_mean_accuracy, quick_out, run_variant
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = {0.3: (77.79, 387.29, 163.64), 0.5: (80.01, 380.70, 251.10),
@@ -33,10 +33,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-reference", action="store_true", help="skip the plain KAPC run")
     p.add_argument("--backend", default="ray", choices=["ray", "local"])
     p.add_argument("--hosts", type=int, default=None)
-    p.add_argument("--out", default="runs/kapc-mu-sweep")
+    p.add_argument("--out", help="records (default runs/kapc-mu-sweep; with --quick a new "
+                   "temporary directory)")
     p.add_argument("--kapc-params", default='{"lam": 1.0, "beta": 0.01}')
+    p.add_argument("--quick", action="store_true", help="seconds, not minutes: 2 rounds of "
+                   "KAPC+BLS at mu = 0.5 without the reference, 400 images, in-process")
     args = p.parse_args(argv)
-    out = Path(args.out)
+    if args.quick:
+        args.rounds, args.mus, args.no_reference, args.backend = 2, [0.5], True, "local"
+    out = quick_out(args.out, args.quick, "runs/kapc-mu-sweep")
     base = dict(json.loads(args.kapc_params))
     variants = [] if args.no_reference else [("kapc", None)]
     variants += [("kapc_bls", mu) for mu in args.mus]
@@ -48,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
         run_id = name if mu is None else f"kapc_bls-mu{mu:g}"
         rounds, _ = run_variant(args.scenario, run_id, {"name": name, "params": params},
                                 rounds=args.rounds, backend=args.backend, hosts=args.hosts,
-                                out=out)
+                                out=out, overrides=QUICK_OVERRIDES if args.quick else None)
         paper = PAPER.get(mu)
         ref = f"{paper[0]:.2f} / {paper[1]:.2f} / {paper[2]:.2f}" if paper else "426.54 / 426.54"
         lines.append(
@@ -62,6 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     print(table)
     out.mkdir(parents=True, exist_ok=True)
     (out / "mu_sweep.md").write_text(table + "\n")
+    print(f"records and table in {out}")
 
 
 if __name__ == "__main__":

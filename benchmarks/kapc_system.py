@@ -25,7 +25,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kapc_common import MiB, run_variant
+from kapc_common import QUICK_OVERRIDES, MiB, quick_out, run_variant
 
 from mecsim.scenario import load_scenario
 
@@ -52,9 +52,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     p.add_argument("--backend", default="ray", choices=["ray", "local"])
     p.add_argument("--hosts", type=int, default=None)
-    p.add_argument("--out", default="runs/kapc-system")
+    p.add_argument("--out", help="records (default runs/kapc-system; with --quick a new "
+                   "temporary directory)")
+    p.add_argument("--quick", action="store_true", help="seconds, not minutes: 1 round of "
+                   "KAPC+BLS, 10 clients (1 selected), 400 images, in-process, and the "
+                   "small kapc_cnn instead of ResNet18 (the code path, not the figures)")
     args = p.parse_args(argv)
-    out = Path(args.out)
+    overrides = None
+    if args.quick:
+        args.rounds, args.methods, args.backend = 1, ["kapc_bls"], "local"
+        overrides = {**QUICK_OVERRIDES, "topology": {"clients": 10},
+                     "model": {"name": "kapc_cnn"}}
+        print("--quick: kapc_cnn instead of ResNet18, 10 clients, 1 round", flush=True)
+    out = quick_out(args.out, args.quick, "runs/kapc-system")
     epochs = load_scenario(SCENARIO).training.epochs
     t5 = ["| method | time (s) | U-Comm (s / %) | D-Comm (s / %) | Client (s / %) "
           "| Server (s / %) | paper: time, U, D, Client, Server (s) |",
@@ -65,7 +75,8 @@ def main(argv: list[str] | None = None) -> None:
           "|---|---:|---:|---:|---:|---:|---:|---|---|"]
     for name in args.methods:
         rounds, clients = run_variant(SCENARIO, name, METHODS[name], rounds=args.rounds,
-                                      backend=args.backend, hosts=args.hosts, out=out)
+                                      backend=args.backend, hosts=args.hosts, out=out,
+                                      overrides=overrides)
         total = rounds["round_time_s"].mean()
         parts = [rounds[c].mean() for c in ("ul_time_s", "dl_time_s", "client_time_s",
                                             "server_time_s")]
@@ -87,6 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     print(text)
     out.mkdir(parents=True, exist_ok=True)
     (out / "system.md").write_text(text + "\n")
+    print(f"records and tables in {out}")
 
 
 if __name__ == "__main__":

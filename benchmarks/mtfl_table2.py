@@ -28,6 +28,7 @@ import csv
 import itertools
 import math
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -164,10 +165,19 @@ def main(argv: list[str] | None = None) -> int:
                    help="FedAdam server learning rates")
     p.add_argument("--lr-adam", type=float, nargs="+", default=[0.001, 0.003],
                    help="FedAvg-Adam client Adam learning rates")
-    p.add_argument("--out", type=Path, default=ROOT / "runs" / "mtfl-table2")
+    p.add_argument("--out", type=Path, help="default runs/mtfl-table2 in the repository; "
+                   "with --quick a new temporary directory")
+    p.add_argument("--quick", action="store_true", help="seconds, not minutes: one cell "
+                   "(FedAvg, private gamma/beta, lr 0.1), at most 3 rounds, target 50 %%")
     p.add_argument("--table-from", type=Path, nargs="+", metavar="RUNS_CSV",
                    help="run nothing: build table2.md from these runs.csv files")
     args = p.parse_args(argv)
+    if args.quick:
+        args.rounds, args.targets, args.strategies, args.private = 3, [0.5], ["fedavg"], ["yb"]
+        args.lr_sgd, args.participation, args.seeds = [0.1], [1.0], [0]
+    if args.out is None:
+        args.out = (Path(tempfile.mkdtemp(prefix="mtfl-table2-")) if args.quick
+                    else ROOT / "runs" / "mtfl-table2")
     args.out.mkdir(parents=True, exist_ok=True)
     targets = sorted(args.targets)
     if args.table_from:

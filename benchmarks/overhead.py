@@ -13,7 +13,7 @@ first round of every run (warm-up) and mecsim's last round (which also evaluates
 left out; the three runs are repeated ``--trials`` times, interleaved, to even out noise
 from other work on the machine.
 
-    python benchmarks/overhead.py [--rounds 10] [--trials 3] [--clients 10 100]
+    python benchmarks/overhead.py [--rounds 10] [--trials 3] [--clients 10 100] [--quick]
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from mecsim.runner import run
 from mecsim.scenario import scenario_from_dict
 
 TRAIN, TEST, BATCH, LR = 9000, 1000, 32, 0.05
+QUICK_USES_RAY = True  # tests/test_benchmarks.py marks this benchmark's --quick run "ray"
 
 
 def scenario(n_clients: int, rounds: int, out_dir: str) -> dict:
@@ -104,18 +105,25 @@ def main() -> None:
     ap.add_argument("--hosts", type=int, default=None,
                     help="mecsim host actors (default: one per core; 1 = same CPU as the "
                     "one-thread plain loop)")
+    ap.add_argument("--quick", action="store_true",
+                    help="seconds, not minutes: 10 clients, 3 rounds, 1 trial, the plain "
+                    "loop with 1 thread only (mecsim with Ray)")
     args = ap.parse_args()
+    if args.quick:
+        args.rounds, args.trials, args.clients = 3, 1, [10]
     print(f"{'clients':>8} {'plain 1 thr':>12} {'plain 2 thr':>12} {'mecsim':>9} "
           f"{'ratio':>6}   (median seconds per round)")
     for n in args.clients:
         one, two, ours = [], [], []
         for _ in range(args.trials):
             one += plain_loop(n, args.rounds, threads=1)[1:]  # first round warms up
-            two += plain_loop(n, args.rounds, threads=2)[1:]
+            if not args.quick:  # two torch threads on a busy machine can take minutes
+                two += plain_loop(n, args.rounds, threads=2)[1:]
             ours += mecsim_rounds(n, args.rounds, args.hosts)[1:]
-        plain = min(statistics.median(one), statistics.median(two))
+        plain = min(statistics.median(one), statistics.median(two or one))
         mine = statistics.median(ours)
-        print(f"{n:>8} {statistics.median(one):>12.3f} {statistics.median(two):>12.3f} "
+        two_s = f"{statistics.median(two):>12.3f}" if two else f"{'-':>12}"
+        print(f"{n:>8} {statistics.median(one):>12.3f} {two_s} "
               f"{mine:>9.3f} {mine / plain:>6.2f}")
 
 

@@ -1,5 +1,5 @@
 """PHSFL vs HSFL (the paper's Figs. 3-4): global and personalised mean test accuracy and
-loss for Dirichlet alpha = 0.1 and 0.5, plus the timing engine's events per second on a
+loss for Dirichlet alpha = 0.1 and 0.5, plus the timing engine's speed on a
 100-client round.
 
 Runs ``scenarios/phsfl-mnist-4x25.yaml`` (embedded MNIST instead of CIFAR-10) for each
@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import simpy
 
-from mecsim.engine import time_round
+from mecsim.engine import engine_path, time_round
 from mecsim.network import NetworkModel, device_profiles
 from mecsim.ops import op_from_dict
 from mecsim.records import RecordsWriter
@@ -46,8 +47,13 @@ PAPER = {  # Section V-B, CIFAR-10, R = 100, after K = 10 fine-tuning steps
 
 
 def scenario_for(alpha: float, algorithm: str, global_rounds: int, run_id: str, out: Path,
-                 train_size: int | None, test_size: int | None):
+                 train_size: int | None, test_size: int | None, clients: int | None = None,
+                 epochs: int | None = None):
     data = load_scenario(SCENARIO).model_dump(mode="json")
+    if clients is not None:
+        data["topology"]["clients"] = clients
+    if epochs is not None:
+        data["training"]["epochs"] = epochs
     k1 = data["algorithm"]["params"]["edge_rounds"]
     data.update(name=f"phsfl-fig3-{run_id}", rounds=global_rounds * k1)
     data["dataset"]["partition"]["alpha"] = alpha
@@ -66,7 +72,8 @@ def scenario_for(alpha: float, algorithm: str, global_rounds: int, run_id: str, 
 
 def engine_events_per_second(run_dir: Path, round_index: int = 0,
                              repeats: int = 3) -> dict[str, float]:
-    """Re-time one recorded round with the SimPy model: events, ops, wall s, events/s."""
+    """Re-time one recorded round: its ops, the SimPy model's events, and the wall seconds
+    of the engine's default path and of the SimPy model (best of ``repeats``)."""
     sc = load_scenario(run_dir / "scenario.yaml")
     lines = (run_dir / "optraces.jsonl").read_text().splitlines()
     rec = json.loads(lines[round_index])
@@ -82,18 +89,21 @@ def engine_events_per_second(run_dir: Path, round_index: int = 0,
 
     simpy.Environment.step = counting_step  # type: ignore[method-assign]
     try:
-        time_round(traces, specs, servers, net)
+        time_round(traces, specs, servers, net, method="simpy")
     finally:
         simpy.Environment.step = step  # type: ignore[method-assign]
-    walls = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        time_round(traces, specs, servers, net)
-        walls.append(time.perf_counter() - t0)
-    wall = min(walls)
+    walls: dict[str, float] = {}
+    for method in ("auto", "simpy"):
+        best = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            time_round(traces, specs, servers, net, method=method)
+            best.append(time.perf_counter() - t0)
+        walls[method] = min(best)
     return {"round": rec["round"], "clients": len(traces),
-            "ops": sum(len(t) for t in traces.values()), "events": count["events"],
-            "wall_s": wall, "events_per_s": count["events"] / wall}
+            "ops": sum(len(t) for t in traces.values()), "simpy_events": count["events"],
+            "path": engine_path(traces, specs, servers, net), "wall_s": walls["auto"],
+            "simpy_wall_s": walls["simpy"], "simpy_events_per_s": count["events"] / walls["simpy"]}
 
 
 def final_figures(rows: list[dict]) -> dict[str, float]:
@@ -111,15 +121,26 @@ def main() -> None:
     ap.add_argument("--algorithms", nargs="+", default=["phsfl", "hsfl"])
     ap.add_argument("--train-size", type=int, default=None)
     ap.add_argument("--test-size", type=int, default=None)
-    ap.add_argument("--out", type=Path, default=ROOT / "runs" / "phsfl-fig3")
+    ap.add_argument("--out", type=Path, help="default runs/phsfl-fig3 in the repository; "
+                    "with --quick a new temporary directory")
+    ap.add_argument("--quick", action="store_true", help="seconds, not minutes: PHSFL, "
+                    "alpha 0.5, 1 global round, 8 clients (2 per edge server), 200 images, "
+                    "1 epoch")
     args = ap.parse_args()
+    clients = epochs = None
+    if args.quick:
+        args.global_rounds, args.alphas, args.algorithms = 1, [0.5], ["phsfl"]
+        args.train_size, args.test_size, clients, epochs = 200, 100, 8, 1
+    if args.out is None:
+        args.out = (Path(tempfile.mkdtemp(prefix="phsfl-fig3-")) if args.quick
+                    else ROOT / "runs" / "phsfl-fig3")
     args.out.mkdir(parents=True, exist_ok=True)
     results = {}
     for alpha in args.alphas:
         for algorithm in args.algorithms:
             run_id = f"{algorithm}-a{alpha:g}-R{args.global_rounds}"
             sc = scenario_for(alpha, algorithm, args.global_rounds, run_id, args.out,
-                              args.train_size, args.test_size)
+                              args.train_size, args.test_size, clients, epochs)
             t0 = time.perf_counter()
             rows = run(sc, run_id, args.out / run_id, [RecordsWriter(args.out / run_id)])
             wall = time.perf_counter() - t0
@@ -153,6 +174,7 @@ def main() -> None:
     table = "\n".join(lines)
     (args.out / f"{stem}.md").write_text(table + "\n")
     print(table)
+    print(f"records and tables in {args.out}")
 
 
 if __name__ == "__main__":

@@ -6,15 +6,24 @@ dedicated links, shared media (processor sharing), device CPUs and edge-server C
 and returns per-client timelines and the round's critical-path breakdown. It is a pure
 function: no torch, no Ray, no wall clock.
 
+The SimPy processes below are the reference model. :func:`time_round` solves the same
+model faster where it can: a numpy closed form when nothing is shared (here), each
+shared resource for all its flows at once when clients visit resources in one order
+(:mod:`mecsim.engine_media`), and event by event without SimPy otherwise
+(:mod:`mecsim.engine_events`); docs/engine.md has the details and the speeds.
+
 Units: seconds (``_s``), bits per second (``_bps``), FLOPs and FLOP/s (``flops_per_s``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import heapq
+import itertools
 import math
 from bisect import bisect_right
-from collections.abc import Collection, Generator, Mapping, Sequence
+from collections.abc import Collection, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -358,31 +367,108 @@ def time_round(
     must hold a spec for each. Raises ValueError for a shared medium with a
     :class:`RateSchedule` rate, or a ServerCompute on a missing edge server.
 
-    ``method``: ``"auto"`` (default) uses the closed form of :func:`_closed_form_timelines`
-    when the round has no contention (it equals the SimPy model bit for bit) and the SimPy
-    model otherwise; ``"simpy"`` always runs the SimPy model.
+    ``method`` picks how the model is solved. Every way gives the SimPy model's timelines
+    float for float (tests check thousands of random rounds), except that when two
+    events fall on the very same instant the fast paths may take them in another order
+    than SimPy does, which can move a result by a few ulps (tests check <= 1e-9
+    relative on rounds built to be full of such ties):
+
+    - ``"closed_form"``: :func:`_closed_form_timelines`, numpy, when nothing is shared
+      (no shared medium, edge-server CPU, backhaul or rate trace);
+    - ``"media"``: :func:`mecsim.engine_media.media_timelines`, each shared resource for
+      all its flows at once, when every client visits each resource at most once and in
+      an order all agree on (download, then upload: FedAvg-like rounds on shared media);
+    - ``"events"``: :func:`mecsim.engine_events.event_timelines`, event by event without
+      SimPy, for any round (per-batch split learning, backhaul, rate traces);
+    - ``"simpy"``: :func:`_simulate`, the SimPy model: the reference the others are
+      tested against, and what runs a round none of them covers (an op type they do not
+      know) or reports invalid input;
+    - ``"auto"`` (default): the first of closed_form, media, events that covers the
+      round, else simpy; media only for groups of clients large enough to pay for
+      numpy's per-call cost (``engine_media.WORTHWHILE_GROUP_SIZE``), as in a
+      1,000-client round on a shared access point.
+
+    A named method that does not cover the round falls back the same way (closed_form ->
+    media -> events -> simpy).
 
     ``failed``: clients whose op-trace ends in a failure (a crash, a drop-out before the
     upload): timed as they ran, never completed. ``wait_for``: the server aggregates once
     this many clients have completed; the later ones are dropped as at a deadline.
     """
-    if method not in ("auto", "simpy"):
-        raise ValueError(f"method {method!r} is not one of ('auto', 'simpy')")
-    timelines = _closed_form_timelines(traces, clients, network) if method == "auto" else None
-    if timelines is None:
-        timelines = _simulate(traces, clients, servers, network)
-    deadline_s = network.deadline_s
-    if failed or wait_for is not None:
-        failed = frozenset(failed)
-        finishes = sorted(t.finish_s for t in timelines
-                          if t.completed and t.client_id not in failed)
-        if wait_for is not None and 0 < wait_for < len(finishes):
-            cutoff_s = finishes[wait_for - 1]
-            deadline_s = cutoff_s if deadline_s is None else min(deadline_s, cutoff_s)
-        timelines = tuple(
-            replace(t, completed=t.client_id not in failed and _made_it(t.finish_s, deadline_s))
-            for t in timelines)
-    return _summarise(timelines, deadline_s, aggregate_s)
+    if method not in METHODS:
+        raise ValueError(f"method {method!r} is not one of {METHODS}")
+    with _collector_paused():
+        _, timelines = _solve(traces, clients, servers, network, method)
+        deadline_s = network.deadline_s
+        if failed or wait_for is not None:
+            failed = frozenset(failed)
+            finishes = sorted(t.finish_s for t in timelines
+                              if t.completed and t.client_id not in failed)
+            if wait_for is not None and 0 < wait_for < len(finishes):
+                cutoff_s = finishes[wait_for - 1]
+                deadline_s = cutoff_s if deadline_s is None else min(deadline_s, cutoff_s)
+            timelines = tuple(
+                replace(t, completed=t.client_id not in failed
+                        and _made_it(t.finish_s, deadline_s))
+                for t in timelines)
+        return _summarise(timelines, deadline_s, aggregate_s)
+
+
+METHODS = ("auto", "closed_form", "media", "events", "simpy")
+_PATHS = METHODS[1:]
+
+
+def engine_path(traces: Mapping[int, OpTrace], clients: Mapping[int, ClientSpec],
+                servers: Sequence[ServerSpec], network: NetworkSpec) -> str:
+    """Which way :func:`time_round` (``method="auto"``) solves this round (it solves it)."""
+    with _collector_paused():
+        return _solve(traces, clients, servers, network, "auto")[0]
+
+
+def _solve(traces: Mapping[int, OpTrace], clients: Mapping[int, ClientSpec],
+           servers: Sequence[ServerSpec], network: NetworkSpec,
+           method: str) -> tuple[str, tuple[ClientTimeline, ...]]:
+    """(path, timelines): the first path from ``method`` on that covers the round."""
+    from mecsim import engine_events, engine_media
+
+    # the media and event paths do not model per-link latency yet: such rounds go to
+    # the closed form (which does) or to SimPy
+    latency = any(s.uplink_latency_s or s.downlink_latency_s for s in clients.values())
+    for path in _PATHS[0 if method == "auto" else _PATHS.index(method):]:
+        if latency and path in ("media", "events"):
+            continue
+        if path == "closed_form":
+            timelines = _closed_form_timelines(traces, clients, network)
+        elif path == "media":
+            timelines = engine_media.media_timelines(
+                traces, clients, servers, network,
+                min_group_size=engine_media.WORTHWHILE_GROUP_SIZE if method == "auto" else 0)
+        elif path == "events":
+            timelines = engine_events.event_timelines(traces, clients, servers, network)
+        else:
+            timelines = _simulate(traces, clients, servers, network)
+        if timelines is not None:
+            return path, timelines
+    raise AssertionError("the SimPy model covers every round")
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while a round is solved, as ``timeit`` does.
+
+    Solving allocates tens of thousands of small objects (heap entries, timelines) that
+    form no cycles; each allocation burst would start collections that traverse every
+    live object, including all the recorded op-traces a replay holds (millions). That
+    cost 30-40 % of a 10,000-client round. Reference counting frees everything as usual;
+    the collector runs again afterwards.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 # Op types the closed form covers, and the column of each in its per-kind time table.
@@ -427,13 +513,22 @@ def _closed_form_timelines(
         specs = [clients[ids[p]] for p in positions]
         finish_s[positions], spent_s[positions] = _advance_group(kinds, rows, specs)
 
-    deadline_s = network.deadline_s
-    fin, spent = finish_s.tolist(), spent_s.tolist()
-    return tuple(
-        ClientTimeline(cid, 0.0, fin[i], spent[i][0], spent[i][1], spent[i][2], 0.0,
-                       _made_it(fin[i], deadline_s))
-        for i, cid in enumerate(ids)
-    )
+    return _timelines(ids, finish_s, spent_s, network.deadline_s)
+
+
+def _timelines(ids: list[int], finish_s: np.ndarray, spent_s: np.ndarray,
+               deadline_s: float | None) -> tuple[ClientTimeline, ...]:
+    """Each client's ClientTimeline from its finish time and per-kind seconds (n x 3:
+    download, compute, upload; or n x 5 with server and backhaul); ``completed`` as
+    :func:`_made_it` says, computed for all clients at once."""
+    made_it = np.isfinite(finish_s)
+    if deadline_s is not None:
+        made_it &= finish_s <= deadline_s
+    cols = spent_s.T.tolist()
+    zeros = itertools.repeat(0.0)
+    server, backhaul = (cols[3], cols[4]) if len(cols) == 5 else (zeros, zeros)
+    return tuple(map(ClientTimeline, ids, itertools.repeat(0.0), finish_s.tolist(), cols[0],
+                     cols[1], cols[2], server, made_it.tolist(), backhaul))
 
 
 def _advance_group(kinds: tuple[int, ...], rows: list[OpTrace],

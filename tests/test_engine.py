@@ -8,6 +8,7 @@ import time
 import pytest
 
 from mecsim.engine import (
+    METHODS,
     ClientSpec,
     NetworkSpec,
     RateSchedule,
@@ -232,7 +233,7 @@ def test_edge_servers_do_not_share_media_or_cpu() -> None:
         time_round(traces, clients, SERVER, NetworkSpec())
 
 
-@pytest.mark.parametrize("method", ["auto", "simpy"])
+@pytest.mark.parametrize("method", METHODS)
 def test_client_that_never_finishes_is_not_completed(method: str) -> None:
     # Without a deadline, a client whose link is at 0 b/s for ever never finishes: it is
     # not completed, and the round ends when the others are done (client 2: 1 s + 0.5 s).

@@ -98,7 +98,7 @@ def test_closed_form_declines_what_it_does_not_cover():
                                       NetworkSpec()) is None
 
 
-def test_time_round_falls_back_to_simpy(monkeypatch):
+def test_time_round_uses_simpy_only_for_what_the_fast_paths_do_not_cover(monkeypatch):
     calls = []
     real = engine._simulate
 
@@ -109,11 +109,14 @@ def test_time_round_falls_back_to_simpy(monkeypatch):
     monkeypatch.setattr(engine, "_simulate", spy)
     trace = (Download(1000), Compute(1e9, 3), Upload(1000))
     specs = {1: ClientSpec(1, 1e6, 1e6, 0.01, 1e9)}
-    time_round({1: trace}, specs, SERVERS, NetworkSpec())
-    assert calls == []  # closed form
+    time_round({1: trace}, specs, SERVERS, NetworkSpec())  # closed form
     shared = time_round({1: trace}, specs, SERVERS, NetworkSpec(uplink_shared=True))
-    assert len(calls) == 1 and shared.clients[0].finish_s > 0
     time_round({1: trace + (ServerCompute(1e9),)}, specs, SERVERS, NetworkSpec())
+    assert calls == [] and shared.clients[0].finish_s > 0  # media / events paths
+    with pytest.raises(KeyError):  # an op type no path knows: left to the SimPy model,
+        time_round({1: trace + (SlowUpload(10),)}, specs, SERVERS, NetworkSpec())
+    assert len(calls) == 1  # which rejects it too
+    time_round({1: trace}, specs, SERVERS, NetworkSpec(), method="simpy")
     assert len(calls) == 2
 
 

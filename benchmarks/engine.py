@@ -1,0 +1,213 @@
+"""How fast does the timing engine time rounds? Client-rounds per second for each path.
+
+Three workloads, built from op-traces that real training runs of the shipped scenarios
+recorded (each recorded once, in-process, into ``--record-dir``, and reused):
+
+1. **Shared access point**: ``scenarios/fedavg-mnist-100-wifi.yaml`` (FedAvg, a shared
+   20 Mbps uplink and 50 Mbps downlink, a 20 s deadline, half Pi 2B / half Pi 4). Its
+   recorded clients' op-traces are dealt out to ``--clients`` clients (10,000), each
+   round's client specs come from the scenario's network model with that many clients,
+   all selected. Target: 10,000 clients x 100 rounds in <= 10 s (the default path).
+2. **Contention-free**: the same rounds with every link dedicated (the closed form).
+3. **PHSFL 4 x 25, per batch**: ``scenarios/phsfl-mnist-4x25.yaml`` (split learning:
+   per batch a client computes, uploads activations over its edge server's shared
+   uplink, waits for the edge server's shared CPU and downloads the gradient; backhaul
+   transfers to the central server), recorded with the paper's N = 5 batches per epoch
+   (12,900 ops a round) on 2 clients per edge server and dealt out to the 4 x 25
+   clients. Target: <= 0.05 s a round. (--quick: one batch of one epoch, one client
+   per edge server.)
+
+Each path is timed on the same rounds: ``auto`` (what runs use; the path it takes is
+printed), ``media``, ``events``, and the SimPy model on ``--simpy-rounds`` rounds
+(extrapolated), checking that every path gives identical timelines on those rounds.
+
+    nice -n 10 python benchmarks/engine.py [--clients 10000] [--rounds 100] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WIFI = ROOT / "scenarios" / "fedavg-mnist-100-wifi.yaml"
+PHSFL = ROOT / "scenarios" / "phsfl-mnist-4x25.yaml"
+
+# where recorded runs are kept and reused (MECSIM_BENCH_DIR, else /tmp/mecsim-bench)
+RECORD_DIR = Path(os.environ.get("MECSIM_BENCH_DIR", "/tmp/mecsim-bench"))
+
+
+def load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f}"
+
+
+def recorded(path: Path, record_dir: Path, changes: dict, label: str):
+    """The run of ``path`` with ``changes`` (top-level sections merged), recorded once."""
+    from mecsim.scenario import load_scenario, scenario_from_dict
+    from mecsim.sweep import record
+
+    def merge(into: dict, changes: dict) -> None:
+        for key, value in changes.items():
+            if isinstance(value, dict) and isinstance(into.get(key), dict):
+                merge(into[key], value)
+            else:
+                into[key] = value
+
+    data = load_scenario(path).model_dump(mode="json")
+    merge(data, changes)
+    data["execution"] = {**data["execution"], "backend": "local", "hosts": 1}
+    scenario = scenario_from_dict(data, f"{path} ({label})")
+    t0 = time.perf_counter()
+    run = record(scenario, record_dir)
+    print(f"  recorded run: {run.run_dir} ({time.perf_counter() - t0:.1f} s)", flush=True)
+    return run
+
+
+def scaled(path: Path, clients: int):
+    """The scenario with ``clients`` clients, all selected, device groups scaled alike."""
+    from mecsim.scenario import load_scenario, scenario_from_dict
+
+    data = load_scenario(path).model_dump(mode="json")
+    old = data["topology"]["clients"]
+    data["topology"] = {**data["topology"], "clients": clients, "participation": 1.0}
+    groups = data["devices"]["clients"]
+    for g in groups:
+        if g.get("count") is not None:
+            g["count"] = max(1, g["count"] * clients // old)
+    return scenario_from_dict(data, f"{path} x {clients} clients")
+
+
+class Workload:
+    """Rounds of (traces, specs, servers, network), built on the fly (not timed)."""
+
+    def __init__(self, scenario, pools: list[list[tuple]], n_rounds: int,
+                 dedicated: bool = False) -> None:
+        from dataclasses import replace
+
+        from mecsim.network import NetworkModel, device_profiles
+
+        self.network = NetworkModel(scenario, device_profiles(scenario))
+        self.n_clients = scenario.topology.clients
+        self.pools, self.n_rounds = pools, n_rounds
+        if dedicated:
+            self.network.network = replace(self.network.network, uplink_shared=False,
+                                           downlink_shared=False)
+
+    def rounds(self):
+        ids = list(range(self.n_clients))
+        for r in range(self.n_rounds):
+            pool = self.pools[r % len(self.pools)]
+            traces = {c: pool[(c + 7 * r) % len(pool)] for c in ids}
+            specs, servers, net, _ = self.network.round(r, ids, 0.0, records=False)
+            yield traces, specs, servers, net
+
+    def ops_per_round(self) -> float:
+        ops = [sum(map(len, traces.values())) for traces, *_ in self.rounds()]
+        return sum(ops) / max(len(ops), 1)
+
+
+def timed(workload: Workload, method: str, n_rounds: int | None = None):
+    """(wall s, CPU s spent in time_round, results, path auto takes) over the first
+    ``n_rounds`` rounds. CPU seconds (this process's) tell apart the time the engine
+    needs from the time it waited for a core on a busy machine."""
+    from mecsim.engine import time_round
+
+    try:
+        from mecsim.engine import engine_path
+    except ImportError:  # a mecsim from before the engine had paths (for before/after)
+        def engine_path(*_):
+            return "?"
+
+    wall = cpu = 0.0
+    results, path = [], None
+    for k, (traces, specs, servers, net) in enumerate(workload.rounds()):
+        if n_rounds is not None and k >= n_rounds:
+            break
+        c0, t0 = time.process_time(), time.perf_counter()
+        results.append(time_round(traces, specs, servers, net, method=method))
+        wall += time.perf_counter() - t0
+        cpu += time.process_time() - c0
+        if path is None:
+            path = engine_path(traces, specs, servers, net)
+    return wall, cpu, results, path
+
+
+def bench(name: str, workload: Workload, methods: list[str], simpy_rounds: int,
+          target_s: float | None, per_round_target: bool = False) -> None:
+    n, r = workload.n_clients, workload.n_rounds
+    print(f"{name}: {n:,} clients x {r} rounds ({load()})", flush=True)
+    firsts = {}  # each method's timings of the first rounds, to compare
+    for method in methods:
+        k = simpy_rounds if method == "simpy" else r
+        if k == 0:
+            continue
+        spent, cpu, results, path = timed(workload, method, k)
+        firsts[method] = results[:max(simpy_rounds, 1)]
+        rate = n * k / spent
+        via = f" -> {path}" if method == "auto" else ""
+        line = (f"  {method}{via}: {spent:.3f} s for {k} rounds (CPU {cpu:.3f} s), "
+                f"{spent / k:.4f} s a round, {rate:,.0f} client-rounds/s")
+        if k < r:
+            line += f" (x{r} = {spent / k * r:.1f} s extrapolated)"
+        if method == "auto" and target_s is not None:
+            total = spent / k if per_round_target else spent
+            unit = "a round" if per_round_target else "in all"
+            verdict = "met" if total <= target_s else "MISSED"
+            line += f"  [target <= {target_s:g} s {unit}: {verdict}]"
+        print(line, flush=True)
+    if len(firsts) > 1:
+        k = min(map(len, firsts.values()))
+        ref = next(iter(firsts.values()))[:k]
+        same = all(v[:k] == ref for v in firsts.values())
+        print(f"  identical timelines on the first {k} round(s) from "
+              f"{', '.join(firsts)}: {same}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--clients", type=int, default=10_000, help="shared-AP round size")
+    p.add_argument("--rounds", type=int, default=100, help="shared-AP rounds")
+    p.add_argument("--phsfl-rounds", type=int, default=30, help="PHSFL rounds (>= 1)")
+    p.add_argument("--simpy-rounds", type=int, default=3)
+    p.add_argument("--methods", nargs="+", default=["auto", "media", "events", "simpy"])
+    p.add_argument("--record-dir", type=Path, default=RECORD_DIR,
+                   help="where the recorded runs are kept and reused (default %(default)s, "
+                        "or $MECSIM_BENCH_DIR)")
+    p.add_argument("--quick", action="store_true",
+                   help="seconds, not minutes: 1,000 clients x 5 rounds, small records")
+    args = p.parse_args(argv)
+    if min(args.clients, args.rounds, args.phsfl_rounds) < 1 or args.simpy_rounds < 0:
+        p.error("--clients, --rounds, --phsfl-rounds must be >= 1, --simpy-rounds >= 0")
+    if args.quick:
+        args.clients, args.rounds, args.phsfl_rounds, args.simpy_rounds = 1000, 5, 3, 1
+    print(f"engine benchmark on {os.cpu_count()} cores ({load()})", flush=True)
+
+    wifi_run = recorded(WIFI, args.record_dir, {"rounds": 1 if args.quick else 3}, "engine")
+    pools = [list(rec.traces.values()) for rec in wifi_run.rounds]
+    print(f"  {sum(map(len, pools))} recorded client op-traces, e.g. {pools[0][0]}")
+    wifi = scaled(WIFI, args.clients)
+    bench("shared access point (FedAvg, shared uplink + downlink)",
+          Workload(wifi, pools, args.rounds), args.methods, args.simpy_rounds, 10.0)
+    bench("contention-free (the same rounds, dedicated links)",
+          Workload(wifi, pools, args.rounds, dedicated=True),
+          ["auto", *(m for m in args.methods if m != "auto")], args.simpy_rounds, None)
+
+    per_epoch = 1 if args.quick else 5
+    phsfl_run = recorded(PHSFL, args.record_dir, {
+        "rounds": 1 if args.quick else 3, "topology": {"clients": 4 if args.quick else 8},
+        "training": {"epochs": 1 if args.quick else 5},
+        "algorithm": {"params": {"batches_per_epoch": per_epoch}},
+    }, "engine")
+    pools = [list(rec.traces.values()) for rec in phsfl_run.rounds]
+    phsfl = scaled(PHSFL, 100)
+    work = Workload(phsfl, pools, args.phsfl_rounds)
+    print(f"  PHSFL rounds of {work.ops_per_round():,.0f} ops on average")
+    bench(f"PHSFL 4 x 25 per batch (N = {per_epoch})", work, args.methods,
+          args.simpy_rounds, 0.05, per_round_target=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,278 @@
+"""The engine's fast paths for shared resources (mecsim.engine_media, mecsim.engine_events)
+against the SimPy model, on thousands of random rounds and on cases worked by hand."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from mecsim import engine, engine_events, engine_media
+from mecsim.engine import (
+    METHODS,
+    ClientSpec,
+    NetworkSpec,
+    RateSchedule,
+    RoundTiming,
+    ServerSpec,
+    engine_path,
+    time_round,
+)
+from mecsim.engine_media import processor_sharing
+from mecsim.ops import Backhaul, Compute, Download, ServerCompute, Upload
+
+FAST = ("media", "events", "auto")
+
+
+def _schedule(rng: np.random.Generator, quantized: bool) -> RateSchedule:
+    k = int(rng.integers(1, 5))
+    if quantized:
+        times = [float(t) for t in range(k)]
+        rates = [float(rng.choice([0.0, 1e6, 2e6])) for _ in range(k)]
+    else:
+        times = [0.0, *np.sort(rng.uniform(0.01, 20.0, k - 1)).tolist()]
+        rates = [0.0 if rng.random() < 0.2 else float(rng.uniform(1e5, 5e7)) for _ in range(k)]
+    if rates[-1] == 0.0 and rng.random() < 0.8:  # mostly not dead for ever
+        rates[-1] = 1e6
+    return RateSchedule(tuple(times), tuple(rates))
+
+
+def _random_round(rng: np.random.Generator, quantized: bool = False):
+    """A random round: 1-30 clients (sometimes 100) on 1-3 edge servers, shared or dedicated
+    links (constant, zero, or rate traces), random or FedAvg-like op-traces with server
+    compute and backhaul transfers, zero-work ops, a deadline or none. ``quantized``
+    draws sizes, rates and speeds from a few round numbers, so that many events fall on
+    the very same instant."""
+    n = int(rng.integers(1, 100 if rng.random() < 0.05 else 30))
+    n_es = int(rng.integers(1, 4))
+    ids = rng.permutation(1000)[:n].tolist()
+    up_shared, down_shared = bool(rng.random() < 0.6), bool(rng.random() < 0.6)
+    structured, server_first = rng.random() < 0.6, rng.random() < 0.5
+    same_for_all = rng.random() < 0.15
+
+    def pick(lo: float, hi: float, grid: list[float]) -> float:
+        return float(rng.choice(grid)) if quantized else float(rng.uniform(lo, hi))
+
+    def nbytes() -> int:
+        if rng.random() < 0.1:
+            return 0
+        return int(rng.integers(0, 4)) * 125_000 if quantized else int(rng.integers(1, 3e6))
+
+    def flops() -> float:
+        return 0.0 if rng.random() < 0.1 else pick(1e6, 5e10, [1e9, 2e9, 3e9])
+
+    servers = [ServerSpec(0.0 if rng.random() < 0.03 else pick(1e9, 1e11, [1e9, 2e9, 4e9]),
+                          float(rng.choice([0.0, 0.01, 0.25])), pick(1e8, 1e10, [1e6, 8e6]),
+                          pick(0.0, 0.01, [0.0, 0.5]))
+               for _ in range(n_es)]
+    backhaul = {es: [Backhaul(int(rng.integers(0, 10_000_000)), d)
+                     for d in ("down", "up")[:int(rng.integers(0, 3))]] for es in range(n_es)}
+    traces, specs, common = {}, {}, None
+    for cid in ids:
+        es = int(rng.integers(n_es))
+        if same_for_all and common is not None:
+            ops = list(common)
+        elif structured:  # download, compute, [server], upload, [server]: one order
+            ops = [Download(nbytes())] if rng.random() < 0.9 else []
+            ops += [Compute(flops(), int(rng.integers(0, 20)))
+                    for _ in range(int(rng.integers(0, 3)))]
+            if server_first and rng.random() < 0.5:
+                ops.append(ServerCompute(flops(), 1))
+            if rng.random() < 0.9:
+                ops.append(Upload(nbytes()))
+            if not server_first and rng.random() < 0.5:
+                ops.append(ServerCompute(flops(), 1))
+        else:  # any order, resources visited again and again
+            ops = []
+            for _ in range(int(rng.integers(0, 10))):
+                kind = int(rng.integers(4))
+                ops.append(Download(nbytes()) if kind == 0 else Upload(nbytes()) if kind == 2
+                           else Compute(flops(), int(rng.integers(0, 20))) if kind == 1
+                           else ServerCompute(flops(), int(rng.integers(0, 3))))
+        common = common or list(ops)
+        mine = backhaul[es][:int(rng.integers(0, len(backhaul[es]) + 1))]
+        for op in mine:  # down first, up last
+            ops.insert(0 if op.direction == "down" else len(ops), op)
+        traces[cid] = tuple(ops)
+
+        def rate(shared: bool) -> float | RateSchedule:
+            if same_for_all:
+                return 2e6
+            if not shared and rng.random() < 0.3:
+                return _schedule(rng, quantized)
+            return 0.0 if rng.random() < 0.04 else pick(1e5, 5e7, [1e6, 2e6, 4e6])
+
+        specs[cid] = ClientSpec(cid, rate(up_shared), rate(down_shared),
+                                float(rng.choice([0.0, 0.25, 0.5] if quantized else
+                                                 [0.0, rng.uniform(0, 0.1)])),
+                                0.0 if rng.random() < 0.02 else pick(1e8, 3e10, [1e9, 2e9, 4e9]),
+                                es)
+    deadline = None if rng.random() < 0.4 else float(rng.uniform(0.1, 60.0))
+    return traces, specs, servers, NetworkSpec(up_shared, down_shared, deadline), float(
+        rng.uniform(0, 1))
+
+
+def test_fast_paths_equal_simpy_on_random_rounds():
+    rng = np.random.default_rng(20261123)
+    seen = dict.fromkeys(("media", "stuck", "dropped", "schedule", "backhaul", "server",
+                          "shared"), 0)
+    for _ in range(1500):
+        traces, specs, servers, net, agg = _random_round(rng)
+        ref = time_round(traces, specs, servers, net, agg, method="simpy")
+        media = engine_media.media_timelines(traces, specs, servers, net)
+        if media is not None:  # it covers the round (one order of resources)
+            assert engine._summarise(media, net.deadline_s, agg) == ref
+            seen["media"] += 1
+        events = engine_events.event_timelines(traces, specs, servers, net)
+        assert events is not None  # it covers every round
+        assert engine._summarise(events, net.deadline_s, agg) == ref
+        assert time_round(traces, specs, servers, net, agg) == ref
+        seen["stuck"] += sum(math.isinf(c.finish_s) for c in ref.clients)
+        seen["dropped"] += len(ref.dropped)
+        ops = [op for t in traces.values() for op in t]
+        seen["backhaul"] += any(isinstance(op, Backhaul) for op in ops)
+        seen["server"] += any(isinstance(op, ServerCompute) for op in ops)
+        seen["shared"] += net.uplink_shared or net.downlink_shared
+        seen["schedule"] += any(isinstance(s.uplink_rate_bps, RateSchedule) or isinstance(
+            s.downlink_rate_bps, RateSchedule) for s in specs.values())
+    # the random rounds did reach every case, and each fast path took a good share
+    assert min(seen.values()) > 100, seen
+
+
+def _close(x: float, y: float) -> bool:
+    return x == y or math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def _assert_close(got: RoundTiming, ref: RoundTiming) -> None:
+    assert len(got.clients) == len(ref.clients)
+    for a, b in zip(got.clients, ref.clients, strict=True):
+        assert (a.client_id, a.completed) == (b.client_id, b.completed)
+        for f in ("finish_s", "download_s", "compute_s", "upload_s", "server_compute_s",
+                  "backhaul_s"):
+            assert _close(getattr(a, f), getattr(b, f)), (f, a, b)
+    assert got.dropped == ref.dropped
+    assert _close(got.round_time_s, ref.round_time_s) and _close(got.wait_s, ref.wait_s)
+    if got.critical_client != ref.critical_client:  # a tie for the last to finish
+        by_id = {c.client_id: c for c in ref.clients}
+        a, b = by_id[got.critical_client], by_id[ref.critical_client]
+        assert _close(a.finish_s, b.finish_s)
+    else:
+        for f in ("download_s", "client_s", "upload_s", "server_s", "idle_s", "backhaul_s"):
+            assert _close(getattr(got, f), getattr(ref, f)), f
+
+
+def test_fast_paths_within_1e9_of_simpy_on_rounds_full_of_ties():
+    # Round numbers make many events coincide; the fast paths may then take two events
+    # of one instant in another order than SimPy and round differently (a few ulps).
+    rng = np.random.default_rng(7)
+    identical = 0
+    for _ in range(600):
+        traces, specs, servers, net, agg = _random_round(rng, quantized=True)
+        ref = time_round(traces, specs, servers, net, agg, method="simpy")
+        for method in FAST:
+            got = time_round(traces, specs, servers, net, agg, method=method)
+            _assert_close(got, ref)
+            identical += got == ref
+    assert identical > 0.99 * 600 * len(FAST)  # nearly always float for float all the same
+
+
+def test_processor_sharing_worked_by_hand():
+    # Jobs 0 and 1 arrive at 0 s needing 2 s and 4 s alone; job 2 at 1 s needing 1 s.
+    # To 1 s: two jobs, v = 0.5. Then three: tags 2, 4, 0.5 + 1 = 1.5; job 2 leaves when
+    # v = 1.5, at 1 + 1.0 * 3 = 4 s; job 0 at v = 2: 4 + 0.5 * 2 = 5 s; job 1 alone: 7 s.
+    assert processor_sharing([0.0, 0.0, 1.0], [2.0, 4.0, 1.0]) == [5.0, 7.0, 4.0]
+    # idle in between: the medium is empty from 1 s to 3 s
+    assert processor_sharing([0.0, 3.0], [1.0, 1.0]) == [1.0, 4.0]
+    # a job at rate 0 never leaves and keeps its share: the other takes twice as long
+    assert processor_sharing([0.0, 0.0], [math.inf, 1.0]) == [math.inf, 2.0]
+    assert processor_sharing([], []) == []
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_dead_client_on_a_shared_medium(method: str) -> None:
+    # Client 1's uplink rate is 0: it never finishes, is not completed, and keeps its
+    # share of the medium, so client 2's 8 Mbit at 8 Mbps take 2 s, not 1 s.
+    traces = {1: (Upload(1_000_000),), 2: (Upload(1_000_000),)}
+    specs = {1: ClientSpec(1, 0.0, 8e6, 0.0, 1e9), 2: ClientSpec(2, 8e6, 8e6, 0.0, 1e9)}
+    r = time_round(traces, specs, [ServerSpec(1e9)], NetworkSpec(uplink_shared=True),
+                   aggregate_s=0.5, method=method)
+    one, two = r.clients
+    assert math.isinf(one.finish_s) and math.isinf(one.upload_s) and not one.completed
+    assert two.finish_s == 2.0 and two.completed
+    assert r.dropped == (1,) and r.critical_client == 2 and r.round_time_s == 2.5
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_shared_fedavg_round_by_hand(method: str) -> None:
+    # Shared 8 Mbps down- and uplink. Both download 8 Mbit at once: 2 s each. Client 1
+    # computes 1 s, client 2 3 s. Client 1 uploads 8 Mbit alone from 3 s to 5 s (at 8 Mbps
+    # until client 2 arrives at 5 s: done exactly then); client 2 uploads 4 Mbit alone:
+    # 5 s + 0.5 s = 5.5 s.
+    traces = {1: (Download(1_000_000), Compute(1e9, 0), Upload(1_000_000)),
+              2: (Download(1_000_000), Compute(3e9, 0), Upload(500_000))}
+    specs = {c: ClientSpec(c, 8e6, 8e6, 0.0, 1e9) for c in (1, 2)}
+    r = time_round(traces, specs, [ServerSpec(1e9)], NetworkSpec(True, True), method=method)
+    one, two = r.clients
+    assert (one.download_s, one.compute_s, one.upload_s, one.finish_s) == (2.0, 1.0, 1.0, 4.0)
+    assert (two.download_s, two.compute_s, two.upload_s, two.finish_s) == (2.0, 3.0, 0.5, 5.5)
+
+
+def _split_learning_round(batches: int):
+    """Per-batch split learning on 2 edge servers x 3 clients (the PHSFL op pattern)."""
+    traces, specs = {}, {}
+    for c in range(6):
+        ops = [Backhaul(3_000_000, "down"), Download(6656)]
+        for b in range(batches):
+            ops += [Compute(4.4e7, 1), Upload(884_832 + 7 * c + b), ServerCompute(2e9, 1),
+                    Download(884_736), Compute(4.4e7, 0)]
+        ops += [Upload(6656), Backhaul(3_000_000, "up")]
+        traces[c] = tuple(ops)
+        specs[c] = ClientSpec(c, 2e6 + 1e5 * c, 5e6 + 3e5 * c, 0.02, 1.4e10, c // 3)
+    servers = [ServerSpec(2e11, 0.001, 1e9, 0.005)] * 2
+    return traces, specs, servers, NetworkSpec(uplink_shared=True)
+
+
+def test_paths_taken() -> None:
+    servers = [ServerSpec(1e9)]
+    fedavg = {c: (Download(1000), Compute(1e9, 3), Upload(1000)) for c in (1, 2)}
+    specs = {c: ClientSpec(c, 1e6, 1e6, 0.01, 1e9) for c in (1, 2)}
+    assert engine_path(fedavg, specs, servers, NetworkSpec()) == "closed_form"
+    # on shared media: few clients event by event, many a medium at a time
+    assert engine_path(fedavg, specs, servers, NetworkSpec(True, True)) == "events"
+    many = {c: fedavg[1] for c in range(100)}
+    many_specs = {c: ClientSpec(c, 1e6 + c, 2e6 + c, 0.01, 1e9) for c in many}
+    assert engine_path(many, many_specs, servers, NetworkSpec(True, True)) == "media"
+    sched = {c: ClientSpec(c, RateSchedule((0.0, 1.0), (1e6, 2e6 + c)), 1e6, 0.01, 1e9)
+             for c in many}
+    assert engine_path(many, sched, servers, NetworkSpec()) == "media"
+    split = _split_learning_round(3)
+    assert engine_path(*split) == "events"
+    with pytest.raises(ValueError, match="method"):
+        time_round(fedavg, specs, servers, NetworkSpec(), method="fastest")
+
+
+def test_split_learning_rounds_equal_simpy() -> None:
+    for batches in (1, 5, 20):
+        traces, specs, servers, net = _split_learning_round(batches)
+        ref = time_round(traces, specs, servers, net, method="simpy")
+        assert time_round(traces, specs, servers, net) == ref
+        assert engine_media.media_timelines(traces, specs, servers, net) is None
+        assert ref.backhaul_s > 0 and ref.server_s > 0 and ref.upload_s > 0
+
+
+def test_rounds_with_link_latency_are_timed_as_simpy_does() -> None:
+    # per-link latency is modelled by the closed form and SimPy; the media and event paths
+    # step aside for it, so every method gives SimPy's timelines
+    from mecsim.engine import ClientSpec, NetworkSpec, ServerSpec, time_round
+    from mecsim.ops import Compute, Download, Upload
+
+    traces = {c: (Download(100_000 * (c + 1)), Compute(1e8, 3), Upload(50_000))
+              for c in range(6)}
+    specs = {c: ClientSpec(c, 1e6 + c, 2e6, 0.01, 1e9, 0, uplink_latency_s=0.02 * c,
+                           downlink_latency_s=0.005) for c in range(6)}
+    for shared in (False, True):
+        net = NetworkSpec(uplink_shared=shared, downlink_shared=shared)
+        ref = time_round(traces, specs, [ServerSpec(1e9)], net, method="simpy")
+        for method in ("auto", "closed_form", "media", "events"):
+            assert time_round(traces, specs, [ServerSpec(1e9)], net, method=method) == ref
