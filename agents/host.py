@@ -104,8 +104,14 @@ class ClientHost:
             result.host_seconds = time.perf_counter() - start
             if saved is not None:
                 self.state[task.client_id] = saved
-            results.append(result)
+            results.append(self.detach(result))
         return results
+
+    def detach(self, result: ClientResult) -> ClientResult:
+        """Called on each client's result as soon as it has trained: a hook for where the
+        upload is kept until the server needs it (under Ray: the object store, so a host
+        never holds more than one client's update). In-process: nothing to do."""
+        return result
 
     def fit_split(self, rnd: int, tasks: list[ClientTask], lost: frozenset[int] = frozenset()
                   ) -> tuple[list[ClientResult], dict[int, np.ndarray]]:

@@ -80,12 +80,20 @@ class EdgeServer:
                                rejected)
 
     def aggregate_split(self, rnd: int, results: list[ClientResult],
-                        *weights_by_host: dict[int, np.ndarray]) -> AggregateReport:
-        """:meth:`aggregate` with the uploads delivered apart (see ClientHost.fit_split)."""
-        weights = {cid: w for part in weights_by_host for cid, w in part.items()}
+                        *weights_by_host: dict[int, Any]) -> AggregateReport:
+        """:meth:`aggregate` with the uploads delivered apart (see ClientHost.fit_split);
+        only the uploads of ``results`` (the clients that made it) are fetched."""
+        refs = {cid: w for part in weights_by_host for cid, w in part.items()}
+        wanted = [r.client_id for r in results if r.client_id in refs]
+        fetched = dict(zip(wanted, self.fetch([refs[c] for c in wanted]), strict=True))
         for r in results:
-            r.weights = weights.get(r.client_id)
+            r.weights = fetched.get(r.client_id)
         return self.aggregate(rnd, results)
+
+    def fetch(self, uploads: list[Any]) -> list[Any]:
+        """The uploads themselves, from what the hosts handed over (a hook: under Ray they
+        are object-store references, fetched here as read-only zero-copy arrays)."""
+        return uploads
 
     def state_dict(self, known_blobs: set[str] | None = None
                    ) -> tuple[dict[str, Any], dict[str, Any]]:

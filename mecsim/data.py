@@ -257,8 +257,25 @@ def _check(pools: DataPools, n_clients: int, need: int = 1) -> None:
                          f"{n_clients} clients")
 
 
-def partition_iid(pools: DataPools, n_clients: int, rng: np.random.Generator) -> Partition:
-    """Shuffle each pool and split it into ``n_clients`` parts whose sizes differ by <= 1."""
+def partition_iid(pools: DataPools, n_clients: int, rng: np.random.Generator,
+                  samples_per_client: int | None = None,
+                  test_samples_per_client: int | None = None) -> Partition:
+    """Shuffle each pool and split it into ``n_clients`` parts whose sizes differ by <= 1.
+
+    With ``samples_per_client``, each client instead draws that many train samples (and
+    ``test_samples_per_client``, default 1, test samples) uniformly from the pool, without
+    replacement within a client: clients may share samples, so a population can be larger
+    than the data set (a campus of 10,000 devices on the 10,000 embedded images).
+    """
+    if samples_per_client is not None:
+        test_n = test_samples_per_client or 1
+        for ds, k in ((pools.train, samples_per_client), (pools.test, test_n)):
+            if k > len(ds):
+                raise ValueError(f"samples_per_client {k} exceeds the pool's {len(ds)} "
+                                 "samples")
+        draw = lambda ds, k: [rng.choice(len(ds), k, replace=False)  # noqa: E731
+                              for _ in range(n_clients)]
+        return _finish(draw(pools.train, samples_per_client), draw(pools.test, test_n))
     _check(pools, n_clients)
     split = lambda n: np.array_split(rng.permutation(n), n_clients)  # noqa: E731
     return _finish(split(len(pools.train)), split(len(pools.test)))

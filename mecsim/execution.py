@@ -57,6 +57,26 @@ def _merge_costs(encoded: list[Any]) -> Any:
     return encode(merged, "costs")
 
 
+class ClientHostActor(ClientHost):
+    """A client host in a Ray actor: each client's upload goes to the object store as soon
+    as the client has trained, so the host holds one update at a time, and the update
+    exists once (in the store, read in place by the edge server) until it is aggregated."""
+
+    def detach(self, result: ClientResult) -> ClientResult:
+        import ray
+
+        if result.weights is not None:
+            result.weights = ray.put(result.weights)
+        return result
+
+
+class EdgeServerActor(EdgeServer):
+    def fetch(self, uploads: list[Any]) -> list[Any]:
+        import ray
+
+        return ray.get(uploads) if uploads else []
+
+
 class LocalExecutor:
     """Everything in this process: for tests, debugging and profiling."""
 
@@ -158,8 +178,8 @@ class RayExecutor(LocalExecutor):
     def _start(self) -> None:
         ray = self._ray
         server_kwargs, setup, _, host_clients = self._args
-        server_actor = ray.remote(num_cpus=0, max_restarts=0)(EdgeServer)
-        host_actor = ray.remote(num_cpus=1, max_restarts=0)(ClientHost)
+        server_actor = ray.remote(num_cpus=0, max_restarts=0)(EdgeServerActor)
+        host_actor = ray.remote(num_cpus=1, max_restarts=0)(ClientHostActor)
         self.server = server_actor.remote(**server_kwargs)
         self.hosts = [host_actor.remote(setup, self._pools_ref, clients)
                       for clients in host_clients]

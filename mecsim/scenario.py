@@ -28,6 +28,13 @@ class _Strict(BaseModel):
 
 class IidPartition(_Strict):
     method: Literal["iid"] = "iid"
+    samples_per_client: int | None = Field(
+        None, gt=0, description="null: split each pool into equal disjoint parts; N: each "
+        "client draws N train samples uniformly from the pool (without replacement within "
+        "a client; clients may share samples), for more clients than the pool has samples")
+    test_samples_per_client: int | None = Field(
+        None, gt=0, description="with samples_per_client: each client's test samples "
+        "(default: 1)")
 
 
 class DirichletPartition(_Strict):

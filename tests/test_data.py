@@ -283,3 +283,15 @@ def test_heterogeneity_dkl() -> None:
     assert heterogeneity_dkl(disjoint, eps=0.0) == math.inf
     assert math.isfinite(heterogeneity_dkl(disjoint)) and heterogeneity_dkl(disjoint) > 10
     assert heterogeneity_dkl(np.array([[1, 2]])) == 0.0
+
+
+def test_iid_with_samples_per_client_serves_more_clients_than_samples() -> None:
+    rng = np.random.default_rng(0)
+    pools = load_dataset("mnist-embedded", None, 300, 50, rng)
+    part = partition(pools, 1000, "iid", rng, samples_per_client=5, test_samples_per_client=2)
+    assert len(part.train) == 1000
+    assert all(len(p) == 5 and len(set(p.tolist())) == 5 for p in part.train)
+    assert all(len(p) == 2 for p in part.test)
+    assert max(int(p.max()) for p in part.train) < 300
+    with pytest.raises(ValueError, match="exceeds"):
+        partition(pools, 10, "iid", rng, samples_per_client=301)

@@ -296,7 +296,7 @@ def test_killed_ray_actors_are_recreated_and_the_records_unchanged(tmp_path: Pat
     proc = subprocess.Popen([sys.executable, "-m", "mecsim.cli", "run", str(path), "--run-id",
                              "r", "--quiet", "--no-plots"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    plan = [(2, "ClientHost"), (4, "EdgeServer")]
+    plan = [(2, "ClientHostActor"), (4, "EdgeServerActor")]
     killed: list[int] = []
     deadline = time.monotonic() + 300
     try:
