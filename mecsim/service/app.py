@@ -37,7 +37,7 @@ from typing import Annotated, Any, Literal
 import pandas as pd
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
@@ -472,7 +472,7 @@ def create_app(config: ServiceConfig, store: Store | None = None) -> FastAPI:
         run = get_run_or_404(run_id)
         return _table(_records(store, run, "clients"), _format(request, format), "clients")
 
-    @api.get("/runs/{run_id}/summary", response_class=PlainTextResponse, responses={
+    @api.get("/runs/{run_id}/summary", responses={
         200: {"content": {"text/markdown": {}}}, 404: {"model": Message},
         409: {"model": Message}})
     def summary(run_id: str) -> Response:
@@ -495,7 +495,7 @@ def create_app(config: ServiceConfig, store: Store | None = None) -> FastAPI:
                             target_lines(rows, sc.evaluation.target_accuracy))
         return Response(text, media_type="text/markdown; charset=utf-8")
 
-    @api.get("/runs/{run_id}/plots/{name}.png", response_class=FileResponse, responses={
+    @api.get("/runs/{run_id}/plots/{name}.png", responses={
         200: {"content": {"image/png": {}}}, 404: {"model": Message}})
     def plot(run_id: str, name: str) -> FileResponse:
         """One of the run's figures (``plots`` in the run's status lists them)."""
@@ -505,14 +505,14 @@ def create_app(config: ServiceConfig, store: Store | None = None) -> FastAPI:
             raise HTTPException(404, f"run {run.id} has no plot {name!r}")
         return FileResponse(path, media_type="image/png")
 
-    @api.get("/runs/{run_id}/scenario", response_class=PlainTextResponse, responses={
+    @api.get("/runs/{run_id}/scenario", responses={
         200: {"content": {"application/yaml": {}}}, 404: {"model": Message}})
     def scenario(run_id: str) -> Response:
         """The resolved scenario the run executes (every default filled in), as YAML."""
         run = get_run_or_404(run_id)
         return Response(run.scenario_yaml, media_type="application/yaml")
 
-    @api.get("/runs/{run_id}/events", response_class=StreamingResponse, responses={
+    @api.get("/runs/{run_id}/events", responses={
         200: {"content": {"text/event-stream": {}}}, 404: {"model": Message}})
     async def events(run_id: str, request: Request) -> StreamingResponse:
         """Server-sent events: ``round`` per finished round (its row; ``id`` is the round),
@@ -561,7 +561,7 @@ def create_app(config: ServiceConfig, store: Store | None = None) -> FastAPI:
         return [FileEntry(name=p.relative_to(base).as_posix(), bytes=p.stat().st_size)
                 for p in sorted(base.rglob("*")) if p.is_file()]
 
-    @api.get("/runs/{run_id}/files/{name:path}", response_class=FileResponse,
+    @api.get("/runs/{run_id}/files/{name:path}",
              responses={404: {"model": Message}})
     def file(run_id: str, name: str) -> FileResponse:
         """One file of the run's folder."""
@@ -615,7 +615,7 @@ def create_app(config: ServiceConfig, store: Store | None = None) -> FastAPI:
         """A sweep's status and, once finished, its table (one row per run and point)."""
         return sweep_view(sweep_id, request)
 
-    @api.get("/sweeps/{sweep_id}/plot.png", response_class=FileResponse, responses={
+    @api.get("/sweeps/{sweep_id}/plot.png", responses={
         200: {"content": {"image/png": {}}}, 404: {"model": Message}})
     def sweep_plot(sweep_id: str) -> FileResponse:
         """The sweep's plot: its metric against the first grid path."""
@@ -651,7 +651,7 @@ def create_app(config: ServiceConfig, store: Store | None = None) -> FastAPI:
         """200 while the server answers (no token needed)."""
         return {"status": "ok"}
 
-    @app.get("/metrics", response_class=PlainTextResponse,
+    @app.get("/metrics",
              responses={200: {"content": {"text/plain": {}}}})
     def metrics() -> Response:
         """Prometheus: every retained run's series and the service's (no token needed)."""

@@ -155,13 +155,21 @@ class Store:
         self._check_folder()
         self.dir.mkdir(parents=True, exist_ok=True)
         self._lock_file = None
+        had_lock = (self.dir / LOCK_NAME).exists()
         if lock:
             self._take_lock()
         self.runs_dir = self.dir / "runs"
         self.sweeps_dir = self.dir / "sweeps"
         self.tmp_dir = self.dir / "tmp"
         self._mutex = threading.RLock()
-        self._conn = self._open()
+        try:
+            self._conn = self._open()
+        except StateError:  # leave the folder as it was
+            if self._lock_file is not None:
+                self._lock_file.close()
+                if not had_lock:
+                    (self.dir / LOCK_NAME).unlink(missing_ok=True)
+            raise
         for d in (self.runs_dir, self.sweeps_dir, self.tmp_dir):
             d.mkdir(exist_ok=True)
 
