@@ -54,10 +54,15 @@ def test_store_is_a_fifo_queue_with_cancel_and_recovery(tmp_path):
     store.round_done("r2", 0, {"round": 0, "mean_accuracy": float("nan"), "host_wall_s": 2.0})
     store.round_done("r2", 1, {"round": 1, "mean_accuracy": 0.5, "host_wall_s": 4.0})
     assert store.get_run("r2").rounds_done == 2
-    assert store.round_stats("r2") == {"mean_host_wall_s": 3.0, "best_accuracy": 0.5,
-                                       "emulated_s": None}
-    assert store.rounds("r2", after=0) == [{"round": 1, "mean_accuracy": 0.5,
-                                            "host_wall_s": 4.0}]
+    r2 = store.get_run("r2")
+    assert (r2.best_accuracy, r2.emulated_s, r2.host_wall_s) == (0.5, None, 6.0)
+    assert r2.eta_s == 0.0  # 2 of 2 rounds done
+    store.round_done("r2", 1, {"round": 1, "mean_accuracy": 0.25, "host_wall_s": 1.0,
+                               "elapsed_s": 9.5})  # a round recorded again replaces it
+    r2 = store.get_run("r2")
+    assert (r2.best_accuracy, r2.emulated_s, r2.host_wall_s) == (0.25, 9.5, 3.0)
+    assert store.rounds("r2", after=0) == [{"round": 1, "mean_accuracy": 0.25,
+                                            "host_wall_s": 1.0, "elapsed_s": 9.5}]
     store.close()
     # a server that died: its running runs are interrupted, and wait first in the queue
     store = Store(tmp_path / "state")
@@ -336,6 +341,24 @@ def test_submit_cancel_queued_and_the_queue_bound(api, client):
     assert client.get("/runs/nope-1").status_code == 404
     assert client.get("/runs/..%2F..%2Fetc").status_code == 404
     assert client.get(f"/runs/{ids[1]}/files/..%2F..%2Fmecsim.sqlite").status_code == 404
+
+
+def test_a_run_before_its_first_round_has_no_records_yet(api, client):
+    """The records file exists (header not yet flushed) but no round has finished."""
+    api.store.add_run("early-1", "tiny", "fedavg", tiny_yaml(), 2, max_waiting=100)
+    while (claimed := api.store.claim_next()).id != "early-1":
+        api.store.set_status(claimed.id, "failed", error="not this one")
+    run_dir = api.store.run_dir("early-1")
+    run_dir.mkdir(parents=True)
+    (run_dir / "rounds.csv").write_text("")
+    (run_dir / "clients.csv").write_text("run_id,round\n")
+    for path in ("rounds", "clients", "summary"):
+        r = client.get(f"/runs/early-1/{path}")
+        assert r.status_code == 409 and "no finished round" in r.json()["detail"], path
+    page = client.get("/ui/runs/early-1")
+    assert page.status_code == 200 and "running" in page.text
+    api.store.set_status("early-1", "failed", error="made by a test")
+    assert client.get("/runs/early-1/rounds").status_code == 409  # an empty file
 
 
 def test_body_bound_host_and_origin_checks(api, client):

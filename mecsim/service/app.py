@@ -199,30 +199,36 @@ def _plots(store: Store, run_id: str) -> list[str]:
 
 
 def run_view(store: Store, run: Run, request: Request) -> RunView:
-    stats = store.round_stats(run.id)
-    eta = None
-    if run.status == "running" and stats["mean_host_wall_s"] is not None:
-        eta = stats["mean_host_wall_s"] * max(0, run.rounds_planned - run.rounds_done)
     return RunView(
         id=run.id, url=str(request.url_for("get_run", run_id=run.id)), name=run.name,
         algorithm=run.algorithm, status=run.status, submitted_at=_when(run.submitted_at),
         started_at=_when(run.started_at), finished_at=_when(run.finished_at),
         rounds_done=run.rounds_done, rounds_planned=run.rounds_planned,
-        last_round=store.last_round(run.id), best_accuracy=stats["best_accuracy"],
-        emulated_s=stats["emulated_s"], eta_s=eta, error=run.error, attempts=run.attempts,
+        last_round=store.last_round(run.id), best_accuracy=run.best_accuracy,
+        emulated_s=run.emulated_s, eta_s=run.eta_s, error=run.error, attempts=run.attempts,
         cancel_requested=run.cancel_requested, plots=_plots(store, run.id),
         history=[HistoryEntry(status=h["status"], at=_when(h["at"]), note=h.get("note"))
                  for h in run.history])
 
 
-def _records(store: Store, run: Run, name: str) -> pd.DataFrame:
-    """rounds.csv / clients.csv of a run, up to its last recorded round."""
+def read_records(store: Store, run: Run, name: str) -> pd.DataFrame | None:
+    """rounds.csv / clients.csv of a run up to its last finished round; None before one."""
     path = store.run_dir(run.id) / f"{name}.csv"
-    if not path.exists():
-        raise HTTPException(409, f"run {run.id} is {run.status} and has no records yet")
-    frame = pd.read_csv(path)
+    if not path.exists() or (run.status not in TERMINAL and run.rounds_done == 0):
+        return None
+    try:
+        frame = pd.read_csv(path)
+    except pd.errors.EmptyDataError:  # created, header not yet written
+        return None
     if run.status not in TERMINAL:  # a row being appended is not yet a finished round
         frame = frame[frame["round"] < run.rounds_done]
+    return frame
+
+
+def _records(store: Store, run: Run, name: str) -> pd.DataFrame:
+    frame = read_records(store, run, name)
+    if frame is None:
+        raise HTTPException(409, f"run {run.id} is {run.status} and has no finished round")
     return frame
 
 
@@ -645,6 +651,10 @@ def create_app(config: ServiceConfig, store: Store | None = None) -> FastAPI:
     @api.get("/docs", include_in_schema=False)
     def docs():
         return get_swagger_ui_html(openapi_url="/openapi.json", title="mecsim service")
+
+    @app.get("/favicon.ico", include_in_schema=False)
+    def favicon() -> Response:
+        return Response(status_code=204)
 
     @app.get("/healthz")
     def healthz() -> dict[str, str]:

@@ -209,8 +209,11 @@ def cmd_serve(args: argparse.Namespace, console: Console) -> int:
     print(f"mecsim serve: listening on http://{shown}:{config.port}/ (state {args.state}, "
           f"{args.workers} worker{'s' if args.workers > 1 else ''}, pid {os.getpid()})",
           flush=True)
+    # keep-alive well above any polling or scrape interval: a client reusing a connection
+    # the server has just closed as idle would see the request fail
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on",
-                                           timeout_graceful_shutdown=5))
+                                           timeout_graceful_shutdown=5,
+                                           timeout_keep_alive=75))
     try:
         server.run(sockets=[sock])
     finally:

@@ -58,6 +58,9 @@ CREATE TABLE runs (
     finished_at REAL,
     rounds_planned INTEGER NOT NULL,
     rounds_done INTEGER NOT NULL DEFAULT 0,
+    best_accuracy REAL,
+    emulated_s REAL,
+    host_wall_s REAL NOT NULL DEFAULT 0,
     attempts INTEGER NOT NULL DEFAULT 0,
     cancel_requested INTEGER NOT NULL DEFAULT 0,
     scenario_yaml TEXT NOT NULL,
@@ -106,12 +109,23 @@ class Run:
     finished_at: float | None
     rounds_planned: int
     rounds_done: int
+    best_accuracy: float | None
+    emulated_s: float | None
+    host_wall_s: float
     attempts: int
     cancel_requested: bool
     scenario_yaml: str
     error: str | None
     traceback: str | None
     history: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def eta_s(self) -> float | None:
+        """Host seconds left of a running run: mean host wall time per round x rounds left."""
+        if self.status != "running" or self.rounds_done == 0:
+            return None
+        return self.host_wall_s / self.rounds_done * max(0, self.rounds_planned
+                                                         - self.rounds_done)
 
 
 @dataclass
@@ -341,18 +355,29 @@ class Store:
         return run
 
     def round_done(self, run_id: str, rnd: int, row: dict[str, Any]) -> None:
+        """Record a finished round and the run's running figures (one transaction)."""
         clean = {k: _json_safe(v) for k, v in row.items()}
         with self._tx() as c:
             c.execute("INSERT OR REPLACE INTO rounds (run_id, round, row) VALUES (?, ?, ?)",
                       (run_id, rnd, json.dumps(clean)))
-            c.execute("UPDATE runs SET rounds_done = (SELECT count(*) FROM rounds WHERE "
-                      "run_id = ?) WHERE id = ?", (run_id, run_id))
+            self._refresh_figures(c, run_id)
+
+    @staticmethod
+    def _refresh_figures(c: sqlite3.Connection, run_id: str) -> None:
+        c.execute(
+            "UPDATE runs SET rounds_done = (SELECT count(*) FROM rounds WHERE run_id = :id),"
+            " best_accuracy = (SELECT max(json_extract(row, '$.mean_accuracy')) FROM rounds"
+            "  WHERE run_id = :id),"
+            " emulated_s = (SELECT json_extract(row, '$.elapsed_s') FROM rounds"
+            "  WHERE run_id = :id ORDER BY round DESC LIMIT 1),"
+            " host_wall_s = (SELECT coalesce(sum(json_extract(row, '$.host_wall_s')), 0)"
+            "  FROM rounds WHERE run_id = :id) WHERE id = :id", {"id": run_id})
 
     def clear_rounds(self, run_id: str) -> None:
         """Forget the rounds of a run that starts again from scratch."""
         with self._tx() as c:
             c.execute("DELETE FROM rounds WHERE run_id = ?", (run_id,))
-            c.execute("UPDATE runs SET rounds_done = 0 WHERE id = ?", (run_id,))
+            self._refresh_figures(c, run_id)
 
     def rounds(self, run_id: str, after: int = -1) -> list[dict[str, Any]]:
         """The run's round rows with ``round > after``, in order."""
@@ -365,14 +390,6 @@ class Store:
                            "LIMIT 1", (run_id,))
         return json.loads(rows[0]["row"]) if rows else None
 
-    def round_stats(self, run_id: str) -> dict[str, float | None]:
-        """Mean host seconds per round, best mean accuracy, emulated seconds elapsed."""
-        rows = self.rounds(run_id)
-        walls = [r["host_wall_s"] for r in rows if r.get("host_wall_s") is not None]
-        accs = [r["mean_accuracy"] for r in rows if r.get("mean_accuracy") is not None]
-        return {"mean_host_wall_s": sum(walls) / len(walls) if walls else None,
-                "best_accuracy": max(accs) if accs else None,
-                "emulated_s": rows[-1].get("elapsed_s") if rows else None}
 
     def set_status(self, run_id: str, status: str, *, error: str | None = None,
                    traceback: str | None = None, note: str | None = None) -> None:

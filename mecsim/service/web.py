@@ -1,7 +1,8 @@
 """The service's web page: server-rendered (Jinja2), no JavaScript.
 
 - ``GET /``: the runs table (status, progress, algorithm, rounds, best accuracy,
-  emulated time) and a form to submit a scenario file;
+  emulated time);
+- ``GET /ui/submit``: a form to submit a scenario file (rounds and overrides optional);
 - ``GET /ui/runs/{id}``: a run's status, summary tables, figures and downloads;
 - ``POST /ui/runs`` (the form) and ``POST /ui/runs/{id}/cancel``: answered with a
   redirect to the run's page, or the page again with the problems listed.
@@ -18,7 +19,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any
 
-import pandas as pd
 from fastapi import APIRouter, Depends, File, Form, HTTPException, Request, UploadFile
 from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.templating import Jinja2Templates
@@ -36,22 +36,17 @@ def _fmt_time(ts: float | None) -> str:
     return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def _row(store: Store, run: Run) -> dict[str, Any]:
-    stats = store.round_stats(run.id)
-    return {"run": run, "stats": stats, "submitted": _fmt_time(run.submitted_at),
+def _row(run: Run) -> dict[str, Any]:
+    return {"run": run, "submitted": _fmt_time(run.submitted_at),
             "percent": int(100 * run.rounds_done / max(1, run.rounds_planned))}
 
 
 def _summary_tables(store: Store, run: Run) -> list[dict[str, Any]]:
+    from mecsim.service.app import read_records
     from mecsim.summary import summarise, table_rows
 
-    path = store.run_dir(run.id) / "rounds.csv"
-    if not path.exists():
-        return []
-    frame = pd.read_csv(path)
-    if run.status not in TERMINAL:
-        frame = frame[frame["round"] < run.rounds_done]
-    if frame.empty:
+    frame = read_records(store, run, "rounds")
+    if frame is None or frame.empty:
         return []
     th, tc, ch, cc = table_rows(summarise(frame.to_dict("records")))
     return [{"title": "Average time per round (emulated, critical path)", "header": th,
@@ -91,18 +86,21 @@ def web_router(store: Store, config: Any, authorised: Callable,
     def page(request: Request, name: str, status_code: int = 200, **context: Any):
         return templates.TemplateResponse(request, name, context, status_code=status_code)
 
-    def index_page(request: Request, problems: list[Problem] | None = None,
-                   status_code: int = 200, message: str | None = None):
-        runs, total = store.list_runs(limit=200)
-        active = any(r.status not in TERMINAL for r in runs)
-        return page(request, "index.html", status_code, rows=[_row(store, r) for r in runs],
-                    total=total, problems=problems or [], message=message,
-                    refresh=REFRESH_S if active and not problems else None,
-                    counts=store.counts())
-
     @router.get("/", response_class=HTMLResponse)
     def index(request: Request):
-        return index_page(request)
+        runs, total = store.list_runs(limit=200)
+        active = any(r.status not in TERMINAL for r in runs)
+        return page(request, "index.html", rows=[_row(r) for r in runs], total=total,
+                    refresh=REFRESH_S if active else None, counts=store.counts())
+
+    def submit_page(request: Request, problems: list[Problem] | None = None,
+                    status_code: int = 200, message: str | None = None):
+        return page(request, "submit.html", status_code, problems=problems or [],
+                    message=message)
+
+    @router.get("/ui/submit", response_class=HTMLResponse)
+    def submit_form_page(request: Request):
+        return submit_page(request)
 
     @router.post("/ui/runs", response_class=HTMLResponse)
     async def submit(request: Request, scenario: Annotated[UploadFile, File()],
@@ -118,9 +116,9 @@ def web_router(store: Store, config: Any, authorised: Callable,
                 n = int(rounds)
             run = submit_form(text, n, parse_set_lines(overrides))
         except Rejected as exc:
-            return index_page(request, exc.problems, 422)
+            return submit_page(request, exc.problems, 422)
         except QueueFull as exc:
-            return index_page(request, None, 429, message=str(exc))
+            return submit_page(request, None, 429, message=str(exc))
         return RedirectResponse(f"/ui/runs/{run.id}", status_code=303)
 
     def get_run(run_id: str) -> Run:
@@ -135,11 +133,7 @@ def web_router(store: Store, config: Any, authorised: Callable,
         run = get_run(run_id)
         from mecsim.service.app import _plots
 
-        stats = store.round_stats(run.id)
-        eta = None
-        if run.status == "running" and stats["mean_host_wall_s"] is not None:
-            eta = stats["mean_host_wall_s"] * max(0, run.rounds_planned - run.rounds_done)
-        return page(request, "run.html", run=run, stats=stats, eta=eta,
+        return page(request, "run.html", run=run,
                     percent=int(100 * run.rounds_done / max(1, run.rounds_planned)),
                     tables=_summary_tables(store, run), plots=_plots(store, run.id),
                     history=[{**h, "at": _fmt_time(h["at"])} for h in run.history],
