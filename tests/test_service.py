@@ -1,11 +1,12 @@
 """``mecsim serve`` end to end: a real server in a subprocess on loopback, with its Ray.
 
-One server (module fixture) takes: a run whose records equal a ``mecsim run`` of the
-same scenario; the CLI verbs and the Python client; a sweep; cancelling a queued and a
-running run; 50 concurrent pollers and scrapers while a run trains; a real Prometheus
-scraping it across two consecutive runs with no gap in ``up`` (the dashboards' queries
-answered); the web page in a real headless Chromium. Another server is killed with
-SIGKILL while a run is in its third round and started again on the same state folder.
+One server with a token (module fixture) takes: a run whose records equal a ``mecsim
+run`` of the same scenario; the CLI verbs and the Python client; a sweep; cancelling a
+queued and a running run; 50 concurrent pollers and scrapers while a run trains; a real
+Prometheus scraping it across two consecutive runs with no gap in ``up`` (the
+dashboards' queries answered); the web page in a real headless Chromium; the token.
+Last, it is killed with SIGKILL while a run is in its third round and started again
+(without a token) on the same state folder.
 """
 
 from __future__ import annotations
@@ -39,20 +40,31 @@ NO_PROMETHEUS = "no `prometheus` binary on PATH (Debian: apt-get install prometh
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+    """The service with a token (the last test kills it and starts it again without)."""
     base = tmp_path_factory.mktemp("service")
-    srv = ServeProcess(base / "state", "--metrics-retention", "600").start()
+    token_file = base / "token"
+    token_file.write_text(TOKEN + "\n")
+    token_file.chmod(0o600)
+    srv = ServeProcess(base / "state", "--metrics-retention", "600", "--token-file",
+                       str(token_file)).start()
     try:
-        srv.wait_ready()
+        srv.wait_ready(AUTH)
         yield srv
     finally:
         code = srv.stop()
-        assert code in (0, -15), srv.log_text()  # a graceful stop
+        assert code in (0, -15), srv.log_text()[-3000:]  # a graceful stop
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    with Client(server.url) as c:
+    with Client(server.url, token=TOKEN) as c:
         yield c
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with httpx.Client(base_url=server.url, headers=AUTH, timeout=30) as h:
+        yield h
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +91,8 @@ def _reference_run(scenario: Path, out: Path, **extra: str) -> Path:
 # ----------------------------------------------------------------------------- a run
 
 
-def test_a_run_through_the_service_equals_mecsim_run(server, client, finished, tmp_path):
+def test_a_run_through_the_service_equals_mecsim_run(server, client, http, finished,
+                                                     tmp_path):
     run_id, scenario = finished
     run = client.get(run_id)
     assert (run["status"], run["rounds_done"], run["rounds_planned"]) == ("finished", 3, 3)
@@ -94,9 +107,9 @@ def test_a_run_through_the_service_equals_mecsim_run(server, client, finished, t
     assert run["best_accuracy"] == pytest.approx(rounds["mean_accuracy"].max())
     assert run["emulated_s"] == pytest.approx(rounds["elapsed_s"].iloc[-1])
     # the same table in every format
-    as_json = pd.DataFrame(httpx.get(f"{server.url}/runs/{run_id}/rounds", timeout=30).json())
-    as_csv = pd.read_csv(io.StringIO(httpx.get(
-        f"{server.url}/runs/{run_id}/rounds", headers={"Accept": "text/csv"}, timeout=30).text))
+    as_json = pd.DataFrame(http.get(f"/runs/{run_id}/rounds").json())
+    as_csv = pd.read_csv(io.StringIO(http.get(f"/runs/{run_id}/rounds",
+                                              headers={"Accept": "text/csv"}).text))
     pd.testing.assert_frame_equal(client.rounds(run_id), rounds)
     pd.testing.assert_frame_equal(as_csv, rounds)
     assert as_json["mean_accuracy"].tolist() == pytest.approx(rounds["mean_accuracy"].tolist())
@@ -107,7 +120,7 @@ def test_a_run_through_the_service_equals_mecsim_run(server, client, finished, t
     assert (reference / "run.json").exists() and json.loads((fetched / "run.json").read_text())[
         "backend"] == "ray"  # it ran on the service's Ray
     for name in run["plots"]:
-        png = httpx.get(f"{server.url}/runs/{run_id}/plots/{name}.png", timeout=30)
+        png = http.get(f"/runs/{run_id}/plots/{name}.png", timeout=30)
         assert png.status_code == 200 and png.content[:4] == b"\x89PNG"
     assert "accuracy_vs_round" in run["plots"]
     # the events of a finished run: every round, then the end
@@ -116,9 +129,10 @@ def test_a_run_through_the_service_equals_mecsim_run(server, client, finished, t
     assert events[-1][1]["status"] == "finished"
 
 
-def test_cli_verbs(server, finished, tmp_path, monkeypatch, capsys):
+def test_cli_verbs(server, http, finished, tmp_path, monkeypatch, capsys):
     run_id, scenario = finished
     monkeypatch.setenv("MECSIM_SERVER", server.url)
+    monkeypatch.setenv("MECSIM_TOKEN", TOKEN)
     assert main(["submit", str(scenario), "--rounds", "2", "--set", "seed=11",
                  "--follow"]) == 0
     out = capsys.readouterr().out.splitlines()
@@ -131,8 +145,7 @@ def test_cli_verbs(server, finished, tmp_path, monkeypatch, capsys):
     assert main(["status", new_id, "--json"]) == 0
     status = json.loads(capsys.readouterr().out)
     assert status["status"] == "finished" and status["rounds_done"] == 2
-    assert yaml.safe_load(httpx.get(f"{server.url}/runs/{new_id}/scenario",
-                                    timeout=30).text)["seed"] == 11
+    assert yaml.safe_load(http.get(f"/runs/{new_id}/scenario").text)["seed"] == 11
     assert main(["status", new_id]) == 0
     assert "rounds 2 / 2" in capsys.readouterr().out
     assert main(["fetch", run_id, "-o", str(tmp_path / "got")]) == 0
@@ -148,12 +161,15 @@ def test_cli_verbs(server, finished, tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().err.strip() == (f"{bad}: training.lr: Input should be "
                                                "greater than 0")
     assert main(["status", "no-such-run"]) == 2
+    monkeypatch.delenv("MECSIM_TOKEN")
+    assert main(["runs"]) == 2
+    assert "set MECSIM_TOKEN" in capsys.readouterr().err
     monkeypatch.setenv("MECSIM_SERVER", "http://127.0.0.1:9")
     assert main(["runs"]) == 1
     assert "cannot reach the mecsim service" in capsys.readouterr().err
 
 
-def test_sweep_over_a_finished_run(server, client, finished, tmp_path):
+def test_sweep_over_a_finished_run(server, client, http, finished, tmp_path):
     run_id, _ = finished
     import mecsim
 
@@ -164,24 +180,23 @@ def test_sweep_over_a_finished_run(server, client, finished, tmp_path):
     assert frame["round_time_mean_s"].tolist() == pytest.approx(
         local["round_time_mean_s"].tolist(), rel=1e-12)
     assert frame["round_time_mean_s"].iloc[0] > frame["round_time_mean_s"].iloc[1]
-    png = httpx.get(f"{server.url}/sweeps/{frame.attrs['sweep_id']}/plot.png", timeout=30)
+    png = http.get(f"/sweeps/{frame.attrs['sweep_id']}/plot.png", timeout=30)
     assert png.status_code == 200 and png.content[:4] == b"\x89PNG"
-    r = httpx.post(f"{server.url}/sweeps", timeout=30,
-                   json={"runs": [run_id], "set": ["training.lr=0.1,0.2"]})
+    r = http.post("/sweeps", json={"runs": [run_id], "set": ["training.lr=0.1,0.2"]})
     assert r.status_code == 422 and "no retraining" in r.json()["detail"][0]["msg"]
 
 
 # ----------------------------------------------------------------------------- cancel
 
 
-def test_cancel_a_queued_and_a_running_run(server, client):
+def test_cancel_a_queued_and_a_running_run(server, client, http):
     long_id = client.submit(tiny_yaml(rounds=60))
     queued_id = client.submit(tiny_yaml(rounds=2))
     wait_for(lambda: client.get(long_id)["rounds_done"] >= 1, 120, "the long run's round")
     assert client.get(queued_id)["status"] == "queued"
     cancelled = client.cancel(queued_id)
     assert cancelled["status"] == "cancelled"
-    r = httpx.delete(f"{server.url}/runs/{long_id}", timeout=30)
+    r = http.delete(f"/runs/{long_id}")
     assert r.status_code == 202 and r.json()["cancel_requested"]
     run = client.wait(long_id, timeout_s=120)
     assert run["status"] == "cancelled" and 1 <= run["rounds_done"] < 60
@@ -192,7 +207,7 @@ def test_cancel_a_queued_and_a_running_run(server, client):
     queued = client.get(queued_id)  # never started, nothing written
     assert queued["started_at"] is None and queued["attempts"] == 0
     assert [h["status"] for h in queued["history"]] == ["queued", "cancelled"]
-    assert httpx.get(f"{server.url}/runs/{queued_id}/files", timeout=30).json() == []
+    assert http.get(f"/runs/{queued_id}/files").json() == []
 
 
 # ----------------------------------------------------------------------------- load
@@ -204,11 +219,11 @@ def test_50_concurrent_pollers_and_scrapers_while_a_run_trains(server, client):
     seen: list[list[int]] = [[] for _ in range(50)]
     running_pages: list[str] = []
 
-    async def poller(i: int, http: httpx.AsyncClient) -> None:
+    async def poller(i: int, h: httpx.AsyncClient) -> None:
         for k in range(300):  # bounded: at most 300 requests per poller
             path = f"/runs/{run_id}" if (i + k) % 2 == 0 else "/metrics"
             try:
-                r = await http.get(path)
+                r = await h.get(path)
             except httpx.HTTPError as exc:
                 failures.append(f"{path}: {type(exc).__name__}: {exc}")
                 return
@@ -223,12 +238,13 @@ def test_50_concurrent_pollers_and_scrapers_while_a_run_trains(server, client):
                 seen[i].append(body["rounds_done"])
                 if body["status"] in ("finished", "failed", "cancelled"):
                     return
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(1.0)
 
     async def main_loop() -> None:
         limits = httpx.Limits(max_connections=50, max_keepalive_connections=50)
-        async with httpx.AsyncClient(base_url=server.url, timeout=30, limits=limits) as http:
-            await asyncio.wait_for(asyncio.gather(*(poller(i, http) for i in range(50))),
+        async with httpx.AsyncClient(base_url=server.url, timeout=30, limits=limits,
+                                     headers=AUTH) as h:
+            await asyncio.wait_for(asyncio.gather(*(poller(i, h) for i in range(50))),
                                    timeout=180)
 
     asyncio.run(main_loop())
@@ -308,7 +324,7 @@ def test_prometheus_scrapes_the_service_across_two_runs_without_a_gap(server, cl
                 for query in _variable_queries(dash):
                     assert query.startswith("label_values(mecsim_run_info")
         assert checked >= 80 and not failures, "\n".join(failures)
-        page = httpx.get(f"{server.url}/metrics", timeout=30).text
+        page = httpx.get(f"{server.url}/metrics", timeout=30).text  # no token needed
         names = {f.name for f in text_string_to_metric_families(page)}
         assert {"mecsim_service_runs", "mecsim_service_queue_length",
                 "mecsim_service_uptime_seconds"} <= names
@@ -348,7 +364,7 @@ def _chromium_missing() -> str | None:
 
 
 @pytest.mark.skipif(_chromium_missing() is not None, reason=str(_chromium_missing()))
-def test_web_page_in_headless_chromium(server, finished, tmp_path):
+def test_web_page_in_headless_chromium(server, http, finished, tmp_path):
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
@@ -364,6 +380,8 @@ def test_web_page_in_headless_chromium(server, finished, tmp_path):
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
     driver.set_page_load_timeout(60)
+    driver.execute_cdp_cmd("Network.enable", {})  # the browser sends the service's token
+    driver.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": AUTH})
     wait = WebDriverWait(driver, 60)
     logs: list[dict] = []
     try:
@@ -393,8 +411,8 @@ def test_web_page_in_headless_chromium(server, finished, tmp_path):
             (By.XPATH, "//form[contains(@action, '/cancel')]//button")))
         logs += driver.get_log("browser")
         cancel.click()
-        wait_for(lambda: httpx.get(f"{server.url}/runs/{new_id}", timeout=10).json()[
-            "status"] == "cancelled", 120, "the run cancelled from the page")
+        wait_for(lambda: http.get(f"/runs/{new_id}").json()["status"] == "cancelled", 120,
+                 "the run cancelled from the page")
         driver.get(f"{server.url}/ui/runs/{new_id}")
         assert driver.find_element(By.CSS_SELECTOR, "#run td.status").text == "cancelled"
         # a bad file: the problems are listed on the form's page
@@ -415,58 +433,62 @@ def test_web_page_in_headless_chromium(server, finished, tmp_path):
         driver.quit()
 
 
+# ----------------------------------------------------------------------------- token
+
+
+def test_the_token_on_a_real_server(server):
+    anon = {"timeout": 10}
+    assert httpx.get(f"{server.url}/healthz", **anon).status_code == 200
+    assert httpx.get(f"{server.url}/metrics", **anon).status_code == 200
+    for headers in ({}, {"Authorization": "Bearer " + "x" * len(TOKEN)}):
+        for path in ("/runs", "/", "/readyz", "/openapi.json"):
+            r = httpx.get(f"{server.url}{path}", headers=headers, **anon)
+            assert r.status_code == 401, (path, headers)
+    assert httpx.get(f"{server.url}/runs", headers=AUTH, **anon).status_code == 200
+
+
 # ----------------------------------------------------------------------------- durability
 
 
-def test_kill9_then_restart_keeps_history_and_finishes_every_run(tmp_path):
-    token_file = tmp_path / "token"
-    token_file.write_text(TOKEN + "\n")
-    token_file.chmod(0o600)
-    state = tmp_path / "state"
-    srv = ServeProcess(state, "--token-file", str(token_file)).start()
-    try:
-        # the token on a real server: health and metrics open, the rest closed
-        assert httpx.get(f"{srv.url}/healthz", timeout=10).status_code == 200
-        assert httpx.get(f"{srv.url}/metrics", timeout=10).status_code == 200
-        assert httpx.get(f"{srv.url}/runs", timeout=10).status_code == 401
-        assert httpx.get(f"{srv.url}/runs", timeout=10,
-                         headers={"Authorization": "Bearer nope"}).status_code == 401
-        srv.wait_ready(AUTH)
-        with Client(srv.url, token=TOKEN) as c:
-            done = c.submit(tiny_yaml(rounds=1))
-            assert c.wait(done, timeout_s=120)["status"] == "finished"
-            killed = c.submit(tiny_yaml(rounds=6, seed=5))
-            queued = [c.submit(tiny_yaml(rounds=1, seed=s)) for s in (6, 7)]
-            wait_for(lambda: c.get(killed)["rounds_done"] >= 2, 120, "round 3 to start")
-        srv.kill9()
-        with sqlite3.connect(state / "mecsim.sqlite") as db:
-            status = dict(db.execute("SELECT id, status FROM runs").fetchall())
-        assert status == {done: "finished", killed: "running", queued[0]: "queued",
-                          queued[1]: "queued"}
+def test_kill9_then_restart_keeps_history_and_finishes_every_run(server, client, tmp_path):
+    """Last in this file: kills the module's server while a run is in its third round
+    (others queued) and starts it again on the same state folder, without a token."""
+    before = {r["id"]: r for r in client.runs(limit=1000)}
+    assert before and all(r["status"] in ("finished", "cancelled") for r in before.values())
+    killed = client.submit(tiny_yaml(rounds=4, seed=5))
+    queued = [client.submit(tiny_yaml(rounds=1, seed=s)) for s in (6, 7)]
+    wait_for(lambda: client.get(killed)["rounds_done"] >= 2, 120, "round 3 to start")
+    server.kill9()
+    with sqlite3.connect(server.state / "mecsim.sqlite") as db:
+        status = dict(db.execute("SELECT id, status FROM runs").fetchall())
+    assert {k: status[k] for k in (killed, *queued)} == {
+        killed: "running", queued[0]: "queued", queued[1]: "queued"}
 
-        srv = ServeProcess(state, "--token-file", str(token_file)).start()
-        with Client(srv.url, token=TOKEN) as c:
-            # the history is kept: the finished run and its records are still there
-            assert c.get(done)["status"] == "finished" and len(c.rounds(done)) == 1
-            for run_id in (killed, *queued):
-                assert c.wait(run_id, timeout_s=180)["status"] == "finished"
-            views = {r: c.get(r) for r in (killed, *queued)}
-            hist = [h["status"] for h in views[killed]["history"]]
-            assert hist == ["queued", "running", "interrupted", "running", "finished"]
-            assert views[killed]["history"][2]["note"] == "the server stopped while it ran"
-            assert views[killed]["attempts"] == 2
-            # FIFO: the interrupted run went first, then the queued ones in order
-            started = [[h["at"] for h in views[r]["history"] if h["status"] == "running"][-1]
-                       for r in (killed, *queued)]
-            assert started == sorted(started)
-            got = c.fetch(killed, tmp_path / "killed")
-        scenario = tmp_path / "killed.yaml"
-        scenario.write_text(tiny_yaml(rounds=6, seed=5))
-        same_records(got, _reference_run(scenario, tmp_path / "ref"))
-        # Until runs resume from their records, the interrupted run ran again from round 0
-        # and its first attempt's rounds are kept beside it (nothing lost).
-        first = pd.read_csv(state / "runs" / f"{killed}.attempt-1" / "rounds.csv")
-        assert len(first) >= 2
-    finally:
-        code = srv.stop()
-    assert code in (0, -15), srv.log_text()[-3000:]
+    server.args = ("--metrics-retention", "600")  # no token this time
+    server.start()
+    with Client(server.url) as c:
+        # the history is kept: every earlier run and its records are still there
+        after = {r["id"]: r for r in c.runs(limit=1000)}
+        assert {k: after[k]["status"] for k in before} == {k: v["status"]
+                                                            for k, v in before.items()}
+        some = next(k for k, v in before.items() if v["status"] == "finished")
+        assert len(c.rounds(some)) == before[some]["rounds_done"]
+        for run_id in (killed, *queued):
+            assert c.wait(run_id, timeout_s=180)["status"] == "finished"
+        views = {r: c.get(r) for r in (killed, *queued)}
+        hist = [h["status"] for h in views[killed]["history"]]
+        assert hist == ["queued", "running", "interrupted", "running", "finished"]
+        assert views[killed]["history"][2]["note"] == "the server stopped while it ran"
+        assert views[killed]["attempts"] == 2
+        # FIFO: the interrupted run went first, then the queued ones in order
+        started = [[h["at"] for h in views[r]["history"] if h["status"] == "running"][-1]
+                   for r in (killed, *queued)]
+        assert started == sorted(started)
+        got = c.fetch(killed, tmp_path / "killed")
+    scenario = tmp_path / "killed.yaml"
+    scenario.write_text(tiny_yaml(rounds=4, seed=5))
+    same_records(got, _reference_run(scenario, tmp_path / "ref"))
+    # Until runs resume from their records, the interrupted run ran again from round 0
+    # and its first attempt's rounds are kept beside it (nothing lost).
+    first = pd.read_csv(server.state / "runs" / f"{killed}.attempt-1" / "rounds.csv")
+    assert len(first) >= 2
