@@ -7,7 +7,6 @@ import copy
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -152,8 +151,9 @@ class ThreadServer:
         import uvicorn
 
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
+        from mecsim.service.cli import _listen
+
+        self.sock = _listen("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
                                        daemon=True)

@@ -121,6 +121,21 @@ def test_corrupt_or_foreign_state_is_a_one_line_error(tmp_path, capsys, kind):
     assert sorted(p.name for p in state.iterdir()) == before  # nothing changed
 
 
+def test_the_listening_socket_is_tcp_so_responses_are_not_delayed():
+    """asyncio sets TCP_NODELAY on accepted connections only when the listening socket's
+    protocol is IPPROTO_TCP; without it a keep-alive client waits ~40 ms for each
+    response's body (Nagle against the client's delayed ACK)."""
+    import socket
+
+    from mecsim.service.cli import _listen
+
+    sock = _listen("127.0.0.1", 0)
+    try:
+        assert sock.proto == socket.IPPROTO_TCP and sock.type == socket.SOCK_STREAM
+    finally:
+        sock.close()
+
+
 def test_serve_refuses_a_non_loopback_host_without_a_token(tmp_path, capsys):
     assert main(["serve", "--host", "0.0.0.0", "--state", str(tmp_path / "s")]) == 2
     assert "--token-file" in capsys.readouterr().err

@@ -138,7 +138,9 @@ def _fail(msg: str, code: int = EXIT_BAD_INPUT) -> int:
 
 def _listen(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto given: asyncio sets TCP_NODELAY only on IPPROTO_TCP sockets, and without it a
+    # response's body waits ~40 ms for the client's delayed ACK of its headers
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host.strip("[]"), port))
