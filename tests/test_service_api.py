@@ -388,9 +388,12 @@ def test_body_bound_host_and_origin_checks(api, client):
     assert client.get("/runs", headers={"Host": "evil.example:80"}).status_code == 400
     assert client.get("/runs", headers={"Host": "localhost"}).status_code == 200
     # a form on another site posting to the service
-    r = client.post("/runs", json={"scenario": tiny_yaml()},
-                    headers={"Origin": "http://evil.example"})
-    assert r.status_code == 403
+    for origin in ("http://evil.example", "null", f"{api.url}.evil.example"):
+        r = client.post("/runs", json={"scenario": tiny_yaml()}, headers={"Origin": origin})
+        assert r.status_code == 403, origin
+        assert client.delete("/runs/x-1", headers={"Origin": origin}).status_code == 403
+    own = api.url.replace("http://", "https://")  # the same site behind a TLS proxy
+    assert client.delete("/runs/x-1", headers={"Origin": own}).status_code == 404
     assert client.get("/runs").json()["total"] == len(api.store.list_runs()[0])
 
 

@@ -27,6 +27,7 @@ import ipaddress
 import json
 import math
 import re
+import urllib.parse
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -321,8 +322,8 @@ class _SameSite:
             return await response(scope, receive, send)
         origin = headers.get("origin")
         if scope["method"] not in ("GET", "HEAD", "OPTIONS") and origin is not None:
-            own = f"{scope.get('scheme', 'http')}://{host}"
-            if origin != own:
+            # the site, not the scheme: behind a TLS proxy the browser says https
+            if urllib.parse.urlsplit(origin).netloc != host:
                 response = JSONResponse({"detail": f"cross-site request from {origin} "
                                          "refused"}, status_code=403)
                 return await response(scope, receive, send)

@@ -216,6 +216,11 @@ def cmd_serve(args: argparse.Namespace, console: Console) -> int:
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on",
                                            timeout_graceful_shutdown=5,
                                            timeout_keep_alive=75))
+    import gc
+
+    # the app, torch, pandas... are loaded for good: keep the garbage collector's full
+    # passes (which stop every thread, requests included) from walking them again and again
+    gc.freeze()
     try:
         server.run(sockets=[sock])
     finally:
