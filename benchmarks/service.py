@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import re
 import signal
@@ -143,6 +144,7 @@ def main() -> None:
     p.add_argument("--poll-interval", type=float, default=1.0, metavar="SECONDS",
                    help="each poller's pause between requests (default 1)")
     p.add_argument("--poll-rounds", type=int, default=10)
+    p.add_argument("--polls-only", action="store_true", help="only part 3")
     p.add_argument("--out", type=Path, default=Path("runs/benchmarks/service"))
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -153,7 +155,7 @@ def main() -> None:
         results: dict[str, list] = {k: [] for k in ("cli_e2e", "cli_round", "svc_e2e",
                                                     "svc_round", "cli_short", "svc_short")}
         try:
-            for t in range(args.trials):
+            for t in range(0 if args.polls_only else args.trials):
                 e2e, rnd = cli_run(args.rounds, tmp / "cli", f"long-{t}")
                 results["cli_e2e"].append(e2e)
                 results["cli_round"].append(rnd)
@@ -166,7 +168,7 @@ def main() -> None:
             lat = service.poll_latency(args.poll_rounds, args.pollers, args.poll_interval)
         finally:
             service.stop()
-    med = {k: statistics.median(v) for k, v in results.items()}
+    med = {k: statistics.median(v) if v else math.nan for k, v in results.items()}
     report = {
         "load_before": load, "load_after": os.getloadavg(), "cpus": os.cpu_count(),
         "ray_start_s": service.ray_start_s, "rounds": args.rounds,
