@@ -6,7 +6,7 @@ queued and a running run; 50 concurrent pollers and scrapers while a run trains;
 Prometheus scraping it across two consecutive runs with no gap in ``up`` (the
 dashboards' queries answered); the web page in a real headless Chromium; the token.
 Last, it is killed with SIGKILL while a run is in its third round and started again
-(without a token) on the same state folder.
+(without a token, with two workers) on the same state folder.
 """
 
 from __future__ import annotations
@@ -452,7 +452,8 @@ def test_the_token_on_a_real_server(server):
 
 def test_kill9_then_restart_keeps_history_and_finishes_every_run(server, client, tmp_path):
     """Last in this file: kills the module's server while a run is in its third round
-    (others queued) and starts it again on the same state folder, without a token."""
+    (others queued) and starts it again on the same state folder, without a token and
+    with two workers (concurrent runs give the records of `mecsim run` too)."""
     before = {r["id"]: r for r in client.runs(limit=1000)}
     assert before and all(r["status"] in ("finished", "cancelled") for r in before.values())
     killed = client.submit(tiny_yaml(rounds=4, seed=5))
@@ -464,7 +465,8 @@ def test_kill9_then_restart_keeps_history_and_finishes_every_run(server, client,
     assert {k: status[k] for k in (killed, *queued)} == {
         killed: "running", queued[0]: "queued", queued[1]: "queued"}
 
-    server.args = ("--metrics-retention", "600")  # no token this time
+    # no token this time, and two workers: runs prepared and run side by side
+    server.args = ("--metrics-retention", "600", "--workers", "2")
     server.start()
     with Client(server.url) as c:
         # the history is kept: every earlier run and its records are still there
@@ -484,10 +486,14 @@ def test_kill9_then_restart_keeps_history_and_finishes_every_run(server, client,
         started = [[h["at"] for h in views[r]["history"] if h["status"] == "running"][-1]
                    for r in (killed, *queued)]
         assert started == sorted(started)
-        got = c.fetch(killed, tmp_path / "killed")
-    scenario = tmp_path / "killed.yaml"
-    scenario.write_text(tiny_yaml(rounds=4, seed=5))
-    same_records(got, _reference_run(scenario, tmp_path / "ref"))
+        # with two workers the first queued run ran while the interrupted one did
+        ended = lambda r: [h["at"] for h in views[r]["history"]][-1]  # noqa: E731
+        assert started[1] < ended(killed)
+        got = {r: c.fetch(r, tmp_path / r) for r in (killed, queued[0])}
+    for run_id, rounds, seed in ((killed, 4, 5), (queued[0], 1, 6)):
+        scenario = tmp_path / f"{run_id}.yaml"
+        scenario.write_text(tiny_yaml(rounds=rounds, seed=seed))
+        same_records(got[run_id], _reference_run(scenario, tmp_path / f"ref-{run_id}"))
     # Until runs resume from their records, the interrupted run ran again from round 0
     # and its first attempt's rounds are kept beside it (nothing lost).
     first = pd.read_csv(server.state / "runs" / f"{killed}.attempt-1" / "rounds.csv")

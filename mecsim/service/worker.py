@@ -45,6 +45,29 @@ def quiet_ray_signals() -> None:
     os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
 
 
+class _PrepareGate(RunObserver):
+    """Holds the service's prepare lock from before a run starts until its first hook.
+
+    ``mecsim.runner.prepare`` seeds and draws torch's process-wide generator to build the
+    initial model; two runs preparing at once in one process would interleave those draws
+    and change each other's initial weights. The gate lets one run prepare at a time
+    (``on_run_start`` is called right after ``prepare``); the rounds run concurrently.
+    """
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self.lock = lock
+        lock.acquire()
+        self.held = True
+
+    def on_run_start(self, info) -> None:
+        self.release()
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self.lock.release()
+
+
 class _StoreRounds(RunObserver):
     """Records each finished round in the store (status, ETA, events read it)."""
 
@@ -78,6 +101,7 @@ class Worker:
         self._ready = threading.Event()
         self._stopped = threading.Event()
         self._supervisor: threading.Thread | None = None
+        self._prepare_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
 
     # ------------------------------------------------------------------ life
@@ -184,9 +208,13 @@ class Worker:
 
         scenario = self._scenario(run)
         out_dir = self.store.run_dir(run.id)
-        return mecsim.runner.run(scenario, run.id, out_dir,
-                                 self._observers(run, scenario, out_dir),
-                                 should_stop=self._should_stop(run.id), backend="ray")
+        gate = _PrepareGate(self._prepare_lock)
+        try:
+            return mecsim.runner.run(scenario, run.id, out_dir,
+                                     [gate, *self._observers(run, scenario, out_dir)],
+                                     should_stop=self._should_stop(run.id), backend="ray")
+        finally:
+            gate.release()  # if prepare failed
 
     def _resume(self, run: Run) -> list[dict[str, Any]]:
         """Continue an interrupted run: the one call into mecsim that resumes a run.
