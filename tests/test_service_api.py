@@ -61,6 +61,11 @@ def test_store_is_a_fifo_queue_with_cancel_and_recovery(tmp_path):
                                "elapsed_s": 9.5})  # a round recorded again replaces it
     r2 = store.get_run("r2")
     assert (r2.best_accuracy, r2.emulated_s, r2.host_wall_s) == (0.25, 9.5, 3.0)
+    store.clear_rounds("r2", first=1)  # back to its first round (a resume's checkpoint)
+    r2 = store.get_run("r2")
+    assert (r2.rounds_done, r2.best_accuracy, r2.host_wall_s) == (1, None, 2.0)
+    store.round_done("r2", 1, {"round": 1, "mean_accuracy": 0.25, "host_wall_s": 1.0,
+                               "elapsed_s": 9.5})
     assert store.rounds("r2", after=0) == [{"round": 1, "mean_accuracy": 0.25,
                                             "host_wall_s": 1.0, "elapsed_s": 9.5}]
     store.close()

@@ -373,10 +373,11 @@ class Store:
             " host_wall_s = (SELECT coalesce(sum(json_extract(row, '$.host_wall_s')), 0)"
             "  FROM rounds WHERE run_id = :id) WHERE id = :id", {"id": run_id})
 
-    def clear_rounds(self, run_id: str) -> None:
-        """Forget the rounds of a run that starts again from scratch."""
+    def clear_rounds(self, run_id: str, first: int = 0) -> None:
+        """Forget a run's rounds from round ``first`` on (0: it starts again from scratch;
+        a resumed run: the rounds after its checkpoint, which it runs again)."""
         with self._tx() as c:
-            c.execute("DELETE FROM rounds WHERE run_id = ?", (run_id,))
+            c.execute("DELETE FROM rounds WHERE run_id = ? AND round >= ?", (run_id, first))
             self._refresh_figures(c, run_id)
 
     def rounds(self, run_id: str, after: int = -1) -> list[dict[str, Any]]:

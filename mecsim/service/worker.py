@@ -62,6 +62,9 @@ class _PrepareGate(RunObserver):
     def on_run_start(self, info) -> None:
         self.release()
 
+    def on_run_resume(self, info, rounds) -> None:  # a resumed run's first hook
+        self.release()
+
     def release(self) -> None:
         if self.held:
             self.held = False
