@@ -7,17 +7,22 @@ would have taken. See README.md and docs/.
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "replay", "sweep"]
+__all__ = ["Client", "__version__", "replay", "sweep"]
 
 
 def __getattr__(name: str):
-    """``mecsim.sweep`` and ``mecsim.replay``, imported on first use (they load pandas).
+    """``mecsim.sweep``, ``mecsim.replay`` and ``mecsim.Client``, imported on first use.
 
-    Both are callable modules (:func:`mecsim.sweep.sweep`, :func:`mecsim.replay.replay`),
+    The first two are callable modules (:func:`mecsim.sweep.sweep`,
+    :func:`mecsim.replay.replay`),
     so ``mecsim.sweep(...)`` works however they were imported first.
     """
     if name in ("sweep", "replay"):
         import importlib
 
         return importlib.import_module(f"mecsim.{name}")
+    if name == "Client":  # the service's Python client (mecsim.service.client)
+        from mecsim.service.client import Client
+
+        return Client
     raise AttributeError(f"module 'mecsim' has no attribute {name!r}")

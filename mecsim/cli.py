@@ -7,6 +7,8 @@
     mecsim algorithms              the algorithms that can be named in a scenario
     mecsim sweep RUN... --set P=V,...  what-if sweeps: replay recorded runs over a grid
     mecsim report RUN_DIR...       the papers' tables (markdown, CSV) and figures of runs
+    mecsim serve                   the testbed as a service (queue, API, web page, /metrics)
+    mecsim submit / runs / status / cancel / fetch   clients of a service
 
 Exit codes: 0 success, 2 bad input (scenario file, arguments), 1 a run that failed.
 """
@@ -102,6 +104,9 @@ def _parser() -> argparse.ArgumentParser:
     from mecsim.report import add_report_parser  # tables and figures of runs (issue 7)
 
     add_report_parser(sub)
+    from mecsim.service.cli import add_service_parsers  # the service and its clients
+
+    add_service_parsers(sub)
     return p
 
 
@@ -278,11 +283,16 @@ def _remove_if_unused(out_dir: Path, created: Path | None, lock) -> None:
         shutil.rmtree(created, ignore_errors=True)
 
 
+def validate_file(path: str | Path) -> Scenario:
+    """Every check ``mecsim validate`` makes on one file (the service's submissions too)."""
+    return load_scenario(path)
+
+
 def cmd_validate(args: argparse.Namespace, console: Console) -> int:
     bad = 0
     for f in args.files:
         try:
-            load_scenario(f)
+            validate_file(f)
             console.print(f"{f}: ok")
         except ScenarioError as exc:
             bad += 1
@@ -353,6 +363,10 @@ def main(argv: list[str] | None = None) -> int:
     handlers = {"run": cmd_run, "validate": cmd_validate, "schema": cmd_schema,
                 "devices": cmd_devices, "algorithms": cmd_algorithms, "sweep": cmd_sweep,
                 "report": cmd_report}
+    if command in ("serve", "submit", "runs", "status", "cancel", "fetch"):
+        from mecsim.service.cli import HANDLERS
+
+        handlers.update(HANDLERS)
     try:
         return handlers[command](args, console)
     except ScenarioError as exc:

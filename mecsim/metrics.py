@@ -18,6 +18,12 @@ The exporter is a :class:`~mecsim.runner.RunObserver`. ``linger_s`` keeps ``/met
 up for that many seconds after the last round, so that a Prometheus scraping every
 ``scrape_interval`` also sees the final round of a short run (``mecsim run
 --metrics-linger``).
+
+``mecsim run`` gives each run its own exporter, registry and HTTP server. ``mecsim serve``
+makes one exporter on the service's registry (``registry=``), which serves nothing
+itself: every run of the service is observed by it (the series are told apart by their
+``run`` label) and the service's ``/metrics`` serves the registry; :meth:`forget_run`
+drops a finished run's series after the service's retention.
 """
 
 from __future__ import annotations
@@ -122,21 +128,30 @@ def _number(value: Any) -> float:
 
 
 class MetricsExporter(RunObserver):
-    """Serves ``/metrics`` on ``host:port`` (``port=0``: any free port) during a run."""
+    """Serves ``/metrics`` on ``host:port`` (``port=0``: any free port) during a run.
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 9464, linger_s: float = 0.0) -> None:
+    With ``registry``, the families are registered there instead and nothing is served
+    here (a service serves that registry for all its runs; one exporter per registry).
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 9464, linger_s: float = 0.0,
+                 *, registry: CollectorRegistry | None = None) -> None:
         if not 0 <= linger_s < math.inf:
             raise ValueError(f"linger_s must be a finite number of seconds >= 0, got {linger_s}")
         self.host = host
         self.port = port
         self.linger_s = float(linger_s)
-        self.registry = r = CollectorRegistry()
+        self.serves = registry is None
+        self.registry = r = CollectorRegistry() if registry is None else registry
         lab = ["run", "algorithm"]
+        self._families: list[Any] = []
 
         def make(name: str, extra: tuple[str, ...] = (), **kw: Any):
             kind, doc = METRICS[name]
             cls = {"counter": Counter, "gauge": Gauge, "histogram": Histogram}[kind]
-            return cls(_family(name), doc, [*lab, *extra], registry=r, **kw)
+            family = cls(_family(name), doc, [*lab, *extra], registry=r, **kw)
+            self._families.append(family)
+            return family
 
         self.info = make("mecsim_run_info",
                          ("scenario", "model", "dataset", "clients", "backend"))
@@ -173,8 +188,10 @@ class MetricsExporter(RunObserver):
     # ------------------------------------------------------------------ server
 
     def start(self) -> None:
-        """Start serving (idempotent); afterwards :attr:`port` is the bound port."""
-        if self._server is None:
+        """Start serving (idempotent); afterwards :attr:`port` is the bound port.
+
+        Does nothing for an exporter on a registry served by someone else."""
+        if self.serves and self._server is None:
             self._server, self._thread = start_http_server(self.port, addr=self.host,
                                                            registry=self.registry)
             self.port = self._server.server_port
@@ -188,6 +205,11 @@ class MetricsExporter(RunObserver):
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+    def forget_run(self, run_id: str) -> None:
+        """Drop every series of run ``run_id`` (a service's retention of finished runs)."""
+        for family in self._families:
+            family.remove_by_labels({"run": run_id})
 
     # ------------------------------------------------------------------ hooks
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ from mecsim.ops import Compute, op_to_dict, trace_bytes, trace_flops
 from mecsim.scenario import Scenario
 
 MiB = 1024 * 1024
+_TORCH_SEED_LOCK = threading.Lock()
 
 
 class RunObserver:
@@ -122,8 +124,9 @@ def prepare(scenario: Scenario, run_id: str, out_dir, *, hosts: int | None = Non
 
     in_shape = tuple(int(s) for s in pools.train.images.shape[1:])
     num_classes = pools.train.num_classes
-    torch.manual_seed(seed)
-    model = build_model(scenario.model.name, in_shape, num_classes)
+    with _TORCH_SEED_LOCK:  # torch's generator is the process's: one run seeds it at a time
+        torch.manual_seed(seed)
+        model = build_model(scenario.model.name, in_shape, num_classes)
     layout = model_layout(model)
     init_weights = get_flat(model, layout)
     t = scenario.training
@@ -332,7 +335,7 @@ class _Loop:
 
     def __init__(self, rs: RunSetup, observers, store: CheckpointStore | None,
                  start: Checkpoint | None, prior_rows: list[dict[str, Any]],
-                 should_stop: Callable[[], bool] | None) -> None:
+                 should_stop: Callable[[], bool | str] | None) -> None:
         self.rs, self.observers, self.store = rs, list(observers), store
         self.should_stop = should_stop
         self.rows = list(prior_rows)
@@ -413,8 +416,10 @@ class _Loop:
                             raise RunFailed(f"actors died {recoveries} times while "
                                             f"checkpointing (last: {exc})") from exc
                         self._recover(exc)
-            if self.should_stop is not None and self.rnd < sc.rounds and self.should_stop():
-                return "cancelled"
+            if self.should_stop is not None and self.rnd < sc.rounds:
+                stop = self.should_stop()
+                if stop:
+                    return stop if stop in ("cancelled", "interrupted") else "cancelled"
         return "finished"
 
 
@@ -436,15 +441,16 @@ class ResumePoint:
 
 
 def run(scenario: Scenario, run_id: str, out_dir=None, observers: list[RunObserver] = (),
-        *, should_stop: Callable[[], bool] | None = None, resume: ResumePoint | None = None,
-        **prepare_kwargs) -> list[dict[str, Any]]:
+        *, should_stop: Callable[[], bool | str] | None = None,
+        resume: ResumePoint | None = None, **prepare_kwargs) -> list[dict[str, Any]]:
     """Run every round of ``scenario``; returns the round rows.
 
     With ``out_dir``, a checkpoint is written after every ``checkpoint.every`` rounds
     (and after the last) to ``out_dir/checkpoints``. ``resume`` continues a run from
     its checkpoint (see :mod:`mecsim.runfolder`). ``should_stop`` is asked after every
-    round; when it returns True the run stops there, keeping the rounds done (a service
-    cancelling a running run uses it). A Ray actor that dies is re-created and restored
+    round; when it returns True (or ``"cancelled"``, or ``"interrupted"``: the status the
+    run then gets) the run stops there, keeping the rounds done (the service cancelling a
+    run, or stopping). A Ray actor that dies is re-created and restored
     from the last checkpoint, and the round re-executed (``faults`` column).
 
     Observers hear how the run ends: ``on_run_end`` when every round is done,
