@@ -15,7 +15,7 @@
 Run order is interleaved (CLI, service, CLI, service, ...) over ``--trials`` to even out
 other work on the machine; report ``uptime``'s load with the figures.
 
-    python benchmarks/service.py [--rounds 30] [--short-rounds 3] [--trials 1]
+    python benchmarks/service.py [--rounds 30] [--short-rounds 3] [--trials 1] [--quick]
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ import httpx
 import pandas as pd
 
 from mecsim.scenario import default_scenario_path
+
+QUICK_USES_RAY = True  # tests/test_benchmarks.py marks this benchmark's --quick run "ray"
 
 
 def _median_round_s(run_dir: Path) -> float:
@@ -131,6 +133,8 @@ class Service:
 
 
 def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return math.nan
     values = sorted(values)
     return values[min(len(values) - 1, int(q * len(values)))]
 
@@ -145,8 +149,18 @@ def main() -> None:
                    help="each poller's pause between requests (default 1)")
     p.add_argument("--poll-rounds", type=int, default=10)
     p.add_argument("--polls-only", action="store_true", help="only part 3")
-    p.add_argument("--out", type=Path, default=Path("runs/benchmarks/service"))
+    p.add_argument("--out", type=Path, default=None,
+                   help="where service.json goes (default runs/benchmarks/service)")
+    p.add_argument("--quick", action="store_true",
+                   help="a smoke run through the service only (no mecsim run to compare): "
+                   "2 and 1 rounds, 10 pollers for 2 rounds")
     args = p.parse_args()
+    if args.quick:
+        args.rounds, args.short_rounds, args.trials = 2, 1, 1
+        args.pollers, args.poll_rounds = 10, 2  # 5 scrape /metrics, 5 poll the status
+    if args.out is None:
+        bench = os.environ.get("MECSIM_BENCH_DIR")
+        args.out = Path(bench) / "service" if bench else Path("runs/benchmarks/service")
     args.out.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
@@ -156,14 +170,16 @@ def main() -> None:
                                                     "svc_round", "cli_short", "svc_short")}
         try:
             for t in range(0 if args.polls_only else args.trials):
-                e2e, rnd = cli_run(args.rounds, tmp / "cli", f"long-{t}")
-                results["cli_e2e"].append(e2e)
-                results["cli_round"].append(rnd)
+                if not args.quick:  # a smoke run leaves out the CLI's own Ray starts
+                    e2e, rnd = cli_run(args.rounds, tmp / "cli", f"long-{t}")
+                    results["cli_e2e"].append(e2e)
+                    results["cli_round"].append(rnd)
                 e2e, rnd, _ = service.run(args.rounds)
                 results["svc_e2e"].append(e2e)
                 results["svc_round"].append(rnd)
-                results["cli_short"].append(cli_run(args.short_rounds, tmp / "cli",
-                                                    f"short-{t}")[0])
+                if not args.quick:
+                    results["cli_short"].append(cli_run(args.short_rounds, tmp / "cli",
+                                                        f"short-{t}")[0])
                 results["svc_short"].append(service.run(args.short_rounds)[0])
             lat = service.poll_latency(args.poll_rounds, args.pollers, args.poll_interval)
         finally:

@@ -281,10 +281,10 @@ def _ray_actor_pids(root: int, kind: str) -> list[int]:
 
 @pytest.mark.ray
 def test_killed_ray_actors_are_recreated_and_the_records_unchanged(tmp_path: Path) -> None:
-    """kill -9 a client-host actor after round 2 and the edge-server actor after round 4
+    """kill -9 a client-host actor after round 1 and the edge-server actor after round 3
     of a real Ray run: it finishes, records the two faults, and its records equal those
     of an undisturbed run (the local backend gives the same records as Ray)."""
-    sc = tiny(rounds=7)
+    sc = tiny(rounds=5)
     ref = tmp_path / "ref" / "r"
     run(sc, "r", ref, [RecordsWriter(ref)])
     data = sc.model_dump(mode="json")
@@ -296,7 +296,7 @@ def test_killed_ray_actors_are_recreated_and_the_records_unchanged(tmp_path: Pat
     proc = subprocess.Popen([sys.executable, "-m", "mecsim.cli", "run", str(path), "--run-id",
                              "r", "--quiet", "--no-plots"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    plan = [(2, "ClientHostActor"), (4, "EdgeServerActor")]
+    plan = [(1, "ClientHostActor"), (3, "EdgeServerActor")]
     killed: list[int] = []
     deadline = time.monotonic() + 300
     try:
