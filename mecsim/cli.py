@@ -9,17 +9,21 @@
     mecsim report RUN_DIR...       the papers' tables (markdown, CSV) and figures of runs
 
 Exit codes: 0 success, 2 bad input (scenario file, arguments), 1 a run that failed.
+Bad input is found before anything starts (:mod:`mecsim.preflight`) and printed as one
+plain line per problem (no rich markup: paths and messages are printed literally).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import secrets
 import sys
 import time
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from mecsim.scenario import (
     Scenario,
@@ -69,6 +73,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--metrics-port", type=int,
                      help="port of the Prometheus /metrics endpoint (0: any free port)")
     run.add_argument("--no-metrics", action="store_true", help="do not serve /metrics")
+    run.add_argument("--metrics-public", action="store_true",
+                     help="allow a metrics host that is not a loopback address (/metrics "
+                     "reachable from other machines; sets metrics.public)")
     run.add_argument("--metrics-linger", type=_seconds, default=0.0, metavar="SECONDS",
                      help="keep /metrics up this long after the last round, so Prometheus "
                      "scrapes the final values of a short run (default 0)")
@@ -111,16 +118,27 @@ def _apply_overrides(scenario: Scenario, args: argparse.Namespace, source: str) 
         data["metrics"]["enabled"] = False
     if args.metrics_port is not None:
         data["metrics"]["port"] = args.metrics_port
+    if args.metrics_public:
+        data["metrics"]["public"] = True
     if args.target:
         data["evaluation"]["target_accuracy"] = args.target
     return scenario_from_dict(data, f"{source} (with command-line overrides)")
 
 
 def _run_id(scenario: Scenario) -> str:
-    return scenario.outputs.run_id or f"{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    """The scenario's run id, or <name>-<timestamp>-<8 random hex digits>: two runs of one
+    scenario started in the same second get different folders."""
+    return scenario.outputs.run_id or \
+        f"{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(4)}"
+
+
+def _error(text: str) -> None:
+    """A problem line on stderr, printed literally (never interpreted as markup)."""
+    print(text, file=sys.stderr)
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
+    from mecsim import preflight
     from mecsim.console import ProgressBar, summary_table
     from mecsim.metrics import MetricsExporter
     from mecsim.records import RecordsWriter
@@ -131,9 +149,10 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     scenario = _apply_overrides(load_scenario(path), args, str(path))
     run_id = _run_id(scenario)
     out_dir = Path(scenario.outputs.dir) / run_id
-    if out_dir.exists():
-        console.print(f"[red]error:[/] {out_dir} already exists; choose another --run-id")
-        return EXIT_BAD_INPUT
+    # everything that would stop the run, before Ray starts or a folder is created
+    for line in preflight.check(scenario, str(path), run_dir=out_dir, backend=args.backend,
+                                hosts=args.hosts, ray_address=args.ray_address):
+        _error(line)
     records = RecordsWriter(out_dir)
     observers: list = [records]
     if not args.no_plots:
@@ -144,23 +163,31 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     if scenario.metrics.enabled:
         exporter = MetricsExporter(scenario.metrics.host, scenario.metrics.port,
                                    linger_s=args.metrics_linger)
+        try:  # listen now: a port taken since the pre-flight is still refused cleanly
+            exporter.start()
+        except OSError as exc:
+            _error(f"{path}: metrics.port: cannot listen on {scenario.metrics.host}:"
+                   f"{scenario.metrics.port} ({exc.strerror or exc})")
+            return EXIT_BAD_INPUT
+        if scenario.metrics.port == 0 or not args.quiet:
+            print(f"metrics: {exporter.url}", file=sys.stderr)
         observers.append(exporter)
     progress = None if args.quiet else ProgressBar(console)
     if progress:
         observers.append(progress)
     if not args.quiet:
-        console.print(f"[bold]mecsim[/] {scenario.name}: {scenario.algorithm.name}, "
+        console.print(f"[bold]mecsim[/] {escape(scenario.name)}: {scenario.algorithm.name}, "
                       f"{scenario.topology.clients} clients, {scenario.rounds} rounds "
-                      f"-> {out_dir}")
+                      f"-> {escape(str(out_dir))}", highlight=False)
     try:
         rows = run(scenario, run_id, out_dir, observers, hosts=args.hosts,
                    backend=args.backend, ray_address=args.ray_address)
     except ScenarioInfeasible as exc:
-        console.print(f"[red]error:[/] {path}: {exc}")
+        _error(f"{path}: {exc}")
         return EXIT_BAD_INPUT
     except (FileNotFoundError, ValueError) as exc:
         if not out_dir.exists():  # failed while setting up: bad input, nothing written
-            console.print(f"[red]error:[/] {path}: {exc}")
+            _error(f"{path}: {' '.join(str(exc).split())}")
             return EXIT_BAD_INPUT
         raise
     finally:
@@ -173,19 +200,25 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
             console.print(table)
         for line in target_lines(rows, scenario.evaluation.target_accuracy):
             console.print(line)
-        console.print(f"records: {out_dir}/ (rounds.csv, clients.csv, summary.md, ...)")
+        console.print(f"records: {escape(str(out_dir))}/ (rounds.csv, clients.csv, "
+                      "summary.md, ...)", highlight=False)
     return 0
 
 
 def cmd_validate(args: argparse.Namespace, console: Console) -> int:
+    """The schema and the pre-flight of ``mecsim run`` (paths, ports, data, memory,
+    cross-field checks) for each file, with the file's own settings."""
+    from mecsim import preflight
+
     bad = 0
     for f in args.files:
         try:
-            load_scenario(f)
-            console.print(f"{f}: ok")
+            for line in preflight.check(load_scenario(f), f):
+                _error(line)
+            print(f"{f}: ok")
         except ScenarioError as exc:
             bad += 1
-            print(str(exc), file=sys.stderr)
+            _error(str(exc))
     return EXIT_BAD_INPUT if bad else 0
 
 
