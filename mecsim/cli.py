@@ -178,7 +178,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     if not args.quiet:
         console.print(f"[bold]mecsim[/] {escape(scenario.name)}: {scenario.algorithm.name}, "
                       f"{scenario.topology.clients} clients, {scenario.rounds} rounds "
-                      f"-> {escape(str(out_dir))}", highlight=False)
+                      f"-> {escape(str(out_dir))}", highlight=False, soft_wrap=True)
     try:
         rows = run(scenario, run_id, out_dir, observers, hosts=args.hosts,
                    backend=args.backend, ray_address=args.ray_address)
@@ -201,7 +201,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         for line in target_lines(rows, scenario.evaluation.target_accuracy):
             console.print(line)
         console.print(f"records: {escape(str(out_dir))}/ (rounds.csv, clients.csv, "
-                      "summary.md, ...)", highlight=False)
+                      "summary.md, ...)", highlight=False, soft_wrap=True)
     return 0
 
 

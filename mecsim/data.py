@@ -152,7 +152,8 @@ class _CifarUnpickler(pickle.Unpickler):
     A pickle may name any importable callable (``os.system``...) and have it called while
     it loads; this unpickler resolves only what the CIFAR batches need — numpy's array
     reconstruction and dtypes (under numpy 1's and numpy 2's module names) — plus inert
-    builtin containers, and refuses every other name before anything is called. Dicts,
+    builtin containers and the codec call that protocol-2 pickles use for bytes, and
+    refuses every other name before anything is called. Dicts,
     lists, tuples, strings, bytes and numbers need no name lookup.
     """
 
@@ -162,6 +163,8 @@ class _CifarUnpickler(pickle.Unpickler):
         ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
         ("numpy", "ndarray"), ("numpy", "dtype"),
         ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "bytearray"),
+        # bytes in protocol-2 pickles written by Python 3: _codecs.encode(text, "latin1")
+        ("_codecs", "encode"),
     })
 
     def find_class(self, module: str, name: str) -> Any:

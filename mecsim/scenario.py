@@ -518,8 +518,10 @@ class _ScenarioLoader(yaml.SafeLoader):
 
 def parse_yaml(text: str, source: str) -> Any:
     """Parse scenario YAML; ScenarioError naming the line for every YAML problem."""
+    loader = None
     try:
-        return yaml.load(text, Loader=_ScenarioLoader)  # noqa: S506 - a SafeLoader subclass
+        loader = _ScenarioLoader(text)  # reading starts here: may raise already
+        return loader.get_single_data()
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}:" if mark else ""
@@ -527,6 +529,9 @@ def parse_yaml(text: str, source: str) -> Any:
         raise ScenarioError(f"{source}:{where} invalid YAML: {problem}") from None
     except RecursionError:
         raise ScenarioError(f"{source}: invalid YAML: nested too deeply") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
 
 
 def read_scenario_text(path: str | Path) -> str:
