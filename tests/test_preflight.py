@@ -25,8 +25,11 @@ MODELS = [("mlp_2nn", (1, 28, 28)), ("mtfl_cnn", (3, 32, 32)), ("kapc_cnn", (1, 
 @pytest.mark.parametrize("optimizer,momentum", [("sgd", 0.0), ("sgd", 0.9), ("adam", 0.0)])
 def test_step_cost_on_meta_equals_a_real_measured_step(name, shape, optimizer, momentum):
     """Same bytes and FLOPs as the real step (agents.training.measured_step), without
-    storage: the pre-flight can then measure any batch size."""
-    for batch in (2, 7) if name == "resnet18" else (2, 7, 33):
+    storage: the pre-flight can then measure any batch size. (ResNet18's real steps are
+    slow on a small machine: one optimiser, one batch.)"""
+    if name == "resnet18" and optimizer != "adam":
+        pytest.skip("ResNet18 is checked with Adam (the largest optimiser state) only")
+    for batch in (3,) if name == "resnet18" else (2, 7, 33):
         torch.manual_seed(0)
         model = build_model(name, shape, 10)
         opt = make_optimizer(optimizer, model.parameters(), 0.01, momentum, 0.0)
