@@ -70,13 +70,14 @@ class Findings:
 
 def check(scenario: Scenario, source: str, *, run_dir: str | Path | None = None,
           backend: str | None = None, hosts: int | None = None,
-          ray_address: str | None = None) -> list[str]:
+          ray_address: str | None = None, resume: bool = False) -> list[str]:
     """Raise ScenarioError listing every problem (``source: field: message``), or return
-    the warnings as lines. ``run_dir`` (the run's folder) is checked when given;
-    ``backend``, ``hosts`` and ``ray_address`` override the scenario's as in
+    the warnings as lines. ``run_dir`` (the run's folder) is checked when given: directly
+    inside ``outputs.dir`` and new — or, with ``resume=True``, existing (a run being
+    continued). ``backend``, ``hosts`` and ``ray_address`` override the scenario's as in
     :func:`mecsim.runner.prepare`."""
     found = find_problems(scenario, run_dir=run_dir, backend=backend, hosts=hosts,
-                          ray_address=ray_address)
+                          ray_address=ray_address, resume=resume)
     if found.problems:
         raise ScenarioError("\n".join(f"{source}: {p.field}: {p.message}"
                                       for p in found.problems))
@@ -85,20 +86,20 @@ def check(scenario: Scenario, source: str, *, run_dir: str | Path | None = None,
 
 def find_problems(scenario: Scenario, *, run_dir: str | Path | None = None,
                   backend: str | None = None, hosts: int | None = None,
-                  ray_address: str | None = None) -> Findings:
+                  ray_address: str | None = None, resume: bool = False) -> Findings:
     # numeric warnings (overflow in a channel draw...) would be stray lines on stderr;
     # what they warn of is checked and reported as a problem instead
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore", RuntimeWarning)
-        return _find_problems(scenario, run_dir, backend, hosts, ray_address)
+        return _find_problems(scenario, run_dir, backend, hosts, ray_address, resume)
 
 
 def _find_problems(scenario: Scenario, run_dir: str | Path | None, backend: str | None,
-                   hosts: int | None, ray_address: str | None) -> Findings:
+                   hosts: int | None, ray_address: str | None, resume: bool) -> Findings:
     found = Findings()
     backend = backend or scenario.execution.backend
     address = ray_address or scenario.execution.ray_address
-    check_outputs(scenario, None if run_dir is None else Path(run_dir), found)
+    check_outputs(scenario, None if run_dir is None else Path(run_dir), found, resume)
     if scenario.metrics.enabled:
         check_metrics(scenario.metrics.host, scenario.metrics.port, scenario.metrics.public,
                       found)
@@ -115,9 +116,11 @@ def _find_problems(scenario: Scenario, run_dir: str | Path | None, backend: str 
 # ----------------------------------------------------------------------------- outputs
 
 
-def check_outputs(scenario: Scenario, run_dir: Path | None, found: Findings) -> None:
+def check_outputs(scenario: Scenario, run_dir: Path | None, found: Findings,
+                  resume: bool = False) -> None:
     """``outputs.dir`` can hold run folders; the run folder (``run_dir``, or the
-    scenario's own ``outputs.run_id`` under it) is directly inside it and new."""
+    scenario's own ``outputs.run_id`` under it) is directly inside it and new (or, when
+    resuming, an existing folder)."""
     base = Path(scenario.outputs.dir).expanduser()
     if run_dir is None and scenario.outputs.run_id is not None:
         run_dir = base / scenario.outputs.run_id
@@ -137,6 +140,9 @@ def check_outputs(scenario: Scenario, run_dir: Path | None, found: Findings) -> 
     elif not os.access(existing, os.W_OK | os.X_OK):
         what = "create run folders in" if existing == base else f"create {base} under"
         found.problem("outputs.dir", f"no permission to {what} {existing}")
+    elif run_dir is not None and resume:
+        if not run_dir.is_dir():
+            found.problem("outputs.run_id", f"there is no run folder {run_dir} to resume")
     elif run_dir is not None and os.path.lexists(run_dir):
         found.problem("outputs.run_id", f"the run folder {run_dir} already exists; choose "
                       "another run id (--run-id)")

@@ -377,30 +377,39 @@ def snapshot(directory: Path) -> set[str]:
 class Outcome:
     case: str
     command: str
-    verdict: str  # clean | traceback | written | accepted | code-run | echoed | unclear | hang
+    flags: list[str]  # see judge(); ["clean"] when refused as it should be
     code: int | None
     first_line: str
 
 
 def judge(case: Case, command: str, code: int | None, out: str, err: str, path: Path,
-          before: set[str], after: set[str], directory: Path) -> str:
+          before: set[str], after: set[str], directory: Path) -> list[str]:
+    """Every way the outcome falls short (several can hold at once), or ["clean"]:
+
+    hang (no exit in time), code-run (the crafted input ran code), traceback (a Python
+    traceback or an exit code other than 0 and 2), accepted (exit 0: silently taken),
+    written (files left behind although the input is bad: a half-written run folder),
+    echoed (a file's contents in the output), unclear (exit 2 without a line naming the
+    file and the field)."""
     text = out + err
+    flags = []
     if code is None:
-        return "hang"
+        flags.append("hang")
     if (directory / MARKER).exists():
-        return "code-run"
-    if "Traceback" in text or code not in (0, 2):
-        return "traceback"
-    if any(s in text for s in case.forbidden):
-        return "echoed"
+        flags.append("code-run")
+    if "Traceback" in text or code not in (None, 0, 2):
+        flags.append("traceback")
     if code == 0:
-        return "accepted"
-    if after - before:
-        return "written"
+        flags.append("accepted")
+    if after - before - {MARKER}:
+        flags.append("written")
+    if any(s in text for s in case.forbidden):
+        flags.append("echoed")
     lines = [ln for ln in err.splitlines() if ln.strip()]
-    if not lines or case.field not in err or not any(path.name in ln for ln in lines):
-        return "unclear"
-    return "clean"
+    if code == 2 and (not lines or case.field not in err
+                      or not any(path.name in ln for ln in lines)):
+        flags.append("unclear")
+    return flags or ["clean"]
 
 
 #: Root without the powers that make these cases moot: binding ports below 1024 and
@@ -457,10 +466,10 @@ def tally(src: Path, work: Path, only: list[str] | None = None,
             finally:
                 if holder is not None:
                     holder.close()
-            verdict = judge(case, command, code, out, err, path, before, after, directory)
+            flags = judge(case, command, code, out, err, path, before, after, directory)
             first = next((ln for ln in (err + out).splitlines() if ln.strip()), "")
-            outcomes.append(Outcome(case.name, command, verdict, code, first[:160]))
-            print(f"{verdict:9s} {command:8s} {case.name}: {first[:150]}", flush=True)
+            outcomes.append(Outcome(case.name, command, flags, code, first[:160]))
+            print(f"{'+'.join(flags):20s} {command:8s} {case.name}: {first[:150]}", flush=True)
     return outcomes
 
 
@@ -478,10 +487,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="mecsim-corpus-") as tmp:
         outcomes = tally(Path(args.src), Path(tmp), args.only, args.timeout)
     for command in ("validate", "run"):
-        counts = collections.Counter(o.verdict for o in outcomes if o.command == command)
-        total = sum(counts.values())
-        print(f"{command}: {total} cases: " + ", ".join(f"{k} {v}" for k, v in
-                                                       sorted(counts.items())))
+        mine = [o for o in outcomes if o.command == command]
+        counts = collections.Counter(f for o in mine for f in o.flags)
+        bad = sum(o.flags != ["clean"] for o in mine)
+        print(f"{command}: {len(mine)} cases, {len(mine) - bad} refused cleanly, {bad} not; "
+              "flags: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
     print(f"{len(cases())} cases in the corpus")
     return 0
 

@@ -134,6 +134,13 @@ def test_outputs(tmp_path):
     (tmp_path / "runs" / "taken").mkdir(parents=True)
     assert problems(dir=str(tmp_path / "runs"), run_id="taken")[0][0] == "outputs.run_id"
     assert problems(dir=str(tmp_path / "runs"), run_id="free") == []
+    found = Findings()  # resuming: the folder must exist
+    preflight.check_outputs(tiny(outputs={"dir": str(tmp_path / "runs")}),
+                            tmp_path / "runs" / "taken", found, resume=True)
+    preflight.check_outputs(tiny(outputs={"dir": str(tmp_path / "runs")}),
+                            tmp_path / "runs" / "gone", found, resume=True)
+    assert [p.message for p in found.problems] == [
+        f"there is no run folder {tmp_path / 'runs' / 'gone'} to resume"]
     found = Findings()
     preflight.check_outputs(tiny(outputs={"dir": str(tmp_path / "runs")}),
                             tmp_path / "elsewhere" / "x", found)

@@ -153,7 +153,7 @@ def no_training(monkeypatch):
 EXAMPLES = int(os.environ.get("MECSIM_FUZZ_EXAMPLES", "40"))
 
 
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=EXAMPLES == 40,
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=EXAMPLES == 40, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                  HealthCheck.data_too_large])
 @given(mutant=mutants())
