@@ -445,7 +445,10 @@ def _is_tag(part: Any) -> bool:
 
 
 def _loc(loc: tuple[Any, ...]) -> str:
-    parts = [str(p) for p in loc if not _is_tag(p)]
+    """A dotted path; a key that is not a plain name (an unknown key with spaces, dots,
+    colons or invisible characters in it) is quoted, escapes and all."""
+    parts = [str(p) if re.fullmatch(r"[\w<>-]+", str(p), re.ASCII) else repr(str(p))
+             for p in loc if not _is_tag(p)]
     return ".".join(parts) or "(top level)"
 
 

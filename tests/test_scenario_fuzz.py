@@ -126,9 +126,10 @@ def _check(code: int, err: str, path: Path) -> None:
         return
     lines = [ln for ln in err.splitlines() if ln.strip() and ": warning: " not in ln]
     assert lines, "exit 2 without saying why"
+    part = r"""(?:[\w<>-]+|'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")"""  # a name or a quoted key
     named = re.compile(re.escape(str(path)) + r"( \(with command-line overrides\))?: "
-                       r"(line \d+|[A-Za-z0-9_<>][\w.<>-]*: |\(top level\): |empty scenario|"
-                       r"the top level|invalid YAML|the file is larger|cannot read)")
+                       rf"(line \d+|{part}(\.{part})*: |\(top level\): |empty scenario|"
+                       r"the top level|invalid YAML|the file is larger|cannot read)", re.ASCII)
     for line in lines:
         assert named.match(line), f"a line that names no field: {line!r}"
 
