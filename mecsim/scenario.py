@@ -196,8 +196,8 @@ class AlgorithmConfig(_Strict):
             server_cls.Params(**self.params)
         except ValidationError as exc:
             err = exc.errors()[0]
-            where = ".".join(str(p) for p in err["loc"])
-            raise ValueError(f"params.{where}: {err['msg']} (algorithm {self.name})") from None
+            raise ValueError(f"params.{_loc(err['loc'])}: {err['msg']} "
+                             f"(algorithm {self.name})") from None
         return self
 
 
@@ -452,6 +452,12 @@ def _loc(loc: tuple[Any, ...]) -> str:
     return ".".join(parts) or "(top level)"
 
 
+#: Parts of a dotted field path as _loc writes them: a name (an index after the first),
+#: or a quoted key.
+_QUOTED = r"""'(?:[^'\\]|\\.)*'"""
+_FIRST = rf"(?:[A-Za-z_<>][\w<>-]*|{_QUOTED})"
+_PART = rf"(?:[\w<>-]+|{_QUOTED})"
+
 _UNION_TAGS = {"shannon", "fixed_rate", "trace", "iid", "dirichlet", "shards",
                "primary_secondary", "float", "int", "str", "bool", "none"}
 
@@ -473,7 +479,7 @@ def scenario_from_dict(data: Any, source: str = "<scenario>") -> Scenario:
                 key = str(err.get("ctx", {}).get("discriminator", "")).strip("'")
                 field, msg = f"{field}.{key}", "Field required (it selects the kind)"
             # checks spanning several fields name the field at the start of the message
-            inner = re.match(r"^([A-Za-z_][\w.]*): (.*)$", msg, re.S)
+            inner = re.match(rf"^({_FIRST}(?:\.{_PART})*): (.*)$", msg, re.S)
             if err["type"] == "value_error" and inner:
                 prefix = "" if field == "(top level)" else field + "."
                 field, msg = prefix + inner.group(1), inner.group(2)
