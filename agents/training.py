@@ -182,6 +182,31 @@ def optimizer_step(model, optimizer, xb, yb, extra_loss) -> float:
 
 
 def measured_step(model, optimizer, xb, yb, extra_loss) -> tuple[float, StepCost]:
+    """One training step under the FLOP counter and the memory accounting: (batch loss,
+    its cost)."""
+    loss, cost = _accounted_step(model, optimizer, xb, yb, extra_loss)
+    return float(loss.detach()), cost
+
+
+def step_cost_on_meta(model_name: str, in_shape: tuple[int, ...], num_classes: int,
+                      optimizer: str, batch_size: int, lr: float = 0.01,
+                      momentum: float = 0.0, weight_decay: float = 0.0) -> StepCost:
+    """The cost of one training step at ``batch_size``, computed on PyTorch's ``meta``
+    device: tensors there have shapes and dtypes but no storage and no arithmetic, so the
+    FLOP count and the memory accounting of :func:`measured_step` come out the same (a
+    test checks it) for any batch size, without allocating it. Raises what the model
+    raises for an input it cannot take."""
+    from agents.models import build_model
+
+    with torch.device("meta"):
+        model = build_model(model_name, tuple(in_shape), num_classes)
+        x = torch.zeros((batch_size, *in_shape))
+        y = torch.zeros(batch_size, dtype=torch.int64)
+    opt = make_optimizer(optimizer, model.parameters(), lr, momentum, weight_decay)
+    return _accounted_step(model, opt, x, y, None)[1]
+
+
+def _accounted_step(model, optimizer, xb, yb, extra_loss) -> tuple[torch.Tensor, StepCost]:
     saved: list[int] = []
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -205,8 +230,7 @@ def measured_step(model, optimizer, xb, yb, extra_loss) -> tuple[float, StepCost
         + xb.numel() * xb.element_size()
         + sum(saved)
     )
-    return float(loss.detach()), StepCost(float(counter.get_total_flops()) + opt_flops,
-                                          int(memory), opt_flops)
+    return loss, StepCost(float(counter.get_total_flops()) + opt_flops, int(memory), opt_flops)
 
 
 @torch.no_grad()

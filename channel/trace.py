@@ -5,6 +5,9 @@ ignored; lines whose first cell starts with ``#`` are comments). Each row sets a
 rates from ``time_s`` on (piecewise constant). ``client_id = *`` rows apply to every client
 that has no rows of its own. Each schedule must start at ``time_s = 0`` and have strictly
 increasing times; rates are ≥ 0 (0 = link down).
+
+Errors name the file, the line and the column, never the text found there: the path may
+point at any file (``channel.path: /etc/passwd`` must not print its first line).
 """
 
 from __future__ import annotations
@@ -56,7 +59,8 @@ class TraceChannel:
                     header = cells
                     for col in _COLUMNS:
                         if col not in header:
-                            raise self._error(line, col, f"missing column (header: {header})")
+                            raise self._error(line, col, "missing column (the header must "
+                                              "name " + ", ".join(_COLUMNS) + ")")
                     idx = {col: header.index(col) for col in _COLUMNS}
                     continue
                 if len(cells) < len(header):
@@ -76,8 +80,7 @@ class TraceChannel:
             try:
                 key = int(cid_s)
             except ValueError:
-                raise self._error(line, "client_id",
-                                  f"{cid_s!r} is not an integer or '*'") from None
+                raise self._error(line, "client_id", "not an integer or '*'") from None
             if key < 0:
                 raise self._error(line, "client_id", f"negative client id {key}")
         vals = {}
@@ -85,19 +88,19 @@ class TraceChannel:
             try:
                 v = float(row[col])
             except ValueError:
-                raise self._error(line, col, f"{row[col]!r} is not a number") from None
+                raise self._error(line, col, "not a number") from None
             if not math.isfinite(v) or v < 0:
                 what = "rate" if col != "time_s" else "time"
-                raise self._error(line, col, f"{what} {v} must be finite and >= 0")
+                raise self._error(line, col, f"the {what} must be finite and >= 0")
             vals[col] = v
         rows = self._rows.setdefault(key, [])
         t = vals["time_s"]
         if not rows and t != 0.0:
-            raise self._error(line, "time_s",
-                              f"first row of client {cid_s} starts at {t} s, not 0")
+            raise self._error(line, "time_s", "the first row of this client starts at a "
+                              "time_s other than 0, not 0")
         if rows and t <= rows[-1][0]:
-            raise self._error(line, "time_s", f"time {t} s not after the previous row of "
-                              f"client {cid_s} ({rows[-1][0]} s): rows must be sorted")
+            raise self._error(line, "time_s", "time_s is not after the previous row of this "
+                              "client: rows must be sorted")
         rows.append((t, vals["uplink_mbps"] * 1e6, vals["downlink_mbps"] * 1e6))
 
     def _rows_for(self, client_id: int) -> list[tuple[float, float, float]]:

@@ -11,18 +11,22 @@
     mecsim submit / runs / status / cancel / fetch   clients of a service
 
 Exit codes: 0 success, 2 bad input (scenario file, arguments), 1 a run that failed.
+Bad input is found before anything starts (:mod:`mecsim.preflight`) and printed as one
+plain line per problem (no rich markup: paths and messages are printed literally).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import secrets
 import shutil
 import sys
 import time
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.text import Text
 
 from mecsim import interrupts
@@ -79,6 +83,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--metrics-port", type=int,
                      help="port of the Prometheus /metrics endpoint (0: any free port)")
     run.add_argument("--no-metrics", action="store_true", help="do not serve /metrics")
+    run.add_argument("--metrics-public", action="store_true",
+                     help="allow a metrics host that is not a loopback address (/metrics "
+                     "reachable from other machines; sets metrics.public)")
     run.add_argument("--metrics-linger", type=_seconds, default=0.0, metavar="SECONDS",
                      help="keep /metrics up this long after the last round, so Prometheus "
                      "scrapes the final values of a short run (default 0)")
@@ -124,21 +131,27 @@ def _apply_overrides(scenario: Scenario, args: argparse.Namespace, source: str) 
         data["metrics"]["enabled"] = False
     if args.metrics_port is not None:
         data["metrics"]["port"] = args.metrics_port
+    if args.metrics_public:
+        data["metrics"]["public"] = True
     if args.target:
         data["evaluation"]["target_accuracy"] = args.target
     return scenario_from_dict(data, f"{source} (with command-line overrides)")
 
 
 def _run_id(scenario: Scenario) -> str:
-    return scenario.outputs.run_id or f"{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    """The scenario's run id, or <name>-<timestamp>-<8 random hex digits>: two runs of one
+    scenario started in the same second get different folders."""
+    return scenario.outputs.run_id or \
+        f"{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(4)}"
 
 
-def _error(console: Console, text: str) -> None:
-    """One error line on stderr, printed literally (paths may hold rich markup)."""
-    print(f"error: {text}", file=sys.stderr)
+def _error(text: str) -> None:
+    """A problem line on stderr, printed literally (never interpreted as markup)."""
+    print(text, file=sys.stderr)
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
+    from mecsim import preflight
     from mecsim.console import ProgressBar, summary_table
     from mecsim.metrics import MetricsExporter
     from mecsim.network import downlink_note
@@ -152,7 +165,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     if args.resume:
         if (args.scenario or args.rounds is not None or args.seed is not None or args.run_id
                 or args.out or args.target):
-            _error(console, "--resume continues a run as it was planned: give no scenario "
+            _error("error: --resume continues a run as it was planned: give no scenario "
                    "file, --rounds, --seed, --run-id, --out or --target with it (--hosts, "
                    "--backend, --ray-address and the metrics options may differ)")
             return EXIT_BAD_INPUT
@@ -160,7 +173,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
             target = prepare_resume(args.resume, warn=lambda m: print(f"warning: {m}",
                                                                       file=sys.stderr))
         except RunFolderError as exc:
-            _error(console, str(exc))
+            _error(f"error: {exc}")
             return EXIT_BAD_INPUT
         scenario, run_id, out_dir, lock = target.scenario, target.run_id, target.run_dir, \
             target.lock
@@ -173,13 +186,29 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
             if args.metrics_port is not None:
                 data["metrics"]["port"] = args.metrics_port
             scenario = scenario_from_dict(data, f"{path} (with command-line overrides)")
+        # the folder may have been moved since: it is checked where it is now
+        data = scenario.model_dump(mode="json")
+        data["outputs"].update(dir=str(out_dir.parent), run_id=out_dir.name)
+        try:
+            for line in preflight.check(scenario_from_dict(data, str(path)), str(path),
+                                        run_dir=out_dir, backend=args.backend,
+                                        hosts=args.hosts, ray_address=args.ray_address,
+                                        resume=True):
+                _error(line)
+        except ScenarioError:
+            lock.release()
+            raise
     else:
         path = Path(args.scenario) if args.scenario else default_scenario_path()
         scenario = _apply_overrides(load_scenario(path), args, str(path))
         run_id = _run_id(scenario)
         out_dir = Path(scenario.outputs.dir) / run_id
+        # everything that would stop the run, before Ray starts or a folder is created
+        for line in preflight.check(scenario, str(path), run_dir=out_dir, backend=args.backend,
+                                    hosts=args.hosts, ray_address=args.ray_address):
+            _error(line)
         if out_dir.exists():
-            _error(console, f"{out_dir} already exists; choose another --run-id (or "
+            _error(f"error: {out_dir} already exists; choose another --run-id (or "
                    f"--resume {out_dir} to continue it)")
             return EXIT_BAD_INPUT
         created = out_dir  # the outermost folder this run creates (removed on bad input)
@@ -198,6 +227,16 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     if scenario.metrics.enabled:
         exporter = MetricsExporter(scenario.metrics.host, scenario.metrics.port,
                                    linger_s=args.metrics_linger)
+        try:  # listen now: a port taken since the pre-flight is still refused cleanly
+            exporter.start()
+        except OSError as exc:
+            _error(f"{path}: metrics.port: cannot listen on {scenario.metrics.host}:"
+                   f"{scenario.metrics.port} ({exc.strerror or exc})")
+            _remove_if_unused(out_dir, created, lock)
+            lock.release()
+            return EXIT_BAD_INPUT
+        if scenario.metrics.port == 0 or not args.quiet:
+            print(f"metrics: {exporter.url}", file=sys.stderr)
         observers.append(exporter)
     progress = None if args.quiet else ProgressBar(console)
     if progress:
@@ -205,20 +244,21 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     if not args.quiet:
         what = (f"resuming after round {len(resume.rows)} of {scenario.rounds}" if resume
                 else f"{scenario.rounds} rounds")
-        console.print(Text(f"mecsim {scenario.name}: {scenario.algorithm.name}, "
-                           f"{scenario.topology.clients} clients, {what} -> {out_dir}"))
+        console.print(f"[bold]mecsim[/] {escape(scenario.name)}: {scenario.algorithm.name}, "
+                      f"{scenario.topology.clients} clients, {what} -> {escape(str(out_dir))}",
+                      highlight=False, soft_wrap=True)
     restore_signals = interrupts.install()
     rows: list = []
     try:
         rows = run(scenario, run_id, out_dir, observers, hosts=args.hosts,
                    backend=args.backend, ray_address=args.ray_address, resume=resume)
     except ScenarioInfeasible as exc:
-        _error(console, f"{path}: {exc}")
+        _error(f"{path}: {exc}")
         _remove_if_unused(out_dir, created, lock)
         return EXIT_BAD_INPUT
     except (FileNotFoundError, ValueError) as exc:
         if not (out_dir / "run.json").exists():  # failed while setting up: bad input
-            _error(console, f"{path}: {exc}")
+            _error(f"{path}: {' '.join(str(exc).split())}")
             _remove_if_unused(out_dir, created, lock)
             return EXIT_BAD_INPUT
         raise
@@ -283,20 +323,27 @@ def _remove_if_unused(out_dir: Path, created: Path | None, lock) -> None:
         shutil.rmtree(created, ignore_errors=True)
 
 
-def validate_file(path: str | Path) -> Scenario:
-    """Every check ``mecsim validate`` makes on one file (the service's submissions too)."""
-    return load_scenario(path)
+def validate_file(path: str | Path) -> list[str]:
+    """Every check ``mecsim validate`` makes on one file: the schema and the pre-flight of
+    ``mecsim run`` with the file's own settings. Raises ScenarioError (one line per
+    problem); returns the warnings."""
+    from mecsim import preflight
+
+    return preflight.check(load_scenario(path), str(path))
 
 
 def cmd_validate(args: argparse.Namespace, console: Console) -> int:
+    """The schema and the pre-flight of ``mecsim run`` (paths, ports, data, memory,
+    cross-field checks) for each file, with the file's own settings."""
     bad = 0
     for f in args.files:
         try:
-            validate_file(f)
-            console.print(f"{f}: ok")
+            for line in validate_file(f):
+                _error(line)
+            print(f"{f}: ok")
         except ScenarioError as exc:
             bad += 1
-            print(str(exc), file=sys.stderr)
+            _error(str(exc))
     return EXIT_BAD_INPUT if bad else 0
 
 

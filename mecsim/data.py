@@ -11,6 +11,7 @@ comes from the ``numpy.random.Generator`` passed in.
 from __future__ import annotations
 
 import gzip
+import io
 import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,6 +39,19 @@ NORM_STATS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
 _IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 _NO_DOWNLOAD = ("datasets cannot be downloaded at run time; put the files on disk and point "
                 "`dataset.root` at them")
+#: Input shape (C, H, W) and number of classes of each dataset, known without its files.
+DATASET_SHAPES: dict[str, tuple[tuple[int, int, int], int]] = {
+    "mnist-embedded": ((1, 28, 28), 10),
+    "mnist-embedded-3x32": ((3, 32, 32), 10),
+    "mnist": ((1, 28, 28), 10),
+    "fashion-mnist": ((1, 28, 28), 10),
+    "cifar10": ((3, 32, 32), 10),
+    "cifar100": ((3, 32, 32), 100),
+}
+
+
+class DatasetError(ValueError):
+    """Dataset files that cannot be used (corrupt, wrong shape, not what they claim)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -73,18 +87,18 @@ def read_idx(path: str | Path) -> np.ndarray:
         try:
             raw = gzip.decompress(raw)
         except (OSError, EOFError) as exc:
-            raise ValueError(f"{path}: corrupt gzip stream ({exc})") from exc
+            raise DatasetError(f"{path}: corrupt gzip stream ({exc})") from None
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_DTYPES or raw[3] == 0:
-        raise ValueError(f"{path}: not an IDX file (bad magic number {raw[:4].hex()})")
+        raise DatasetError(f"{path}: not an IDX file (bad magic number)")
     ndim = raw[3]
     header = 4 + 4 * ndim
     if len(raw) < header:
-        raise ValueError(f"{path}: truncated IDX header")
+        raise DatasetError(f"{path}: truncated IDX header")
     dims = tuple(int(d) for d in np.frombuffer(raw, ">u4", ndim, 4))
     dtype = np.dtype(_IDX_DTYPES[raw[2]])
     expected = int(np.prod(dims)) * dtype.itemsize
     if len(raw) - header != expected:
-        raise ValueError(f"{path}: IDX body has {len(raw) - header} bytes, dims {dims} "
+        raise DatasetError(f"{path}: IDX body has {len(raw) - header} bytes, dims {dims} "
                          f"need {expected}")
     return np.frombuffer(raw, dtype, offset=header).reshape(dims).astype(dtype.newbyteorder("="))
 
@@ -92,7 +106,9 @@ def read_idx(path: str | Path) -> np.ndarray:
 def _idx_pair(images: Path, labels: Path, name: str, num_classes: int) -> ArrayDataset:
     x, y = read_idx(images), read_idx(labels)
     if x.ndim != 3 or y.ndim != 1 or x.shape[0] != y.shape[0]:
-        raise ValueError(f"{images} / {labels}: shapes {x.shape} and {y.shape} do not match")
+        raise DatasetError(f"{images} / {labels}: shapes {x.shape} and {y.shape} do not match")
+    if y.size and not 0 <= y.min() <= y.max() < num_classes:
+        raise DatasetError(f"{labels}: labels must be in [0, {num_classes})")
     return ArrayDataset(x[:, None].astype(np.uint8), y.astype(np.int64), num_classes, name)
 
 
@@ -126,10 +142,79 @@ def _load_idx_dataset(name: str, root: Path) -> tuple[ArrayDataset, ArrayDataset
     return out[0], out[1]
 
 
+class RefusedPickle(pickle.UnpicklingError):
+    """A pickle that asks for a callable the format never contains."""
+
+
+class _CifarUnpickler(pickle.Unpickler):
+    """Unpickles a CIFAR python batch and nothing else.
+
+    A pickle may name any importable callable (``os.system``...) and have it called while
+    it loads; this unpickler resolves only what the CIFAR batches need — numpy's array
+    reconstruction and dtypes (under numpy 1's and numpy 2's module names) — plus inert
+    builtin containers and the codec call that protocol-2 pickles use for bytes, and
+    refuses every other name before anything is called. Dicts,
+    lists, tuples, strings, bytes and numbers need no name lookup.
+    """
+
+    ALLOWED = frozenset({
+        ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
+        ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
+        ("numpy", "ndarray"), ("numpy", "dtype"),
+        ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "bytearray"),
+        # bytes in protocol-2 pickles written by Python 3: _codecs.encode(text, "latin1")
+        ("_codecs", "encode"),
+    })
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in self.ALLOWED:
+            raise RefusedPickle(f"{module}.{name}")
+        return super().find_class(module, name)
+
+
+def restricted_unpickle(raw: bytes) -> Any:
+    """Unpickle ``raw`` with :class:`_CifarUnpickler` (bytes keys and py2 strings stay
+    bytes, as the CIFAR batches were written by Python 2)."""
+    return _CifarUnpickler(io.BytesIO(raw), encoding="bytes").load()
+
+
 def _unpickle(path: Path) -> dict[Any, Any]:
-    with path.open("rb") as fh:
-        d = pickle.load(fh, encoding="bytes")
+    try:
+        d = restricted_unpickle(path.read_bytes())
+    except OSError as exc:
+        raise DatasetError(f"{path}: cannot read ({exc.strerror})") from None
+    except RefusedPickle:
+        raise DatasetError(f"{path}: refused: the pickle asks to import a callable that a "
+                           "CIFAR batch never contains (nothing was run)") from None
+    except Exception as exc:  # a corrupt pickle raises anything; the file's bytes stay unsaid
+        raise DatasetError(f"{path}: not a CIFAR python batch (unpickling failed: "
+                           f"{type(exc).__name__})") from None
+    if not isinstance(d, dict):
+        raise DatasetError(f"{path}: not a CIFAR python batch (a {type(d).__name__}, "
+                           "not a dict)")
     return {(k.decode() if isinstance(k, bytes) else k): v for k, v in d.items()}
+
+
+def _cifar_arrays(parts: list[dict[Any, Any]], paths: list[Path], key: str,
+                  num_classes: int) -> tuple[np.ndarray, np.ndarray]:
+    xs, ys = [], []
+    for d, path in zip(parts, paths, strict=True):
+        data, labels = d.get("data"), d.get(key)
+        if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 \
+                or data.shape[1] != 3 * 32 * 32:
+            raise DatasetError(f"{path}: 'data' is not a uint8 array of N x 3072 pixels")
+        try:
+            y = np.asarray(labels, dtype=np.int64)
+        except (TypeError, ValueError, OverflowError):
+            raise DatasetError(f"{path}: {key!r} is not a list of integer labels") from None
+        if y.shape != (data.shape[0],) or (y.size and not 0 <= y.min() <= y.max()
+                                           < num_classes):
+            raise DatasetError(f"{path}: {key!r} must be {data.shape[0]} labels in "
+                               f"[0, {num_classes})")
+        xs.append(data.reshape(-1, 3, 32, 32))
+        ys.append(y)
+    return np.concatenate(xs), np.concatenate(ys)
 
 
 def _load_cifar(name: str, root: Path) -> tuple[ArrayDataset, ArrayDataset]:
@@ -144,9 +229,7 @@ def _load_cifar(name: str, root: Path) -> tuple[ArrayDataset, ArrayDataset]:
         missing = [p for p in paths if not p.is_file()]
         if missing:
             raise _missing(name, missing)
-        parts = [_unpickle(p) for p in paths]
-        x = np.concatenate([np.asarray(d["data"], np.uint8).reshape(-1, 3, 32, 32) for d in parts])
-        y = np.concatenate([np.asarray(d[key], np.int64) for d in parts])
+        x, y = _cifar_arrays([_unpickle(p) for p in paths], paths, key, ncls)
         out.append(ArrayDataset(x, y, ncls, name))
     return out[0], out[1]
 

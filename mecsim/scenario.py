@@ -1,26 +1,117 @@
 """Scenario files: YAML -> validated, typed pydantic model (parsed once, then typed).
 
 ``mecsim schema`` exports the JSON Schema of :class:`Scenario`, so editors can validate
-scenario files. :func:`load_scenario` turns every problem (unreadable file, bad YAML,
-unknown or ill-typed field) into a :class:`ScenarioError` whose lines each name the file
-and the field.
+scenario files. :func:`load_scenario` turns every problem (unreadable file, not UTF-8,
+bad YAML, duplicate keys, nesting deeper than :data:`MAX_DEPTH`, an empty file, unknown
+or ill-typed field) into a :class:`ScenarioError` whose lines each name the file and the
+field. Every number must be finite (no ``.inf`` or ``.nan`` anywhere), names and run ids
+are safe folder names, and checks that need more than the file (paths, ports, memory,
+cross-field checks) are in :mod:`mecsim.preflight`.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import stat
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 PositiveFloat = Annotated[float, Field(gt=0)]
+#: Quantities in dB or dBm: finite, and small enough that 10^(x/10) is a finite float.
+Decibels = Annotated[float, Field(ge=-300, le=300)]
+#: Every generator mecsim seeds (numpy's SeedSequence and legacy RandomState, torch)
+#: accepts 0 .. 2^32 - 1.
+MAX_SEED = 2**32 - 1
+MAX_NAME_LENGTH = 64
+MAX_RUN_ID_LENGTH = 128
+MAX_SCENARIO_BYTES = 1 << 20  # scenario files are a few KiB
+MAX_DEPTH = 64  # the schema nests 5 levels deep
+MAX_COUNT = 10**9  # samples, batch sizes: far beyond any machine, far below int64 overflow
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def _safe_name(max_length: int):
+    """A folder name: letters, digits, ``-_.``, not starting with ``.`` or ``-``, no
+    ``..``, at most ``max_length`` characters (a run's records go to ``dir/<run id>``)."""
+    def check(value: str) -> str:
+        if (not 1 <= len(value) <= max_length or not _NAME_RE.fullmatch(value)
+                or ".." in value):
+            shown = value if len(value) <= 40 else value[:37] + "..."
+            raise ValueError(f"{shown!r} is not a safe name: use 1-{max_length} letters, "
+                             "digits, '-', '_' or '.', starting with a letter or digit, "
+                             "without '..'")
+        return value
+    return AfterValidator(check)
+
+
+SafeName = Annotated[str, _safe_name(MAX_NAME_LENGTH)]
+RunId = Annotated[str, _safe_name(MAX_RUN_ID_LENGTH)]
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError("must be a number or a pair [lo, hi]")
+    try:
+        number = float(value)
+    except (ValueError, OverflowError):
+        raise ValueError("must be a number or a pair [lo, hi]") from None
+    if not math.isfinite(number):
+        raise ValueError("must be a finite number")
+    return number
+
+
+def _range_type(*, gt: float | None = None, ge: float | None = None,
+                le: float | None = None):
+    """A value drawn per client uniformly in ``[lo, hi]``, or fixed: a finite number or a
+    pair ``[lo, hi]`` with ``lo <= hi``, every value within the bounds."""
+    def check(value: Any) -> float | tuple[float, float]:
+        single = not isinstance(value, (list, tuple))
+        if not single and len(value) != 2:
+            raise ValueError("must be a number or a pair [lo, hi]")
+        numbers = [_number(value)] if single else [_number(v) for v in value]
+        for v in numbers:
+            if gt is not None and not v > gt:
+                raise ValueError(f"must be greater than {gt:g}")
+            if ge is not None and not v >= ge:
+                raise ValueError(f"must be at least {ge:g}")
+            if le is not None and not v <= le:
+                raise ValueError(f"must be at most {le:g}")
+        if single:
+            return numbers[0]
+        if numbers[0] > numbers[1]:
+            raise ValueError(f"the pair [lo, hi] has lo {numbers[0]:g} > hi {numbers[1]:g}")
+        return numbers[0], numbers[1]
+
+    number: dict[str, Any] = {"type": "number"}
+    if gt is not None:
+        number["exclusiveMinimum"] = gt
+    if ge is not None:
+        number["minimum"] = ge
+    if le is not None:
+        number["maximum"] = le
+    schema = {"anyOf": [number, {"type": "array", "items": number, "minItems": 2,
+                                 "maxItems": 2}]}
+    return Annotated[float | tuple[float, float], BeforeValidator(check),
+                     WithJsonSchema(schema)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: every float field refuses inf and nan
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 # --------------------------------------------------------------------------- data
@@ -50,8 +141,8 @@ class ShardsPartition(_Strict):
 
 class PrimarySecondaryPartition(_Strict):
     method: Literal["primary_secondary"]
-    samples_per_client: int = Field(gt=0)
-    test_samples_per_client: int = Field(gt=0)
+    samples_per_client: int = Field(gt=0, le=MAX_COUNT)
+    test_samples_per_client: int = Field(gt=0, le=MAX_COUNT)
 
 
 Partition = Annotated[
@@ -66,7 +157,8 @@ class DatasetConfig(_Strict):
         "mnist-embedded",
         description="mnist-embedded-3x32: the embedded MNIST padded to 32x32 and repeated "
         "over 3 channels (a CIFAR-shaped stand-in; nothing is downloaded)")
-    root: str | None = Field(None, description="directory holding the dataset files")
+    root: str | None = Field(None, min_length=1,
+                             description="directory holding the dataset files")
     train_size: int | None = Field(None, gt=0, description="train pool size (subsample)")
     test_size: int | None = Field(None, gt=0, description="test pool size (subsample)")
     partition: Partition = Field(default_factory=IidPartition)
@@ -81,7 +173,7 @@ class ModelConfig(_Strict):
 
 class TrainingConfig(_Strict):
     epochs: int = Field(1, ge=1, description="local epochs per round (E)")
-    batch_size: int = Field(32, ge=1)
+    batch_size: int = Field(32, ge=1, le=MAX_COUNT)
     optimizer: Literal["sgd", "adam"] = "sgd"
     lr: PositiveFloat = 0.01
     momentum: float = Field(0.0, ge=0, lt=1)
@@ -111,8 +203,8 @@ class AlgorithmConfig(_Strict):
             server_cls.Params(**self.params)
         except ValidationError as exc:
             err = exc.errors()[0]
-            where = ".".join(str(p) for p in err["loc"])
-            raise ValueError(f"params.{where}: {err['msg']} (algorithm {self.name})") from None
+            raise ValueError(f"params.{_loc(err['loc'])}: {err['msg']} "
+                             f"(algorithm {self.name})") from None
         return self
 
 
@@ -120,7 +212,8 @@ class AlgorithmConfig(_Strict):
 
 
 class TopologyConfig(_Strict):
-    clients: int = Field(10, ge=1, description="number of clients (virtual; not processes)")
+    clients: int = Field(10, ge=1, le=1_000_000,
+                         description="number of clients (virtual; not processes)")
     edge_servers: int = Field(1, ge=1)
     participation: float = Field(
         1.0, gt=0, le=1, description="fraction of clients selected per round (C)"
@@ -128,7 +221,7 @@ class TopologyConfig(_Strict):
 
 
 class CustomProfile(_Strict):
-    flops_per_s: PositiveFloat
+    flops_per_s: float = Field(ge=1, description="at least 1 FLOP/s")
     step_overhead_s: float = Field(ge=0)
     ram_bytes: int = Field(gt=0)
     description: str = ""
@@ -198,7 +291,9 @@ class Interference(_Strict):
     downlink_std: float = Field(3.0, ge=0)
 
 
-Range = float | tuple[float, float]
+PositiveRange = _range_type(gt=0)
+DecibelRange = _range_type(ge=-300, le=300)
+SlowdownRange = _range_type(ge=1)
 
 
 class LinkTransport(_Strict):
@@ -233,14 +328,16 @@ def _check_client_loss(uplink: LinkTransport, downlink: LinkTransport) -> None:
 
 
 class ShannonUplink(LinkTransport):
-    bandwidth_hz: Range = Field((10e6, 30e6), description="per-client, uniform in [lo, hi]")
-    tx_power_dbm: Range = Field((23.0, 30.0), description="per-client, uniform in [lo, hi]")
+    bandwidth_hz: PositiveRange = Field((10e6, 30e6),
+                                        description="per-client, uniform in [lo, hi]")
+    tx_power_dbm: DecibelRange = Field((23.0, 30.0),
+                                       description="per-client, uniform in [lo, hi]")
     shared: bool = Field(False, description="uplinks of an edge server's clients share one medium")
 
 
 class ShannonDownlink(LinkTransport):
     bandwidth_hz: PositiveFloat = 50e6
-    tx_power_dbm: float = 30.0
+    tx_power_dbm: Decibels = 30.0
     mode: Literal["auto", "full", "equal_split", "shared"] = Field(
         "auto",
         description="auto: shared for algorithms whose downloads differ per client, full "
@@ -255,13 +352,14 @@ class ShannonChannelConfig(_Strict):
     uplink: ShannonUplink = Field(default_factory=ShannonUplink)
     downlink: ShannonDownlink = Field(default_factory=ShannonDownlink)
     interference: Interference | None = Field(None, description="null: no interference")
-    distance_m: Range = Field((100.0, 500.0), description="per-client, uniform in [lo, hi]")
-    path_loss_db: float = -40.0
+    distance_m: PositiveRange = Field((100.0, 500.0),
+                                      description="per-client, uniform in [lo, hi]")
+    path_loss_db: Decibels = -40.0
     reference_distance_m: PositiveFloat = 1.0
     path_loss_exponent: PositiveFloat = 4.0
     fading: Literal["none", "rayleigh"] = "none"
-    noise_psd_dbm_per_hz: float = -174.0
-    snr_offset_db: float = Field(
+    noise_psd_dbm_per_hz: Decibels = -174.0
+    snr_offset_db: Decibels = Field(
         0.0, description="calibration added to every SNR (dB); 0 = the literal model"
     )
 
@@ -271,8 +369,9 @@ class ShannonChannelConfig(_Strict):
         return self
 
 
+
 class FixedLink(LinkTransport):
-    rate_bps: PositiveFloat
+    rate_bps: float = Field(ge=1, description="at least 1 b/s")
     shared: bool = False
 
 
@@ -289,7 +388,8 @@ class FixedRateChannelConfig(_Strict):
 
 class TraceChannelConfig(_Strict):
     model: Literal["trace"]
-    path: str = Field(description="CSV: time_s,client_id,uplink_mbps,downlink_mbps")
+    path: str = Field(min_length=1,
+                      description="CSV: time_s,client_id,uplink_mbps,downlink_mbps")
     uplink: LinkTransport = Field(default_factory=LinkTransport,
                                   description="latency, jitter, loss of the uplinks")
     downlink: LinkTransport = Field(default_factory=LinkTransport,
@@ -310,7 +410,7 @@ ChannelConfig = Annotated[
 class BackhaulConfig(LinkTransport):
     """Each edge server's wired link to the central server (RTT = 2 * latency)."""
 
-    bandwidth_bps: PositiveFloat = 1e9
+    bandwidth_bps: float = Field(1e9, ge=1, description="at least 1 b/s")
     latency_s: float = Field(0.005, ge=0, description="one-way latency of each transfer (s)")
 
     @model_validator(mode="after")
@@ -337,16 +437,21 @@ class EvaluationConfig(_Strict):
 
 
 class OutputsConfig(_Strict):
-    dir: str = "runs"
-    run_id: str | None = Field(None, description="default: <scenario name>-<timestamp>")
+    dir: str = Field("runs", min_length=1)
+    run_id: RunId | None = Field(
+        None, description="default: <scenario name>-<timestamp>-<random suffix>; letters, "
+        "digits, '-', '_', '.'")
     table_format: Literal["parquet", "csv"] = "parquet"
     save_optraces: bool = True
 
 
 class MetricsConfig(_Strict):
     enabled: bool = True
-    host: str = "127.0.0.1"
+    host: str = Field("127.0.0.1", min_length=1)
     port: int = Field(9464, ge=0, le=65535, description="0 = any free port")
+    public: bool = Field(False, description="allow a host that is not a loopback address "
+                         "(/metrics reachable from other machines; mecsim run "
+                         "--metrics-public)")
 
 
 class ExecutionConfig(_Strict):
@@ -369,16 +474,9 @@ Probability = Annotated[float, Field(ge=0, le=1)]
 class StragglerConfig(_Strict):
     fraction: Probability = Field(0.0, description="share of the clients that straggle "
                                   "(drawn once per run)")
-    slowdown: Range = Field((2.0, 4.0), description="compute slow-down factor (>= 1) of a "
-                            "straggler, uniform in [lo, hi], drawn once per straggler")
-
-    @field_validator("slowdown")
-    @classmethod
-    def _at_least_one(cls, v: Range) -> Range:
-        lo, hi = (v, v) if isinstance(v, (int, float)) else v
-        if not (1.0 <= lo <= hi < float("inf")):
-            raise ValueError("slowdown factors must be finite, >= 1 and [lo, hi] ascending")
-        return v
+    slowdown: SlowdownRange = Field((2.0, 4.0), description="compute slow-down factor "
+                                    "(>= 1) of a straggler, uniform in [lo, hi], drawn once "
+                                    "per straggler")
 
 
 class LinkOutage(_Strict):
@@ -414,9 +512,11 @@ class FaultsConfig(_Strict):
 class Scenario(_Strict):
     """A complete mecsim scenario. Every field has a default except where noted."""
 
-    name: str = "scenario"
+    name: SafeName = Field("scenario", description="letters, digits, '-', '_', '.'; "
+                           "the default run id starts with it")
     description: str = ""
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, le=MAX_SEED, strict=True,
+                      description="an integer 0 .. 2^32 - 1")
     rounds: int = Field(10, ge=1)
     dataset: DatasetConfig = Field(default_factory=DatasetConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -505,17 +605,34 @@ class ScenarioError(Exception):
     """A scenario that cannot be used; ``str()`` is one line per problem."""
 
 
+def _is_tag(part: Any) -> bool:
+    """pydantic puts union members into error locations ('shannon', 'float',
+    'function-after[check(), str]'); they are not field names."""
+    return isinstance(part, str) and (part in _UNION_TAGS or part.startswith("function-")
+                                      or bool(re.fullmatch(r"[a-z_]+\[.*\]", part)))
+
+
 def _loc(loc: tuple[Any, ...]) -> str:
-    # pydantic puts union tags (e.g. 'shannon') into the location; keep field names only
-    parts = [str(p) for p in loc if not (isinstance(p, str) and p in _UNION_TAGS)]
+    """A dotted path; a key that is not a plain name (an unknown key with spaces, dots,
+    colons or invisible characters in it) is quoted, escapes and all."""
+    parts = [str(p) if re.fullmatch(r"[\w<>-]+", str(p), re.ASCII) else repr(str(p))
+             for p in loc if not _is_tag(p)]
     return ".".join(parts) or "(top level)"
 
 
+#: Parts of a dotted field path as _loc writes them: a name (an index after the first),
+#: or a quoted key.
+_QUOTED = r"""'(?:[^'\\]|\\.)*'"""
+_FIRST = rf"(?:[A-Za-z_<>][\w<>-]*|{_QUOTED})"
+_PART = rf"(?:[\w<>-]+|{_QUOTED})"
+
 _UNION_TAGS = {"shannon", "fixed_rate", "trace", "iid", "dirichlet", "shards",
-               "primary_secondary", "function-after[_known(), str]"}
+               "primary_secondary", "float", "int", "str", "bool", "none"}
 
 
 def scenario_from_dict(data: Any, source: str = "<scenario>") -> Scenario:
+    """Validate parsed scenario data (``None``: every default); ScenarioError lists one
+    line per problem, ``source: field: message``."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -526,28 +643,106 @@ def scenario_from_dict(data: Any, source: str = "<scenario>") -> Scenario:
         lines = []
         for err in exc.errors():
             field, msg = _loc(err["loc"]), err["msg"].removeprefix("Value error, ")
+            if err["type"] == "union_tag_not_found":  # e.g. a channel without 'model'
+                key = str(err.get("ctx", {}).get("discriminator", "")).strip("'")
+                field, msg = f"{field}.{key}", "Field required (it selects the kind)"
             # checks spanning several fields name the field at the start of the message
-            inner = re.match(r"^([A-Za-z_][\w.]*): (.*)$", msg, re.S)
+            inner = re.match(rf"^({_FIRST}(?:\.{_PART})*): (.*)$", msg, re.S)
             if err["type"] == "value_error" and inner:
                 prefix = "" if field == "(top level)" else field + "."
                 field, msg = prefix + inner.group(1), inner.group(2)
-            lines.append(f"{source}: {field}: {msg}")
+            line = f"{source}: {field}: {' '.join(msg.split())}"
+            if line not in lines:
+                lines.append(line)
         raise ScenarioError("\n".join(lines)) from None
+
+
+class _ScenarioLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing duplicate keys and nesting deeper than MAX_DEPTH
+    (PyYAML's composer recurses once per level: 20,000 levels end in RecursionError)."""
+
+    _depth = 0
+
+    def compose_node(self, parent, index):  # type: ignore[no-untyped-def]
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise yaml.composer.ComposerError(
+                    None, None, f"nested more than {MAX_DEPTH} levels deep",
+                    self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node, deep=False):  # type: ignore[no-untyped-def]
+        if isinstance(node, yaml.MappingNode):
+            first_line: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # '<<: *base' merges are meant to be overridden
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    seen = first_line.get(key)
+                except TypeError:
+                    continue  # unhashable: the base class reports it
+                if seen is not None:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r} (first on line {seen + 1})",
+                        key_node.start_mark)
+                first_line[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """Parse scenario YAML; ScenarioError naming the line for every YAML problem."""
+    loader = None
+    try:
+        loader = _ScenarioLoader(text)  # reading starts here: may raise already
+        return loader.get_single_data()
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}:" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ScenarioError(f"{source}:{where} invalid YAML: {problem}") from None
+    except RecursionError:
+        raise ScenarioError(f"{source}: invalid YAML: nested too deeply") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+
+
+def read_scenario_text(path: str | Path) -> str:
+    """The text of a scenario file: a regular file (or a pipe) of at most
+    MAX_SCENARIO_BYTES, UTF-8. ScenarioError otherwise."""
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+            kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+            raise ScenarioError(f"{path}: cannot read scenario file ({kind})")
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_SCENARIO_BYTES + 1)
+    except OSError as exc:
+        raise ScenarioError(f"{path}: cannot read scenario file "
+                            f"({exc.strerror or type(exc).__name__})") from None
+    if len(raw) > MAX_SCENARIO_BYTES:
+        raise ScenarioError(f"{path}: the file is larger than {MAX_SCENARIO_BYTES // 1024} KiB;"
+                            " a scenario is a few KiB of YAML")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise ScenarioError(f"{path}: line {line}: not valid UTF-8 text (byte "
+                            f"0x{raw[exc.start]:02x}); save the file as UTF-8") from None
+    return text.removeprefix("\ufeff")
 
 
 def load_scenario(path: str | Path) -> Scenario:
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ScenarioError(f"{path}: cannot read scenario file ({exc.strerror})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ScenarioError(f"{path}:{where}: invalid YAML: {problem}") from None
+    data = parse_yaml(read_scenario_text(path), str(path))
+    if data is None:
+        raise ScenarioError(f"{path}: empty scenario; run `mecsim run` without a file for "
+                            "the defaults")
     return scenario_from_dict(data, str(path))
 
 

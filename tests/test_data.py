@@ -295,3 +295,42 @@ def test_iid_with_samples_per_client_serves_more_clients_than_samples() -> None:
     assert max(int(p.max()) for p in part.train) < 300
     with pytest.raises(ValueError, match="exceeds"):
         partition(pools, 10, "iid", rng, samples_per_client=301)
+
+
+def test_cifar_batches_in_the_original_python2_format_load(tmp_path: Path) -> None:
+    """The CIFAR python batches were written by Python 2 (protocol 2, numpy 1's module
+    names, str keys that Python 3 reads as bytes): the restricted unpickler reads them."""
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    for i, name in enumerate([f"data_batch_{j}" for j in range(1, 6)] + ["test_batch"]):
+        batch = {b"batch_label": b"x", b"labels": [i % 10, 3],
+                 b"data": np.full((2, 3072), i, np.uint8), b"filenames": [b"a.png", b"b.png"]}
+        raw = pickle.dumps(batch, protocol=2).replace(b"numpy._core.", b"numpy.core.")
+        assert b"cnumpy.core.multiarray\n_reconstruct\n" in raw
+        (folder / name).write_bytes(raw)
+    pools = load_dataset("cifar10", root=tmp_path)
+    assert pools.train.images.shape == (10, 3, 32, 32)
+    assert pools.test.labels.tolist() == [5, 3]
+
+
+def test_cifar_batches_that_are_not_cifar_are_refused(tmp_path: Path) -> None:
+    from mecsim.data import DatasetError
+
+    def write(obj, proto=2) -> Path:
+        folder = tmp_path / "cifar-10-batches-py"
+        folder.mkdir(exist_ok=True)
+        for name in [f"data_batch_{j}" for j in range(1, 6)] + ["test_batch"]:
+            (folder / name).write_bytes(pickle.dumps(obj, protocol=proto))
+        return tmp_path
+
+    cases = [
+        ([1, 2, 3], "not a dict"),
+        ({b"data": np.zeros((2, 3072), np.float32), b"labels": [0, 1]}, "uint8"),
+        ({b"data": np.zeros((2, 3072), np.uint8), b"labels": [0, 10]}, "labels in"),
+        ({b"data": np.zeros((2, 3072), np.uint8)}, "'labels'"),
+        ({b"data": np.zeros((2, 3072), np.uint8), b"labels": [0, 1],
+          b"x": __import__("collections").OrderedDict()}, "refused"),  # a class it never has
+    ]
+    for obj, fragment in cases:
+        with pytest.raises(DatasetError, match=fragment):
+            load_dataset("cifar10", root=write(obj))

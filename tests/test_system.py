@@ -110,7 +110,9 @@ def test_model_too_large_for_the_device_is_reported_before_anything_runs(tmp_pat
     code = main(["run", str(path), "--out", str(tmp_path / "runs"), "--quiet"])
     err = capsys.readouterr().err
     assert code == 2
-    assert "needs" in err and "'tiny' has 1 MiB of RAM" in err
+    assert err.startswith(f"{path}: training.batch_size: a training step of mlp_2nn at batch 16 "
+                          "needs")
+    assert "more than the 1 MiB of RAM of device profile 'tiny'" in err
     assert not (tmp_path / "runs").exists()
 
 

@@ -95,7 +95,8 @@ class NoParams(BaseModel):
     reported with its field name before anything runs.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: a hyper-parameter is a finite number (no .inf / .nan)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,17 @@ class ServerAlgorithm:
         scenario)."""
         for key, value in state.items():
             setattr(self, key, value)
+
+    @classmethod
+    def check_scenario(cls, params: Any, *, train: TrainConfig, model: nn.Module,
+                       layout: ModelLayout, clients: int,
+                       participation: float) -> list[tuple[str, str]]:
+        """What this algorithm cannot run with in the rest of the scenario, found before
+        anything starts (``mecsim validate`` and the pre-flight of ``mecsim run``):
+        ``(field, message)`` pairs, the field a dotted scenario path. ``params`` is the
+        validated :attr:`Params`, ``model`` a fresh model for the scenario's data. The
+        default finds nothing."""
+        return []
 
     def select(self, rnd: int, rng: np.random.Generator) -> list[int]:
         """Uniform sampling without replacement of max(1, round(fraction * N)) clients."""

@@ -356,6 +356,13 @@ class DCPFLServer(ServerAlgorithm):
     round_metrics = ("comm_round", "groups", "gamma_tilde", "trial", "split_accepted",
                      "layers_aggregated", "smoothed_loss", "curvature_radius")
 
+    @classmethod
+    def check_scenario(cls, params, *, train, model, layout, clients, participation):
+        if participation < 1.0:
+            return [("topology.participation", f"{cls.name} needs every client in every "
+                     f"round (topology.participation: 1), got {participation:g}")]
+        return []
+
     def __init__(self, layout, init_weights, client_samples, fraction, params) -> None:
         super().__init__(layout, init_weights, client_samples, fraction, params)
         if fraction < 1.0:

@@ -60,6 +60,18 @@ class KMeansClusterServer(FedAvgServer):
     Params = KMeansClusterParams
     round_metrics = ("groups",)
 
+    @classmethod
+    def check_scenario(cls, params, *, train, model, layout, clients, participation):
+        problems = []
+        if participation < 1.0:
+            problems.append(("topology.participation", f"{cls.name} clusters every client at "
+                             "the end of the warm-up and needs topology.participation: 1, "
+                             f"got {participation:g}"))
+        if params.clusters > clients:
+            problems.append(("algorithm.params.clusters", f"k-means with {params.clusters} "
+                             f"clusters needs at least as many clients, got {clients}"))
+        return problems
+
     def __init__(self, layout, init_weights, client_samples, fraction, params) -> None:
         super().__init__(layout, init_weights, client_samples, fraction, params)
         if fraction < 1.0:

@@ -307,6 +307,21 @@ class MTFLServer(ServerAlgorithm):
     Params = MTFLParams
     round_metrics = ("mean_clean_accuracy",)
 
+    @classmethod
+    def check_scenario(cls, params, *, train, model, layout, clients, participation):
+        problems = []
+        wanted = CLIENT_OPTIMISER[params.strategy]
+        if train.optimizer != wanted:
+            problems.append(("training.optimizer", f"mtfl strategy {params.strategy!r} trains "
+                             f"with {wanted} on the clients (MTFL Table 1), but "
+                             f"training.optimizer is {train.optimizer!r}; set "
+                             f"training.optimizer: {wanted}"))
+        try:
+            private_mask(layout, params.private)
+        except ValueError as exc:
+            problems.append(("algorithm.params.private", str(exc)))
+        return problems
+
     def __init__(self, layout, init_weights, client_samples, fraction, params) -> None:
         super().__init__(layout, init_weights, client_samples, fraction, params)
         p = self.params

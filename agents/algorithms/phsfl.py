@@ -346,6 +346,19 @@ class PHSFLServer(ServerAlgorithm):
         "mean_global_accuracy", "mean_global_test_loss",
     )
 
+    @classmethod
+    def check_scenario(cls, params, *, train, model, layout, clients, participation):
+        if not isinstance(model, nn.Sequential):
+            return [("model", f"{cls.name} splits an nn.Sequential model at cut_layer; "
+                              f"{type(model).__name__} is not one (use mlp_2nn, mtfl_cnn, "
+                              "kapc_cnn or phsfl_cnn)")]
+        try:
+            split_model(model, params.cut_layer)
+            part_masks(layout, params.cut_layer)
+        except ValueError as exc:
+            return [("algorithm.params.cut_layer", str(exc))]
+        return []
+
     def __init__(self, layout: ModelLayout, init_weights: np.ndarray,
                  client_samples: dict[int, int], fraction: float,
                  params: dict[str, Any]) -> None:

@@ -1,8 +1,8 @@
 """A scenario submitted over HTTP: validated as ``mecsim validate`` does, confined, resolved.
 
 1. The text (YAML or JSON; a mapping is written out as YAML) is spooled to a file under
-   the state folder and checked by :func:`mecsim.cli.validate_file`, the very function
-   ``mecsim validate FILE`` calls, so any check added there applies here too.
+   the state folder and loaded by :func:`mecsim.scenario.load_scenario`, the loader
+   ``mecsim validate FILE`` uses (safe YAML, the schema, finite numbers, safe names).
 2. Overrides (``rounds``, dotted-path ``set``) are applied and the result is checked
    again the same way.
 3. Files the scenario names (:data:`PATH_FIELDS`) must lie under the service's
@@ -11,6 +11,10 @@
 4. The service's settings replace the run-placement fields (:func:`service_settings`):
    the run executes on the service's Ray and writes under ``--state``; its id is made
    by the server.
+5. The placed scenario goes through the pre-flight of ``mecsim run``
+   (:mod:`mecsim.preflight`: data, model x dataset, step memory, algorithm cross-field
+   checks, channel) — only now, since it reads the files the scenario names. The run's
+   metrics port is not checked: the service's ``/metrics`` carries its series.
 
 Every problem is a :class:`Problem` naming the field, and nothing is queued.
 """
@@ -29,7 +33,13 @@ from typing import Any
 
 import yaml
 
-from mecsim.scenario import Scenario, ScenarioError, default_scenario_path, resolved_yaml
+from mecsim.scenario import (
+    Scenario,
+    ScenarioError,
+    default_scenario_path,
+    load_scenario,
+    resolved_yaml,
+)
 
 #: Scenario fields that name files or folders to read: each must lie under --data-root.
 PATH_FIELDS = ("dataset.root", "channel.path")
@@ -69,15 +79,23 @@ def _problems(exc: ScenarioError, spool: Path) -> list[Problem]:
     return out
 
 
-def _validate_text(text: str, tmp_dir: Path) -> Scenario:
-    """Exactly what ``mecsim validate FILE`` checks, on ``text`` written to a file."""
-    from mecsim.cli import validate_file
+def _validate_text(text: str, tmp_dir: Path, *, preflight: bool = False) -> Scenario:
+    """What ``mecsim validate FILE`` checks, on ``text`` written to a file: the schema,
+    and with ``preflight`` the pre-flight of a run too (only once the service has confined
+    the scenario's paths and placed its outputs: the pre-flight reads the data it names).
+    A run's metrics are served by the service, so their port is not checked."""
+    from mecsim import preflight as checks
 
     tmp_dir.mkdir(parents=True, exist_ok=True)
     spool = tmp_dir / f"submitted-{os.getpid()}-{secrets.token_hex(8)}.yaml"
     spool.write_text(text)
     try:
-        return validate_file(spool)
+        sc = load_scenario(spool)
+        if preflight:
+            data = sc.model_dump(mode="json")
+            data["metrics"]["enabled"] = False  # the service's /metrics carries the run
+            checks.check(Scenario.model_validate(data), str(spool))
+        return sc
     except ScenarioError as exc:
         raise Rejected(_problems(exc, spool)) from None
     finally:
@@ -186,5 +204,6 @@ def prepare_submission(scenario: str | Mapping[str, Any] | None, *, rounds: int 
         raise Rejected(problems)
     run_id = new_run_id(sc.name)
     service_settings(data, run_id, runs_dir)
-    final = _validate_text(resolved_yaml(Scenario.model_validate(data)), tmp_dir)
+    final = _validate_text(resolved_yaml(Scenario.model_validate(data)), tmp_dir,
+                           preflight=True)
     return run_id, final
