@@ -126,24 +126,25 @@ def load_run(path: str | Path) -> RunRecords:
             planned = int((yaml.safe_load(scenario_file.read_text()) or {}).get("rounds"))
         except (yaml.YAMLError, TypeError, ValueError, AttributeError):
             planned = None
-        notes = _scenario_notes(scenario_file)
+        notes = _scenario_notes(scenario_file, rounds)
     run_id = str(rounds["run_id"].iloc[0]) if "run_id" in rounds.columns else path.name
     algorithms = sorted(set(rounds["algorithm"].astype(str)))
     return RunRecords(path, run_id, "+".join(algorithms), rounds, clients, planned,
                       extra={"notes": notes})
 
 
-def _scenario_notes(scenario_file: Path) -> list[str]:
-    """The assumptions a run's tables must state (the downlink note), from its scenario;
+def _scenario_notes(scenario_file: Path, rounds: pd.DataFrame) -> list[str]:
+    """What a run's tables must state under them (the downlink assumption, the algorithm's
+    warnings: :func:`mecsim.summary.run_notes`), from its scenario and round records;
     none when the file is not a valid scenario of this mecsim (records of another one)."""
-    from mecsim.network import downlink_note
     from mecsim.scenario import ScenarioError, load_scenario
+    from mecsim.summary import run_notes
 
     try:
-        note = downlink_note(load_scenario(scenario_file))
+        scenario = load_scenario(scenario_file)
     except (ScenarioError, ValueError):
         return []
-    return [note] if note else []
+    return run_notes(scenario, rounds.to_dict("records"))
 
 
 def label_runs(runs: Sequence[RunRecords]) -> None:
@@ -434,7 +435,8 @@ class Tables:
             rows.append(cells)
         parts.append("## User accuracy\n\n" + _md(header, rows))
         if self.notes:
-            parts.append("## Assumptions\n\n" + "\n".join(f"- {note}" for note in self.notes))
+            parts.append("## Assumptions and warnings\n\n"
+                         + "\n".join(f"- {note}" for note in self.notes))
         return "\n\n".join(parts) + "\n"
 
 
