@@ -15,6 +15,7 @@ from conftest import tiny
 
 from agents.algorithms import ClientContext, ClientResult, ClientTask, TrainConfig
 from agents.algorithms.dcpfl import (
+    DECISION_NBYTES,
     LOSS_REPORT_NBYTES,
     DCPFLClient,
     DCPFLServer,
@@ -41,7 +42,16 @@ from agents.models import get_flat, model_layout, set_flat
 from agents.training import StepCosts
 from mecsim.convergence import convergence_round, final_accuracy, to_convergence, trailing_mean
 from mecsim.data import heterogeneity_dkl, load_dataset, partition
-from mecsim.ops import Compute, Download, Upload, trace_bytes
+from mecsim.engine import ClientSpec, NetworkSpec, ServerSpec, time_round
+from mecsim.ops import (
+    Barrier,
+    Compute,
+    Download,
+    Upload,
+    op_from_dict,
+    op_to_dict,
+    trace_bytes,
+)
 from mecsim.records import RecordsWriter
 from mecsim.runner import run
 from mecsim.scenario import ScenarioError
@@ -376,8 +386,9 @@ def test_trial_client_downloads_and_trains_twice_on_the_same_batches():
     assert kinds == [("Download", "group model"), ("Download", "trial group model"),
                      ("Compute", "train"), ("Compute", "loss"),
                      ("Compute", "train"), ("Compute", "loss"),
-                     ("Upload", "loss"), ("Upload", "model")]
-    assert trace_bytes(result.trace) == (2 * LOSS_REPORT_NBYTES + 56, 112)
+                     ("Upload", "loss"), ("Barrier", "trial_decision"),
+                     ("Download", "trial_decision"), ("Upload", "model")]
+    assert trace_bytes(result.trace) == (2 * LOSS_REPORT_NBYTES + 56, 112 + DECISION_NBYTES)
     train_ops = [op for op in result.trace if isinstance(op, Compute) and op.what == "train"]
     assert train_ops[0] == train_ops[1] and result.steps == 2 * train_ops[0].batches
     assert result.flops == pytest.approx(sum(op.flops for op in result.trace
@@ -427,8 +438,9 @@ def test_dcpfl_run_records_a_trial_round_with_double_download_and_compute(tmp_pa
     t = trials[0]
     prev = rounds.loc[t - 1]
     assert prev["trial"] == 0 and rounds.loc[:t - 1, "groups"].eq(1).all()
-    # from one group, every client's group changes: two full models down each
-    assert rounds.loc[t, "bytes_down"] == 2 * 6 * model_bytes
+    # from one group, every client's group changes: two full models down each, and the
+    # decision (1 byte) before the upload
+    assert rounds.loc[t, "bytes_down"] == 6 * (2 * model_bytes + DECISION_NBYTES)
     assert rounds.loc[t, "bytes_up"] == 6 * (model_bytes + 2 * LOSS_REPORT_NBYTES)
     # train + loss-test twice vs once
     assert rounds.loc[t, "client_gflops"] == pytest.approx(2 * prev["client_gflops"], rel=1e-9)
@@ -436,7 +448,36 @@ def test_dcpfl_run_records_a_trial_round_with_double_download_and_compute(tmp_pa
     assert rounds.loc[t, "comm_round"] == 1
     traces = [json.loads(line) for line in (out / "optraces.jsonl").read_text().splitlines()]
     ops = [op["what"] for op in traces[t]["clients"]["0"] if op["op"] == "download"]
-    assert ops == ["group model", "trial group model"]
+    assert ops == ["group model", "trial group model", "trial_decision"]
+    kinds = [op["op"] for op in traces[t]["clients"]["0"]]
+    assert kinds[-4:] == ["upload", "barrier", "download", "upload"]  # loss, wait, decision
+
+
+def test_barrier_holds_every_client_until_the_last_report_by_hand():
+    # 1000 B at 8000 b/s = 1 s a transfer; 1 GFLOP at 1 GFLOP/s = 1 s of compute
+    spec = {c: ClientSpec(c, 8000.0, 8000.0, 0.0, 1e9) for c in range(3)}
+    traces = {0: (Compute(1e9, 0), Barrier("trial_decision"), Download(1000), Upload(1000)),
+              1: (Compute(3e9, 0), Barrier("trial_decision"), Download(1000), Upload(1000)),
+              2: (Compute(1e9, 0), Upload(1000))}  # no barrier: does not wait
+    timing = time_round(traces, spec, [ServerSpec(1e12)], NetworkSpec())
+    tl = {t.client_id: t for t in timing.clients}
+    # client 0 waits at the barrier from 1 s to 3 s (client 1's report), then 1 s + 1 s
+    assert tl[0].finish_s == pytest.approx(5.0) and tl[1].finish_s == pytest.approx(5.0)
+    assert (tl[0].compute_s, tl[0].download_s, tl[0].upload_s) == pytest.approx((1, 1, 1))
+    assert tl[2].finish_s == pytest.approx(2.0)
+    assert timing.round_time_s == pytest.approx(5.0)
+    # without the barrier client 0 would be done at 3 s
+    alone = dict(traces)
+    alone[0] = tuple(op for op in traces[0] if not isinstance(op, Barrier))
+    assert {t.client_id: t.finish_s for t in time_round(
+        alone, spec, [ServerSpec(1e12)], NetworkSpec()).clients}[0] == pytest.approx(3.0)
+    # two barriers: the second releases after the slowest second report
+    two = {0: (Barrier(), Compute(1e9, 0), Barrier()), 1: (Barrier(), Compute(2e9, 0), Barrier(),
+                                                         Upload(1000))}
+    t2 = {t.client_id: t.finish_s for t in time_round(two, spec, [ServerSpec(1e12)],
+                                                      NetworkSpec()).clients}
+    assert t2 == pytest.approx({0: 2.0, 1: 3.0})
+    assert op_from_dict(op_to_dict(Barrier("trial_decision"))) == Barrier("trial_decision")
 
 
 def test_dataset_heterogeneity_is_recorded(tmp_path):
