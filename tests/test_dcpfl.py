@@ -357,6 +357,86 @@ def test_rdp_schedules_a_trial_and_a_rejected_split_holds_for_t_sp_rounds():
     assert server.trial is not None  # the hold is over: next round is a trial again
 
 
+def test_a_detection_at_the_first_round_it_can_fire_is_flagged_earliest():
+    server = _trial_server()
+
+    def round_(rnd, loss):
+        tasks = server.configure_fit(rnd, [0, 1, 2, 3])
+        up = _uploads()
+        return server.aggregate_fit(rnd, [_fake(t.client_id, up[t.client_id], loss=loss)
+                                          for t in tasks]).metrics
+
+    for rnd, loss in ((0, 4.0), (1, 2.0), (2, 1.9)):
+        m = round_(rnd, loss)
+        assert m["rdp_detected"] == 0 and math.isnan(m["rdp_earliest"])
+    # r is defined from the 3rd loss (index 2) on; with t_obv = 1 the rule can first decide
+    # at the 4th loss, and it fires there: r(2) = 0.536 < r(3) = 20.1
+    m = round_(3, 1.85)
+    assert m["rdp_detected"] == 1 and m["rdp_earliest"] == 1
+    assert server.trial is not None
+    notes = DCPFLServer.run_notes([{"round": 3, **m}], server.params)
+    assert any("earliest round the rule could fire (round 4)" in n for n in notes)
+    # a detection after a round in which the rule could fire but did not is not flagged
+    late = _trial_server()
+    late.configure_fit(0, [0, 1, 2, 3])
+    late.aggregate_fit(0, [_fake(c, _uploads()[c], loss=4.0) for c in range(4)])
+    # losses 4, 3, 1, 0.5, 0.45: r(2) = inf (l'' = -1), r(3) = 1.25^1.5 / 1.5 = 0.93,
+    # r(4) = 1.0025^1.5 / 0.45 = 2.23: the rule can decide at round 4 (inf < 0.93? no) and
+    # fires at round 5, one round after it could first have fired
+    found = []
+    for rnd, loss in ((1, 3.0), (2, 1.0), (3, 0.5), (4, 0.45)):
+        late.configure_fit(rnd, [0, 1, 2, 3])
+        m = late.aggregate_fit(rnd, [_fake(c, _uploads()[c], loss=loss) for c in range(4)]
+                               ).metrics
+        found.append((m["rdp_detected"], m["rdp_earliest"]))
+    assert found[:2] == [(0, pytest.approx(math.nan, nan_ok=True))] * 2
+    assert found[2][0] == 0 and found[3] == (1, 0)
+    assert late.radii[3] == pytest.approx(1.25 ** 1.5 / 1.5)
+
+
+def test_low_discrepancy_metrics_and_the_warning_when_no_layer_is_ever_low():
+    rows = run(tiny(rounds=4, algorithm={"name": "dcpfl", "params": {
+        "warmup_rounds": 1, "dynamic": False, "fixed_gamma_tilde": 0.9, "low_ratio": 10.0}},
+        **E2E), "low")
+    updates = [r for r in rows if r["la_updates"] > 0]
+    assert updates and all(r["la_low_layers"] > 0 for r in updates)  # 10 x the mean: all low
+    assert all(math.isnan(r["la_low_layers"]) for r in rows if r["la_updates"] == 0)
+    params = DCPFLServer.Params(low_ratio=1e-9)
+    quiet = [{"round": 0, "la_updates": 2.0, "la_low_layers": 0.0, "la_min_ratio": 0.35},
+             {"round": 1, "la_updates": 0.0, "la_low_layers": math.nan,
+              "la_min_ratio": math.nan}]
+    notes = DCPFLServer.run_notes(quiet, params)
+    assert len(notes) == 1 and "never acted" in notes[0] and "2 layer-interval updates" in notes[0]
+    assert "smallest ratio 0.350" in notes[0]
+    quiet[0]["la_low_layers"] = 1.0
+    assert DCPFLServer.run_notes(quiet, params) == []
+    assert DCPFLServer.run_notes([{**quiet[0], "la_low_layers": 0.0}],
+                                 DCPFLServer.Params(layerwise=False)) == []  # NoLA: no warning
+
+
+def test_heldout_trial_losses_use_samples_the_client_never_trains_on():
+    model = _two_layer_model()
+    ctx = _ctx(model, n=10)
+    client = DCPFLClient({"trial_loss": "heldout", "heldout_fraction": 0.2})
+    w = ctx.init_weights
+    plain = client.fit(ctx, ClientTask(0, w, 56, {"download_layers": [0, 1],
+                                                 "upload_layers": [0, 1]}))
+    held = ctx.state["heldout_index"]
+    assert len(held) == 2 and plain.num_samples == 8  # trains on the other 8
+    cfg = {"trial": True, "trial_weights": w.copy(), "old_nbytes": 56, "new_nbytes": 56,
+           "upload_layers": [0, 1]}
+    result = client.fit(ctx, ClientTask(0, w, 112, cfg))
+    np.testing.assert_array_equal(ctx.state["heldout_index"], held)  # drawn once
+    # the reported loss is the cross-entropy of the trained model on the 2 held-out samples
+    set_flat(model, ctx.layout, result.weights)
+    idx = torch.from_numpy(held)
+    with torch.no_grad():
+        expected = torch.nn.functional.cross_entropy(model(ctx.x_train[idx]),
+                                                     ctx.y_train[idx]).item()
+    assert result.extra["loss_new"] == pytest.approx(expected, rel=1e-6)
+    assert result.num_samples == 8
+
+
 def test_an_accepted_split_is_adopted_with_the_new_uploads():
     server = _trial_server()
     _normal_round(server, 0, 4.0)
@@ -409,6 +489,7 @@ def test_dcpfl_needs_full_participation_and_valid_params():
         DCPFLServer(layout, np.zeros(14, np.float32), {0: 1, 1: 1}, 0.5, {})
     with pytest.raises(Exception, match="scaling"):
         DCPFLServer(layout, np.zeros(14, np.float32), {0: 1}, 1.0, {"scaling": "zscore"})
+    assert DCPFLServer.Params().scaling == "layer"  # Eq. 3/5 read literally, by default
     with pytest.raises(ScenarioError, match="without dynamic clustering"):
         tiny(algorithm={"name": "dcpfl_nodc", "params": {"dynamic": True}})
 
