@@ -16,8 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from agents.algorithms import ClientContext, ClientResult, ClientTask, TrainConfig
-from agents.algorithms import run_notes
+from agents.algorithms import ClientContext, ClientResult, ClientTask, TrainConfig, run_notes
 from agents.algorithms.kapc import (
     BlsClientState,
     BlsConstants,
