@@ -114,17 +114,20 @@ def table(results: dict[str, list[pd.DataFrame]], target: float | None = None,
     return t, target
 
 
-def dcpfl_structure(df: pd.DataFrame) -> str:
+def dcpfl_structure(df: pd.DataFrame, loss_window: int = 5, observe_rounds: int = 3) -> str:
     """One line per trial round of a DC-PFL run: round, outcome, groups, gamma_tilde, and
-    whether the end of the RDP before it was detected at the earliest possible round."""
+    whether the RDP end before it was detected without a minimum of r ever being seen
+    (rebuilt from the recorded radii: ``agents.algorithms.dcpfl.rdp_detections``)."""
     if "trial" not in df:
         return ""
+    from agents.algorithms.dcpfl import rdp_detections
+
+    unseen = {k + 1 for k, flag in rdp_detections(df.to_dict("records"), loss_window,
+                                                   observe_rounds) if flag}
     lines = []
     for idx, r in df[df["trial"] == 1].iterrows():
         verdict = "kept" if r["split_accepted"] == 1 else "rejected"
-        early = ""
-        if "rdp_earliest" in df and idx > 0 and df.loc[idx - 1, "rdp_earliest"] == 1:
-            early = ", RDP end detected at the earliest possible round"
+        early = ", RDP end detected without a minimum of r" if idx in unseen else ""
         # rounds counted from 1 (the records' round index + 1), as everywhere a person reads
         lines.append(f"round {int(r['round']) + 1}: split {verdict} -> {int(r['groups'])} groups, "
                      f"gamma~ {r['gamma_tilde']:.2f}, bytes_down {int(r['bytes_down'])}, "
@@ -209,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         for s, df in zip(seeds, results[key], strict=True):
             md += f"\n{METHODS[key][0]}, seed {s}:\n"
             if algorithm != "dcpfl_nodc":
-                md += dcpfl_structure(df) + "\n"
+                md += dcpfl_structure(df, params["loss_window"], params["observe_rounds"]) + "\n"
             for note in run_notes(algorithm, dict(params), df.to_dict("records")):
                 md += f"- {note}\n"
     (out / "table.md").write_text(md)

@@ -28,6 +28,8 @@ from agents.algorithms.dcpfl import (
     layers_due,
     model_discrepancy,
     next_split,
+    rdp_detections,
+    rdp_end_unseen,
     rdp_ended,
     smoothed_losses,
     trial_accepts,
@@ -357,41 +359,53 @@ def test_rdp_schedules_a_trial_and_a_rejected_split_holds_for_t_sp_rounds():
     assert server.trial is not None  # the hold is over: next round is a trial again
 
 
-def test_a_detection_at_the_first_round_it_can_fire_is_flagged_earliest():
+def test_a_detection_without_a_minimum_of_r_is_flagged():
     server = _trial_server()
 
-    def round_(rnd, loss):
-        tasks = server.configure_fit(rnd, [0, 1, 2, 3])
+    def round_(srv, rnd, loss):
+        tasks = srv.configure_fit(rnd, [0, 1, 2, 3])
         up = _uploads()
-        return server.aggregate_fit(rnd, [_fake(t.client_id, up[t.client_id], loss=loss)
-                                          for t in tasks]).metrics
+        return srv.aggregate_fit(rnd, [_fake(t.client_id, up[t.client_id], loss=loss)
+                                       for t in tasks]).metrics
 
     for rnd, loss in ((0, 4.0), (1, 2.0), (2, 1.9)):
-        m = round_(rnd, loss)
+        m = round_(server, rnd, loss)
         assert m["rdp_detected"] == 0 and math.isnan(m["rdp_earliest"])
-    # r is defined from the 3rd loss (index 2) on; with t_obv = 1 the rule can first decide
-    # at the 4th loss, and it fires there: r(2) = 0.536 < r(3) = 20.1
-    m = round_(3, 1.85)
+    # r is defined from the 3rd loss (index 2) on; it fires at the 4th: r(2) = 0.536 <
+    # r(3) = 20.1, and r(2) is the first radius there is: no minimum was ever seen
+    m = round_(server, 3, 1.85)
     assert m["rdp_detected"] == 1 and m["rdp_earliest"] == 1
     assert server.trial is not None
-    notes = DCPFLServer.run_notes([{"round": 3, **m}], server.params)
-    assert any("earliest round the rule could fire (round 4)" in n for n in notes)
-    # a detection after a round in which the rule could fire but did not is not flagged
-    late = _trial_server()
-    late.configure_fit(0, [0, 1, 2, 3])
-    late.aggregate_fit(0, [_fake(c, _uploads()[c], loss=4.0) for c in range(4)])
-    # losses 4, 3, 1, 0.5, 0.45: r(2) = inf (l'' = -1), r(3) = 1.25^1.5 / 1.5 = 0.93,
-    # r(4) = 1.0025^1.5 / 0.45 = 2.23: the rule can decide at round 4 (inf < 0.93? no) and
-    # fires at round 5, one round after it could first have fired
-    found = []
-    for rnd, loss in ((1, 3.0), (2, 1.0), (3, 0.5), (4, 0.45)):
-        late.configure_fit(rnd, [0, 1, 2, 3])
-        m = late.aggregate_fit(rnd, [_fake(c, _uploads()[c], loss=loss) for c in range(4)]
-                               ).metrics
-        found.append((m["rdp_detected"], m["rdp_earliest"]))
-    assert found[:2] == [(0, pytest.approx(math.nan, nan_ok=True))] * 2
-    assert found[2][0] == 0 and found[3] == (1, 0)
-    assert late.radii[3] == pytest.approx(1.25 ** 1.5 / 1.5)
+    # losses 15, 11, 8, 6, 5, 4.1: r = 31.6, 11.2, 2.83 (falling), then 24.4: a real
+    # minimum at r(4) = 2^1.5, seen after two larger radii -> not flagged
+    knee = _trial_server()
+    metrics = [round_(knee, rnd, loss) for rnd, loss in enumerate((15, 11, 8, 6, 5, 4.1))]
+    np.testing.assert_allclose(knee.radii[2:], [10 ** 1.5, 5 ** 1.5, 2 ** 1.5, 1.81 ** 1.5 / 0.1],
+                               rtol=1e-9)
+    assert [m["rdp_detected"] for m in metrics] == [0, 0, 0, 0, 0, 1]
+    assert metrics[-1]["rdp_earliest"] == 0
+    assert rdp_end_unseen([math.nan, math.nan, 0.5, 20.0], 1, 1)
+    assert not rdp_end_unseen([math.nan, math.nan, 31.6, 11.2, 2.8, 24.4], 1, 1)
+    # with s = 5 the radii before loss index 6 come from a growing window: ignored
+    assert rdp_end_unseen([math.nan] * 4 + [1401.0, math.inf, 420, 530, 614, 674], 5, 3)
+
+
+def test_detections_are_rebuilt_from_the_records_for_the_warning():
+    # recorded rows (s = 5, t_obv = 3, as in a 50-client run): warm-up radii with a minimum
+    # (37.9 at round 11), a trial (accepted: a new history), then radii rising from the
+    # first one computed from full windows (420 at round 21), a trial
+    nan, inf = math.nan, math.inf
+    radii = [nan] * 4 + [inf] * 4 + [87.6, 45.2, 37.9, 38.9, 46.0, 60.0]
+    rows = [{"round": k, "trial": 0, "curvature_radius": r} for k, r in enumerate(radii)]
+    rows.append({"round": 14, "trial": 1, "split_accepted": 1, "curvature_radius": nan})
+    after = [nan] * 4 + [1401.0, inf, 420.0, 530.0, 614.0, 674.0]
+    rows += [{"round": 15 + k, "trial": 0, "curvature_radius": r} for k, r in enumerate(after)]
+    rows.append({"round": 25, "trial": 1, "split_accepted": 0, "curvature_radius": 674.0})
+    params = DCPFLServer.Params(loss_window=5, observe_rounds=3)
+    assert rdp_detections(rows, 5, 3) == [(13, False), (24, True)]
+    notes = DCPFLServer.run_notes(rows, params)
+    assert len(notes) == 1 and "1 of 2 ends of a rapid-decrease period" in notes[0]
+    assert "(round 25)" in notes[0]  # the detection round, counted from 1
 
 
 def test_low_discrepancy_metrics_and_the_warning_when_no_layer_is_ever_low():

@@ -82,11 +82,14 @@ def test_dcpfl_benchmark_prints_rounds_from_one(monkeypatch):
                        "target_bytes_total": 3 * 2**20}])
     md = mod.markdown(t, 0.85, [], 1)
     assert "| DC-PFL | 0.900 | 0.920 | 19.0 | 19.0 | 110 | 112 | 10.0 | 50 | 3 |" in md
-    df = pd.DataFrame({"round": [14, 15], "trial": [0, 1], "split_accepted": [0, 1],
-                       "groups": [1, 22], "gamma_tilde": [1.0, 0.8], "bytes_down": [1, 2],
-                       "round_time_s": [1.0, 2.0], "rdp_earliest": [1.0, float("nan")]})
-    first = mod.dcpfl_structure(df).splitlines()[0]
-    assert first.startswith("round 16: split kept") and "earliest possible round" in first
+    df = pd.DataFrame({"round": [13, 14, 15], "trial": [0, 0, 1], "split_accepted": [0, 0, 1],
+                       "groups": [1, 1, 22], "gamma_tilde": [1.0, 1.0, 0.8],
+                       "bytes_down": [1, 1, 2], "round_time_s": [1.0, 1.0, 2.0],
+                       "curvature_radius": [float("nan"), float("nan"), float("nan")]})
+    first = mod.dcpfl_structure(df, 1, 1).splitlines()[0]
+    assert first.startswith("round 16: split kept")
+    df["curvature_radius"] = [0.5, 2.0, float("nan")]  # r rose from its first value
+    assert "without a minimum of r" in mod.dcpfl_structure(df, 1, 1).splitlines()[0]
 
 
 # ----------------------------------------------------------------------------- run figures

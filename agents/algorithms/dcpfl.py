@@ -306,6 +306,41 @@ def rdp_ended(radii: Sequence[float], observe_rounds: int) -> bool:
     return bool(np.all(tail[0] < tail[1:]))
 
 
+def rdp_end_unseen(radii: Sequence[float], loss_window: int, observe_rounds: int) -> bool:
+    """Did a detection (``rdp_ended`` true on ``radii``, one loss history) come without a
+    minimum of r being observed? True when r(m - t_obv), the radius the rule compares the
+    later ones with, is the first finite radius computed from full smoothing windows (from
+    loss index ``max(s + 1, 2)`` on: before it l_w is a mean of fewer than s losses, whose
+    growing window puts a kink of its own into l' and l''). Then r rose from the first
+    round it was defined: the rule fired because a flattening loss makes
+    r = (1 + l'^2)^1.5 / l'' ~ 1 / l'' rise, not at a knee of the loss curve."""
+    r = np.asarray(radii, dtype=np.float64)
+    ref = len(r) - 1 - observe_rounds
+    clean_from = max(loss_window + 1, 2)
+    return not bool(np.isfinite(r[clean_from:max(ref, clean_from)]).any())
+
+
+def rdp_detections(rows: Sequence[dict], loss_window: int, observe_rounds: int
+                   ) -> list[tuple[int, bool]]:
+    """(round index, unseen minimum) of every RDP-end detection in a run's round rows,
+    rebuilt from the recorded ``trial``, ``split_accepted`` and ``curvature_radius``
+    columns: a detection is the round before a trial round; a loss history restarts after
+    an accepted split and skips trial rounds (they report no loss)."""
+    out: list[tuple[int, bool]] = []
+    history: list[float] = []
+    for k, r in enumerate(rows):
+        if float(r.get("trial", 0) or 0) == 1:
+            if k > 0:
+                out.append((k - 1, rdp_end_unseen(history, loss_window, observe_rounds)))
+            if float(r.get("split_accepted", 0) or 0) == 1:
+                history = []
+            continue
+        radius = r.get("curvature_radius")
+        if radius is not None and not (isinstance(radius, str) and radius == ""):
+            history.append(float(radius))
+    return out
+
+
 def trial_accepts(loss_old: float, loss_new: float) -> bool:
     """Keep the split iff ``l^{M0} > l^{M1}`` (the mean loss decreased with the new groups)."""
     return bool(loss_old > loss_new)
@@ -401,9 +436,6 @@ class DCPFLServer(ServerAlgorithm):
         self.hold_until = 0
         self.outcome: str | None = None  # "new"/"old": tells clients the trial's result
         self._comm_round = False
-        # rounds in which the end of the RDP could have been detected since the structure
-        # last changed (or a hold ended): a detection at the first of them is "earliest"
-        self.rdp_checks = 0
         self._la: list[tuple[int, float]] = []  # this round's Eq. 6 updates: (low, min ratio)
 
     @classmethod
@@ -424,16 +456,16 @@ class DCPFLServer(ServerAlgorithm):
                          f"discrepancy fall under {params.low_ratio:g} x the group's mean "
                          f"(smallest ratio {smallest:.3f}; scaling {params.scaling}), so "
                          f"every layer was aggregated every tau rounds, as in NoLA.")
-        detected, earliest = col("rdp_detected"), col("rdp_earliest")
-        at = [int(r["round"]) + 1 for r, d, e in zip(rows, detected, earliest, strict=True)
-              if d == 1 and e == 1]
+        found = rdp_detections(rows, params.loss_window, params.observe_rounds)
+        at = [int(rows[k]["round"]) + 1 for k, unseen in found if unseen]
         if at:
-            notes.append(f"Warning: the end of a rapid-decrease period was detected at the "
-                         f"earliest round the rule could fire (round{'s' if len(at) > 1 else ''}"
-                         f" {', '.join(map(str, at))}): r(t) = (1 + l'^2)^1.5 / l'' is about "
-                         f"1 / l'' once |l'| << 1 and rises as the loss flattens, so 'r not "
-                         f"decreasing for t_obv rounds' holds from the first rounds it is "
-                         f"evaluated (docs/dcpfl.md).")
+            notes.append(f"Warning: {len(at)} of {len(found)} ends of a rapid-decrease period "
+                         f"were detected without a minimum of r(t) ever being seen (round"
+                         f"{'s' if len(at) > 1 else ''} {', '.join(map(str, at))}): r rose from "
+                         f"the first round it was defined. r(t) = (1 + l'^2)^1.5 / l'' is "
+                         f"about 1 / l'' once |l'| << 1 and rises as the loss flattens, so "
+                         f"'r not decreasing for t_obv rounds' fires on the clock, not at a "
+                         f"knee of the loss curve (docs/dcpfl.md).")
         return notes
 
     # ------------------------------------------------------------------ helpers
@@ -676,7 +708,6 @@ class DCPFLServer(ServerAlgorithm):
             self._store(r, w, self.all_layers)
         metrics.update(trial=1.0, split_accepted=float(accept),
                        layers_aggregated=float(self.layout.num_layers))
-        self.rdp_checks = 0
         if accept:
             self.gamma_tilde = new_gamma
             self.losses, self.radii = [], []  # a new RDP starts
@@ -689,18 +720,14 @@ class DCPFLServer(ServerAlgorithm):
 
     def _maybe_schedule_trial(self, rnd: int) -> tuple[bool, bool]:
         """Schedule a trial for the next round when the RDP has ended; (detected, whether
-        at the first round the detection could have fired: see ``rdp_checks``)."""
+        no minimum of r was seen before the detection: :func:`rdp_end_unseen`)."""
         p = self.params
         if (not self.dynamic_active or self.z is None or self.trial is not None
                 or rnd + 1 < self.hold_until or rnd + 1 < p.warmup_rounds):
             return False, False
-        r = np.asarray(self.radii, dtype=np.float64)
-        if len(r) < p.observe_rounds + 1 or np.isnan(r[-(p.observe_rounds + 1):]).any():
-            return False, False  # not enough history to decide yet
-        self.rdp_checks += 1
         if not rdp_ended(self.radii, p.observe_rounds):
             return False, False
-        earliest = self.rdp_checks == 1
+        earliest = rdp_end_unseen(self.radii, p.loss_window, p.observe_rounds)
         cand = next_split(self.z, self.gamma_global, self.gamma_tilde, p.gamma_step,
                           self.labels)
         if cand is None:
