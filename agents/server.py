@@ -60,6 +60,7 @@ class EdgeServer:
         self.algorithm = server_cls(layout, init_weights, client_samples, fraction, params)
         if edge_server_of is not None:  # which edge server serves each client (topology)
             self.algorithm.edge_server_of = dict(edge_server_of)
+        self.algorithm.seed = int(seed)
         # selection draws come from their own stream of the scenario seed
         self.rng = np.random.default_rng(np.random.SeedSequence([seed, 0x5E1EC7]))
 

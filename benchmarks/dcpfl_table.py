@@ -1,41 +1,50 @@
-"""DC-PFL's Tables I-II (and Fig. 9's ablation) on mecsim: seven methods, one scenario.
+"""DC-PFL's Tables I-II (and Fig. 9's ablation) on mecsim: the methods on one scenario,
+over seeds.
 
-For each method, a run of ``scenarios/dcpfl-mnist-50.yaml`` (same seed: same partition,
-same initial model, same 2 Mbps links) with only the algorithm changed, then one table row:
-final accuracy, communication rounds, communication time, computation time and total
-time to convergence (defined in :mod:`mecsim.convergence`: final accuracy = mean of the
-last 5 rounds; converged at the first round from which the 5-round trailing mean stays
-within 0.01 of it), and the ratio of each total time to DC-PFL's, as in the paper.
+For each method and seed 0 .. N-1 (``--seeds N``, default 3), a run of
+``scenarios/dcpfl-mnist-50.yaml`` (the seed decides the partition, the initial model, the
+2 Mbps links are fixed) with only the algorithm changed, then one table row with mean ±
+std over the seeds:
+
+* as the paper reports it, *at convergence* (:mod:`mecsim.convergence`: final accuracy =
+  mean of the last 5 rounds; converged at the first round from which the 5-round trailing
+  mean stays within 0.01 of it): final and best accuracy, communication rounds,
+  communication and total time, and the ratio of each total time to DC-PFL's;
+* the fair comparison, *to a common target accuracy* (``--target``, default the highest
+  whole point that every run's final accuracy reaches): the round, emulated seconds and
+  MiB moved until each run's mean user accuracy first reaches it.
 
 Methods: Standalone (= the ``local`` algorithm), FedAvg, Per-FedAvg (first-order),
-fixed clusters by k-means after warm-up (ClusterFL-style), DC-PFL, NoLA, NoDC.
+fixed clusters by k-means after warm-up (ClusterFL-style), DC-PFL, NoLA, NoDC, and two
+readings of DC-PFL: ``dcpfl_shared`` (scaling shared_model instead of the literal
+per-layer S) and ``dcpfl_heldout`` (trial splits judged on held-out loss).
 ``--model kapc_cnn`` runs the paper's 2-conv 3-FC shape instead of the scenario's 2NN.
+Each DC-PFL run's trial rounds are listed with the run's warnings (a detection at the
+earliest possible round, a layer-wise aggregation that never acted).
 
 Long: ~1-3 host-seconds per round per method (50 clients, 2NN; ~25x that with kapc_cnn).
 Run it by hand, niced::
 
     nice -n 10 python benchmarks/dcpfl_table.py --rounds 150 --out runs/dcpfl-table
 
-Finished runs are reused (``OUT/<method>/rounds.csv`` with every round), so an
-interrupted benchmark resumes at the method it was running.
+Finished runs are reused (``OUT/<method>/seed<k>/``), so an interrupted benchmark resumes
+at the run it was on.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import shutil
+import math
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from seeds import add_seeds_argument, ordering, pm, run_dir, run_or_reuse, seed_list
 
 from mecsim.convergence import TOLERANCE, WINDOW_ROUNDS, to_convergence
-from mecsim.records import RecordsWriter
-from mecsim.runner import run
 from mecsim.scenario import load_scenario, scenario_from_dict
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,9 +60,12 @@ METHODS: dict[str, tuple[str, str, bool, dict[str, Any]]] = {
     "dcpfl": ("DC-PFL", "dcpfl", True, {}),
     "dcpfl_nola": ("NoLA", "dcpfl_nola", True, {}),
     "dcpfl_nodc": ("NoDC (gamma~ = 0.8)", "dcpfl_nodc", True, {}),
+    "dcpfl_shared": ("DC-PFL (scaling shared_model)", "dcpfl", True,
+                     {"scaling": "shared_model"}),
+    "dcpfl_heldout": ("DC-PFL (trial_loss heldout)", "dcpfl", True, {"trial_loss": "heldout"}),
 }
 DEFAULT_METHODS = ["standalone", "fedavg", "perfedavg", "kmeans_cluster", "dcpfl",
-                   "dcpfl_nola", "dcpfl_nodc"]
+                   "dcpfl_nola", "dcpfl_nodc", "dcpfl_shared", "dcpfl_heldout"]
 
 
 # --quick: seconds, not minutes (8 clients, 7 rounds: DC-PFL's warm-up and beyond)
@@ -61,7 +73,7 @@ QUICK = {"rounds": 7, "methods": ["fedavg", "dcpfl"], "clients": 8}
 
 
 def scenario_for(key: str, rounds: int | None, model: str | None = None,
-                 scenario_path: Path = SCENARIO, clients: int | None = None):
+                 scenario_path: Path = SCENARIO, seed: int = 0, clients: int | None = None):
     _, algorithm, dcpfl_params, overrides = METHODS[key]
     data = load_scenario(scenario_path).model_dump(mode="json")
     if model is not None:
@@ -72,76 +84,107 @@ def scenario_for(key: str, rounds: int | None, model: str | None = None,
     data["algorithm"] = {"name": algorithm, "params": {**params, **overrides}}
     if rounds is not None:
         data["rounds"] = rounds
+    data["seed"] = seed
     data["metrics"]["enabled"] = False
     data["execution"]["backend"] = "local"
     data["name"] = f"{data['name']}-{key}"
-    return scenario_from_dict(data, f"{scenario_path} ({key})")
+    return scenario_from_dict(data, f"{scenario_path} ({key}, seed {seed})")
 
 
-def run_method(key: str, rounds: int | None, out: Path,
-               model: str | None = None, clients: int | None = None) -> pd.DataFrame:
-    sc = scenario_for(key, rounds, model, clients=clients)
-    run_dir = out / key
-    csv = run_dir / "rounds.csv"
-    if csv.exists():
-        done = pd.read_csv(csv)
-        if len(done) == sc.rounds:
-            print(f"[{key}] reusing {csv} ({len(done)} rounds)", flush=True)
-            return done
-        shutil.rmtree(run_dir)  # an interrupted run: start that method again
-    start = time.perf_counter()
-    print(f"[{key}] {sc.algorithm.name} {dict(sc.algorithm.params)}, {sc.rounds} rounds",
-          flush=True)
-    run(sc, key, run_dir, [RecordsWriter(run_dir)])
-    print(f"[{key}] done in {time.perf_counter() - start:.0f} host s", flush=True)
-    return pd.read_csv(csv)
+def run_method(key: str, rounds: int | None, out: Path, model: str | None = None,
+               scenario_path: Path = SCENARIO, seed: int = 0,
+               clients: int | None = None) -> pd.DataFrame:
+    sc = scenario_for(key, rounds, model, scenario_path, seed, clients)
+    rows, _ = run_or_reuse(sc, run_dir(out, key, seed), f"{key} seed {seed}")
+    return rows
 
 
-def table(results: dict[str, pd.DataFrame], reference: str = "dcpfl") -> pd.DataFrame:
+def table(results: dict[str, list[pd.DataFrame]], target: float | None = None,
+          reference: str = "dcpfl") -> tuple[pd.DataFrame, float]:
+    """One row per (method, seed): the convergence figures and those to ``target`` (the
+    common target of every run when None); and the target used."""
+    from mecsim.convergence import common_target, to_target
+
+    conv = {key: [to_convergence(df.to_dict("records")) for df in runs]
+            for key, runs in results.items()}
+    if target is None:
+        target = common_target([c["final_accuracy"] for runs in conv.values() for c in runs])
     rows = []
-    for key, df in results.items():
-        c = to_convergence(df.to_dict("records"))
-        rows.append({"method": METHODS[key][0], "key": key, **c})
+    for key, runs in results.items():
+        for seed, (df, c) in enumerate(zip(runs, conv[key], strict=True)):
+            hit = to_target(df.to_dict("records"), target)
+            rows.append({"method": METHODS[key][0], "key": key, "seed": seed, **c,
+                         **{f"target_{k}": v for k, v in hit.items()}})
     t = pd.DataFrame(rows)
     if reference in results:
-        ref = float(t.loc[t["key"] == reference, "total_time_s"].iloc[0])
+        ref = t.loc[t["key"] == reference, "total_time_s"].mean()
         t["time_ratio"] = t["total_time_s"] / ref
-    return t
+    return t, target
 
 
-def dcpfl_structure(df: pd.DataFrame) -> str:
-    """One line per trial round of a DC-PFL run: round, outcome, groups, gamma_tilde."""
+def dcpfl_structure(df: pd.DataFrame, loss_window: int = 5, observe_rounds: int = 3) -> str:
+    """One line per trial round of a DC-PFL run: round, outcome, groups, gamma_tilde, and
+    whether the RDP end before it was detected without a minimum of r ever being seen
+    (rebuilt from the recorded radii: ``agents.algorithms.dcpfl.rdp_detections``)."""
     if "trial" not in df:
         return ""
+    from agents.algorithms.dcpfl import rdp_detections
+
+    unseen = {k + 1 for k, flag in rdp_detections(df.to_dict("records"), loss_window,
+                                                   observe_rounds) if flag}
     lines = []
-    for _, r in df[df["trial"] == 1].iterrows():
+    for idx, r in df[df["trial"] == 1].iterrows():
         verdict = "kept" if r["split_accepted"] == 1 else "rejected"
+        early = ", RDP end detected without a minimum of r" if idx in unseen else ""
         # rounds counted from 1 (the records' round index + 1), as everywhere a person reads
         lines.append(f"round {int(r['round']) + 1}: split {verdict} -> {int(r['groups'])} groups, "
                      f"gamma~ {r['gamma_tilde']:.2f}, bytes_down {int(r['bytes_down'])}, "
-                     f"round time {r['round_time_s']:.2f} s")
+                     f"round time {r['round_time_s']:.2f} s{early}")
     last = df.iloc[-1]
     lines.append(f"end: {int(last['groups'])} groups, gamma~ {last['gamma_tilde']:.2f}")
     return "\n".join(lines)
 
 
-def markdown(t: pd.DataFrame, dkl: float | None) -> str:
-    head = ("| Method | Final acc. | Conv. round | Comm. rounds | Comm. time (s) | "
-            "Comp. time (s) | Total time (s) |\n|---|---|---|---|---|---|---|\n")
+def markdown(t: pd.DataFrame, target: float, dkl: list[float], seeds: int) -> str:
+    pct = f"{100 * target:g} %"
+    head = ("| Method | Final acc. | Best acc. | Conv. round | Comm. rounds | Comm. time (s) | "
+            f"Total time (s) | Round to {pct} | Time to {pct} (s) | MiB to {pct} |\n"
+            "|---|---|---|---|---|---|---|---|---|---|\n")
     body = ""
-    for _, r in t.iterrows():
-        ratio = f" (x{r['time_ratio']:.2f})" if "time_ratio" in r else ""
-        comm = "-" if r["comm_rounds"] == 0 else f"{int(r['comm_rounds'])}"
-        ctime = "-" if r["comm_rounds"] == 0 else f"{r['comm_time_s']:.0f}"
-        body += (f"| {r['method']} | {r['final_accuracy']:.3f} | "
-                 f"{int(r['convergence_round']) + 1} | {comm} | {ctime} | "
-                 f"{r['compute_time_s']:.0f} | {r['total_time_s']:.0f}{ratio} |\n")
-    note = (f"\nConvergence: final accuracy = mean of the last {WINDOW_ROUNDS} rounds; "
-            f"converged at the first round from which the {WINDOW_ROUNDS}-round trailing "
-            f"mean stays >= final - {TOLERANCE}. Times are emulated seconds up to that round.")
-    if dkl is not None:
-        note += f"\nD-bar_KL (Eq. 1-2, pair average, natural log) of the partition: {dkl:.3f}."
-    return head + body + note + "\n"
+    final: dict[str, list[float]] = {}
+    to_goal: dict[str, list[float]] = {}
+    for key in dict.fromkeys(t["key"]):
+        g = t[t["key"] == key]
+        label = g["method"].iloc[0]
+        final[label] = g["final_accuracy"].tolist()
+        to_goal[label] = g["target_total_time_s"].tolist()
+        comm = g["comm_rounds"].max() > 0
+        ratio = f" (x{g['time_ratio'].mean():.2f})" if "time_ratio" in g else ""
+        body += (f"| {label} | {pm(g['final_accuracy'], '.3f')} "
+                 f"| {pm(g['best_accuracy'], '.3f')} "
+                 f"| {pm(g['convergence_round'] + 1, '.1f')} "
+                 f"| {pm(g['comm_rounds'], '.1f') if comm else '-'} "
+                 f"| {pm(g['comm_time_s'], '.0f') if comm else '-'} "
+                 f"| {pm(g['total_time_s'], '.0f')}{ratio} "
+                 f"| {pm(g['target_target_round'] + 1, '.1f')} "
+                 f"| {pm(g['target_total_time_s'], '.0f')} "
+                 f"| {pm(g['target_bytes_total'] / 2**20, '.0f')} |\n")
+    note = (f"\nSeeds 0-{seeds - 1}: mean ± std (ddof 1); '(k of n)': only k runs reached "
+            f"the target. Convergence: final accuracy = mean of the last {WINDOW_ROUNDS} "
+            f"rounds; converged at the first round from which the {WINDOW_ROUNDS}-round "
+            f"trailing mean stays >= final - {TOLERANCE}; best = the best trailing mean. "
+            f"Times are emulated seconds up to that round. To {pct}: the first round whose "
+            f"mean user accuracy reaches the common target, its emulated time and the MiB "
+            f"sent and received until then.\n"
+            f"Final accuracy ordered ('>' beyond the spread, '≈' within it): "
+            f"{ordering(final)}.\n"
+            f"Time to {pct} ordered ('<' beyond the spread): "
+            f"{ordering(to_goal, higher_is_better=False)}.\n")
+    finite = [d for d in dkl if d is not None and math.isfinite(d)]
+    if finite:
+        note += (f"D-bar_KL (Eq. 1-2, pair average, natural log) of the partitions: "
+                 f"{pm(finite, '.3f')}.\n")
+    return head + body + note
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -151,27 +194,45 @@ def main(argv: list[str] | None = None) -> int:
                    "--quick a new temporary directory)")
     p.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, choices=sorted(METHODS))
     p.add_argument("--model", help="override the scenario's model (e.g. kapc_cnn)")
+    p.add_argument("--scenario", type=Path, default=SCENARIO)
+    p.add_argument("--target", type=float, default=None,
+                   help="common target accuracy (default: the highest whole point every "
+                        "run's final accuracy reaches)")
+    add_seeds_argument(p)
     p.add_argument("--quick", action="store_true",
                    help=f"seconds, not minutes: {QUICK['clients']} clients, "
-                        f"{QUICK['rounds']} rounds, {' and '.join(QUICK['methods'])}")
+                        f"{QUICK['rounds']} rounds, {' and '.join(QUICK['methods'])}, one seed")
     args = p.parse_args(argv)
     clients = None
     if args.quick:
         args.rounds, args.methods, clients = QUICK["rounds"], QUICK["methods"], QUICK["clients"]
+        args.seeds = 1
     default_out = tempfile.mkdtemp(prefix="dcpfl-table-") if args.quick else "runs/dcpfl-table"
     out = Path(args.out or default_out)
     out.mkdir(parents=True, exist_ok=True)
-    results = {key: run_method(key, args.rounds, out, args.model, clients)
-               for key in args.methods}
-    t = table(results)
-    dkl = None
-    meta = out / args.methods[0] / "run.json"
-    if meta.exists():
-        dkl = json.loads(meta.read_text()).get("label_dkl")
-    md = markdown(t, dkl)
+    seeds = seed_list(args.seeds)
+    results = {key: [run_method(key, args.rounds, out, args.model, args.scenario, s, clients)
+                     for s in seeds] for key in args.methods}
+    t, target = table(results, args.target)
+    dkl = []
+    for s in seeds:
+        meta = run_dir(out, args.methods[0], s) / "run.json"
+        dkl.append(json.loads(meta.read_text()).get("label_dkl") if meta.exists() else None)
+    md = markdown(t, target, dkl, args.seeds)
+    from agents.algorithms import run_notes
+
     for key in results:
-        if key.startswith("dcpfl") and key != "dcpfl_nodc":
-            md += f"\n{METHODS[key][0]} structure:\n{dcpfl_structure(results[key])}\n"
+        _, algorithm, _, _ = METHODS[key]
+        if not algorithm.startswith("dcpfl"):
+            continue
+        params = scenario_for(key, args.rounds, args.model, args.scenario,
+                              clients=clients).algorithm.params
+        for s, df in zip(seeds, results[key], strict=True):
+            md += f"\n{METHODS[key][0]}, seed {s}:\n"
+            if algorithm != "dcpfl_nodc":
+                md += dcpfl_structure(df, params["loss_window"], params["observe_rounds"]) + "\n"
+            for note in run_notes(algorithm, dict(params), df.to_dict("records")):
+                md += f"- {note}\n"
     (out / "table.md").write_text(md)
     t.to_csv(out / "table.csv", index=False)
     print(md)

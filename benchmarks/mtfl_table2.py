@@ -5,8 +5,9 @@ shards each, the 2NN, batch 20, E = 1) for every cell of the paper's Table 2 lay
 FL (private ``none``) and MTFL with private ``usyb`` / ``us`` / ``yb``, under FedAvg,
 FedAdam and FedAvg-Adam, for each participation rate C. As in the paper, the learning
 rate(s) of each cell are tuned over a grid and the cell reports the fewest rounds to the
-target (the mean over seeds of the best learning rate; "X" when a seed never reaches it
-within ``--rounds``). A run stops early once it has reached every target.
+target: mean ± std over seeds 0 .. N-1 (``--seeds N``, default 3) of the learning rate
+with the fewest mean rounds ("X" when a seed never reaches it within ``--rounds``). A run
+stops early once it has reached every target.
 
 Every run is in-process (``backend: local``, one host). A round is 20 clients x 15 steps
 plus the evaluation of 4,000 test images; on the shared 2-core build machine (load 5-13)
@@ -14,7 +15,7 @@ it took 0.3-3 s of wall time, so the default grid (36 runs of at most 150 rounds
 about two hours there. ``--table-from`` rebuilds the table from earlier runs.csv files.
 
     nice -n 10 python benchmarks/mtfl_table2.py                      # the default grid
-    nice -n 10 python benchmarks/mtfl_table2.py --participation 1.0 0.5 --seeds 0 1 2
+    nice -n 10 python benchmarks/mtfl_table2.py --participation 1.0 0.5 --seeds 3
 
 Writes ``runs.csv`` (one row per run: cell, learning rates, rounds to each target, best
 accuracy) and ``table2.md`` to ``--out`` (default ``runs/mtfl-table2``), appending each
@@ -32,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from seeds import add_seeds_argument, mean_std, seed_list
 
 from mecsim.runner import prepare, run_round
 from mecsim.scenario import load_scenario, scenario_from_dict
@@ -100,9 +103,10 @@ def run_cell(sc, targets: list[float]) -> tuple[list[dict[str, Any]], float]:
 
 
 def _cell_value(runs: list[dict[str, Any]], target: float, seeds: list[int]
-                ) -> tuple[float | None, str]:
-    """Fewest mean rounds over the lr grid (every seed must reach the target); its lr."""
-    best: tuple[float, str] | None = None
+                ) -> tuple[float | None, str, float]:
+    """Fewest mean rounds over the lr grid (every seed must reach the target); its lr;
+    the std over the seeds of that lr's rounds (NaN with one seed)."""
+    best: tuple[float, str, float] | None = None
     by_lr: dict[tuple, list[dict[str, Any]]] = {}
     for r in runs:
         by_lr.setdefault((r["lr"], r["server_lr"]), []).append(r)
@@ -110,11 +114,11 @@ def _cell_value(runs: list[dict[str, Any]], target: float, seeds: list[int]
         hits = [g[f"rounds_to_{target}"] for g in group]
         if len(group) < len(seeds) or any(h in ("", None) for h in hits):
             continue
-        mean = sum(int(h) for h in hits) / len(hits)
+        mean, std, _ = mean_std([int(h) for h in hits])
         tag = f"lr {lr:g}" + (f", server {slr:g}" if slr not in ("", None) else "")
         if best is None or mean < best[0]:
-            best = (mean, tag)
-    return (best[0], best[1]) if best else (None, "")
+            best = (mean, tag, std)
+    return (best[0], best[1], best[2]) if best else (None, "", float("nan"))
 
 
 def markdown(all_runs: list[dict[str, Any]], targets: list[float], participation: list[float],
@@ -122,7 +126,7 @@ def markdown(all_runs: list[dict[str, Any]], targets: list[float], participation
     out = []
     for target in targets:
         out.append(f"### Rounds to {100 * target:g} % mean user accuracy "
-                   f"(embedded MNIST, W = 20 x 300 images, seeds {seeds})\n")
+                   f"(embedded MNIST, W = 20 x 300 images, seeds {seeds}: mean ± std)\n")
         header = ["strategy"] + [f"{LABEL[p]} C={c:g}" for p in privates for c in participation]
         out.append("| " + " | ".join(header) + " |")
         out.append("|---" * len(header) + "|")
@@ -132,9 +136,10 @@ def markdown(all_runs: list[dict[str, Any]], targets: list[float], participation
                 for c in participation:
                     runs = [r for r in all_runs if r["strategy"] == s and r["private"] == p
                             and float(r["participation"]) == c]
-                    value, tag = _cell_value(runs, target, seeds)
+                    value, tag, std = _cell_value(runs, target, seeds)
+                    spread = "" if math.isnan(std) else f" ± {std:.1f}"
                     cells.append("-" if not runs else "X" if value is None
-                                 else f"{value:g} ({tag})")
+                                 else f"{value:.1f}{spread} ({tag})")
             out.append("| " + " | ".join(cells) + " |")
         out.append("")
     out.append("Paper (Table 2, MNIST 2NN, W = 200, target 97 %; C = 0.5 / 1.0):\n")
@@ -154,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=150, help="at most this many rounds a run")
     p.add_argument("--targets", type=float, nargs="+", default=[0.9, 0.95, 0.97])
     p.add_argument("--participation", type=float, nargs="+", default=[1.0])
-    p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    add_seeds_argument(p)
     p.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES)
     p.add_argument("--private", nargs="+", default=list(PRIVATE), choices=PRIVATE)
     p.add_argument("--lr-sgd", type=float, nargs="+", default=[0.05, 0.1, 0.2],
@@ -174,11 +179,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.rounds, args.targets, args.strategies, args.private = 3, [0.5], ["fedavg"], ["yb"]
-        args.lr_sgd, args.participation, args.seeds = [0.1], [1.0], [0]
+        args.lr_sgd, args.participation, args.seeds = [0.1], [1.0], 1
     if args.out is None:
         args.out = (Path(tempfile.mkdtemp(prefix="mtfl-table2-")) if args.quick
                     else ROOT / "runs" / "mtfl-table2")
     args.out.mkdir(parents=True, exist_ok=True)
+    args.seeds = seed_list(args.seeds)
     targets = sorted(args.targets)
     if args.table_from:
         runs = [r for path in args.table_from for r in csv.DictReader(path.open())]

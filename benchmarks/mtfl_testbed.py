@@ -25,6 +25,9 @@ prediction.
 
 Every recorded round of a scheme has the same traces' shapes and the channel is a fixed
 rate, so every round times the same; ``--rounds 2`` is enough (the paper averaged 10).
+Each scheme is recorded under seeds 0 .. N-1 (``--seeds N``, default 3) and the table
+shows mean ± std: the seed changes the data and the initial model, not a trace's shape,
+so a spread above zero would mean the timing depends on more than the FLOPs and bytes.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from seeds import add_seeds_argument, pm, seed_list
 
 from mecsim.engine import time_round
 from mecsim.network import NetworkModel, device_profiles
@@ -82,10 +87,13 @@ class Recorded:
     rounds: tuple[tuple[list[int], dict[int, OpTrace], float], ...]
 
 
-def variant(task: str, scheme: str, rounds: int, base: Path = SCENARIO) -> Scenario:
+def variant(task: str, scheme: str, rounds: int, base: Path = SCENARIO,
+            seed: int | None = None) -> Scenario:
     data = load_scenario(base).model_dump(mode="json")
     t, s = TASKS[task], SCHEMES[scheme]
     data.update(rounds=rounds)
+    if seed is not None:
+        data["seed"] = seed
     data["model"]["name"] = t["model"]
     data["dataset"].update(name=t["dataset"], train_size=t["train_size"],
                            test_size=t["test_size"])
@@ -209,12 +217,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="recompute the AP and server calibration from FL(FedAvg) MNIST")
     p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     p.add_argument("--out", type=Path, help="also write the markdown table here")
+    add_seeds_argument(p)
     p.add_argument("--quick", action="store_true", help="seconds, not minutes: one round of "
-                   "the MNIST 2NN schemes on 100 images per client (the figures need the "
-                   "recorded traces' shapes only, so they are those of the full run)")
+                   "the MNIST 2NN schemes on 100 images per client, one seed (the figures "
+                   "need the recorded traces' shapes only, so they are those of the full run)")
     args = p.parse_args(argv)
     if args.quick:
-        args.rounds, args.tasks = 1, ["MNIST 2NN"]
+        args.rounds, args.tasks, args.seeds = 1, ["MNIST 2NN"], 1
         TASKS["MNIST 2NN"] = {**TASKS["MNIST 2NN"], "train_size": 1000, "test_size": 200}
 
     base = load_scenario(SCENARIO)
@@ -236,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{device_profiles(base)[base.devices.edge_server].flops_per_s:.4g} |", ""]
         print("\n".join(lines), flush=True)
 
-    lines += ["## Table 4, emulated (paper-sized traces) beside the paper\n",
+    lines += [f"## Table 4, emulated (paper-sized traces) beside the paper; seeds "
+              f"0-{args.seeds - 1}, mean ± std\n",
               "| task | scheme | round (s) | Down % | Client % | Up % | Server % | "
               "paper round (s) | paper D/C/U/S % | MiB down / up per client | "
               "as run: round (s), steps |",
@@ -244,21 +254,29 @@ def main(argv: list[str] | None = None) -> int:
     for task in args.tasks:
         steps = math.ceil(TASKS[task]["paper_samples"] / base.training.batch_size)
         for scheme in SCHEMES:
-            rec = record(variant(task, scheme, args.rounds))
-            t = time_recorded(rec, steps)
-            raw = time_recorded(rec, None)
-            first_trace = next(iter(rec.rounds[0][1].values()))
-            recorded_steps = next(op.batches for op in first_trace if isinstance(op, Compute))
+            runs = []
+            for seed in seed_list(args.seeds):
+                rec = record(variant(task, scheme, args.rounds, seed=seed))
+                t = time_recorded(rec, steps)
+                raw = time_recorded(rec, None)
+                first_trace = next(iter(rec.rounds[0][1].values()))
+                recorded_steps = next(op.batches for op in first_trace
+                                      if isinstance(op, Compute))
+                runs.append((t, raw, recorded_steps))
+                print(f"{task} {scheme} seed {seed}: {t['round_time_s']:.3f} s (FLOPs/step "
+                      f"{t['flops_per_step']:.6g}, {steps} steps, critical path s: down "
+                      f"{t['download_s']:.3f} client {t['client_s']:.3f} up "
+                      f"{t['upload_s']:.3f} server {t['server_s']:.3f})", flush=True)
             pt, *pp = PAPER[(task, scheme)]
-            d, c, u, s = _pcts(t)
-            row = (f"| {task} | {scheme} | {t['round_time_s']:.2f} | {d:.1f} | {c:.1f} | "
-                   f"{u:.1f} | {s:.1f} | {pt:g} | {'/'.join(f'{x:g}' for x in pp)} | "
-                   f"{t['mib_down_per_client']:.3f} / {t['mib_up_per_client']:.3f} | "
-                   f"{raw['round_time_s']:.2f}, {recorded_steps} |")
+            pcts = [_pcts(t) for t, _, _ in runs]
+            row = (f"| {task} | {scheme} | {pm([t['round_time_s'] for t, _, _ in runs])} | "
+                   + " | ".join(pm([p[k] for p in pcts], ".1f") for k in range(4))
+                   + f" | {pt:g} | {'/'.join(f'{x:g}' for x in pp)} | "
+                   f"{runs[0][0]['mib_down_per_client']:.3f} / "
+                   f"{runs[0][0]['mib_up_per_client']:.3f} | "
+                   f"{pm([raw['round_time_s'] for _, raw, _ in runs])}, {runs[0][2]} |")
             lines.append(row)
-            print(row, f"  (FLOPs/step {t['flops_per_step']:.6g}, {steps} steps, critical "
-                  f"path s: down {t['download_s']:.3f} client {t['client_s']:.3f} up "
-                  f"{t['upload_s']:.3f} server {t['server_s']:.3f})", flush=True)
+            print(row, flush=True)
     text = "\n".join(lines) + "\n"
     print("\n" + text)
     if args.out:

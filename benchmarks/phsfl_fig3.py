@@ -11,7 +11,9 @@ no test sample). Long: run it by hand, niced, e.g.::
     nice -n 10 python benchmarks/phsfl_fig3.py --global-rounds 10 --out runs/phsfl-fig3
 
 (``--alphas 0.1`` and ``--alphas 0.5``, or ``--algorithms phsfl`` and ``--algorithms
-hsfl``, in two processes use two cores.) The paper runs
+hsfl``, in two processes use two cores.) Every (alpha, algorithm) runs under seeds
+0 .. N-1 (``--seeds N``, default 3); the table shows mean ± std over the seeds, and
+finished runs under ``--out`` are reused. The paper runs
 R = 100 global rounds on CIFAR-10; its figures, for the shape: alpha = 0.1: global
 HSFL 0.6606 / PHSFL 0.6446 (loss 1.0049 / 1.0975), personalised HSFL 0.7958 / PHSFL
 0.8708 (loss 0.6735 / 0.4721); alpha = 0.5: personalised +4.75 % (HSFL) and +9.03 %
@@ -28,12 +30,11 @@ from pathlib import Path
 
 import numpy as np
 import simpy
+from seeds import add_seeds_argument, ordering, pm, run_or_reuse, seed_list
 
 from mecsim.engine import engine_path, time_round
 from mecsim.network import NetworkModel, device_profiles
 from mecsim.ops import op_from_dict
-from mecsim.records import RecordsWriter
-from mecsim.runner import run
 from mecsim.scenario import load_scenario, scenario_from_dict
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,15 +48,16 @@ PAPER = {  # Section V-B, CIFAR-10, R = 100, after K = 10 fine-tuning steps
 
 
 def scenario_for(alpha: float, algorithm: str, global_rounds: int, run_id: str, out: Path,
-                 train_size: int | None, test_size: int | None, clients: int | None = None,
-                 epochs: int | None = None):
-    data = load_scenario(SCENARIO).model_dump(mode="json")
+                 train_size: int | None, test_size: int | None, seed: int = 0,
+                 epochs: int | None = None, scenario: Path = SCENARIO,
+                 clients: int | None = None):
+    data = load_scenario(scenario).model_dump(mode="json")
     if clients is not None:
         data["topology"]["clients"] = clients
-    if epochs is not None:
-        data["training"]["epochs"] = epochs
     k1 = data["algorithm"]["params"]["edge_rounds"]
-    data.update(name=f"phsfl-fig3-{run_id}", rounds=global_rounds * k1)
+    data.update(name=f"phsfl-fig3-{run_id}", rounds=global_rounds * k1, seed=seed)
+    if epochs:
+        data["training"]["epochs"] = epochs
     data["dataset"]["partition"]["alpha"] = alpha
     if train_size:
         data["dataset"]["train_size"] = train_size
@@ -67,7 +69,7 @@ def scenario_for(alpha: float, algorithm: str, global_rounds: int, run_id: str, 
     data["execution"] = {"backend": "local", "hosts": 1}
     data["outputs"] = {**data["outputs"], "dir": str(out), "run_id": run_id,
                        "table_format": "csv"}
-    return scenario_from_dict(data, f"{SCENARIO} (fig3 {run_id})")
+    return scenario_from_dict(data, f"{scenario} (fig3 {run_id})")
 
 
 def engine_events_per_second(run_dir: Path, round_index: int = 0,
@@ -114,63 +116,89 @@ def final_figures(rows: list[dict]) -> dict[str, float]:
             "round": last["round"]}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--global-rounds", type=int, default=10, help="R (the paper: 100)")
     ap.add_argument("--alphas", type=float, nargs="+", default=[0.1, 0.5])
     ap.add_argument("--algorithms", nargs="+", default=["phsfl", "hsfl"])
     ap.add_argument("--train-size", type=int, default=None)
     ap.add_argument("--test-size", type=int, default=None)
+    ap.add_argument("--epochs", type=int, default=None, help="kappa_0 (default: the scenario's)")
+    ap.add_argument("--scenario", type=Path, default=SCENARIO)
     ap.add_argument("--out", type=Path, help="default runs/phsfl-fig3 in the repository; "
                     "with --quick a new temporary directory")
+    add_seeds_argument(ap)
     ap.add_argument("--quick", action="store_true", help="seconds, not minutes: PHSFL, "
                     "alpha 0.5, 1 global round, 8 clients (2 per edge server), 200 images, "
-                    "1 epoch")
-    args = ap.parse_args()
-    clients = epochs = None
+                    "1 epoch, one seed")
+    args = ap.parse_args(argv)
+    clients = None
     if args.quick:
-        args.global_rounds, args.alphas, args.algorithms = 1, [0.5], ["phsfl"]
-        args.train_size, args.test_size, clients, epochs = 200, 100, 8, 1
+        args.global_rounds, args.alphas, args.algorithms, args.seeds = 1, [0.5], ["phsfl"], 1
+        args.train_size, args.test_size, clients, args.epochs = 200, 100, 8, 1
     if args.out is None:
         args.out = (Path(tempfile.mkdtemp(prefix="phsfl-fig3-")) if args.quick
                     else ROOT / "runs" / "phsfl-fig3")
     args.out.mkdir(parents=True, exist_ok=True)
-    results = {}
+    results: dict[str, dict] = {}
     for alpha in args.alphas:
         for algorithm in args.algorithms:
-            run_id = f"{algorithm}-a{alpha:g}-R{args.global_rounds}"
-            sc = scenario_for(alpha, algorithm, args.global_rounds, run_id, args.out,
-                              args.train_size, args.test_size, clients, epochs)
-            t0 = time.perf_counter()
-            rows = run(sc, run_id, args.out / run_id, [RecordsWriter(args.out / run_id)])
-            wall = time.perf_counter() - t0
-            curve = [{"global_round": int(r["global_round"]),
-                      "global_acc": r["mean_global_accuracy"],
-                      "global_loss": r["mean_global_test_loss"],
-                      "personal_acc": r["mean_accuracy"], "personal_loss": r["mean_test_loss"]}
-                     for r in rows if np.isfinite(r["mean_accuracy"])]
-            res = {**final_figures(rows), "curve": curve, "host_wall_s": wall,
-                   "emulated_s": rows[-1]["elapsed_s"],
-                   "mean_edge_round_s": float(np.mean([r["round_time_s"] for r in rows])),
-                   "mean_backhaul_s": float(np.mean([r["backhaul_time_s"] for r in rows])),
-                   "activation_bytes_per_round": rows[0]["activation_bytes"],
-                   "gradient_bytes_per_round": rows[0]["gradient_bytes"]}
-            if not results:
-                res["engine"] = engine_events_per_second(args.out / run_id)
-            results[run_id] = res
-            print(f"{run_id}: {json.dumps({k: v for k, v in res.items() if k != 'curve'})}",
-                  flush=True)
+            key = f"{algorithm}-a{alpha:g}-R{args.global_rounds}"
+            per_seed = []
+            for seed in seed_list(args.seeds):
+                run_id = f"{key}-s{seed}"
+                sc = scenario_for(alpha, algorithm, args.global_rounds, run_id, args.out,
+                                  args.train_size, args.test_size, seed, args.epochs,
+                                  args.scenario, clients)
+                t0 = time.perf_counter()
+                df, _ = run_or_reuse(sc, args.out / run_id, run_id)
+                rows = df.to_dict("records")
+                wall = time.perf_counter() - t0
+                curve = [{"global_round": int(r["global_round"]),
+                          "global_acc": r["mean_global_accuracy"],
+                          "global_loss": r["mean_global_test_loss"],
+                          "personal_acc": r["mean_accuracy"],
+                          "personal_loss": r["mean_test_loss"]}
+                         for r in rows if np.isfinite(r["mean_accuracy"])]
+                res = {**final_figures(rows), "curve": curve, "host_wall_s": wall,
+                       "emulated_s": rows[-1]["elapsed_s"],
+                       "mean_edge_round_s": float(np.mean([r["round_time_s"] for r in rows])),
+                       "mean_backhaul_s": float(np.mean([r["backhaul_time_s"] for r in rows])),
+                       "activation_bytes_per_round": rows[0]["activation_bytes"],
+                       "gradient_bytes_per_round": rows[0]["gradient_bytes"],
+                       "finetune_bytes_per_global_round":
+                           float(np.nansum([r.get("finetune_bytes", np.nan) for r in rows]))
+                           / args.global_rounds,
+                       "finetune_es_gflops_per_global_round":
+                           float(np.nansum([r.get("finetune_es_gflops", np.nan) for r in rows]))
+                           / args.global_rounds}
+                if not results and not per_seed:
+                    res["engine"] = engine_events_per_second(args.out / run_id)
+                per_seed.append(res)
+                print(f"{run_id}: {json.dumps({k: v for k, v in res.items() if k != 'curve'})}",
+                      flush=True)
+            results[key] = {"alpha": alpha, "algorithm": algorithm, "seeds": per_seed}
     stem = f"fig3-{'-'.join(f'{a:g}' for a in args.alphas)}-{'-'.join(args.algorithms)}"
     (args.out / f"{stem}.json").write_text(json.dumps(results, indent=1))
-    lines = ["| run | global acc | global loss | personalised acc | personalised loss |"
-             " paper (CIFAR-10, R=100) |", "|---|---|---|---|---|---|"]
-    for run_id, res in results.items():
-        alg, alpha = run_id.split("-a")[0], float(run_id.split("-a")[1].split("-R")[0])
-        p = PAPER.get((alpha, alg))
+    lines = ["| run | global acc | global loss | personalised acc | personalised loss "
+             "| edge round (s) | paper (CIFAR-10, R=100) |", "|---|---|---|---|---|---|---|"]
+    personal: dict[float, dict[str, list[float]]] = {}
+    for key, res in results.items():
+        seeds = res["seeds"]
+        p = PAPER.get((res["alpha"], res["algorithm"]))
         paper = (f"{p['global_acc']:.4f} / {p['global_loss']:.4f} / {p['personal_acc']:.4f}"
                  f" / {p['personal_loss']:.4f}") if p else ""
-        lines.append(f"| {run_id} | {res['global_acc']:.4f} | {res['global_loss']:.4f} | "
-                     f"{res['personal_acc']:.4f} | {res['personal_loss']:.4f} | {paper} |")
+        col = {k: [s[k] for s in seeds] for k in ("global_acc", "global_loss", "personal_acc",
+                                                   "personal_loss", "mean_edge_round_s")}
+        personal.setdefault(res["alpha"], {})[res["algorithm"].upper()] = col["personal_acc"]
+        lines.append(f"| {key} | {pm(col['global_acc'], '.4f')} | {pm(col['global_loss'], '.4f')} "
+                     f"| {pm(col['personal_acc'], '.4f')} | {pm(col['personal_loss'], '.4f')} "
+                     f"| {pm(col['mean_edge_round_s'], '.1f')} | {paper} |")
+    lines.append("")
+    lines.append(f"Seeds 0-{args.seeds - 1}: mean ± std (ddof 1) of the final global round.")
+    for alpha, accs in personal.items():
+        lines.append(f"Personalised accuracy at alpha = {alpha:g} ('>' beyond the spread): "
+                     f"{ordering(accs)}.")
     table = "\n".join(lines)
     (args.out / f"{stem}.md").write_text(table + "\n")
     print(table)

@@ -154,11 +154,10 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     from mecsim import preflight
     from mecsim.console import ProgressBar, summary_table
     from mecsim.metrics import MetricsExporter
-    from mecsim.network import downlink_note
     from mecsim.records import RecordsWriter
     from mecsim.runfolder import RunFolderError, RunLock, prepare_resume, status_line
     from mecsim.runner import RunFailed, ScenarioInfeasible, run
-    from mecsim.summary import energy_line, summarise, target_lines
+    from mecsim.summary import energy_line, run_notes, summarise, target_lines
 
     resume = None
     created: Path | None = None
@@ -296,9 +295,9 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         if rows:
             for table in summary_table(scenario.algorithm.name, rows):
                 console.print(table)
-            note = downlink_note(scenario)
             for line in [energy_line(summarise(rows)),
-                         *target_lines(rows, scenario.evaluation.target_accuracy), note]:
+                         *target_lines(rows, scenario.evaluation.target_accuracy),
+                         *run_notes(scenario, rows)]:
                 if line:
                     console.print(Text(line))
         console.print(Text(f"records: {out_dir}/ (rounds.csv, clients.csv, summary.md, ...)"))

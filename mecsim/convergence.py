@@ -19,6 +19,14 @@ convergence is detected. mecsim's definition, applied to the per-round mean user
 This is the one definition: ``mecsim report``'s DC-PFL table (``--window``,
 ``--tolerance``) and ``benchmarks/dcpfl_table.py`` both use it.
 
+"Converged" compares a run with its own end, so it favours a run that stops improving
+early, and a run whose accuracy peaks and falls back "converges" where it is already
+falling. The fair comparison of methods is **to a common target accuracy**
+(:func:`to_target`): the rounds, communication rounds, emulated times and bytes until a
+run's mean user accuracy first reaches the same target as every other method's;
+:func:`common_target` picks the highest target (in whole accuracy points) that every
+run reaches at the end of its trailing mean.
+
 Defaults: ``window = 5`` rounds, ``tol = 0.01`` (one accuracy point). A run that is still
 improving at its end converges late by this definition; its figures are then those of
 the whole run, which is the honest reading of a truncated run.
@@ -88,17 +96,10 @@ def _is_comm_round(row: Mapping[str, Any]) -> bool:
     return float(row["bytes_up"]) + float(row["bytes_down"]) > 0
 
 
-def to_convergence(rows: Sequence[Mapping[str, Any]], window: int = WINDOW_ROUNDS,
-                   tol: float = TOLERANCE) -> dict[str, float]:
-    """The table's columns for one run's round rows (see the module docstring)."""
-    if not rows:
-        raise ValueError("no rounds")
-    acc = [float(r["mean_accuracy"]) for r in rows]
-    r_conv = convergence_round(acc, window, tol)
-    upto = rows[: r_conv + 1]
+def _upto(rows: Sequence[Mapping[str, Any]], last: int) -> dict[str, float]:
+    """Communication rounds, times and bytes of ``rows[:last + 1]``."""
+    upto = rows[: last + 1]
     return {
-        "final_accuracy": final_accuracy(acc, window),
-        "convergence_round": float(r_conv),
         "training_rounds": float(len(upto)),
         "comm_rounds": float(sum(_is_comm_round(r) for r in upto)),
         "comm_time_s": float(sum(_seconds(r, "dl_time_s") + _seconds(r, "ul_time_s")
@@ -106,4 +107,45 @@ def to_convergence(rows: Sequence[Mapping[str, Any]], window: int = WINDOW_ROUND
         "compute_time_s": float(sum(_seconds(r, "client_time_s") for r in upto)),
         "total_time_s": float(upto[-1]["elapsed_s"]),
         "bytes_total": float(sum(float(r["bytes_up"]) + float(r["bytes_down"]) for r in upto)),
+    }
+
+
+def to_target(rows: Sequence[Mapping[str, Any]], target: float) -> dict[str, float]:
+    """Up to the first evaluated round whose mean user accuracy is >= ``target``: its
+    index (``target_round``), the rounds, communication rounds, communication, computation
+    and total emulated time, and bytes (up + down) until then; NaN everywhere when the
+    run never reaches it."""
+    keys = ("target_round", "training_rounds", "comm_rounds", "comm_time_s",
+            "compute_time_s", "total_time_s", "bytes_total")
+    for k, r in enumerate(rows):
+        a = float(r["mean_accuracy"])
+        if math.isfinite(a) and a >= target:
+            return {"target_round": float(k), **_upto(rows, k)}
+    return dict.fromkeys(keys, math.nan)
+
+
+def common_target(final_accuracies: Sequence[float], step: float = 0.01) -> float:
+    """The highest multiple of ``step`` at or below every run's final accuracy: a target
+    every run reached (at least at the end of its trailing mean)."""
+    finite = [a for a in final_accuracies if math.isfinite(a)]
+    if not finite:
+        raise ValueError("no run has a final accuracy")
+    return math.floor(min(finite) / step + 1e-9) * step
+
+
+def to_convergence(rows: Sequence[Mapping[str, Any]], window: int = WINDOW_ROUNDS,
+                   tol: float = TOLERANCE) -> dict[str, float]:
+    """The table's columns for one run's round rows (see the module docstring), with the
+    best trailing-mean accuracy of the run (``best_accuracy``): above the final one when
+    the run's accuracy fell back after a peak."""
+    if not rows:
+        raise ValueError("no rounds")
+    acc = [float(r["mean_accuracy"]) for r in rows]
+    r_conv = convergence_round(acc, window, tol)
+    _, evaluated = _evaluated(acc)
+    return {
+        "final_accuracy": final_accuracy(acc, window),
+        "best_accuracy": float(trailing_mean(evaluated, window).max()),
+        "convergence_round": float(r_conv),
+        **_upto(rows, r_conv),
     }

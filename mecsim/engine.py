@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import simpy
 
-from mecsim.ops import Backhaul, Compute, Download, OpTrace, ServerCompute, Upload
+from mecsim.ops import Backhaul, Barrier, Compute, Download, OpTrace, ServerCompute, Upload
 
 _Proc = Generator[simpy.Event, Any, None]
 
@@ -299,10 +299,26 @@ class EdgeBackhaul:
         yield self.done[k]
 
 
+class RoundBarrier:
+    """The round's Barrier ops: the k-th releases every client carrying a k-th Barrier op
+    when the last of the ``expected[k]`` of them reaches it."""
+
+    def __init__(self, env: simpy.Environment, expected: list[int]) -> None:
+        self.expected = expected
+        self.arrived = [0] * len(expected)
+        self.done = [env.event() for _ in expected]
+
+    def wait(self, k: int) -> _Proc:
+        self.arrived[k] += 1
+        if self.arrived[k] == self.expected[k]:
+            self.done[k].succeed()
+        yield self.done[k]
+
+
 _Link = DedicatedLink | SharedLink
 _KIND: dict[type, str] = {
     Download: "download", Compute: "compute", Upload: "upload", ServerCompute: "server",
-    Backhaul: "backhaul",
+    Backhaul: "backhaul", Barrier: "barrier",
 }
 
 
@@ -312,18 +328,24 @@ class _Client:
     def __init__(
         self, env: simpy.Environment, cid: int, trace: OpTrace, down: _Link, up: _Link,
         device: Device, server: EdgeServerCPU | None, backhaul: EdgeBackhaul | None = None,
+        barrier: RoundBarrier | None = None,
     ) -> None:
         self.env, self.cid, self.trace = env, cid, trace
         self.down, self.up, self.device, self.server = down, up, device, server
-        self.backhaul = backhaul
+        self.backhaul, self.barrier = backhaul, barrier
         self.spent_s = dict.fromkeys(_KIND.values(), 0.0)
         self.current: str | None = None
         self.finish_s: float | None = None
 
     def run(self) -> _Proc:
-        k_backhaul = 0
+        k_backhaul = k_barrier = 0
         for op in self.trace:
             t0_s, self.current = self.env.now, _KIND[type(op)]
+            if isinstance(op, Barrier):  # waiting for the others: idle, in no total
+                assert self.barrier is not None  # _simulate made one for the round
+                yield from self.barrier.wait(k_barrier)
+                k_barrier += 1
+                continue
             if isinstance(op, Backhaul):
                 assert self.backhaul is not None  # _edge_backhauls made one for its server
                 yield from self.backhaul.transfer(k_backhaul, op.nbytes)
@@ -591,6 +613,9 @@ def _simulate(
         return SharedLink(media[key], float(rate), latency_s)
 
     backhauls = _edge_backhauls(env, traces, clients, servers)
+    barriers = [sum(isinstance(op, Barrier) for op in trace) for trace in traces.values()]
+    barrier = RoundBarrier(env, [sum(n > k for n in barriers) for k in range(max(barriers,
+                                                                               default=0))])
     procs: list[_Client] = []
     for cid, trace in traces.items():
         spec = clients[cid]
@@ -608,7 +633,7 @@ def _simulate(
             link(spec, spec.downlink_rate_bps, network.downlink_shared, "downlink"),
             link(spec, spec.uplink_rate_bps, network.uplink_shared, "uplink"),
             Device(env, spec.step_overhead_s, spec.flops_per_s), server,
-            backhauls.get(es),
+            backhauls.get(es), barrier,
         )
         procs.append(client)
         env.process(client.run())

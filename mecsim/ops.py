@@ -74,7 +74,20 @@ class Backhaul:
             raise ValueError(f"Backhaul.nbytes must be >= 0, got {self.nbytes}")
 
 
-Op = Download | Upload | Compute | ServerCompute | Backhaul
+@dataclass(frozen=True, slots=True)
+class Barrier:
+    """Wait for the server's decision, which needs every client's report first.
+
+    The k-th Barrier op of every client of the round that carries one is one decision: it
+    releases them all when the last of them reaches it (no time of its own; the waiting
+    is idle time, in none of the per-kind totals). DC-PFL's trial round waits here after
+    its loss reports, before the decision comes down and the chosen model goes up.
+    """
+
+    what: str = "decision"
+
+
+Op = Download | Upload | Compute | ServerCompute | Backhaul | Barrier
 OpTrace = tuple[Op, ...]
 
 _OP_TYPES: dict[str, type] = {
@@ -83,6 +96,7 @@ _OP_TYPES: dict[str, type] = {
     "compute": Compute,
     "server_compute": ServerCompute,
     "backhaul": Backhaul,
+    "barrier": Barrier,
 }
 _OP_NAMES = {cls: name for name, cls in _OP_TYPES.items()}
 

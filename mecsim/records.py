@@ -28,7 +28,6 @@ import pandas as pd
 from mecsim.chaos import kill_point
 from mecsim.checkpoint import atomic_write_text
 from mecsim.interrupts import atomic_section
-from mecsim.network import downlink_note
 from mecsim.runfolder import (
     LOCK_NAME,
     RunFolderError,
@@ -40,7 +39,7 @@ from mecsim.runfolder import (
 )
 from mecsim.runner import RunInfo, RunObserver
 from mecsim.scenario import resolved_yaml
-from mecsim.summary import markdown, summarise, target_lines
+from mecsim.summary import markdown, run_notes, summarise, target_lines
 
 ROUND_COLUMNS = [
     "run_id", "round", "algorithm", "selected", "completed", "dropped",
@@ -208,9 +207,8 @@ class RecordsWriter(RunObserver):
             return
         self.summary = summarise(rows)
         targets = target_lines(rows, info.scenario.evaluation.target_accuracy)
-        note = downlink_note(info.scenario)
         text = markdown(info.run_id, info.scenario.algorithm.name, self.summary, targets,
-                        [note] if note else [])
+                        run_notes(info.scenario, rows))
         if status_text:
             text = text.replace("\n\n", f"\n\n**Run {status_text}.**\n\n", 1)
         atomic_write_text(self.out_dir / "summary.md", text)

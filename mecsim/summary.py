@@ -135,6 +135,18 @@ def target_lines(rows: Sequence[dict[str, Any]], targets: Sequence[float]) -> li
     return lines
 
 
+def run_notes(scenario: Any, rows: Sequence[dict[str, Any]]) -> list[str]:
+    """What a run's summary and report print under their tables: the downlink assumption
+    (:func:`mecsim.network.downlink_note`) and the algorithm's warnings about the run
+    (``ServerAlgorithm.run_notes``, e.g. a mechanism that never acted)."""
+    from agents.algorithms import run_notes as algorithm_notes
+    from mecsim.network import downlink_note
+
+    note = downlink_note(scenario)
+    return ([note] if note else []) + algorithm_notes(
+        scenario.algorithm.name, dict(scenario.algorithm.params), list(rows))
+
+
 def energy_line(s: dict[str, float]) -> str | None:
     """'Client energy per round: 123.4 J (compute 60 %, radio 5 %, idle 35 %), all selected
     clients.' or None without energy figures."""

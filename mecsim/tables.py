@@ -126,24 +126,25 @@ def load_run(path: str | Path) -> RunRecords:
             planned = int((yaml.safe_load(scenario_file.read_text()) or {}).get("rounds"))
         except (yaml.YAMLError, TypeError, ValueError, AttributeError):
             planned = None
-        notes = _scenario_notes(scenario_file)
+        notes = _scenario_notes(scenario_file, rounds)
     run_id = str(rounds["run_id"].iloc[0]) if "run_id" in rounds.columns else path.name
     algorithms = sorted(set(rounds["algorithm"].astype(str)))
     return RunRecords(path, run_id, "+".join(algorithms), rounds, clients, planned,
                       extra={"notes": notes})
 
 
-def _scenario_notes(scenario_file: Path) -> list[str]:
-    """The assumptions a run's tables must state (the downlink note), from its scenario;
+def _scenario_notes(scenario_file: Path, rounds: pd.DataFrame) -> list[str]:
+    """What a run's tables must state under them (the downlink assumption, the algorithm's
+    warnings: :func:`mecsim.summary.run_notes`), from its scenario and round records;
     none when the file is not a valid scenario of this mecsim (records of another one)."""
-    from mecsim.network import downlink_note
     from mecsim.scenario import ScenarioError, load_scenario
+    from mecsim.summary import run_notes
 
     try:
-        note = downlink_note(load_scenario(scenario_file))
+        scenario = load_scenario(scenario_file)
     except (ScenarioError, ValueError):
         return []
-    return [note] if note else []
+    return run_notes(scenario, rounds.to_dict("records"))
 
 
 def label_runs(runs: Sequence[RunRecords]) -> None:
@@ -265,24 +266,41 @@ def mtfl_time_table(runs: Sequence[RunRecords]) -> pd.DataFrame:
 
 
 def dcpfl_table(runs: Sequence[RunRecords], tolerance: float = convergence.TOLERANCE,
-                window: int = convergence.WINDOW_ROUNDS) -> pd.DataFrame:
-    """DC-PFL Tables I-II shape, at the convergence round (:mod:`mecsim.convergence`)."""
+                window: int = convergence.WINDOW_ROUNDS,
+                target: float | None = None) -> pd.DataFrame:
+    """DC-PFL Tables I-II shape, at the convergence round (:mod:`mecsim.convergence`), and
+    to a common target accuracy (``target``, or :func:`mecsim.convergence.common_target`
+    of the runs' final accuracies): rounds, emulated seconds and MiB until each run first
+    reaches it (the fair comparison: "converged" compares a run only with its own end)."""
     rows = []
     for r in runs:
         base = {"method": r.algorithm, "run": r.run_id}
         if evaluated(r).empty:
-            rows.append({**base, "final_acc": math.nan, "convergence_round": math.nan,
-                         "comm_rounds": 0, "comm_time_s": 0.0,
+            rows.append({**base, "final_acc": math.nan, "best_acc": math.nan,
+                         "convergence_round": math.nan, "comm_rounds": 0, "comm_time_s": 0.0,
                          "total_time_s": float(r.rounds["elapsed_s"].iloc[-1])})
             continue
         conv = convergence.to_convergence(r.rounds.to_dict("records"), window, tolerance)
         rows.append({**base, "final_acc": conv["final_accuracy"],
+                     "best_acc": conv["best_accuracy"],
                      "convergence_round": int(conv["convergence_round"]) + 1,
                      "comm_rounds": int(conv["comm_rounds"]),
                      "comm_time_s": conv["comm_time_s"], "total_time_s": conv["total_time_s"]})
     out = pd.DataFrame(rows)
     base = out["total_time_s"].iloc[0]
     out["total_time_ratio"] = out["total_time_s"] / base if base > 0 else math.nan
+    finals = out["final_acc"].astype(float).tolist()
+    if target is None and any(math.isfinite(a) for a in finals):
+        target = convergence.common_target(finals)
+    out["target"] = math.nan if target is None else target
+    for key in ("target_round", "target_time_s", "target_mib"):
+        out[key] = math.nan
+    if target is not None:
+        for k, r in enumerate(runs):
+            hit = convergence.to_target(r.rounds.to_dict("records"), target)
+            out.loc[k, "target_round"] = hit["target_round"] + 1
+            out.loc[k, "target_time_s"] = hit["total_time_s"]
+            out.loc[k, "target_mib"] = hit["bytes_total"] / MiB
     return out
 
 
@@ -398,17 +416,26 @@ class Tables:
         # DC-PFL Tables I-II
         d = self.dcpfl
         pp = 100 * self.tolerance
-        header = ["Method", "Final Acc.", "Comm. rounds", "Comm. time (s)", "Total time (s)",
-                  "Converged at round"]
+        goal = d["target"].iloc[0] if "target" in d and len(d) else math.nan
+        header = ["Method", "Final Acc.", "Best Acc.", "Comm. rounds", "Comm. time (s)",
+                  "Total time (s)", "Converged at round"]
+        if math.isfinite(goal):
+            header += [f"Round to {100 * goal:g} %", f"Time to {100 * goal:g} % (s)",
+                       f"MiB to {100 * goal:g} %"]
         rows = []
         for _, r in d.iterrows():
             comm = r["comm_rounds"] > 0
-            rows.append([_method(r, n), _num(r["final_acc"], ".3f"),
-                         str(int(r["comm_rounds"])) if comm else "-",
-                         _num(r["comm_time_s"], ".1f") if comm else "-",
-                         f"{_num(r['total_time_s'], '.1f')} "
-                         f"(×{_num(r['total_time_ratio'], '.2f')})",
-                         _num(r["convergence_round"], ".0f")])
+            cells = [_method(r, n), _num(r["final_acc"], ".3f"), _num(r["best_acc"], ".3f"),
+                     str(int(r["comm_rounds"])) if comm else "-",
+                     _num(r["comm_time_s"], ".1f") if comm else "-",
+                     f"{_num(r['total_time_s'], '.1f')} "
+                     f"(×{_num(r['total_time_ratio'], '.2f')})",
+                     _num(r["convergence_round"], ".0f")]
+            if math.isfinite(goal):
+                cells += [_num(r["target_round"], ".0f", "X"),
+                          _num(r["target_time_s"], ".1f", "X"),
+                          _num(r["target_mib"], ".1f", "X")]
+            rows.append(cells)
         parts.append(
             "## Accuracy and time to convergence (DC-PFL Tables I-II shape)\n\n"
             + _md(header, rows)
@@ -417,7 +444,12 @@ class Tables:
             f"which the trailing {self.window}-round mean accuracy stays no more than {pp:g} "
             f"percentage point{'' if pp == 1 else 's'} below the final accuracy. "
             "Comm. rounds and times count rounds up to it; (×) is the total time relative to "
-            "the first run.")
+            "the first run. Best Acc.: the best trailing mean (above Final when the accuracy "
+            "fell back). To the target: the first round with mean user accuracy at or above "
+            "it, its emulated time and the MiB sent and received until then, the same target "
+            "for every run (given with --target, else the highest whole point every run's "
+            "final accuracy reaches): the fair comparison, since 'converged' compares each "
+            "run only with its own end.")
 
         # Accuracy
         a = self.accuracy
@@ -434,7 +466,8 @@ class Tables:
             rows.append(cells)
         parts.append("## User accuracy\n\n" + _md(header, rows))
         if self.notes:
-            parts.append("## Assumptions\n\n" + "\n".join(f"- {note}" for note in self.notes))
+            parts.append("## Assumptions and warnings\n\n"
+                         + "\n".join(f"- {note}" for note in self.notes))
         return "\n\n".join(parts) + "\n"
 
 
@@ -446,5 +479,6 @@ def build_tables(runs: Sequence[RunRecords], target: float | None = None,
     notes = [note if len(runs) == 1 else f"{r.label}: {note}"
              for r in runs for note in r.extra.get("notes", [])]
     return Tables(kapc_time_table(runs), kapc_cost_table(runs), mtfl_time_table(runs),
-                  dcpfl_table(runs, tolerance, window), accuracy_table(runs, target), target,
+                  dcpfl_table(runs, tolerance, window, target), accuracy_table(runs, target),
+                  target,
                   tolerance, window, notes)

@@ -15,6 +15,7 @@ from conftest import tiny
 
 from agents.algorithms import ClientContext, ClientResult, ClientTask, TrainConfig
 from agents.algorithms.dcpfl import (
+    DECISION_NBYTES,
     LOSS_REPORT_NBYTES,
     DCPFLClient,
     DCPFLServer,
@@ -27,6 +28,8 @@ from agents.algorithms.dcpfl import (
     layers_due,
     model_discrepancy,
     next_split,
+    rdp_detections,
+    rdp_end_unseen,
     rdp_ended,
     smoothed_losses,
     trial_accepts,
@@ -41,7 +44,16 @@ from agents.models import get_flat, model_layout, set_flat
 from agents.training import StepCosts
 from mecsim.convergence import convergence_round, final_accuracy, to_convergence, trailing_mean
 from mecsim.data import heterogeneity_dkl, load_dataset, partition
-from mecsim.ops import Compute, Download, Upload, trace_bytes
+from mecsim.engine import ClientSpec, NetworkSpec, ServerSpec, time_round
+from mecsim.ops import (
+    Barrier,
+    Compute,
+    Download,
+    Upload,
+    op_from_dict,
+    op_to_dict,
+    trace_bytes,
+)
 from mecsim.records import RecordsWriter
 from mecsim.runner import run
 from mecsim.scenario import ScenarioError
@@ -347,6 +359,98 @@ def test_rdp_schedules_a_trial_and_a_rejected_split_holds_for_t_sp_rounds():
     assert server.trial is not None  # the hold is over: next round is a trial again
 
 
+def test_a_detection_without_a_minimum_of_r_is_flagged():
+    server = _trial_server()
+
+    def round_(srv, rnd, loss):
+        tasks = srv.configure_fit(rnd, [0, 1, 2, 3])
+        up = _uploads()
+        return srv.aggregate_fit(rnd, [_fake(t.client_id, up[t.client_id], loss=loss)
+                                       for t in tasks]).metrics
+
+    for rnd, loss in ((0, 4.0), (1, 2.0), (2, 1.9)):
+        m = round_(server, rnd, loss)
+        assert m["rdp_detected"] == 0 and math.isnan(m["rdp_earliest"])
+    # r is defined from the 3rd loss (index 2) on; it fires at the 4th: r(2) = 0.536 <
+    # r(3) = 20.1, and r(2) is the first radius there is: no minimum was ever seen
+    m = round_(server, 3, 1.85)
+    assert m["rdp_detected"] == 1 and m["rdp_earliest"] == 1
+    assert server.trial is not None
+    # losses 15, 11, 8, 6, 5, 4.1: r = 31.6, 11.2, 2.83 (falling), then 24.4: a real
+    # minimum at r(4) = 2^1.5, seen after two larger radii -> not flagged
+    knee = _trial_server()
+    metrics = [round_(knee, rnd, loss) for rnd, loss in enumerate((15, 11, 8, 6, 5, 4.1))]
+    np.testing.assert_allclose(knee.radii[2:], [10 ** 1.5, 5 ** 1.5, 2 ** 1.5, 1.81 ** 1.5 / 0.1],
+                               rtol=1e-9)
+    assert [m["rdp_detected"] for m in metrics] == [0, 0, 0, 0, 0, 1]
+    assert metrics[-1]["rdp_earliest"] == 0
+    assert rdp_end_unseen([math.nan, math.nan, 0.5, 20.0], 1, 1)
+    assert not rdp_end_unseen([math.nan, math.nan, 31.6, 11.2, 2.8, 24.4], 1, 1)
+    # with s = 5 the radii before loss index 6 come from a growing window: ignored
+    assert rdp_end_unseen([math.nan] * 4 + [1401.0, math.inf, 420, 530, 614, 674], 5, 3)
+
+
+def test_detections_are_rebuilt_from_the_records_for_the_warning():
+    # recorded rows (s = 5, t_obv = 3, as in a 50-client run): warm-up radii with a minimum
+    # (37.9 at round 11), a trial (accepted: a new history), then radii rising from the
+    # first one computed from full windows (420 at round 21), a trial
+    nan, inf = math.nan, math.inf
+    radii = [nan] * 4 + [inf] * 4 + [87.6, 45.2, 37.9, 38.9, 46.0, 60.0]
+    rows = [{"round": k, "trial": 0, "curvature_radius": r} for k, r in enumerate(radii)]
+    rows.append({"round": 14, "trial": 1, "split_accepted": 1, "curvature_radius": nan})
+    after = [nan] * 4 + [1401.0, inf, 420.0, 530.0, 614.0, 674.0]
+    rows += [{"round": 15 + k, "trial": 0, "curvature_radius": r} for k, r in enumerate(after)]
+    rows.append({"round": 25, "trial": 1, "split_accepted": 0, "curvature_radius": 674.0})
+    params = DCPFLServer.Params(loss_window=5, observe_rounds=3)
+    assert rdp_detections(rows, 5, 3) == [(13, False), (24, True)]
+    notes = DCPFLServer.run_notes(rows, params)
+    assert len(notes) == 1 and "1 of 2 ends of a rapid-decrease period" in notes[0]
+    assert "(round 25)" in notes[0]  # the detection round, counted from 1
+
+
+def test_low_discrepancy_metrics_and_the_warning_when_no_layer_is_ever_low():
+    rows = run(tiny(rounds=4, algorithm={"name": "dcpfl", "params": {
+        "warmup_rounds": 1, "dynamic": False, "fixed_gamma_tilde": 0.9, "low_ratio": 10.0}},
+        **E2E), "low")
+    updates = [r for r in rows if r["la_updates"] > 0]
+    assert updates and all(r["la_low_layers"] > 0 for r in updates)  # 10 x the mean: all low
+    assert all(math.isnan(r["la_low_layers"]) for r in rows if r["la_updates"] == 0)
+    params = DCPFLServer.Params(low_ratio=1e-9)
+    quiet = [{"round": 0, "la_updates": 2.0, "la_low_layers": 0.0, "la_min_ratio": 0.35},
+             {"round": 1, "la_updates": 0.0, "la_low_layers": math.nan,
+              "la_min_ratio": math.nan}]
+    notes = DCPFLServer.run_notes(quiet, params)
+    assert len(notes) == 1 and "never acted" in notes[0] and "2 layer-interval updates" in notes[0]
+    assert "smallest ratio 0.350" in notes[0]
+    quiet[0]["la_low_layers"] = 1.0
+    assert DCPFLServer.run_notes(quiet, params) == []
+    assert DCPFLServer.run_notes([{**quiet[0], "la_low_layers": 0.0}],
+                                 DCPFLServer.Params(layerwise=False)) == []  # NoLA: no warning
+
+
+def test_heldout_trial_losses_use_samples_the_client_never_trains_on():
+    model = _two_layer_model()
+    ctx = _ctx(model, n=10)
+    client = DCPFLClient({"trial_loss": "heldout", "heldout_fraction": 0.2})
+    w = ctx.init_weights
+    plain = client.fit(ctx, ClientTask(0, w, 56, {"download_layers": [0, 1],
+                                                 "upload_layers": [0, 1]}))
+    held = ctx.state["heldout_index"]
+    assert len(held) == 2 and plain.num_samples == 8  # trains on the other 8
+    cfg = {"trial": True, "trial_weights": w.copy(), "old_nbytes": 56, "new_nbytes": 56,
+           "upload_layers": [0, 1]}
+    result = client.fit(ctx, ClientTask(0, w, 112, cfg))
+    np.testing.assert_array_equal(ctx.state["heldout_index"], held)  # drawn once
+    # the reported loss is the cross-entropy of the trained model on the 2 held-out samples
+    set_flat(model, ctx.layout, result.weights)
+    idx = torch.from_numpy(held)
+    with torch.no_grad():
+        expected = torch.nn.functional.cross_entropy(model(ctx.x_train[idx]),
+                                                     ctx.y_train[idx]).item()
+    assert result.extra["loss_new"] == pytest.approx(expected, rel=1e-6)
+    assert result.num_samples == 8
+
+
 def test_an_accepted_split_is_adopted_with_the_new_uploads():
     server = _trial_server()
     _normal_round(server, 0, 4.0)
@@ -376,8 +480,9 @@ def test_trial_client_downloads_and_trains_twice_on_the_same_batches():
     assert kinds == [("Download", "group model"), ("Download", "trial group model"),
                      ("Compute", "train"), ("Compute", "loss"),
                      ("Compute", "train"), ("Compute", "loss"),
-                     ("Upload", "loss"), ("Upload", "model")]
-    assert trace_bytes(result.trace) == (2 * LOSS_REPORT_NBYTES + 56, 112)
+                     ("Upload", "loss"), ("Barrier", "trial_decision"),
+                     ("Download", "trial_decision"), ("Upload", "model")]
+    assert trace_bytes(result.trace) == (2 * LOSS_REPORT_NBYTES + 56, 112 + DECISION_NBYTES)
     train_ops = [op for op in result.trace if isinstance(op, Compute) and op.what == "train"]
     assert train_ops[0] == train_ops[1] and result.steps == 2 * train_ops[0].batches
     assert result.flops == pytest.approx(sum(op.flops for op in result.trace
@@ -398,6 +503,7 @@ def test_dcpfl_needs_full_participation_and_valid_params():
         DCPFLServer(layout, np.zeros(14, np.float32), {0: 1, 1: 1}, 0.5, {})
     with pytest.raises(Exception, match="scaling"):
         DCPFLServer(layout, np.zeros(14, np.float32), {0: 1}, 1.0, {"scaling": "zscore"})
+    assert DCPFLServer.Params().scaling == "layer"  # Eq. 3/5 read literally, by default
     with pytest.raises(ScenarioError, match="without dynamic clustering"):
         tiny(algorithm={"name": "dcpfl_nodc", "params": {"dynamic": True}})
 
@@ -427,8 +533,9 @@ def test_dcpfl_run_records_a_trial_round_with_double_download_and_compute(tmp_pa
     t = trials[0]
     prev = rounds.loc[t - 1]
     assert prev["trial"] == 0 and rounds.loc[:t - 1, "groups"].eq(1).all()
-    # from one group, every client's group changes: two full models down each
-    assert rounds.loc[t, "bytes_down"] == 2 * 6 * model_bytes
+    # from one group, every client's group changes: two full models down each, and the
+    # decision (1 byte) before the upload
+    assert rounds.loc[t, "bytes_down"] == 6 * (2 * model_bytes + DECISION_NBYTES)
     assert rounds.loc[t, "bytes_up"] == 6 * (model_bytes + 2 * LOSS_REPORT_NBYTES)
     # train + loss-test twice vs once
     assert rounds.loc[t, "client_gflops"] == pytest.approx(2 * prev["client_gflops"], rel=1e-9)
@@ -436,7 +543,36 @@ def test_dcpfl_run_records_a_trial_round_with_double_download_and_compute(tmp_pa
     assert rounds.loc[t, "comm_round"] == 1
     traces = [json.loads(line) for line in (out / "optraces.jsonl").read_text().splitlines()]
     ops = [op["what"] for op in traces[t]["clients"]["0"] if op["op"] == "download"]
-    assert ops == ["group model", "trial group model"]
+    assert ops == ["group model", "trial group model", "trial_decision"]
+    kinds = [op["op"] for op in traces[t]["clients"]["0"]]
+    assert kinds[-4:] == ["upload", "barrier", "download", "upload"]  # loss, wait, decision
+
+
+def test_barrier_holds_every_client_until_the_last_report_by_hand():
+    # 1000 B at 8000 b/s = 1 s a transfer; 1 GFLOP at 1 GFLOP/s = 1 s of compute
+    spec = {c: ClientSpec(c, 8000.0, 8000.0, 0.0, 1e9) for c in range(3)}
+    traces = {0: (Compute(1e9, 0), Barrier("trial_decision"), Download(1000), Upload(1000)),
+              1: (Compute(3e9, 0), Barrier("trial_decision"), Download(1000), Upload(1000)),
+              2: (Compute(1e9, 0), Upload(1000))}  # no barrier: does not wait
+    timing = time_round(traces, spec, [ServerSpec(1e12)], NetworkSpec())
+    tl = {t.client_id: t for t in timing.clients}
+    # client 0 waits at the barrier from 1 s to 3 s (client 1's report), then 1 s + 1 s
+    assert tl[0].finish_s == pytest.approx(5.0) and tl[1].finish_s == pytest.approx(5.0)
+    assert (tl[0].compute_s, tl[0].download_s, tl[0].upload_s) == pytest.approx((1, 1, 1))
+    assert tl[2].finish_s == pytest.approx(2.0)
+    assert timing.round_time_s == pytest.approx(5.0)
+    # without the barrier client 0 would be done at 3 s
+    alone = dict(traces)
+    alone[0] = tuple(op for op in traces[0] if not isinstance(op, Barrier))
+    assert {t.client_id: t.finish_s for t in time_round(
+        alone, spec, [ServerSpec(1e12)], NetworkSpec()).clients}[0] == pytest.approx(3.0)
+    # two barriers: the second releases after the slowest second report
+    two = {0: (Barrier(), Compute(1e9, 0), Barrier()), 1: (Barrier(), Compute(2e9, 0), Barrier(),
+                                                         Upload(1000))}
+    t2 = {t.client_id: t.finish_s for t in time_round(two, spec, [ServerSpec(1e12)],
+                                                      NetworkSpec()).clients}
+    assert t2 == pytest.approx({0: 2.0, 1: 3.0})
+    assert op_from_dict(op_to_dict(Barrier("trial_decision"))) == Barrier("trial_decision")
 
 
 def test_dataset_heterogeneity_is_recorded(tmp_path):

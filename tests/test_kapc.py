@@ -2,7 +2,8 @@
 
 The hand example: 3 clients, a 2-layer model without biases — layer 0 one scalar weight,
 layer 1 a 2 x 1 weight — with client parameters w_0 = (3 | 1, 0), w_1 = (0 | 0, 1),
-w_2 = (0 | 1, 1), lambda = 1, lr_relation = 0.1, E_r = 1, R uniform at 1/3.
+w_2 = (0 | 1, 1), lambda = 1, lr_relation = 0.1, E_r = 1, R uniform at 1/3
+(``relation_init: uniform``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from agents.algorithms import ClientContext, ClientResult, ClientTask, TrainConfig
+from agents.algorithms import ClientContext, ClientResult, ClientTask, TrainConfig, run_notes
 from agents.algorithms.kapc import (
     BlsClientState,
     BlsConstants,
@@ -28,6 +29,7 @@ from agents.algorithms.kapc import (
     coaching_pairs,
     criterion_log_lhs,
     kapc_server_flops,
+    layer_groups,
     log_m,
     normalise_rows,
     param_view,
@@ -62,7 +64,9 @@ def _hand_server(cls=KapcServer, **params) -> KapcServer:
     layout = model_layout(model)
     init = np.zeros(layout.size, np.float32)
     server = cls(layout, init, {0: 10, 1: 10, 2: 10}, 1.0,
-                 {"lam": 1.0, "beta": 0.5, "lr_relation": 0.1, **params})
+                 {"lam": 1.0, "beta": 0.5, "lr_relation": 0.1, "relation_init": "uniform",
+                  **params})
+    server.relations = server.initial_relations()
     server.aggregate_fit(-1, [_upload(c, w, [0, 1]) for c, w in HAND_W.items()])
     return server
 
@@ -371,15 +375,164 @@ def test_bad_parameters_are_reported_with_their_field():
 def test_two_round_smoke_run_moves_the_selected_bytes(name):
     rows = run(tiny(rounds=2, algorithm={"name": name, "params": {}}), "k")
     params_bytes = 4 * 199610  # mlp_2nn's parameters (its BN running stats stay home)
+    # conv_bn grouping: the 2NN's layers are FC 200 + its BatchNorm, FC 200, FC 10
+    layer_bytes = 4 * np.array([157000 + 400, 40200, 2010])
     first = rows[0]
     assert first["bytes_down"] == 4 * params_bytes  # 4 clients, all layers (first selection)
     if name == "kapc":
         assert [r["bytes_up"] for r in rows] == [4 * params_bytes] * 2
-        assert first["kapc_layers_up_mean"] == 4.0
-    else:
-        assert first["bytes_up"] == 4 * 4 * (157000 + 400 + 40200)  # Omega = L - 1 = 3
         assert first["kapc_layers_up_mean"] == 3.0
-        assert rows[1]["bytes_up"] < first["bytes_up"] or rows[1]["kapc_layers_up_mean"] == 4
+    else:
+        assert first["bytes_up"] == 4 * layer_bytes[:2].sum()  # Omega = L - 1 = 2
+        assert first["kapc_layers_up_mean"] == 2.0
+        assert first["kapc_omega_first_mean"] == 2.0
+        assert math.isnan(first["kapc_omega_repeat_mean"])
+        # second selection, withhold_last with 2 withheld: Omega = 3 - 2 = 1 layer up
+        assert rows[1]["bytes_up"] == 4 * layer_bytes[0]
+        assert rows[1]["kapc_omega_repeat_mean"] == 1.0
+        # Eq. 20: layer 3 (beyond last round's Omega = 2) is not sent but coached towards
+        # the client's own weights; the mu filter may hold back more
+        assert rows[1]["kapc_layers_own_mean"] == 1.0
+        if rows[1]["kapc_layers_filtered_mean"] == 0:  # nothing held back by mu
+            assert rows[1]["bytes_down"] == 4 * layer_bytes[:2].sum()
     for r in rows:
         assert r["server_gflops"] > 0 and 0 < r["mean_accuracy"] <= 1
-        assert r["kapc_self_relation_mean"] == pytest.approx(0.25, abs=0.05)
+        assert 0 < r["kapc_self_relation_mean"] < 1
+
+
+# ---------------------------------------------------------------- what a layer is
+
+
+def test_conv_bn_grouping_gives_resnet18_21_layers_and_module_41():
+    layout = model_layout(build_model("resnet18", (3, 32, 32), 10))
+    module, conv_bn = param_view(layout, "module"), param_view(layout, "conv_bn")
+    assert module.num_layers == 41 and conv_bn.num_layers == 21
+    assert module.size == conv_bn.size == 11173962  # the same parameters, grouped
+    # the stem: conv 3x3x3 -> 64 (1728) with its BatchNorm's gamma and beta (128)
+    assert conv_bn.numel()[0] == 1728 + 128 and module.numel()[:2].tolist() == [1728, 128]
+    # the last two layers: layer4.1.conv2 + bn2, then the FC (5120 + 10)
+    assert conv_bn.numel()[-2:].tolist() == [512 * 512 * 9 + 1024, 5130]
+    # n^l and d^l of a conv_bn layer are its convolution's, not its BatchNorm's
+    assert conv_bn.in_cols[:2].tolist() == [27, 576] and conv_bn.out_dim[0] == 64
+    assert module.in_cols[1] == 1  # a BatchNorm alone: its scale is one column
+    # three shortcut convolutions (1x1) are layers of their own, each with its BN
+    assert sorted(conv_bn.in_cols.tolist()).count(64) == 1  # layer2.0.shortcut: 64 * 1 * 1
+    groups = layer_groups(layout, "conv_bn")
+    assert len(groups) == 41 and groups.max() == 20
+
+
+def test_conv_bn_is_module_for_a_model_without_batchnorm():
+    layout = model_layout(build_model("kapc_cnn", (1, 28, 28), 10))
+    a, b = param_view(layout, "conv_bn"), param_view(layout, "module")
+    assert a.bounds.tolist() == b.bounds.tolist() and a.num_layers == 5
+    with pytest.raises(ValueError, match="unknown layer grouping"):
+        layer_groups(layout, "blocks")
+
+
+# ---------------------------------------------------------------- relation init
+
+
+def test_random_relation_init_is_seeded_normalised_and_not_uniform():
+    model = _hand_model()
+    layout = model_layout(model)
+    init = np.zeros(layout.size, np.float32)
+
+    def cube(seed: int, how: str) -> np.ndarray:
+        server = KapcServer(layout, init, {0: 1, 1: 1, 2: 1, 3: 1}, 1.0, {"relation_init": how})
+        server.seed = seed
+        return server.initial_relations()
+
+    r = cube(5, "random")
+    assert r.shape == (4, 2, 4)
+    np.testing.assert_allclose(r.sum(axis=-1), 1.0)  # every (client, layer) row sums to 1
+    assert np.all(r >= 0) and r.std() > 0.01
+    np.testing.assert_array_equal(r, cube(5, "random"))  # the scenario seed decides it
+    assert not np.array_equal(r, cube(6, "random"))
+    np.testing.assert_array_equal(cube(5, "uniform"), 0.25)
+
+
+# ---------------------------------------------------------------- Eq. 20
+
+
+def test_eq20_layers_beyond_omega_are_not_sent_and_coach_towards_own_weights():
+    server = _hand_server(KapcBlsServer, lr_relation=1e-12, mu=1.0)
+    server.configure_fit(0, [0, 1, 2])  # first selections: everything
+    # client 0 uploaded Omega = 1 of 2 layers last time; clients 1, 2 both layers
+    server.aggregate_fit(0, [_upload(0, [3.0], [0]), _upload(1, [0.0, 0.0, 1.0], [0, 1]),
+                             _upload(2, [0.0, 1.0, 1.0], [0, 1])])
+    assert server.omega_of == {0: 1, 1: 2, 2: 2}
+    tasks = server.configure_fit(1, [0, 1, 2])
+    assert tasks[0].config["layers"] == [0] and tasks[0].download_nbytes == 4
+    assert tasks[0].config["own_layers"] == [1]  # Eq. 20: its own weights there
+    assert [t.config["layers"] for t in tasks[1:]] == [[0, 1]] * 2
+    assert "own_layers" not in tasks[1].config
+    stats = server.aggregate_fit(1, [])
+    assert stats.metrics["kapc_layers_own_mean"] == pytest.approx(1 / 3)
+    # unselected_target none: the layer is still not sent, and nothing coaches it
+    plain = _hand_server(KapcBlsServer, lr_relation=1e-12, mu=1.0, unselected_target="none")
+    plain.configure_fit(0, [0])
+    plain.aggregate_fit(0, [_upload(0, [3.0], [0])])
+    task = plain.configure_fit(1, [0])[0]
+    assert task.config["layers"] == [0] and "own_layers" not in task.config
+
+
+def test_client_coaches_own_layers_towards_its_start_of_round_weights():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(784, 4), nn.ReLU(), nn.Linear(4, 10))
+    ref = copy.deepcopy(model)
+    ctx = _context(model, lr=0.1, batch=4)  # 8 samples, batch 4: two SGD steps
+    view = param_view(ctx.layout)
+    s0 = np.linspace(-1, 1, int(view.numel()[0])).astype(np.float32)
+    task = ClientTask(0, s0, s0.size * 4, {"layers": [0], "own_layers": [1]})
+    KapcBlsClient({"lam": 2.0}).fit(ctx, task)
+    # by hand, with the same two mini-batches: CE + 2 ||w^0 - s^0||^2 + 2 ||w^1 - w^1_start||^2
+    start = [q.detach().clone() for q in ref[3].parameters()]
+    order = torch.randperm(8, generator=torch.Generator().manual_seed(1))
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for idx in order.split(4):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(ref(ctx.x_train[idx]), ctx.y_train[idx])
+        first = torch.cat([ref[1].weight.flatten(), ref[1].bias])
+        loss = loss + 2.0 * ((first - torch.from_numpy(s0)) ** 2).sum()
+        loss = loss + 2.0 * sum(((q - q0) ** 2).sum() for q, q0 in zip(ref[3].parameters(),
+                                                                         start, strict=True))
+        loss.backward()
+        opt.step()
+    expected = torch.cat([q.detach().flatten() for q in ref.parameters()]).numpy()
+    np.testing.assert_allclose(view.extract(ctx.state["weights"]), expected, rtol=1e-5,
+                               atol=1e-6)
+
+
+# ---------------------------------------------------------------- omega policy
+
+
+def test_withhold_last_uploads_all_but_the_last_layers_on_repeat_selections():
+    state = BlsClientState(5)
+    b, tau = np.ones(5), np.ones(5)
+    assert algorithm4(state, b, tau, CONSTS_5, withheld=2) == 4  # first selection: L - 1
+    assert algorithm4(state, b, tau, CONSTS_5, withheld=2) == 3
+    assert algorithm4(state, b, tau, CONSTS_5, withheld=2) == 3
+    assert algorithm4(BlsClientState(2), b[:2], tau[:2], CONSTS, withheld=5) == 1
+    s2 = BlsClientState(2)
+    algorithm4(s2, b[:2], tau[:2], CONSTS, withheld=5)
+    assert algorithm4(s2, b[:2], tau[:2], CONSTS, withheld=5) == 1  # never below 1
+
+
+CONSTS_5 = BlsConstants(n_cols=np.full(5, 4), out_dim=np.full(5, 3), classes=10, samples=8)
+
+
+def test_run_notes_label_the_policy_and_warn_when_omega_stays_one():
+    rows = [{"kapc_omega_repeat_mean": math.nan, "kapc_layers_filtered_mean": 0.0,
+             "kapc_self_relation_max": 0.12},
+            {"kapc_omega_repeat_mean": 1.0, "kapc_layers_filtered_mean": 0.0,
+             "kapc_self_relation_max": 0.13}]
+    notes = run_notes("kapc_bls", {"omega_policy": "printed"}, rows)
+    assert notes[0].startswith("KAPC+BLS uploads: omega_policy printed")
+    assert any(n.startswith("Warning: Omega stayed 1 on every repeat selection (1 rounds")
+               for n in notes)
+    assert any("held back no layer" in n and "0.130" in n for n in notes)
+    rows[1]["kapc_omega_repeat_mean"] = 2.0
+    rows[1]["kapc_layers_filtered_mean"] = 0.5
+    notes = run_notes("kapc_bls", {}, rows)
+    assert len(notes) == 1 and "withhold_last" in notes[0] and "last 2 layers" in notes[0]
+    assert run_notes("kapc", {}, rows) == []

@@ -164,7 +164,7 @@ def test_fine_tuning_changes_only_the_head_and_reports_both_models():
 def test_per_batch_op_trace_and_bytes_are_activation_shape_times_dtype():
     ctx = _ctx(n_train=40)
     task = _task(ctx, backhaul_down_nbytes=MODEL_NUMEL * 4, backhaul_up_nbytes=MODEL_NUMEL * 4)
-    r = PHSFLClient({}).fit(ctx, task)
+    r = PHSFLClient({"batches_per_epoch": None}).fit(ctx, task)  # one pass: 32 + 8
     act32 = 32 * 64 * 12 * 12 * 4  # o_fp after conv(5x5)-ReLU-maxpool(2): 64 x 12 x 12 float32
     act8 = 8 * 64 * 12 * 12 * 4  # the epoch's last batch: 40 = 32 + 8 samples
     conv_fwd = 2 * 32 * 64 * 24 * 24 * 25  # FLOPs of conv(1 -> 64, 5x5) on 32 x 1 x 28 x 28
@@ -186,6 +186,48 @@ def test_per_batch_op_trace_and_bytes_are_activation_shape_times_dtype():
                        "gradient_bytes": act32 + act8}
     assert r.flops == approx(first[0].flops + first[4].flops + second[0].flops
                              + second[4].flops)
+
+
+def test_default_epoch_is_the_papers_n_5_batches():
+    ctx = _ctx(n_train=40)
+    r = PHSFLClient({}).fit(ctx, _task(ctx))
+    assert r.steps == 5  # kappa_0 = 1 epoch of N = 5 mini-batches of 32
+    assert r.extra["activation_bytes"] == 5 * 32 * 64 * 12 * 12 * 4
+
+
+def test_eq17_fine_tuning_is_charged_after_the_global_round():
+    ctx = _ctx(n_train=40)
+    task = _task(ctx, backhaul_up_nbytes=MODEL_NUMEL * 4,
+                 finetune_backhaul_nbytes=MODEL_NUMEL * 4)
+    r = PHSFLClient({"finetune_steps": 3, "batches_per_epoch": 1}).fit(ctx, task)
+    act32 = 32 * 64 * 12 * 12 * 4
+    conv_fwd = 2 * 32 * 64 * 24 * 24 * 25
+    # after the training round (Download, one batch of 5 ops, Upload, Backhaul up): the CS
+    # sends w* to the ES, the ES the client part, then K = 3 steps of client forward,
+    # activations + indices up, the ES's body forward and head step
+    tail = r.trace[8:]
+    assert r.trace[7] == Backhaul(MODEL_NUMEL * 4, "up", "edge_model")
+    assert tail[0] == Backhaul(MODEL_NUMEL * 4, "down", "finetune_global_model")
+    assert tail[1] == Download(CLIENT_NUMEL * 4, "finetune_client_model")
+    steps = tail[2:]
+    assert len(steps) == 9
+    for k in range(3):
+        fwd, up, es = steps[3 * k:3 * k + 3]
+        assert fwd == Compute(conv_fwd, 1, "finetune_forward")  # forward only, no backward
+        assert up == Upload(act32 + 32 * 4, "finetune_activations")
+        assert es.what == "finetune_head" and es.batches == 1
+    # the ES's step: body forward (conv 64 -> 128 5x5 on 12x12, FC 2048 -> 256) and the
+    # head's forward and weight gradient (FC 256 -> 10: 2 x 2 x 32 x 256 x 10)
+    body = 2 * 32 * 128 * 8 * 8 * 64 * 25 + 2 * 32 * 2048 * 256
+    head = 2 * 32 * 256 * 10 * 2
+    assert steps[2].flops == approx(body + head)
+    # the client's FLOPs include its forward passes; nothing else changed
+    train = sum(op.flops for op in r.trace[:8] if isinstance(op, Compute))
+    assert r.flops == approx(train + 3 * conv_fwd)
+    assert r.steps == 1
+    # K = 0 or no global model this round: nothing is charged
+    none = PHSFLClient({"finetune_steps": 0, "batches_per_epoch": 1}).fit(ctx, task)
+    assert none.trace[-1] == Backhaul(MODEL_NUMEL * 4, "up", "edge_model")
 
 
 def test_batch_plan_full_passes_or_n_random_batches():
@@ -226,7 +268,7 @@ def test_server_aggregates_per_edge_server_then_centrally():
     tasks = server.configure_fit(0, [0, 1, 2, 3])
     assert [t.download_nbytes for t in tasks] == [8] * 4  # the client part only
     assert tasks[0].config == {"edge_server": 0, "backhaul_down_nbytes": 16,
-                               "backhaul_up_nbytes": 0}
+                               "backhaul_up_nbytes": 0, "finetune_backhaul_nbytes": 0}
     stats = server.aggregate_fit(0, [_result(0, 0, 1), _result(1, 4, 3),
                                      _result(2, 1, 4), _result(3, 3, 4)])
     assert server.edge_models[0].tolist() == [3.0] * 4  # 0.25 * 0 + 0.75 * 4
@@ -237,6 +279,7 @@ def test_server_aggregates_per_edge_server_then_centrally():
     tasks = server.configure_fit(1, [0, 1, 2, 3])
     assert tasks[0].weights.tolist() == [3.0] * 4 and tasks[3].weights.tolist() == [2.0] * 4
     assert tasks[3].config["backhaul_up_nbytes"] == 16
+    assert tasks[3].config["finetune_backhaul_nbytes"] == 16  # the global model is made now
     stats = server.aggregate_fit(1, [_result(0, 2, 1), _result(1, 6, 3),
                                      _result(2, 0, 4), _result(3, 4, 4)])
     # ES 0: 0.25 * 2 + 0.75 * 6 = 5 over 4 samples; ES 1: 2 over 8 samples
@@ -312,16 +355,26 @@ def test_two_round_run_records_split_traffic_and_backhaul(algorithm, tmp_path):
               training={"epochs": 1, "batch_size": 32, "lr": 0.01})
     rows = run(sc, "p", tmp_path / "run", [RecordsWriter(tmp_path / "run")])
     model_bytes, client_bytes = MODEL_NUMEL * 4, CLIENT_NUMEL * 4
+    act32 = 32 * 64 * 12 * 12 * 4  # one batch of 32 (every client holds about 100 samples)
+    transfer_s = 0.005 + 8 * model_bytes / 1e9  # 5 ms + 8 * |w| / 1 Gbit/s
     for r in rows:
+        last = r["edge_round"] == 1  # kappa_1 = 2: round 2 ends the global round
         assert r["round_time_s"] > 0 and r["server_time_s"] > 0
-        # one ES -> CS or CS -> ES transfer per round (kappa_1 = 2): 5 ms + 8 * |w| / 1 Gbit/s
-        assert r["backhaul_time_s"] == approx(0.005 + 8 * model_bytes / 1e9)
-        assert r["model_bytes_es_cs"] == 2 * model_bytes
+        # one ES <-> CS transfer per round (w down in round 1, the edge model up in round
+        # 2), and in round 2 w* down again for the fine-tuning (Eq. 17)
+        assert r["backhaul_time_s"] == approx((2 if last else 1) * transfer_s)
+        assert r["model_bytes_es_cs"] == (4 if last else 2) * model_bytes
         assert r["model_bytes_client_es"] == 2 * 4 * client_bytes
-        assert r["bytes_up"] == r["activation_bytes"] + r["index_bytes"] + 4 * client_bytes
-        assert r["bytes_down"] == r["gradient_bytes"] + 4 * client_bytes
-        assert r["activation_bytes"] == r["gradient_bytes"] == 400 * 64 * 12 * 12 * 4
-        assert r["index_bytes"] == 400 * 4
+        # N = 5 mini-batches of 32 per client (the default), 4 clients
+        assert r["activation_bytes"] == r["gradient_bytes"] == 4 * 5 * act32
+        assert r["index_bytes"] == 4 * 5 * 32 * 4
+        # K = 2 fine-tuning steps per client: activations and indices up, client part down
+        finetune_up = 4 * 2 * (act32 + 32 * 4) if last else 0
+        assert r["finetune_bytes"] == finetune_up + (4 * client_bytes if last else 0)
+        assert (r["finetune_es_gflops"] > 0) is last
+        assert r["bytes_up"] == (r["activation_bytes"] + r["index_bytes"] + 4 * client_bytes
+                                 + finetune_up)
+        assert r["bytes_down"] == r["gradient_bytes"] + (8 if last else 4) * client_bytes
         assert 0 <= r["mean_global_accuracy"] <= 1 and 0 <= r["mean_accuracy"] <= 1
     assert [r["edge_round"] for r in rows] == [0, 1]
     recorded = pd.read_csv(tmp_path / "run" / "rounds.csv")

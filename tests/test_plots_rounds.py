@@ -69,19 +69,27 @@ def test_rounds_counted_from_one_in_everything_a_person_reads():
     assert "inexact from round 3" in repr(res)
 
 
-def test_dcpfl_benchmark_prints_rounds_from_one():
+def test_dcpfl_benchmark_prints_rounds_from_one(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # as when the script runs
     spec = importlib.util.spec_from_file_location("dcpfl_table",
                                                   ROOT / "benchmarks" / "dcpfl_table.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    t = pd.DataFrame([{"method": "DC-PFL", "final_accuracy": 0.9, "convergence_round": 18.0,
-                       "comm_rounds": 19.0, "comm_time_s": 110.0, "compute_time_s": 2.0,
-                       "total_time_s": 112.0}])
-    assert "| DC-PFL | 0.900 | 19 | 19 |" in mod.markdown(t, None)
-    df = pd.DataFrame({"round": [14, 15], "trial": [0, 1], "split_accepted": [0, 1],
-                       "groups": [1, 22], "gamma_tilde": [1.0, 0.8], "bytes_down": [1, 2],
-                       "round_time_s": [1.0, 2.0]})
-    assert mod.dcpfl_structure(df).splitlines()[0].startswith("round 16: split kept")
+    t = pd.DataFrame([{"method": "DC-PFL", "key": "dcpfl", "seed": 0, "final_accuracy": 0.9,
+                       "best_accuracy": 0.92, "convergence_round": 18.0, "comm_rounds": 19.0,
+                       "comm_time_s": 110.0, "compute_time_s": 2.0, "total_time_s": 112.0,
+                       "target_target_round": 9.0, "target_total_time_s": 50.0,
+                       "target_bytes_total": 3 * 2**20}])
+    md = mod.markdown(t, 0.85, [], 1)
+    assert "| DC-PFL | 0.900 | 0.920 | 19.0 | 19.0 | 110 | 112 | 10.0 | 50 | 3 |" in md
+    df = pd.DataFrame({"round": [13, 14, 15], "trial": [0, 0, 1], "split_accepted": [0, 0, 1],
+                       "groups": [1, 1, 22], "gamma_tilde": [1.0, 1.0, 0.8],
+                       "bytes_down": [1, 1, 2], "round_time_s": [1.0, 1.0, 2.0],
+                       "curvature_radius": [float("nan"), float("nan"), float("nan")]})
+    first = mod.dcpfl_structure(df, 1, 1).splitlines()[0]
+    assert first.startswith("round 16: split kept")
+    df["curvature_radius"] = [0.5, 2.0, float("nan")]  # r rose from its first value
+    assert "without a minimum of r" in mod.dcpfl_structure(df, 1, 1).splitlines()[0]
 
 
 # ----------------------------------------------------------------------------- run figures

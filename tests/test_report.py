@@ -115,6 +115,13 @@ def test_tables_from_hand_made_records(two_runs):
     assert (dc.loc["b", "comm_rounds"], dc.loc["b", "comm_time_s"]) == (0, 0.0)
     assert dc.loc["b", "total_time_s"] == 4.0
     assert dc.loc["b", "total_time_ratio"] == pytest.approx(4 / 30)
+    # to the common target 0.70: A first reaches it in round 2 (22 s, 1+1 up + 2+2 down MiB)
+    assert dc.loc["a", ["target_round", "target_time_s", "target_mib"]].tolist() == [2, 22, 6]
+    assert math.isnan(dc.loc["b", "target_round"])  # B never reaches 0.70
+    # without --target: the highest whole point both final accuracies reach, 60 %
+    auto = build_tables(runs, window=1).dcpfl.set_index("run")
+    assert auto.loc["a", "target"] == pytest.approx(0.60)
+    assert auto["target_round"].tolist() == [2, 1]  # A: 0.50, then 0.70
 
     acc = t.accuracy.set_index("run")
     assert acc.loc["a", ["best_mean_acc", "best_round", "final_acc"]].tolist() == [0.8, 4, 0.8]
@@ -136,8 +143,10 @@ def test_tables_from_hand_made_records(two_runs):
         "| Idle (%) |",
         "| fedavg (a) | 10.00 | 17.5 | 50.0 | 25.0 | 7.5 | 0.0 |",
         "| local (b) | 5.00 | 0.0 | 86.7 | 0.0 | 0.0 | 13.3 |",
-        "| fedavg (a) | 0.800 | 3 | 13.0 | 30.0 (×1.00) | 3 |",
-        "| local (b) | 0.600 | - | - | 4.0 (×0.13) | 1 |",
+        "| Method | Final Acc. | Best Acc. | Comm. rounds | Comm. time (s) | Total time (s) "
+        "| Converged at round | Round to 70 % | Time to 70 % (s) | MiB to 70 % |",
+        "| fedavg (a) | 0.800 | 0.800 | 3 | 13.0 | 30.0 (×1.00) | 3 | 2 | 22.0 | 6.0 |",
+        "| local (b) | 0.600 | 0.600 | - | - | 4.0 (×0.13) | 1 | X | X | X |",
         "| method | Rounds | Best mean acc (%) | Best round | Final acc (%) | Rounds to 70 % "
         "| Time to target (s) |",
         "| fedavg (a) | 4 | 80.00 | 4 | 80.00 | 2 | 22.0 |",

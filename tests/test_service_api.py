@@ -220,10 +220,16 @@ def test_files_named_by_a_scenario_must_lie_under_the_data_root(tmp_path):
             _submit(tmp_path, tiny_yaml(**section), data_root)
         (problem,) = exc.value.problems
         assert problem.field == field and why in problem.msg, (section, problem)
-    _, sc = _submit(tmp_path, tiny_yaml(dataset={"name": "mnist", "root": "mnist"},
-                                        channel=trace), root)
-    assert sc.dataset.root == str(root / "mnist")              # stored absolute
-    assert sc.channel.path == str(root / "traces" / "t.csv")
+    rows = "".join(f"0,{c},{5 + c},20\n" for c in range(4))
+    (root / "traces" / "t.csv").write_text("time_s,client_id,uplink_mbps,downlink_mbps\n" + rows)
+    _, sc = _submit(tmp_path, tiny_yaml(channel=trace), root)
+    assert sc.channel.path == str(root / "traces" / "t.csv")  # stored absolute
+    # a dataset root under the data root is taken, made absolute, and then checked by the
+    # pre-flight of a run like any other: this one holds no MNIST files
+    with pytest.raises(Rejected) as exc:
+        _submit(tmp_path, tiny_yaml(dataset={"name": "mnist", "root": "mnist"}), root)
+    (problem,) = exc.value.problems
+    assert problem.field == "dataset.root" and str(root / "mnist") in problem.msg, problem
 
 
 def test_every_file_field_of_the_scenario_is_confined_or_set_by_the_service():

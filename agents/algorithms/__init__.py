@@ -58,6 +58,18 @@ def algorithm_classes(name: str) -> tuple[type[ServerAlgorithm], type[ClientAlgo
         raise ValueError(f"unknown algorithm {name!r}; known: {known}") from None
 
 
+def run_notes(name: str, params: dict, rows: list[dict]) -> list[str]:
+    """The algorithm's warnings about a run from its round rows (see
+    :meth:`ServerAlgorithm.run_notes`); none for an unknown algorithm or bad parameters
+    (records of another mecsim)."""
+    try:
+        server_cls, _ = algorithm_classes(name)
+        parsed = server_cls.Params(**(params or {}))
+    except (ValueError, TypeError):
+        return []
+    return server_cls.run_notes([dict(r) for r in rows], parsed) if rows else []
+
+
 __all__ = [
     "ALGORITHMS",
     "AggregateStats",
@@ -68,4 +80,5 @@ __all__ = [
     "ServerAlgorithm",
     "TrainConfig",
     "algorithm_classes",
+    "run_notes",
 ]

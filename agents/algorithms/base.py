@@ -133,10 +133,13 @@ class ServerAlgorithm:
         self.params = self.Params(**params)
         # client -> edge server; the run loop sets the scenario's topology after construction
         self.edge_server_of: dict[int, int] = dict.fromkeys(self.client_samples, 0)
+        # the scenario seed, set by the run loop after construction: an algorithm that draws
+        # at random (e.g. KAPC's initial relation cube) derives its own stream from it
+        self.seed = 0
 
     #: attributes set from the construction arguments (the scenario): not checkpointed
     static_attributes: ClassVar[tuple[str, ...]] = (
-        "layout", "params", "client_samples", "fraction", "edge_server_of")
+        "layout", "params", "client_samples", "fraction", "edge_server_of", "seed")
 
     def state_dict(self) -> dict[str, Any]:
         """Everything the server keeps between rounds, for a checkpoint.
@@ -162,6 +165,13 @@ class ServerAlgorithm:
         ``(field, message)`` pairs, the field a dotted scenario path. ``params`` is the
         validated :attr:`Params`, ``model`` a fresh model for the scenario's data. The
         default finds nothing."""
+        return []
+
+    @classmethod
+    def run_notes(cls, rows: list[dict[str, Any]], params: BaseModel) -> list[str]:
+        """Warnings about a run, read from its round rows (``rounds.csv``), printed under
+        its summary and report tables: e.g. a mechanism of the algorithm that never acted.
+        None by default."""
         return []
 
     def select(self, rnd: int, rng: np.random.Generator) -> list[int]:

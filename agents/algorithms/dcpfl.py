@@ -65,12 +65,14 @@ element, aggregation a multiply and an add per element per client (as in FedAvg)
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Sequence
 from typing import Literal
 
 import numpy as np
+import torch
 from pydantic import Field, model_validator
 from scipy.cluster.hierarchy import fcluster, linkage
 from scipy.spatial.distance import squareform
@@ -89,9 +91,10 @@ from agents.algorithms.base import (
 from agents.algorithms.fedavg import aggregation_flops, weighted_average
 from agents.models import ModelLayout, get_flat, set_flat
 from agents.training import StepCost, evaluate
-from mecsim.ops import Compute, Download, Upload
+from mecsim.ops import Barrier, Compute, Download, Upload
 
 LOSS_REPORT_NBYTES = 4  # one float32 loss value
+DECISION_NBYTES = 1  # the trial's outcome, old or new structure, sent to every client
 SCALE_OPS_PER_ELEMENT = 4  # min, max, subtract, divide
 L1_OPS_PER_ELEMENT = 3  # subtract, abs, add
 
@@ -303,6 +306,41 @@ def rdp_ended(radii: Sequence[float], observe_rounds: int) -> bool:
     return bool(np.all(tail[0] < tail[1:]))
 
 
+def rdp_end_unseen(radii: Sequence[float], loss_window: int, observe_rounds: int) -> bool:
+    """Did a detection (``rdp_ended`` true on ``radii``, one loss history) come without a
+    minimum of r being observed? True when r(m - t_obv), the radius the rule compares the
+    later ones with, is the first finite radius computed from full smoothing windows (from
+    loss index ``max(s + 1, 2)`` on: before it l_w is a mean of fewer than s losses, whose
+    growing window puts a kink of its own into l' and l''). Then r rose from the first
+    round it was defined: the rule fired because a flattening loss makes
+    r = (1 + l'^2)^1.5 / l'' ~ 1 / l'' rise, not at a knee of the loss curve."""
+    r = np.asarray(radii, dtype=np.float64)
+    ref = len(r) - 1 - observe_rounds
+    clean_from = max(loss_window + 1, 2)
+    return not bool(np.isfinite(r[clean_from:max(ref, clean_from)]).any())
+
+
+def rdp_detections(rows: Sequence[dict], loss_window: int, observe_rounds: int
+                   ) -> list[tuple[int, bool]]:
+    """(round index, unseen minimum) of every RDP-end detection in a run's round rows,
+    rebuilt from the recorded ``trial``, ``split_accepted`` and ``curvature_radius``
+    columns: a detection is the round before a trial round; a loss history restarts after
+    an accepted split and skips trial rounds (they report no loss)."""
+    out: list[tuple[int, bool]] = []
+    history: list[float] = []
+    for k, r in enumerate(rows):
+        if float(r.get("trial", 0) or 0) == 1:
+            if k > 0:
+                out.append((k - 1, rdp_end_unseen(history, loss_window, observe_rounds)))
+            if float(r.get("split_accepted", 0) or 0) == 1:
+                history = []
+            continue
+        radius = r.get("curvature_radius")
+        if radius is not None and not (isinstance(radius, str) and radius == ""):
+            history.append(float(radius))
+    return out
+
+
 def trial_accepts(loss_old: float, loss_new: float) -> bool:
     """Keep the split iff ``l^{M0} > l^{M1}`` (the mean loss decreased with the new groups)."""
     return bool(loss_old > loss_new)
@@ -315,9 +353,12 @@ class DCPFLParams(NoParams):
     """DC-PFL hyper-parameters; defaults are the paper's (Sec. V-A) unless noted."""
 
     warmup_rounds: int = Field(5, ge=1, description="T_start: global rounds averaging Eq. 3")
-    scaling: Literal["model", "layer", "shared_model", "shared_layer"] = Field(
-        "shared_model", description="S of Eq. 3/5: per client over the whole model or per "
-        "layer, or with min/max shared by the vectors compared (shared_*)")
+    scaling: Literal["layer", "shared_model", "model", "shared_layer"] = Field(
+        "layer", description="S of Eq. 3/5: layer (the literal reading: S normalises each "
+        "tensor, a layer of each model with its own min and max), shared_model (one min/max "
+        "over the whole models compared: the documented alternative, whose discrepancies "
+        "follow the label skew more closely), model (each model with its own min/max) or "
+        "shared_layer (one min/max per layer over the models compared)")
     dynamic: bool = Field(True, description="dynamic clustering (False: NoDC)")
     fixed_gamma_tilde: float = Field(0.8, ge=0, le=1,
                                      description="gamma_tilde when dynamic is False (NoDC)")
@@ -329,6 +370,13 @@ class DCPFLParams(NoParams):
     tau_rounds: int = Field(1, ge=1, description="tau in rounds (a round = training.epochs)")
     alpha: int = Field(3, ge=1, description="low-discrepancy layers every alpha * tau rounds")
     low_ratio: float = Field(0.1, gt=0, description="low-discrepancy: D_gl < low_ratio * D_g")
+    trial_loss: Literal["train", "heldout"] = Field(
+        "train", description="what a trial round compares: the training loss after local "
+        "SGD (train, Sec. III-C as printed; it always favours smaller groups) or the loss "
+        "on a held-out part of each client's training data that it never trains on "
+        "(heldout)")
+    heldout_fraction: float = Field(0.2, gt=0, lt=1, description="share of each client's "
+                                    "training data held out with trial_loss: heldout")
 
 
 class NoLAParams(DCPFLParams):
@@ -354,7 +402,9 @@ class DCPFLServer(ServerAlgorithm):
     personalised_downloads = True  # see ServerAlgorithm
     Params = DCPFLParams
     round_metrics = ("comm_round", "groups", "gamma_tilde", "trial", "split_accepted",
-                     "layers_aggregated", "smoothed_loss", "curvature_radius")
+                     "layers_aggregated", "smoothed_loss", "curvature_radius",
+                     "rdp_detected", "rdp_earliest", "la_updates", "la_low_layers",
+                     "la_min_ratio")
 
     @classmethod
     def check_scenario(cls, params, *, train, model, layout, clients, participation):
@@ -393,6 +443,37 @@ class DCPFLServer(ServerAlgorithm):
         self.hold_until = 0
         self.outcome: str | None = None  # "new"/"old": tells clients the trial's result
         self._comm_round = False
+        self._la: list[tuple[int, float]] = []  # this round's Eq. 6 updates: (low, min ratio)
+
+    @classmethod
+    def run_notes(cls, rows: list[dict], params: DCPFLParams) -> list[str]:
+        """Warnings: the layer-wise aggregation never acted (no layer under the
+        low-discrepancy threshold at any Eq. 5-6 update); the end of an RDP detected at the
+        earliest round the rule could fire (rounds counted from 1)."""
+        def col(key: str) -> np.ndarray:
+            return np.array([float(r.get(key, math.nan)) for r in rows], dtype=float)
+
+        notes = []
+        updates, low, ratio = col("la_updates"), col("la_low_layers"), col("la_min_ratio")
+        n_updates = int(np.nansum(updates))
+        if params.layerwise and n_updates > 0 and np.nansum(low) == 0:
+            smallest = np.nanmin(ratio) if np.isfinite(ratio).any() else math.nan
+            notes.append(f"Warning: the layer-wise aggregation never acted: at none of the "
+                         f"{n_updates} layer-interval updates (Eq. 5-6) did a layer's "
+                         f"discrepancy fall under {params.low_ratio:g} x the group's mean "
+                         f"(smallest ratio {smallest:.3f}; scaling {params.scaling}), so "
+                         f"every layer was aggregated every tau rounds, as in NoLA.")
+        found = rdp_detections(rows, params.loss_window, params.observe_rounds)
+        at = [int(rows[k]["round"]) + 1 for k, unseen in found if unseen]
+        if at:
+            notes.append(f"Warning: {len(at)} of {len(found)} ends of a rapid-decrease period "
+                         f"were detected without a minimum of r(t) ever being seen (round"
+                         f"{'s' if len(at) > 1 else ''} {', '.join(map(str, at))}): r rose from "
+                         f"the first round it was defined. r(t) = (1 + l'^2)^1.5 / l'' is "
+                         f"about 1 / l'' once |l'| << 1 and rises as the loss flattens, so "
+                         f"'r not decreasing for t_obv rounds' fires on the clock, not at a "
+                         f"knee of the loss curve (docs/dcpfl.md).")
+        return notes
 
     # ------------------------------------------------------------------ helpers
     def _members(self, labels: np.ndarray, g: int) -> list[int]:
@@ -486,7 +567,9 @@ class DCPFLServer(ServerAlgorithm):
     # ------------------------------------------------------------------ aggregate
     def aggregate_fit(self, rnd: int, results: list[ClientResult]) -> AggregateStats:
         metrics = {"comm_round": float(self._comm_round), "trial": 0.0,
-                   "split_accepted": math.nan, "layers_aggregated": 0.0}
+                   "split_accepted": math.nan, "layers_aggregated": 0.0,
+                   "rdp_detected": 0.0, "rdp_earliest": math.nan}
+        self._la = []
         if self.trial is not None:
             flops = self._aggregate_trial(rnd, results, metrics)
         elif self._warmup(rnd):
@@ -494,7 +577,14 @@ class DCPFLServer(ServerAlgorithm):
         else:
             flops = self._aggregate_groups(rnd, results, metrics)
             self._observe_loss(results)
-        self._maybe_schedule_trial(rnd)
+        detected, earliest = self._maybe_schedule_trial(rnd)
+        if detected:
+            metrics.update(rdp_detected=1.0, rdp_earliest=float(earliest))
+        metrics.update(la_updates=float(len(self._la)),
+                       la_low_layers=float(sum(low for low, _ in self._la))
+                       if self._la else math.nan,
+                       la_min_ratio=min(ratio for _, ratio in self._la)
+                       if self._la else math.nan)
         metrics.update(groups=float(len(np.unique(self.labels))),
                        gamma_tilde=self.gamma_tilde,
                        smoothed_loss=(float(smoothed_losses(self.losses,
@@ -581,6 +671,9 @@ class DCPFLServer(ServerAlgorithm):
         disc = layer_discrepancy(np.stack(member_weights), self.group_models[g], self.layout,
                                  p.scaling)
         self.intervals[g] = layer_intervals(disc, p.tau_rounds, p.alpha, p.low_ratio)
+        mean = float(disc.mean())
+        self._la.append((int(np.sum(self.intervals[g] > p.tau_rounds)),
+                         float(disc.min() / mean) if mean > 0 else math.nan))
         m, d = len(member_weights), self.layout.size
         return float((SCALE_OPS_PER_ELEMENT + L1_OPS_PER_ELEMENT) * d * m
                      + SCALE_OPS_PER_ELEMENT * d)
@@ -632,19 +725,23 @@ class DCPFLServer(ServerAlgorithm):
         self.outcome = "new" if accept else "old"
         return self._sync_structure(rnd, new_labels if accept else self.labels, uploads)
 
-    def _maybe_schedule_trial(self, rnd: int) -> None:
+    def _maybe_schedule_trial(self, rnd: int) -> tuple[bool, bool]:
+        """Schedule a trial for the next round when the RDP has ended; (detected, whether
+        no minimum of r was seen before the detection: :func:`rdp_end_unseen`)."""
         p = self.params
         if (not self.dynamic_active or self.z is None or self.trial is not None
                 or rnd + 1 < self.hold_until or rnd + 1 < p.warmup_rounds):
-            return
+            return False, False
         if not rdp_ended(self.radii, p.observe_rounds):
-            return
+            return False, False
+        earliest = rdp_end_unseen(self.radii, p.loss_window, p.observe_rounds)
         cand = next_split(self.z, self.gamma_global, self.gamma_tilde, p.gamma_step,
                           self.labels)
         if cand is None:
             self.dynamic_active = False
         else:
             self.trial = cand
+        return True, earliest
 
 
 class NoLAServer(DCPFLServer):
@@ -711,12 +808,32 @@ class DCPFLClient(ClientAlgorithm):
             flops=flops, steps=steps, peak_memory_bytes=peak,
             host_seconds=time.perf_counter() - start, extra=loss_extra)
 
+    def _split(self, ctx: ClientContext) -> tuple[ClientContext, ClientContext | None]:
+        """(the context it trains on, the held-out context its trial losses are measured
+        on; None with trial_loss: train). The held-out samples are drawn once, at the
+        client's first round, and kept in its state."""
+        if self.params.trial_loss != "heldout":
+            return ctx, None
+        n = int(ctx.y_train.shape[0])
+        held = ctx.state.get("heldout_index")
+        if held is None:
+            k = min(max(1, int(round(self.params.heldout_fraction * n))), n - 1)
+            held = np.sort(torch.randperm(n, generator=ctx.generator)[:k].numpy())
+            ctx.state["heldout_index"] = held
+        mask = np.ones(n, dtype=bool)
+        mask[held] = False
+        keep = torch.from_numpy(np.flatnonzero(mask))
+        idx = torch.from_numpy(np.asarray(held))
+        return (dataclasses.replace(ctx, x_train=ctx.x_train[keep], y_train=ctx.y_train[keep]),
+                dataclasses.replace(ctx, x_train=ctx.x_train[idx], y_train=ctx.y_train[idx]))
+
     def fit(self, ctx: ClientContext, task: ClientTask) -> ClientResult:
         start = time.perf_counter()
         cfg = task.config
         local = self._local(ctx, cfg)
+        ctx, held = self._split(ctx)
         if cfg.get("trial"):
-            return self._fit_trial(ctx, task, local, start)
+            return self._fit_trial(ctx, task, local, start, held)
         model = _merge(local, task.weights, ctx.layout, cfg.get("download_layers"))
         set_flat(ctx.model, ctx.layout, model)
         trace: list = []
@@ -741,9 +858,11 @@ class DCPFLClient(ClientAlgorithm):
                             stats.peak_memory_bytes, stats.mean_loss, start)
 
     def _fit_trial(self, ctx: ClientContext, task: ClientTask, local: np.ndarray,
-                   start: float) -> ClientResult:
-        """Download the old and the new group model, train each, report both losses (a
-        client alone in both structures trains its own model once and uploads nothing)."""
+                   start: float, held: ClientContext | None = None) -> ClientResult:
+        """Download the old and the new group model, train each, report both losses (on
+        the training data, or on ``held`` with trial_loss: heldout), wait for the server's
+        decision, then upload the model trained from the structure it chose (a client
+        alone in both structures trains its own model once and uploads nothing)."""
         cfg = task.config
         trace: list = []
         if task.weights is None:
@@ -761,7 +880,7 @@ class DCPFLClient(ClientAlgorithm):
             ctx.generator.set_state(shuffle)  # the same mini-batches for both models
             set_flat(ctx.model, ctx.layout, w)
             stats = local_sgd(ctx, cost_key=self.name)
-            loss, loss_flops = train_loss(ctx)
+            loss, loss_flops = train_loss(held if held is not None else ctx)
             trace += [Compute(stats.flops, stats.steps), Compute(loss_flops, 0, "loss")]
             trained.append(get_flat(ctx.model, ctx.layout))
             losses.append(loss)
@@ -771,8 +890,9 @@ class DCPFLClient(ClientAlgorithm):
             mean_loss = stats.mean_loss
         trace.append(Upload(LOSS_REPORT_NBYTES * 2, "loss"))
         up = ctx.layout.nbytes if cfg.get("upload_layers") else 0
-        if up:
-            trace.append(Upload(up, "model"))
+        if up:  # the server decides once every client's losses are in; then the upload
+            trace += [Barrier("trial_decision"), Download(DECISION_NBYTES, "trial_decision"),
+                      Upload(up, "model")]
         new = trained[-1]
         old = trained[0] if len(trained) == 2 else None
         ctx.state["weights"] = new

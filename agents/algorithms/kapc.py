@@ -108,6 +108,14 @@ class KapcParams(NoParams):
         "clamp", description="row normalisation of R: clamp negatives to 0 and divide by the "
         "sum (uniform if 0), or softmax(r / temperature)")
     temperature: float = Field(1.0, gt=0, description="softmax temperature (normalise: softmax)")
+    relation_init: Literal["random", "uniform"] = Field(
+        "random", description="initial relation cube: random (A. Algorithm 1 line 2, "
+        "'initializes ... the relationship cube randomly': U(0, 1) per entry, normalised by "
+        "row, from the scenario seed) or uniform (every entry 1/N)")
+    layer_grouping: Literal["conv_bn", "module"] = Field(
+        "conv_bn", description="what a layer of R, mu and Omega is: conv_bn (a BatchNorm "
+        "belongs to the Conv/Linear before it: ResNet18 has 21 layers, as the KAPC+BLS "
+        "paper's Fig. 8 implies) or module (every parameterised module, BatchNorm alone: 41)")
 
 
 class KapcBlsParams(KapcParams):
@@ -132,9 +140,23 @@ class KapcBlsParams(KapcParams):
     input_bound: float | None = Field(
         None, gt=0, description="A_i with ||x|| <= A_i (Eq. 23); default: the largest L2 norm "
         "of the client's (normalised) training inputs")
+    omega_policy: Literal["withhold_last", "printed"] = Field(
+        "withhold_last", description="how a repeat selection's Omega is chosen: printed (T. "
+        "Algorithm 4 with Eq. 29 as printed, which holds at every Omega < L on every model "
+        "we tried, so Omega collapses to 1) or withhold_last (upload all but the last "
+        "omega_withheld layers: the behaviour the paper reports in Fig. 8, not derived "
+        "from Eq. 29); a first selection uploads L - 1 layers under both")
+    omega_withheld: int = Field(2, ge=0, description="layers left out of a repeat "
+                                "selection's upload under omega_policy withhold_last (Fig. 8: "
+                                "19 of ResNet18's 21)")
     omega_search: Literal["last_holding", "as_written"] = Field(
-        "last_holding", description="Algorithm 4's downward search returns the smallest Omega "
-        "that still satisfies Eq. 29 (last_holding), or, as written, the first that does not")
+        "last_holding", description="(omega_policy printed) Algorithm 4's downward search "
+        "returns the smallest Omega that still satisfies Eq. 29 (last_holding), or, as "
+        "written, the first that does not")
+    unselected_target: Literal["own_weights", "none"] = Field(
+        "own_weights", description="T. Eq. 20: layers l > Omega_i (not uploaded at the "
+        "client's last selection) are not sent; the client coaches them towards its own "
+        "start-of-round weights (own_weights, Eq. 20 as printed) or not at all (none)")
 
 
 # =========================================================================== layer view
@@ -199,27 +221,61 @@ class ParamView:
         return out
 
 
-def param_view(layout: ModelLayout) -> ParamView:
+LAYER_GROUPINGS = ("conv_bn", "module")
+
+
+def layer_groups(layout: ModelLayout, grouping: str = "conv_bn") -> np.ndarray:
+    """The KAPC layer of every parameterised module of ``layout`` (one entry per module).
+
+    ``module``: every parameterised module is a layer (a BatchNorm is a layer of its own:
+    ResNet18 has 41). ``conv_bn``: a BatchNorm directly after a Conv or Linear module
+    belongs to that module's layer (ResNet18: 21 layers, the 17 + 3 shortcut convolutions
+    and the FC, the count the KAPC+BLS paper's Fig. 8 implies); models without BatchNorm
+    are the same under both.
+    """
+    if grouping not in LAYER_GROUPINGS:
+        raise ValueError(f"unknown layer grouping {grouping!r}; known: {LAYER_GROUPINGS}")
+    groups = np.zeros(layout.num_layers, dtype=np.int64)
+    g = -1
+    for m, kind in enumerate(layout.layer_kinds):
+        merge = (grouping == "conv_bn" and m > 0 and kind.startswith("BatchNorm")
+                 and layout.layer_kinds[m - 1].startswith(("Conv", "Linear")))
+        if not merge:
+            g += 1
+        groups[m] = g
+    return groups
+
+
+def param_view(layout: ModelLayout, grouping: str = "module") -> ParamView:
+    """The trainable parameters of ``layout`` grouped into KAPC layers (:func:`layer_groups`).
+
+    ``out_dim`` / ``in_cols`` of a layer describe the weight of its first module (the Conv
+    or Linear of a conv_bn group)."""
+    group_of = layer_groups(layout, grouping)
+    n_groups = int(group_of.max()) + 1 if len(group_of) else 0
     index: list[np.ndarray] = []
     slots = []
-    counts = np.zeros(layout.num_layers, dtype=np.int64)
-    out_dim = np.ones(layout.num_layers, dtype=np.int64)
-    in_cols = np.ones(layout.num_layers, dtype=np.int64)
+    counts = np.zeros(n_groups, dtype=np.int64)
+    out_dim = np.ones(n_groups, dtype=np.int64)
+    in_cols = np.ones(n_groups, dtype=np.int64)
+    shaped = np.zeros(n_groups, dtype=bool)
     last_layer, at = -1, 0
     for s in layout.slots:
         if not s.is_param:
             continue
-        if s.layer < last_layer:
-            raise ValueError(f"parameters of layer {s.layer} ({s.name}) come after layer "
+        layer = int(group_of[s.layer])
+        if layer < last_layer:
+            raise ValueError(f"parameters of layer {layer} ({s.name}) come after layer "
                              f"{last_layer}: layers must be contiguous in the flat state")
-        last_layer = s.layer
+        last_layer = layer
         index.append(np.arange(s.offset, s.offset + s.numel))
-        slots.append((s.name, s.shape, at, s.layer))
+        slots.append((s.name, s.shape, at, layer))
         at += s.numel
-        counts[s.layer] += s.numel
-        if s.name.endswith("weight") and len(s.shape) >= 1:
-            out_dim[s.layer] = s.shape[0]
-            in_cols[s.layer] = max(1, s.numel // s.shape[0])
+        counts[layer] += s.numel
+        if s.name.endswith("weight") and len(s.shape) >= 1 and not shaped[layer]:
+            out_dim[layer] = s.shape[0]
+            in_cols[layer] = max(1, s.numel // s.shape[0])
+            shaped[layer] = True
     if np.any(counts == 0):
         raise ValueError("every layer needs trainable parameters for KAPC")
     bounds = np.concatenate([[0], np.cumsum(counts)])
@@ -454,8 +510,11 @@ class BlsClientState:
 
 
 def algorithm4(state: BlsClientState, b_now: np.ndarray, tau_now: np.ndarray,
-               k: BlsConstants, as_written: bool = False) -> int:
+               k: BlsConstants, as_written: bool = False, withheld: int | None = None) -> int:
     """T. Algorithm 4 (with Algorithm 6 line 7): the number of leading layers to upload.
+
+    ``withheld`` (``omega_policy: withhold_last``): a repeat selection uploads L - withheld
+    layers (at least 1) instead of searching Eq. 29; the bounds are kept as below.
 
     ``b_now`` = Eq. 30 of the trained parameters; ``tau_now`` = Eq. 31 for the layers whose
     regulariser the client received this round, NaN for the others.
@@ -474,6 +533,8 @@ def algorithm4(state: BlsClientState, b_now: np.ndarray, tau_now: np.ndarray,
         state.b_full = np.maximum(state.b_full, b_now)
         state.tau_full = np.fmax(state.tau_full, tau_now)  # NaN (not received) keeps stored
         omega = max(L - 1, 1)
+    elif withheld is not None:
+        omega = min(max(L - withheld, 1), L)
     else:
         tau_hat = np.where(np.isnan(tau_now), state.tau_full, tau_now)
         b_full, tau_full = state.b_full, state.tau_full
@@ -496,18 +557,20 @@ class KapcServer(ServerAlgorithm):
     name = "kapc"
     personalised_downloads = True  # see ServerAlgorithm
     Params = KapcParams
-    round_metrics = ("kapc_layers_down_mean", "kapc_layers_up_mean",
-                     "kapc_self_relation_mean", "kapc_plan_host_s")
+    round_metrics: tuple[str, ...] = (
+        "kapc_layers_down_mean", "kapc_layers_up_mean", "kapc_self_relation_mean",
+        "kapc_self_relation_max", "kapc_plan_host_s")
 
     def __init__(self, layout: ModelLayout, init_weights: np.ndarray,
                  client_samples: dict[int, int], fraction: float,
                  params: dict[str, Any]) -> None:
         super().__init__(layout, init_weights, client_samples, fraction, params)
-        self.view = param_view(layout)
+        self.view = param_view(layout, self.params.layer_grouping)
         self.ids = sorted(client_samples)
         self.position = {cid: a for a, cid in enumerate(self.ids)}
-        n, n_layers = len(self.ids), self.view.num_layers
-        self.relations = np.full((n, n_layers, n), 1.0 / n)  # R, client x layer x client
+        # R, client x layer x client: drawn at the first round (it needs the scenario seed,
+        # set after construction), see initial_relations
+        self.relations: np.ndarray | None = None
         self.init_params = self.view.extract(init_weights)
         # W: latest uploaded parameters; a client that never uploaded has the common initial
         # model (kept once), so memory grows with the clients seen, not with N
@@ -516,6 +579,15 @@ class KapcServer(ServerAlgorithm):
         self._planned: dict[str, Any] = {"flops": 0.0, "metrics": {}}
 
     # ------------------------------------------------------------------ maths on W
+
+    def initial_relations(self) -> np.ndarray:
+        """R before the first round: uniform 1/N, or (``relation_init: random``, A.
+        Algorithm 1 line 2) U(0, 1) entries from the scenario seed, normalised by row."""
+        n, n_layers = len(self.ids), self.view.num_layers
+        if self.params.relation_init == "uniform":
+            return np.full((n, n_layers, n), 1.0 / n)
+        rng = np.random.default_rng(np.random.SeedSequence([self.seed, 0x4B415043]))
+        return self.normalise(rng.uniform(0.0, 1.0, size=(n, n_layers, n)))
 
     def params_of(self, cid: int) -> np.ndarray:
         return self.client_params.get(cid, self.init_params)
@@ -540,11 +612,17 @@ class KapcServer(ServerAlgorithm):
         """Which layers of s_i are sent (KAPC: all of them)."""
         return np.ones(len(self_relation), dtype=bool)
 
+    def own_layers(self, cid: int) -> list[int]:
+        """Layers the client coaches towards its own start-of-round weights (KAPC: none)."""
+        return []
+
     # ------------------------------------------------------------------ the round
 
     def configure_fit(self, rnd: int, selected: list[int]) -> list[ClientTask]:
         start = time.perf_counter()
         p = self.params
+        if self.relations is None:
+            self.relations = self.initial_relations()
         pos = np.array([self.position[c] for c in selected])
         k, n_layers, n = len(selected), self.view.num_layers, len(self.ids)
         grams = self.grams(selected)
@@ -569,16 +647,29 @@ class KapcServer(ServerAlgorithm):
         for a, cid in enumerate(selected):
             layers = np.flatnonzero(sent[a]).tolist()
             s_i = np.concatenate(parts[a]) if parts[a] else np.zeros(0, np.float32)
-            tasks.append(ClientTask(cid, s_i, s_i.size * BYTES_PER_ELEMENT,
-                                    {"layers": layers}))
+            config: dict[str, Any] = {"layers": layers}
+            own = self.own_layers(cid)
+            if own:
+                config["own_layers"] = own
+            tasks.append(ClientTask(cid, s_i, s_i.size * BYTES_PER_ELEMENT, config))
             self.times_selected[cid] += 1
         self._planned = {
             "flops": kapc_server_flops(k, n, self.view.numel(), p.relation_steps, sent),
             "metrics": {"kapc_layers_down_mean": float(sent.sum(1).mean()),
                         "kapc_self_relation_mean": float(self_rel.mean()),
-                        "kapc_plan_host_s": time.perf_counter() - start},
+                        "kapc_self_relation_max": float(self_rel.max()),
+                        "kapc_plan_host_s": time.perf_counter() - start,
+                        **self.plan_metrics(selected, self_rel, sent)},
         }
         return tasks
+
+    def plan_metrics(self, selected: list[int], self_rel: np.ndarray, sent: np.ndarray
+                     ) -> dict[str, float]:
+        """Extra per-round figures of the plan (BLS adds its own)."""
+        return {}
+
+    def stored(self, result: ClientResult) -> None:
+        """Hook after an upload is stored (BLS keeps the client's Omega)."""
 
     def aggregate_fit(self, rnd: int, results: list[ClientResult]) -> AggregateStats:
         """Store every upload into W (stale layers stay, T. Eq. 33); no arithmetic."""
@@ -593,43 +684,128 @@ class KapcServer(ServerAlgorithm):
             for layer, values in self.view.split(np.asarray(r.weights), layers).items():
                 mine[self.view.bounds[layer]:self.view.bounds[layer + 1]] = values
             uploaded.append(len(layers))
+            self.stored(r)
         planned, self._planned = self._planned, {"flops": 0.0, "metrics": {}}
         metrics = {key: float("nan") for key in self.round_metrics}
         metrics.update(planned["metrics"])
         if uploaded:
             metrics["kapc_layers_up_mean"] = float(np.mean(uploaded))
+        metrics.update(self.upload_metrics(results))
         return AggregateStats(flops=planned["flops"], metrics=metrics)
+
+    def upload_metrics(self, results: list[ClientResult]) -> dict[str, float]:
+        return {}
 
     def configure_evaluate(self, rnd: int, clients: list[int]) -> list[ClientTask]:
         return [ClientTask(c, None, 0) for c in clients]  # each client's own model
 
 
 class KapcBlsServer(KapcServer):
-    """KAPC with the server half of BLS: T. Algorithm 3 filters s_i by self-relationship."""
+    """KAPC with both halves of BLS on the server: T. Algorithm 3 filters s_i by
+    self-relationship; T. Eq. 20 leaves out the layers beyond the client's Omega."""
 
     name = "kapc_bls"
     Params = KapcBlsParams
+    round_metrics = KapcServer.round_metrics + (
+        "kapc_omega_repeat_mean", "kapc_omega_first_mean", "kapc_layers_filtered_mean",
+        "kapc_layers_own_mean")
+
+    def __init__(self, layout: ModelLayout, init_weights: np.ndarray,
+                 client_samples: dict[int, int], fraction: float,
+                 params: dict[str, Any]) -> None:
+        super().__init__(layout, init_weights, client_samples, fraction, params)
+        # Omega_i of each client's last stored upload (T. Eq. 20); absent: never uploaded
+        self.omega_of: dict[int, int] = {}
+
+    def eq20_layers(self, cid: int) -> np.ndarray:
+        """T. Eq. 20: s_i^l is the regulariser for l <= Omega_i and the client's own weights
+        beyond; True for the layers whose s_i^l is sent (all before a first upload)."""
+        mask = np.ones(self.view.num_layers, dtype=bool)
+        omega = self.omega_of.get(cid)
+        if omega is not None:
+            mask[omega:] = False
+        return mask
 
     def download_layers(self, cid: int, self_relation: np.ndarray) -> np.ndarray:
         if self.params.first_download_full and self.times_selected[cid] == 0:
             return np.ones(len(self_relation), dtype=bool)
-        return self_relation_filter(self_relation, self.params.mu)
+        return self_relation_filter(self_relation, self.params.mu) & self.eq20_layers(cid)
+
+    def own_layers(self, cid: int) -> list[int]:
+        if self.params.unselected_target != "own_weights":
+            return []
+        return np.flatnonzero(~self.eq20_layers(cid)).tolist()
+
+    def plan_metrics(self, selected: list[int], self_rel: np.ndarray, sent: np.ndarray
+                     ) -> dict[str, float]:
+        eq20 = np.stack([self.eq20_layers(c) for c in selected])
+        filtered = ~self_relation_filter(self_rel, self.params.mu) & eq20
+        return {"kapc_layers_filtered_mean": float(filtered.sum(1).mean()),
+                "kapc_layers_own_mean": float((~eq20).sum(1).mean())}
+
+    def stored(self, result: ClientResult) -> None:
+        self.omega_of[result.client_id] = len(result.extra["layers"])
+
+    @classmethod
+    def run_notes(cls, rows: list[dict[str, Any]], params: KapcBlsParams) -> list[str]:
+        """The upload policy (every upload figure of the run depends on it), a warning
+        when Omega was 1 on every repeat selection, and when the mu filter never acted."""
+        def finite(key: str) -> np.ndarray:
+            values = np.array([float(r.get(key, math.nan)) for r in rows], dtype=float)
+            return values[np.isfinite(values)]
+
+        if params.omega_policy == "printed":
+            policy = (f"omega_policy printed: Omega from T. Eq. 29 as printed "
+                      f"(omega_search {params.omega_search})")
+        else:
+            policy = (f"omega_policy withhold_last: a repeat selection uploads all but the "
+                      f"last {params.omega_withheld} layers (the KAPC+BLS paper's Fig. 8, "
+                      f"not derived from Eq. 29)")
+        notes = [f"KAPC+BLS uploads: {policy}; a first selection uploads L - 1 layers "
+                 f"(docs/kapc.md)."]
+        repeat = finite("kapc_omega_repeat_mean")
+        if len(repeat) and repeat.max() <= 1.0:
+            notes.append(f"Warning: Omega stayed 1 on every repeat selection ({len(repeat)} "
+                         f"rounds with repeat selections): after its first selection each "
+                         f"client uploaded only its first layer, so the server's copies of "
+                         f"the others stay as first uploaded. Eq. 29 as printed holds at "
+                         f"every Omega < L (docs/kapc.md); omega_policy withhold_last "
+                         f"reproduces the paper's Fig. 8.")
+        filtered, top = finite("kapc_layers_filtered_mean"), finite("kapc_self_relation_max")
+        if len(filtered) and filtered.max() == 0.0:
+            largest = f" (the largest r_ii^l was {top.max():.3f})" if len(top) else ""
+            notes.append(f"Warning: the self-relationship filter held back no layer: no "
+                         f"r_ii^l exceeded mu = {params.mu:g}{largest}, so the downloads "
+                         f"are KAPC's except for Eq. 20; a mu sweep (Table 3) shows nothing "
+                         f"in such a run.")
+        return notes
+
+    def upload_metrics(self, results: list[ClientResult]) -> dict[str, float]:
+        """Mean Omega of the uploads from first and from repeat selections."""
+        out = {}
+        for key, repeat in (("kapc_omega_first_mean", False), ("kapc_omega_repeat_mean", True)):
+            omegas = [len(r.extra["layers"]) for r in results if r.weights is not None
+                      and bool(r.extra.get("repeat_selection")) == repeat]
+            out[key] = float(np.mean(omegas)) if omegas else float("nan")
+        return out
 
 
 # =========================================================================== client
 
 
-_VIEWS: dict[int, tuple[ModelLayout, ParamView]] = {}
+_VIEWS: dict[tuple[int, str], tuple[ModelLayout, ParamView]] = {}
 
 
-def _view_of(layout: ModelLayout) -> ParamView:
-    """param_view, once per layout object (a host's clients share one). The entry keeps
-    its layout alive, so its id cannot be reused by another layout while cached."""
-    entry = _VIEWS.get(id(layout))
+def _view_of(layout: ModelLayout, grouping: str) -> ParamView:
+    """param_view, once per layout object and grouping (a host's clients share one). The
+    entry keeps its layout alive, so its id cannot be reused by another layout while
+    cached."""
+    key = (id(layout), grouping)
+    entry = _VIEWS.get(key)
     if entry is None or entry[0] is not layout:
         if len(_VIEWS) >= 16:
             _VIEWS.clear()
-        entry = _VIEWS[id(layout)] = (layout, param_view(layout))
+        entry = _VIEWS[key] = (layout, param_view(layout, grouping))
     return entry[1]
 
 
@@ -650,24 +826,33 @@ class KapcClient(ClientAlgorithm):
 
     def fit(self, ctx: ClientContext, task: ClientTask) -> ClientResult:
         start = time.perf_counter()
-        view = _view_of(ctx.layout)
-        set_flat(ctx.model, ctx.layout, self._own(ctx))
+        view = _view_of(ctx.layout, self.params.layer_grouping)
+        own = self._own(ctx)
+        set_flat(ctx.model, ctx.layout, own)
         layers = list(task.config.get("layers", []))
         weights = np.zeros(0, np.float32) if task.weights is None else task.weights
         received = view.split(np.asarray(weights), layers)
-        pairs = coaching_pairs(ctx.model, view, received)
+        # T. Eq. 20: layers beyond the client's Omega are coached towards its own
+        # start-of-round weights (sent by nobody: the client has them)
+        start_p = view.extract(own)
+        targets = {**{int(layer): view.layer(start_p, int(layer)).copy()
+                      for layer in task.config.get("own_layers", [])}, **received}
+        pairs = coaching_pairs(ctx.model, view, targets)
         lam = self.params.lam
         extra = (lambda model: coaching_loss(pairs, lam)) if pairs else None
         stats = local_sgd(ctx, extra_loss=extra, cost_key=f"{self.name}:{len(weights)}")
         flat = get_flat(ctx.model, ctx.layout)
         ctx.state["weights"] = flat
         p = view.extract(flat)
+        repeat = bool(ctx.state.get("kapc_selections", 0))
+        ctx.state["kapc_selections"] = int(ctx.state.get("kapc_selections", 0)) + 1
         up_layers = self.upload_layers(ctx, view, p, received)
         upload = view.select(p, up_layers)
         up = upload.size * BYTES_PER_ELEMENT
         return trained_result(ctx, stats, weights=upload, upload_nbytes=up,
                               download_nbytes=task.download_nbytes, started_at=start,
-                              extra={"layers": up_layers, "received_layers": layers})
+                              extra={"layers": up_layers, "received_layers": layers,
+                                     "repeat_selection": repeat})
 
     def evaluate(self, ctx: ClientContext, task: ClientTask) -> tuple[float, float]:
         set_flat(ctx.model, ctx.layout, self._own(ctx))
@@ -705,6 +890,8 @@ class KapcBlsClient(KapcClient):
         state = ctx.state.get("bls")
         if state is None:
             state = ctx.state["bls"] = BlsClientState(view.num_layers)
+        withheld = (self.params.omega_withheld if self.params.omega_policy == "withhold_last"
+                    else None)
         omega = algorithm4(state, b_now, tau_now, self.constants(ctx, view),
-                           self.params.omega_search == "as_written")
+                           self.params.omega_search == "as_written", withheld)
         return list(range(omega))

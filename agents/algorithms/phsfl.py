@@ -100,8 +100,9 @@ class PHSFLParams(NoParams):
     cut_layer: int = Field(3, ge=1, description="leading modules of the nn.Sequential model "
                                                 "on the client (phsfl_cnn: 3 = conv-ReLU-"
                                                 "maxpool, Section V-A)")
-    batches_per_epoch: int | None = Field(None, ge=1, description="mini-batches per local "
-                                          "epoch (the paper's N = 5); null: one pass")
+    batches_per_epoch: int | None = Field(5, ge=1, description="mini-batches per local "
+                                          "epoch, each a fresh draw (the paper's N = 5, "
+                                          "Section V-A); null: one pass over the data")
     finetune_steps: int = Field(10, ge=0, description="K: head fine-tuning SGD steps")
     finetune_lr: float | None = Field(None, gt=0, description="eta~ of Eq. 17; null: "
                                                               "training.lr")
@@ -343,6 +344,7 @@ class PHSFLServer(ServerAlgorithm):
     round_metrics = (
         "global_round", "edge_round", "activation_bytes", "index_bytes", "gradient_bytes",
         "model_bytes_client_es", "model_bytes_es_cs", "es_gflops",
+        "finetune_bytes", "finetune_es_gflops",
         "mean_global_accuracy", "mean_global_test_loss",
     )
 
@@ -381,7 +383,10 @@ class PHSFLServer(ServerAlgorithm):
             b = self.edge_server_of[u]
             config = {"edge_server": b,
                       "backhaul_down_nbytes": model_nbytes if t1 == 0 else 0,
-                      "backhaul_up_nbytes": model_nbytes if t1 == k1 - 1 else 0}
+                      "backhaul_up_nbytes": model_nbytes if t1 == k1 - 1 else 0,
+                      # the global model exists after this round: Eq. 17's fine-tuning
+                      # (Section III-B) follows it and is timed with it
+                      "finetune_backhaul_nbytes": model_nbytes if t1 == k1 - 1 else 0}
             tasks.append(ClientTask(u, self.edge_models[b], self.client_part_nbytes, config))
         return tasks
 
@@ -411,19 +416,28 @@ class PHSFLServer(ServerAlgorithm):
     def _traffic(self, results: list[ClientResult], servers: int, t1: int) -> dict[str, float]:
         """Bytes and ES FLOPs of the aggregated clients' edge round (round_metrics)."""
         out = dict.fromkeys(("activation_bytes", "index_bytes", "gradient_bytes",
-                             "model_bytes_client_es"), 0.0)
-        es_flops = 0.0
+                             "model_bytes_client_es", "finetune_bytes"), 0.0)
+        es_flops = finetune_flops = 0.0
+        finetune_backhaul = 0
         for r in results:
             for key in ("activation_bytes", "index_bytes", "gradient_bytes"):
                 out[key] += r.extra.get(key, 0)
             for op in r.trace:
                 if isinstance(op, (Download, Upload)) and op.what == "client_model":
                     out["model_bytes_client_es"] += op.nbytes
+                elif isinstance(op, (Download, Upload)) and op.what.startswith("finetune"):
+                    out["finetune_bytes"] += op.nbytes  # client part down, activations up
                 elif isinstance(op, ServerCompute):
-                    es_flops += op.flops
-        directions = (t1 == 0) + (t1 == self.params.edge_rounds - 1)
+                    if op.what == "finetune_head":
+                        finetune_flops += op.flops
+                    else:
+                        es_flops += op.flops
+                elif isinstance(op, Backhaul) and op.what == "finetune_global_model":
+                    finetune_backhaul = 1
+        directions = (t1 == 0) + (t1 == self.params.edge_rounds - 1) + finetune_backhaul
         out["model_bytes_es_cs"] = float(servers * directions * self.layout.nbytes)
         out["es_gflops"] = es_flops / 1e9
+        out["finetune_es_gflops"] = finetune_flops / 1e9
         return out
 
 
@@ -484,12 +498,60 @@ class PHSFLClient(ClientAlgorithm):
         ops.append(Upload(up, "client_model"))
         if cfg.get("backhaul_up_nbytes"):
             ops.append(Backhaul(int(cfg["backhaul_up_nbytes"]), "up", "edge_model"))
+        if cfg.get("finetune_backhaul_nbytes") and p.finetune_steps > 0 and n > 0:
+            finetune = self._finetune_ops(ctx, parts, int(cfg["finetune_backhaul_nbytes"]),
+                                          task.download_nbytes)
+            ops += finetune
+            client_flops += sum(op.flops for op in finetune if isinstance(op, Compute))
         return ClientResult(
             client_id=ctx.client_id, weights=get_flat(ctx.model, ctx.layout), upload_nbytes=up,
             num_samples=n, train_loss=loss_sum / max(len(batches), 1), trace=tuple(ops),
             flops=client_flops, steps=len(batches), peak_memory_bytes=peak,
             host_seconds=time.perf_counter() - start, extra=dict(sent),
         )
+
+    def _finetune_ops(self, ctx: ClientContext, parts: SplitParts, model_nbytes: int,
+                      client_part_nbytes: int) -> list[Op]:
+        """The op-trace of Eq. 17's fine-tuning (Section III-B) after the global round:
+        the CS sends w* to the ES (``Backhaul``), the ES sends the client part down, then
+        per step k < K the client's forward pass on its mini-batch, the upload of its
+        activations and indices, and the ES's body forward with the head's SGD step.
+        FLOPs are counted once per batch size (they depend on shapes only)."""
+        p = self.params
+        bsz = min(ctx.train.batch_size, int(ctx.y_train.shape[0]))
+        xb, yb = ctx.x_train[:bsz], ctx.y_train[:bsz]
+        keys = {k: f"{self.name}/cut{p.cut_layer}/finetune_{k}" for k in ("client", "server")}
+        with torch.no_grad():
+            act_nbytes = tensor_nbytes(parts.client(xb))
+        cached = {k: c for k, key in keys.items() if (c := ctx.costs.get(bsz, key)) is not None}
+        if len(cached) < len(keys):
+            counter = FlopCounterMode(display=False)
+            with counter, torch.no_grad():
+                out = parts.client(xb)
+            client_flops = float(counter.get_total_flops())
+            parts.set_trainable(client=False, body=False, head=True)
+            try:
+                counter = FlopCounterMode(display=False)
+                with counter:
+                    with torch.no_grad():
+                        features = parts.body(out)
+                    nn.functional.cross_entropy(parts.head(features), yb).backward()
+                server_flops = float(counter.get_total_flops())
+            finally:
+                for q in parts.head.parameters():
+                    q.grad = None
+                parts.set_trainable(client=True, body=True, head=True)
+            cached = {"client": StepCost(client_flops, 0), "server": StepCost(server_flops, 0)}
+            for k, key in keys.items():
+                ctx.costs.put(bsz, cached[k], key)
+        idx_nbytes = bsz * torch.tensor([], dtype=INDEX_DTYPE).element_size()
+        ops: list[Op] = [Backhaul(model_nbytes, "down", "finetune_global_model"),
+                         Download(client_part_nbytes, "finetune_client_model")]
+        for _ in range(p.finetune_steps):
+            ops += [Compute(cached["client"].flops, 1, "finetune_forward"),
+                    Upload(act_nbytes + idx_nbytes, "finetune_activations"),
+                    ServerCompute(cached["server"].flops, 1, "finetune_head")]
+        return ops
 
     def _step(self, ctx: ClientContext, parts: SplitParts, client_opt: torch.optim.Optimizer,
               server_opt: torch.optim.Optimizer | None,

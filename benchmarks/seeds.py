@@ -1,0 +1,130 @@
+"""Seeds for the paper-table benchmarks: every configuration runs under seeds 0 .. N-1
+(``--seeds N``, default 3) and the tables show mean ± standard deviation.
+
+The scenario seed decides every draw of a run (data split, initial model, channel,
+selection), so the spread over seeds is the run-to-run variation a reader of a single
+run does not see. The standard deviation is the sample one (ddof = 1). An ordering
+"holds beyond the spread" when the two intervals mean ± std do not overlap
+(:func:`beyond_spread`); with 3 seeds that is a loose test, stated as such in the docs.
+
+Runs are kept under ``OUT/<variant>/seed<k>/`` (a finished run is reused, so an
+interrupted benchmark resumes where it stopped, and a table can be rebuilt from the
+records alone).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from mecsim.records import RecordsWriter
+from mecsim.runner import run
+from mecsim.scenario import Scenario
+
+DEFAULT_SEEDS = 3
+
+
+def add_seeds_argument(p: argparse.ArgumentParser, default: int = DEFAULT_SEEDS) -> None:
+    p.add_argument("--seeds", type=int, default=default, metavar="N",
+                   help=f"run every configuration under seeds 0 .. N-1 and report mean ± "
+                        f"std (default {default})")
+
+
+def seed_list(n: int) -> list[int]:
+    if n < 1:
+        raise SystemExit("--seeds must be >= 1")
+    return list(range(n))
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float, int]:
+    """(mean, sample std, count) of the finite values; std is NaN with fewer than two."""
+    x = np.array([float(v) for v in values], dtype=float)
+    x = x[np.isfinite(x)]
+    if len(x) == 0:
+        return math.nan, math.nan, 0
+    return float(x.mean()), float(x.std(ddof=1)) if len(x) > 1 else math.nan, len(x)
+
+
+def pm(values: Sequence[float], fmt: str = ".2f", scale: float = 1.0,
+       missing: str = "X") -> str:
+    """'mean ± std' of the finite values (scaled), 'mean' for one, ``missing`` for none;
+    '(k of n)' is appended when some values are missing (e.g. a target not reached)."""
+    mean, std, k = mean_std(values)
+    if k == 0:
+        return missing
+    text = format(scale * mean, fmt)
+    if k > 1:
+        text += " ± " + format(scale * std, fmt)
+    if k < len(values):
+        text += f" ({k} of {len(values)})"
+    return text
+
+
+def beyond_spread(a: Sequence[float], b: Sequence[float]) -> bool:
+    """True when mean(a) - std(a) > mean(b) + std(b): a is above b beyond the spread."""
+    ma, sa, ka = mean_std(a)
+    mb, sb, kb = mean_std(b)
+    if ka == 0 or kb == 0:
+        return False
+    sa, sb = (0.0 if math.isnan(s) else s for s in (sa, sb))
+    return ma - sa > mb + sb
+
+
+def ordering(values: dict[str, Sequence[float]], higher_is_better: bool = True) -> str:
+    """The labels in order of their means, '>' between neighbours whose order holds beyond
+    the spread and '≈' where the intervals overlap, e.g. 'KAPC > FedProx ≈ Local'."""
+    items = sorted(((mean_std(v)[0], label) for label, v in values.items()
+                    if mean_std(v)[2] > 0), reverse=higher_is_better)
+    if not items:
+        return ""
+    out = items[0][1]
+    for (_, hi), (_, lo) in zip(items, items[1:], strict=False):
+        a, b = (values[hi], values[lo]) if higher_is_better else (values[lo], values[hi])
+        sign = "<" if not higher_is_better else ">"
+        out += f" {sign if beyond_spread(a, b) else '≈'} {lo}"
+    return out
+
+
+def run_dir(out: Path, variant: str, seed: int) -> Path:
+    return out / variant / f"seed{seed}"
+
+
+def finished(path: Path, rounds: int) -> bool:
+    """A finished run with ``rounds`` rounds is recorded in ``path``."""
+    csv = path / "rounds.csv"
+    if not csv.is_file():
+        return False
+    try:
+        meta = json.loads((path / "run.json").read_text())
+    except (OSError, ValueError):
+        meta = {}
+    return meta.get("status", "finished") == "finished" and len(pd.read_csv(csv)) == rounds
+
+
+def run_or_reuse(scenario: Scenario, path: Path, label: str = "",
+                 hosts: int | None = None, on_reuse: Callable[[Path], None] | None = None
+                 ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(rounds, clients) of ``scenario`` recorded in ``path``: reused when that run is
+    finished there, else (re)run with the records writer."""
+    if finished(path, scenario.rounds):
+        print(f"  {label or path}: reusing {path}", flush=True)
+        if on_reuse:
+            on_reuse(path)
+    else:
+        if path.exists():
+            shutil.rmtree(path)
+        start = time.perf_counter()
+        run(scenario, label or path.name, path, [RecordsWriter(path)], hosts=hosts)
+        print(f"  {label or path}: {scenario.rounds} rounds in "
+              f"{time.perf_counter() - start:.0f} s host", flush=True)
+    clients = path / "clients.csv"
+    return (pd.read_csv(path / "rounds.csv"),
+            pd.read_csv(clients) if clients.is_file() else pd.DataFrame())
