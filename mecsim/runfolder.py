@@ -44,6 +44,10 @@ class RunFolderError(Exception):
     """A folder that cannot be resumed (or is in use); ``str()`` says why."""
 
 
+class RunFolderInUse(RunFolderError):
+    """Another live process holds the folder's lock."""
+
+
 class RunLock:
     """The exclusive lock of a run folder, held until :meth:`release` or process death."""
 
@@ -57,7 +61,7 @@ class RunLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise RunFolderError(f"{self.path.parent}: in use by another mecsim process "
+            raise RunFolderInUse(f"{self.path.parent}: in use by another mecsim process "
                                  "(its lock is held)") from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())

@@ -38,6 +38,10 @@ from mecsim.service.store import Run, Store
 
 log = logging.getLogger("mecsim.service")
 
+#: How long a resumed run waits for its folder's lock (held by processes of a killed
+#: server that are still exiting) before it starts again from round 0 in a new folder.
+LOCK_WAIT_S = 30.0
+
 
 def quiet_ray_signals() -> None:
     """A SIGTERM is the service's ordinary stop, not a crash: no stack dump from Ray's
@@ -236,11 +240,21 @@ class Worker:
         one) starts again from round 0; a folder it leaves behind is kept beside the new
         one, in ``runs/<id>.attempt-<n>``."""
         import mecsim.runner
-        from mecsim.runfolder import RunFolderError, prepare_resume
+        from mecsim.runfolder import RunFolderError, RunFolderInUse, prepare_resume
 
         out_dir = self.store.run_dir(run.id)
+        deadline = time.monotonic() + LOCK_WAIT_S
         try:
-            target = prepare_resume(out_dir, warn=lambda m: log.warning("mecsim serve: %s", m))
+            while True:
+                try:
+                    target = prepare_resume(
+                        out_dir, warn=lambda m: log.warning("mecsim serve: %s", m))
+                    break
+                except RunFolderInUse:
+                    # processes of a server that was killed may take a moment to go
+                    if time.monotonic() > deadline or self._stopping.is_set():
+                        raise
+                    time.sleep(0.5)
         except RunFolderError as exc:
             if out_dir.exists():
                 kept = out_dir.with_name(f"{run.id}.attempt-{run.attempts}")
