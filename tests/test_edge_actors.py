@@ -74,6 +74,56 @@ def test_local_records_equal_the_golden_ones(name: str, tmp_path: Path) -> None:
     assert_same_records(GOLDEN / name, out)
 
 
+def test_only_a_hierarchical_algorithm_has_edge_servers_of_its_own() -> None:
+    """The in-process executor drives the same split: PHSFL gets one EdgeServer per edge
+    server that serves clients; FedAvg on two edge servers none (its edge servers keep
+    no state: its central server does everything, as before)."""
+    from mecsim.runner import prepare
+
+    phsfl = prepare(case("phsfl_2x2"), "p", None).executor
+    assert sorted(phsfl.edges) == [0, 1]
+    assert [sorted(e.algorithm.client_samples) for e in phsfl.edges.values()] == [[0, 1],
+                                                                                 [2, 3]]
+    assert prepare(case("fedavg_2es"), "f", None).executor.edges == {}
+
+
+@pytest.mark.ray
+def test_a_killed_edge_server_actor_is_recreated_and_the_records_unchanged(
+        tmp_path: Path) -> None:
+    """A hierarchical run under Ray, one edge-server actor kill -9'ed after round 1 (its
+    edge model mid-global-round) and the central one after round 4: the run recovers
+    from its checkpoints and its records equal the golden ones."""
+    from test_faults import run_killing_actors
+
+    out = run_killing_actors(case("phsfl_2x2_half"), tmp_path,
+                             [(1, "EdgeServerActor"), (4, "CentralServerActor")])
+    assert_same_records(GOLDEN / "phsfl_2x2_half", out, ignore=("faults",))
+
+
+@pytest.mark.ray
+def test_each_edge_server_is_an_actor_process_of_its_own() -> None:
+    """Under Ray a hierarchical run has a central-server actor and one actor per edge
+    server, each its own process with no CPU reserved (the hosts hold one each)."""
+    import psutil
+
+    from mecsim.runner import prepare
+
+    rs = prepare(case("phsfl_2x2", backend="ray"), "p", None)
+    try:
+        pids = rs.executor.actor_pids()
+        edges, central, hosts = pids["edges"], pids["server"], pids["hosts"]
+        assert len(edges) == 2 and len(set(edges + central + hosts)) == 2 + 1 + 2
+        names = {p: " ".join(psutil.Process(p).cmdline()) for p in edges + central}
+        assert all("ray::EdgeServerActor" in names[p] for p in edges)
+        assert "ray::CentralServerActor" in names[central[0]]
+        import ray
+
+        used = ray.cluster_resources()["CPU"] - ray.available_resources().get("CPU", 0)
+        assert used == 2  # the two hosts'
+    finally:
+        rs.executor.close()
+
+
 def regenerate() -> None:
     import tempfile
 
