@@ -145,7 +145,8 @@ def _merge_costs(encoded: list[Any]) -> Any:
 class ClientHostActor(ClientHost):
     """A client host in a Ray actor: each client's upload goes to the object store as soon
     as the client has trained, so the host holds one update at a time, and the update
-    exists once (in the store, read in place by the edge server) until it is aggregated."""
+    exists once (in the store, read in place by the server that aggregates it: its edge
+    server's actor, or the central one) until it is aggregated."""
 
     def detach(self, result: ClientResult) -> ClientResult:
         import ray
