@@ -348,24 +348,20 @@ class RayExecutor(LocalExecutor):
                 rex.WorkerCrashedError, rex.NodeDiedError) as exc:
             raise ActorFailure(f"{type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
         except rex.RayTaskError as exc:
-            # a task whose arguments came from an actor that died (maybe through another
-            # task: the central server's aggregation of an edge server's report)
+            # a task whose arguments came from an actor that died, maybe through another
+            # task (the central server's aggregation of an edge server's report)
             deaths = (rex.RayActorError, rex.ObjectLostError, rex.OwnerDiedError,
                       rex.WorkerCrashedError, rex.NodeDiedError)
             cause: Any = exc
             for _ in range(4):
-                if isinstance(cause, deaths):
-                    raise ActorFailure(f"{type(cause).__name__}") from exc
+                inner = cause.as_instanceof_cause() \
+                    if hasattr(cause, "as_instanceof_cause") else cause
+                if isinstance(inner, deaths):
+                    raise ActorFailure(f"{type(getattr(cause, 'cause', inner)).__name__}") \
+                        from exc
+                cause = getattr(cause, "cause", None)
                 if not isinstance(cause, rex.RayTaskError):
                     break
-                inner = getattr(cause, "cause", None)
-                if inner is None or inner is cause:
-                    inner = cause.as_instanceof_cause() \
-                        if hasattr(cause, "as_instanceof_cause") else None
-                    if isinstance(inner, deaths):
-                        raise ActorFailure(f"{type(inner).__name__}") from exc
-                    break
-                cause = inner
             raise
 
     def _kill_all(self) -> None:
