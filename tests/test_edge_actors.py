@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -72,6 +73,21 @@ def _run(name: str, out: Path, **execution) -> Path:
 def test_local_records_equal_the_golden_ones(name: str, tmp_path: Path) -> None:
     out = _run(name, tmp_path / name)
     assert_same_records(GOLDEN / name, out)
+
+
+@pytest.mark.parametrize("stop_at", [1, 3])
+def test_a_run_stopped_mid_global_round_resumes_with_its_edge_models(
+        stop_at: int, tmp_path: Path) -> None:
+    """Stopped after an odd round (inside a global round of 2 edge rounds, where the next
+    round starts from each edge server's own model, not from the global one) and resumed
+    from its checkpoint: the records equal the golden ones. The checkpoint holds one state
+    per edge server."""
+    from test_resume import _interrupted_then_resumed
+
+    out = _interrupted_then_resumed(case("phsfl_2x2_half"), tmp_path, stop_at)
+    assert_same_records(GOLDEN / "phsfl_2x2_half", out)
+    last = sorted((out / "checkpoints").glob("round-*.pt"))[-1]
+    assert sorted(torch.load(last, weights_only=True)["edges"]) == [0, 1]
 
 
 def test_only_a_hierarchical_algorithm_has_edge_servers_of_its_own() -> None:
