@@ -30,8 +30,9 @@ from agents.models import ModelLayout
 @dataclass(frozen=True)
 class AggregateReport:
     flops: float
-    wall_s: float  # measured host seconds of the aggregation
-    rss_bytes: int  # resident memory of the server process after aggregating
+    wall_s: float  # measured host seconds of the aggregation (hierarchical: the slowest
+    # edge server's and the central server's)
+    rss_bytes: int  # resident memory of the (central) server process after aggregating
     metrics: dict[str, float]  # the algorithm's own per-round figures
     rejected: tuple[int, ...] = ()  # clients whose upload held NaN or inf: not aggregated
 
@@ -161,7 +162,8 @@ class CentralServer(_ServerProcess):
                       key=lambda r: r.client_id)
         start = time.perf_counter()
         stats = self.algorithm.aggregate_edges(rnd, kept, by_server)
-        wall = time.perf_counter() - start + sum(rep.wall_s for rep in reports)
+        # the edge servers aggregate side by side: the slowest one, then the central one
+        wall = time.perf_counter() - start + max((rep.wall_s for rep in reports), default=0.0)
         return AggregateReport(stats.flops, wall, self.rss_bytes(), dict(stats.metrics),
                                rejected)
 
