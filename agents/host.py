@@ -143,7 +143,7 @@ class ClientHost:
                    ) -> tuple[dict[str, Any], dict[str, Any]]:
         """Every hosted client's private state (``ctx.state``) and the host's cache of
         measured step costs, encoded for a checkpoint (see :mod:`agents.state`): (tree,
-        new blobs), as :meth:`agents.server.EdgeServer.state_dict`.
+        new blobs), as :meth:`agents.server.CentralServer.state_dict`.
 
         The client algorithm object itself holds only what its parameters determine; the
         shared model instance is loaded with a client's state before each use.

@@ -1,29 +1,38 @@
-"""The edge server: holds the algorithm's server state, plans rounds and aggregates.
+"""The servers: the central server plans rounds and aggregates; an edge server of a
+hierarchical algorithm keeps its own edge-level state and aggregates its own clients.
 
-Plain class; :mod:`mecsim.execution` runs it as a Ray actor (its own process, so its
-resident memory is the server's memory, measured with psutil as the KAPC paper does) or
-in-process for tests.
+:class:`CentralServer` holds the algorithm's server side (``ServerAlgorithm``) and the
+selection generator. A flat algorithm (FedAvg, KAPC, ...) has nothing else: its one
+server does everything. A hierarchical one (PHSFL, HSFL: ``ServerAlgorithm.Edge`` set)
+also has one :class:`EdgeServer` per edge server, holding that edge server's side
+(``EdgeAlgorithm``): it fills in what its clients download, fetches their uploads and
+aggregates them, and reports to the central server.
+
+Plain classes; :mod:`mecsim.execution` runs each as a Ray actor (its own process, so its
+resident memory is that server's memory, measured with psutil as the KAPC paper does) or
+all of them in-process for tests.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import psutil
 
-from agents.algorithms import ClientResult, ClientTask, algorithm_classes
+from agents.algorithms import ClientResult, ClientTask, EdgeReport, algorithm_classes
 from agents.models import ModelLayout
 
 
 @dataclass(frozen=True)
 class AggregateReport:
     flops: float
-    wall_s: float  # measured host seconds of the aggregation
-    rss_bytes: int  # resident memory of the server process after aggregating
+    wall_s: float  # measured host seconds of the aggregation (hierarchical: the slowest
+    # edge server's and the central server's)
+    rss_bytes: int  # resident memory of the (central) server process after aggregating
     metrics: dict[str, float]  # the algorithm's own per-round figures
     rejected: tuple[int, ...] = ()  # clients whose upload held NaN or inf: not aggregated
 
@@ -52,7 +61,58 @@ def finite_upload(result: ClientResult) -> bool:
     return _finite(result.weights) and _finite(result.extra)
 
 
-class EdgeServer:
+class _ServerProcess:
+    """What every server process has: uploads delivered by reference, a checkpointable
+    state, its process id and resident memory."""
+
+    def _state(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _load(self, state: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def fetch(self, uploads: list[Any]) -> list[Any]:
+        """The uploads themselves, from what the hosts handed over (a hook: under Ray they
+        are object-store references, fetched here as read-only zero-copy arrays)."""
+        return uploads
+
+    def _attach_uploads(self, results: list[ClientResult],
+                        weights_by_host: tuple[dict[int, Any], ...]) -> None:
+        """Put the uploads of ``results`` (the clients that made it) back in them, fetched
+        from what the hosts delivered apart (see ClientHost.fit_split)."""
+        refs = {cid: w for part in weights_by_host for cid, w in part.items()}
+        wanted = [r.client_id for r in results if r.client_id in refs]
+        fetched = dict(zip(wanted, self.fetch([refs[c] for c in wanted]), strict=True))
+        for r in results:
+            r.weights = fetched.get(r.client_id)
+
+    def state_dict(self, known_blobs: set[str] | None = None
+                   ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The state, encoded for a checkpoint: (tree, new blobs). With ``known_blobs``
+        (the digests a checkpoint folder holds), large arrays are references, and only
+        those not yet stored come back as blobs."""
+        from agents.state import BlobSink, encode
+
+        sink = BlobSink(known_blobs) if known_blobs is not None else None
+        tree = encode(self._state(), "server", sink)
+        return tree, (sink.new if sink else {})
+
+    def load_state_dict(self, encoded: dict[str, Any]) -> None:
+        from agents.state import decode
+
+        self._load(decode(encoded))
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def rss_bytes(self) -> int:
+        return int(psutil.Process(os.getpid()).memory_info().rss)
+
+
+class CentralServer(_ServerProcess):
+    """The algorithm's server side: selection, planning, (global) aggregation, evaluation.
+    Of a flat algorithm, the one server (it is then the edge server itself)."""
+
     def __init__(self, algorithm: str, layout: ModelLayout, init_weights: np.ndarray,
                  client_samples: dict[int, int], fraction: float, params: dict[str, Any],
                  seed: int, edge_server_of: dict[int, int] | None = None) -> None:
@@ -64,9 +124,13 @@ class EdgeServer:
         # selection draws come from their own stream of the scenario seed
         self.rng = np.random.default_rng(np.random.SeedSequence([seed, 0x5E1EC7]))
 
-    def plan(self, rnd: int) -> tuple[list[int], list[ClientTask]]:
+    def plan(self, rnd: int) -> tuple[list[int], list[ClientTask], dict[int, Any]]:
+        """(selected clients, their tasks, what each edge server is sent); of a
+        hierarchical algorithm, the edge servers fill in the tasks (EdgeServer.plan)."""
         selected = self.algorithm.select(rnd, self.rng)
-        return selected, self.algorithm.configure_fit(rnd, selected)
+        tasks = self.algorithm.configure_fit(rnd, selected)
+        downlinks = self.algorithm.configure_edges(rnd) if self.algorithm.Edge else {}
+        return selected, tasks, downlinks
 
     def aggregate(self, rnd: int, results: list[ClientResult]) -> AggregateReport:
         """Aggregate the results whose uploads are finite; an update holding any NaN or
@@ -84,42 +148,90 @@ class EdgeServer:
                         *weights_by_host: dict[int, Any]) -> AggregateReport:
         """:meth:`aggregate` with the uploads delivered apart (see ClientHost.fit_split);
         only the uploads of ``results`` (the clients that made it) are fetched."""
-        refs = {cid: w for part in weights_by_host for cid, w in part.items()}
-        wanted = [r.client_id for r in results if r.client_id in refs]
-        fetched = dict(zip(wanted, self.fetch([refs[c] for c in wanted]), strict=True))
-        for r in results:
-            r.weights = fetched.get(r.client_id)
+        self._attach_uploads(results, weights_by_host)
         return self.aggregate(rnd, results)
 
-    def fetch(self, uploads: list[Any]) -> list[Any]:
-        """The uploads themselves, from what the hosts handed over (a hook: under Ray they
-        are object-store references, fetched here as read-only zero-copy arrays)."""
-        return uploads
+    def aggregate_edges(self, rnd: int, results: list[ClientResult],
+                        *reports: EdgeReport) -> AggregateReport:
+        """A hierarchical algorithm's central aggregation, from the edge servers' reports
+        (one per edge server, in edge-server order); ``results`` are every client's that
+        made it, without uploads. The clients an edge server rejected are left out."""
+        by_server = dict(zip(self.edge_servers(), reports, strict=True))
+        rejected = tuple(sorted(c for rep in reports for c in rep.rejected))
+        kept = sorted((r for r in results if r.client_id not in rejected),
+                      key=lambda r: r.client_id)
+        start = time.perf_counter()
+        stats = self.algorithm.aggregate_edges(rnd, kept, by_server)
+        # the edge servers aggregate side by side: the slowest one, then the central one
+        wall = time.perf_counter() - start + max((rep.wall_s for rep in reports), default=0.0)
+        return AggregateReport(stats.flops, wall, self.rss_bytes(), dict(stats.metrics),
+                               rejected)
 
-    def state_dict(self, known_blobs: set[str] | None = None
-                   ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The algorithm's state and the selection generator, encoded for a checkpoint:
-        (tree, new blobs). With ``known_blobs`` (the digests a checkpoint folder holds),
-        large arrays are references, and only those not yet stored come back as blobs."""
-        from agents.state import BlobSink, encode
+    def edge_servers(self) -> list[int]:
+        """The edge servers that serve clients, in order."""
+        return sorted(set(self.algorithm.edge_server_of.values()))
 
-        sink = BlobSink(known_blobs) if known_blobs is not None else None
-        tree = encode({"algorithm": self.algorithm.state_dict(), "rng": self.rng}, "server",
-                      sink)
-        return tree, (sink.new if sink else {})
+    def _state(self) -> dict[str, Any]:
+        return {"algorithm": self.algorithm.state_dict(), "rng": self.rng}
 
-    def load_state_dict(self, encoded: dict[str, Any]) -> None:
-        from agents.state import decode
-
-        state = decode(encoded)
+    def _load(self, state: dict[str, Any]) -> None:
         self.algorithm.load_state_dict(state["algorithm"])
         self.rng = state["rng"]
+
+    def load_state_dict(self, encoded: dict[str, Any]) -> dict[int, Any]:
+        """Restore the state; returns the edge servers' states (encoded) that a checkpoint
+        written before they had states of their own kept in the algorithm's (else {})."""
+        from agents.state import decode, encode
+
+        state = decode(encoded)
+        legacy = self.algorithm.legacy_edge_states(state["algorithm"]) \
+            if self.algorithm.Edge else {}
+        self._load(state)
+        return {b: encode({"algorithm": st}, "edge") for b, st in legacy.items()}
 
     def evaluation_tasks(self, rnd: int, clients: list[int]) -> list[ClientTask]:
         return self.algorithm.configure_evaluate(rnd, clients)
 
-    def pid(self) -> int:
-        return os.getpid()
 
-    def rss_bytes(self) -> int:
-        return int(psutil.Process(os.getpid()).memory_info().rss)
+class EdgeServer(_ServerProcess):
+    """One edge server of a hierarchical algorithm: its ``EdgeAlgorithm``, built from the
+    same arguments as the central server, for the clients it serves."""
+
+    def __init__(self, edge_server: int, algorithm: str, layout: ModelLayout,
+                 init_weights: np.ndarray, client_samples: dict[int, int], fraction: float,
+                 params: dict[str, Any], seed: int,
+                 edge_server_of: dict[int, int] | None = None) -> None:
+        server_cls, _ = algorithm_classes(algorithm)
+        if server_cls.Edge is None:
+            raise ValueError(f"{algorithm} is a flat algorithm: it has no edge servers' side")
+        serves = edge_server_of or dict.fromkeys(client_samples, 0)
+        mine = {c: n for c, n in client_samples.items() if serves[c] == edge_server}
+        self.edge_server = edge_server
+        self.algorithm = server_cls.Edge(edge_server, layout, mine, params)
+
+    def plan(self, rnd: int, tasks: list[ClientTask], downlink: Any) -> list[ClientTask]:
+        """Its clients' tasks with what it sends them filled in."""
+        return self.algorithm.configure_fit(rnd, tasks, downlink)
+
+    def aggregate(self, rnd: int, results: list[ClientResult]) -> EdgeReport:
+        """Aggregate its clients' results whose uploads are finite (as the central server
+        of a flat algorithm does); the rejected ones are named in the report."""
+        rejected = tuple(sorted(r.client_id for r in results if not finite_upload(r)))
+        kept = sorted((r for r in results if r.client_id not in rejected),
+                      key=lambda r: r.client_id)
+        start = time.perf_counter()
+        report = self.algorithm.aggregate_fit(rnd, kept)
+        return replace(report, rejected=rejected, wall_s=time.perf_counter() - start)
+
+    def aggregate_split(self, rnd: int, results: list[ClientResult],
+                        *weights_by_host: dict[int, Any]) -> EdgeReport:
+        """:meth:`aggregate` with the uploads delivered apart: it fetches its own
+        clients' uploads, straight from the hosts' references."""
+        self._attach_uploads(results, weights_by_host)
+        return self.aggregate(rnd, results)
+
+    def _state(self) -> dict[str, Any]:
+        return {"algorithm": self.algorithm.state_dict()}
+
+    def _load(self, state: dict[str, Any]) -> None:
+        self.algorithm.load_state_dict(state["algorithm"])

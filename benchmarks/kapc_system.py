@@ -13,7 +13,7 @@ prints, per round on average:
 Bytes and server FLOPs follow the paper's setting exactly; client GFLOPs and compute
 time scale with the stand-in's data (20 images per client on average, E = 1, against
 ~500 CIFAR images and E = 5), so the script also prints the client GFLOPs per trained
-sample. Server memory is the RSS of the edge-server actor (Ray backend) or of the whole
+sample. Server memory is the RSS of the server actor (Ray backend) or of the whole
 process (local backend).
 
 Every method runs under seeds 0 .. N-1 (``--seeds N``, default 3); the tables show

@@ -5,7 +5,7 @@ client holding 5 train images and 1 test image drawn from the embedded MNIST (cl
 share images, so 10,000 clients fit the 10,000 images), for 2 rounds, and samples the
 proportional set size (PSS: shared pages split among the processes that map them) of
 this process and every process below it (Ray's GCS, raylet with the object store,
-client-host and edge-server actors) every 0.1 s. Two series:
+client-host and server actors) every 0.1 s. Two series:
 
 - **selected**: full participation, N = 10 / 1,000 / 10,000: the growth of the peak per
   added client is the memory of a selected client (its update, its training);

@@ -5,7 +5,7 @@ The same FedAvg workload — the embedded MNIST images split IID over N clients,
 
 1. a plain PyTorch loop in one process (load global weights, train each client in turn,
    average), with 1 and with 2 torch threads; the faster of the two is the reference;
-2. ``mecsim`` with the Ray backend (host actors, edge-server actor, SimPy timing, channel
+2. ``mecsim`` with the Ray backend (host actors, server actor, SimPy timing, channel
    draws, FLOP and memory accounting, records), evaluation switched off between rounds.
 
 Reports the median round wall time of each and their ratio, for N = 10 and 100. The

@@ -1,8 +1,9 @@
 """Checkpoints of a run, one file per checkpointed round, written atomically.
 
 ``<run dir>/checkpoints/round-000006.pt`` holds what the run needs to continue after its
-6th round exactly as if it had not stopped: the edge server's state (the algorithm's
-attributes and the selection generator), every client's private state (personal models,
+6th round exactly as if it had not stopped: the central server's state (the algorithm's
+attributes and the selection generator), each edge server's of a hierarchical algorithm
+(e.g. PHSFL's edge models), every client's private state (personal models,
 optimiser moments, private layers: whatever the algorithm keeps in ``ctx.state``), the
 hosts' measured step costs, the emulated clock and the rounds done. Everything else a
 run holds is rebuilt from the scenario and its seed (data split, model initialisation,
@@ -44,11 +45,15 @@ class CheckpointError(Exception):
 class Checkpoint:
     rounds_done: int
     elapsed_s: float
-    server: Any  # encoded EdgeServer state
+    server: Any  # encoded CentralServer state
     clients: dict[int, Any]  # encoded ctx.state of every client
     costs: Any  # encoded measured step costs
     path: Path | None = None
     blobs: dict[str, Any] = field(default_factory=dict)  # new large tensors, by digest
+    # encoded EdgeServer state of each edge server of a hierarchical algorithm (a
+    # checkpoint written before edge servers had states of their own has none: see
+    # ServerAlgorithm.legacy_edge_states)
+    edges: dict[int, Any] = field(default_factory=dict)
 
 
 def fsync_dir(path: Path) -> None:
@@ -135,11 +140,11 @@ class CheckpointStore:
         start = time.perf_counter()
         self.blob_dir.mkdir(parents=True, exist_ok=True)
         known = self.blob_keys()
-        refs = blob_keys([ckpt.server, ckpt.clients])
+        refs = blob_keys([ckpt.server, ckpt.clients, ckpt.edges])
         payload = {"format": FORMAT_VERSION, "run_id": self.run_id, "scenario": self.digest,
                    "rounds_done": ckpt.rounds_done, "elapsed_s": ckpt.elapsed_s,
                    "server": ckpt.server, "clients": ckpt.clients, "costs": ckpt.costs,
-                   "blobs": sorted(refs)}
+                   "edges": ckpt.edges, "blobs": sorted(refs)}
         path = self.path(ckpt.rounds_done)
         written = 0
         with atomic_section():
@@ -213,9 +218,10 @@ class CheckpointStore:
                 raise CheckpointError(f"{path}: its blob {blob.name} is not a tensor")
             return tensor
 
-        server, clients = resolve_blobs([payload["server"], payload["clients"]], load_blob)
+        server, clients, edges = resolve_blobs(
+            [payload["server"], payload["clients"], payload.get("edges", {})], load_blob)
         return Checkpoint(int(payload["rounds_done"]), float(payload["elapsed_s"]),
-                          server, dict(clients), payload["costs"], path)
+                          server, dict(clients), payload["costs"], path, edges=dict(edges))
 
     def latest(self, warn=None) -> Checkpoint | None:
         """The newest readable checkpoint (an unreadable one is reported through

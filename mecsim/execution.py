@@ -1,8 +1,10 @@
-"""Where clients and edge servers run: Ray actors, or in-process.
+"""Where clients and servers run: Ray actors, or in-process.
 
 Both executors drive the same plain classes (:class:`agents.host.ClientHost`,
-:class:`agents.server.EdgeServer`); Ray is only a thin wrapper around them, so a run
-gives the same records with either backend (a test checks it).
+:class:`agents.server.CentralServer` and, for a hierarchical algorithm, one
+:class:`agents.server.EdgeServer` per edge server) through the same steps; Ray is only a
+thin wrapper around them, so a run gives the same records with either backend (a test
+checks it).
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from agents.algorithms import ClientResult, ClientTask
+from agents.algorithms import ClientResult, ClientTask, algorithm_classes
 from agents.host import ClientHost, HostSetup
-from agents.server import AggregateReport, EdgeServer
+from agents.server import AggregateReport, CentralServer, EdgeServer
 from agents.state import decode, encode
 from mecsim.data import DataPools
 
@@ -93,29 +95,44 @@ def _init_ray_on_loopback(ray, kwargs: dict[str, Any]) -> None:
 
 
 class ActorFailure(RuntimeError):
-    """A Ray actor (a client host or the edge server) died mid-run: its process was killed,
-    ran out of memory, or its node went away. The run loop re-creates the actors, restores
-    them from the last checkpoint and re-executes from there."""
+    """A Ray actor (a client host, an edge server or the central server) died mid-run:
+    its process was killed, ran out of memory, or its node went away. The run loop
+    re-creates the actors, restores them from the last checkpoint and re-executes from
+    there."""
 
 
 @dataclass
 class ExecutorState:
-    """Encoded state of the server and of every client (see :mod:`agents.state`); large
-    arrays may be blob references, with the blobs not yet stored in ``blobs``."""
+    """Encoded state of the central server, of every client and of every edge server of a
+    hierarchical algorithm (see :mod:`agents.state`); large arrays may be blob
+    references, with the blobs not yet stored in ``blobs``."""
 
     server: Any
     clients: dict[int, Any]
     costs: Any
     blobs: dict[str, Any] = field(default_factory=dict)
+    edges: dict[int, Any] = field(default_factory=dict)
 
 
-def _collect(server: tuple[Any, dict], hosts: list[tuple[Any, dict]]) -> ExecutorState:
+def _collect(server: tuple[Any, dict], hosts: list[tuple[Any, dict]],
+             edges: dict[int, tuple[Any, dict]]) -> ExecutorState:
     blobs = dict(server[1])
-    for _, new in hosts:
+    for _, new in [*hosts, *edges.values()]:
         blobs.update(new)
     return ExecutorState(server[0],
                          {cid: st for tree, _ in hosts for cid, st in tree["clients"].items()},
-                         _merge_costs([tree["costs"] for tree, _ in hosts]), blobs)
+                         _merge_costs([tree["costs"] for tree, _ in hosts]), blobs,
+                         {b: tree for b, (tree, _) in edges.items()})
+
+
+def _edge_ids(server_kwargs: dict[str, Any]) -> list[int]:
+    """The edge servers that get a process of their own: those serving clients, when the
+    algorithm is hierarchical (a flat algorithm's edge servers keep no state)."""
+    server_cls, _ = algorithm_classes(server_kwargs["algorithm"])
+    if server_cls.Edge is None:
+        return []
+    serves = server_kwargs.get("edge_server_of") or {}
+    return sorted(set(serves.values())) or [0]
 
 
 def _merge_costs(encoded: list[Any]) -> Any:
@@ -128,7 +145,8 @@ def _merge_costs(encoded: list[Any]) -> Any:
 class ClientHostActor(ClientHost):
     """A client host in a Ray actor: each client's upload goes to the object store as soon
     as the client has trained, so the host holds one update at a time, and the update
-    exists once (in the store, read in place by the edge server) until it is aggregated."""
+    exists once (in the store, read in place by the server that aggregates it: its edge
+    server's actor, or the central one) until it is aggregated."""
 
     def detach(self, result: ClientResult) -> ClientResult:
         import ray
@@ -138,11 +156,25 @@ class ClientHostActor(ClientHost):
         return result
 
 
-class EdgeServerActor(EdgeServer):
-    def fetch(self, uploads: list[Any]) -> list[Any]:
-        import ray
+def _fetch_from_store(uploads: list[Any]) -> list[Any]:
+    import ray
 
-        return ray.get(uploads) if uploads else []
+    return ray.get(uploads) if uploads else []
+
+
+class CentralServerActor(CentralServer):
+    """The central server in a Ray actor (of a flat algorithm, the one server)."""
+
+    def fetch(self, uploads: list[Any]) -> list[Any]:
+        return _fetch_from_store(uploads)
+
+
+class EdgeServerActor(EdgeServer):
+    """One edge server of a hierarchical algorithm in a Ray actor: it fetches its own
+    clients' uploads from the object store and reports to the central server."""
+
+    def fetch(self, uploads: list[Any]) -> list[Any]:
+        return _fetch_from_store(uploads)
 
 
 class LocalExecutor:
@@ -150,31 +182,52 @@ class LocalExecutor:
 
     def __init__(self, server_kwargs: dict[str, Any], setup: HostSetup, pools: DataPools,
                  host_clients: list[ClientData]) -> None:
+        self._init(server_kwargs, setup, pools, host_clients)
+        self._start()
+
+    def _init(self, server_kwargs: dict[str, Any], setup: HostSetup, pools: DataPools,
+              host_clients: list[ClientData]) -> None:
         self._args = (server_kwargs, setup, pools, host_clients)
         self.host_clients = host_clients
         self.host_of = {cid: h for h, clients in enumerate(host_clients) for cid in clients}
-        self._start()
+        self.edge_ids = _edge_ids(server_kwargs)
+        serves = server_kwargs.get("edge_server_of") or {}
+        self.edge_of = {cid: serves.get(cid, 0) for cid in self.host_of}
+        self.edges: dict[int, Any] = {}
 
     def _start(self) -> None:
         server_kwargs, setup, pools, host_clients = self._args
-        self.server = EdgeServer(**server_kwargs)
+        self.server = CentralServer(**server_kwargs)
+        self.edges = {b: EdgeServer(b, **server_kwargs) for b in self.edge_ids}
         self.hosts = [ClientHost(setup, pools, clients) for clients in host_clients]
 
     def restart(self) -> None:
-        """New server and hosts in their initial state (then :meth:`load_state`)."""
+        """New servers and hosts in their initial state (then :meth:`load_state`)."""
         self._start()
 
     def state(self, known_blobs: set[str] | None = None) -> ExecutorState:
         """The state to checkpoint; with ``known_blobs``, large arrays by reference."""
         return _collect(self.server.state_dict(known_blobs),
-                        [h.state_dict(known_blobs) for h in self.hosts])
+                        [h.state_dict(known_blobs) for h in self.hosts],
+                        {b: e.state_dict(known_blobs) for b, e in self.edges.items()})
 
     def _host_states(self, st: ExecutorState) -> list[dict[str, Any]]:
         return [{"clients": {cid: st.clients[cid] for cid in clients if cid in st.clients},
                  "costs": st.costs} for clients in self.host_clients]
 
+    def _edge_states(self, st: ExecutorState, legacy: dict[int, Any]) -> dict[int, Any]:
+        """Each edge server's state: from ``st``, or from what an older checkpoint kept in
+        the central server's state (``legacy``)."""
+        edges = st.edges or legacy
+        missing = [b for b in self.edge_ids if b not in edges]
+        if missing:
+            raise ValueError(f"the checkpoint holds no state of edge server(s) {missing}")
+        return edges
+
     def load_state(self, st: ExecutorState) -> None:
-        self.server.load_state_dict(st.server)
+        edges = self._edge_states(st, self.server.load_state_dict(st.server))
+        for b, edge in self.edges.items():
+            edge.load_state_dict(edges[b])
         for host, hs in zip(self.hosts, self._host_states(st), strict=True):
             host.load_state_dict(hs)
 
@@ -184,8 +237,28 @@ class LocalExecutor:
             grouped[self.host_of[task.client_id]].append(task)
         return grouped
 
+    def _by_edge(self, items: list[Any]) -> dict[int, list[Any]]:
+        """Tasks or results by edge server, every edge server present (maybe empty)."""
+        grouped: dict[int, list[Any]] = {b: [] for b in self.edge_ids}
+        for item in items:
+            grouped[self.edge_of[item.client_id]].append(item)
+        return grouped
+
+    @staticmethod
+    def _in_task_order(tasks: list[ClientTask], parts: list[list[ClientTask]]
+                       ) -> list[ClientTask]:
+        filled = {t.client_id: t for part in parts for t in part}
+        return [filled[t.client_id] for t in tasks]
+
     def plan(self, rnd: int) -> tuple[list[int], list[ClientTask]]:
-        return self.server.plan(rnd)
+        """The round's clients and tasks: planned by the central server, filled in by
+        the edge servers of a hierarchical algorithm."""
+        selected, tasks, downlinks = self.server.plan(rnd)
+        if not self.edges:
+            return selected, tasks
+        groups = self._by_edge(tasks)
+        parts = [edge.plan(rnd, groups[b], downlinks.get(b)) for b, edge in self.edges.items()]
+        return selected, self._in_task_order(tasks, parts)
 
     def fit(self, rnd: int, tasks: list[ClientTask],
             lost: frozenset[int] = frozenset()) -> list[ClientResult]:
@@ -195,7 +268,13 @@ class LocalExecutor:
         return sorted(out, key=lambda r: r.client_id)
 
     def aggregate(self, rnd: int, results: list[ClientResult]) -> AggregateReport:
-        return self.server.aggregate(rnd, results)
+        """The central server aggregates (for a hierarchical algorithm, from the reports
+        of the edge servers, each aggregating its own clients first)."""
+        if not self.edges:
+            return self.server.aggregate(rnd, results)
+        groups = self._by_edge(results)
+        reports = [edge.aggregate(rnd, groups[b]) for b, edge in self.edges.items()]
+        return self.server.aggregate_edges(rnd, results, *reports)
 
     def evaluate(self, rnd: int, clients: list[int]) -> list[tuple[int, float, float, int]]:
         tasks = self.server.evaluation_tasks(rnd, clients)
@@ -212,7 +291,8 @@ class LocalExecutor:
 
 
 class RayExecutor(LocalExecutor):
-    """Host actors (one CPU each) and an edge-server actor in a Ray cluster.
+    """Host actors (one CPU each), a central-server actor and, for a hierarchical
+    algorithm, one actor per edge server (no CPU reserved: servers) in a Ray cluster.
 
     Every call that waits on an actor turns the death of an actor (its process killed,
     out of memory, its node gone) into :class:`ActorFailure`; :meth:`restart` kills what
@@ -237,9 +317,7 @@ class RayExecutor(LocalExecutor):
         else:
             self._owns_ray = False
         self._ray = ray
-        self._args = (server_kwargs, setup, pools, host_clients)
-        self.host_clients = host_clients
-        self.host_of = {cid: h for h, clients in enumerate(host_clients) for cid in clients}
+        self._init(server_kwargs, setup, pools, host_clients)
         self._pools_ref = ray.put(pools)
         self.server, self.hosts = None, []
         self._start()
@@ -247,13 +325,17 @@ class RayExecutor(LocalExecutor):
     def _start(self) -> None:
         ray = self._ray
         server_kwargs, setup, _, host_clients = self._args
-        server_actor = ray.remote(num_cpus=0, max_restarts=0)(EdgeServerActor)
+        central_actor = ray.remote(num_cpus=0, max_restarts=0)(CentralServerActor)
+        edge_actor = ray.remote(num_cpus=0, max_restarts=0)(EdgeServerActor)
         host_actor = ray.remote(num_cpus=1, max_restarts=0)(ClientHostActor)
-        self.server = server_actor.remote(**server_kwargs)
+        self.server = central_actor.remote(**server_kwargs)
+        self.edges = {b: edge_actor.remote(b, **server_kwargs) for b in self.edge_ids}
         self.hosts = [host_actor.remote(setup, self._pools_ref, clients)
                       for clients in host_clients]
         self._weight_refs: list[Any] = []
-        self._get(self.server.rss_bytes.remote())  # surface start-up errors here
+        # surface start-up errors here
+        self._get([self.server.rss_bytes.remote(),
+                   *(e.rss_bytes.remote() for e in self.edges.values())])
         self._get([h.rss_bytes.remote() for h in self.hosts])
 
     def _get(self, refs: Any) -> Any:
@@ -266,15 +348,24 @@ class RayExecutor(LocalExecutor):
                 rex.WorkerCrashedError, rex.NodeDiedError) as exc:
             raise ActorFailure(f"{type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
         except rex.RayTaskError as exc:
-            # a task whose arguments came from an actor that died
-            cause = exc.as_instanceof_cause() if hasattr(exc, "as_instanceof_cause") else exc
-            if isinstance(cause, (rex.RayActorError, rex.ObjectLostError, rex.OwnerDiedError,
-                                  rex.WorkerCrashedError)):
-                raise ActorFailure(f"{type(cause).__name__}") from exc
+            # a task whose arguments came from an actor that died, maybe through another
+            # task (the central server's aggregation of an edge server's report)
+            deaths = (rex.RayActorError, rex.ObjectLostError, rex.OwnerDiedError,
+                      rex.WorkerCrashedError, rex.NodeDiedError)
+            cause: Any = exc
+            for _ in range(4):
+                inner = cause.as_instanceof_cause() \
+                    if hasattr(cause, "as_instanceof_cause") else cause
+                if isinstance(inner, deaths):
+                    raise ActorFailure(f"{type(getattr(cause, 'cause', inner)).__name__}") \
+                        from exc
+                cause = getattr(cause, "cause", None)
+                if not isinstance(cause, rex.RayTaskError):
+                    break
             raise
 
     def _kill_all(self) -> None:
-        for actor in [self.server, *self.hosts]:
+        for actor in [self.server, *self.edges.values(), *self.hosts]:
             if actor is None:
                 continue
             try:
@@ -287,7 +378,20 @@ class RayExecutor(LocalExecutor):
         self._start()
 
     def plan(self, rnd: int) -> tuple[list[int], list[ClientTask]]:
-        return self._get(self.server.plan.remote(rnd))
+        selected, tasks, downlinks = self._get(self.server.plan.remote(rnd))
+        if not self.edges:
+            return selected, tasks
+        groups = self._by_edge(tasks)
+        stored: dict[int, Any] = {}  # one object-store copy of what several receive
+        refs = []
+        for b, edge in self.edges.items():
+            down = downlinks.get(b)
+            if down is not None:
+                if id(down) not in stored:
+                    stored[id(down)] = self._ray.put(down)
+                down = stored[id(down)]
+            refs.append(edge.plan.remote(rnd, groups[b], down))
+        return selected, self._in_task_order(tasks, self._get(refs))
 
     def fit(self, rnd: int, tasks: list[ClientTask],
             lost: frozenset[int] = frozenset()) -> list[ClientResult]:
@@ -302,8 +406,16 @@ class RayExecutor(LocalExecutor):
         return sorted(out, key=lambda r: r.client_id)
 
     def aggregate(self, rnd: int, results: list[ClientResult]) -> AggregateReport:
+        """Each edge server fetches its own clients' uploads from the object store and
+        aggregates them; its report goes to the central server as a reference (not
+        through this process). A flat algorithm's central server fetches them all."""
         refs, self._weight_refs = self._weight_refs, []
-        return self._get(self.server.aggregate_split.remote(rnd, results, *refs))
+        if not self.edges:
+            return self._get(self.server.aggregate_split.remote(rnd, results, *refs))
+        groups = self._by_edge(results)
+        reports = [edge.aggregate_split.remote(rnd, groups[b], *refs)
+                   for b, edge in self.edges.items()]
+        return self._get(self.server.aggregate_edges.remote(rnd, results, *reports))
 
     def evaluate(self, rnd: int, clients: list[int]) -> list[tuple[int, float, float, int]]:
         tasks = self._get(self.server.evaluation_tasks.remote(rnd, clients))
@@ -311,12 +423,16 @@ class RayExecutor(LocalExecutor):
         return sorted(x for part in self._get(refs) for x in part)
 
     def state(self, known_blobs: set[str] | None = None) -> ExecutorState:
-        server, *hosts = self._get([self.server.state_dict.remote(known_blobs),
-                                    *(h.state_dict.remote(known_blobs) for h in self.hosts)])
-        return _collect(server, hosts)
+        server, *rest = self._get([self.server.state_dict.remote(known_blobs),
+                                   *(e.state_dict.remote(known_blobs)
+                                     for e in self.edges.values()),
+                                   *(h.state_dict.remote(known_blobs) for h in self.hosts)])
+        n = len(self.edges)
+        return _collect(server, rest[n:], dict(zip(self.edges, rest[:n], strict=True)))
 
     def load_state(self, st: ExecutorState) -> None:
-        refs = [self.server.load_state_dict.remote(st.server)]
+        edges = self._edge_states(st, self._get(self.server.load_state_dict.remote(st.server)))
+        refs = [edge.load_state_dict.remote(edges[b]) for b, edge in self.edges.items()]
         refs += [host.load_state_dict.remote(hs)
                  for host, hs in zip(self.hosts, self._host_states(st), strict=True)]
         self._get(refs)
@@ -325,8 +441,10 @@ class RayExecutor(LocalExecutor):
         return self._get([h.rss_bytes.remote() for h in self.hosts])
 
     def actor_pids(self) -> dict[str, list[int]]:
-        """Process ids of the edge-server actor and of the host actors (for fault tests)."""
+        """Process ids of the central-server actor, of the edge-server actors (in edge
+        server order; none for a flat algorithm) and of the host actors."""
         return {"server": [self._get(self.server.pid.remote())],
+                "edges": self._get([e.pid.remote() for e in self.edges.values()]),
                 "hosts": self._get([h.pid.remote() for h in self.hosts])}
 
     def close(self) -> None:

@@ -353,7 +353,7 @@ class _Loop:
         assert self.store is not None
         st = self.rs.executor.state(self.store.blob_keys())
         ckpt = Checkpoint(self.rnd, self.elapsed_s, st.server, st.clients, st.costs,
-                          blobs=st.blobs)
+                          blobs=st.blobs, edges=st.edges)
         path = self.store.save(ckpt)
         self.base = Checkpoint(ckpt.rounds_done, ckpt.elapsed_s, None, {}, None, path)
         self._emit("on_checkpoint", self.rnd, self.store.last_bytes, self.store.last_seconds)
@@ -366,7 +366,8 @@ class _Loop:
         target = self.rnd
         if self.base is not None:
             ckpt = self.store.load(self.base.path) if self.base.path is not None else self.base
-            rs.executor.load_state(ExecutorState(ckpt.server, ckpt.clients, ckpt.costs))
+            rs.executor.load_state(ExecutorState(ckpt.server, ckpt.clients, ckpt.costs,
+                                                 edges=ckpt.edges))
             redo, elapsed = ckpt.rounds_done, ckpt.elapsed_s
         else:
             redo, elapsed = 0, 0.0
@@ -465,7 +466,8 @@ def run(scenario: Scenario, run_id: str, out_dir=None, observers: list[RunObserv
     loop = _Loop(rs, observers, store, start, resume.rows if resume else [], should_stop)
     try:
         if start is not None:
-            rs.executor.load_state(ExecutorState(start.server, start.clients, start.costs))
+            rs.executor.load_state(ExecutorState(start.server, start.clients, start.costs,
+                                                 edges=start.edges))
         rs.info.resumed_from = loop.rnd
         if resume is not None:
             loop._emit("on_run_resume", list(loop.rows))

@@ -21,7 +21,7 @@ from test_resume import SimulatedKill, StopAfter, assert_same_records
 from agents.algorithms import ClientResult
 from agents.algorithms.fedavg import weighted_average
 from agents.models import build_model, get_flat, model_layout
-from agents.server import EdgeServer
+from agents.server import CentralServer
 from mecsim import faults, replay
 from mecsim.engine import RateSchedule
 from mecsim.ops import Compute, Download, Upload
@@ -219,7 +219,7 @@ def test_updates_with_nan_or_inf_are_rejected_not_averaged() -> None:
     model = build_model("mlp_2nn", (1, 28, 28), 10)
     layout = model_layout(model)
     w0 = get_flat(model, layout)
-    server = EdgeServer("fedavg", layout, w0, {0: 10, 1: 30, 2: 5, 3: 5}, 1.0, {}, 0)
+    server = CentralServer("fedavg", layout, w0, {0: 10, 1: 30, 2: 5, 3: 5}, 1.0, {}, 0)
     a, b = w0 + 1.0, w0 - 2.0
     bad = w0.copy()
     bad[17] = np.nan
@@ -279,14 +279,11 @@ def _ray_actor_pids(root: int, kind: str) -> list[int]:
     return out
 
 
-@pytest.mark.ray
-def test_killed_ray_actors_are_recreated_and_the_records_unchanged(tmp_path: Path) -> None:
-    """kill -9 a client-host actor after round 1 and the edge-server actor after round 3
-    of a real Ray run: it finishes, records the two faults, and its records equal those
-    of an undisturbed run (the local backend gives the same records as Ray)."""
-    sc = tiny(rounds=5)
-    ref = tmp_path / "ref" / "r"
-    run(sc, "r", ref, [RecordsWriter(ref)])
+def run_killing_actors(sc, tmp_path: Path, plan: list[tuple[int, str]]) -> Path:
+    """Run ``sc`` with Ray in a ``mecsim run`` subprocess, kill -9 one actor of class
+    ``kind`` once ``rounds`` rounds are recorded, for each ``(rounds, kind)`` of ``plan``;
+    asserts every kill happened and the run finished with one fault each; returns its
+    run folder."""
     data = sc.model_dump(mode="json")
     data["execution"]["backend"] = "ray"
     data["outputs"]["dir"] = str(tmp_path / "runs")
@@ -296,7 +293,7 @@ def test_killed_ray_actors_are_recreated_and_the_records_unchanged(tmp_path: Pat
     proc = subprocess.Popen([sys.executable, "-m", "mecsim.cli", "run", str(path), "--run-id",
                              "r", "--quiet", "--no-plots"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    plan = [(1, "ClientHostActor"), (3, "EdgeServerActor")]
+    plan, kills = list(plan), len(plan)
     killed: list[int] = []
     deadline = time.monotonic() + 300
     try:
@@ -314,10 +311,23 @@ def test_killed_ray_actors_are_recreated_and_the_records_unchanged(tmp_path: Pat
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert len(killed) == 2, err
+    assert len(killed) == kills, err
     assert proc.returncode == 0, err
     meta = __import__("json").loads((out / "run.json").read_text())
-    assert meta["status"] == "finished" and len(meta["faults"]) == 2
+    assert meta["status"] == "finished" and len(meta["faults"]) == kills
     rounds = read_csv_exact(out / "rounds.csv")
-    assert rounds["faults"].sum() == 2
+    assert rounds["faults"].sum() == kills
+    return out
+
+
+@pytest.mark.ray
+def test_killed_ray_actors_are_recreated_and_the_records_unchanged(tmp_path: Path) -> None:
+    """kill -9 a client-host actor after round 1 and the central-server actor after
+    round 3 of a real Ray run: it finishes, records the two faults, and its records equal
+    those of an undisturbed run (the local backend gives the same records as Ray).
+    tests/test_edge_actors.py kills an edge-server actor of a hierarchical run."""
+    sc = tiny(rounds=5)
+    ref = tmp_path / "ref" / "r"
+    run(sc, "r", ref, [RecordsWriter(ref)])
+    out = run_killing_actors(sc, tmp_path, [(1, "ClientHostActor"), (3, "CentralServerActor")])
     assert_same_records(ref, out, ignore=("faults",))

@@ -16,6 +16,7 @@ from agents.algorithms import ClientContext, ClientResult, ClientTask, TrainConf
 from agents.algorithms.phsfl import (
     HSFLClient,
     PHSFLClient,
+    PHSFLEdge,
     PHSFLServer,
     batch_plan,
     edge_aggregate,
@@ -262,30 +263,79 @@ def test_server_aggregates_per_edge_server_then_centrally():
     # w = [client Linear(1,1) w, b | head Linear(1,1) w, b]; clients 0, 1 on ES 0; 2, 3 on ES 1
     layout = model_layout(nn.Sequential(nn.Linear(1, 1), nn.ReLU(), nn.Linear(1, 1)))
     samples = {0: 1, 1: 3, 2: 4, 3: 4}
-    server = PHSFLServer(layout, np.zeros(4, np.float32), samples, 1.0,
-                         {"edge_rounds": 2, "cut_layer": 2})
+    params = {"edge_rounds": 2, "cut_layer": 2}
+    server = PHSFLServer(layout, np.zeros(4, np.float32), samples, 1.0, params)
     server.edge_server_of = {0: 0, 1: 0, 2: 1, 3: 1}
-    tasks = server.configure_fit(0, [0, 1, 2, 3])
+    edges = {0: PHSFLEdge(0, layout, {0: 1, 1: 3}, params),
+             1: PHSFLEdge(1, layout, {2: 4, 3: 4}, params)}
+
+    def plan(rnd, selected):
+        tasks = server.configure_fit(rnd, selected)
+        assert all(t.weights is None for t in tasks)  # the ES fills in its model
+        down = server.configure_edges(rnd)
+        for b, edge in edges.items():
+            edge.configure_fit(rnd, [t for t in tasks if t.config["edge_server"] == b],
+                               down.get(b))
+        return tasks
+
+    def aggregate(rnd, results):
+        reports = {b: edge.aggregate_fit(rnd, [r for r in results
+                                                if server.edge_server_of[r.client_id] == b])
+                   for b, edge in edges.items()}
+        return server.aggregate_edges(rnd, results, reports), reports
+
+    tasks = plan(0, [0, 1, 2, 3])
     assert [t.download_nbytes for t in tasks] == [8] * 4  # the client part only
     assert tasks[0].config == {"edge_server": 0, "backhaul_down_nbytes": 16,
                                "backhaul_up_nbytes": 0, "finetune_backhaul_nbytes": 0}
-    stats = server.aggregate_fit(0, [_result(0, 0, 1), _result(1, 4, 3),
-                                     _result(2, 1, 4), _result(3, 3, 4)])
-    assert server.edge_models[0].tolist() == [3.0] * 4  # 0.25 * 0 + 0.75 * 4
-    assert server.edge_models[1].tolist() == [2.0] * 4
+    assert tasks[0].weights.tolist() == [0.0] * 4  # Eq. 8: the ES starts from w
+    stats, reports = aggregate(0, [_result(0, 0, 1), _result(1, 4, 3),
+                                   _result(2, 1, 4), _result(3, 3, 4)])
+    assert edges[0].model.tolist() == [3.0] * 4  # 0.25 * 0 + 0.75 * 4
+    assert edges[1].model.tolist() == [2.0] * 4
+    assert reports[0].model is None  # w_b goes up only after the last edge round
     assert server.weights.tolist() == [0.0] * 4  # no CS aggregation inside a global round
     assert stats.flops == 2 * 4 * 2 + 2 * 4 * 2
     assert stats.metrics["model_bytes_es_cs"] == 2 * 16  # two ES receive w (Step 1)
-    tasks = server.configure_fit(1, [0, 1, 2, 3])
+    assert server.configure_edges(1) == {}  # nothing from the CS inside a global round
+    tasks = plan(1, [0, 1, 2, 3])
     assert tasks[0].weights.tolist() == [3.0] * 4 and tasks[3].weights.tolist() == [2.0] * 4
     assert tasks[3].config["backhaul_up_nbytes"] == 16
     assert tasks[3].config["finetune_backhaul_nbytes"] == 16  # the global model is made now
-    stats = server.aggregate_fit(1, [_result(0, 2, 1), _result(1, 6, 3),
-                                     _result(2, 0, 4), _result(3, 4, 4)])
+    stats, reports = aggregate(1, [_result(0, 2, 1), _result(1, 6, 3),
+                                   _result(2, 0, 4), _result(3, 4, 4)])
     # ES 0: 0.25 * 2 + 0.75 * 6 = 5 over 4 samples; ES 1: 2 over 8 samples
+    assert reports[0].model.tolist() == [5.0] * 4 and reports[1].model.tolist() == [2.0] * 4
     assert server.weights.tolist() == [(4 * 5 + 8 * 2) / 12] * 4 == [3.0] * 4
     assert stats.flops == 2 * 4 * 2 * 2 + 2 * 4 * 2
-    assert server.configure_fit(2, [0])[0].weights.tolist() == [3.0] * 4  # Eq. 8
+    assert plan(2, [0])[0].weights.tolist() == [3.0] * 4  # Eq. 8
+    # an ES none of whose clients returned keeps its model and aggregates nothing
+    _, reports = aggregate(2, [_result(0, 7, 1)])
+    assert reports[1].flops == 0 and reports[1].aggregated == 0
+    assert edges[1].model.tolist() == [3.0] * 4 and edges[0].model.tolist() == [7.0] * 4
+
+
+def test_a_checkpoint_from_before_the_edge_split_restores_the_edge_models():
+    """Checkpoints written when one server held every edge model (``edge_models`` in the
+    algorithm's state) resume with each edge model in its own edge server."""
+    from agents.server import CentralServer, EdgeServer
+    from agents.state import encode
+
+    layout = model_layout(nn.Sequential(nn.Linear(1, 1), nn.ReLU(), nn.Linear(1, 1)))
+    kwargs = dict(algorithm="phsfl", layout=layout, init_weights=np.zeros(4, np.float32),
+                  client_samples={0: 1, 1: 3}, fraction=1.0,
+                  params={"edge_rounds": 2, "cut_layer": 2}, seed=0,
+                  edge_server_of={0: 0, 1: 1})
+    central = CentralServer(**kwargs)
+    old = central.algorithm.state_dict()
+    old["edge_models"] = {0: np.full(4, 5.0, np.float32), 1: np.full(4, 6.0, np.float32)}
+    edges = central.load_state_dict(encode({"algorithm": old, "rng": central.rng}, "server"))
+    assert sorted(edges) == [0, 1] and not hasattr(central.algorithm, "edge_models")
+    for b, value in ((0, 5.0), (1, 6.0)):
+        edge = EdgeServer(b, **kwargs)
+        edge.load_state_dict(edges[b])
+        (task,) = edge.plan(1, [ClientTask(b, None, 8)], None)
+        assert task.weights.tolist() == [value] * 4
 
 
 # --------------------------------------------------------------------------- engine

@@ -13,6 +13,8 @@ from agents.algorithms.base import (
     ClientContext,
     ClientResult,
     ClientTask,
+    EdgeAlgorithm,
+    EdgeReport,
     ServerAlgorithm,
     TrainConfig,
 )
@@ -77,6 +79,8 @@ __all__ = [
     "ClientContext",
     "ClientResult",
     "ClientTask",
+    "EdgeAlgorithm",
+    "EdgeReport",
     "ServerAlgorithm",
     "TrainConfig",
     "algorithm_classes",

@@ -11,6 +11,14 @@ The round loop (:mod:`mecsim.runner`) is written once and calls, in order:
 5. ``server.configure_evaluate`` / ``client.evaluate`` — user accuracy on each client's
    own test data.
 
+A hierarchical algorithm (edge servers that keep models of their own, e.g. PHSFL) also
+has an edge side, :class:`EdgeAlgorithm`, one instance per edge server (under Ray, each in
+an actor of its own): step 2 becomes ``server.configure_fit`` + ``server.configure_edges``
+(what the central server sends each edge server) + ``edge.configure_fit`` (the edge server
+fills in what its clients download), and step 4 becomes ``edge.aggregate_fit`` (each edge
+server with its own clients' uploads) + ``server.aggregate_edges`` (the central server
+with the edge servers' reports).
+
 Nothing here knows about Ray or SimPy: algorithms are plain classes, testable
 in-process. State that lives on a client between rounds (a personal model, optimiser
 moments, private layers) lives in ``ctx.state``, a dict the host keeps per client.
@@ -107,11 +115,63 @@ class AggregateStats:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class EdgeReport:
+    """What one edge server sends the central server after aggregating its clients."""
+
+    flops: float  # its aggregation's FLOPs
+    aggregated: int  # how many of its clients' uploads it aggregated
+    model: np.ndarray | None = None  # its model, when the central server needs it
+    # filled in by the edge server process around the algorithm (agents.server):
+    rejected: tuple[int, ...] = ()  # its clients whose upload held NaN or inf
+    wall_s: float = 0.0  # measured host seconds of its aggregation
+
+
+class EdgeAlgorithm:
+    """Edge-server side of a hierarchical algorithm: the state one edge server alone keeps
+    (e.g. its edge model) and the steps it takes with its own clients. Flat algorithms
+    have none (``ServerAlgorithm.Edge`` is None): their one server does everything."""
+
+    Params: ClassVar[type[BaseModel]] = NoParams  # the server side's
+    #: attributes set from the construction arguments (the scenario): not checkpointed
+    static_attributes: ClassVar[tuple[str, ...]] = (
+        "edge_server", "layout", "params", "client_samples")
+
+    def __init__(self, edge_server: int, layout: ModelLayout,
+                 client_samples: dict[int, int], params: dict[str, Any]) -> None:
+        self.edge_server = edge_server
+        self.layout = layout
+        self.client_samples = dict(client_samples)  # of this edge server's clients
+        self.params = self.Params(**params)
+
+    def configure_fit(self, rnd: int, tasks: list[ClientTask],
+                      downlink: Any) -> list[ClientTask]:
+        """This edge server's clients' tasks, as the central server planned them, with
+        what the edge server sends them filled in; ``downlink`` is what the central
+        server sent this edge server for the round (``ServerAlgorithm.configure_edges``)."""
+        return tasks
+
+    def aggregate_fit(self, rnd: int, results: list[ClientResult]) -> EdgeReport:
+        """Aggregate this edge server's clients' results (maybe none) for the central
+        server."""
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        """As :meth:`ServerAlgorithm.state_dict`: every attribute but the static ones."""
+        return {k: v for k, v in vars(self).items() if k not in self.static_attributes}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key, value in state.items():
+            setattr(self, key, value)
+
+
 class ServerAlgorithm:
     """Server side of an algorithm. Subclasses override what differs."""
 
     name: ClassVar[str] = "base"
     Params: ClassVar[type[BaseModel]] = NoParams  # shared with the client side
+    #: the edge-server side of a hierarchical algorithm; None: a flat algorithm
+    Edge: ClassVar[type[EdgeAlgorithm] | None] = None
     round_metrics: ClassVar[tuple[str, ...]] = ()  # names of AggregateStats.metrics keys
     # True when the algorithm's decisions depend on emulated time (e.g. on which clients
     # a deadline dropped beyond the aggregation itself): replay then marks re-timed rounds
@@ -191,6 +251,26 @@ class ServerAlgorithm:
     def configure_evaluate(self, rnd: int, clients: list[int]) -> list[ClientTask]:
         """Which model each client evaluates (the global one, by default)."""
         return [ClientTask(c, self.weights, 0) for c in clients]
+
+    # hierarchical algorithms only (``Edge`` set): the central server's side
+
+    def configure_edges(self, rnd: int) -> dict[int, Any]:
+        """What the central server sends each edge server before the round's tasks
+        (``EdgeAlgorithm.configure_fit``'s ``downlink``; an edge server not named gets
+        None)."""
+        return {}
+
+    def aggregate_edges(self, rnd: int, results: list[ClientResult],
+                        reports: dict[int, EdgeReport]) -> AggregateStats:
+        """The central server's aggregation, from every edge server's report; ``results``
+        are the aggregated clients' results without their uploads (counts, op-traces)."""
+        raise NotImplementedError
+
+    def legacy_edge_states(self, state: dict[str, Any]) -> dict[int, dict[str, Any]]:
+        """Edge servers' states kept in the server's state by checkpoints written before
+        the edge servers had states of their own: taken out of ``state`` (decoded) and
+        returned by edge server. None by default."""
+        return {}
 
 
 class ClientAlgorithm:

@@ -9,13 +9,18 @@ global round t2 = r div kappa_1, so a scenario of R global rounds has R * kappa_
 (``rounds``), and kappa_0 is ``training.epochs``.
 
 Where the models live between rounds (our choice; the paper does not say how to build
-it): the global model w and the edge models w_b = [w_b0; w_b1] (client part; server
-part = [body; head]) are state of :class:`PHSFLServer` (one server actor holds the CS and
-every ES). A client's task carries its ES's whole model: the client part is its wireless
-download (Step 2.3); the server part is the per-client copy w_u1 <- w_b1 the ES makes
-(Step 3.1), trained in the same ``fit`` call on the client's host, because the ES side of
-split learning is real training too. The result returns [w_u0; w_u1] to the ES; only
-w_u0 counts as wireless upload (Step 4), w_u1 never left the ES.
+it): the global model w is state of the central server (:class:`PHSFLServer`), and each
+edge model w_b = [w_b0; w_b1] (client part; server part = [body; head]) is state of its
+own edge server (:class:`PHSFLEdge`; under Ray each ES and the CS is an actor of its own).
+The CS plans the round (selection, per-client configuration) and sends w to every ES at
+the start of a global round; each ES fills in its clients' tasks with w_b, aggregates its
+own clients' uploads (Eqs. 14-15) and, after the last edge round, sends w_b to the CS,
+which aggregates them (Eq. 16). A client's task carries its ES's whole model: the client
+part is its wireless download (Step 2.3); the server part is the per-client copy
+w_u1 <- w_b1 the ES makes (Step 3.1), trained in the same ``fit`` call on the client's
+host, because the ES side of split learning is real training too. The result returns
+[w_u0; w_u1] to the ES; only w_u0 counts as wireless upload (Step 4), w_u1 never left
+the ES.
 
 Per mini-batch (Steps 3.2-3.8), with the op recorded for the timing engine::
 
@@ -81,6 +86,8 @@ from agents.algorithms.base import (
     ClientContext,
     ClientResult,
     ClientTask,
+    EdgeAlgorithm,
+    EdgeReport,
     NoParams,
     ServerAlgorithm,
 )
@@ -337,10 +344,44 @@ def finetune_head(parts: SplitParts, x: torch.Tensor, y: torch.Tensor, steps: in
 # --------------------------------------------------------------------------- server
 
 
+class PHSFLEdge(EdgeAlgorithm):
+    """One edge server b: its model w_b, its clients' downloads and Eqs. 14-15."""
+
+    Params = PHSFLParams
+
+    def __init__(self, edge_server: int, layout: ModelLayout,
+                 client_samples: dict[int, int], params: dict[str, Any]) -> None:
+        super().__init__(edge_server, layout, client_samples, params)
+        self.model: np.ndarray | None = None  # w_b
+
+    def configure_fit(self, rnd: int, tasks: list[ClientTask],
+                      downlink: Any) -> list[ClientTask]:
+        if downlink is not None:  # Eq. 8: the ES starts the global round from w
+            self.model = downlink
+        if tasks and self.model is None:
+            raise RuntimeError(f"edge server {self.edge_server} has no model in round "
+                               f"{rnd + 1}: the central server sent none")
+        for task in tasks:  # Step 2.3: w_b0 to the client; w_b1 copied by the ES (3.1)
+            task.weights = self.model
+        return tasks
+
+    def aggregate_fit(self, rnd: int, results: list[ClientResult]) -> EdgeReport:
+        k1 = self.params.edge_rounds
+        _, t1 = round_position(rnd, k1)
+        rs = [r for r in sorted(results, key=lambda r: r.client_id) if r.weights is not None]
+        flops = 0.0
+        if rs:  # Eqs. 14-15; an ES none of whose clients returned keeps w_b
+            self.model = edge_aggregate([r.weights for r in rs], [r.num_samples for r in rs])
+            flops += aggregation_flops(self.layout.size, len(rs))
+        # Step 5: after the last edge round w_b goes up to the CS
+        return EdgeReport(flops, len(rs), self.model if t1 == k1 - 1 else None)
+
+
 class PHSFLServer(ServerAlgorithm):
     name = "phsfl"
     personalised_downloads = True  # see ServerAlgorithm
     Params = PHSFLParams
+    Edge = PHSFLEdge
     round_metrics = (
         "global_round", "edge_round", "activation_bytes", "index_bytes", "gradient_bytes",
         "model_bytes_client_es", "model_bytes_es_cs", "es_gflops",
@@ -367,16 +408,14 @@ class PHSFLServer(ServerAlgorithm):
         super().__init__(layout, init_weights, client_samples, fraction, params)
         self.masks = part_masks(layout, self.params.cut_layer)
         self.client_part_nbytes = int(self.masks.client.sum()) * BYTES_PER_ELEMENT
-        self.edge_models: dict[int, np.ndarray] = {}
 
     def _servers(self) -> list[int]:
         return sorted(set(self.edge_server_of.values()))
 
     def configure_fit(self, rnd: int, selected: list[int]) -> list[ClientTask]:
+        """The tasks without their weights: each ES fills in its model (PHSFLEdge)."""
         k1 = self.params.edge_rounds
         _, t1 = round_position(rnd, k1)
-        if t1 == 0 or not self.edge_models:  # Eq. 8: each ES starts from the global model
-            self.edge_models = {b: self.weights for b in self._servers()}
         model_nbytes = self.layout.nbytes
         tasks = []
         for u in selected:
@@ -387,31 +426,40 @@ class PHSFLServer(ServerAlgorithm):
                       # the global model exists after this round: Eq. 17's fine-tuning
                       # (Section III-B) follows it and is timed with it
                       "finetune_backhaul_nbytes": model_nbytes if t1 == k1 - 1 else 0}
-            tasks.append(ClientTask(u, self.edge_models[b], self.client_part_nbytes, config))
+            tasks.append(ClientTask(u, None, self.client_part_nbytes, config))
         return tasks
 
-    def aggregate_fit(self, rnd: int, results: list[ClientResult]) -> AggregateStats:
+    def configure_edges(self, rnd: int) -> dict[int, Any]:
+        """Step 1: w to every ES at the start of a global round (Eq. 8: it starts from it)."""
+        _, t1 = round_position(rnd, self.params.edge_rounds)
+        return {b: self.weights for b in self._servers()} if t1 == 0 else {}
+
+    def aggregate_edges(self, rnd: int, results: list[ClientResult],
+                        reports: dict[int, EdgeReport]) -> AggregateStats:
         k1 = self.params.edge_rounds
         t2, t1 = round_position(rnd, k1)
-        by_server: dict[int, list[ClientResult]] = {}
-        for r in results:
-            if r.weights is not None:
-                by_server.setdefault(self.edge_server_of[r.client_id], []).append(r)
         flops = 0.0
-        for b, rs in sorted(by_server.items()):  # Eqs. 14-15
-            self.edge_models[b] = edge_aggregate([r.weights for r in rs],
-                                                 [r.num_samples for r in rs])
-            flops += aggregation_flops(self.layout.size, len(rs))
-        if t1 == k1 - 1 and self.edge_models:  # Eq. 16
-            servers = sorted(self.edge_models)
+        for b in sorted(reports):  # Eqs. 14-15, at the edge servers
+            flops += reports[b].flops
+        if t1 == k1 - 1:  # Eq. 16
+            servers = self._servers()
+            missing = [b for b in servers if b not in reports or reports[b].model is None]
+            if missing:
+                raise RuntimeError(f"{self.name}: no edge model from edge server(s) "
+                                   f"{missing} at the end of global round {t2}")
             served = {b: sum(n for u, n in self.client_samples.items()
                              if self.edge_server_of[u] == b) for b in servers}
-            self.weights = global_aggregate([self.edge_models[b] for b in servers],
+            self.weights = global_aggregate([reports[b].model for b in servers],
                                             [served[b] for b in servers])
             flops += aggregation_flops(self.layout.size, len(servers))
+        aggregating = sum(1 for rep in reports.values() if rep.aggregated)
         metrics = {"global_round": float(t2), "edge_round": float(t1),
-                   **self._traffic(results, len(by_server), t1)}
+                   **self._traffic(results, aggregating, t1)}
         return AggregateStats(flops=flops, metrics=metrics)
+
+    def legacy_edge_states(self, state: dict[str, Any]) -> dict[int, dict[str, Any]]:
+        """Checkpoints from before the split held every w_b in ``edge_models``."""
+        return {b: {"model": w} for b, w in (state.pop("edge_models", None) or {}).items()}
 
     def _traffic(self, results: list[ClientResult], servers: int, t1: int) -> dict[str, float]:
         """Bytes and ES FLOPs of the aggregated clients' edge round (round_metrics)."""
