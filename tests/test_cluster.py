@@ -1,0 +1,133 @@
+"""mecsim on a real two-node Ray cluster: hosts spread over the nodes, a node killed mid-run.
+
+A head and a worker node, each started with ``ray start`` (its own temp dir, ports and
+one CPU, on 127.0.0.1, with the README's token authentication), take a tiny scenario
+through ``mecsim run --ray-address`` in a subprocess:
+
+- the two host actors run one on each node (run.json ``placement`` names both node
+  ids), and the records equal those of an in-process run of the same scenario;
+- the worker node is killed with SIGKILL (its ``ray start`` process, raylet, agents and
+  workers, by PID) after round 2 of 5: the run records the fault, re-creates the host
+  actors on the head alone (half a CPU each: the head has one), and its records equal
+  the undisturbed run's.
+
+Everything is stopped by PID at the end; ``ray stop`` is never used.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from cluster_support import RAY_CLI, LocalCluster
+from conftest import TINY, tiny
+from test_resume import assert_same_records
+
+from mecsim.records import RecordsWriter
+from mecsim.replay import read_csv_exact
+from mecsim.runner import run
+
+pytestmark = [pytest.mark.ray,
+              pytest.mark.skipif(not RAY_CLI.exists(), reason="no `ray` command here")]
+
+ROUNDS = 5
+#: the node is killed once this many rounds are recorded (so in round 3 of 5, 0-based 2)
+KILL_AFTER = 2
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    work = Path(tempfile.mkdtemp(prefix="mclu", dir="/tmp"))  # short: Ray's socket paths
+    c = None
+    try:
+        c = LocalCluster(work)
+        c.wait_for_nodes()
+        yield c
+    finally:
+        if c is not None:
+            c.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """The same scenario in-process: the local backend gives the records Ray gives."""
+    out = tmp_path_factory.mktemp("ref") / "r"
+    run(tiny(rounds=ROUNDS), "r", out, [RecordsWriter(out)])
+    return out
+
+
+def _start_run(cluster: LocalCluster, run_id: str) -> tuple[subprocess.Popen, Path]:
+    scenario = cluster.work / f"{run_id}.yaml"
+    scenario.write_text(yaml.safe_dump({**TINY, "rounds": ROUNDS,
+                                        "execution": {"backend": "ray", "hosts": 2}}))
+    out = cluster.work / "runs"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mecsim.cli", "run", str(scenario), "--ray-address",
+         cluster.address, "--out", str(out), "--run-id", run_id, "--quiet", "--no-plots"],
+        env=cluster.driver_env, cwd=cluster.work, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    return proc, out / run_id
+
+
+def _rounds_done(out: Path) -> int:
+    path = out / "rounds.csv"
+    return len(path.read_text().splitlines()) - 1 if path.exists() else 0
+
+
+def test_host_actors_spread_over_both_nodes(cluster: LocalCluster, reference: Path) -> None:
+    proc, out = _start_run(cluster, "spread")
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["status"] == "finished" and meta["faults"] == []
+    [placed] = meta["placement"]
+    assert placed["round"] == 0
+    assert {h["node_id"] for h in placed["hosts"]} == {cluster.head.node_id,
+                                                       cluster.worker.node_id}
+    assert [h["clients"] for h in placed["hosts"]] == [[0, 2], [1, 3]]
+    assert all(h["node_ip"] == "127.0.0.1" and h["num_cpus"] == 1.0 for h in placed["hosts"])
+    assert_same_records(reference, out)
+
+
+def test_a_node_killed_mid_run_is_survived(cluster: LocalCluster, reference: Path) -> None:
+    proc, out = _start_run(cluster, "killed")
+    killed: list[int] = []
+    try:
+        deadline = time.monotonic() + 300
+        while proc.poll() is None and time.monotonic() < deadline:
+            if _rounds_done(out) >= KILL_AFTER:
+                killed = cluster.worker.kill()
+                break
+            time.sleep(0.02)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert killed, f"the run ended before round {KILL_AFTER + 1}: {err[-3000:]}"
+    assert proc.returncode == 0, err[-3000:]
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["status"] == "finished" and meta["rounds_done"] == ROUNDS
+    # in round KILL_AFTER, or while checkpointing after round KILL_AFTER - 1 (counted in the
+    # next round's row)
+    assert meta["faults"] and meta["faults"][0]["round"] >= KILL_AFTER - 1, meta["faults"]
+    rounds = read_csv_exact(out / "rounds.csv")
+    assert rounds["faults"].sum() == len(meta["faults"])
+    # first both nodes, then (after each recovery) the head alone, half a CPU per host
+    first, *after = meta["placement"]
+    assert {h["node_id"] for h in first["hosts"]} == {cluster.head.node_id,
+                                                      cluster.worker.node_id}
+    assert after, meta["placement"]
+    for placed in after:
+        assert placed["round"] >= KILL_AFTER - 1
+        assert {h["node_id"] for h in placed["hosts"]} == {cluster.head.node_id}
+        assert all(h["num_cpus"] == 0.5 for h in placed["hosts"])
+    assert_same_records(reference, out, ignore=("faults",))
