@@ -34,16 +34,63 @@ from cluster_support import FAST_NODE_DEATH, RAY_CLI, LocalCluster
 from conftest import TINY, tiny
 from test_resume import assert_same_records
 
+from mecsim import execution
+from mecsim.execution import host_cpus
 from mecsim.records import RecordsWriter
 from mecsim.replay import read_csv_exact
-from mecsim.runner import run
+from mecsim.runner import RunFailed, run
 
-pytestmark = [pytest.mark.ray,
-              pytest.mark.skipif(not RAY_CLI.exists(), reason="no `ray` command here")]
+needs_ray_cli = pytest.mark.skipif(not RAY_CLI.exists(), reason="no `ray` command here")
 
 ROUNDS = 5
 #: the node is killed once this many rounds are recorded (so in round 3 of 5, 0-based 2)
 KILL_AFTER = 2
+
+
+# --------------------------------------------------------------------------- CPUs per host
+
+
+@pytest.mark.parametrize("node_cpus, hosts, share", [
+    ([1, 1], 2, 1.0),        # one host per node
+    ([16], 2, 1.0),          # room to spare: never more than one CPU
+    ([1], 2, 0.5),           # the worker node died: both hosts on the 1-CPU head
+    ([1], 3, 0.3333),        # 1/3, rounded down to Ray's 1/10,000
+    ([1, 1], 3, 0.5),        # 2 + 1 (2/3 would hold only one host per node)
+    ([1, 2], 4, 0.6666),     # 1 + 3 hosts of 2/3 CPU; 3/4 would hold 1 + 2
+    ([4, 0], 3, 1.0),        # a head without CPUs holds no host
+])
+def test_cpus_per_host_fit_the_live_nodes(node_cpus, hosts, share) -> None:
+    assert host_cpus(node_cpus, hosts) == share
+    # the share fits: the nodes hold floor(c / share) hosts each
+    assert sum(int(c // share) for c in node_cpus) >= hosts
+
+
+def test_no_cpu_no_share() -> None:
+    with pytest.raises(ValueError, match="no CPU for 2 host actor"):
+        host_cpus([0, 0], 2)
+
+
+@pytest.mark.ray
+def test_a_cluster_without_room_stops_the_run_instead_of_hanging(monkeypatch) -> None:
+    """Ray with no CPU at all: the run fails after the placement timeout, saying why."""
+    import ray
+
+    if ray.is_initialized():  # another test's instance
+        ray.shutdown()
+    monkeypatch.setattr(execution, "PLACEMENT_TIMEOUT_S", 3.0)
+    execution._init_ray_on_loopback(ray, dict(num_cpus=0, include_dashboard=False,
+                                              configure_logging=False))
+    try:
+        started = time.monotonic()
+        with pytest.raises(RunFailed, match=r"no room for 2 host actor\(s\) within 3 s "
+                                            r"\(its live nodes and their CPUs: [0-9a-f]{8}: 0\)"):
+            run(tiny(rounds=1, execution={"backend": "ray", "hosts": 2}), "r")
+        assert time.monotonic() - started < 60
+    finally:
+        ray.shutdown()
+
+
+# --------------------------------------------------------------------------- two nodes
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +133,8 @@ def _rounds_done(out: Path) -> int:
     return len(path.read_text().splitlines()) - 1 if path.exists() else 0
 
 
+@pytest.mark.ray
+@needs_ray_cli
 def test_hosts_spread_over_two_nodes_and_a_killed_node_is_survived(
         cluster: LocalCluster, reference: Path) -> None:
     proc, out = _start_run(cluster, "killed")
