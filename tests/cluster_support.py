@@ -117,7 +117,8 @@ FAST_NODE_DEATH = {"RAY_health_check_period_ms": "1000",
 
 
 class LocalCluster:
-    """A head (``head_cpus``) and a worker node (``worker_cpus``) on loopback, token auth.
+    """A head (``head_cpus``) and a worker node (``worker_cpus``; 0: none) on loopback,
+    with token authentication.
 
     ``head_env`` adds to the head's environment (e.g. :data:`FAST_NODE_DEATH`)."""
 
@@ -139,7 +140,7 @@ class LocalCluster:
         self.nodes: list[Node] = []
         self.head = self._add("head", head_cpus, head=True)
         self._wait_for_port()
-        self.worker = self._add("worker", worker_cpus, head=False)
+        self.worker = self._add("worker", worker_cpus, head=False) if worker_cpus else None
 
     def _add(self, name: str, cpus: int, head: bool) -> Node:
         node = Node(self, name, cpus, head)
@@ -179,3 +180,43 @@ class LocalCluster:
                 node.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 node.proc.kill()
+
+
+def _measure(argv: list[str] | None = None) -> None:
+    """Wall time of one ``mecsim run --ray-address`` on a one-node cluster (a head with 2
+    CPUs) and on a two-node cluster (head and worker with 1 CPU each), 2 hosts each."""
+    import argparse
+    import csv
+    import shutil
+    import statistics
+    import tempfile
+
+    parser = argparse.ArgumentParser(description=_measure.__doc__)
+    parser.add_argument("scenario", nargs="?", default="scenarios/fedavg-mnist-10.yaml")
+    parser.add_argument("--rounds", type=int, default=10)
+    args = parser.parse_args(argv)
+    print("load before:", os.getloadavg())
+    for label, cpus in (("one node, 2 CPUs", (2, 0)), ("two nodes, 1 + 1 CPUs", (1, 1))):
+        work = Path(tempfile.mkdtemp(prefix="mclm", dir="/tmp"))
+        cluster = LocalCluster(work, head_cpus=cpus[0], worker_cpus=cpus[1])
+        try:
+            cluster.wait_for_nodes()
+            started = time.monotonic()
+            subprocess.run([sys.executable, "-m", "mecsim.cli", "run", args.scenario,
+                            "--ray-address", cluster.address, "--rounds", str(args.rounds),
+                            "--hosts", "2", "--out", str(work / "runs"), "--run-id", "m",
+                            "--quiet", "--no-plots", "--no-metrics"],
+                           env=cluster.driver_env, check=True)
+            wall = time.monotonic() - started
+            with (work / "runs" / "m" / "rounds.csv").open() as f:
+                rounds = [float(r["host_wall_s"]) for r in csv.DictReader(f)]
+            print(f"{label}: {wall:.1f} s end to end, median round {statistics.median(rounds):.3f}"
+                  f" s (host_wall_s), load {os.getloadavg()[0]:.2f}", flush=True)
+        finally:
+            cluster.stop()
+            shutil.rmtree(work, ignore_errors=True)
+    print("load after:", os.getloadavg())
+
+
+if __name__ == "__main__":  # by hand: python tests/cluster_support.py [SCENARIO] [--rounds N]
+    _measure()
