@@ -5,6 +5,9 @@ temp dir, ports, CPUs and raylet, both on 127.0.0.1, with Ray's token authentica
 README's recipe). Everything is stopped by PID — the ``ray start`` process and what it
 started, found as its descendants — never with ``ray stop``, which would stop every Ray
 on the machine.
+
+By hand, ``python tests/cluster_support.py [SCENARIO] [--rounds N]`` times a run on a
+one-node and on a two-node cluster (the figures in docs/cluster.md).
 """
 
 from __future__ import annotations
@@ -93,10 +96,10 @@ class Node:
     def raylet_node_id(self) -> str | None:
         for p in self.processes():
             try:
-                cmd = p.cmdline()
+                cmd, name = p.cmdline(), p.name()
             except psutil.Error:
                 continue
-            if p.name() == "raylet" or (cmd and cmd[0].endswith("/raylet")):
+            if name == "raylet" or (cmd and cmd[0].endswith("/raylet")):
                 for arg in cmd:
                     if arg.startswith("--node_id="):
                         return arg.split("=", 1)[1]
