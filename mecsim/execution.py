@@ -10,7 +10,9 @@ checks it).
 from __future__ import annotations
 
 import logging
+import math
 import os
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -94,6 +96,43 @@ def _init_ray_on_loopback(ray, kwargs: dict[str, Any]) -> None:
             ray_constants.ENABLE_RAY_CLUSTER = saved_const
 
 
+#: How long the host actors may wait for room in the Ray cluster (when a run starts, or
+#: after a node died) before the run stops with :class:`PlacementTimeout`.
+PLACEMENT_TIMEOUT_S = 120.0
+
+#: Ray counts resources in steps of 1/10,000.
+_RAY_RESOURCE_STEP = 10_000
+
+
+class PlacementTimeout(RuntimeError):
+    """The Ray cluster had no room for the host actors within :data:`PLACEMENT_TIMEOUT_S`."""
+
+
+def host_cpus(node_cpus: list[float], n_hosts: int) -> float:
+    """CPUs each of ``n_hosts`` host actors asks for on nodes with ``node_cpus`` CPUs.
+
+    One CPU when the nodes have room for a one-CPU actor per host; otherwise (e.g. after
+    a node died) the largest share ``r`` that still fits all of them, a node with ``c`` CPUs
+    holding ``floor(c / r)`` hosts: 2 hosts on one surviving 1-CPU node ask for 0.5 each,
+    3 hosts on two 1-CPU nodes 0.5 each. Raises ValueError when the nodes have no CPU.
+    """
+    def fits(r: float) -> bool:
+        return sum(math.floor(c / r + 1e-9) for c in node_cpus) >= n_hosts
+
+    shares = {1.0} | {c / k for c in node_cpus if c > 0 for k in range(1, n_hosts + 1)}
+    for share in sorted(shares, reverse=True):
+        r = math.floor(min(share, 1.0) * _RAY_RESOURCE_STEP) / _RAY_RESOURCE_STEP
+        if r > 0 and fits(r):
+            return r
+    raise ValueError(f"no CPU for {n_hosts} host actor(s) on nodes with {node_cpus} CPUs")
+
+
+def _alive_node_cpus(ray) -> dict[str, float]:
+    """``{node id: CPUs}`` of the cluster's live nodes, as the GCS knows them."""
+    return {n["NodeID"]: float(n.get("Resources", {}).get("CPU", 0.0))
+            for n in ray.nodes() if n.get("Alive")}
+
+
 class ActorFailure(RuntimeError):
     """A Ray actor (a client host, an edge server or the central server) died mid-run:
     its process was killed, ran out of memory, or its node went away. The run loop
@@ -154,6 +193,13 @@ class ClientHostActor(ClientHost):
         if result.weights is not None:
             result.weights = ray.put(result.weights)
         return result
+
+    def node(self) -> dict[str, str]:
+        """The Ray node this host runs on: its id and IP address."""
+        import ray
+
+        return {"node_id": ray.get_runtime_context().get_node_id(),
+                "node_ip": ray.util.get_node_ip_address()}
 
 
 def _fetch_from_store(uploads: list[Any]) -> list[Any]:
@@ -286,13 +332,24 @@ class LocalExecutor:
     def host_rss_bytes(self) -> list[int]:
         return [self.hosts[0].rss_bytes()] if self.hosts else []
 
+    def placement(self) -> list[dict[str, Any]]:
+        """Where each host runs and which clients it hosts (in-process: no node)."""
+        return [{"host": h, "node_id": None, "node_ip": None, "num_cpus": None,
+                 "clients": sorted(clients)} for h, clients in enumerate(self.host_clients)]
+
     def close(self) -> None:
         pass
 
 
 class RayExecutor(LocalExecutor):
-    """Host actors (one CPU each), a central-server actor and, for a hierarchical
-    algorithm, one actor per edge server (no CPU reserved: servers) in a Ray cluster.
+    """Host actors, a central-server actor and, for a hierarchical algorithm, one actor
+    per edge server (no CPU reserved: servers) in a Ray cluster.
+
+    The host actors are spread over the cluster's nodes (a placement group with the
+    SPREAD strategy: as many nodes as there are hosts, as evenly as the nodes allow),
+    one CPU each when the live nodes have that many, else an equal share that fits (see
+    :func:`host_cpus`): after a node died, its hosts are re-created on the nodes left.
+    Waiting for room is bounded by :data:`PLACEMENT_TIMEOUT_S`.
 
     Every call that waits on an actor turns the death of an actor (its process killed,
     out of memory, its node gone) into :class:`ActorFailure`; :meth:`restart` kills what
@@ -320,23 +377,71 @@ class RayExecutor(LocalExecutor):
         self._init(server_kwargs, setup, pools, host_clients)
         self._pools_ref = ray.put(pools)
         self.server, self.hosts = None, []
+        self._group: Any = None  # the hosts' placement group
+        self._host_cpus = 1.0
+        self._host_nodes: list[dict[str, str]] = []
         self._start()
 
     def _start(self) -> None:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
         ray = self._ray
         server_kwargs, setup, _, host_clients = self._args
+        self._place_hosts(len(host_clients))
         central_actor = ray.remote(num_cpus=0, max_restarts=0)(CentralServerActor)
         edge_actor = ray.remote(num_cpus=0, max_restarts=0)(EdgeServerActor)
-        host_actor = ray.remote(num_cpus=1, max_restarts=0)(ClientHostActor)
         self.server = central_actor.remote(**server_kwargs)
         self.edges = {b: edge_actor.remote(b, **server_kwargs) for b in self.edge_ids}
-        self.hosts = [host_actor.remote(setup, self._pools_ref, clients)
-                      for clients in host_clients]
+        host_actor = ray.remote(num_cpus=self._host_cpus, max_restarts=0)(ClientHostActor)
+        self.hosts = [host_actor.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
+                          self._group, placement_group_bundle_index=h)).remote(
+                          setup, self._pools_ref, clients)
+                      for h, clients in enumerate(host_clients)]
         self._weight_refs: list[Any] = []
         # surface start-up errors here
         self._get([self.server.rss_bytes.remote(),
                    *(e.rss_bytes.remote() for e in self.edges.values())])
-        self._get([h.rss_bytes.remote() for h in self.hosts])
+        self._host_nodes = self._get([h.node.remote() for h in self.hosts])
+
+    def _place_hosts(self, n_hosts: int) -> None:
+        """Reserve room for the hosts: a SPREAD placement group sized to the live nodes,
+        planned again whenever the set of live nodes changes (a node that died is still
+        listed as alive for a while), waiting at most :data:`PLACEMENT_TIMEOUT_S`."""
+        from ray.util.placement_group import placement_group, remove_placement_group
+
+        ray = self._ray
+        deadline = time.monotonic() + PLACEMENT_TIMEOUT_S
+        nodes: dict[str, float] = {}
+        while True:
+            nodes = _alive_node_cpus(ray)
+            try:
+                cpus = host_cpus(list(nodes.values()), n_hosts)
+            except ValueError:
+                cpus = 0.0
+            group = placement_group([{"CPU": cpus}] * n_hosts, strategy="SPREAD") \
+                if cpus > 0 else None
+            while time.monotonic() < deadline:
+                if group is not None and group.wait(timeout_seconds=1):
+                    self._group, self._host_cpus = group, cpus
+                    return
+                if group is None:
+                    time.sleep(1)
+                if _alive_node_cpus(ray) != nodes:
+                    break  # a node joined or died: plan again
+            if group is not None:
+                remove_placement_group(group)
+            if time.monotonic() >= deadline:
+                break
+        seen = ", ".join(f"{node_id[:8]}: {cpus:g}" for node_id, cpus in nodes.items())
+        raise PlacementTimeout(
+            f"the Ray cluster had no room for {n_hosts} host actor(s) within "
+            f"{PLACEMENT_TIMEOUT_S:.0f} s (its live nodes and their CPUs: {seen or 'none'})")
+
+    def placement(self) -> list[dict[str, Any]]:
+        """Where each host actor runs (node id and IP), its CPUs and its clients."""
+        return [{"host": h, **node, "num_cpus": self._host_cpus, "clients": sorted(clients)}
+                for h, (node, clients) in enumerate(zip(self._host_nodes, self.host_clients,
+                                                        strict=True))]
 
     def _get(self, refs: Any) -> Any:
         """``ray.get``, with an actor's death raised as :class:`ActorFailure`."""
@@ -372,6 +477,14 @@ class RayExecutor(LocalExecutor):
                 self._ray.kill(actor)
             except Exception:  # noqa: BLE001 - already dead or unreachable: nothing to kill
                 pass
+        if self._group is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            try:
+                remove_placement_group(self._group)  # its CPUs go back to the cluster
+            except Exception:  # noqa: BLE001 - the cluster is going away: nothing to free
+                pass
+            self._group = None
 
     def restart(self) -> None:
         self._kill_all()

@@ -2,7 +2,8 @@
 
 - ``scenario.yaml``: the resolved scenario (every default filled in);
 - ``run.json``: the run's status (running, finished, interrupted, cancelled, failed),
-  rounds done and planned, model size, hosts, resumes and recovered faults;
+  rounds done and planned, model size, hosts, resumes and recovered faults, and where
+  the host actors ran (``placement``: an entry each time they were started);
 - ``rounds.csv`` / ``clients.csv``: one row per round / per client-round; the header is
   fsync'ed when the run starts and the rows at the end of every round, so a killed run
   keeps every finished round (``mecsim run --resume`` continues it);
@@ -177,6 +178,10 @@ class RecordsWriter(RunObserver):
     def on_fault(self, info, rnd, message) -> None:
         faults = list(self.meta.get("faults", [])) + [{"round": rnd, "error": message}]
         self._write_meta(faults=faults)
+
+    def on_placement(self, info, rnd, hosts) -> None:
+        placement = list(self.meta.get("placement", [])) + [{"round": rnd, "hosts": hosts}]
+        self._write_meta(placement=placement)
 
     # -- end -------------------------------------------------------------------------
     def _close(self) -> None:

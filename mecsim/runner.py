@@ -37,7 +37,13 @@ from mecsim.data import heterogeneity_dkl, load_dataset, partition
 from mecsim.devices import DeviceProfile
 from mecsim.energy import client_energy, round_energy
 from mecsim.engine import time_round
-from mecsim.execution import ActorFailure, ExecutorState, LocalExecutor, RayExecutor
+from mecsim.execution import (
+    ActorFailure,
+    ExecutorState,
+    LocalExecutor,
+    PlacementTimeout,
+    RayExecutor,
+)
 from mecsim.network import NetworkModel, device_profiles
 from mecsim.ops import Compute, op_to_dict, trace_bytes, trace_flops
 from mecsim.scenario import Scenario
@@ -65,6 +71,10 @@ class RunObserver:
 
     def on_fault(self, info: RunInfo, rnd: int, message: str) -> None:
         """An actor died in round ``rnd``; the run recovers from its last checkpoint."""
+
+    def on_placement(self, info: RunInfo, rnd: int, hosts: list[dict[str, Any]]) -> None:
+        """Host actors were (re)started before round ``rnd``: where each runs (node id and
+        IP, CPUs; None in-process) and which clients it hosts."""
 
     def on_run_end(self, info: RunInfo, rounds: list[dict[str, Any]]) -> None:
         """Every planned round is done."""
@@ -158,8 +168,11 @@ def prepare(scenario: Scenario, run_id: str, out_dir, *, hosts: int | None = Non
     )
     backend = backend or scenario.execution.backend
     if backend == "ray":
-        executor = RayExecutor(server_kwargs, setup, pools, host_clients,
-                               ray_address or scenario.execution.ray_address)
+        try:
+            executor = RayExecutor(server_kwargs, setup, pools, host_clients,
+                                   ray_address or scenario.execution.ray_address)
+        except PlacementTimeout as exc:
+            raise RunFailed(str(exc)) from None
     else:
         executor = LocalExecutor(server_kwargs, setup, pools, host_clients)
     info = RunInfo(run_id, scenario, out_dir, layout.size, layout.nbytes, cost.memory_bytes,
@@ -362,7 +375,11 @@ class _Loop:
         """New actors, restored from the newest checkpoint (or the run's start); the
         rounds after it are re-executed without being recorded again."""
         rs = self.rs
-        rs.executor.restart()
+        try:
+            rs.executor.restart()
+        except PlacementTimeout as exc:
+            raise RunFailed(f"{exc}, after {failure}") from None
+        self._emit("on_placement", self.rnd, rs.executor.placement())
         target = self.rnd
         if self.base is not None:
             ckpt = self.store.load(self.base.path) if self.base.path is not None else self.base
@@ -473,6 +490,7 @@ def run(scenario: Scenario, run_id: str, out_dir=None, observers: list[RunObserv
             loop._emit("on_run_resume", list(loop.rows))
         else:
             loop._emit("on_run_start")
+        loop._emit("on_placement", loop.rnd, rs.executor.placement())
         status = loop.run()
     except BaseException as exc:
         status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"

@@ -171,11 +171,14 @@ class Worker:
         os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
         kwargs: dict[str, Any] = dict(include_dashboard=False, logging_level=logging.WARNING,
                                       configure_logging=False, log_to_driver=True)
-        if self.ray_address:
+        if self.ray_address:  # as `mecsim run --ray-address` attaches (also on loopback)
+            from mecsim.execution import _attach
+
             kwargs["address"] = self.ray_address
+            _attach(ray, kwargs, self.ray_address)
         else:  # each of the concurrent runs may place one host actor per core
             kwargs["num_cpus"] = (os.cpu_count() or 1) * self.workers
-        ray.init(**kwargs)
+            ray.init(**kwargs)
         self._owns_ray = True
 
     # ------------------------------------------------------------------ runs
