@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from mecsim.scenario import Scenario, ScenarioError, TraceChannelConfig
+from mecsim.torch_rng import untouched
 
 MiB = 1024 * 1024
 EMBEDDED = ("mnist-embedded", "mnist-embedded-3x32")
@@ -280,7 +281,6 @@ def check_model_and_memory(scenario: Scenario, pools, backend: str, hosts: int |
     """Build the model for the data; check the batch and the step memory. Returns
     (model, layout, init_weights, train config) or None."""
     import psutil
-    import torch
     from torch import nn
 
     from agents.algorithms import TrainConfig
@@ -296,7 +296,7 @@ def check_model_and_memory(scenario: Scenario, pools, backend: str, hosts: int |
     else:
         in_shape, num_classes = DATASET_SHAPES[scenario.dataset.name]
     train = TrainConfig(t.epochs, t.batch_size, t.optimizer, t.lr, t.momentum, t.weight_decay)
-    with torch.random.fork_rng(devices=[]):  # leave the caller's global torch RNG alone
+    with untouched():  # leave the global torch RNG (a run's initial model) alone
         try:
             model = build_model(name, in_shape, num_classes)
             has_bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm)
@@ -322,7 +322,7 @@ def check_model_and_memory(scenario: Scenario, pools, backend: str, hosts: int |
     def largest_batch(ram: int) -> str:
         """A hint: the largest batch whose step fits ``ram`` (the cost is affine in the
         batch: constant weights and optimiser state, per-sample batch and activations)."""
-        with torch.random.fork_rng(devices=[]):
+        with untouched():
             b2, b3 = step_bytes_at(2), step_bytes_at(3)
         fixed, per_sample = b2 - 2 * (b3 - b2), max(b3 - b2, 1)
         fits = (ram - fixed) // per_sample
@@ -342,7 +342,7 @@ def check_model_and_memory(scenario: Scenario, pools, backend: str, hosts: int |
             who = "one process" if workers == 1 else f"each of {workers} host processes"
             found.problem("training.batch_size", f"{need} in {who}, more than this "
                           f"machine's {total / MiB:,.0f} MiB of RAM")
-    with torch.random.fork_rng(devices=[]):
+    with untouched():
         init = get_flat(model, layout)
     return model, layout, init, train
 
@@ -364,9 +364,10 @@ def check_algorithm(scenario: Scenario, model, layout, init_weights, train,
     if own:
         return
     try:
-        server_cls(layout, init_weights, {0: 1, 1: 1}, scenario.topology.participation,
-                   dict(scenario.algorithm.params))
-        client_cls(dict(scenario.algorithm.params))
+        with untouched():
+            server_cls(layout, init_weights, {0: 1, 1: 1}, scenario.topology.participation,
+                       dict(scenario.algorithm.params))
+            client_cls(dict(scenario.algorithm.params))
     except ValueError as exc:
         found.problem("algorithm", str(exc))
 

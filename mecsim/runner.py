@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,7 +29,7 @@ from agents.algorithms import TrainConfig
 from agents.host import HostSetup
 from agents.models import build_model, get_flat, model_layout
 from agents.training import make_optimizer, measured_step
-from mecsim import faults
+from mecsim import faults, torch_rng
 from mecsim.chaos import kill_point
 from mecsim.checkpoint import Checkpoint, CheckpointStore, scenario_digest
 from mecsim.data import heterogeneity_dkl, load_dataset, partition
@@ -49,7 +48,6 @@ from mecsim.ops import Compute, op_to_dict, trace_bytes, trace_flops
 from mecsim.scenario import Scenario
 
 MiB = 1024 * 1024
-_TORCH_SEED_LOCK = threading.Lock()
 
 
 class RunObserver:
@@ -134,8 +132,7 @@ def prepare(scenario: Scenario, run_id: str, out_dir, *, hosts: int | None = Non
 
     in_shape = tuple(int(s) for s in pools.train.images.shape[1:])
     num_classes = pools.train.num_classes
-    with _TORCH_SEED_LOCK:  # torch's generator is the process's: one run seeds it at a time
-        torch.manual_seed(seed)
+    with torch_rng.seeded(seed):  # no other thread draws from torch's generator meanwhile
         model = build_model(scenario.model.name, in_shape, num_classes)
     layout = model_layout(model)
     init_weights = get_flat(model, layout)
@@ -144,8 +141,9 @@ def prepare(scenario: Scenario, run_id: str, out_dir, *, hosts: int | None = Non
 
     profiles = device_profiles(scenario)
     client_devices = scenario.client_profiles()
-    cost = _step_cost(build_model(scenario.model.name, in_shape, num_classes), in_shape,
-                      num_classes, train)
+    with torch_rng.untouched():  # a model (and a step) measured, not trained
+        cost = _step_cost(build_model(scenario.model.name, in_shape, num_classes), in_shape,
+                          num_classes, train)
     for name in sorted(set(client_devices)):
         ram = profiles[name].ram_bytes
         if cost.memory_bytes > ram:
