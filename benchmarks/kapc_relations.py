@@ -34,6 +34,7 @@ def load_server_state(run: Path) -> tuple[dict, int]:
     payload = torch.load(ckpts[-1], map_location="cpu", weights_only=True)
 
     def blob(key: str) -> torch.Tensor:
+        # weights_only=True: tensors and plain containers only, never code from the file
         return torch.load(run / "checkpoints" / "blobs" / f"{key}.pt", map_location="cpu",
                           weights_only=True)
 

@@ -23,7 +23,7 @@ CASES = cases()
 UNPRIVILEGED = [c for c in CASES if c.unprivileged]
 
 
-def _refused(case, command, code, out, err, path, before, after, directory):
+def assert_refused(case, command, code, out, err, path, before, after, directory):
     assert code == 2, f"{command} {case.name}: exit {code}\n{out}\n{err}"
     assert not (directory / MARKER).exists(), "the crafted input ran code"
     assert after == before, f"{command} {case.name} wrote {sorted(after - before)}"
@@ -52,7 +52,7 @@ def _run_case(case, command, tmp_path, capsys, monkeypatch):
     finally:
         if holder is not None:
             holder.close()
-    _refused(case, command, code, out, err, path, before, after, directory)
+    assert_refused(case, command, code, out, err, path, before, after, directory)
     return err
 
 
@@ -62,7 +62,8 @@ def test_validate_refuses(case, tmp_path, capsys, monkeypatch):
     if case.unprivileged and os.geteuid() == 0:
         pytest.skip("root binds any port and writes anywhere: "
                     "test_unprivileged_cases_in_a_subprocess drops those powers")
-    _run_case(case, "validate", tmp_path, capsys, monkeypatch)
+    err = _run_case(case, "validate", tmp_path, capsys, monkeypatch)
+    assert err.strip(), "refused without a word"  # (assert_refused checks each line)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -70,7 +71,8 @@ def test_run_refuses_before_anything_starts(case, tmp_path, capsys, monkeypatch)
     if case.unprivileged and os.geteuid() == 0:
         pytest.skip("root binds any port and writes anywhere: "
                     "test_unprivileged_cases_in_a_subprocess drops those powers")
-    _run_case(case, "run", tmp_path, capsys, monkeypatch)
+    err = _run_case(case, "run", tmp_path, capsys, monkeypatch)
+    assert err.strip(), "refused without a word"  # (assert_refused checks each line)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the in-process tests cover these as non-root")
@@ -89,7 +91,8 @@ def test_unprivileged_cases_in_a_subprocess(case, tmp_path):
         argv = ["validate", str(path)] if command == "validate" else \
             ["run", str(path), "--no-plots", *args]
         code, out, err = _run_subprocess(src, argv, directory, 120, unprivileged=True)
-        _refused(case, command, code, out, err, path, before, snapshot(directory), directory)
+        assert_refused(case, command, code, out, err, path, before, snapshot(directory), directory)
+        assert code == 2  # (assert_refused checks the message and that nothing was written)
 
 
 def test_the_corpus_is_large_and_covers_every_kind():
