@@ -384,7 +384,7 @@ def create_app(config: ServiceConfig, store: Store | None = None) -> FastAPI:
     app.add_middleware(_SameSite, check_host=is_loopback(config.host))
     app.add_middleware(_BodyLimit, max_bytes=config.max_body_bytes)
 
-    def authorised(creds: Annotated[HTTPAuthorizationCredentials | None,
+    async def authorised(creds: Annotated[HTTPAuthorizationCredentials | None,
                                     Depends(BEARER)]) -> None:
         if config.token is None:
             return
@@ -445,7 +445,7 @@ def create_app(config: ServiceConfig, store: Store | None = None) -> FastAPI:
 
     @api.get("/runs/{run_id}", response_model=RunView,
              responses={404: {"model": Message}})
-    def get_run(run_id: str, request: Request) -> RunView:
+    async def get_run(run_id: str, request: Request) -> RunView:
         """A run's status, progress, last round's figures and ETA."""
         return run_view(store, get_run_or_404(run_id), request)
 
@@ -665,7 +665,7 @@ def create_app(config: ServiceConfig, store: Store | None = None) -> FastAPI:
         return Response(status_code=204)
 
     @app.get("/healthz")
-    def healthz() -> dict[str, str]:
+    async def healthz() -> dict[str, str]:
         """200 while the server answers (no token needed)."""
         return {"status": "ok"}
 

@@ -175,9 +175,11 @@ class Store:
         self.runs_dir = self.dir / "runs"
         self.sweeps_dir = self.dir / "sweeps"
         self.tmp_dir = self.dir / "tmp"
-        self._mutex = threading.RLock()
+        self._mutex = threading.RLock()  # the writer connection's
+        self._read_mutex = threading.Lock()
         try:
             self._conn = self._open()
+            self._reader = self._open_reader()
         except StateError:  # leave the folder as it was
             if self._lock_file is not None:
                 self._lock_file.close()
@@ -251,7 +253,22 @@ class Store:
             raise StateError(f"{db}: not a usable mecsim state database ({exc})") from None
         return conn
 
+    def _open_reader(self) -> sqlite3.Connection:
+        """A second connection for reads. In WAL mode a reader never waits for the
+        writer: a status request does not queue behind a round's commit and its fsync
+        (which, on the writer's connection, blocked the API's event loop for as long)."""
+        try:
+            conn = sqlite3.connect(self.dir / DB_NAME, check_same_thread=False,
+                                   isolation_level=None, timeout=30)
+        except sqlite3.DatabaseError as exc:
+            raise StateError(f"{self.dir / DB_NAME}: not a usable mecsim state database "
+                             f"({exc})") from None
+        conn.row_factory = sqlite3.Row
+        return conn
+
     def close(self) -> None:
+        with self._read_mutex:
+            self._reader.close()
         with self._mutex:
             self._conn.close()
         if self._lock_file is not None:
@@ -271,8 +288,9 @@ class Store:
             self._conn.execute("COMMIT")
 
     def _query(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
-        with self._mutex:
-            return self._conn.execute(sql, args).fetchall()
+        """A read of committed data (every write commits before its method returns)."""
+        with self._read_mutex:
+            return self._reader.execute(sql, args).fetchall()
 
     @staticmethod
     def _history(conn: sqlite3.Connection, run_id: str, status: str, now: float,
