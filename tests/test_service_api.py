@@ -24,11 +24,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from service_support import TOKEN, ThreadServer, tiny_yaml
 
 from mecsim.cli import main
-from mecsim.metrics import MetricsExporter
 from mecsim.runner import run
 from mecsim.scenario import Scenario
 from mecsim.service.app import ServiceConfig, create_app
-from mecsim.service.monitoring import Retention, service_registry
+from mecsim.service.monitoring import RunSeries
 from mecsim.service.store import StateError, Store
 from mecsim.service.submission import PATH_FIELDS, SERVICE_FIELDS, Rejected, prepare_submission
 
@@ -255,34 +254,50 @@ def test_every_file_field_of_the_scenario_is_confined_or_set_by_the_service():
 # ----------------------------------------------------------------------------- metrics
 
 
-def test_one_registry_serves_every_run_and_retention_drops_finished_ones():
-    registry, exporter = service_registry()
+def test_one_page_serves_every_run_and_retention_drops_finished_ones():
     now = [0.0]
-    retention = Retention(exporter, 60.0, clock=lambda: now[0])
-    run(tiny(rounds=1), "run-a", None, [exporter])
-    retention.finished("run-a")
-    run(tiny(rounds=2, algorithm={"name": "local"}), "run-b", None, [exporter])
-
-    def rounds_by_run() -> dict[str, float]:
-        from prometheus_client import generate_latest
-
-        page = generate_latest(registry).decode()
-        return {s.labels["run"]: s.value for f in text_string_to_metric_families(page)
-                for s in f.samples if s.name == "mecsim_rounds_total"}
-
-    assert rounds_by_run() == {"run-a": 1.0, "run-b": 2.0}
-    now[0] = 59.0
-    assert retention.expire() == [] and len(retention) == 1
-    now[0] = 60.0
-    assert retention.expire() == ["run-a"]
-    assert rounds_by_run() == {"run-b": 2.0}
+    series = RunSeries(60.0, clock=lambda: now[0])
+    first = series.exporter("run-a")
+    run(tiny(rounds=1), "run-a", None, [first])
     from prometheus_client import generate_latest
 
-    page = generate_latest(registry).decode()
-    assert 'run="run-a"' not in page  # every family forgot it, histograms included
-    assert not exporter.serves and exporter._server is None
+    own_page = generate_latest(first.registry).decode()
+    series.finished("run-a")  # kept as text from here on
+    live = series.exporter("run-b")
+    run(tiny(rounds=2, algorithm={"name": "local"}), "run-b", None, [live])
+
+    def families() -> dict[str, list]:
+        page = series.render()
+        found: dict[str, list] = {}
+        for f in text_string_to_metric_families(page):
+            assert f.name not in found, f"family {f.name} in two groups"
+            found[f.name] = f.samples
+        return found
+
+    def rounds_by_run() -> dict[str, float]:
+        return {s.labels["run"]: s.value for s in families()["mecsim_rounds"]
+                if s.name == "mecsim_rounds_total"}
+
+    assert rounds_by_run() == {"run-a": 1.0, "run-b": 2.0}
+    # the kept run's samples are exactly those its exporter had, histograms included
+    kept = sorted((s.name, sorted(s.labels.items()), s.value) for ss in families().values()
+                  for s in ss if s.labels.get("run") == "run-a")
+    own = sorted((s.name, sorted(s.labels.items()), s.value)
+                 for f in text_string_to_metric_families(own_page) for s in f.samples)
+    assert kept == own and any(name.endswith("_bucket") for name, _, _ in kept)
+    live.rounds.labels(run="run-b", algorithm="local").inc()  # live runs render afresh
+    assert rounds_by_run() == {"run-a": 1.0, "run-b": 3.0}
+    now[0] = 59.0
+    assert series.expire() == [] and len(series) == 1
+    now[0] = 60.0
+    assert series.expire() == ["run-a"]
+    assert rounds_by_run() == {"run-b": 3.0}
+    assert 'run="run-a"' not in series.render()  # every family forgot it
+    series.finished("run-b")
+    assert len(series) == 1 and rounds_by_run() == {"run-b": 3.0}
+    assert not live.serves and live._server is None
     with pytest.raises(ValueError):
-        MetricsExporter(registry=registry)  # one exporter per registry
+        RunSeries(-1.0)
 
 
 # ----------------------------------------------------------------------------- HTTP layer

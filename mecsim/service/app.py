@@ -46,7 +46,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import StreamingResponse
 
 import mecsim
-from mecsim.service.monitoring import Retention, ServiceCollector, service_registry
+from mecsim.service.monitoring import RunSeries, service_registry
 from mecsim.service.store import STATUSES, TERMINAL, QueueFull, Run, Store
 from mecsim.service.submission import Rejected, prepare_submission
 from mecsim.service.sweeps import DEFAULT_METRIC, SweepRunner, check_sweep, new_sweep_id
@@ -342,14 +342,13 @@ class _SameSite:
 def create_app(config: ServiceConfig, store: Store | None = None) -> FastAPI:
     """The service application; ``store`` defaults to one opened on ``config.state_dir``."""
     store = store or Store(config.state_dir)
-    registry, exporter = service_registry()
-    retention = Retention(exporter, config.metrics_retention_s)
+    series = RunSeries(config.metrics_retention_s)
     worker = Worker(store, workers=config.workers, ray_address=config.ray_address,
-                    exporter=exporter, on_finished=retention.finished,
+                    exporter=series.exporter, on_finished=series.finished,
                     shutdown_timeout_s=config.shutdown_timeout_s)
     sweeps = SweepRunner(store)
-    registry.register(ServiceCollector(store, config.workers, lambda: len(worker.busy),
-                                       lambda: worker.ready, lambda: len(retention)))
+    registry = service_registry(store, config.workers, lambda: len(worker.busy),
+                                lambda: worker.ready, lambda: len(series))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -361,7 +360,7 @@ def create_app(config: ServiceConfig, store: Store | None = None) -> FastAPI:
         async def expire() -> None:
             while True:
                 await asyncio.sleep(1.0)
-                retention.expire()
+                series.expire()
 
         task = asyncio.create_task(expire())
         try:
@@ -379,8 +378,7 @@ def create_app(config: ServiceConfig, store: Store | None = None) -> FastAPI:
     app.state.store = store
     app.state.worker = worker
     app.state.config = config
-    app.state.exporter = exporter
-    app.state.retention = retention
+    app.state.series = series
     app.add_middleware(_SameSite, check_host=is_loopback(config.host))
     app.add_middleware(_BodyLimit, max_bytes=config.max_body_bytes)
 
@@ -673,8 +671,8 @@ def create_app(config: ServiceConfig, store: Store | None = None) -> FastAPI:
              responses={200: {"content": {"text/plain": {}}}})
     def metrics() -> Response:
         """Prometheus: every retained run's series and the service's (no token needed)."""
-        retention.expire()
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        page = series.render() + generate_latest(registry).decode()
+        return Response(page, media_type=CONTENT_TYPE_LATEST)
 
     from mecsim.service.web import web_router
 

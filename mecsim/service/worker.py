@@ -90,7 +90,8 @@ class Worker:
     """Runs queued runs, ``workers`` at a time, on one Ray instance."""
 
     def __init__(self, store: Store, *, workers: int = 1, ray_address: str | None = None,
-                 exporter: Any = None, on_finished: Callable[[str], None] | None = None,
+                 exporter: Callable[[str], RunObserver] | None = None,
+                 on_finished: Callable[[str], None] | None = None,
                  shutdown_timeout_s: float = 60.0) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
@@ -215,7 +216,7 @@ class Worker:
         observers: list[RunObserver] = [RecordsWriter(out_dir), _StoreRounds(self.store, run.id),
                                         PlotWriter(out_dir / "plots")]
         if self.exporter is not None and scenario.metrics.enabled:
-            observers.append(self.exporter)
+            observers.append(self.exporter(run.id))  # a new exporter per run
         return observers
 
     def _start(self, run: Run) -> list[dict[str, Any]]:
