@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from mecsim.runner import RunInfo, RunObserver
+from mecsim.observers import RunInfo, RunObserver
 from mecsim.summary import summarise, table_rows
 
 

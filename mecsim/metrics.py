@@ -35,7 +35,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from mecsim.runner import RunInfo, RunObserver
+from mecsim.observers import RunInfo, RunObserver
 
 MiB = 1024 * 1024
 

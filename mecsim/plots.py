@@ -36,7 +36,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from mecsim.runner import RunInfo, RunObserver
+from mecsim.observers import RunInfo, RunObserver
 from mecsim.tables import RunRecords, evaluated, from_rows, label_runs
 
 MiB = 1024 * 1024

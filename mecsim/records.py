@@ -29,6 +29,7 @@ import pandas as pd
 from mecsim.chaos import kill_point
 from mecsim.checkpoint import atomic_write_text
 from mecsim.interrupts import atomic_section
+from mecsim.observers import RunInfo, RunObserver
 from mecsim.runfolder import (
     LOCK_NAME,
     RunFolderError,
@@ -38,7 +39,6 @@ from mecsim.runfolder import (
     status_line,
     write_meta,
 )
-from mecsim.runner import RunInfo, RunObserver
 from mecsim.scenario import resolved_yaml
 from mecsim.summary import markdown, run_notes, summarise, target_lines
 

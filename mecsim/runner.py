@@ -19,7 +19,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -44,57 +44,11 @@ from mecsim.execution import (
     RayExecutor,
 )
 from mecsim.network import NetworkModel, device_profiles
+from mecsim.observers import RunInfo, RunObserver  # noqa: F401 - re-exported
 from mecsim.ops import Compute, op_to_dict, trace_bytes, trace_flops
 from mecsim.scenario import Scenario
 
 MiB = 1024 * 1024
-
-
-class RunObserver:
-    """Hooks of the run loop; override the ones you need."""
-
-    def on_run_start(self, info: RunInfo) -> None: ...
-
-    def on_run_resume(self, info: RunInfo, rounds: list[dict[str, Any]]) -> None:
-        """A resumed run starts after ``rounds`` (its finished rounds, read back from its
-        records); by default the same as :meth:`on_run_start`."""
-        self.on_run_start(info)
-
-    def on_round_end(self, info: RunInfo, round_row: dict[str, Any],
-                     client_rows: list[dict[str, Any]], traces: dict[str, Any]) -> None: ...
-
-    def on_checkpoint(self, info: RunInfo, rounds_done: int, nbytes: int,
-                      seconds: float) -> None:
-        """A checkpoint after ``rounds_done`` rounds was written."""
-
-    def on_fault(self, info: RunInfo, rnd: int, message: str) -> None:
-        """An actor died in round ``rnd``; the run recovers from its last checkpoint."""
-
-    def on_placement(self, info: RunInfo, rnd: int, hosts: list[dict[str, Any]]) -> None:
-        """Host actors were (re)started before round ``rnd``: where each runs (node id and
-        IP, CPUs; None in-process) and which clients it hosts."""
-
-    def on_run_end(self, info: RunInfo, rounds: list[dict[str, Any]]) -> None:
-        """Every planned round is done."""
-
-    def on_run_stopped(self, info: RunInfo, rounds: list[dict[str, Any]], status: str,
-                       message: str) -> None:
-        """The run stopped before its last round: ``status`` is ``interrupted`` (Ctrl-C,
-        SIGTERM), ``cancelled`` (asked to stop) or ``failed`` (``message`` says why)."""
-
-
-@dataclass
-class RunInfo:
-    run_id: str
-    scenario: Scenario
-    out_dir: Any  # pathlib.Path or None
-    num_params: int
-    model_nbytes: int
-    step_memory_bytes: int
-    step_flops: float
-    client_devices: list[str]
-    extra: dict[str, Any] = field(default_factory=dict)
-    resumed_from: int = 0  # rounds already done when this process started the run
 
 
 class ScenarioInfeasible(Exception):

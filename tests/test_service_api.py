@@ -520,3 +520,28 @@ def test_client_reports_problems_by_field(api):
         c.runs()
     assert err.value.status == 0 and "cannot reach" in str(err.value)
     assert json.loads(json.dumps(err.value.args))  # plain data
+
+
+# ----------------------------------------------------------------------------- figures
+
+
+def test_figures_drawn_in_a_child_process_equal_the_run_s_own(tmp_path):
+    """The service draws a run's figures in a child (matplotlib would hold the API's GIL):
+    from the records folder it draws the same pixels PlotWriter draws from the rows."""
+    import matplotlib.image as mpimg
+    import numpy as np
+
+    from mecsim.plots import PlotWriter
+    from mecsim.records import RecordsWriter
+    from mecsim.service.plotjob import ChildPlotWriter
+
+    own, child = tmp_path / "own", tmp_path / "child"
+    run(tiny(rounds=3, evaluation={"every": 2}), "figs", None,
+        [RecordsWriter(own), PlotWriter(own / "plots"), RecordsWriter(child),
+         ChildPlotWriter(child / "plots")])
+    names = sorted(p.name for p in (own / "plots").glob("*.png"))
+    assert "client_accuracy.png" in names and "accuracy_vs_round.png" in names
+    assert sorted(p.name for p in (child / "plots").glob("*.png")) == names
+    for name in names:
+        a, b = mpimg.imread(own / "plots" / name), mpimg.imread(child / "plots" / name)
+        assert a.shape == b.shape and np.array_equal(a, b), name

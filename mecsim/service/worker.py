@@ -32,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from mecsim.runner import RunObserver
+from mecsim.observers import RunObserver
 from mecsim.scenario import Scenario, scenario_from_dict
 from mecsim.service.store import Run, Store
 
@@ -210,11 +210,12 @@ class Worker:
         return scenario_from_dict(yaml.safe_load(run.scenario_yaml), f"run {run.id}")
 
     def _observers(self, run: Run, scenario: Scenario, out_dir: Path) -> list[RunObserver]:
-        from mecsim.plots import PlotWriter
         from mecsim.records import RecordsWriter
+        from mecsim.service.plotjob import ChildPlotWriter
 
+        # figures drawn in a child process: matplotlib would hold the GIL the API shares
         observers: list[RunObserver] = [RecordsWriter(out_dir), _StoreRounds(self.store, run.id),
-                                        PlotWriter(out_dir / "plots")]
+                                        ChildPlotWriter(out_dir / "plots")]
         if self.exporter is not None and scenario.metrics.enabled:
             observers.append(self.exporter(run.id))  # a new exporter per run
         return observers

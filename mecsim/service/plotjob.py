@@ -1,0 +1,82 @@
+"""A finished run's figures, drawn in a child process of the service.
+
+``mecsim run`` draws its figures in the run's own process when it ends
+(:class:`mecsim.plots.PlotWriter`). In ``mecsim serve`` that process is also the API's:
+matplotlib holds the GIL for about a second per run, and status polls and scrapes
+answered meanwhile waited 60-160 ms (measured with ``benchmarks/service.py``: 50
+pollers, p50 62 ms, p99 156 ms). :class:`ChildPlotWriter` draws the same figures from
+the run's records folder in a child process instead, so the API stays responsive:
+
+    python -m mecsim.service.plotjob RUN_DIR PLANNED_ROUNDS
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from mecsim.plots import PlotWriter
+
+#: A child that takes longer than this is killed and the run goes on without figures.
+PLOT_TIMEOUT_S = 600.0
+
+
+def plot_run_folder(run_dir: str | Path, planned_rounds: int | None) -> list[Path]:
+    """Draw the figures of the run in ``run_dir`` (its ``rounds.csv`` and ``clients.csv``)
+    into ``run_dir/plots``, as :class:`PlotWriter` does at a run's end."""
+    import pandas as pd
+
+    from mecsim.plots import label_runs, write_plots
+    from mecsim.tables import from_rows
+
+    run_dir = Path(run_dir)
+    # rounds.csv read directly: mecsim.records would import torch (its checkpoint writer)
+    rounds = pd.read_csv(run_dir / "rounds.csv").to_dict("records")
+    writer = PlotWriter(run_dir / "plots")
+    writer.on_run_resume(None, rounds)  # the last evaluated round's client rows
+    r = from_rows(run_dir.name, rounds, writer._last_eval, path=writer.out_dir,
+                  planned_rounds=planned_rounds)
+    label_runs([r])
+    return write_plots([r], writer.out_dir)
+
+
+class ChildPlotWriter(PlotWriter):
+    """:class:`PlotWriter` whose drawing runs in a child process (see the module)."""
+
+    def on_round_end(self, info, round_row, client_rows, traces) -> None:
+        pass  # the child reads the client rows back from clients.csv
+
+    def on_run_resume(self, info, rounds: list[dict[str, Any]]) -> None:
+        pass
+
+    def on_run_end(self, info, rounds: list[dict[str, Any]]) -> None:
+        if not rounds:
+            return
+        cmd = [sys.executable, "-m", "mecsim.service.plotjob", str(self.out_dir.parent),
+               str(info.scenario.rounds)]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=PLOT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            print(f"mecsim: plots not written to {self.out_dir}: drawing took over "
+                  f"{PLOT_TIMEOUT_S:g} s", file=sys.stderr)
+            return
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["exit code "
+                                                         f"{done.returncode}"])[-1]
+            print(f"mecsim: plots not written to {self.out_dir}: {last}", file=sys.stderr)
+            return
+        self.written = [Path(p) for p in done.stdout.split("\n") if p]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    run_dir, planned = args[0], int(args[1])
+    for path in plot_run_folder(run_dir, planned):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
