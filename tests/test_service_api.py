@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import sqlite3
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -285,6 +287,11 @@ def test_one_page_serves_every_run_and_retention_drops_finished_ones():
     own = sorted((s.name, sorted(s.labels.items()), s.value)
                  for f in text_string_to_metric_families(own_page) for s in f.samples)
     assert kept == own and any(name.endswith("_bucket") for name, _, _ in kept)
+    promtool = shutil.which("promtool")  # Debian's prometheus package ships it
+    if promtool:  # Prometheus's own linter accepts the spliced page
+        check = subprocess.run([promtool, "check", "metrics"], input=series.render(),
+                               capture_output=True, text=True, timeout=60)
+        assert check.returncode == 0 and not check.stdout.strip(), check.stdout + check.stderr
     live.rounds.labels(run="run-b", algorithm="local").inc()  # live runs render afresh
     assert rounds_by_run() == {"run-a": 1.0, "run-b": 3.0}
     now[0] = 59.0
