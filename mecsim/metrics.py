@@ -20,10 +20,9 @@ up for that many seconds after the last round, so that a Prometheus scraping eve
 --metrics-linger``).
 
 ``mecsim run`` gives each run its own exporter, registry and HTTP server. ``mecsim serve``
-makes one exporter on the service's registry (``registry=``), which serves nothing
-itself: every run of the service is observed by it (the series are told apart by their
-``run`` label) and the service's ``/metrics`` serves the registry; :meth:`forget_run`
-drops a finished run's series after the service's retention.
+gives each run an exporter on a registry of its own (``registry=``) that serves nothing
+itself: the service's ``/metrics`` puts every run's page together
+(:class:`mecsim.service.monitoring.RunSeries`).
 """
 
 from __future__ import annotations
@@ -205,11 +204,6 @@ class MetricsExporter(RunObserver):
             self._server.shutdown()
             self._server.server_close()
             self._server = None
-
-    def forget_run(self, run_id: str) -> None:
-        """Drop every series of run ``run_id`` (a service's retention of finished runs)."""
-        for family in self._families:
-            family.remove_by_labels({"run": run_id})
 
     # ------------------------------------------------------------------ hooks
 
