@@ -285,6 +285,19 @@ def test_heterogeneity_dkl() -> None:
     assert heterogeneity_dkl(np.array([[1, 2]])) == 0.0
 
 
+def test_heterogeneity_dkl_equals_a_pair_by_pair_sum_over_many_clients() -> None:
+    # computed a block of rows at a time: against scipy's KL, pair by pair
+    from scipy.special import rel_entr
+
+    rng = np.random.default_rng(5)
+    hist = rng.integers(0, 9, size=(300, 10)) + np.eye(300, 10, dtype=np.int64)
+    eps = 1e-6
+    p = (hist / hist.sum(1, keepdims=True) + eps) / (1 + 10 * eps)
+    pairs = [(rel_entr(p[i], p[j]).sum() + rel_entr(p[j], p[i]).sum()) / 2
+             for i in range(300) for j in range(i + 1, 300)]
+    assert heterogeneity_dkl(hist) == pytest.approx(float(np.mean(pairs)), rel=1e-12)
+
+
 def test_iid_with_samples_per_client_serves_more_clients_than_samples() -> None:
     rng = np.random.default_rng(0)
     pools = load_dataset("mnist-embedded", None, 300, 50, rng)
