@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -59,6 +59,17 @@ def _finite(value: Any) -> bool:
 def finite_upload(result: ClientResult) -> bool:
     """Is everything the client uploaded (its weights and any arrays in ``extra``) finite?"""
     return _finite(result.weights) and _finite(result.extra)
+
+
+@dataclass
+class _Stream:
+    """A streamed aggregation in progress (never checkpointed: it lives within a round)."""
+
+    rnd: int
+    acc: Any  # the algorithm's accumulator
+    rejected: list[int] = field(default_factory=list)
+    wall_s: float = 0.0
+    last_id: int = -1  # the last client folded: parts come in client-id order
 
 
 class _ServerProcess:
@@ -121,6 +132,7 @@ class CentralServer(_ServerProcess):
         if edge_server_of is not None:  # which edge server serves each client (topology)
             self.algorithm.edge_server_of = dict(edge_server_of)
         self.algorithm.seed = int(seed)
+        self._stream: _Stream | None = None  # a round's streamed aggregation, while it runs
         # selection draws come from their own stream of the scenario seed
         self.rng = np.random.default_rng(np.random.SeedSequence([seed, 0x5E1EC7]))
 
@@ -150,6 +162,60 @@ class CentralServer(_ServerProcess):
         only the uploads of ``results`` (the clients that made it) are fetched."""
         self._attach_uploads(results, weights_by_host)
         return self.aggregate(rnd, results)
+
+    # streaming aggregation (ServerAlgorithm.streams_aggregation): the uploads are folded
+    # into the aggregate in parts, in client-id order, while the clients still train
+
+    def stream_begin(self, rnd: int) -> None:
+        """Start the round's streamed aggregation (any unfinished one is dropped)."""
+        self._stream = _Stream(rnd, self.algorithm.begin_aggregate(rnd))
+
+    def stream_fold(self, rnd: int, keep: frozenset[int], results: list[ClientResult]) -> int:
+        """Fold the uploads of ``results`` whose clients are in ``keep`` (those the round
+        will aggregate), in client-id order after every earlier part's; an upload holding
+        NaN or inf is rejected, as in :meth:`aggregate`. Each folded upload is let go.
+        Returns how many were folded."""
+        stream = self._stream
+        if stream is None or stream.rnd != rnd:
+            raise RuntimeError(f"round {rnd}: no streamed aggregation was begun")
+        part = sorted((r for r in results if r.client_id in keep), key=lambda r: r.client_id)
+        if part and part[0].client_id <= stream.last_id:
+            raise RuntimeError(f"round {rnd}: client {part[0].client_id} folded out of "
+                               f"client-id order (after {stream.last_id})")
+        start = time.perf_counter()
+        good = []
+        for r in part:
+            if finite_upload(r):
+                good.append(r)
+            else:
+                stream.rejected.append(r.client_id)
+        self.algorithm.fold(stream.acc, good)
+        stream.wall_s += time.perf_counter() - start
+        if part:
+            stream.last_id = part[-1].client_id
+        for r in results:
+            r.weights = None
+        return len(good)
+
+    def stream_fold_split(self, rnd: int, keep: frozenset[int], n_hosts: int,
+                          *parts: Any) -> int:
+        """:meth:`stream_fold` of one part from ``n_hosts`` hosts: their results (as
+        ClientHost.fit_split returns them) then their uploads, by reference."""
+        results = [r for part in parts[:n_hosts] for r in part]
+        wanted = [r for r in results if r.client_id in keep]
+        self._attach_uploads(wanted, parts[n_hosts:])
+        return self.stream_fold(rnd, keep, wanted)
+
+    def stream_end(self, rnd: int) -> AggregateReport:
+        """Finish the streamed aggregation: the report :meth:`aggregate` would give."""
+        stream, self._stream = self._stream, None
+        if stream is None or stream.rnd != rnd:
+            raise RuntimeError(f"round {rnd}: no streamed aggregation was begun")
+        start = time.perf_counter()
+        stats = self.algorithm.end_aggregate(rnd, stream.acc)
+        wall = stream.wall_s + time.perf_counter() - start
+        return AggregateReport(stats.flops, wall, self.rss_bytes(), dict(stats.metrics),
+                               tuple(sorted(stream.rejected)))
 
     def aggregate_edges(self, rnd: int, results: list[ClientResult],
                         *reports: EdgeReport) -> AggregateReport:

@@ -96,6 +96,22 @@ def _init_ray_on_loopback(ray, kwargs: dict[str, Any]) -> None:
             ray_constants.ENABLE_RAY_CLUSTER = saved_const
 
 
+#: Clients per part of a streamed aggregation: the hosts train a part's clients, the
+#: server folds their uploads while the hosts train the next part (at most
+#: :data:`STREAM_PARTS_IN_FLIGHT` parts' uploads exist at once).
+STREAM_PART_CLIENTS = 256
+STREAM_PARTS_IN_FLIGHT = 2
+
+
+def stream_parts(tasks: list[ClientTask], size: int | None = None
+                 ) -> list[list[ClientTask]]:
+    """The tasks in client-id order, cut into parts of ``size`` (default
+    :data:`STREAM_PART_CLIENTS`)."""
+    size = size or STREAM_PART_CLIENTS
+    ordered = sorted(tasks, key=lambda t: t.client_id)
+    return [ordered[i:i + size] for i in range(0, len(ordered), size)]
+
+
 #: How long the host actors may wait for room in the Ray cluster (when a run starts, or
 #: after a node died) before the run stops with :class:`PlacementTimeout`.
 PLACEMENT_TIMEOUT_S = 120.0
@@ -240,6 +256,7 @@ class LocalExecutor:
         serves = server_kwargs.get("edge_server_of") or {}
         self.edge_of = {cid: serves.get(cid, 0) for cid in self.host_of}
         self.edges: dict[int, Any] = {}
+        self._streaming = False
 
     def _start(self) -> None:
         server_kwargs, setup, pools, host_clients = self._args
@@ -306,16 +323,41 @@ class LocalExecutor:
         parts = [edge.plan(rnd, groups[b], downlinks.get(b)) for b, edge in self.edges.items()]
         return selected, self._in_task_order(tasks, parts)
 
-    def fit(self, rnd: int, tasks: list[ClientTask],
-            lost: frozenset[int] = frozenset()) -> list[ClientResult]:
+    def fit(self, rnd: int, tasks: list[ClientTask], lost: frozenset[int] = frozenset(),
+            fold: frozenset[int] | None = None) -> list[ClientResult]:
+        """Train the tasks' clients. With ``fold`` (the clients the round will aggregate:
+        a flat algorithm whose ``streams_aggregation`` is set), the uploads are streamed
+        into the server's aggregate part by part while the clients train, and the
+        results come back without them; :meth:`aggregate` then finishes it."""
+        self._streaming = fold is not None
+        if fold is not None:
+            return self._fit_streamed(rnd, tasks, lost, fold)
         out: list[ClientResult] = []
         for h, group in self._by_host(tasks).items():
             out += self.hosts[h].fit(rnd, group, lost)
         return sorted(out, key=lambda r: r.client_id)
 
+    def _fit_streamed(self, rnd: int, tasks: list[ClientTask], lost: frozenset[int],
+                      fold: frozenset[int]) -> list[ClientResult]:
+        self.server.stream_begin(rnd)
+        out: list[ClientResult] = []
+        for part in stream_parts(tasks):
+            results: list[ClientResult] = []
+            for h, group in self._by_host(part).items():
+                results += self.hosts[h].fit(rnd, group, lost)
+            keep = fold.intersection(t.client_id for t in part)
+            self.server.stream_fold(rnd, keep, results)  # lets go of every upload
+            out += results
+        return sorted(out, key=lambda r: r.client_id)
+
     def aggregate(self, rnd: int, results: list[ClientResult]) -> AggregateReport:
         """The central server aggregates (for a hierarchical algorithm, from the reports
-        of the edge servers, each aggregating its own clients first)."""
+        of the edge servers, each aggregating its own clients first); after a streamed
+        :meth:`fit`, it finishes the aggregate it has folded (``results`` must then be
+        the clients of its ``fold``: the run loop checks)."""
+        if self._streaming:
+            self._streaming = False
+            return self.server.stream_end(rnd)
         if not self.edges:
             return self.server.aggregate(rnd, results)
         groups = self._by_edge(results)
@@ -506,9 +548,13 @@ class RayExecutor(LocalExecutor):
             refs.append(edge.plan.remote(rnd, groups[b], down))
         return selected, self._in_task_order(tasks, self._get(refs))
 
-    def fit(self, rnd: int, tasks: list[ClientTask],
-            lost: frozenset[int] = frozenset()) -> list[ClientResult]:
-        """Results without their weights; the weights stay in the object store."""
+    def fit(self, rnd: int, tasks: list[ClientTask], lost: frozenset[int] = frozenset(),
+            fold: frozenset[int] | None = None) -> list[ClientResult]:
+        """Results without their weights; the weights stay in the object store (streamed:
+        the server actor fetches each part's from there and folds them)."""
+        self._streaming = fold is not None
+        if fold is not None:
+            return self._fit_streamed(rnd, tasks, lost, fold)
         meta_refs, self._weight_refs = [], []
         for h, group in self._by_host(tasks).items():
             meta, weights = self.hosts[h].fit_split.options(num_returns=2).remote(
@@ -518,10 +564,39 @@ class RayExecutor(LocalExecutor):
         out = [r for part in self._get(meta_refs) for r in part]
         return sorted(out, key=lambda r: r.client_id)
 
+    def _fit_streamed(self, rnd: int, tasks: list[ClientTask], lost: frozenset[int],
+                      fold: frozenset[int]) -> list[ClientResult]:
+        """Part by part: the hosts train a part's clients, the server actor folds their
+        uploads (read from the object store) while the hosts go on with the next part; at
+        most :data:`STREAM_PARTS_IN_FLIGHT` parts are submitted ahead of the server."""
+        self.server.stream_begin.remote(rnd)  # the actor runs our calls in order
+        meta_refs: list[Any] = []
+        folds: list[Any] = []
+        for part in stream_parts(tasks):
+            metas, uploads = [], []
+            for h, group in self._by_host(part).items():
+                meta, weights = self.hosts[h].fit_split.options(num_returns=2).remote(
+                    rnd, group, lost)
+                metas.append(meta)
+                uploads.append(weights)
+            keep = fold.intersection(t.client_id for t in part)
+            folds.append(self.server.stream_fold_split.remote(rnd, keep, len(metas),
+                                                              *metas, *uploads))
+            meta_refs += metas
+            if len(folds) >= STREAM_PARTS_IN_FLIGHT:
+                self._get(folds.pop(0))
+        self._get(folds)
+        out = [r for part in self._get(meta_refs) for r in part]
+        return sorted(out, key=lambda r: r.client_id)
+
     def aggregate(self, rnd: int, results: list[ClientResult]) -> AggregateReport:
         """Each edge server fetches its own clients' uploads from the object store and
         aggregates them; its report goes to the central server as a reference (not
-        through this process). A flat algorithm's central server fetches them all."""
+        through this process). A flat algorithm's central server fetches them all.
+        After a streamed :meth:`fit`, the central server finishes what it folded."""
+        if self._streaming:
+            self._streaming = False
+            return self._get(self.server.stream_end.remote(rnd))
         refs, self._weight_refs = self._weight_refs, []
         if not self.edges:
             return self._get(self.server.aggregate_split.remote(rnd, results, *refs))

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from agents.algorithms import TrainConfig
+from agents.algorithms import TrainConfig, algorithm_classes
 from agents.host import HostSetup
 from agents.models import build_model, get_flat, model_layout
 from agents.training import make_optimizer, measured_step
@@ -62,6 +62,31 @@ class RunSetup:
     network: NetworkModel
     server_profile: DeviceProfile
     slowdown: np.ndarray  # per-client compute slow-down of emulated stragglers (1: none)
+    # the uploads are streamed into the aggregate while the clients train (see
+    # streams_aggregation): which clients a round aggregates is known before it is timed
+    streams: bool = False
+
+
+def streams_aggregation(scenario: Scenario) -> bool:
+    """Can a round's uploads be folded into the aggregate while its clients train?
+
+    Only when the algorithm can aggregate in parts (``ServerAlgorithm.streams_aggregation``,
+    a flat algorithm) and which clients a round aggregates is known before the round is
+    timed: every client that trains and does not crash or drop out (faults drawn before
+    training). A deadline, ``faults.wait_for_fraction``, link or edge-server outages and
+    rate traces (a rate of 0 stalls a client for ever) decide it from the timing: the
+    uploads are then held until the round is timed. ``execution.stream_aggregation: off``
+    always holds them. The run loop checks every streamed round's timed clients against
+    the prediction.
+    """
+    server_cls, _ = algorithm_classes(scenario.algorithm.name)
+    f = scenario.faults
+    return (scenario.execution.stream_aggregation == "auto"
+            and server_cls.streams_aggregation and server_cls.Edge is None
+            and scenario.deadline_s is None
+            and scenario.channel.model != "trace"
+            and (f is None or (f.wait_for_fraction >= 1 and not f.link_outages
+                               and not f.edge_server_outages)))
 
 
 def _step_cost(model: torch.nn.Module, in_shape, num_classes: int, train: TrainConfig):
@@ -138,7 +163,8 @@ def prepare(scenario: Scenario, run_id: str, out_dir, *, hosts: int | None = Non
                           "label_dkl": heterogeneity_dkl(parts.label_histograms(pools)[0])})
     network = NetworkModel(scenario, profiles)
     slowdown = faults.slowdown_factors(scenario.faults, seed, n)
-    return RunSetup(info, executor, network, profiles[scenario.devices.edge_server], slowdown)
+    return RunSetup(info, executor, network, profiles[scenario.devices.edge_server], slowdown,
+                    streams_aggregation(scenario))
 
 
 def _mean(values: list[float]) -> float:
@@ -167,8 +193,10 @@ def run_round(rs: RunSetup, rnd: int, elapsed_s: float) -> tuple[dict, list[dict
     selected, tasks = rs.executor.plan(rnd)
     rf = faults.draw_round(sc.faults, sc.seed, rnd, selected)
     # a client whose link is down all round cannot receive the model: it does not train
-    results = rs.executor.fit(rnd, [t for t in tasks if t.client_id not in rf.outage],
-                              frozenset(rf.crash_at))
+    trained = [t for t in tasks if t.client_id not in rf.outage]
+    # streamed: the clients the round will aggregate, known before it is timed
+    fold = frozenset(t.client_id for t in trained) - set(rf.failed) if rs.streams else None
+    results = rs.executor.fit(rnd, trained, frozenset(rf.crash_at), fold=fold)
     train_wall = time.perf_counter() - wall0
     traces = {r.client_id: r.trace for r in results}
     for cid, at in rf.crash_at.items():
@@ -186,6 +214,12 @@ def run_round(rs: RunSetup, rnd: int, elapsed_s: float) -> tuple[dict, list[dict
 
     timing = time_round(traces, specs, servers, net, failed=failed, wait_for=wait_for)
     completed_ids = {c.client_id for c in timing.clients if c.completed}
+    if fold is not None and completed_ids != fold:
+        raise RuntimeError(
+            f"round {rnd}: the aggregate was streamed for clients that the timing did not "
+            f"complete ({sorted(fold - completed_ids)[:5]}) or without clients it did "
+            f"({sorted(completed_ids - fold)[:5]}); set execution.stream_aggregation: off "
+            "and report this scenario")
     agg = rs.executor.aggregate(rnd, [r for r in results if r.client_id in completed_ids])
     rejected = set(agg.rejected)
     aggregate_s = rs.server_profile.compute_time_s(agg.flops, 0)

@@ -460,6 +460,12 @@ class ExecutionConfig(_Strict):
     )
     hosts: int | None = Field(None, ge=1, description="host actors; default one per core")
     ray_address: str | None = Field(None, description="attach to an existing Ray cluster")
+    stream_aggregation: Literal["auto", "off"] = Field(
+        "auto", description="auto: fold the uploads into the aggregate while the clients "
+        "train, when the round's aggregated clients are known before it is timed (no "
+        "deadline, no wait_for_fraction, no link or edge-server outages, no rate traces) "
+        "and the algorithm can (FedAvg, FedProx, Per-FedAvg); off: hold every upload "
+        "until the round is timed. The same bits either way")
 
 
 class CheckpointConfig(_Strict):

@@ -182,6 +182,11 @@ class ServerAlgorithm:
     # the Shannon channel's `downlink.mode: auto` the server's band is then time-shared
     # among the downloads (docs/channel.md)
     personalised_downloads: ClassVar[bool] = False
+    #: True when :meth:`aggregate_fit` can be fed in parts, in client-id order
+    #: (:meth:`begin_aggregate`, :meth:`fold` per part, :meth:`end_aggregate`), with the
+    #: same result: the run loop then streams the uploads into the aggregate while the
+    #: clients train, instead of holding them all (``execution.stream_aggregation``)
+    streams_aggregation: ClassVar[bool] = False
 
     def __init__(self, layout: ModelLayout, init_weights: np.ndarray,
                  client_samples: dict[int, int], fraction: float,
@@ -246,6 +251,18 @@ class ServerAlgorithm:
         return [ClientTask(c, self.weights, self.layout.nbytes) for c in selected]
 
     def aggregate_fit(self, rnd: int, results: list[ClientResult]) -> AggregateStats:
+        raise NotImplementedError
+
+    def begin_aggregate(self, rnd: int) -> Any:
+        """A streaming aggregation's accumulator (``streams_aggregation`` only)."""
+        raise NotImplementedError
+
+    def fold(self, acc: Any, results: list[ClientResult]) -> None:
+        """Add these results (the next ones in client-id order) to the accumulator."""
+        raise NotImplementedError
+
+    def end_aggregate(self, rnd: int, acc: Any) -> AggregateStats:
+        """Finish the round's aggregation from the accumulator, as :meth:`aggregate_fit`."""
         raise NotImplementedError
 
     def configure_evaluate(self, rnd: int, clients: list[int]) -> list[ClientTask]:

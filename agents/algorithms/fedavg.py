@@ -3,9 +3,14 @@
     w_{t+1} = sum_k (n_k / n) * w_k      (n_k: client k's training samples)
 
 Every floating-point tensor of the model is sent and averaged, BatchNorm running
-statistics included. Server FLOPs of aggregation are counted as one multiply and one add
-per element per client (2 * |w| * K), the count the KAPC paper reports (0.22 GFLOPs for
-ten ResNet18 updates).
+statistics included. The server folds the uploads into a :class:`WeightedSum` one at a
+time, in client-id order: the run loop can then stream them into the aggregate while the
+clients are still training (``begin_aggregate`` / ``fold`` / ``end_aggregate``) instead of
+holding every update, with the same bits as aggregating them all at once.
+
+Server FLOPs of aggregation are counted as one multiply and one add per element per
+client (2 * |w| * K), the count the KAPC paper reports (0.22 GFLOPs for ten ResNet18
+updates).
 """
 
 from __future__ import annotations
@@ -41,20 +46,61 @@ def weighted_average(vectors: Sequence[np.ndarray], weights: Sequence[float]) ->
     return acc.astype(np.float32)
 
 
+class WeightedSum:
+    """``sum_k n_k w_k / sum_k n_k``, one vector at a time.
+
+    Each product ``n_k * w_k`` is formed in float64 (exact for float32 ``w_k`` and integer
+    ``n_k`` < 2**29) and added to a float64 sum; the division by the total comes once, at
+    the end, then the cast to float32. Adding the same vectors in the same order gives the
+    same bits whether they came all at once or in parts.
+    """
+
+    def __init__(self) -> None:
+        self.sum: np.ndarray | None = None
+        self.total = 0.0
+        self.count = 0
+
+    def add(self, vector: np.ndarray, weight: float) -> None:
+        if self.sum is None:
+            self.sum = np.zeros(vector.shape, dtype=np.float64)
+        self.sum += np.multiply(vector, weight, dtype=np.float64)
+        self.total += float(weight)
+        self.count += 1
+
+    def result(self) -> np.ndarray:
+        if self.sum is None:
+            raise ValueError("nothing to average")
+        if self.total <= 0:
+            raise ValueError("aggregation weights must sum to a positive number")
+        return (self.sum / self.total).astype(np.float32)
+
+
 def aggregation_flops(num_elements: int, num_clients: int) -> float:
     return 2.0 * num_elements * num_clients
 
 
 class FedAvgServer(ServerAlgorithm):
     name = "fedavg"
+    streams_aggregation = True
 
     def aggregate_fit(self, rnd: int, results: list[ClientResult]) -> AggregateStats:
-        uploads = [r for r in results if r.weights is not None]
-        if not uploads:
+        acc = self.begin_aggregate(rnd)
+        self.fold(acc, results)
+        return self.end_aggregate(rnd, acc)
+
+    def begin_aggregate(self, rnd: int) -> WeightedSum:
+        return WeightedSum()
+
+    def fold(self, acc: WeightedSum, results: list[ClientResult]) -> None:
+        for r in results:
+            if r.weights is not None:
+                acc.add(r.weights, r.num_samples)
+
+    def end_aggregate(self, rnd: int, acc: WeightedSum) -> AggregateStats:
+        if acc.count == 0:
             return AggregateStats(flops=0.0)
-        self.weights = weighted_average([r.weights for r in uploads],
-                                        [r.num_samples for r in uploads])
-        return AggregateStats(flops=aggregation_flops(self.layout.size, len(uploads)))
+        self.weights = acc.result()
+        return AggregateStats(flops=aggregation_flops(self.layout.size, acc.count))
 
 
 class FedAvgClient(ClientAlgorithm):

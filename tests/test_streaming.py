@@ -1,0 +1,176 @@
+"""Streamed aggregation: uploads folded into the aggregate while the clients train give the
+same bits as holding them all until the round is timed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import tiny
+
+from agents.algorithms import ClientResult
+from agents.algorithms.fedavg import WeightedSum
+from agents.models import build_model, get_flat, model_layout
+from agents.server import CentralServer
+from mecsim import execution
+from mecsim.runner import prepare, run_round, streams_aggregation
+from mecsim.scenario import scenario_from_dict
+
+
+def test_weighted_sum_hand_numbers_and_parts_give_the_same_bits():
+    acc = WeightedSum()
+    acc.add(np.array([1.0, 2.0], dtype=np.float32), 1)
+    acc.add(np.array([3.0, 4.0], dtype=np.float32), 3)
+    # (1*1 + 3*3) / 4 = 2.5, (1*2 + 3*4) / 4 = 3.5
+    assert acc.result().tolist() == [2.5, 3.5] and acc.result().dtype == np.float32
+    rng = np.random.default_rng(0)
+    vectors = [rng.normal(size=1000).astype(np.float32) for _ in range(50)]
+    counts = rng.integers(1, 600, size=50)
+    whole, parts = WeightedSum(), WeightedSum()
+    for v, n in zip(vectors, counts, strict=True):
+        whole.add(v, n)
+    for lo in range(0, 50, 7):  # the same order, fed in parts of 7
+        for v, n in zip(vectors[lo:lo + 7], counts[lo:lo + 7], strict=True):
+            parts.add(v, n)
+    assert whole.result().tobytes() == parts.result().tobytes()
+    # against an independent formula: numpy's weighted mean in float64
+    expected = np.average(np.stack(vectors).astype(np.float64), axis=0, weights=counts)
+    assert whole.result() == pytest.approx(expected.astype(np.float32), rel=1e-6, abs=1e-7)
+    with pytest.raises(ValueError, match="nothing to average"):
+        WeightedSum().result()
+
+
+def _server() -> tuple[CentralServer, int]:
+    model = build_model("mlp_2nn", (1, 28, 28), 10)
+    layout = model_layout(model)
+    samples = {c: 10 + c for c in range(9)}
+    return CentralServer("fedavg", layout, get_flat(model, layout), samples, 1.0, {},
+                         seed=0), layout.size
+
+
+def _results(size: int) -> list[ClientResult]:
+    rng = np.random.default_rng(1)
+    out = []
+    for c in range(9):
+        w = rng.normal(size=size).astype(np.float32)
+        if c == 4:
+            w[17] = np.nan  # a diverged client: rejected either way
+        out.append(ClientResult(client_id=c, weights=w, upload_nbytes=w.nbytes,
+                                num_samples=10 + c, train_loss=0.0, trace=[], flops=0.0,
+                                steps=1, peak_memory_bytes=0))
+    return out
+
+
+def test_the_server_s_streamed_aggregate_equals_the_held_one_bit_for_bit():
+    held, size = _server()
+    report = held.aggregate(0, [r for r in _results(size) if r.client_id != 7])
+    streamed, _ = _server()
+    results = _results(size)
+    keep = frozenset(range(9)) - {7}  # client 7 dropped out: trained, not aggregated
+    streamed.stream_begin(0)
+    for lo in (0, 4, 8):
+        assert streamed.stream_fold(0, keep, results[lo:lo + 4]) == len(
+            keep.intersection(range(lo, lo + 4)) - {4})
+    assert all(r.weights is None for r in results)  # each upload let go once folded
+    got = streamed.stream_end(0)
+    assert got.rejected == report.rejected == (4,)
+    assert got.flops == report.flops == 2.0 * size * 7
+    assert streamed.algorithm.weights.tobytes() == held.algorithm.weights.tobytes()
+    # parts out of client-id order, or a fold without a begun stream, are refused
+    streamed.stream_begin(1)
+    streamed.stream_fold(1, keep, _results(size)[5:6])
+    with pytest.raises(RuntimeError, match="out of client-id order"):
+        streamed.stream_fold(1, keep, _results(size)[2:3])
+    with pytest.raises(RuntimeError, match="no streamed aggregation"):
+        streamed.stream_end(2)
+
+
+def test_which_scenarios_stream():
+    assert streams_aggregation(tiny())
+    assert streams_aggregation(tiny(algorithm={"name": "fedprox"}))
+    assert not streams_aggregation(tiny(execution={"stream_aggregation": "off"}))
+    assert not streams_aggregation(tiny(deadline_s=5.0))
+    assert not streams_aggregation(tiny(faults={"wait_for_fraction": 0.5}))
+    assert not streams_aggregation(tiny(faults={"link_outages": [
+        {"start_s": 1.0, "duration_s": 2.0}]}))
+    assert streams_aggregation(tiny(faults={"crash_prob": 0.3, "dropout_prob": 0.3}))
+    assert not streams_aggregation(tiny(algorithm={"name": "kapc"}))
+
+
+def _run(scenario, rounds: int):
+    rs = prepare(scenario, "s", None)
+    try:
+        rows, elapsed = [], 0.0
+        for rnd in range(rounds):
+            row, clients, _ = run_round(rs, rnd, elapsed)
+            elapsed = row["elapsed_s"]
+            rows.append((row, clients))
+        weights = rs.executor.server.algorithm.weights.copy() \
+            if isinstance(rs.executor, execution.LocalExecutor) \
+            and not isinstance(rs.executor, execution.RayExecutor) else None
+        return rs.streams, rows, weights
+    finally:
+        rs.executor.close()
+
+
+_HOST = {"host_wall_s", "host_train_wall_s", "host_aggregate_s", "server_rss_mb",
+         "host_train_s"}
+
+
+def _emulated(rows):
+    return [({k: v for k, v in r.items() if k not in _HOST},
+             [{k: v for k, v in c.items() if k not in _HOST} for c in cs]) for r, cs in rows]
+
+
+def _tasks(n: int):
+    from agents.algorithms import ClientTask
+
+    return [ClientTask(c, None, 0) for c in reversed(range(n))]
+
+
+def _many_clients(**over):
+    # 12 clients in parts of 5 (5 + 5 + 2), crashes and drop-outs among them
+    return tiny(topology={"clients": 12}, faults={"crash_prob": 0.2, "dropout_prob": 0.2},
+                **over)
+
+
+def test_a_streamed_run_gives_the_held_run_s_records_and_model(monkeypatch):
+    monkeypatch.setattr(execution, "STREAM_PART_CLIENTS", 5)
+    assert [len(p) for p in execution.stream_parts(_tasks(12))] == [5, 5, 2]
+    streamed, s_rows, s_weights = _run(_many_clients(), 3)
+    held, h_rows, h_weights = _run(_many_clients(execution={"stream_aggregation": "off"}), 3)
+    assert streamed and not held
+    statuses = {c["status"] for _, cs in s_rows for c in cs}
+    assert {"completed", "crashed", "dropped_out"} <= statuses  # the faults did happen
+    assert _emulated(s_rows) == _emulated(h_rows)
+    assert s_weights.tobytes() == h_weights.tobytes()
+
+
+def test_a_streamed_round_the_timing_contradicts_stops_the_run():
+    # a deadline drops the slow clients: forced to stream anyway, the run must refuse to
+    # finish an aggregate that holds them
+    base = tiny(rounds=1, devices={"clients": [{"profile": "rpi2b", "count": 2},
+                                               {"profile": "rpi5"}]},
+                channel={"model": "fixed_rate", "uplink": {"rate_bps": 1e8},
+                         "downlink": {"rate_bps": 1e8}})
+    _, ((free, _),), _ = _run(base, 1)
+    data = base.model_dump(mode="json")
+    data["deadline_s"] = free["round_time_s"] - free["server_time_s"] - 1e-6
+    rs = prepare(scenario_from_dict(data), "s", None)
+    try:
+        assert not rs.streams
+        rs.streams = True
+        with pytest.raises(RuntimeError, match="stream_aggregation: off"):
+            run_round(rs, 0, 0.0)
+    finally:
+        rs.executor.close()
+
+
+@pytest.mark.ray
+def test_a_streamed_ray_run_gives_the_held_run_s_records(monkeypatch):
+    monkeypatch.setattr(execution, "STREAM_PART_CLIENTS", 5)
+    ray_exec = {"backend": "ray", "hosts": 2}
+    streamed, s_rows, _ = _run(_many_clients(execution=ray_exec), 2)
+    held, h_rows, _ = _run(_many_clients(execution={**ray_exec, "stream_aggregation": "off"}),
+                        2)
+    assert streamed and not held
+    assert _emulated(s_rows) == _emulated(h_rows)
