@@ -183,6 +183,7 @@ def prepare_submission(scenario: str | Mapping[str, Any] | None, *, rounds: int 
     for path, value in changes.items():
         if path in SERVICE_FIELDS or (path.split(".")[0] in ("execution", "outputs")
                                       and path not in ("execution.hosts",
+                                                       "execution.stream_aggregation",
                                                        "outputs.table_format",
                                                        "outputs.save_optraces")):
             problems.append(Problem(path, "set by the service (runs use its Ray and write "
