@@ -82,7 +82,7 @@ def streams_aggregation(scenario: Scenario) -> bool:
     server_cls, _ = algorithm_classes(scenario.algorithm.name)
     f = scenario.faults
     return (scenario.execution.stream_aggregation == "auto"
-            and server_cls.streams_aggregation and server_cls.Edge is None
+            and server_cls.aggregates_in_parts() and server_cls.Edge is None
             and scenario.deadline_s is None
             and scenario.channel.model != "trace"
             and (f is None or (f.wait_for_fraction >= 1 and not f.link_outages

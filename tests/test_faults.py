@@ -19,7 +19,6 @@ from conftest import tiny
 from test_resume import SimulatedKill, StopAfter, assert_same_records
 
 from agents.algorithms import ClientResult
-from agents.algorithms.fedavg import weighted_average
 from agents.models import build_model, get_flat, model_layout
 from agents.server import CentralServer
 from mecsim import faults, replay
@@ -228,7 +227,9 @@ def test_updates_with_nan_or_inf_are_rejected_not_averaged() -> None:
     report = server.aggregate(0, [_result(0, a, 10), _result(1, b, 30), _result(2, bad, 5),
                                   _result(3, worse, 5, {"loss": 1.0})])
     assert report.rejected == (2, 3)
-    np.testing.assert_array_equal(server.algorithm.weights, weighted_average([a, b], [10, 30]))
+    # FedAvg's mean of the two kept: n-weighted sum in float64, divided once, then float32
+    kept = (10 * a.astype(np.float64) + 30 * b.astype(np.float64)) / 40
+    np.testing.assert_array_equal(server.algorithm.weights, kept.astype(np.float32))
     # a NaN only in what else the client uploaded is rejected too
     report = server.aggregate(1, [_result(0, a, 10, {"loss": float("nan")})])
     assert report.rejected == (0,)

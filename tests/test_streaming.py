@@ -94,6 +94,9 @@ def test_which_scenarios_stream():
         {"start_s": 1.0, "duration_s": 2.0}]}))
     assert streams_aggregation(tiny(faults={"crash_prob": 0.3, "dropout_prob": 0.3}))
     assert not streams_aggregation(tiny(algorithm={"name": "kapc"}))
+    # k-means clustering subclasses FedAvg's server but aggregates per cluster itself
+    assert streams_aggregation(tiny(algorithm={"name": "perfedavg"}))
+    assert not streams_aggregation(tiny(algorithm={"name": "kmeans_cluster"}))
 
 
 def _run(scenario, rounds: int):

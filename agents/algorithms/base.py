@@ -253,6 +253,17 @@ class ServerAlgorithm:
     def aggregate_fit(self, rnd: int, results: list[ClientResult]) -> AggregateStats:
         raise NotImplementedError
 
+    @classmethod
+    def aggregates_in_parts(cls) -> bool:
+        """:attr:`streams_aggregation`, as the class that last defined the aggregation
+        says: a subclass that overrides :meth:`aggregate_fit` (e.g. k-means clustering
+        over FedAvg) does not stream unless it sets the flag again itself."""
+        for klass in cls.__mro__:
+            own = vars(klass)
+            if "aggregate_fit" in own or "streams_aggregation" in own:
+                return bool(own.get("streams_aggregation", False))
+        return False
+
     def begin_aggregate(self, rnd: int) -> Any:
         """A streaming aggregation's accumulator (``streams_aggregation`` only)."""
         raise NotImplementedError
