@@ -1,13 +1,22 @@
-"""One actor per edge server: the records of every kind of run equal, value for value,
-golden records written before the edge servers were split into actors of their own.
+"""One actor per edge server: the records of every kind of run equal those of the
+in-process run, value for value, and agree with golden records written before the edge
+servers were split into actors of their own.
 
 ``tests/data/edge_golden/<case>/`` holds rounds.*, clients.*, optraces.jsonl and
 summary.md of each case below, as the single-server-actor code wrote them (a hierarchical
 PHSFL and HSFL run with 2 edge servers x 2 clients, PHSFL with half the clients selected
 so that an edge server sometimes has nobody to aggregate, and two flat FedAvg runs, one of
 them on 2 edge servers). Host-measuring columns (wall times, RSS) are not compared.
-Regenerate them only on purpose: ``python tests/test_edge_actors.py`` (with the code
-whose numbers are right).
+
+The last bits of a training step depend on the CPU (PyTorch, MKL and oneDNN pick their
+kernels by instruction set, and a kernel's summation order with it), and these tiny runs
+amplify a last-bit difference into a different accuracy within three rounds. So the
+golden records are compared in what no CPU changes (selection, op-traces with their
+bytes and FLOPs, statuses, emulated times, energy) and in round 0's losses and
+accuracies to 1e-4; the exact, bit-for-bit comparisons (a resumed run, a run whose
+actors were killed) are against the same case run in-process on the same machine.
+Regenerate the golden records only on purpose: ``python tests/test_edge_actors.py``
+(with the code whose numbers are right).
 """
 
 from __future__ import annotations
@@ -16,15 +25,17 @@ import shutil
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from conftest import tiny  # noqa: E402
-from test_resume import assert_same_records  # noqa: E402
+from test_resume import assert_same_records, is_host_column  # noqa: E402
 
 from mecsim.records import RecordsWriter  # noqa: E402
+from mecsim.replay import read_csv_exact  # noqa: E402
 from mecsim.runner import run  # noqa: E402
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "edge_golden"
@@ -69,23 +80,64 @@ def _run(name: str, out: Path, **execution) -> Path:
     return out
 
 
+_REFERENCES: dict[str, Path] = {}
+
+
+def reference(name: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Case ``name`` run in-process on this machine (once per test session)."""
+    if name not in _REFERENCES:
+        _REFERENCES[name] = _run(name, tmp_path_factory.mktemp("reference") / name)
+    return _REFERENCES[name]
+
+
+def _learning_column(name: str) -> bool:
+    """Figures that follow the trained weights' last bits (see the module docstring)."""
+    return "loss" in name or "accuracy" in name
+
+
+def assert_records_agree(golden: Path, out: Path) -> None:
+    """The golden records and ``out`` agree in everything a CPU's arithmetic cannot
+    change, exactly, and in round 0's losses and accuracies to a relative 1e-4."""
+    assert (golden / "optraces.jsonl").read_text() == (out / "optraces.jsonl").read_text()
+    for name in ("rounds", "clients"):
+        x, y = read_csv_exact(golden / f"{name}.csv"), read_csv_exact(out / f"{name}.csv")
+        assert list(x.columns) == list(y.columns)
+        cols = [c for c in x.columns if not is_host_column(c) and c != "run_id"]
+        exact = [c for c in cols if not _learning_column(c)]
+        pd.testing.assert_frame_equal(x[exact], y[exact], check_exact=True)
+        learned = [c for c in cols if _learning_column(c)]
+        first = x["round"] == 0
+        assert learned and first.any()
+        pd.testing.assert_frame_equal(x.loc[first, learned], y.loc[first, learned],
+                                      check_exact=False, rtol=1e-4)
+        # later rounds: the same figures exist (NaN where the golden has NaN)
+        assert (x[learned].isna() == y[learned].isna()).all().all()
+
+
 @pytest.mark.parametrize("name", CASES)
-def test_local_records_equal_the_golden_ones(name: str, tmp_path: Path) -> None:
-    out = _run(name, tmp_path / name)
-    assert_same_records(GOLDEN / name, out)
+def test_records_agree_with_the_golden_ones(name: str, tmp_path: Path) -> None:
+    assert_records_agree(GOLDEN / name, _run(name, tmp_path / name))
+
+
+def test_a_second_run_of_a_case_equals_the_first_bit_for_bit(
+        tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """What the exact comparisons below rest on: the same case run twice in-process on one
+    machine gives the same records (host columns aside)."""
+    assert_same_records(reference("phsfl_2x2_half", tmp_path_factory),
+                        _run("phsfl_2x2_half", tmp_path / "again"))
 
 
 @pytest.mark.parametrize("stop_at", [1, 3])
 def test_a_run_stopped_mid_global_round_resumes_with_its_edge_models(
-        stop_at: int, tmp_path: Path) -> None:
+        stop_at: int, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     """Stopped after an odd round (inside a global round of 2 edge rounds, where the next
     round starts from each edge server's own model, not from the global one) and resumed
-    from its checkpoint: the records equal the golden ones. The checkpoint holds one state
-    per edge server."""
+    from its checkpoint: the records equal those of the uninterrupted run. The checkpoint
+    holds one state per edge server."""
     from test_resume import _interrupted_then_resumed
 
     out = _interrupted_then_resumed(case("phsfl_2x2_half"), tmp_path, stop_at)
-    assert_same_records(GOLDEN / "phsfl_2x2_half", out)
+    assert_same_records(reference("phsfl_2x2_half", tmp_path_factory), out)
     last = sorted((out / "checkpoints").glob("round-*.pt"))[-1]
     assert sorted(torch.load(last, weights_only=True)["edges"]) == [0, 1]
 
@@ -105,15 +157,16 @@ def test_only_a_hierarchical_algorithm_has_edge_servers_of_its_own() -> None:
 
 @pytest.mark.ray
 def test_a_killed_edge_server_actor_is_recreated_and_the_records_unchanged(
-        tmp_path: Path) -> None:
+        tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     """A hierarchical run under Ray, one edge-server actor kill -9'ed after round 1 (its
     edge model mid-global-round) and the central one after round 4: the run recovers
-    from its checkpoints and its records equal the golden ones."""
+    from its checkpoints and its records equal those of the in-process run."""
     from test_faults import run_killing_actors
 
     out = run_killing_actors(case("phsfl_2x2_half"), tmp_path,
                              [(1, "EdgeServerActor"), (4, "CentralServerActor")])
-    assert_same_records(GOLDEN / "phsfl_2x2_half", out, ignore=("faults",))
+    assert_same_records(reference("phsfl_2x2_half", tmp_path_factory), out,
+                        ignore=("faults",))
 
 
 @pytest.mark.ray
