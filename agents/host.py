@@ -28,7 +28,7 @@ from agents.algorithms import (
     TrainConfig,
     algorithm_classes,
 )
-from agents.models import build_model, model_layout
+from agents.models import build_model, model_layout, store_flat
 from agents.training import StepCosts
 from mecsim.data import DataPools, normalise
 
@@ -62,6 +62,7 @@ class ClientHost:
         torch.manual_seed(setup.seed)
         self.model = build_model(setup.model_name, setup.in_shape, setup.num_classes)
         self.layout = model_layout(self.model)
+        store_flat(self.model, self.layout)  # one copy to load or read a client's model
         self.costs = StepCosts()
         _, client_cls = algorithm_classes(setup.algorithm)
         self.algorithm = client_cls(setup.algorithm_params)

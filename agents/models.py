@@ -282,8 +282,60 @@ def model_layout(model: nn.Module) -> ModelLayout:
     return ModelLayout(tuple(slots), tuple(layer_names), tuple(layer_kinds), offset)
 
 
+#: Attribute under which :func:`store_flat` keeps a model's flat storage.
+_FLAT_ATTR = "_mecsim_flat_state"
+
+
+def store_flat(model: nn.Module, layout: ModelLayout) -> bool:
+    """Keep the model's floating-point state in one contiguous float32 tensor, laid out
+    as ``layout`` (parameters and buffers become views of it), so that :func:`get_flat`
+    and :func:`set_flat` are one copy instead of one per tensor (a host loads and reads
+    a model for every client it trains). Values are unchanged. Returns False, changing
+    nothing, for a model with a floating-point tensor that is not float32.
+
+    The functions check that every tensor is still a view of the storage (nothing has
+    re-bound a parameter since) and otherwise fall back to the tensor-by-tensor copy.
+    """
+    state = model.state_dict(keep_vars=True)
+    if any(state[s.name].dtype != torch.float32 for s in layout.slots):
+        return False
+    flat = torch.empty(layout.size, dtype=torch.float32)
+    bound = []
+    with torch.no_grad():
+        for s in layout.slots:
+            mod_name, _, attr = s.name.rpartition(".")
+            module = model.get_submodule(mod_name)
+            view = flat[s.offset : s.offset + s.numel].view(s.shape)
+            view.copy_(state[s.name])
+            if s.is_param:
+                getattr(module, attr).data = view
+            else:
+                setattr(module, attr, view)
+            bound.append((module, attr, flat.data_ptr() + s.offset * flat.element_size()))
+    setattr(model, _FLAT_ATTR, (flat, tuple(bound)))
+    return True
+
+
+def _flat_storage(model: nn.Module, layout: ModelLayout) -> torch.Tensor | None:
+    """The model's flat storage, if :func:`store_flat` made one for this layout and every
+    tensor is still bound to it."""
+    stored = model.__dict__.get(_FLAT_ATTR)
+    if stored is None:
+        return None
+    flat, bound = stored
+    if flat.numel() != layout.size or len(bound) != len(layout.slots):
+        return None
+    for module, attr, ptr in bound:
+        if getattr(module, attr).data_ptr() != ptr:
+            return None
+    return flat
+
+
 def get_flat(model: nn.Module, layout: ModelLayout) -> np.ndarray:
     """The model's floating-point state as one float32 vector (a copy)."""
+    flat = _flat_storage(model, layout)
+    if flat is not None:
+        return flat.detach().numpy().copy()
     state = model.state_dict()
     out = np.empty(layout.size, dtype=np.float32)
     for s in layout.slots:
@@ -295,12 +347,17 @@ def set_flat(model: nn.Module, layout: ModelLayout, flat: np.ndarray) -> None:
     """Load a flat vector (as produced by :func:`get_flat`) into the model in place."""
     if flat.shape != (layout.size,):
         raise ValueError(f"flat state has shape {flat.shape}, model needs ({layout.size},)")
-    state = model.state_dict()
     flat = np.ascontiguousarray(flat, dtype=np.float32)
     with warnings.catch_warnings():
         # arrays arriving from Ray's object store are read-only; this tensor is only read
         warnings.simplefilter("ignore", UserWarning)
         src = torch.from_numpy(flat)
+    storage = _flat_storage(model, layout)
+    if storage is not None:
+        with torch.no_grad():
+            storage.copy_(src)
+        return
+    state = model.state_dict()
     with torch.no_grad():
         for s in layout.slots:
             state[s.name].copy_(src[s.offset : s.offset + s.numel].view(s.shape))

@@ -172,12 +172,51 @@ def batch_loss(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor,
     return loss
 
 
+def _plain_sgd_lr(optimizer: torch.optim.Optimizer) -> float | None:
+    """The learning rate of an optimiser whose step is exactly ``p -= lr * grad`` for
+    every parameter with a gradient (``torch.optim.SGD`` with one parameter group, no
+    momentum, no weight decay, not maximising, its default single-tensor implementation,
+    a float learning rate, and no step hooks registered), else None."""
+    if type(optimizer) is not torch.optim.SGD or len(optimizer.param_groups) != 1:
+        return None
+    group = optimizer.param_groups[0]
+    if (group["momentum"] or group["weight_decay"] or group["maximize"]
+            or group["foreach"] or group["fused"] or group["differentiable"]
+            or not isinstance(group["lr"], float)
+            or optimizer._optimizer_step_pre_hooks or optimizer._optimizer_step_post_hooks):
+        return None
+    from torch.optim import optimizer as optim_module
+
+    if (optim_module._global_optimizer_pre_hooks
+            or optim_module._global_optimizer_post_hooks):
+        return None
+    return group["lr"]
+
+
 def optimizer_step(model, optimizer, xb, yb, extra_loss) -> float:
-    """One unmeasured training step on a batch; returns the batch loss."""
-    optimizer.zero_grad(set_to_none=True)
+    """One unmeasured training step on a batch; returns the batch loss.
+
+    Plain SGD (see :func:`_plain_sgd_lr`) is stepped here with the update its
+    single-tensor implementation performs, ``param.add_(grad, alpha=-lr)``, bit for bit
+    the same, without ``Optimizer.step``'s per-call bookkeeping (profiler ranges, hook
+    and state checks), which costs about a tenth of a small model's step.
+    """
+    lr = _plain_sgd_lr(optimizer)
+    params = optimizer.param_groups[0]["params"] if lr is not None else None
+    if params is None:
+        optimizer.zero_grad(set_to_none=True)
+    else:
+        for p in params:
+            p.grad = None
     loss = batch_loss(model, xb, yb, extra_loss)
     loss.backward()
-    optimizer.step()
+    if params is None:
+        optimizer.step()
+    else:
+        with torch.no_grad():
+            for p in params:
+                if p.grad is not None:
+                    p.add_(p.grad, alpha=-lr)
     return float(loss.detach())
 
 

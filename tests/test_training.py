@@ -11,6 +11,7 @@ from agents.training import (
     StepCosts,
     make_optimizer,
     measured_step,
+    optimizer_step,
     optimizer_step_flops,
     train_epochs,
 )
@@ -91,6 +92,39 @@ def test_train_epochs_counts_steps_and_reuses_measured_costs():
     assert stats.flops == 2 * (3 * full.flops + last.flops)
     assert full.flops == 3 * 2 * 16 * (7 * 11 + 11 * 3) - 2 * 16 * 7 * 11 + 2 * 124
     assert stats.optimizer_flops == 8 * 2 * 124  # 8 SGD steps over 124 parameters
+
+
+@pytest.mark.parametrize("kwargs,direct", [
+    ({}, True), ({"momentum": 0.9}, False), ({"weight_decay": 1e-3}, False),
+    ({"foreach": True}, False), ({"maximize": True}, False)])
+def test_optimizer_step_equals_the_optimizers_own_step_bit_for_bit(kwargs, direct):
+    """optimizer_step steps plain SGD itself (p -= lr * grad, what torch.optim.SGD's
+    single-tensor step does) and any other optimiser through optimizer.step(): either
+    way the weights after five steps equal those of the optimiser's own step, bit for
+    bit, and plain SGD (only) is stepped without its step() being called."""
+    torch.manual_seed(0)
+    x, y = torch.randn(32, 7), torch.randint(0, 3, (32,))
+    ours, theirs = _mlp(7, 11, 3), _mlp(7, 11, 3)
+    theirs.load_state_dict(ours.state_dict())
+    opt_ours = torch.optim.SGD(ours.parameters(), lr=0.05, **kwargs)
+    opt_theirs = torch.optim.SGD(theirs.parameters(), lr=0.05, **kwargs)
+    calls = []
+    if not direct:
+        opt_ours.register_step_post_hook(lambda *_: calls.append(1))
+    for _ in range(5):
+        loss = optimizer_step(ours, opt_ours, x, y, None)
+        opt_theirs.zero_grad(set_to_none=True)
+        expected = nn.functional.cross_entropy(theirs(x), y)
+        expected.backward()
+        opt_theirs.step()
+        assert loss == float(expected.detach())
+    for a, b in zip(ours.parameters(), theirs.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert len(calls) == (0 if direct else 5)
+    if direct:  # a registered hook must run: the optimiser's own step is used then
+        opt_ours.register_step_post_hook(lambda *_: calls.append(1))
+        optimizer_step(ours, opt_ours, x, y, None)
+        assert calls == [1]
 
 
 def test_pi2b_calibration_reproduces_the_mtfl_testbed_training_time():
