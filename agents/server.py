@@ -24,6 +24,7 @@ import numpy as np
 import psutil
 
 from agents.algorithms import ClientResult, ClientTask, EdgeReport, algorithm_classes
+from agents.algorithms.base import finite_upload
 from agents.models import ModelLayout
 
 
@@ -35,30 +36,6 @@ class AggregateReport:
     rss_bytes: int  # resident memory of the (central) server process after aggregating
     metrics: dict[str, float]  # the algorithm's own per-round figures
     rejected: tuple[int, ...] = ()  # clients whose upload held NaN or inf: not aggregated
-
-
-def _finite(value: Any) -> bool:
-    if isinstance(value, np.ndarray):
-        return value.dtype.kind not in "fc" or bool(np.isfinite(value).all())
-    if isinstance(value, float):
-        return np.isfinite(value)
-    if isinstance(value, dict):
-        return all(_finite(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return all(_finite(v) for v in value)
-    try:
-        import torch
-
-        if isinstance(value, torch.Tensor):
-            return not value.is_floating_point() or bool(torch.isfinite(value).all())
-    except ImportError:  # pragma: no cover - torch is a dependency
-        pass
-    return True
-
-
-def finite_upload(result: ClientResult) -> bool:
-    """Is everything the client uploaded (its weights and any arrays in ``extra``) finite?"""
-    return _finite(result.weights) and _finite(result.extra)
 
 
 @dataclass
@@ -183,19 +160,14 @@ class CentralServer(_ServerProcess):
             raise RuntimeError(f"round {rnd}: client {part[0].client_id} folded out of "
                                f"client-id order (after {stream.last_id})")
         start = time.perf_counter()
-        good = []
-        for r in part:
-            if finite_upload(r):
-                good.append(r)
-            else:
-                stream.rejected.append(r.client_id)
-        self.algorithm.fold(stream.acc, good)
+        rejected = self.algorithm.fold_finite(stream.acc, part)
+        stream.rejected += rejected
         stream.wall_s += time.perf_counter() - start
         if part:
             stream.last_id = part[-1].client_id
         for r in results:
             r.weights = None
-        return len(good)
+        return len(part) - len(rejected)
 
     def stream_fold_split(self, rnd: int, keep: frozenset[int], n_hosts: int,
                           *parts: Any) -> int:

@@ -39,6 +39,39 @@ def test_weighted_sum_hand_numbers_and_parts_give_the_same_bits():
         WeightedSum().result()
 
 
+@pytest.mark.parametrize("block", [3, 64, 65_536])
+def test_add_many_gives_the_bits_of_adding_one_by_one_and_leaves_out_non_finite(
+        block, monkeypatch):
+    """add_many (block by block, each vector read once) equals add() of the same vectors
+    in the same order, bit for bit; a vector with NaN or inf is left out, its position
+    returned, and the sum is that of the others (to the bit, too)."""
+    import agents.algorithms.fedavg as fedavg
+
+    monkeypatch.setattr(fedavg, "FOLD_BLOCK_ELEMENTS", block)
+    rng = np.random.default_rng(3)
+    vectors = [rng.normal(size=1000).astype(np.float32) * 10.0 ** rng.integers(-3, 4)
+               for _ in range(12)]
+    counts = [int(n) for n in rng.integers(1, 2**20, size=12)]
+    one, many = WeightedSum(), WeightedSum()
+    for v, n in zip(vectors[:5], counts[:5], strict=True):
+        one.add(v, n)
+    assert many.add_many(vectors[:5], counts[:5]) == []
+    bad = [v.copy() for v in vectors[5:]]
+    bad[1][999] = np.nan
+    bad[4][0] = -np.inf
+    bad[5][500] = np.inf
+    assert many.add_many(bad, counts[5:]) == [1, 4, 5]
+    for i, (v, n) in enumerate(zip(bad, counts[5:], strict=True)):
+        if i not in (1, 4, 5):
+            one.add(v, n)
+    assert many.count == one.count == 9 and many.total == one.total
+    assert many.sum.tobytes() == one.sum.tobytes()
+    assert many.result().tobytes() == one.result().tobytes()
+    assert many.add_many([], []) == []
+    with pytest.raises(ValueError, match="different sizes"):
+        many.add_many([np.zeros(3, dtype=np.float32)], [1])
+
+
 def _server() -> tuple[CentralServer, int]:
     model = build_model("mlp_2nn", (1, 28, 28), 10)
     layout = model_layout(model)
@@ -169,11 +202,16 @@ def test_a_streamed_round_the_timing_contradicts_stops_the_run():
 
 
 @pytest.mark.ray
-def test_a_streamed_ray_run_gives_the_held_run_s_records(monkeypatch):
+@pytest.mark.parametrize("hold_uploads_bytes", [execution.HOLD_UPLOADS_BYTES, 0])
+def test_a_streamed_ray_run_gives_the_held_run_s_records(monkeypatch, hold_uploads_bytes):
+    """Under Ray, streamed and held, with a host call's uploads handed over together (the
+    default for a small model) or each put in the object store as its client finishes
+    (a call too large to hold: forced here with a limit of 0 bytes)."""
     monkeypatch.setattr(execution, "STREAM_PART_CLIENTS", 5)
+    monkeypatch.setattr(execution, "HOLD_UPLOADS_BYTES", hold_uploads_bytes)
     ray_exec = {"backend": "ray", "hosts": 2}
     streamed, s_rows, _ = _run(_many_clients(execution=ray_exec), 2)
-    held, h_rows, _ = _run(_many_clients(execution={**ray_exec, "stream_aggregation": "off"}),
-                        2)
+    held, h_rows, _ = _run(
+        _many_clients(execution={**ray_exec, "stream_aggregation": "off"}), 2)
     assert streamed and not held
     assert _emulated(s_rows) == _emulated(h_rows)

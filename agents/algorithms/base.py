@@ -165,6 +165,27 @@ class EdgeAlgorithm:
             setattr(self, key, value)
 
 
+def all_finite(value: Any) -> bool:
+    """Is every floating-point number in ``value`` (arrays, tensors, floats, and dicts,
+    lists and tuples of them) finite?"""
+    if isinstance(value, np.ndarray):
+        return value.dtype.kind not in "fc" or bool(np.isfinite(value).all())
+    if isinstance(value, float):
+        return np.isfinite(value)
+    if isinstance(value, dict):
+        return all(all_finite(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return all(all_finite(v) for v in value)
+    if isinstance(value, torch.Tensor):
+        return not value.is_floating_point() or bool(torch.isfinite(value).all())
+    return True
+
+
+def finite_upload(result: ClientResult) -> bool:
+    """Is everything the client uploaded (its weights and any arrays in ``extra``) finite?"""
+    return all_finite(result.weights) and all_finite(result.extra)
+
+
 class ServerAlgorithm:
     """Server side of an algorithm. Subclasses override what differs."""
 
@@ -271,6 +292,14 @@ class ServerAlgorithm:
     def fold(self, acc: Any, results: list[ClientResult]) -> None:
         """Add these results (the next ones in client-id order) to the accumulator."""
         raise NotImplementedError
+
+    def fold_finite(self, acc: Any, results: list[ClientResult]) -> list[int]:
+        """:meth:`fold` of the results whose uploads are finite (see :func:`finite_upload`);
+        returns the client ids of the others, which are left out. An algorithm may
+        override it to check while it folds (FedAvg: one pass over each upload)."""
+        rejected = [r.client_id for r in results if not finite_upload(r)]
+        self.fold(acc, [r for r in results if r.client_id not in rejected])
+        return rejected
 
     def end_aggregate(self, rnd: int, acc: Any) -> AggregateStats:
         """Finish the round's aggregation from the accumulator, as :meth:`aggregate_fit`."""
