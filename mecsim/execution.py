@@ -15,6 +15,7 @@ import math
 import os
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -224,6 +225,7 @@ class ClientHostActor(ClientHost):
     that the host holds one update at a time."""
 
     _hold_uploads = False
+    _upload_rows: np.ndarray = np.empty((0, 0), dtype=np.float32)
 
     def __init__(self, setup: HostSetup, pools: DataPools,
                  clients: dict[int, tuple[np.ndarray, np.ndarray]],
@@ -235,14 +237,42 @@ class ClientHostActor(ClientHost):
     def fit(self, rnd: int, tasks: list[ClientTask],
             lost: frozenset[int] = frozenset()) -> list[ClientResult]:
         self._hold_uploads = len(tasks) * self.layout.nbytes <= self.hold_uploads_bytes
+        self._held = 0
+        if self._hold_uploads and len(self._upload_rows) < len(tasks):
+            self._upload_rows = np.empty((len(tasks), self.layout.size), dtype=np.float32)
         return super().fit(rnd, tasks, lost)
 
     def detach(self, result: ClientResult) -> ClientResult:
         import ray
 
-        if result.weights is not None and not self._hold_uploads:
-            result.weights = ray.put(result.weights)
+        w = result.weights
+        if w is None:
+            return result
+        if not self._hold_uploads:
+            result.weights = ray.put(w)
+        elif w.shape == (self.layout.size,) and w.dtype == np.float32:
+            # a held full-model upload moves into a row of a buffer the host keeps: the
+            # memory of the copy that get_flat made is then reused by the next client's,
+            # instead of fresh pages (page faults: ~0.3 ms per 2NN upload in an actor).
+            # Safe because Ray has copied a call's return value to the object store
+            # before the actor runs its next call.
+            row = self._upload_rows[self._held]
+            row[...] = w
+            result.weights = row
+            self._held += 1
         return result
+
+    def fit_split(self, rnd: int, tasks: list[ClientTask], lost: frozenset[int] = frozenset()
+                  ) -> tuple[list[ClientResult], Any]:
+        """:meth:`ClientHost.fit_split`; uploads held in the buffer's rows travel as one
+        array (:class:`UploadRows`: one copy into the object store, not one per client)."""
+        results, weights = super().fit_split(rnd, tasks, lost)
+        rows = self._upload_rows[:self._held]
+        if self._hold_uploads and weights and len(weights) == self._held and all(
+                w.base is self._upload_rows for w in weights.values()):
+            order = sorted(weights, key=lambda c: weights[c].ctypes.data)  # row order
+            return results, UploadRows(order, rows)
+        return results, weights
 
     def node(self) -> dict[str, str]:
         """The Ray node this host runs on: its id and IP address."""
@@ -250,6 +280,18 @@ class ClientHostActor(ClientHost):
 
         return {"node_id": ray.get_runtime_context().get_node_id(),
                 "node_ip": ray.util.get_node_ip_address()}
+
+
+@dataclass(frozen=True)
+class UploadRows:
+    """A host call's uploads in one array: row i is the upload of ``client_ids[i]``
+    (read like the ``{client_id: upload}`` dict a host otherwise hands over)."""
+
+    client_ids: list[int]
+    rows: np.ndarray
+
+    def items(self) -> Iterator[tuple[int, np.ndarray]]:
+        return zip(self.client_ids, self.rows, strict=True)
 
 
 def _fetch_from_store(uploads: list[Any]) -> list[Any]:

@@ -39,15 +39,17 @@ def test_weighted_sum_hand_numbers_and_parts_give_the_same_bits():
         WeightedSum().result()
 
 
-@pytest.mark.parametrize("block", [3, 64, 65_536])
+@pytest.mark.parametrize("block,threads", [(3, 1), (3, 3), (64, 2), (65_536, 2)])
 def test_add_many_gives_the_bits_of_adding_one_by_one_and_leaves_out_non_finite(
-        block, monkeypatch):
-    """add_many (block by block, each vector read once) equals add() of the same vectors
-    in the same order, bit for bit; a vector with NaN or inf is left out, its position
-    returned, and the sum is that of the others (to the bit, too)."""
+        block, threads, monkeypatch):
+    """add_many (block by block, each vector read once, blocks shared among threads)
+    equals add() of the same vectors in the same order, bit for bit; a vector with NaN or
+    inf is left out, its position returned, and the sum is that of the others (to the
+    bit, too)."""
     import agents.algorithms.fedavg as fedavg
 
     monkeypatch.setattr(fedavg, "FOLD_BLOCK_ELEMENTS", block)
+    monkeypatch.setattr(fedavg, "FOLD_THREADS", threads)
     rng = np.random.default_rng(3)
     vectors = [rng.normal(size=1000).astype(np.float32) * 10.0 ** rng.integers(-3, 4)
                for _ in range(12)]
