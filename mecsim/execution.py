@@ -203,8 +203,10 @@ def _merge_costs(encoded: list[Any]) -> Any:
 #: until the call returns, then hands them over as one object (one copy into the object
 #: store, ~0.02 ms per 2NN update); a larger call puts each upload in the store as soon as
 #: its client has trained (~0.5-0.9 ms per 2NN update), so the host never holds more
-#: than one. Streamed parts (:data:`STREAM_PART_CLIENTS`) of small models stay under it.
-HOLD_UPLOADS_BYTES = 128 * 2**20
+#: than one. 64 MiB: 80 2NN updates (a 100-client round on 2 hosts is held); a streamed
+#: part of 256 such clients (128 a host) is not, which keeps memory per selected client
+#: where it was (held, 1,000 selected clients peaked ~0.7 GB higher).
+HOLD_UPLOADS_BYTES = 64 * 2**20
 
 
 def _freeze_heap() -> None:
