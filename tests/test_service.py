@@ -295,6 +295,9 @@ def test_prometheus_scrapes_the_service_across_two_runs_without_a_gap(server, cl
         stdout=log, stderr=subprocess.STDOUT)
     api = f"http://127.0.0.1:{port}/api/v1"
     try:
+        # until its storage is up Prometheus answers 503 "Service Unavailable" (not JSON)
+        wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/-/ready", timeout=5).status_code
+                 == 200, 60, "Prometheus to be ready")
         wait_for(lambda: _prom_get(api, "query", query='up{job="mecsim-service"}')["result"],
                  60, "Prometheus's first scrape of the service")
         t0 = time.time()
