@@ -48,6 +48,10 @@ class RunFolderInUse(RunFolderError):
     """Another live process holds the folder's lock."""
 
 
+class RunFolderFinished(RunFolderError):
+    """The run in the folder finished (its ``run.json`` says so): nothing to resume."""
+
+
 class RunLock:
     """The exclusive lock of a run folder, held until :meth:`release` or process death."""
 
@@ -217,7 +221,7 @@ def prepare_resume(run_dir: str | Path, warn=None) -> ResumeTarget:
     try:
         meta = read_meta(run_dir)
         if meta.get("status") == "finished":
-            raise RunFolderError(f"{run_dir}: the run is finished; nothing to resume")
+            raise RunFolderFinished(f"{run_dir}: the run is finished; nothing to resume")
         try:
             scenario = load_scenario(run_dir / "scenario.yaml")
         except ScenarioError as exc:

@@ -81,6 +81,44 @@ def test_store_is_a_fifo_queue_with_cancel_and_recovery(tmp_path):
     store.close()
 
 
+def test_a_run_that_finished_as_the_server_died_is_kept_not_run_again(tmp_path):
+    """The server died after the run's records said "finished" but before the store
+    heard: on restart the run is finished with its recorded rounds (the store given the
+    ones it missed, the figures drawn), not started again from round 0 in a new folder."""
+    from mecsim.records import RecordsWriter
+    from mecsim.runfolder import read_meta
+    from mecsim.service.worker import Worker
+
+    store = Store(tmp_path / "state")
+    text = tiny_yaml(rounds=3, metrics={"enabled": False})
+    store.add_run("r0", "tiny", "fedavg", text, 3, max_waiting=10)
+    claimed = store.claim_next()
+    out = store.run_dir("r0")
+    out.mkdir(parents=True)
+    rows = run(Scenario.model_validate(yaml.safe_load(text)), "r0", out, [RecordsWriter(out)])
+    store.round_done("r0", 0, rows[0])  # the store heard of the first round only
+    assert read_meta(out)["status"] == "finished" and not (out / "plots").exists()
+    written = {p: p.stat().st_mtime_ns for p in out.glob("*.csv")}
+    store.close()
+
+    store = Store(tmp_path / "state")  # the server starts again
+    assert store.recover() == [claimed.id]
+    again = store.claim_next()
+    assert again.status == "interrupted"
+    Worker(store)._execute(again)
+    view = store.get_run("r0")
+    assert view.status == "finished" and view.rounds_done == 3 and view.attempts == 2
+    assert [h["status"] for h in view.history] == [
+        "queued", "running", "interrupted", "running", "finished"]
+    assert [r["round"] for r in store.rounds("r0")] == [r["round"] for r in rows]
+    assert store.rounds("r0")[-1]["mean_accuracy"] == rows[-1]["mean_accuracy"]
+    assert {p: p.stat().st_mtime_ns for p in out.glob("*.csv")} == written  # not rewritten
+    assert not list(out.parent.glob("r0.attempt-*"))
+    assert sorted(p.suffix for p in (out / "plots").iterdir()) and \
+        all(p.stat().st_size > 0 for p in (out / "plots").iterdir())
+    store.close()
+
+
 def test_queue_bound_and_one_server_per_state_folder(tmp_path):
     store = Store(tmp_path / "s")
     store.add_run("a", "n", "fedavg", "x: 1", 1, max_waiting=2)

@@ -52,22 +52,26 @@ class ChildPlotWriter(PlotWriter):
         pass
 
     def on_run_end(self, info, rounds: list[dict[str, Any]]) -> None:
-        if not rounds:
-            return
-        cmd = [sys.executable, "-m", "mecsim.service.plotjob", str(self.out_dir.parent),
-               str(info.scenario.rounds)]
-        try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=PLOT_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            print(f"mecsim: plots not written to {self.out_dir}: drawing took over "
-                  f"{PLOT_TIMEOUT_S:g} s", file=sys.stderr)
-            return
-        if done.returncode != 0:
-            last = (done.stderr.strip().splitlines() or ["exit code "
-                                                         f"{done.returncode}"])[-1]
-            print(f"mecsim: plots not written to {self.out_dir}: {last}", file=sys.stderr)
-            return
-        self.written = [Path(p) for p in done.stdout.split("\n") if p]
+        if rounds:
+            self.written = draw_in_child(self.out_dir.parent, info.scenario.rounds)
+
+
+def draw_in_child(run_dir: Path, planned_rounds: int) -> list[Path]:
+    """:func:`plot_run_folder` in a child process; the figures written (none, with the
+    reason on stderr, when the child fails or takes over ``PLOT_TIMEOUT_S``)."""
+    out_dir = Path(run_dir) / "plots"
+    cmd = [sys.executable, "-m", "mecsim.service.plotjob", str(run_dir), str(planned_rounds)]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=PLOT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        print(f"mecsim: plots not written to {out_dir}: drawing took over "
+              f"{PLOT_TIMEOUT_S:g} s", file=sys.stderr)
+        return []
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+        print(f"mecsim: plots not written to {out_dir}: {last}", file=sys.stderr)
+        return []
+    return [Path(p) for p in done.stdout.split("\n") if p]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -245,7 +245,8 @@ class Worker:
         one) starts again from round 0; a folder it leaves behind is kept beside the new
         one, in ``runs/<id>.attempt-<n>``."""
         import mecsim.runner
-        from mecsim.runfolder import RunFolderError, RunFolderInUse, prepare_resume
+        from mecsim.runfolder import (RunFolderError, RunFolderFinished, RunFolderInUse,
+                                      prepare_resume)
 
         out_dir = self.store.run_dir(run.id)
         deadline = time.monotonic() + LOCK_WAIT_S
@@ -260,6 +261,10 @@ class Worker:
                     if time.monotonic() > deadline or self._stopping.is_set():
                         raise
                     time.sleep(0.5)
+        except RunFolderFinished:
+            # the server died after the run's last records were written but before the
+            # store heard of its end: the run is done, not run again
+            return self._adopt_finished(run, out_dir)
         except RunFolderError as exc:
             if out_dir.exists():
                 kept = out_dir.with_name(f"{run.id}.attempt-{run.attempts}")
@@ -282,6 +287,26 @@ class Worker:
                 gate.release()
         finally:
             target.lock.release()
+
+    def _adopt_finished(self, run: Run, out_dir: Path) -> list[dict[str, Any]]:
+        """The rounds of a run whose folder says it finished, put back into the store (the
+        server may have died before it recorded the last ones) with its figures drawn
+        again (drawing may have been what the server was doing when it died)."""
+        from mecsim.runfolder import RunLock, rows_from_csv
+        from mecsim.service.plotjob import draw_in_child
+
+        lock = RunLock(out_dir).acquire()
+        try:
+            rows = rows_from_csv(out_dir / "rounds.csv")
+            self.store.clear_rounds(run.id)
+            for row in rows:
+                self.store.round_done(run.id, int(row["round"]), row)
+            draw_in_child(out_dir, self._scenario(run).rounds)
+        finally:
+            lock.release()
+        log.warning("mecsim serve: run %s had finished before the server stopped; its %d "
+                    "rounds are kept as they were recorded", run.id, len(rows))
+        return rows
 
     def _execute(self, run: Run) -> None:
         from mecsim.runner import ScenarioInfeasible
