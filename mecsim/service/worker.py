@@ -245,8 +245,12 @@ class Worker:
         one) starts again from round 0; a folder it leaves behind is kept beside the new
         one, in ``runs/<id>.attempt-<n>``."""
         import mecsim.runner
-        from mecsim.runfolder import (RunFolderError, RunFolderFinished, RunFolderInUse,
-                                      prepare_resume)
+        from mecsim.runfolder import (
+            RunFolderError,
+            RunFolderFinished,
+            RunFolderInUse,
+            prepare_resume,
+        )
 
         out_dir = self.store.run_dir(run.id)
         deadline = time.monotonic() + LOCK_WAIT_S
