@@ -11,8 +11,10 @@ from agents.training import (
     StepCosts,
     make_optimizer,
     measured_step,
+    model_optimizer,
     optimizer_step,
     optimizer_step_flops,
+    set_mode,
     train_epochs,
 )
 from mecsim.devices import builtin_profiles
@@ -125,6 +127,51 @@ def test_optimizer_step_equals_the_optimizers_own_step_bit_for_bit(kwargs, direc
         opt_ours.register_step_post_hook(lambda *_: calls.append(1))
         optimizer_step(ours, opt_ours, x, y, None)
         assert calls == [1]
+
+
+def test_a_stateless_sgd_is_reused_from_client_to_client_with_the_same_bits():
+    """model_optimizer hands the same plain SGD to one client after another (it keeps no
+    state), and three clients trained that way end with the same weights, bit for bit,
+    as with a fresh torch.optim.SGD each; anything with state or other settings is new."""
+    torch.manual_seed(1)
+    model, fresh = _mlp(7, 11, 3), _mlp(7, 11, 3)
+    fresh.load_state_dict(model.state_dict())
+    data = [(torch.randn(40, 7), torch.randint(0, 3, (40,))) for _ in range(3)]
+    first = model_optimizer(model, "sgd", 0.05)
+    costs_a, costs_b = StepCosts(), StepCosts()
+    for i, (x, y) in enumerate(data):
+        opt = model_optimizer(model, "sgd", 0.05)
+        assert opt is first and not opt.state
+        train_epochs(model, opt, x, y, epochs=2, batch_size=16,
+                     generator=torch.Generator().manual_seed(i), costs=costs_a)
+        train_epochs(fresh, torch.optim.SGD(fresh.parameters(), lr=0.05), x, y, epochs=2,
+                     batch_size=16, generator=torch.Generator().manual_seed(i), costs=costs_b)
+    for a, b in zip(model.parameters(), fresh.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert model_optimizer(model, "sgd", 0.01) is not first          # another lr
+    other = model_optimizer(model, "sgd", 0.01)
+    assert other.param_groups[0]["lr"] == 0.01
+    for kwargs in ({"momentum": 0.9}, {"weight_decay": 1e-4}):        # state: always new
+        assert model_optimizer(model, "sgd", 0.01, **kwargs) is not \
+            model_optimizer(model, "sgd", 0.01, **kwargs)
+    adam = model_optimizer(model, "adam", 0.01)
+    assert isinstance(adam, torch.optim.Adam) and adam is not model_optimizer(model, "adam", 0.01)
+    assert model_optimizer(_mlp(7, 11, 3), "sgd", 0.01) is not other  # another model
+
+
+def test_set_mode_switches_every_module_only_when_one_differs():
+    model = _mlp(7, 11, 3)
+    model[2].eval()  # one submodule in the other mode
+    set_mode(model, training=True)
+    assert all(m.training for m in model.modules())
+    set_mode(model, training=False)
+    assert not any(m.training for m in model.modules())
+    calls = []
+    model.train = lambda mode=True: calls.append(mode)  # noqa: ARG005 - spy
+    set_mode(model, training=False)
+    assert calls == []  # already so: nothing called
+    set_mode(model, training=True)
+    assert calls == [True]
 
 
 def test_pi2b_calibration_reproduces_the_mtfl_testbed_training_time():

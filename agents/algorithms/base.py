@@ -36,7 +36,13 @@ from pydantic import BaseModel, ConfigDict
 from torch import nn
 
 from agents.models import ModelLayout
-from agents.training import StepCosts, TrainStats, evaluate, make_optimizer, train_epochs
+from agents.training import (
+    StepCosts,
+    TrainStats,
+    evaluate,
+    model_optimizer,
+    train_epochs,
+)
 from mecsim.ops import Compute, Download, OpTrace, Upload
 
 
@@ -359,7 +365,7 @@ class ClientAlgorithm:
 def local_sgd(ctx: ClientContext, extra_loss=None, cost_key: str = "") -> TrainStats:
     """Train ``ctx.model`` in place with the scenario's optimiser for E epochs."""
     t = ctx.train
-    opt = make_optimizer(t.optimizer, ctx.model.parameters(), t.lr, t.momentum, t.weight_decay)
+    opt = model_optimizer(ctx.model, t.optimizer, t.lr, t.momentum, t.weight_decay)
     return train_epochs(ctx.model, opt, ctx.x_train, ctx.y_train, epochs=t.epochs,
                         batch_size=t.batch_size, generator=ctx.generator, costs=ctx.costs,
                         extra_loss=extra_loss, cost_key=cost_key)
