@@ -85,7 +85,13 @@ class ClientHost:
             client_id=cid, model=self.model, layout=self.layout, x_train=x_tr, y_train=y_tr,
             x_test=x_te, y_test=y_te, state=self.state[cid], train=self.setup.train,
             generator=gen, costs=self.costs, init_weights=self.setup.init_weights,
+            upload_row=self.upload_row,
         )
+
+    def upload_row(self) -> np.ndarray | None:
+        """Where the client being trained may write its full-model upload (see
+        :class:`~agents.algorithms.base.ClientContext`): in-process, nowhere (None)."""
+        return None
 
     def fit(self, rnd: int, tasks: list[ClientTask],
             lost: frozenset[int] = frozenset()) -> list[ClientResult]:

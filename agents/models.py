@@ -331,13 +331,22 @@ def _flat_storage(model: nn.Module, layout: ModelLayout) -> torch.Tensor | None:
     return flat
 
 
-def get_flat(model: nn.Module, layout: ModelLayout) -> np.ndarray:
-    """The model's floating-point state as one float32 vector (a copy)."""
+def get_flat(model: nn.Module, layout: ModelLayout, out: np.ndarray | None = None
+             ) -> np.ndarray:
+    """The model's floating-point state as one float32 vector (a copy): in ``out`` (a
+    float32 array of ``layout.size``, returned) when given, else a new array."""
+    if out is not None and (out.shape != (layout.size,) or out.dtype != np.float32):
+        raise ValueError(f"out has shape {out.shape} and dtype {out.dtype}; the model "
+                         f"needs ({layout.size},) float32")
     flat = _flat_storage(model, layout)
     if flat is not None:
-        return flat.detach().numpy().copy()
+        if out is None:
+            return flat.detach().numpy().copy()
+        np.copyto(out, flat.detach().numpy())
+        return out
     state = model.state_dict()
-    out = np.empty(layout.size, dtype=np.float32)
+    if out is None:
+        out = np.empty(layout.size, dtype=np.float32)
     for s in layout.slots:
         out[s.offset : s.offset + s.numel] = state[s.name].detach().reshape(-1).numpy()
     return out

@@ -244,6 +244,14 @@ class ClientHostActor(ClientHost):
             self._upload_rows = np.empty((len(tasks), self.layout.size), dtype=np.float32)
         return super().fit(rnd, tasks, lost)
 
+    def upload_row(self) -> np.ndarray | None:
+        """The next row of the upload buffer when this call's uploads are held: an
+        algorithm that writes its upload there (FedAvg's get_flat) saves the copy
+        :meth:`detach` would make."""
+        if not self._hold_uploads or self._held >= len(self._upload_rows):
+            return None
+        return self._upload_rows[self._held]
+
     def detach(self, result: ClientResult) -> ClientResult:
         import ray
 
@@ -252,6 +260,10 @@ class ClientHostActor(ClientHost):
             return result
         if not self._hold_uploads:
             result.weights = ray.put(w)
+        elif (isinstance(w, np.ndarray) and w.base is self._upload_rows
+              and w.ctypes.data == self._upload_rows[self._held].ctypes.data
+              and w.shape == (self.layout.size,)):
+            self._held += 1  # written in place by the algorithm (see upload_row)
         elif w.shape == (self.layout.size,) and w.dtype == np.float32:
             # a held full-model upload moves into a row of a buffer the host keeps: the
             # memory of the copy that get_flat made is then reused by the next client's,

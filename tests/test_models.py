@@ -106,6 +106,25 @@ def test_flat_storage_falls_back_when_a_tensor_is_rebound_or_not_float32():
     assert not store_flat(double, model_layout(double))
 
 
+@pytest.mark.parametrize("stored", [True, False])
+def test_get_flat_into_a_given_array(stored):
+    """get_flat(out=...) writes the same values into the array it is given (from the flat
+    storage or tensor by tensor) and returns it; a wrong array is refused untouched."""
+    torch.manual_seed(0)
+    model = build_model("mlp_2nn", (1, 28, 28), 10)
+    layout = model_layout(model)
+    assert store_flat(model, layout) if stored else True
+    expected = get_flat(model, layout)
+    rows = np.full((2, layout.size), np.nan, dtype=np.float32)
+    got = get_flat(model, layout, out=rows[1])
+    assert got is not None and got.base is rows and np.array_equal(got, expected)
+    assert np.isnan(rows[0]).all()
+    for bad in (np.zeros(layout.size - 1, np.float32), np.zeros(layout.size, np.float64)):
+        with pytest.raises(ValueError, match="out has shape"):
+            get_flat(model, layout, out=bad)
+        assert not bad.any()
+
+
 @pytest.mark.parametrize("name,shape", [("mlp_2nn", (1, 28, 28)), ("mtfl_cnn", (3, 32, 32)),
                                         ("kapc_cnn", (1, 28, 28)), ("phsfl_cnn", (1, 28, 28)),
                                         ("resnet18", (3, 32, 32))])

@@ -217,3 +217,48 @@ def test_a_streamed_ray_run_gives_the_held_run_s_records(monkeypatch, hold_uploa
         _many_clients(execution={**ray_exec, "stream_aggregation": "off"}), 2)
     assert streamed and not held
     assert _emulated(s_rows) == _emulated(h_rows)
+
+
+@pytest.mark.parametrize("algorithm,in_place", [
+    ({"name": "fedavg"}, True),
+    ({"name": "fedprox", "params": {"mu": 0.01, "eval_model": "local"}}, False)])
+def test_a_host_actor_s_held_uploads_are_the_in_process_host_s(monkeypatch, algorithm,
+                                                                in_place):
+    """The host actor's class, run in this process: its held uploads (one UploadRows)
+    are, bit for bit, what the in-process host hands over; FedAvg writes them straight
+    into the buffer's rows (get_flat's ``out``), FedProx, which keeps its weights as its
+    local model, is given no row and its kept weights are not the buffer's."""
+    import gc
+
+    from agents.algorithms import fedavg
+    from agents.host import ClientHost
+
+    prepared = prepare(tiny(topology={"clients": 6}, algorithm=algorithm), "t", None,
+                       backend="local", hosts=1)
+    _, setup, pools, host_clients = prepared.executor._args
+    _, tasks = prepared.executor.plan(0)
+    plain = ClientHost(setup, pools, host_clients[0])
+    try:
+        actor = execution.ClientHostActor(setup, pools, host_clients[0])
+    finally:
+        gc.unfreeze()  # the actor's set-up froze this process's heap
+    outs = []
+    real_get_flat = fedavg.get_flat
+    monkeypatch.setattr(fedavg, "get_flat", lambda m, layout, out=None: (
+        outs.append(out), real_get_flat(m, layout, out=out))[1])
+    _, expected = plain.fit_split(0, tasks)
+    outs.clear()
+    _, held = actor.fit_split(0, tasks)
+    assert isinstance(held, execution.UploadRows) and len(tasks) == 6
+    got = dict(held.items())
+    assert sorted(got) == sorted(expected)
+    for cid, w in expected.items():
+        assert np.array_equal(got[cid], w) and got[cid].tobytes() == w.tobytes()
+    rows = actor._upload_rows
+    if in_place:
+        assert len(outs) == 6 and all(o is not None and o.base is rows for o in outs)
+    else:
+        assert outs == [None] * 6
+        kept = [actor.state[t.client_id]["weights"] for t in tasks]
+        assert all(k.base is not rows and not np.shares_memory(k, rows) for k in kept)
+        assert all(np.array_equal(k, got[t.client_id]) for k, t in zip(kept, tasks, strict=True))

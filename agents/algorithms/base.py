@@ -27,6 +27,7 @@ moments, private layers) lives in ``ctx.state``, a dict the host keeps per clien
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -99,6 +100,10 @@ class ClientContext:
     generator: torch.Generator  # seeded from (scenario seed, round, client)
     costs: StepCosts
     init_weights: np.ndarray  # the common initial model (read-only)
+    # where the host wants this client's full-model upload written (a row of a buffer it
+    # reuses; see mecsim.execution.ClientHostActor), or None: ask once, and only for an
+    # upload the algorithm keeps no reference to (the row is overwritten next round)
+    upload_row: Callable[[], np.ndarray | None] = lambda: None
 
 
 class NoParams(BaseModel):

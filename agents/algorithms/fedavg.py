@@ -219,7 +219,10 @@ class FedAvgClient(ClientAlgorithm):
         start = time.perf_counter()
         set_flat(ctx.model, ctx.layout, task.weights)
         stats = local_sgd(ctx, extra_loss=self.extra_loss(ctx, task), cost_key=self.name)
-        weights = get_flat(ctx.model, ctx.layout)
+        # straight into the host's upload buffer, unless a subclass's fit may keep the
+        # weights (FedProx keeps them as its local model)
+        out = ctx.upload_row() if type(self).fit is FedAvgClient.fit else None
+        weights = get_flat(ctx.model, ctx.layout, out=out)
         up = ctx.layout.nbytes
         return trained_result(ctx, stats, weights=weights, upload_nbytes=up,
                               download_nbytes=task.download_nbytes, started_at=start)
