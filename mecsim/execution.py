@@ -546,6 +546,7 @@ class RayExecutor(LocalExecutor):
                           setup, self._pools_ref, clients, HOLD_UPLOADS_BYTES)
                       for h, clients in enumerate(host_clients)]
         self._weight_refs: list[Any] = []
+        self._stream_end: Any = None  # a streamed round's stream_end, submitted early
         # surface start-up errors here
         self._get([self.server.rss_bytes.remote(),
                    *(e.rss_bytes.remote() for e in self.edges.values())])
@@ -691,6 +692,10 @@ class RayExecutor(LocalExecutor):
             meta_refs += metas
             if len(folds) >= STREAM_PARTS_IN_FLIGHT:
                 self._get(folds.pop(0))
+        # the aggregate is finished as soon as the last part is folded (the actor runs
+        # calls in order): the run loop times the round meanwhile, and aggregate() only
+        # fetches it, instead of a round trip to the server after the timing
+        self._stream_end = self.server.stream_end.remote(rnd)
         self._get(folds)
         out = [r for part in self._get(meta_refs) for r in part]
         return sorted(out, key=lambda r: r.client_id)
@@ -702,7 +707,8 @@ class RayExecutor(LocalExecutor):
         After a streamed :meth:`fit`, the central server finishes what it folded."""
         if self._streaming:
             self._streaming = False
-            return self._get(self.server.stream_end.remote(rnd))
+            ended, self._stream_end = self._stream_end, None
+            return self._get(ended if ended is not None else self.server.stream_end.remote(rnd))
         refs, self._weight_refs = self._weight_refs, []
         if not self.edges:
             return self._get(self.server.aggregate_split.remote(rnd, results, *refs))
