@@ -135,7 +135,8 @@ def model_optimizer(model: nn.Module, name: str, lr: float, momentum: float = 0.
         return make_optimizer(name, model.parameters(), lr, momentum, weight_decay)
     params = list(model.parameters())
     opt = _STATELESS_SGD.get(model)
-    if opt is not None and not opt.state and len(opt.param_groups) == 1:
+    if (opt is not None and not opt.state and len(opt.param_groups) == 1
+            and not opt._optimizer_step_pre_hooks and not opt._optimizer_step_post_hooks):
         group = opt.param_groups[0]
         if (group["lr"] == lr and not group["momentum"] and not group["weight_decay"]
                 and len(group["params"]) == len(params)
