@@ -49,7 +49,15 @@ class RunFolderInUse(RunFolderError):
 
 
 class RunFolderFinished(RunFolderError):
-    """The run in the folder finished (its ``run.json`` says so): nothing to resume."""
+    """The run in the folder finished (its ``run.json`` says so): nothing to resume.
+
+    ``lock`` is the folder's lock, still held, when :func:`prepare_resume` was asked to
+    keep it (``keep_finished_lock``): the caller then adopts the run under it and must
+    release it; else None."""
+
+    def __init__(self, message: str, lock: RunLock | None = None) -> None:
+        super().__init__(message)
+        self.lock = lock
 
 
 class RunLock:
@@ -203,11 +211,13 @@ def rows_from_csv(path: Path) -> list[dict[str, Any]]:
     return df.to_dict("records")
 
 
-def prepare_resume(run_dir: str | Path, warn=None) -> ResumeTarget:
+def prepare_resume(run_dir: str | Path, warn=None, *,
+                   keep_finished_lock: bool = False) -> ResumeTarget:
     """Lock ``run_dir``, choose its checkpoint and cut its records back to it.
 
     Raises :class:`RunFolderError` for a folder that is not a run, is in use, or is
-    already finished.
+    already finished (:class:`RunFolderFinished`, holding the lock when
+    ``keep_finished_lock``).
     """
     from mecsim.runner import ResumePoint
 
@@ -221,7 +231,8 @@ def prepare_resume(run_dir: str | Path, warn=None) -> ResumeTarget:
     try:
         meta = read_meta(run_dir)
         if meta.get("status") == "finished":
-            raise RunFolderFinished(f"{run_dir}: the run is finished; nothing to resume")
+            raise RunFolderFinished(f"{run_dir}: the run is finished; nothing to resume",
+                                    lock if keep_finished_lock else None)
         try:
             scenario = load_scenario(run_dir / "scenario.yaml")
         except ScenarioError as exc:
@@ -250,8 +261,9 @@ def prepare_resume(run_dir: str | Path, warn=None) -> ResumeTarget:
         shutil.rmtree(run_dir / "plots", ignore_errors=True)
         rows = rows_from_csv(run_dir / "rounds.csv")
         return ResumeTarget(scenario, run_id, run_dir, done, lock, ResumePoint(ckpt, rows))
-    except BaseException:
-        lock.release()
+    except BaseException as exc:
+        if not (isinstance(exc, RunFolderFinished) and exc.lock is lock):
+            lock.release()
         raise
 
 

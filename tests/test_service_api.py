@@ -81,12 +81,17 @@ def test_store_is_a_fifo_queue_with_cancel_and_recovery(tmp_path):
     store.close()
 
 
-def test_a_run_that_finished_as_the_server_died_is_kept_not_run_again(tmp_path):
+@pytest.mark.parametrize("records", ["whole", "short", "unreadable"])
+def test_a_run_that_finished_as_the_server_died_is_kept_not_run_again(tmp_path, monkeypatch,
+                                                                      records):
     """The server died after the run's records said "finished" but before the store
     heard: on restart the run is finished with its recorded rounds (the store given the
-    ones it missed, the figures drawn), not started again from round 0 in a new folder."""
+    ones it missed, the figures drawn), not started again from round 0 in a new folder.
+    A folder that says finished without every round in its rounds.csv starts again from
+    round 0 instead, kept beside the new one, and nothing is half-written to the store."""
     from mecsim.records import RecordsWriter
     from mecsim.runfolder import read_meta
+    from mecsim.service.store import _json_safe
     from mecsim.service.worker import Worker
 
     store = Store(tmp_path / "state")
@@ -98,6 +103,11 @@ def test_a_run_that_finished_as_the_server_died_is_kept_not_run_again(tmp_path):
     rows = run(Scenario.model_validate(yaml.safe_load(text)), "r0", out, [RecordsWriter(out)])
     store.round_done("r0", 0, rows[0])  # the store heard of the first round only
     assert read_meta(out)["status"] == "finished" and not (out / "plots").exists()
+    csv_text = (out / "rounds.csv").read_text()
+    if records == "short":  # the header and two of the three rounds
+        (out / "rounds.csv").write_text("".join(csv_text.splitlines(True)[:3]))
+    elif records == "unreadable":
+        (out / "rounds.csv").write_text(csv_text.replace("round,", "rnd,", 1))
     written = {p: p.stat().st_mtime_ns for p in out.glob("*.csv")}
     store.close()
 
@@ -105,13 +115,28 @@ def test_a_run_that_finished_as_the_server_died_is_kept_not_run_again(tmp_path):
     assert store.recover() == [claimed.id]
     again = store.claim_next()
     assert again.status == "interrupted"
-    Worker(store)._execute(again)
+    worker = Worker(store)
+    started = []
+    monkeypatch.setattr(worker, "_start", lambda r: (
+        started.append((r.id, store.get_run("r0").rounds_done)), [])[1])
+    worker._execute(again)
     view = store.get_run("r0")
+    if records != "whole":
+        # started again from round 0 (here a stub), the old folder kept, the store's
+        # rounds forgotten first
+        assert started == [("r0", 0)]
+        assert not out.exists() and (out.parent / "r0.attempt-1").is_dir()  # attempt 1's
+        assert view.status == "failed"  # the stub ran no round
+        store.close()
+        return
+    assert started == []
     assert view.status == "finished" and view.rounds_done == 3 and view.attempts == 2
     assert [h["status"] for h in view.history] == [
         "queued", "running", "interrupted", "running", "finished"]
-    assert [r["round"] for r in store.rounds("r0")] == [r["round"] for r in rows]
-    assert store.rounds("r0")[-1]["mean_accuracy"] == rows[-1]["mean_accuracy"]
+    # every value as the run produced it (through JSON, as the store keeps rows)
+    assert store.rounds("r0") == [json.loads(json.dumps({k: _json_safe(v)
+                                                         for k, v in r.items()}))
+                                  for r in rows]
     assert {p: p.stat().st_mtime_ns for p in out.glob("*.csv")} == written  # not rewritten
     assert not list(out.parent.glob("r0.attempt-*"))
     assert sorted(p.suffix for p in (out / "plots").iterdir()) and \

@@ -391,6 +391,16 @@ class Store:
             " host_wall_s = (SELECT coalesce(sum(json_extract(row, '$.host_wall_s')), 0)"
             "  FROM rounds WHERE run_id = :id) WHERE id = :id", {"id": run_id})
 
+    def replace_rounds(self, run_id: str, rows: list[dict[str, Any]]) -> None:
+        """The run's rounds are ``rows`` (each with its ``round``), in one transaction:
+        all or nothing."""
+        clean = [(run_id, int(row["round"]),
+                  json.dumps({k: _json_safe(v) for k, v in row.items()})) for row in rows]
+        with self._tx() as c:
+            c.execute("DELETE FROM rounds WHERE run_id = ?", (run_id,))
+            c.executemany("INSERT INTO rounds (run_id, round, row) VALUES (?, ?, ?)", clean)
+            self._refresh_figures(c, run_id)
+
     def clear_rounds(self, run_id: str, first: int = 0) -> None:
         """Forget a run's rounds from round ``first`` on (0: it starts again from scratch;
         a resumed run: the rounds after its checkpoint, which it runs again)."""

@@ -258,24 +258,29 @@ class Worker:
             while True:
                 try:
                     target = prepare_resume(
-                        out_dir, warn=lambda m: log.warning("mecsim serve: %s", m))
+                        out_dir, warn=lambda m: log.warning("mecsim serve: %s", m),
+                        keep_finished_lock=True)
                     break
                 except RunFolderInUse:
                     # processes of a server that was killed may take a moment to go
                     if time.monotonic() > deadline or self._stopping.is_set():
                         raise
                     time.sleep(0.5)
-        except RunFolderFinished:
+        except RunFolderFinished as exc:
             # the server died after the run's last records were written but before the
-            # store heard of its end: the run is done, not run again
-            return self._adopt_finished(run, out_dir)
+            # store heard of its end: the run is done, not run again (if its records are
+            # whole; else it starts again from round 0, its folder kept)
+            try:
+                return self._adopt_finished(run, out_dir)
+            except RunFolderError as bad:
+                why: Exception = bad
+            finally:
+                if exc.lock is not None:
+                    exc.lock.release()
+            self._restart_from_scratch(run, out_dir, why)
+            return self._start(run)
         except RunFolderError as exc:
-            if out_dir.exists():
-                kept = out_dir.with_name(f"{run.id}.attempt-{run.attempts}")
-                out_dir.rename(kept)
-                log.warning("mecsim serve: run %s restarts from round 0 (%s); its folder is "
-                            "kept in %s", run.id, exc, kept)
-            self.store.clear_rounds(run.id)
+            self._restart_from_scratch(run, out_dir, exc)
             return self._start(run)
         try:
             self.store.clear_rounds(run.id, first=target.rounds_done)
@@ -292,22 +297,37 @@ class Worker:
         finally:
             target.lock.release()
 
+    def _restart_from_scratch(self, run: Run, out_dir: Path, why: Exception) -> None:
+        """Before a run starts again from round 0: its folder, if any, kept beside the new
+        one (``runs/<id>.attempt-<n>``), and the store's rounds of it forgotten."""
+        if out_dir.exists():
+            kept = out_dir.with_name(f"{run.id}.attempt-{run.attempts}")
+            out_dir.rename(kept)
+            log.warning("mecsim serve: run %s restarts from round 0 (%s); its folder is "
+                        "kept in %s", run.id, why, kept)
+        self.store.clear_rounds(run.id)
+
     def _adopt_finished(self, run: Run, out_dir: Path) -> list[dict[str, Any]]:
-        """The rounds of a run whose folder says it finished, put back into the store (the
-        server may have died before it recorded the last ones) with its figures drawn
-        again (drawing may have been what the server was doing when it died)."""
-        from mecsim.runfolder import RunLock, rows_from_csv
+        """The rounds of a run whose folder says it finished (the caller holds its lock),
+        put back into the store in one transaction (the server may have died before it
+        recorded the last ones), its figures drawn again (drawing may have been what the
+        server was doing when it died). Raises :class:`RunFolderError`, the store
+        untouched, when ``rounds.csv`` does not hold every planned round once, in order."""
+        from mecsim.runfolder import RunFolderError, rows_from_csv
         from mecsim.service.plotjob import draw_in_child
 
-        lock = RunLock(out_dir).acquire()
+        planned = self._scenario(run).rounds
         try:
             rows = rows_from_csv(out_dir / "rounds.csv")
-            self.store.clear_rounds(run.id)
-            for row in rows:
-                self.store.round_done(run.id, int(row["round"]), row)
-            draw_in_child(out_dir, self._scenario(run).rounds)
-        finally:
-            lock.release()
+            numbers = [int(row["round"]) for row in rows]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise RunFolderError(f"{out_dir}: says finished, but its rounds.csv cannot be "
+                                 f"read ({type(exc).__name__}: {exc})") from None
+        if numbers != list(range(planned)):
+            raise RunFolderError(f"{out_dir}: says finished, but its rounds.csv holds rounds "
+                                 f"{_span(numbers)}, not 0-{planned - 1}")
+        self.store.replace_rounds(run.id, rows)
+        draw_in_child(out_dir, planned)
         log.warning("mecsim serve: run %s had finished before the server stopped; its %d "
                     "rounds are kept as they were recorded", run.id, len(rows))
         return rows
@@ -340,3 +360,12 @@ class Worker:
                                       error=f"stopped after {len(rows)} of {planned} rounds "
                                       "without a cancel or a shutdown")
         self.on_finished(run.id)
+
+
+def _span(numbers: list[int]) -> str:
+    """Round numbers in short, for an error message."""
+    if not numbers:
+        return "none"
+    if len(numbers) <= 6:
+        return ", ".join(map(str, numbers))
+    return f"{numbers[0]}-{numbers[-1]} ({len(numbers)} rows)"
