@@ -117,7 +117,8 @@ def make_optimizer(name: str, params, lr: float, momentum: float = 0.0,
 
 
 #: Each model's stateless SGD optimiser, kept from client to client (see model_optimizer).
-_STATELESS_SGD: weakref.WeakKeyDictionary[nn.Module, torch.optim.SGD] = \
+#: With it, its parameter group's settings as built (anything changed since: built anew).
+_STATELESS_SGD: weakref.WeakKeyDictionary[nn.Module, tuple[torch.optim.SGD, dict]] = \
     weakref.WeakKeyDictionary()
 
 
@@ -134,17 +135,22 @@ def model_optimizer(model: nn.Module, name: str, lr: float, momentum: float = 0.
     if name != "sgd" or momentum or weight_decay:
         return make_optimizer(name, model.parameters(), lr, momentum, weight_decay)
     params = list(model.parameters())
-    opt = _STATELESS_SGD.get(model)
+    opt, built = _STATELESS_SGD.get(model, (None, None))
     if (opt is not None and not opt.state and len(opt.param_groups) == 1
             and not opt._optimizer_step_pre_hooks and not opt._optimizer_step_post_hooks):
         group = opt.param_groups[0]
-        if (group["lr"] == lr and not group["momentum"] and not group["weight_decay"]
+        if (group["lr"] == lr and _settings(group) == built
                 and len(group["params"]) == len(params)
                 and all(a is b for a, b in zip(group["params"], params, strict=True))):
             return opt
     opt = make_optimizer(name, params, lr, momentum, weight_decay)
-    _STATELESS_SGD[model] = opt
+    _STATELESS_SGD[model] = (opt, _settings(opt.param_groups[0]))
     return opt
+
+
+def _settings(group: dict) -> dict:
+    """A parameter group's settings (all but its parameters)."""
+    return {k: v for k, v in group.items() if k != "params"}
 
 
 def set_mode(model: nn.Module, training: bool) -> None:

@@ -159,6 +159,10 @@ def test_a_stateless_sgd_is_reused_from_client_to_client_with_the_same_bits():
     assert model_optimizer(_mlp(7, 11, 3), "sgd", 0.01) is not other  # another model
     other.register_step_post_hook(lambda *_: None)  # a hook someone left on it
     assert model_optimizer(model, "sgd", 0.01) is not other
+    changed = model_optimizer(model, "sgd", 0.01)
+    assert model_optimizer(model, "sgd", 0.01) is changed
+    changed.param_groups[0]["nesterov"] = True  # a setting someone changed on it
+    assert model_optimizer(model, "sgd", 0.01) is not changed
 
 
 def test_set_mode_switches_every_module_only_when_one_differs():
