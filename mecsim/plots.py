@@ -83,8 +83,10 @@ def _figure(width: float = 7.0, height: float = 4.2) -> Figure:
 
 
 def _save(fig: Figure, path: Path) -> Path:
-    """Write the PNG to a temporary name and rename it: a killed run leaves no half file."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    """Write the PNG to a temporary name and rename it: a killed run leaves no half file.
+    The name is this process's own, so two processes drawing the same figure (a restarted
+    service while a killed one's plot child still draws) each rename a whole file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fig.savefig(tmp, format="png")
     os.replace(tmp, path)
     return path
