@@ -144,6 +144,48 @@ def test_a_run_that_finished_as_the_server_died_is_kept_not_run_again(tmp_path, 
     store.close()
 
 
+def test_an_interrupted_run_whose_folder_another_process_holds_fails_untouched(
+        tmp_path, monkeypatch):
+    """A folder still locked by another live process after LOCK_WAIT_S (a user's
+    `mecsim run --resume` on it, say) is not renamed or run again: the run fails, saying
+    so, and the folder and its records stay as they were."""
+    from mecsim.records import RecordsWriter
+    from mecsim.runfolder import RunLock, read_meta, write_meta
+    from mecsim.service import worker as worker_module
+
+    monkeypatch.setattr(worker_module, "LOCK_WAIT_S", 0.3)
+    store = Store(tmp_path / "state")
+    text = tiny_yaml(rounds=2, metrics={"enabled": False})
+    store.add_run("r0", "tiny", "fedavg", text, 2, max_waiting=10)
+    store.claim_next()
+    out = store.run_dir("r0")
+    out.mkdir(parents=True)
+    run(Scenario.model_validate(yaml.safe_load(text)), "r0", out, [RecordsWriter(out)])
+    write_meta(out, {**read_meta(out), "status": "interrupted"})  # as if cut short
+    def files():  # but the lock file, which the other process's lock writes
+        return {p.name: p.read_bytes() for p in out.iterdir()
+                if p.is_file() and p.name != ".lock"}
+
+    before = files()
+    store.close()
+    store = Store(tmp_path / "state")
+    store.recover()
+    again = store.claim_next()
+    worker = worker_module.Worker(store)
+    started = []
+    monkeypatch.setattr(worker, "_start", lambda r: started.append(r.id) or [])
+    lock = RunLock(out).acquire()  # the other process
+    try:
+        worker._execute(again)
+    finally:
+        lock.release()
+    view = store.get_run("r0")
+    assert view.status == "failed" and "in use by another mecsim process" in view.error
+    assert started == [] and not list(out.parent.glob("r0.attempt-*"))
+    assert files() == before
+    store.close()
+
+
 def test_queue_bound_and_one_server_per_state_folder(tmp_path):
     store = Store(tmp_path / "s")
     store.add_run("a", "n", "fedavg", "x: 1", 1, max_waiting=2)

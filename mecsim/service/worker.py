@@ -243,7 +243,8 @@ class Worker:
         that resumes a run (what ``mecsim run --resume`` does). Its records end up equal
         to an uninterrupted run's. A run whose folder cannot be resumed (it never wrote
         one) starts again from round 0; a folder it leaves behind is kept beside the new
-        one, in ``runs/<id>.attempt-<n>``."""
+        one, in ``runs/<id>.attempt-<n>``. A folder another live process holds for longer
+        than :data:`LOCK_WAIT_S` fails the run, the folder untouched."""
         import mecsim.runner
         from mecsim.runfolder import (
             RunFolderError,
@@ -279,6 +280,10 @@ class Worker:
                     exc.lock.release()
             self._restart_from_scratch(run, out_dir, why)
             return self._start(run)
+        except RunFolderInUse:
+            # another live process (a `mecsim run --resume` on this folder?) holds it past
+            # LOCK_WAIT_S: the run fails with that reason; its folder is not touched
+            raise
         except RunFolderError as exc:
             self._restart_from_scratch(run, out_dir, exc)
             return self._start(run)
