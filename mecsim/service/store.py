@@ -161,6 +161,11 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+def _row_json(row: dict[str, Any]) -> str:
+    """A round row as the store keeps it: JSON, NaN and infinities as null."""
+    return json.dumps({k: _json_safe(v) for k, v in row.items()})
+
+
 class Store:
     """The state folder of one server; methods are safe to call from any thread."""
 
@@ -374,10 +379,9 @@ class Store:
 
     def round_done(self, run_id: str, rnd: int, row: dict[str, Any]) -> None:
         """Record a finished round and the run's running figures (one transaction)."""
-        clean = {k: _json_safe(v) for k, v in row.items()}
         with self._tx() as c:
             c.execute("INSERT OR REPLACE INTO rounds (run_id, round, row) VALUES (?, ?, ?)",
-                      (run_id, rnd, json.dumps(clean)))
+                      (run_id, rnd, _row_json(row)))
             self._refresh_figures(c, run_id)
 
     @staticmethod
@@ -394,8 +398,7 @@ class Store:
     def replace_rounds(self, run_id: str, rows: list[dict[str, Any]]) -> None:
         """The run's rounds are ``rows`` (each with its ``round``), in one transaction:
         all or nothing."""
-        clean = [(run_id, int(row["round"]),
-                  json.dumps({k: _json_safe(v) for k, v in row.items()})) for row in rows]
+        clean = [(run_id, int(row["round"]), _row_json(row)) for row in rows]
         with self._tx() as c:
             c.execute("DELETE FROM rounds WHERE run_id = ?", (run_id,))
             c.executemany("INSERT INTO rounds (run_id, round, row) VALUES (?, ?, ?)", clean)
