@@ -17,6 +17,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,7 @@ from agents.algorithms import ClientResult, ClientTask, algorithm_classes
 from agents.host import ClientHost, HostSetup
 from agents.server import AggregateReport, CentralServer, EdgeServer
 from agents.state import decode, encode
+from mecsim import shared_uploads
 from mecsim.data import DataPools
 
 ClientData = dict[int, tuple[np.ndarray, np.ndarray]]
@@ -103,6 +105,8 @@ def _init_ray_on_loopback(ray, kwargs: dict[str, Any]) -> None:
 #: :data:`STREAM_PARTS_IN_FLIGHT` parts' uploads exist at once).
 STREAM_PART_CLIENTS = 256
 STREAM_PARTS_IN_FLIGHT = 2
+if shared_uploads.SLOTS < STREAM_PARTS_IN_FLIGHT:  # part p reuses the slot of part p - SLOTS
+    raise ImportError("mecsim.shared_uploads.SLOTS < STREAM_PARTS_IN_FLIGHT")
 
 
 def stream_parts(tasks: list[ClientTask], size: int | None = None
@@ -208,6 +212,10 @@ def _merge_costs(encoded: list[Any]) -> Any:
 #: where it was (held, 1,000 selected clients peaked ~0.7 GB higher).
 HOLD_UPLOADS_BYTES = 64 * 2**20
 
+#: Streamed uploads of a host on the central server's node go through a shared-memory
+#: file instead of the object store (see :mod:`mecsim.shared_uploads`); same records.
+SHARED_UPLOADS = True
+
 
 def _freeze_heap() -> None:
     """Exempt what an actor holds once set up (torch, numpy, its algorithm, its clients'
@@ -224,24 +232,59 @@ class ClientHostActor(ClientHost):
     aggregates them (its edge server's actor, or the central one) through the object
     store, where that server reads them in place: together in one object when they fit in
     :data:`HOLD_UPLOADS_BYTES`, else each put there as soon as its client has trained, so
-    that the host holds one update at a time."""
+    that the host holds one update at a time. A streamed call to a host on the central
+    server's node may instead name a slot of the host's shared-memory file
+    (:mod:`mecsim.shared_uploads`): the uploads are written there and only where they are
+    travels."""
 
     _hold_uploads = False
     _upload_rows: np.ndarray = np.empty((0, 0), dtype=np.float32)
+    _own_rows: np.ndarray = np.empty((0, 0), dtype=np.float32)
 
     def __init__(self, setup: HostSetup, pools: DataPools,
                  clients: dict[int, tuple[np.ndarray, np.ndarray]],
-                 hold_uploads_bytes: int = HOLD_UPLOADS_BYTES) -> None:
+                 hold_uploads_bytes: int = HOLD_UPLOADS_BYTES,
+                 uploads_path: str | None = None) -> None:
         super().__init__(setup, pools, clients)
         self.hold_uploads_bytes = hold_uploads_bytes
+        self.uploads_path = uploads_path
+        self._arena: shared_uploads.UploadArena | None = None
+        self._slot: int | None = None  # the shared slot asked for by the current call
+        self._shared = False  # whether this call's rows are in the shared file
         _freeze_heap()
+
+    def _shared_rows(self, slot: int, n_rows: int) -> np.ndarray | None:
+        """Rows in slot ``slot`` of the host's shared file (made on first use), or None
+        when there is none (no path given, or the file cannot be made)."""
+        if self._arena is None:
+            if self.uploads_path is None:
+                return None
+            try:
+                self._arena = shared_uploads.UploadArena(Path(self.uploads_path),
+                                                         self.hold_uploads_bytes)
+            except OSError as exc:  # e.g. /dev/shm full: the object store still works
+                logging.getLogger(__name__).warning(
+                    "host uploads go through the object store (%s: %s)",
+                    self.uploads_path, exc)
+                self.uploads_path = None
+                return None
+        return self._arena.rows(slot, n_rows, self.layout.size)
 
     def fit(self, rnd: int, tasks: list[ClientTask],
             lost: frozenset[int] = frozenset()) -> list[ClientResult]:
         self._hold_uploads = len(tasks) * self.layout.nbytes <= self.hold_uploads_bytes
         self._held = 0
-        if self._hold_uploads and len(self._upload_rows) < len(tasks):
-            self._upload_rows = np.empty((len(tasks), self.layout.size), dtype=np.float32)
+        self._shared = False
+        if self._hold_uploads:
+            rows = None
+            if self._slot is not None:
+                rows = self._shared_rows(self._slot, len(tasks))
+            if rows is not None:
+                self._upload_rows, self._shared = rows, True
+            else:
+                if len(self._own_rows) < len(tasks):
+                    self._own_rows = np.empty((len(tasks), self.layout.size), dtype=np.float32)
+                self._upload_rows = self._own_rows
         return super().fit(rnd, tasks, lost)
 
     def upload_row(self) -> np.ndarray | None:
@@ -252,6 +295,12 @@ class ClientHostActor(ClientHost):
             return None
         return self._upload_rows[self._held]
 
+    def _is_row(self, w: Any, i: int) -> bool:
+        """Whether ``w`` is row ``i`` of this call's upload buffer."""
+        return (isinstance(w, np.ndarray) and i < len(self._upload_rows)
+                and w.shape == (self.layout.size,) and w.dtype == np.float32
+                and w.ctypes.data == self._upload_rows[i].ctypes.data)
+
     def detach(self, result: ClientResult) -> ClientResult:
         import ray
 
@@ -260,33 +309,48 @@ class ClientHostActor(ClientHost):
             return result
         if not self._hold_uploads:
             result.weights = ray.put(w)
-        elif (isinstance(w, np.ndarray) and w.base is self._upload_rows
-              and w.ctypes.data == self._upload_rows[self._held].ctypes.data
-              and w.shape == (self.layout.size,)):
+        elif self._is_row(w, self._held):
             self._held += 1  # written in place by the algorithm (see upload_row)
         elif w.shape == (self.layout.size,) and w.dtype == np.float32:
             # a held full-model upload moves into a row of a buffer the host keeps: the
             # memory of the copy that get_flat made is then reused by the next client's,
             # instead of fresh pages (page faults: ~0.3 ms per 2NN upload in an actor).
             # Safe because Ray has copied a call's return value to the object store
-            # before the actor runs its next call.
+            # before the actor runs its next call (and a shared slot is not written
+            # again before the server has folded it: see mecsim.shared_uploads).
             row = self._upload_rows[self._held]
             row[...] = w
             result.weights = row
             self._held += 1
         return result
 
-    def fit_split(self, rnd: int, tasks: list[ClientTask], lost: frozenset[int] = frozenset()
-                  ) -> tuple[list[ClientResult], Any]:
+    def fit_split(self, rnd: int, tasks: list[ClientTask], lost: frozenset[int] = frozenset(),
+                  shared_slot: int | None = None) -> tuple[list[ClientResult], Any]:
         """:meth:`ClientHost.fit_split`; uploads held in the buffer's rows travel as one
-        array (:class:`UploadRows`: one copy into the object store, not one per client)."""
-        results, weights = super().fit_split(rnd, tasks, lost)
-        rows = self._upload_rows[:self._held]
-        if self._hold_uploads and weights and len(weights) == self._held and all(
-                w.base is self._upload_rows for w in weights.values()):
-            order = sorted(weights, key=lambda c: weights[c].ctypes.data)  # row order
-            return results, UploadRows(order, rows)
-        return results, weights
+        array (:class:`UploadRows`: one copy into the object store, not one per client),
+        or, with ``shared_slot``, stay in that slot of the host's shared file and only
+        their place travels (:class:`~mecsim.shared_uploads.SharedUploadRows`)."""
+        self._slot = shared_slot
+        try:
+            results, weights = super().fit_split(rnd, tasks, lost)
+        finally:
+            self._slot = None
+        if not (self._hold_uploads and weights and len(weights) == self._held):
+            return results, weights
+        if not all(isinstance(w, np.ndarray) for w in weights.values()):
+            return results, weights
+        base = self._upload_rows.ctypes.data
+        row_bytes = self.layout.nbytes
+        at = {c: (w.ctypes.data - base) // row_bytes for c, w in weights.items()}
+        if sorted(at.values()) != list(range(self._held)) or not all(
+                self._is_row(w, at[c]) for c, w in weights.items()):
+            return results, weights
+        order = sorted(weights, key=at.__getitem__)  # row order
+        if self._shared and self._arena is not None and shared_slot is not None:
+            return results, shared_uploads.SharedUploadRows(
+                str(self._arena.path), self._arena.offset(shared_slot), order,
+                self.layout.size)
+        return results, UploadRows(order, self._upload_rows[:self._held])
 
     def node(self) -> dict[str, str]:
         """The Ray node this host runs on: its id and IP address."""
@@ -328,6 +392,12 @@ class CentralServerActor(CentralServer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         _freeze_heap()
+
+    def node_id(self) -> str:
+        """The Ray node this server runs on."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
 
     def fetch(self, uploads: list[Any]) -> list[Any]:
         return _fetch_from_store(uploads)
@@ -524,6 +594,10 @@ class RayExecutor(LocalExecutor):
         self._ray = ray
         self._init(server_kwargs, setup, pools, host_clients)
         self._pools_ref = ray.put(pools)
+        self._uploads_prefix: str | None = None  # this start's shared upload files
+        self._shared_hosts: set[int] = set()  # hosts on the central server's node
+        if shared_uploads.available():
+            shared_uploads.remove_stale()
         self.server, self.hosts = None, []
         self._group: Any = None  # the hosts' placement group
         self._host_cpus = 1.0
@@ -541,9 +615,13 @@ class RayExecutor(LocalExecutor):
         self.server = central_actor.remote(**server_kwargs)
         self.edges = {b: edge_actor.remote(b, **server_kwargs) for b in self.edge_ids}
         host_actor = ray.remote(num_cpus=self._host_cpus, max_restarts=0)(ClientHostActor)
+        prefix = self._uploads_prefix = (
+            shared_uploads.executor_prefix(os.urandom(4).hex())
+            if SHARED_UPLOADS and shared_uploads.available() else None)
         self.hosts = [host_actor.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
                           self._group, placement_group_bundle_index=h)).remote(
-                          setup, self._pools_ref, clients, HOLD_UPLOADS_BYTES)
+                          setup, self._pools_ref, clients, HOLD_UPLOADS_BYTES,
+                          str(shared_uploads.SHM_DIR / f"{prefix}{h}") if prefix else None)
                       for h, clients in enumerate(host_clients)]
         self._weight_refs: list[Any] = []
         self._stream_end: Any = None  # a streamed round's stream_end, submitted early
@@ -551,6 +629,9 @@ class RayExecutor(LocalExecutor):
         self._get([self.server.rss_bytes.remote(),
                    *(e.rss_bytes.remote() for e in self.edges.values())])
         self._host_nodes = self._get([h.node.remote() for h in self.hosts])
+        server_node = self._get(self.server.node_id.remote())
+        self._shared_hosts = {h for h, node in enumerate(self._host_nodes)
+                              if prefix and node["node_id"] == server_node}
 
     def _place_hosts(self, n_hosts: int) -> None:
         """Reserve room for the hosts: a SPREAD placement group sized to the live nodes,
@@ -626,6 +707,10 @@ class RayExecutor(LocalExecutor):
                 self._ray.kill(actor)
             except Exception:  # noqa: BLE001 - already dead or unreachable: nothing to kill
                 pass
+        if self._uploads_prefix is not None:
+            shared_uploads.remove(self._uploads_prefix)
+            self._uploads_prefix = None
+        self._shared_hosts = set()
         if self._group is not None:
             from ray.util.placement_group import remove_placement_group
 
@@ -679,11 +764,14 @@ class RayExecutor(LocalExecutor):
         self.server.stream_begin.remote(rnd)  # the actor runs our calls in order
         meta_refs: list[Any] = []
         folds: list[Any] = []
-        for part in stream_parts(tasks):
+        for p, part in enumerate(stream_parts(tasks)):
+            # part p may write slot p % SLOTS of a host's shared file: part p - SLOTS,
+            # the last to use it, has been folded (waited for below) before this submit
+            slot = p % shared_uploads.SLOTS
             metas, uploads = [], []
             for h, group in self._by_host(part).items():
                 meta, weights = self.hosts[h].fit_split.options(num_returns=2).remote(
-                    rnd, group, lost)
+                    rnd, group, lost, slot if h in self._shared_hosts else None)
                 metas.append(meta)
                 uploads.append(weights)
             keep = fold.intersection(t.client_id for t in part)

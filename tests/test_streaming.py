@@ -3,6 +3,8 @@ same bits as holding them all until the round is timed."""
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 from conftest import tiny
@@ -203,20 +205,76 @@ def test_a_streamed_round_the_timing_contradicts_stops_the_run():
         rs.executor.close()
 
 
+def _shared_maps(executor) -> dict[str, set[str]]:
+    """The shared upload files each actor process has mapped ("host" / "server"), from
+    /proc/<pid>/maps (the server removes a file's name once it has mapped it)."""
+    from mecsim import shared_uploads
+
+    pids = executor.actor_pids()
+    out: dict[str, set[str]] = {"host": set(), "server": set()}
+    for role, key in (("host", "hosts"), ("server", "server")):
+        for pid in pids[key]:
+            with open(f"/proc/{pid}/maps") as fh:
+                out[role] |= {line.split()[5] for line in fh
+                              if shared_uploads.PREFIX in line and len(line.split()) > 5}
+    return out
+
+
+def _shared_files(prefix: str | None) -> list[str]:
+    from mecsim import shared_uploads
+
+    return [] if prefix is None else [p.name for p in shared_uploads.SHM_DIR.glob(f"{prefix}*")]
+
+
 @pytest.mark.ray
-@pytest.mark.parametrize("hold_uploads_bytes", [execution.HOLD_UPLOADS_BYTES, 0])
-def test_a_streamed_ray_run_gives_the_held_run_s_records(monkeypatch, hold_uploads_bytes):
-    """Under Ray, streamed and held, with a host call's uploads handed over together (the
-    default for a small model) or each put in the object store as its client finishes
-    (a call too large to hold: forced here with a limit of 0 bytes)."""
+@pytest.mark.parametrize("hold_uploads_bytes,shared", [
+    (execution.HOLD_UPLOADS_BYTES, True), (execution.HOLD_UPLOADS_BYTES, False), (0, True)])
+def test_a_streamed_ray_run_gives_the_held_run_s_records(monkeypatch, hold_uploads_bytes,
+                                                         shared):
+    """Under Ray, streamed and held, with a host call's uploads written into the host's
+    shared-memory file (the default on one node), handed over together through the
+    object store, or each put in the object store as its client finishes (a call too
+    large to hold: forced here with a limit of 0 bytes). Parts of 5 clients: a round's
+    third part writes the slot of its first again. The shared files are there while the
+    run goes (mapped by the host that writes and the server that reads them), and
+    gone when it ends or its actors restart."""
     monkeypatch.setattr(execution, "STREAM_PART_CLIENTS", 5)
     monkeypatch.setattr(execution, "HOLD_UPLOADS_BYTES", hold_uploads_bytes)
+    monkeypatch.setattr(execution, "SHARED_UPLOADS", shared)
     ray_exec = {"backend": "ray", "hosts": 2}
-    streamed, s_rows, _ = _run(_many_clients(execution=ray_exec), 2)
+    seen: list[dict[str, set[str]]] = []
+    prefixes: list[str | None] = []
+    real_run_round = run_round
+
+    def watched(rs, rnd, elapsed):
+        out = real_run_round(rs, rnd, elapsed)
+        prefixes.append(rs.executor._uploads_prefix)
+        seen.append({**_shared_maps(rs.executor),
+                     "named": set(_shared_files(rs.executor._uploads_prefix))})
+        if rnd == 0:  # actors restarted (as after a death): new files, the old ones gone
+            old = rs.executor._uploads_prefix
+            st = rs.executor.state()
+            rs.executor.restart()
+            rs.executor.load_state(st)
+            assert _shared_files(old) == []
+        return out
+
+    monkeypatch.setattr(sys.modules[__name__], "run_round", watched)
+    streamed, s_rows, _ = _run(_many_clients(execution=ray_exec), 3)
+    monkeypatch.setattr(sys.modules[__name__], "run_round", real_run_round)
     held, h_rows, _ = _run(
-        _many_clients(execution={**ray_exec, "stream_aggregation": "off"}), 2)
+        _many_clients(execution={**ray_exec, "stream_aggregation": "off"}), 3)
     assert streamed and not held
     assert _emulated(s_rows) == _emulated(h_rows)
+    if shared and hold_uploads_bytes:
+        assert len(set(prefixes)) == 2  # one per start of the actors
+        for maps in seen:  # both hosts' files, each mapped by its host and the server,
+            # which has removed their names once it had them mapped
+            assert len(maps["host"]) == 2 and maps["server"] == maps["host"]
+            assert maps["named"] == set()
+    else:
+        assert all(maps == {"host": set(), "server": set(), "named": set()} for maps in seen)
+    assert all(_shared_files(p) == [] for p in prefixes)  # no file left when it ended
 
 
 @pytest.mark.parametrize("algorithm,in_place", [
@@ -262,3 +320,98 @@ def test_a_host_actor_s_held_uploads_are_the_in_process_host_s(monkeypatch, algo
         kept = [actor.state[t.client_id]["weights"] for t in tasks]
         assert all(k.base is not rows and not np.shares_memory(k, rows) for k in kept)
         assert all(np.array_equal(k, got[t.client_id]) for k, t in zip(kept, tasks, strict=True))
+
+
+@pytest.mark.parametrize("algorithm", [
+    {"name": "fedavg"}, {"name": "fedprox", "params": {"mu": 0.01, "eval_model": "local"}}])
+def test_a_host_actor_s_shared_uploads_are_the_in_process_host_s(tmp_path, algorithm):
+    """With a shared slot, the host actor's uploads stay in its shared file (FedAvg
+    writes them there, FedProx's are copied in) and only their place is returned: read
+    back through a fresh read-only mapping they are, bit for bit, what the in-process
+    host hands over; the next call's other slot leaves them as they were."""
+    import gc
+
+    from agents.host import ClientHost
+    from mecsim import shared_uploads
+
+    prepared = prepare(tiny(topology={"clients": 6}, algorithm=algorithm), "t", None,
+                       backend="local", hosts=1)
+    _, setup, pools, host_clients = prepared.executor._args
+    _, tasks = prepared.executor.plan(0)
+    plain = ClientHost(setup, pools, host_clients[0])
+    path = tmp_path / "uploads-0"
+    try:
+        actor = execution.ClientHostActor(setup, pools, host_clients[0],
+                                          uploads_path=str(path))
+    finally:
+        gc.unfreeze()  # the actor's set-up froze this process's heap
+    _, expected = plain.fit_split(0, tasks)
+    _, first = actor.fit_split(0, tasks, shared_slot=1)
+    assert isinstance(first, shared_uploads.SharedUploadRows) and first.path == str(path)
+    assert first.offset == actor._arena.slot_bytes  # slot 1
+    got = dict(first.items())
+    assert sorted(got) == sorted(expected)
+    for cid, w in expected.items():
+        assert got[cid].tobytes() == w.tobytes() and not got[cid].flags.writeable
+    _, later = plain.fit_split(1, tasks)
+    _, second = actor.fit_split(1, tasks, shared_slot=0)
+    assert second.offset == 0
+    assert {c: w.tobytes() for c, w in second.items()} == \
+        {c: w.tobytes() for c, w in later.items()}
+    assert {c: w.tobytes() for c, w in first.items()} == \
+        {c: w.tobytes() for c, w in expected.items()}  # slot 1 untouched
+    # without a slot, the object-store path (one array)
+    _, plain_rows = actor.fit_split(2, tasks)
+    assert isinstance(plain_rows, execution.UploadRows)
+
+
+def test_a_host_without_a_usable_shared_file_uses_the_object_store(tmp_path, caplog):
+    import gc
+
+    prepared = prepare(tiny(topology={"clients": 3}), "t", None, backend="local", hosts=1)
+    _, setup, pools, host_clients = prepared.executor._args
+    _, tasks = prepared.executor.plan(0)
+    try:
+        actor = execution.ClientHostActor(setup, pools, host_clients[0],
+                                          uploads_path=str(tmp_path / "missing" / "f"))
+    finally:
+        gc.unfreeze()
+    with caplog.at_level("WARNING"):
+        _, rows = actor.fit_split(0, tasks, shared_slot=0)
+    assert isinstance(rows, execution.UploadRows) and len(rows.client_ids) == 3
+    assert "object store" in caplog.text and actor.uploads_path is None
+
+
+def test_shared_upload_files_slots_and_clean_up(tmp_path, monkeypatch):
+    """Slots are disjoint and bounded; a driver's files go when it closes them, and a
+    dead driver's are removed by the next one, a live one's kept."""
+    import subprocess
+
+    from mecsim import shared_uploads
+
+    monkeypatch.setattr(shared_uploads, "SHM_DIR", tmp_path)
+    arena = shared_uploads.UploadArena(tmp_path / "a", slot_bytes=1000)
+    assert arena.slot_bytes % 4096 == 0 and arena.slot_bytes >= 1000
+    a, b = arena.rows(0, 2, 100), arena.rows(1, 2, 100)
+    a[...] = 1.0
+    b[...] = 2.0
+    assert a.sum() == 200.0 and b.sum() == 400.0
+    with pytest.raises(ValueError, match="do not fit"):
+        arena.rows(0, 20, 100)
+    with pytest.raises(ValueError, match="slot 2"):
+        arena.rows(2, 1, 1)
+    with pytest.raises(FileExistsError):  # never two writers on one file
+        shared_uploads.UploadArena(tmp_path / "a", slot_bytes=1000)
+    view = shared_uploads.SharedUploadRows(str(tmp_path / "a"), arena.offset(1), [7, 3], 100)
+    assert [(c, float(r.sum())) for c, r in view.items()] == [(7, 200.0), (3, 200.0)]
+
+    proc = subprocess.Popen(["sleep", "0"])  # its pid: a driver that has exited
+    proc.wait()
+    mine = shared_uploads.executor_prefix("t0")
+    (tmp_path / f"{mine}0").write_bytes(b"x")
+    (tmp_path / f"{shared_uploads.PREFIX}{proc.pid}-t1-0").write_bytes(b"x")
+    shared_uploads.remove_stale()
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert f"{mine}0" in names and f"{shared_uploads.PREFIX}{proc.pid}-t1-0" not in names
+    shared_uploads.remove(mine)
+    assert f"{mine}0" not in {p.name for p in tmp_path.iterdir()}
