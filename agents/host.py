@@ -66,24 +66,31 @@ class ClientHost:
         self.costs = StepCosts()
         _, client_cls = algorithm_classes(setup.algorithm)
         self.algorithm = client_cls(setup.algorithm_params)
+        self.pools = pools
         self.data: dict[int, tuple[torch.Tensor, ...]] = {}
         self.state: dict[int, dict[str, Any]] = {}
-        name = pools.train.name
+        self._guests: dict[int, tuple[torch.Tensor, ...]] = {}
         for cid, (train_idx, test_idx) in clients.items():
-            self.data[cid] = (
-                normalise(pools.train.images[train_idx], name),
-                torch.from_numpy(pools.train.labels[train_idx].astype(np.int64)),
-                normalise(pools.test.images[test_idx], name),
-                torch.from_numpy(pools.test.labels[test_idx].astype(np.int64)),
-            )
+            self.data[cid] = self._client_data(train_idx, test_idx)
             self.state[cid] = {}
 
+    def _client_data(self, train_idx: np.ndarray, test_idx: np.ndarray
+                     ) -> tuple[torch.Tensor, ...]:
+        pools, name = self.pools, self.pools.train.name
+        return (normalise(pools.train.images[train_idx], name),
+                torch.from_numpy(pools.train.labels[train_idx].astype(np.int64)),
+                normalise(pools.test.images[test_idx], name),
+                torch.from_numpy(pools.test.labels[test_idx].astype(np.int64)))
+
     def _context(self, cid: int, rnd: int, purpose: int) -> ClientContext:
-        x_tr, y_tr, x_te, y_te = self.data[cid]
+        if cid in self.data:
+            (x_tr, y_tr, x_te, y_te), state = self.data[cid], self.state[cid]
+        else:  # a guest (see fit): its data made for this call, no state to keep
+            (x_tr, y_tr, x_te, y_te), state = self._guests[cid], {}
         gen = torch.Generator().manual_seed(client_seed(self.setup.seed, rnd, cid, purpose))
         return ClientContext(
             client_id=cid, model=self.model, layout=self.layout, x_train=x_tr, y_train=y_tr,
-            x_test=x_te, y_test=y_te, state=self.state[cid], train=self.setup.train,
+            x_test=x_te, y_test=y_te, state=state, train=self.setup.train,
             generator=gen, costs=self.costs, init_weights=self.setup.init_weights,
             upload_row=self.upload_row,
         )
@@ -93,26 +100,42 @@ class ClientHost:
         :class:`~agents.algorithms.base.ClientContext`): in-process, nowhere (None)."""
         return None
 
-    def fit(self, rnd: int, tasks: list[ClientTask],
-            lost: frozenset[int] = frozenset()) -> list[ClientResult]:
+    def fit(self, rnd: int, tasks: list[ClientTask], lost: frozenset[int] = frozenset(),
+            guests: dict[int, tuple[np.ndarray, np.ndarray]] | None = None
+            ) -> list[ClientResult]:
         """Train each task's client. For the clients in ``lost`` (an emulated crash) the
-        work is lost: their private state is put back as it was before training."""
-        results = []
-        for task in tasks:
-            saved = copy.deepcopy(self.state[task.client_id]) if task.client_id in lost \
-                else None
-            ctx = self._context(task.client_id, rnd, purpose=0)
-            # CPU generator only: torch.manual_seed also seeds (lazily) every accelerator
-            # backend, which costs ~1 ms a call
-            torch.random.default_generator.manual_seed(
-                client_seed(self.setup.seed, rnd, task.client_id, purpose=1))
-            start = time.perf_counter()
-            result = self.algorithm.fit(ctx, task)
-            result.host_seconds = time.perf_counter() - start
-            if saved is not None:
-                self.state[task.client_id] = saved
-            results.append(self.detach(result))
-        return results
+        work is lost: their private state is put back as it was before training.
+
+        ``guests`` (client id -> its train and test sample indices) are clients another
+        host keeps, lent to this one to even out a round's work; only an algorithm whose
+        clients keep no state between rounds (:meth:`ClientAlgorithm.movable`) is given
+        any, and a guest that leaves state behind stops the run."""
+        self._guests = {cid: self._client_data(*idx) for cid, idx in (guests or {}).items()}
+        try:
+            return [self._fit_one(rnd, task, lost) for task in tasks]
+        finally:
+            self._guests = {}
+
+    def _fit_one(self, rnd: int, task: ClientTask, lost: frozenset[int]) -> ClientResult:
+        cid = task.client_id
+        guest = cid not in self.data
+        saved = copy.deepcopy(self.state[cid]) if cid in lost and not guest else None
+        ctx = self._context(cid, rnd, purpose=0)
+        # CPU generator only: torch.manual_seed also seeds (lazily) every accelerator
+        # backend, which costs ~1 ms a call
+        torch.random.default_generator.manual_seed(
+            client_seed(self.setup.seed, rnd, cid, purpose=1))
+        start = time.perf_counter()
+        result = self.algorithm.fit(ctx, task)
+        result.host_seconds = time.perf_counter() - start
+        if guest and ctx.state:
+            raise RuntimeError(
+                f"client {cid} of algorithm {self.setup.algorithm!r} trained on a host "
+                f"that does not keep it and left state behind ({sorted(ctx.state)}): "
+                "its client class must not be movable")
+        if saved is not None:
+            self.state[cid] = saved
+        return self.detach(result)
 
     def detach(self, result: ClientResult) -> ClientResult:
         """Called on each client's result as soon as it has trained: a hook for where the
@@ -120,7 +143,8 @@ class ClientHost:
         never holds more than one client's update). In-process: nothing to do."""
         return result
 
-    def fit_split(self, rnd: int, tasks: list[ClientTask], lost: frozenset[int] = frozenset()
+    def fit_split(self, rnd: int, tasks: list[ClientTask], lost: frozenset[int] = frozenset(),
+                  guests: dict[int, tuple[np.ndarray, np.ndarray]] | None = None
                   ) -> tuple[list[ClientResult], dict[int, np.ndarray]]:
         """:meth:`fit`, with the uploaded weights returned apart from the small rest.
 
@@ -128,7 +152,7 @@ class ClientHost:
         part (op-traces, counts) and hands the weights' reference to the edge server, so
         model updates travel host -> server once, not via the driver.
         """
-        results = self.fit(rnd, tasks, lost)
+        results = self.fit(rnd, tasks, lost, guests)
         weights = {}
         for r in results:
             if r.weights is not None:

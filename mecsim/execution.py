@@ -118,6 +118,37 @@ def stream_parts(tasks: list[ClientTask], size: int | None = None
     return [ordered[i:i + size] for i in range(0, len(ordered), size)]
 
 
+def balance_hosts(groups: dict[int, list[ClientTask]], work: dict[int, float],
+                  n_hosts: int) -> dict[int, list[ClientTask]]:
+    """Even out a host call's work: move a client from the busiest host to the least busy
+    while that shortens the longer of the two (the client whose work is nearest half the
+    gap, the lowest id among equals), so that a round with random participation does not
+    wait for the host that happened to get most of the selected clients. ``work`` is a
+    client's expected training steps (plus one for its fixed cost). Deterministic; each
+    host's tasks in client-id order; hosts left without a task are not listed."""
+    out = {h: sorted(groups.get(h, []), key=lambda t: t.client_id) for h in range(n_hosts)}
+    load = {h: sum(work[t.client_id] for t in ts) for h, ts in out.items()}
+    for _ in range(sum(len(ts) for ts in out.values())):
+        hi = max(out, key=lambda h: (load[h], -h))
+        lo = min(out, key=lambda h: (load[h], h))
+        gap = load[hi] - load[lo]
+        best = None
+        for t in out[hi]:
+            w = work[t.client_id]
+            if 0 < w < gap and (best is None or
+                                abs(gap / 2 - w) < abs(gap / 2 - work[best.client_id])):
+                best = t
+        if best is None:
+            break
+        w = work[best.client_id]
+        out[hi].remove(best)
+        out[lo].append(best)
+        out[lo].sort(key=lambda t: t.client_id)
+        load[hi] -= w
+        load[lo] += w
+    return {h: ts for h, ts in out.items() if ts}
+
+
 #: How long the host actors may wait for room in the Ray cluster (when a run starts, or
 #: after a node died) before the run stops with :class:`PlacementTimeout`.
 PLACEMENT_TIMEOUT_S = 120.0
@@ -270,8 +301,9 @@ class ClientHostActor(ClientHost):
                 return None
         return self._arena.rows(slot, n_rows, self.layout.size)
 
-    def fit(self, rnd: int, tasks: list[ClientTask],
-            lost: frozenset[int] = frozenset()) -> list[ClientResult]:
+    def fit(self, rnd: int, tasks: list[ClientTask], lost: frozenset[int] = frozenset(),
+            guests: dict[int, tuple[np.ndarray, np.ndarray]] | None = None
+            ) -> list[ClientResult]:
         self._hold_uploads = len(tasks) * self.layout.nbytes <= self.hold_uploads_bytes
         self._held = 0
         self._shared = False
@@ -285,7 +317,7 @@ class ClientHostActor(ClientHost):
                 if len(self._own_rows) < len(tasks):
                     self._own_rows = np.empty((len(tasks), self.layout.size), dtype=np.float32)
                 self._upload_rows = self._own_rows
-        return super().fit(rnd, tasks, lost)
+        return super().fit(rnd, tasks, lost, guests)
 
     def upload_row(self) -> np.ndarray | None:
         """The next row of the upload buffer when this call's uploads are held: an
@@ -325,6 +357,7 @@ class ClientHostActor(ClientHost):
         return result
 
     def fit_split(self, rnd: int, tasks: list[ClientTask], lost: frozenset[int] = frozenset(),
+                  guests: dict[int, tuple[np.ndarray, np.ndarray]] | None = None,
                   shared_slot: int | None = None) -> tuple[list[ClientResult], Any]:
         """:meth:`ClientHost.fit_split`; uploads held in the buffer's rows travel as one
         array (:class:`UploadRows`: one copy into the object store, not one per client),
@@ -332,7 +365,7 @@ class ClientHostActor(ClientHost):
         their place travels (:class:`~mecsim.shared_uploads.SharedUploadRows`)."""
         self._slot = shared_slot
         try:
-            results, weights = super().fit_split(rnd, tasks, lost)
+            results, weights = super().fit_split(rnd, tasks, lost, guests)
         finally:
             self._slot = None
         if not (self._hold_uploads and weights and len(weights) == self._held):
@@ -433,6 +466,28 @@ class LocalExecutor:
         self.edge_of = {cid: serves.get(cid, 0) for cid in self.host_of}
         self.edges: dict[int, Any] = {}
         self._streaming = False
+        _, client_cls = algorithm_classes(setup.algorithm)
+        # a round's clients may be lent to other hosts only when they keep no state
+        self._movable = client_cls.movable() and len(host_clients) > 1
+        t = setup.train
+        self._work = {cid: math.ceil(n / t.batch_size) * t.epochs + 1
+                      for cid, n in (server_kwargs.get("client_samples") or {}).items()}
+
+    def _assign(self, tasks: list[ClientTask]
+                ) -> dict[int, tuple[list[ClientTask], dict[int, Any] | None]]:
+        """The tasks of a host call by host, with the guests each host is lent (see
+        :meth:`agents.host.ClientHost.fit`): the clients' own hosts, evened out by
+        :func:`balance_hosts` when the algorithm's clients can move."""
+        groups = self._by_host(tasks)
+        if not self._movable or not self._work:
+            return {h: (group, None) for h, group in groups.items()}
+        groups = balance_hosts(groups, self._work, len(self.host_clients))
+        out: dict[int, tuple[list[ClientTask], dict[int, Any] | None]] = {}
+        for h, group in groups.items():
+            guests = {t.client_id: self.host_clients[self.host_of[t.client_id]][t.client_id]
+                      for t in group if self.host_of[t.client_id] != h}
+            out[h] = (group, guests or None)
+        return out
 
     def _start(self) -> None:
         server_kwargs, setup, pools, host_clients = self._args
@@ -509,8 +564,8 @@ class LocalExecutor:
         if fold is not None:
             return self._fit_streamed(rnd, tasks, lost, fold)
         out: list[ClientResult] = []
-        for h, group in self._by_host(tasks).items():
-            out += self.hosts[h].fit(rnd, group, lost)
+        for h, (group, guests) in self._assign(tasks).items():
+            out += self.hosts[h].fit(rnd, group, lost, guests)
         return sorted(out, key=lambda r: r.client_id)
 
     def _fit_streamed(self, rnd: int, tasks: list[ClientTask], lost: frozenset[int],
@@ -519,8 +574,8 @@ class LocalExecutor:
         out: list[ClientResult] = []
         for part in stream_parts(tasks):
             results: list[ClientResult] = []
-            for h, group in self._by_host(part).items():
-                results += self.hosts[h].fit(rnd, group, lost)
+            for h, (group, guests) in self._assign(part).items():
+                results += self.hosts[h].fit(rnd, group, lost, guests)
             keep = fold.intersection(t.client_id for t in part)
             self.server.stream_fold(rnd, keep, results)  # lets go of every upload
             out += results
@@ -748,9 +803,9 @@ class RayExecutor(LocalExecutor):
         if fold is not None:
             return self._fit_streamed(rnd, tasks, lost, fold)
         meta_refs, self._weight_refs = [], []
-        for h, group in self._by_host(tasks).items():
+        for h, (group, guests) in self._assign(tasks).items():
             meta, weights = self.hosts[h].fit_split.options(num_returns=2).remote(
-                rnd, group, lost)
+                rnd, group, lost, guests)
             meta_refs.append(meta)
             self._weight_refs.append(weights)
         out = [r for part in self._get(meta_refs) for r in part]
@@ -769,9 +824,10 @@ class RayExecutor(LocalExecutor):
             # the last to use it, has been folded (waited for below) before this submit
             slot = p % shared_uploads.SLOTS
             metas, uploads = [], []
-            for h, group in self._by_host(part).items():
+            for h, (group, guests) in self._assign(part).items():
                 meta, weights = self.hosts[h].fit_split.options(num_returns=2).remote(
-                    rnd, group, lost, slot if h in self._shared_hosts else None)
+                    rnd, group, lost, guests,
+                    shared_slot=slot if h in self._shared_hosts else None)
                 metas.append(meta)
                 uploads.append(weights)
             keep = fold.intersection(t.client_id for t in part)

@@ -346,9 +346,20 @@ class ClientAlgorithm:
 
     name: ClassVar[str] = "base"
     Params: ClassVar[type[BaseModel]] = NoParams  # the same class as the server side's
+    #: Set (by a class itself: it is not inherited, see :meth:`movable`) when the
+    #: algorithm's clients keep nothing between rounds (``ctx.state`` stays empty), so
+    #: that any host can train any of them with the same result.
+    keeps_no_state: ClassVar[bool] = False
 
     def __init__(self, params: dict[str, Any]) -> None:
         self.params = self.Params(**params)
+
+    @classmethod
+    def movable(cls) -> bool:
+        """Whether a round may train this class's clients on hosts other than their own
+        (to even out the hosts' work): only when the class itself says its clients keep
+        no state, not a subclass that may keep some (FedProx over FedAvg)."""
+        return bool(vars(cls).get("keeps_no_state", False))
 
     def fit(self, ctx: ClientContext, task: ClientTask) -> ClientResult:
         raise NotImplementedError

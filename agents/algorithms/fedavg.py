@@ -210,6 +210,7 @@ class FedAvgServer(ServerAlgorithm):
 
 class FedAvgClient(ClientAlgorithm):
     name = "fedavg"
+    keeps_no_state = True  # trains from the global model every round
 
     def extra_loss(self, ctx: ClientContext, task: ClientTask):
         """Hook for regularised variants (FedProx): a term added to every step's loss."""
