@@ -415,3 +415,28 @@ def test_shared_upload_files_slots_and_clean_up(tmp_path, monkeypatch):
     assert f"{mine}0" in names and f"{shared_uploads.PREFIX}{proc.pid}-t1-0" not in names
     shared_uploads.remove(mine)
     assert f"{mine}0" not in {p.name for p in tmp_path.iterdir()}
+
+
+def test_a_round_s_shared_weights_are_put_in_the_object_store_once():
+    """The global model every task of a round carries is put once and travels as one
+    reference; distinct arrays get one each; small ones (and None) stay inline."""
+    from agents.algorithms import ClientTask
+
+    puts: list[np.ndarray] = []
+
+    class FakeRay:
+        @staticmethod
+        def put(value):
+            puts.append(value)
+            return ("ref", len(puts))
+
+    big = np.zeros(execution.SHARE_WEIGHTS_BYTES // 4, dtype=np.float32)
+    other = np.ones_like(big)
+    small = np.zeros(10, dtype=np.float32)
+    tasks = [ClientTask(0, big, 1), ClientTask(1, big, 1), ClientTask(2, other, 1),
+             ClientTask(3, small, 1), ClientTask(4, None, 0), ClientTask(5, big, 1)]
+    out = execution._weights_by_reference(FakeRay, tasks)
+    assert len(puts) == 2 and puts[0] is big and puts[1] is other
+    assert [t.weights for t in out[:3]] == [("ref", 1), ("ref", 1), ("ref", 2)]
+    assert out[3].weights is small and out[4].weights is None and out[5].weights == ("ref", 1)
+    assert [t.client_id for t in out] == list(range(6)) and tasks[0].weights is big
