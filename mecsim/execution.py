@@ -466,6 +466,15 @@ class CentralServerActor(CentralServer):
         super().__init__(*args, **kwargs)
         _freeze_heap()
 
+    def plan_by_reference(self, rnd: int) -> tuple[list[int], list[ClientTask]]:
+        """A flat algorithm's :meth:`plan`, its large task weights put in the object
+        store here, once each (:func:`_weights_by_reference`): the driver then passes
+        references on to the hosts without ever reading the model."""
+        import ray
+
+        selected, tasks, _ = self.plan(rnd)
+        return selected, _weights_by_reference(ray, tasks)
+
     def node_id(self) -> str:
         """The Ray node this server runs on."""
         import ray
@@ -820,9 +829,9 @@ class RayExecutor(LocalExecutor):
         self._start()
 
     def plan(self, rnd: int) -> tuple[list[int], list[ClientTask]]:
-        selected, tasks, downlinks = self._get(self.server.plan.remote(rnd))
         if not self.edges:
-            return selected, tasks
+            return self._get(self.server.plan_by_reference.remote(rnd))
+        selected, tasks, downlinks = self._get(self.server.plan.remote(rnd))
         groups = self._by_edge(tasks)
         stored: dict[int, Any] = {}  # one object-store copy of what several receive
         refs = []
