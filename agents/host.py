@@ -66,17 +66,19 @@ class ClientHost:
         self.costs = StepCosts()
         _, client_cls = algorithm_classes(setup.algorithm)
         self.algorithm = client_cls(setup.algorithm_params)
-        self.pools = pools
+        # a host keeps the data set only if it may be lent clients (see fit)
+        self.pools = pools if client_cls.movable() else None
         self.data: dict[int, tuple[torch.Tensor, ...]] = {}
         self.state: dict[int, dict[str, Any]] = {}
         self._guests: dict[int, tuple[torch.Tensor, ...]] = {}
         for cid, (train_idx, test_idx) in clients.items():
-            self.data[cid] = self._client_data(train_idx, test_idx)
+            self.data[cid] = self._client_data(pools, train_idx, test_idx)
             self.state[cid] = {}
 
-    def _client_data(self, train_idx: np.ndarray, test_idx: np.ndarray
+    @staticmethod
+    def _client_data(pools: DataPools, train_idx: np.ndarray, test_idx: np.ndarray
                      ) -> tuple[torch.Tensor, ...]:
-        pools, name = self.pools, self.pools.train.name
+        name = pools.train.name
         return (normalise(pools.train.images[train_idx], name),
                 torch.from_numpy(pools.train.labels[train_idx].astype(np.int64)),
                 normalise(pools.test.images[test_idx], name),
@@ -110,7 +112,11 @@ class ClientHost:
         host keeps, lent to this one to even out a round's work; only an algorithm whose
         clients keep no state between rounds (:meth:`ClientAlgorithm.movable`) is given
         any, and a guest that leaves state behind stops the run."""
-        self._guests = {cid: self._client_data(*idx) for cid, idx in (guests or {}).items()}
+        if guests and self.pools is None:
+            raise RuntimeError(f"algorithm {self.setup.algorithm!r}: its clients keep state "
+                               "and cannot be lent to another host")
+        self._guests = {cid: self._client_data(self.pools, *idx)
+                        for cid, idx in (guests or {}).items()}
         try:
             return [self._fit_one(rnd, task, lost) for task in tasks]
         finally:

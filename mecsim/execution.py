@@ -269,6 +269,7 @@ class ClientHostActor(ClientHost):
     travels."""
 
     _hold_uploads = False
+    _fitting = False  # within fit: upload_row hands out rows only then
     _upload_rows: np.ndarray = np.empty((0, 0), dtype=np.float32)
     _own_rows: np.ndarray = np.empty((0, 0), dtype=np.float32)
 
@@ -286,25 +287,26 @@ class ClientHostActor(ClientHost):
 
     def _shared_rows(self, slot: int, n_rows: int) -> np.ndarray | None:
         """Rows in slot ``slot`` of the host's shared file (made on first use), or None
-        when there is none (no path given, or the file cannot be made)."""
-        if self._arena is None:
-            if self.uploads_path is None:
-                return None
-            try:
+        when there is none: no path given, or the file or its memory cannot be had (e.g.
+        a full ``/dev/shm``); the host then keeps to the object store, with a warning."""
+        if self.uploads_path is None:
+            return None
+        try:
+            if self._arena is None:
                 self._arena = shared_uploads.UploadArena(Path(self.uploads_path),
                                                          self.hold_uploads_bytes)
-            except OSError as exc:  # e.g. /dev/shm full: the object store still works
-                logging.getLogger(__name__).warning(
-                    "host uploads go through the object store (%s: %s)",
-                    self.uploads_path, exc)
-                self.uploads_path = None
-                return None
-        return self._arena.rows(slot, n_rows, self.layout.size)
+            return self._arena.rows(slot, n_rows, self.layout.size)
+        except OSError as exc:
+            logging.getLogger(__name__).warning(
+                "host uploads go through the object store (%s: %s)", self.uploads_path, exc)
+            self.uploads_path = None
+            return None
 
     def fit(self, rnd: int, tasks: list[ClientTask], lost: frozenset[int] = frozenset(),
             guests: dict[int, tuple[np.ndarray, np.ndarray]] | None = None
             ) -> list[ClientResult]:
         tasks = _resolve_weights(tasks)
+        self._fitting = True
         self._hold_uploads = len(tasks) * self.layout.nbytes <= self.hold_uploads_bytes
         self._held = 0
         self._shared = False
@@ -318,13 +320,17 @@ class ClientHostActor(ClientHost):
                 if len(self._own_rows) < len(tasks):
                     self._own_rows = np.empty((len(tasks), self.layout.size), dtype=np.float32)
                 self._upload_rows = self._own_rows
-        return super().fit(rnd, tasks, lost, guests)
+        try:
+            return super().fit(rnd, tasks, lost, guests)
+        finally:
+            self._fitting = False
 
     def upload_row(self) -> np.ndarray | None:
         """The next row of the upload buffer when this call's uploads are held: an
         algorithm that writes its upload there (FedAvg's get_flat) saves the copy
         :meth:`detach` would make."""
-        if not self._hold_uploads or self._held >= len(self._upload_rows):
+        if (not self._fitting or not self._hold_uploads
+                or self._held >= len(self._upload_rows)):
             return None
         return self._upload_rows[self._held]
 
@@ -699,6 +705,7 @@ class RayExecutor(LocalExecutor):
         self._init(server_kwargs, setup, pools, host_clients)
         self._pools_ref = ray.put(pools)
         self._uploads_prefix: str | None = None  # this start's shared upload files
+        self._all_prefixes: list[str] = []  # every start's: swept again on close
         self._shared_hosts: set[int] = set()  # hosts on the central server's node
         if shared_uploads.available():
             shared_uploads.remove_stale()
@@ -722,6 +729,8 @@ class RayExecutor(LocalExecutor):
         prefix = self._uploads_prefix = (
             shared_uploads.executor_prefix(os.urandom(4).hex())
             if SHARED_UPLOADS and shared_uploads.available() else None)
+        if prefix:
+            self._all_prefixes.append(prefix)
         self.hosts = [host_actor.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
                           self._group, placement_group_bundle_index=h)).remote(
                           setup, self._pools_ref, clients, HOLD_UPLOADS_BYTES,
@@ -870,6 +879,8 @@ class RayExecutor(LocalExecutor):
         tasks = _weights_by_reference(self._ray, tasks)
         meta_refs: list[Any] = []
         folds: list[Any] = []
+        if STREAM_PARTS_IN_FLIGHT > shared_uploads.SLOTS:
+            raise RuntimeError("more streamed parts in flight than shared upload slots")
         for p, part in enumerate(stream_parts(tasks)):
             # part p may write slot p % SLOTS of a host's shared file: part p - SLOTS,
             # the last to use it, has been folded (waited for below) before this submit
@@ -945,5 +956,9 @@ class RayExecutor(LocalExecutor):
 
     def close(self) -> None:
         self._kill_all()
+        # a host killed while it made its file (ray.kill does not wait) may have made it
+        # after its start's sweep: every start's files are swept again
+        for prefix in self._all_prefixes:
+            shared_uploads.remove(prefix)
         if self._owns_ray:
             self._ray.shutdown()

@@ -21,20 +21,23 @@ part ``p`` only after the server has folded part ``p - SLOTS`` (see
 :data:`mecsim.execution.STREAM_PARTS_IN_FLIGHT`), and a round's last part is folded
 before the next round starts, so a slot is never written while it is read.
 
-Clean-up: the files are named ``mecsim-uploads-<driver pid>-<token>-<host>``. The server
+Clean-up: the files are named ``mecsim-uploads-<machine>-<driver pid>-<token>-<host>``
+and reserve their memory before it is written (a full ``/dev/shm``, e.g. a container's
+64 MB, makes the host fall back to the object store instead of crashing). The server
 removes a file's name as soon as it has mapped it (the memory goes when the host and the
 server processes are gone, however they end); for a file the server never mapped, the
 executor removes its own when it closes or restarts its actors, and every new executor
-removes those whose driver process is gone (a driver killed with SIGKILL). Those two see
-only the driver's machine: when the server runs on another node of a cluster, a file its
-host made there is left behind only if the server died between the host's first write
-and its own first read.
+removes this user's files of this machine whose driver process is gone (a driver killed
+with SIGKILL). Those two see only the driver's machine: when the server runs on another
+node of a cluster, a file its host made there is left behind only if the server died
+between the host's first write and its own first read.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,9 +49,16 @@ PREFIX = "mecsim-uploads-"
 SLOTS = 2
 
 
+def _machine() -> str:
+    """This machine's name as it appears in file names (no ``-``)."""
+    return socket.gethostname().replace("-", "_").replace("/", "_") or "host"
+
+
 def executor_prefix(token: str) -> str:
-    """The file-name prefix of one executor's hosts (``<PREFIX><pid>-<token>-``)."""
-    return f"{PREFIX}{os.getpid()}-{token}-"
+    """The file-name prefix of one executor's hosts
+    (``<PREFIX><machine>-<driver pid>-<token>-``): a driver's pid means something only on
+    its own machine, so clean-up looks only at names of this machine."""
+    return f"{PREFIX}{_machine()}-{os.getpid()}-{token}-"
 
 
 def available() -> bool:
@@ -64,19 +74,23 @@ class UploadArena:
         page = mmap.PAGESIZE
         self.path = path
         self.slot_bytes = -(-slot_bytes // page) * page
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        self._reserved = [0] * SLOTS  # bytes of each slot given memory (posix_fallocate)
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            os.ftruncate(fd, SLOTS * self.slot_bytes)
-            self._map = mmap.mmap(fd, SLOTS * self.slot_bytes)
+            os.ftruncate(self._fd, SLOTS * self.slot_bytes)
+            self._map = mmap.mmap(self._fd, SLOTS * self.slot_bytes)
         except BaseException:
-            os.close(fd)
+            os.close(self._fd)
             path.unlink(missing_ok=True)
             raise
-        os.close(fd)
         self._bytes = np.frombuffer(self._map, dtype=np.uint8)
 
     def rows(self, slot: int, n_rows: int, row_elements: int) -> np.ndarray:
-        """``n_rows`` float32 rows of ``row_elements`` in slot ``slot`` (writable)."""
+        """``n_rows`` float32 rows of ``row_elements`` in slot ``slot`` (writable).
+
+        Their memory is reserved first (``posix_fallocate``): the file is sparse, and a
+        write to a page a full ``/dev/shm`` cannot back would kill the process (SIGBUS);
+        a reservation that does not fit raises :class:`OSError` (ENOSPC) instead."""
         if not 0 <= slot < SLOTS:
             raise ValueError(f"slot {slot} is not in 0..{SLOTS - 1}")
         nbytes = n_rows * row_elements * 4
@@ -84,6 +98,9 @@ class UploadArena:
             raise ValueError(f"{n_rows} rows of {row_elements} floats do not fit a slot "
                              f"of {self.slot_bytes} bytes")
         start = slot * self.slot_bytes
+        if nbytes > self._reserved[slot]:
+            os.posix_fallocate(self._fd, start, nbytes)
+            self._reserved[slot] = nbytes
         return self._bytes[start:start + nbytes].view(np.float32).reshape(n_rows, row_elements)
 
     def offset(self, slot: int) -> int:
@@ -131,18 +148,30 @@ def _mapped(path: str) -> np.ndarray:
 
 
 def remove(prefix: str) -> None:
-    """Remove every upload file whose name starts with ``prefix`` (mappings stay valid
-    until their processes let go of them)."""
+    """Remove every upload file of ours whose name starts with ``prefix`` (mappings stay
+    valid until their processes let go of them)."""
     for path in SHM_DIR.glob(f"{prefix}*"):
-        path.unlink(missing_ok=True)
+        _unlink_own(path)
 
 
 def remove_stale() -> None:
-    """Remove the upload files of drivers that are no longer running."""
-    for path in SHM_DIR.glob(f"{PREFIX}*"):
-        pid = path.name[len(PREFIX):].split("-", 1)[0]
+    """Remove this user's upload files of drivers on this machine that are no longer
+    running (another user's files, or another machine's, are left alone)."""
+    mine = f"{PREFIX}{_machine()}-"
+    for path in SHM_DIR.glob(f"{mine}*"):
+        pid = path.name[len(mine):].split("-", 1)[0]
         if pid.isdigit() and not _alive(int(pid)):
-            path.unlink(missing_ok=True)
+            _unlink_own(path)
+
+
+def _unlink_own(path: Path) -> None:
+    """Remove ``path`` if this user owns it; a file gone meanwhile, or one that cannot be
+    removed, is not an error (clean-up never stops a run)."""
+    try:
+        if path.stat().st_uid == os.getuid():
+            path.unlink()
+    except OSError:
+        pass
 
 
 def _alive(pid: int) -> bool:

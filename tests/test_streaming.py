@@ -3,6 +3,7 @@ same bits as holding them all until the round is timed."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import numpy as np
@@ -407,36 +408,47 @@ def test_shared_upload_files_slots_and_clean_up(tmp_path, monkeypatch):
 
     proc = subprocess.Popen(["sleep", "0"])  # its pid: a driver that has exited
     proc.wait()
+    here = shared_uploads._machine()
     mine = shared_uploads.executor_prefix("t0")
-    (tmp_path / f"{mine}0").write_bytes(b"x")
-    (tmp_path / f"{shared_uploads.PREFIX}{proc.pid}-t1-0").write_bytes(b"x")
+    dead = f"{shared_uploads.PREFIX}{here}-{proc.pid}-t1-0"
+    elsewhere = f"{shared_uploads.PREFIX}othermachine-{proc.pid}-t2-0"
+    for name in (f"{mine}0", dead, elsewhere):
+        (tmp_path / name).write_bytes(b"x")
+    with monkeypatch.context() as m:  # files of another user are never touched
+        other_uid = os.getuid() + 1
+        m.setattr(shared_uploads.os, "getuid", lambda: other_uid)
+        shared_uploads.remove_stale()
+        shared_uploads.remove(mine)
+    assert {f"{mine}0", dead, elsewhere} <= {p.name for p in tmp_path.iterdir()}
     shared_uploads.remove_stale()
-    names = sorted(p.name for p in tmp_path.iterdir())
-    assert f"{mine}0" in names and f"{shared_uploads.PREFIX}{proc.pid}-t1-0" not in names
+    names = {p.name for p in tmp_path.iterdir()}
+    assert f"{mine}0" in names and elsewhere in names and dead not in names
     shared_uploads.remove(mine)
     assert f"{mine}0" not in {p.name for p in tmp_path.iterdir()}
 
 
-def test_a_round_s_shared_weights_are_put_in_the_object_store_once():
-    """The global model every task of a round carries is put once and travels as one
-    reference; distinct arrays get one each; small ones (and None) stay inline."""
-    from agents.algorithms import ClientTask
+def test_a_host_whose_shared_file_gets_no_memory_falls_back_to_the_object_store(
+        tmp_path, monkeypatch, caplog):
+    """A full /dev/shm (a container's 64 MB): reserving the rows' memory fails with
+    ENOSPC, and the host hands its uploads over through the object store instead of
+    writing to pages nothing backs (SIGBUS)."""
+    import errno
+    import gc
 
-    puts: list[np.ndarray] = []
+    prepared = prepare(tiny(topology={"clients": 3}), "t", None, backend="local", hosts=1)
+    _, setup, pools, host_clients = prepared.executor._args
+    _, tasks = prepared.executor.plan(0)
+    try:
+        actor = execution.ClientHostActor(setup, pools, host_clients[0],
+                                          uploads_path=str(tmp_path / "u"))
+    finally:
+        gc.unfreeze()
 
-    class FakeRay:
-        @staticmethod
-        def put(value):
-            puts.append(value)
-            return ("ref", len(puts))
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
 
-    big = np.zeros(execution.SHARE_WEIGHTS_BYTES // 4, dtype=np.float32)
-    other = np.ones_like(big)
-    small = np.zeros(10, dtype=np.float32)
-    tasks = [ClientTask(0, big, 1), ClientTask(1, big, 1), ClientTask(2, other, 1),
-             ClientTask(3, small, 1), ClientTask(4, None, 0), ClientTask(5, big, 1)]
-    out = execution._weights_by_reference(FakeRay, tasks)
-    assert len(puts) == 2 and puts[0] is big and puts[1] is other
-    assert [t.weights for t in out[:3]] == [("ref", 1), ("ref", 1), ("ref", 2)]
-    assert out[3].weights is small and out[4].weights is None and out[5].weights == ("ref", 1)
-    assert [t.client_id for t in out] == list(range(6)) and tasks[0].weights is big
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    with caplog.at_level("WARNING"):
+        _, rows = actor.fit_split(0, tasks, shared_slot=0)
+    assert isinstance(rows, execution.UploadRows) and len(rows.client_ids) == 3
+    assert "No space left" in caplog.text and actor.uploads_path is None
