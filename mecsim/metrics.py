@@ -242,6 +242,23 @@ class MetricsExporter(RunObserver):
             self.actor_failures.labels(run=info.run_id, algorithm=row["algorithm"]).inc(
                 _number(row.get("faults")))
 
+    def on_run_replay(self, info: RunInfo, rounds: list[dict[str, Any]],
+                      client_rows: dict[int, list[dict[str, Any]]],
+                      checkpoint: dict[str, Any] | None = None) -> None:
+        """A finished run's series rebuilt from its records, as the exporter that watched
+        it had them at its end: for a service that adopts a run which finished while the
+        service died (``client_rows``: each round's rows of ``clients.csv``;
+        ``checkpoint``: run.json's last checkpoint, for its two gauges)."""
+        self.on_run_start(info)
+        for row in rounds:
+            self.on_round_end(info, row, client_rows.get(int(row["round"]), []), None)
+            self.actor_failures.labels(run=info.run_id, algorithm=row["algorithm"]).inc(
+                _number(row.get("faults")))
+        if checkpoint:
+            self.on_checkpoint(info, int(checkpoint.get("rounds_done", 0)),
+                               int(checkpoint.get("bytes", 0)),
+                               float(checkpoint.get("seconds", 0.0)))
+
     def _count(self, info, row: dict[str, Any]) -> None:
         """The counters' increments of one round."""
         lab = {"run": info.run_id, "algorithm": row["algorithm"]}

@@ -144,6 +144,55 @@ def test_a_run_that_finished_as_the_server_died_is_kept_not_run_again(tmp_path, 
     store.close()
 
 
+def _samples(page: str) -> dict[tuple, float]:
+    """A text-format page's samples, {(name, sorted labels): value}, without the
+    ``_created`` timestamps (when a series was made, not what it says)."""
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(page) for s in family.samples
+            if not s.name.endswith("_created")}
+
+
+def test_an_adopted_run_s_prometheus_series_are_rebuilt_from_its_records(tmp_path,
+                                                                         monkeypatch):
+    """A run that finished as the server died: the restarted server's /metrics shows it
+    with every series the exporter that watched it had at its end (counters, gauges,
+    histograms of the clients' rates and phases, the last checkpoint), rebuilt from the
+    records, and keeps them for the retention like any finished run's."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from mecsim.metrics import MetricsExporter
+    from mecsim.records import RecordsWriter
+    from mecsim.service.worker import Worker
+
+    store = Store(tmp_path / "state")
+    text = tiny_yaml(rounds=3, faults={"crash_prob": 0.3, "dropout_prob": 0.2})
+    store.add_run("r0", "tiny", "fedavg", text, 3, max_waiting=10)
+    store.claim_next()
+    out = store.run_dir("r0")
+    out.mkdir(parents=True)
+    live = MetricsExporter(registry=CollectorRegistry())
+    run(Scenario.model_validate(yaml.safe_load(text)), "r0", out, [RecordsWriter(out), live])
+    expected = _samples(generate_latest(live.registry).decode())
+    store.close()
+
+    store = Store(tmp_path / "state")  # the server starts again
+    store.recover()
+    series = RunSeries(retention_s=600)
+    worker = Worker(store, exporter=series.exporter, on_finished=series.finished)
+    monkeypatch.setattr(worker, "_start", lambda r: pytest.fail("the run was started again"))
+    worker._execute(store.claim_next())
+    assert store.get_run("r0").status == "finished"
+    got = _samples(series.render())
+    assert len(series) == 1  # kept as a finished run's, for the retention
+    assert got[("mecsim_rounds_total", (("algorithm", "fedavg"), ("run", "r0")))] == 3
+    assert any(name == "mecsim_channel_rate_bytes_per_second_count" and value > 0
+               for (name, _), value in got.items())
+    key = ("mecsim_checkpoint_write_seconds", (("algorithm", "fedavg"), ("run", "r0")))
+    assert got.pop(key) == pytest.approx(expected.pop(key), abs=1e-6)  # run.json: to the µs
+    assert got == expected
+    store.close()
+
+
 def test_an_interrupted_run_whose_folder_another_process_holds_fails_untouched(
         tmp_path, monkeypatch):
     """A folder still locked by another live process after LOCK_WAIT_S (a user's

@@ -332,10 +332,37 @@ class Worker:
             raise RunFolderError(f"{out_dir}: says finished, but its rounds.csv holds rounds "
                                  f"{_span(numbers)}, not 0-{planned - 1}")
         self.store.replace_rounds(run.id, rows)
+        self._replay_series(run, out_dir, rows)
         draw_in_child(out_dir, planned)
         log.warning("mecsim serve: run %s had finished before the server stopped; its %d "
                     "rounds are kept as they were recorded", run.id, len(rows))
         return rows
+
+    def _replay_series(self, run: Run, out_dir: Path, rows: list[dict[str, Any]]) -> None:
+        """An adopted run's Prometheus series, rebuilt from its records (the server that
+        watched it died with them), so /metrics shows it finished, as a run that ended
+        under this server does until its retention is over."""
+        from mecsim.metrics import MetricsExporter
+        from mecsim.observers import RunInfo
+        from mecsim.replay import read_csv_exact
+        from mecsim.runfolder import read_meta
+
+        scenario = self._scenario(run)
+        if self.exporter is None or not scenario.metrics.enabled:
+            return
+        exporter = self.exporter(run.id)
+        if not isinstance(exporter, MetricsExporter):
+            return
+        meta = read_meta(out_dir)
+        clients: dict[int, list[dict[str, Any]]] = {}
+        if (out_dir / "clients.csv").is_file():
+            for row in read_csv_exact(out_dir / "clients.csv").to_dict("records"):
+                clients.setdefault(int(row["round"]), []).append(row)
+        info = RunInfo(run.id, scenario, out_dir, int(meta.get("num_params", 0)),
+                       int(meta.get("model_bytes", 0)), int(meta.get("step_memory_bytes", 0)),
+                       float(meta.get("step_flops", 0.0)), list(meta.get("client_devices", [])),
+                       extra={"backend": meta.get("backend", "ray")})
+        exporter.on_run_replay(info, rows, clients, meta.get("checkpoint"))
 
     def _execute(self, run: Run) -> None:
         from mecsim.runner import ScenarioInfeasible
