@@ -706,3 +706,43 @@ def test_figures_drawn_in_a_child_process_equal_the_run_s_own(tmp_path):
     for name in names:
         a, b = mpimg.imread(own / "plots" / name), mpimg.imread(child / "plots" / name)
         assert a.shape == b.shape and np.array_equal(a, b), name
+
+
+def test_a_plot_child_dies_with_the_process_that_started_it(tmp_path):
+    """A service killed outright takes its plot child with it (the restarted service
+    draws the same run's figures again): here a parent process starts the child as
+    draw_in_child does, its drawing replaced by a long sleep, and is SIGKILLed."""
+    import signal
+    import sys
+    import time
+
+    import psutil
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("PR_SET_PDEATHSIG is Linux's")
+    child_code = (
+        "import sys, time; import mecsim.service.plotjob as p; "
+        "p.plot_run_folder = lambda *a: time.sleep(120) or []; sys.exit(p.main())")
+    parent_code = (
+        "import os, subprocess, sys, time; "
+        f"c = subprocess.Popen([sys.executable, '-c', {child_code!r}, "
+        f"{str(tmp_path)!r}, '3', str(os.getpid())]); "
+        "print(c.pid, flush=True); time.sleep(120)")
+    parent = subprocess.Popen([sys.executable, "-c", parent_code], stdout=subprocess.PIPE,
+                              text=True)
+    child = None
+    try:
+        child = psutil.Process(int(parent.stdout.readline()))
+        time.sleep(3)  # the child has imported mecsim and asked to die with its parent
+        assert child.is_running() and child.status() != psutil.STATUS_ZOMBIE
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        deadline = time.monotonic() + 10
+        while child.is_running() and child.status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, "the plot child outlived its parent"
+            time.sleep(0.1)
+    finally:
+        parent.kill()
+        parent.wait(10)
+        if child is not None and child.is_running():
+            child.kill()

@@ -7,11 +7,16 @@ answered meanwhile waited 60-160 ms (measured with ``benchmarks/service.py``: 50
 pollers, p50 62 ms, p99 156 ms). :class:`ChildPlotWriter` draws the same figures from
 the run's records folder in a child process instead, so the API stays responsive:
 
-    python -m mecsim.service.plotjob RUN_DIR PLANNED_ROUNDS
+    python -m mecsim.service.plotjob RUN_DIR PLANNED_ROUNDS [PARENT_PID]
+
+On Linux the child dies with the process that started it (a service killed outright
+leaves no child drawing into a run folder the restarted service draws into again).
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -60,7 +65,8 @@ def draw_in_child(run_dir: Path, planned_rounds: int) -> list[Path]:
     """:func:`plot_run_folder` in a child process; the figures written (none, with the
     reason on stderr, when the child fails or takes over ``PLOT_TIMEOUT_S``)."""
     out_dir = Path(run_dir) / "plots"
-    cmd = [sys.executable, "-m", "mecsim.service.plotjob", str(run_dir), str(planned_rounds)]
+    cmd = [sys.executable, "-m", "mecsim.service.plotjob", str(run_dir), str(planned_rounds),
+           str(os.getpid())]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=PLOT_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -74,9 +80,31 @@ def draw_in_child(run_dir: Path, planned_rounds: int) -> list[Path]:
     return [Path(p) for p in done.stdout.split("\n") if p]
 
 
+PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Have the kernel kill this process when ``parent_pid``, the process that started
+    it, dies (Linux's PR_SET_PDEATHSIG; elsewhere nothing). A parent that died before the
+    request was made is not waited for: the process exits at once."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     run_dir, planned = args[0], int(args[1])
+    if len(args) > 2:
+        die_with_parent(int(args[2]))
     for path in plot_run_folder(run_dir, planned):
         print(path)
     return 0
