@@ -1,0 +1,60 @@
+"""The paper-table benchmarks' run folders (benchmarks/seeds.py): a finished run of the
+same scenario is reused, a killed one resumes from its checkpoint and ends with the
+records of an uninterrupted run, a run of another scenario is run again, and no
+checkpoint is left behind."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+from conftest import tiny
+
+from mecsim.records import RecordsWriter
+from mecsim.runner import run
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import seeds  # noqa: E402
+
+
+def _emulated(df: pd.DataFrame) -> pd.DataFrame:
+    """Without the run's name and the host's wall-clock and memory columns."""
+    return df.drop(columns=[c for c in df.columns if c.startswith("host_")
+                            or c in ("server_rss_mb", "run_id")])
+
+
+def test_a_killed_run_resumes_a_finished_one_is_reused_and_another_scenario_reruns(
+        tmp_path, capsys):
+    scenario = tiny(rounds=4, faults={"crash_prob": 0.2})
+    ref_rounds, ref_clients = seeds.run_or_reuse(scenario, tmp_path / "ref", "ref")
+    assert len(ref_rounds) == 4 and not (tmp_path / "ref" / "checkpoints").exists()
+
+    # killed after its second round (stopped there, its checkpoint written)
+    path = tmp_path / "killed"
+    calls = []
+    run(scenario, "killed", path, [RecordsWriter(path)],
+        should_stop=lambda: (calls.append(1), "interrupted" if len(calls) == 2 else False)[1])
+    assert len(pd.read_csv(path / "rounds.csv")) == 2
+    assert (path / "checkpoints").is_dir()
+    first_walls = pd.read_csv(path / "rounds.csv")["host_wall_s"].tolist()
+    capsys.readouterr()
+    rounds, clients = seeds.run_or_reuse(scenario, path, "killed")
+    assert "resuming after round 2" in capsys.readouterr().out
+    # the two rounds before the kill were not run again; the records are the whole run's
+    assert rounds["host_wall_s"].tolist()[:2] == first_walls
+    pd.testing.assert_frame_equal(_emulated(rounds), _emulated(ref_rounds))
+    pd.testing.assert_frame_equal(_emulated(clients), _emulated(ref_clients))
+    assert not (path / "checkpoints").exists()
+
+    # finished: reused as it is
+    again, _ = seeds.run_or_reuse(scenario, path, "killed")
+    assert "reusing" in capsys.readouterr().out
+    pd.testing.assert_frame_equal(again, rounds)
+
+    # another scenario in the same folder (other epochs): run again, not reused
+    other = tiny(rounds=4, faults={"crash_prob": 0.2}, training={"epochs": 2})
+    redone, _ = seeds.run_or_reuse(other, path, "killed")
+    assert "another scenario" in capsys.readouterr().out
+    assert len(redone) == 4 and not redone["train_loss"].equals(rounds["train_loss"])
+    assert seeds.same_scenario(path, other) and not seeds.same_scenario(path, scenario)
