@@ -30,7 +30,7 @@ import pandas as pd
 
 from mecsim.checkpoint import scenario_digest
 from mecsim.records import RecordsWriter
-from mecsim.runfolder import RunFolderError, prepare_resume
+from mecsim.runfolder import RunFolderError, RunFolderInUse, prepare_resume
 from mecsim.runner import run
 from mecsim.scenario import Scenario, ScenarioError, load_scenario
 
@@ -141,6 +141,8 @@ def run_or_reuse(scenario: Scenario, path: Path, label: str = "",
         if same:
             try:
                 target = prepare_resume(path, warn=lambda m: print(f"  {label}: {m}"))
+            except RunFolderInUse as exc:  # another benchmark is running it: not deleted
+                raise SystemExit(f"error: {exc}") from None
             except RunFolderError as exc:
                 print(f"  {label or path}: not resumable ({exc}); run again", flush=True)
         elif path.exists():

@@ -58,3 +58,25 @@ def test_a_killed_run_resumes_a_finished_one_is_reused_and_another_scenario_reru
     assert "another scenario" in capsys.readouterr().out
     assert len(redone) == 4 and not redone["train_loss"].equals(rounds["train_loss"])
     assert seeds.same_scenario(path, other) and not seeds.same_scenario(path, scenario)
+
+
+def test_a_run_another_process_is_running_is_neither_deleted_nor_run_twice(tmp_path):
+    """Two benchmark processes on one output folder: the second stops with the reason
+    when it comes to a run the first holds, instead of deleting it from under it."""
+    import pytest
+
+    from mecsim.runfolder import RunLock
+
+    scenario = tiny(rounds=2)
+    path = tmp_path / "busy"
+    calls = []
+    run(scenario, "busy", path, [RecordsWriter(path)],
+        should_stop=lambda: (calls.append(1), "interrupted")[1])
+    lock = RunLock(path).acquire()  # as the first process holds it while it runs
+    before = sorted(p.name for p in path.rglob("*"))
+    try:
+        with pytest.raises(SystemExit, match="in use"):
+            seeds.run_or_reuse(scenario, path, "busy")
+    finally:
+        lock.release()
+    assert sorted(p.name for p in path.rglob("*")) == before
