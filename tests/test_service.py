@@ -305,9 +305,13 @@ def test_prometheus_scrapes_the_service_across_two_runs_without_a_gap(server, cl
         for seed in (21, 22):  # two consecutive runs, one after the other
             ids.append(client.submit(tiny_yaml(rounds=2, seed=seed)))
             assert client.wait(ids[-1], timeout_s=120)["status"] == "finished"
-        wait_for(lambda: all(float(_prom_get(api, "query", query=f'mecsim_rounds_total{{run='
-                                             f'"{i}"}}')["result"][0]["value"][1]) == 2
-                             for i in ids), 30, "the last rounds to be scraped")
+
+        def scraped(run_id: str) -> bool:  # no series yet until a scrape has seen the run
+            result = _prom_get(api, "query",
+                               query=f'mecsim_rounds_total{{run="{run_id}"}}')["result"]
+            return bool(result) and float(result[0]["value"][1]) == 2
+
+        wait_for(lambda: all(scraped(i) for i in ids), 30, "the last rounds to be scraped")
         time.sleep(2)
         t1 = time.time()
         span = int(t1 - t0)
