@@ -10,9 +10,10 @@ run does not see. The standard deviation is the sample one (ddof = 1). An orderi
 Runs are kept under ``OUT/<variant>/seed<k>/``: a finished run of the same scenario is
 reused (a table can be rebuilt from the records alone), a run that was killed resumes
 from its newest checkpoint (as ``mecsim run --resume`` does), and a run of another
-scenario (say other ``--epochs``) is run again. A finished run's checkpoints are
-deleted: its records are what is reused, and KAPC on the ResNet18 system scenario
-leaves ~6.5 GB of them per run (every client's personal model).
+scenario (say other ``--epochs``) is run again. Of a finished run only the newest
+checkpoint is kept (``kapc_relations.py`` reads it; its records are what is reused): KAPC
+on the ResNet18 system scenario left ~6.5 GB of them per run (every client's personal
+model), ~3.5-4.4 GB with one.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mecsim.checkpoint import scenario_digest
+from mecsim.checkpoint import CheckpointStore, scenario_digest
 from mecsim.records import RecordsWriter
 from mecsim.runfolder import RunFolderError, RunFolderInUse, prepare_resume
 from mecsim.runner import run
@@ -161,7 +162,8 @@ def run_or_reuse(scenario: Scenario, path: Path, label: str = "",
             run(scenario, label or path.name, path, [RecordsWriter(path)], hosts=hosts)
         print(f"  {label or path}: {scenario.rounds} rounds in "
               f"{time.perf_counter() - start:.0f} s host", flush=True)
-    shutil.rmtree(path / "checkpoints", ignore_errors=True)
+    # the newest checkpoint stays (kapc_relations.py reads the server's state from it)
+    CheckpointStore(path, label, "").prune(keep=1)
     clients = path / "clients.csv"
     return (pd.read_csv(path / "rounds.csv"),
             pd.read_csv(clients) if clients.is_file() else pd.DataFrame())

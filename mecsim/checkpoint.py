@@ -160,13 +160,17 @@ class CheckpointStore:
             fsync_dir(self.dir)
             self._blobs = known
             self._refs[path] = refs
-            for old in self.all()[:-self.keep]:
-                old.unlink(missing_ok=True)
-                self._refs.pop(old, None)
-            self._prune_blobs()
+            self.prune(self.keep)
         self.last_bytes = written
         self.last_seconds = time.perf_counter() - start
         return path
+
+    def prune(self, keep: int) -> None:
+        """Keep only the ``keep`` newest checkpoints and the blobs they refer to."""
+        for old in self.all()[:-max(1, keep)]:
+            old.unlink(missing_ok=True)
+            self._refs.pop(old, None)
+        self._prune_blobs()
 
     def _prune_blobs(self) -> None:
         """Remove blobs no kept checkpoint refers to."""

@@ -1,7 +1,7 @@
 """The paper-table benchmarks' run folders (benchmarks/seeds.py): a finished run of the
 same scenario is reused, a killed one resumes from its checkpoint and ends with the
-records of an uninterrupted run, a run of another scenario is run again, and no
-checkpoint is left behind."""
+records of an uninterrupted run, a run of another scenario is run again, and only a
+finished run's newest checkpoint is kept."""
 
 from __future__ import annotations
 
@@ -18,6 +18,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import seeds  # noqa: E402
 
 
+def _checkpoints(path: Path) -> list[str]:
+    return sorted(p.name for p in (path / "checkpoints").glob("round-*.pt"))
+
+
 def _emulated(df: pd.DataFrame) -> pd.DataFrame:
     """Without the run's name and the host's wall-clock and memory columns."""
     return df.drop(columns=[c for c in df.columns if c.startswith("host_")
@@ -28,7 +32,7 @@ def test_a_killed_run_resumes_a_finished_one_is_reused_and_another_scenario_reru
         tmp_path, capsys):
     scenario = tiny(rounds=4, faults={"crash_prob": 0.2})
     ref_rounds, ref_clients = seeds.run_or_reuse(scenario, tmp_path / "ref", "ref")
-    assert len(ref_rounds) == 4 and not (tmp_path / "ref" / "checkpoints").exists()
+    assert len(ref_rounds) == 4 and _checkpoints(tmp_path / "ref") == ["round-000004.pt"]
 
     # killed after its second round (stopped there, its checkpoint written)
     path = tmp_path / "killed"
@@ -45,7 +49,7 @@ def test_a_killed_run_resumes_a_finished_one_is_reused_and_another_scenario_reru
     assert rounds["host_wall_s"].tolist()[:2] == first_walls
     pd.testing.assert_frame_equal(_emulated(rounds), _emulated(ref_rounds))
     pd.testing.assert_frame_equal(_emulated(clients), _emulated(ref_clients))
-    assert not (path / "checkpoints").exists()
+    assert _checkpoints(path) == ["round-000004.pt"]  # the newest only
 
     # finished: reused as it is
     again, _ = seeds.run_or_reuse(scenario, path, "killed")
