@@ -188,9 +188,17 @@ def _status(cid: int, completed: set[int], rejected: set[int], rf: faults.RoundF
     return "rejected_nonfinite" if cid in rejected else "completed"
 
 
-def run_round(rs: RunSetup, rnd: int, elapsed_s: float) -> tuple[dict, list[dict], dict]:
-    """One round; returns (round row, client rows, op-traces record)."""
+def run_round(rs: RunSetup, rnd: int, elapsed_s: float, *, plan_next: bool = False
+              ) -> tuple[dict, list[dict], dict]:
+    """One round; returns (round row, client rows, op-traces record).
+
+    ``plan_next``: the run loop goes straight on to the next round (no checkpoint in
+    between, not the last round), so, when this round does not evaluate either, the
+    executor is asked to plan it ahead (:meth:`LocalExecutor.plan_ahead`)."""
     sc = rs.info.scenario
+    last = rnd == sc.rounds - 1
+    evaluates = (rnd + 1) % sc.evaluation.every == 0 or last
+    plan_ahead = plan_next and not evaluates and not last
     wall0 = time.perf_counter()
     selected, tasks = rs.executor.plan(rnd)
     rf = faults.draw_round(sc.faults, sc.seed, rnd, selected)
@@ -200,6 +208,8 @@ def run_round(rs: RunSetup, rnd: int, elapsed_s: float) -> tuple[dict, list[dict
     fold = frozenset(t.client_id for t in trained) - set(rf.failed) if rs.streams else None
     results = rs.executor.fit(rnd, trained, frozenset(rf.crash_at), fold=fold)
     train_wall = time.perf_counter() - wall0
+    if plan_ahead and rs.streams:  # the server has been asked for all of this round's work
+        rs.executor.plan_ahead(rnd + 1)
     traces = {r.client_id: r.trace for r in results}
     for cid, at in rf.crash_at.items():
         traces[cid] = faults.crash_trace(traces[cid], at)
@@ -223,6 +233,8 @@ def run_round(rs: RunSetup, rnd: int, elapsed_s: float) -> tuple[dict, list[dict
             f"({sorted(completed_ids - fold)[:5]}); set execution.stream_aggregation: off "
             "and report this scenario")
     agg = rs.executor.aggregate(rnd, [r for r in results if r.client_id in completed_ids])
+    if plan_ahead and not rs.streams:
+        rs.executor.plan_ahead(rnd + 1)
     rejected = set(agg.rejected)
     aggregate_s = rs.server_profile.compute_time_s(agg.flops, 0)
     timing = time_round(traces, specs, servers, net, aggregate_s=aggregate_s, failed=failed,
@@ -230,8 +242,7 @@ def run_round(rs: RunSetup, rnd: int, elapsed_s: float) -> tuple[dict, list[dict
 
     evals: dict[int, tuple[float, float]] = {}
     eval_extras: dict[int, dict[str, float]] = {}  # an algorithm's own per-client figures
-    last = rnd == sc.rounds - 1
-    if (rnd + 1) % sc.evaluation.every == 0 or last:
+    if evaluates:
         who = list(range(sc.topology.clients)) if sc.evaluation.clients == "all" else selected
         for cid, acc, loss, _, *extra in rs.executor.evaluate(rnd, who):
             evals[cid] = (acc, loss)
@@ -393,7 +404,9 @@ class _Loop:
         while self.rnd < sc.rounds:
             kill_point(f"round-start:{self.rnd}")
             try:
-                row, client_rows, traces = run_round(self.rs, self.rnd, self.elapsed_s)
+                checkpoint_next = bool(self.every) and (self.rnd + 1) % self.every == 0
+                row, client_rows, traces = run_round(self.rs, self.rnd, self.elapsed_s,
+                                                     plan_next=not checkpoint_next)
             except ActorFailure as exc:
                 faults_in_round, recoveries = faults_in_round + 1, recoveries + 1
                 self._emit("on_fault", self.rnd, str(exc))

@@ -461,3 +461,70 @@ def test_a_host_whose_shared_file_gets_no_memory_falls_back_to_the_object_store(
         _, rows = actor.fit_split(0, tasks, shared_slot=0)
     assert isinstance(rows, execution.UploadRows) and len(rows.client_ids) == 3
     assert "No space left" in caplog.text and actor.uploads_path is None
+
+
+@pytest.mark.ray
+def test_rounds_planned_ahead_under_ray_give_the_in_process_records_and_resume_the_same(
+        tmp_path, monkeypatch):
+    """The server plans the next round while the driver times the one that ends, only
+    when nothing else reaches the server in between: not after a round that evaluates
+    (every 3rd here) or is followed by a checkpoint (every 4th). The records are the
+    in-process run's (which plans nothing ahead) bit for bit, half the clients drawn
+    each round, for a run killed after round 4 and resumed from its checkpoint; and a server call other than that plan refuses to run after it."""
+    def scenario(backend: str):
+        return tiny(rounds=6, topology={"clients": 12, "participation": 0.5},
+                    faults={"crash_prob": 0.2, "dropout_prob": 0.2},
+                    evaluation={"every": 3}, checkpoint={"every": 4, "keep": 2},
+                    execution={"backend": backend, "hosts": 2})
+
+    ahead: list[int] = []
+    real_plan_ahead = execution.RayExecutor.plan_ahead
+
+    def plan_ahead(self, rnd):
+        ahead.append(rnd)
+        real_plan_ahead(self, rnd)
+
+    monkeypatch.setattr(execution.RayExecutor, "plan_ahead", plan_ahead)
+    import ray
+
+    # one Ray instance for the three runs below (each would otherwise start its own)
+    execution._init_ray_on_loopback(ray, dict(num_cpus=2, include_dashboard=False,
+                                              logging_level="WARNING"))
+    try:
+        _planned_ahead_runs(tmp_path, scenario, ahead)
+    finally:
+        ray.shutdown()
+
+
+def _planned_ahead_runs(tmp_path, scenario, ahead: list[int]) -> None:
+    from test_resume import SimulatedKill, StopAfter, assert_same_records
+
+    from mecsim.records import RecordsWriter
+    from mecsim.runfolder import prepare_resume
+    from mecsim.runner import run
+
+    local = tmp_path / "local"
+    run(scenario("local"), "r", local, [RecordsWriter(local)])
+    cut = tmp_path / "cut" / "r"
+    with pytest.raises(SimulatedKill):  # at the end of round 4, before its checkpoint
+        run(scenario("ray"), "r", cut, [RecordsWriter(cut), StopAfter(4)])
+    target = prepare_resume(cut)
+    try:
+        assert target.rounds_done == 4  # the checkpoint after round 3
+        run(target.scenario, "r", cut, [RecordsWriter(cut)], resume=target.point)
+    finally:
+        target.lock.release()
+    # round 0 -> 1, 1 -> 2; round 2 evaluates, a checkpoint follows round 3; 4 -> 5
+    # (before the kill), and 4 -> 5 again in the resumed run
+    assert ahead == [1, 2, 5, 5]
+    assert_same_records(local, cut)
+
+    rs = prepare(scenario("ray"), "s", None)
+    try:
+        rs.executor.plan_ahead(0)
+        with pytest.raises(RuntimeError, match="a checkpoint after round 0 was planned"):
+            rs.executor.state()
+        with pytest.raises(RuntimeError, match="round 1 planned, but round 0"):
+            rs.executor.plan(1)
+    finally:
+        rs.executor.close()
