@@ -26,7 +26,7 @@ from agents.algorithms import ClientResult, ClientTask, algorithm_classes
 from agents.host import ClientHost, HostSetup
 from agents.server import AggregateReport, CentralServer, EdgeServer
 from agents.state import decode, encode
-from mecsim import shared_uploads
+from mecsim import shared_model, shared_uploads
 from mecsim.data import DataPools
 
 ClientData = dict[int, tuple[np.ndarray, np.ndarray]]
@@ -246,6 +246,9 @@ HOLD_UPLOADS_BYTES = 64 * 2**20
 #: Streamed uploads of a host on the central server's node go through a shared-memory
 #: file instead of the object store (see :mod:`mecsim.shared_uploads`); same records.
 SHARED_UPLOADS = True
+#: Whether a flat algorithm's global model reaches hosts on the central server's node
+#: through a shared-memory file (:mod:`mecsim.shared_model`), instead of the object store.
+SHARED_MODEL = True
 
 
 def _freeze_heap() -> None:
@@ -431,6 +434,9 @@ def _resolve_weights(tasks: list[ClientTask]) -> list[ClientTask]:
     the arrays in their place (read in place from the object store, read-only)."""
     import ray
 
+    if any(isinstance(t.weights, shared_model.SharedModel) for t in tasks):
+        tasks = [replace(t, weights=t.weights.array())
+                 if isinstance(t.weights, shared_model.SharedModel) else t for t in tasks]
     refs = list({t.weights: None for t in tasks if isinstance(t.weights, ray.ObjectRef)})
     if not refs:
         return tasks
@@ -472,14 +478,46 @@ class CentralServerActor(CentralServer):
         super().__init__(*args, **kwargs)
         _freeze_heap()
 
-    def plan_by_reference(self, rnd: int) -> tuple[list[int], list[ClientTask]]:
+    def plan_by_reference(self, rnd: int, board: str | None = None
+                          ) -> tuple[list[int], list[ClientTask]]:
         """A flat algorithm's :meth:`plan`, its large task weights put in the object
         store here, once each (:func:`_weights_by_reference`): the driver then passes
-        references on to the hosts without ever reading the model."""
+        references on to the hosts without ever reading the model. With ``board`` (a
+        file path: every host is on this node), a model all tasks share is written to
+        that shared-memory file instead (:mod:`mecsim.shared_model`)."""
         import ray
 
         selected, tasks, _ = self.plan(rnd)
+        if board is not None and not self._board_failed:
+            on_board = self._on_board(Path(board), rnd, tasks)
+            if on_board is not None:
+                return selected, on_board
         return selected, _weights_by_reference(ray, tasks)
+
+    _board: shared_model.ModelBoard | None = None
+    _board_failed = False
+
+    def _on_board(self, path: Path, rnd: int, tasks: list[ClientTask]
+                  ) -> list[ClientTask] | None:
+        """The tasks with their one shared model on the board, or None when they do not
+        share one large float32 model, or the board cannot be had (said once)."""
+        shared = {id(t.weights): t.weights for t in tasks}
+        if len(shared) != 1:
+            return None
+        (w,) = shared.values()
+        if (not isinstance(w, np.ndarray) or w.dtype != np.float32 or w.ndim != 1
+                or w.nbytes < SHARE_WEIGHTS_BYTES):
+            return None
+        try:
+            if self._board is None or self._board.path != path:
+                self._board = shared_model.ModelBoard(path, w.size)
+            where = self._board.put(rnd, w)
+        except (OSError, ValueError) as exc:
+            logging.getLogger(__name__).warning(
+                "the global model goes through the object store (%s: %s)", path, exc)
+            self._board_failed = True
+            return None
+        return [replace(t, weights=where) for t in tasks]
 
     def node_id(self) -> str:
         """The Ray node this server runs on."""
@@ -719,6 +757,7 @@ class RayExecutor(LocalExecutor):
         self._group: Any = None  # the hosts' placement group
         self._host_cpus = 1.0
         self._host_nodes: list[dict[str, str]] = []
+        self._board: str | None = None  # the shared file of the global model, if any
         self._planned: tuple[int, Any] | None = None  # (round, its plan) asked for ahead
         self._folds: list[Any] = []  # a streamed round's folds not yet waited for
         self._start()
@@ -753,6 +792,10 @@ class RayExecutor(LocalExecutor):
         server_node = self._get(self.server.node_id.remote())
         self._shared_hosts = {h for h, node in enumerate(self._host_nodes)
                               if prefix and node["node_id"] == server_node}
+        # the global model through a shared file only when every host can map it
+        self._board = str(shared_uploads.SHM_DIR / f"{prefix}{shared_model.NAME}") \
+            if SHARED_MODEL and prefix and len(self._shared_hosts) == len(self.hosts) \
+            else None
 
     def _place_hosts(self, n_hosts: int) -> None:
         """Reserve room for the hosts: a SPREAD placement group sized to the live nodes,
@@ -832,6 +875,7 @@ class RayExecutor(LocalExecutor):
             shared_uploads.remove(self._uploads_prefix)
             self._uploads_prefix = None
         self._shared_hosts = set()
+        self._board = None
         if self._group is not None:
             from ray.util.placement_group import remove_placement_group
 
@@ -852,7 +896,7 @@ class RayExecutor(LocalExecutor):
         plans right after finishing the aggregate, and the next :meth:`plan` finds it
         done instead of waiting a round trip (~4 ms a round)."""
         if not self.edges:
-            self._planned = (rnd, self.server.plan_by_reference.remote(rnd))
+            self._planned = (rnd, self.server.plan_by_reference.remote(rnd, self._board))
 
     def _no_plan_ahead(self, what: str) -> None:
         """A server call other than the plan asked for ahead would see the server's
@@ -868,7 +912,7 @@ class RayExecutor(LocalExecutor):
                                    "ahead")
             return self._get(ahead[1])
         if not self.edges:
-            return self._get(self.server.plan_by_reference.remote(rnd))
+            return self._get(self.server.plan_by_reference.remote(rnd, self._board))
         selected, tasks, downlinks = self._get(self.server.plan.remote(rnd))
         groups = self._by_edge(tasks)
         stored: dict[int, Any] = {}  # one object-store copy of what several receive

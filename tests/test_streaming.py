@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -276,14 +277,25 @@ def test_a_streamed_ray_run_gives_the_held_run_s_records(monkeypatch, hold_uploa
     monkeypatch.setattr(sys.modules[__name__], "run_round", real_run_round)
     assert streamed
     assert _emulated(s_rows) == _held_in_process_rows()
-    if shared and hold_uploads_bytes:
+    from mecsim import shared_model
+
+    for maps, prefix in zip(seen, prefixes, strict=True):
+        # the global model's board: made by the server, mapped by both hosts, named
+        # until the executor removes it (on a restart, or when the run ends)
+        board = {p for p in maps["server"] if p.endswith(f"-{shared_model.NAME}")}
+        if shared:
+            assert len(board) == 1 and board <= maps["host"]
+            assert maps["named"] == {f"{prefix}{shared_model.NAME}"}
+        else:
+            assert board == set()
+        if shared and hold_uploads_bytes:
+            # both hosts' upload files, each mapped by its host and the server, which
+            # has removed their names once it had them mapped
+            assert len(maps["host"] - board) == 2 and maps["server"] == maps["host"]
+        else:
+            assert maps["host"] == maps["server"] == board
+    if shared:
         assert len(set(prefixes)) == 2  # one per start of the actors
-        for maps in seen:  # both hosts' files, each mapped by its host and the server,
-            # which has removed their names once it had them mapped
-            assert len(maps["host"]) == 2 and maps["server"] == maps["host"]
-            assert maps["named"] == set()
-    else:
-        assert all(maps == {"host": set(), "server": set(), "named": set()} for maps in seen)
     assert all(_shared_files(p) == [] for p in prefixes)  # no file left when it ended
 
 
@@ -373,6 +385,52 @@ def test_a_host_actor_s_shared_uploads_are_the_in_process_host_s(tmp_path, algor
     # without a slot, the object-store path (one array)
     _, plain_rows = actor.fit_split(2, tasks)
     assert isinstance(plain_rows, execution.UploadRows)
+
+
+def test_the_global_model_on_the_shared_board_is_the_server_s_model(tmp_path, caplog):
+    """The central server's plan with a board: every task names round r's slot (r % 2)
+    of the shared file and, read back through a fresh read-only mapping, it is the
+    model the in-process server hands out, bit for bit; the next round's model goes to
+    the other slot and leaves it as it was. Tasks with a model each (a personalised
+    algorithm) are not put on the board; a board that cannot be made is given up with a
+    warning (the object store is used)."""
+    import gc
+
+    from mecsim import shared_model
+
+    prepared = prepare(tiny(topology={"clients": 6}), "t", None, backend="local", hosts=1)
+    server_kwargs = prepared.executor._args[0]
+    plain = CentralServer(**server_kwargs)
+    try:
+        actor = execution.CentralServerActor(**server_kwargs)
+    finally:
+        gc.unfreeze()  # the actor's set-up froze this process's heap
+    board = tmp_path / "model"
+    got_selected, tasks = actor.plan_by_reference(0, str(board))
+    selected, expected, _ = plain.plan(0)
+    assert got_selected == selected and len(tasks) == len(expected) > 0
+    where = {t.weights for t in tasks}
+    assert len(where) == 1 and next(iter(where)).offset == 0  # slot 0
+    resolved = execution._resolve_weights(tasks)
+    for t, e in zip(resolved, expected, strict=True):
+        assert t.client_id == e.client_id and t.weights.tobytes() == e.weights.tobytes()
+        assert not t.weights.flags.writeable
+    first = resolved[0].weights.copy()
+    # a new global model (as after an aggregation) goes to slot 1
+    actor.algorithm.weights = plain.algorithm.weights = first * 0.5
+    _, tasks1 = actor.plan_by_reference(1, str(board))
+    assert tasks1[0].weights.offset == actor._board.slot_bytes
+    assert execution._resolve_weights(tasks1)[0].weights.tobytes() == \
+        plain.plan(1)[1][0].weights.tobytes() == (first * 0.5).tobytes()
+    assert resolved[0].weights.tobytes() == first.tobytes()  # slot 0 untouched
+    # a model per task: not on the board
+    own = [replace(t, weights=first.copy()) for t in plain.plan(2)[1]]
+    assert actor._on_board(board, 2, own) is None and not actor._board_failed
+    # a board that cannot be made: a warning, and no further attempt
+    other = execution.CentralServerActor.__new__(execution.CentralServerActor)
+    with caplog.at_level("WARNING"):
+        assert other._on_board(tmp_path / "missing" / "model", 0, expected) is None
+    assert "object store" in caplog.text and other._board_failed
 
 
 def test_a_host_without_a_usable_shared_file_uses_the_object_store(tmp_path, caplog):
