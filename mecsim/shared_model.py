@@ -37,6 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
+from mecsim import shared_uploads
+
 #: Slots of the board: round r's model goes to slot r % SLOTS.
 SLOTS = 2
 #: The board's name after the executor's file-name prefix.
@@ -85,20 +87,5 @@ class SharedModel:
     def array(self) -> np.ndarray:
         """The model, a read-only view of this process's mapping of the board (mapped
         once per process and path)."""
-        data = _mapped(self.path)
+        data = shared_uploads.mapped(self.path, remove_name=False)
         return data[self.offset // 4:self.offset // 4 + self.size]
-
-
-_READERS: dict[str, np.ndarray] = {}  # path -> the whole board, mapped read-only
-
-
-def _mapped(path: str) -> np.ndarray:
-    arr = _READERS.get(path)
-    if arr is None:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            mapping = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
-        finally:
-            os.close(fd)
-        arr = _READERS[path] = np.frombuffer(mapping, dtype=np.float32)
-    return arr

@@ -121,7 +121,7 @@ class SharedUploadRows:
 
     def items(self):
         n = len(self.client_ids)
-        data = _mapped(self.path)
+        data = mapped(self.path)
         count = n * self.row_elements
         rows = data[self.offset // 4:self.offset // 4 + count].reshape(n, self.row_elements)
         return zip(self.client_ids, rows, strict=True)
@@ -130,11 +130,12 @@ class SharedUploadRows:
 _READERS: dict[str, np.ndarray] = {}  # path -> the whole file, mapped read-only
 
 
-def _mapped(path: str) -> np.ndarray:
-    """The file at ``path`` as read-only float32, mapped once per process. The reader
-    (a host's one reader: the central server) then removes the file's name: its memory
-    stays while the host and the server have it mapped and is freed when both are gone,
-    on whichever node they run."""
+def mapped(path: str, remove_name: bool = True) -> np.ndarray:
+    """The file at ``path`` as read-only float32, mapped once per process. An upload
+    file's one reader (the central server) then removes the file's name
+    (``remove_name``): its memory stays while the host and the server have it mapped and
+    is freed when both are gone, on whichever node they run. The global model's board
+    (:mod:`mecsim.shared_model`) has several readers and keeps its name."""
     arr = _READERS.get(path)
     if arr is None:
         fd = os.open(path, os.O_RDONLY)
@@ -142,7 +143,8 @@ def _mapped(path: str) -> np.ndarray:
             mapping = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
         finally:
             os.close(fd)
-        Path(path).unlink(missing_ok=True)
+        if remove_name:
+            Path(path).unlink(missing_ok=True)
         arr = _READERS[path] = np.frombuffer(mapping, dtype=np.float32)
     return arr
 

@@ -396,7 +396,6 @@ def test_the_global_model_on_the_shared_board_is_the_server_s_model(tmp_path, ca
     warning (the object store is used)."""
     import gc
 
-    from mecsim import shared_model
 
     prepared = prepare(tiny(topology={"clients": 6}), "t", None, backend="local", hosts=1)
     server_kwargs = prepared.executor._args[0]
@@ -528,7 +527,9 @@ def test_rounds_planned_ahead_under_ray_give_the_in_process_records_and_resume_t
     when nothing else reaches the server in between: not after a round that evaluates
     (every 3rd here) or is followed by a checkpoint (every 4th). The records are the
     in-process run's (which plans nothing ahead) bit for bit, half the clients drawn
-    each round, for a run killed after round 4 and resumed from its checkpoint; and a server call other than that plan refuses to run after it."""
+    each round, for a run killed after round 4 and resumed from its checkpoint; and a
+    server call other than that plan refuses to run after it."""
+
     def scenario(backend: str):
         return tiny(rounds=6, topology={"clients": 12, "participation": 0.5},
                     faults={"crash_prob": 0.2, "dropout_prob": 0.2},
