@@ -478,29 +478,43 @@ class CentralServerActor(CentralServer):
         super().__init__(*args, **kwargs)
         _freeze_heap()
 
-    def plan_by_reference(self, rnd: int, board: str | None = None
+    def plan_by_reference(self, rnd: int, on_board: bool = False
                           ) -> tuple[list[int], list[ClientTask]]:
         """A flat algorithm's :meth:`plan`, its large task weights put in the object
         store here, once each (:func:`_weights_by_reference`): the driver then passes
-        references on to the hosts without ever reading the model. With ``board`` (a
-        file path: every host is on this node), a model all tasks share is written to
-        that shared-memory file instead (:mod:`mecsim.shared_model`)."""
+        references on to the hosts without ever reading the model. With ``on_board``
+        (every host is on this node and :meth:`open_board` made the board), a model all
+        tasks share is written to the board instead (:mod:`mecsim.shared_model`)."""
         import ray
 
         selected, tasks, _ = self.plan(rnd)
-        if board is not None and not self._board_failed:
-            on_board = self._on_board(Path(board), rnd, tasks)
-            if on_board is not None:
-                return selected, on_board
+        if on_board and self._board is not None and not self._board_failed:
+            shared = self._on_board(rnd, tasks)
+            if shared is not None:
+                return selected, shared
         return selected, _weights_by_reference(ray, tasks)
 
     _board: shared_model.ModelBoard | None = None
     _board_failed = False
 
-    def _on_board(self, path: Path, rnd: int, tasks: list[ClientTask]
-                  ) -> list[ClientTask] | None:
+    def open_board(self, path: str, size: int) -> bool:
+        """Make the global model's board at ``path`` for models of ``size`` floats, before
+        any plan may use it (the executor removes the file when it stops its actors: made
+        later by a plan still running, it would outlive that clean-up). False, with a
+        warning, when it cannot be had (e.g. a full ``/dev/shm``)."""
+        try:
+            self._board = shared_model.ModelBoard(Path(path), size)
+        except OSError as exc:
+            logging.getLogger(__name__).warning(
+                "the global model goes through the object store (%s: %s)", path, exc)
+            return False
+        return True
+
+    def _on_board(self, rnd: int, tasks: list[ClientTask]) -> list[ClientTask] | None:
         """The tasks with their one shared model on the board, or None when they do not
-        share one large float32 model, or the board cannot be had (said once)."""
+        share one float32 model of the board's size (another size: said once, and the
+        board is given up)."""
+        assert self._board is not None
         shared = {id(t.weights): t.weights for t in tasks}
         if len(shared) != 1:
             return None
@@ -509,12 +523,10 @@ class CentralServerActor(CentralServer):
                 or w.nbytes < SHARE_WEIGHTS_BYTES):
             return None
         try:
-            if self._board is None or self._board.path != path:
-                self._board = shared_model.ModelBoard(path, w.size)
             where = self._board.put(rnd, w)
-        except (OSError, ValueError) as exc:
+        except ValueError as exc:
             logging.getLogger(__name__).warning(
-                "the global model goes through the object store (%s: %s)", path, exc)
+                "the global model goes through the object store (%s)", exc)
             self._board_failed = True
             return None
         return [replace(t, weights=where) for t in tasks]
@@ -757,7 +769,7 @@ class RayExecutor(LocalExecutor):
         self._group: Any = None  # the hosts' placement group
         self._host_cpus = 1.0
         self._host_nodes: list[dict[str, str]] = []
-        self._board: str | None = None  # the shared file of the global model, if any
+        self._board = False  # whether the global model goes through a shared file
         self._planned: tuple[int, Any] | None = None  # (round, its plan) asked for ahead
         self._folds: list[Any] = []  # a streamed round's folds not yet waited for
         self._start()
@@ -785,6 +797,7 @@ class RayExecutor(LocalExecutor):
                       for h, clients in enumerate(host_clients)]
         self._weight_refs: list[Any] = []
         self._stream_end: Any = None  # a streamed round's stream_end, submitted early
+        self._folds, self._streaming, self._planned = [], False, None  # of actors gone
         # surface start-up errors here
         self._get([self.server.rss_bytes.remote(),
                    *(e.rss_bytes.remote() for e in self.edges.values())])
@@ -792,10 +805,14 @@ class RayExecutor(LocalExecutor):
         server_node = self._get(self.server.node_id.remote())
         self._shared_hosts = {h for h, node in enumerate(self._host_nodes)
                               if prefix and node["node_id"] == server_node}
-        # the global model through a shared file only when every host can map it
-        self._board = str(shared_uploads.SHM_DIR / f"{prefix}{shared_model.NAME}") \
-            if SHARED_MODEL and prefix and len(self._shared_hosts) == len(self.hosts) \
-            else None
+        # the global model through a shared file only when every host can map it, and
+        # on this process's machine, where the clean-up (remove, remove_stale) looks
+        self._board = False
+        if (SHARED_MODEL and prefix and len(self._shared_hosts) == len(self.hosts)
+                and server_node == ray.get_runtime_context().get_node_id()):
+            path = shared_uploads.SHM_DIR / f"{prefix}{shared_model.NAME}"
+            self._board = self._get(self.server.open_board.remote(
+                str(path), server_kwargs["layout"].size))
 
     def _place_hosts(self, n_hosts: int) -> None:
         """Reserve room for the hosts: a SPREAD placement group sized to the live nodes,
@@ -875,7 +892,7 @@ class RayExecutor(LocalExecutor):
             shared_uploads.remove(self._uploads_prefix)
             self._uploads_prefix = None
         self._shared_hosts = set()
-        self._board = None
+        self._board = False
         if self._group is not None:
             from ray.util.placement_group import remove_placement_group
 
@@ -887,7 +904,6 @@ class RayExecutor(LocalExecutor):
 
     def restart(self) -> None:
         self._kill_all()
-        self._planned = None  # by actors that are gone
         self._start()
 
     def plan_ahead(self, rnd: int) -> None:

@@ -12,10 +12,11 @@ model into slot ``r % SLOTS`` and hands out only where it is (:class:`SharedMode
 host maps the file once, read-only, and reads the slot in place.
 
 When it is used: a flat algorithm whose tasks all carry the same weights array (FedAvg
-and its kin, not a personalised model per client), every host on the central server's
-Ray node, and a model of at least :data:`mecsim.execution.SHARE_WEIGHTS_BYTES`.
-Otherwise the object store, as before; and if the file cannot be made or given memory
-(a full ``/dev/shm``), the server says so once and keeps to the object store.
+and its kin, not a personalised model per client), every host and the central server on
+the driver's Ray node, and a model of at least
+:data:`mecsim.execution.SHARE_WEIGHTS_BYTES`. Otherwise the object store, as before; and
+if the file cannot be made or given memory (a full ``/dev/shm``), the server says so
+and keeps to the object store.
 
 Why a slot is never written while it is read: round ``r``'s hosts read slot ``r % 2``
 only during their calls of round ``r``, and every one of those calls has returned before
@@ -24,8 +25,12 @@ before the plan of round ``r + 1``, let alone ``r + 2``, the next to write that 
 
 Clean-up: the file is named like the hosts' upload files (the executor's prefix plus
 ``model``, see :mod:`mecsim.shared_uploads`), so the executor removes it when it closes
-or restarts its actors, and a later executor removes it if the driver was killed.
-Readers' mappings stay valid until their processes end.
+or restarts its actors, and a later executor removes it if the driver was killed; both
+look at the driver's machine only, which is why the board is used only when the server
+runs there, and why the server makes it when its actors start
+(:meth:`mecsim.execution.CentralServerActor.open_board`), not at a plan that could still
+be running when the executor cleans up. Readers' mappings stay valid until their
+processes end.
 """
 
 from __future__ import annotations

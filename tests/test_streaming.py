@@ -7,6 +7,7 @@ import functools
 import os
 import sys
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -208,18 +209,22 @@ def test_a_streamed_round_the_timing_contradicts_stops_the_run():
         rs.executor.close()
 
 
-def _shared_maps(executor) -> dict[str, set[str]]:
-    """The shared upload files each actor process has mapped ("host" / "server"), from
-    /proc/<pid>/maps (the server removes a file's name once it has mapped it)."""
+def _shared_maps(executor) -> dict[str, Any]:
+    """The shared files (uploads, the model's board) the actor processes have mapped
+    ("host": any host, "server", and "each host": one set per host), from
+    /proc/<pid>/maps (the server removes an upload file's name once it has mapped it)."""
     from mecsim import shared_uploads
 
     pids = executor.actor_pids()
-    out: dict[str, set[str]] = {"host": set(), "server": set()}
+    out: dict[str, Any] = {"host": set(), "server": set(), "each host": []}
     for role, key in (("host", "hosts"), ("server", "server")):
         for pid in pids[key]:
             with open(f"/proc/{pid}/maps") as fh:
-                out[role] |= {line.split()[5] for line in fh
-                              if shared_uploads.PREFIX in line and len(line.split()) > 5}
+                mine = {line.split()[5] for line in fh
+                        if shared_uploads.PREFIX in line and len(line.split()) > 5}
+            out[role] |= mine
+            if role == "host":
+                out["each host"].append(mine)
     return out
 
 
@@ -284,7 +289,8 @@ def test_a_streamed_ray_run_gives_the_held_run_s_records(monkeypatch, hold_uploa
         # until the executor removes it (on a restart, or when the run ends)
         board = {p for p in maps["server"] if p.endswith(f"-{shared_model.NAME}")}
         if shared:
-            assert len(board) == 1 and board <= maps["host"]
+            assert len(board) == 1 and all(board <= each for each in maps["each host"])
+            assert len(maps["each host"]) == 2
             assert maps["named"] == {f"{prefix}{shared_model.NAME}"}
         else:
             assert board == set()
@@ -393,9 +399,8 @@ def test_the_global_model_on_the_shared_board_is_the_server_s_model(tmp_path, ca
     model the in-process server hands out, bit for bit; the next round's model goes to
     the other slot and leaves it as it was. Tasks with a model each (a personalised
     algorithm) are not put on the board; a board that cannot be made is given up with a
-    warning (the object store is used)."""
+    warning (the object store is used), and so is one for models of another size."""
     import gc
-
 
     prepared = prepare(tiny(topology={"clients": 6}), "t", None, backend="local", hosts=1)
     server_kwargs = prepared.executor._args[0]
@@ -405,7 +410,8 @@ def test_the_global_model_on_the_shared_board_is_the_server_s_model(tmp_path, ca
     finally:
         gc.unfreeze()  # the actor's set-up froze this process's heap
     board = tmp_path / "model"
-    got_selected, tasks = actor.plan_by_reference(0, str(board))
+    assert actor.open_board(str(board), len(plain.algorithm.weights))
+    got_selected, tasks = actor.plan_by_reference(0, on_board=True)
     selected, expected, _ = plain.plan(0)
     assert got_selected == selected and len(tasks) == len(expected) > 0
     where = {t.weights for t in tasks}
@@ -417,19 +423,26 @@ def test_the_global_model_on_the_shared_board_is_the_server_s_model(tmp_path, ca
     first = resolved[0].weights.copy()
     # a new global model (as after an aggregation) goes to slot 1
     actor.algorithm.weights = plain.algorithm.weights = first * 0.5
-    _, tasks1 = actor.plan_by_reference(1, str(board))
+    _, tasks1 = actor.plan_by_reference(1, on_board=True)
     assert tasks1[0].weights.offset == actor._board.slot_bytes
     assert execution._resolve_weights(tasks1)[0].weights.tobytes() == \
         plain.plan(1)[1][0].weights.tobytes() == (first * 0.5).tobytes()
     assert resolved[0].weights.tobytes() == first.tobytes()  # slot 0 untouched
     # a model per task: not on the board
     own = [replace(t, weights=first.copy()) for t in plain.plan(2)[1]]
-    assert actor._on_board(board, 2, own) is None and not actor._board_failed
-    # a board that cannot be made: a warning, and no further attempt
+    assert actor._on_board(2, own) is None and not actor._board_failed
+    # a model of another size: a warning, and the board given up
+    other_size = [replace(t, weights=first[:-1].copy()) for t in plain.plan(2)[1]]
+    other_size = [replace(t, weights=other_size[0].weights) for t in other_size]
+    with caplog.at_level("WARNING"):
+        assert actor._on_board(2, other_size) is None
+    assert "object store" in caplog.text and actor._board_failed
+    caplog.clear()
+    # a board that cannot be made: a warning, and the plans keep to the object store
     other = execution.CentralServerActor.__new__(execution.CentralServerActor)
     with caplog.at_level("WARNING"):
-        assert other._on_board(tmp_path / "missing" / "model", 0, expected) is None
-    assert "object store" in caplog.text and other._board_failed
+        assert not other.open_board(str(tmp_path / "missing" / "model"), 10)
+    assert "object store" in caplog.text and other._board is None
 
 
 def test_a_host_without_a_usable_shared_file_uses_the_object_store(tmp_path, caplog):
@@ -527,14 +540,16 @@ def test_rounds_planned_ahead_under_ray_give_the_in_process_records_and_resume_t
     when nothing else reaches the server in between: not after a round that evaluates
     (every 3rd here) or is followed by a checkpoint (every 4th). The records are the
     in-process run's (which plans nothing ahead) bit for bit, half the clients drawn
-    each round, for a run killed after round 4 and resumed from its checkpoint; and a
-    server call other than that plan refuses to run after it."""
+    each round, for a run killed after round 4 and resumed from its checkpoint, and for
+    a run whose rounds are aggregated after the timing (not streamed); and a server call
+    other than that plan refuses to run after it."""
 
-    def scenario(backend: str):
+    def scenario(backend: str, stream: str = "auto"):
         return tiny(rounds=6, topology={"clients": 12, "participation": 0.5},
                     faults={"crash_prob": 0.2, "dropout_prob": 0.2},
                     evaluation={"every": 3}, checkpoint={"every": 4, "keep": 2},
-                    execution={"backend": backend, "hosts": 2})
+                    execution={"backend": backend, "hosts": 2,
+                               "stream_aggregation": stream})
 
     ahead: list[int] = []
     real_plan_ahead = execution.RayExecutor.plan_ahead
@@ -577,12 +592,19 @@ def _planned_ahead_runs(tmp_path, scenario, ahead: list[int]) -> None:
     # (before the kill), and 4 -> 5 again in the resumed run
     assert ahead == [1, 2, 5, 5]
     assert_same_records(local, cut)
+    # held rounds (aggregated after the timing) are planned ahead after the aggregate
+    held = tmp_path / "held"
+    run(scenario("ray", stream="off"), "r", held, [RecordsWriter(held)])
+    assert ahead == [1, 2, 5, 5, 1, 2, 5]
+    assert_same_records(local, held)
 
     rs = prepare(scenario("ray"), "s", None)
     try:
         rs.executor.plan_ahead(0)
         with pytest.raises(RuntimeError, match="a checkpoint after round 0 was planned"):
             rs.executor.state()
+        with pytest.raises(RuntimeError, match="an evaluation after round 0 was planned"):
+            rs.executor.evaluate(0, [0])
         with pytest.raises(RuntimeError, match="round 1 planned, but round 0"):
             rs.executor.plan(1)
     finally:
