@@ -198,7 +198,7 @@ def run_round(rs: RunSetup, rnd: int, elapsed_s: float, *, plan_next: bool = Fal
     sc = rs.info.scenario
     last = rnd == sc.rounds - 1
     evaluates = (rnd + 1) % sc.evaluation.every == 0 or last
-    plan_ahead = plan_next and not evaluates and not last
+    plan_ahead = plan_next and not evaluates  # the last round always evaluates
     wall0 = time.perf_counter()
     selected, tasks = rs.executor.plan(rnd)
     rf = faults.draw_round(sc.faults, sc.seed, rnd, selected)
@@ -314,7 +314,8 @@ def run_round(rs: RunSetup, rnd: int, elapsed_s: float, *, plan_next: bool = Fal
         "max_accuracy": max(accs) if accs else float("nan"),
         "mean_test_loss": _mean([lo for _, lo in evals.values()]),
         "train_loss": _mean([r.train_loss for r in results]),
-        "host_wall_s": float("nan"), "host_train_wall_s": train_wall,
+        "host_wall_s": float("nan"),  # set last (its place among the columns kept)
+        "host_train_wall_s": train_wall,
         "host_aggregate_s": agg.wall_s,
         **agg.metrics,
         **{f"mean_{k}": _mean([e[k] for e in eval_extras.values()])

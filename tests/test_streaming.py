@@ -533,9 +533,22 @@ def test_a_host_whose_shared_file_gets_no_memory_falls_back_to_the_object_store(
     assert "No space left" in caplog.text and actor.uploads_path is None
 
 
+@pytest.fixture
+def shared_ray():
+    """One Ray instance for a test's several runs (each would otherwise start its own)."""
+    import ray
+
+    execution._init_ray_on_loopback(ray, dict(num_cpus=2, include_dashboard=False,
+                                              logging_level="WARNING"))
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
 @pytest.mark.ray
 def test_rounds_planned_ahead_under_ray_give_the_in_process_records_and_resume_the_same(
-        tmp_path, monkeypatch):
+        tmp_path, monkeypatch, shared_ray):
     """The server plans the next round while the driver times the one that ends, only
     when nothing else reaches the server in between: not after a round that evaluates
     (every 3rd here) or is followed by a checkpoint (every 4th). The records are the
@@ -543,6 +556,11 @@ def test_rounds_planned_ahead_under_ray_give_the_in_process_records_and_resume_t
     each round, for a run killed after round 4 and resumed from its checkpoint, and for
     a run whose rounds are aggregated after the timing (not streamed); and a server call
     other than that plan refuses to run after it."""
+    from test_resume import SimulatedKill, StopAfter, assert_same_records
+
+    from mecsim.records import RecordsWriter
+    from mecsim.runfolder import prepare_resume
+    from mecsim.runner import run
 
     def scenario(backend: str, stream: str = "auto"):
         return tiny(rounds=6, topology={"clients": 12, "participation": 0.5},
@@ -559,24 +577,6 @@ def test_rounds_planned_ahead_under_ray_give_the_in_process_records_and_resume_t
         real_plan_ahead(self, rnd)
 
     monkeypatch.setattr(execution.RayExecutor, "plan_ahead", plan_ahead)
-    import ray
-
-    # one Ray instance for the three runs below (each would otherwise start its own)
-    execution._init_ray_on_loopback(ray, dict(num_cpus=2, include_dashboard=False,
-                                              logging_level="WARNING"))
-    try:
-        _planned_ahead_runs(tmp_path, scenario, ahead)
-    finally:
-        ray.shutdown()
-
-
-def _planned_ahead_runs(tmp_path, scenario, ahead: list[int]) -> None:
-    from test_resume import SimulatedKill, StopAfter, assert_same_records
-
-    from mecsim.records import RecordsWriter
-    from mecsim.runfolder import prepare_resume
-    from mecsim.runner import run
-
     local = tmp_path / "local"
     run(scenario("local"), "r", local, [RecordsWriter(local)])
     cut = tmp_path / "cut" / "r"
