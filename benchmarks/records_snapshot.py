@@ -1,0 +1,164 @@
+"""Records before and after a change that must not change results.
+
+Runs every shipped scenario (``scenarios/*.yaml`` and the embedded default) for a few
+rounds through the ``mecsim`` command, in-process and under Ray, and keeps each run's
+``rounds.csv``, ``clients.csv`` and ``optraces.jsonl`` with the host-measuring columns
+(wall times, resident memory) blanked. Two snapshots taken on one machine before and
+after a refactor must be identical byte for byte::
+
+    python benchmarks/records_snapshot.py take /tmp/before          # on the old revision
+    python benchmarks/records_snapshot.py take /tmp/after           # on the new one
+    python benchmarks/records_snapshot.py compare /tmp/before /tmp/after
+
+``compare`` prints each file that differs with its first differing row and column, and
+exits 1 if any does. Only the ``mecsim`` command is used, so the script runs unchanged on
+any revision whose CLI has ``run --rounds --backend --out --run-id --quiet --no-plots
+--no-metrics``. Snapshots of the same revision on two machines with other SIMD units
+(AVX-512 vs AVX2) differ in the last bits of floats; compare on one machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import io
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FILES = ("rounds.csv", "clients.csv", "optraces.jsonl")
+#: Columns a host measures (wall clock, resident memory): they differ run to run. Any
+#: column with ``host`` among its words is one (``kapc_plan_host_s``); ``run_id`` is the
+#: folder's name.
+HOST_COLUMNS = {"server_rss_mb", "run_id"}
+
+
+def is_host_column(name: str) -> bool:
+    return name in HOST_COLUMNS or "host" in name.split("_")
+
+
+def _mecsim() -> str:
+    exe = Path(sys.executable).parent / "mecsim"
+    return str(exe) if exe.exists() else (shutil.which("mecsim") or "mecsim")
+
+
+def scenarios(only: list[str] | None) -> list[tuple[str, str | None]]:
+    """(name, file) of every shipped scenario; the embedded default has file None."""
+    out: list[tuple[str, str | None]] = [("default", None)]
+    out += [(p.stem, str(p)) for p in sorted((ROOT / "scenarios").glob("*.yaml"))]
+    if only:
+        out = [(n, f) for n, f in out if n in only]
+    return out
+
+
+def normalised(path: Path) -> str:
+    """The file's text with the host columns of a CSV blanked."""
+    text = path.read_text()
+    if path.suffix != ".csv":
+        return text
+    rows = list(csv.reader(io.StringIO(text)))
+    if not rows:
+        return text
+    header = rows[0]
+    blank = [i for i, name in enumerate(header) if is_host_column(name)]
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(header)
+    for row in rows[1:]:
+        w.writerow(["" if i in blank else v for i, v in enumerate(row)])
+    return buf.getvalue()
+
+
+def take(out: Path, rounds: int, backends: list[str], only: list[str] | None) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    failed = 0
+    for name, path in scenarios(only):
+        for backend in backends:
+            key = f"{name}.{backend}"
+            dest = out / key
+            if dest.is_dir() and all((dest / f).exists() for f in FILES):
+                print(f"{key}: kept from an earlier take")
+                continue
+            tmp = out / ".runs"
+            shutil.rmtree(tmp / key, ignore_errors=True)
+            cmd = [_mecsim(), "run", *([path] if path else []), "--rounds", str(rounds),
+                   "--backend", backend, "--hosts", "2", "--out", str(tmp), "--run-id", key,
+                   "--quiet", "--no-plots", "--no-metrics"]
+            t0 = time.perf_counter()
+            proc = subprocess.run(cmd, capture_output=True, text=True,
+                                  env={**os.environ, "PYTHONHASHSEED": "0"})
+            took = time.perf_counter() - t0
+            if proc.returncode != 0:
+                failed += 1
+                print(f"{key}: FAILED (exit {proc.returncode}, {took:.0f} s)\n"
+                      f"{proc.stderr.strip()[-2000:]}")
+                continue
+            dest.mkdir(parents=True, exist_ok=True)
+            for f in FILES:
+                (dest / f).write_text(normalised(tmp / key / f))
+            shutil.rmtree(tmp / key, ignore_errors=True)
+            digest = hashlib.sha256(b"".join((dest / f).read_bytes() for f in FILES))
+            print(f"{key}: {digest.hexdigest()[:16]} ({took:.0f} s)", flush=True)
+    shutil.rmtree(out / ".runs", ignore_errors=True)
+    return 1 if failed else 0
+
+
+def _first_difference(a: str, b: str) -> str:
+    la, lb = a.splitlines(), b.splitlines()
+    for i, (x, y) in enumerate(zip(la, lb, strict=False)):
+        if x != y:
+            if i == 0:
+                return f"header differs:\n  {x}\n  {y}"
+            header = la[0].split(",")
+            cx, cy = next(csv.reader([x])), next(csv.reader([y]))
+            cols = [header[j] if j < len(header) else str(j)
+                    for j in range(max(len(cx), len(cy)))
+                    if (cx[j] if j < len(cx) else None) != (cy[j] if j < len(cy) else None)]
+            return f"line {i + 1} differs in {', '.join(cols[:6]) or 'its text'}"
+    return f"{len(la)} lines vs {len(lb)}"
+
+
+def compare(a: Path, b: Path) -> int:
+    keys = sorted({p.name for p in a.iterdir() if p.is_dir() and not p.name.startswith(".")}
+                  | {p.name for p in b.iterdir() if p.is_dir() and not p.name.startswith(".")})
+    bad = 0
+    for key in keys:
+        for f in FILES:
+            pa, pb = a / key / f, b / key / f
+            if not pa.exists() or not pb.exists():
+                print(f"{key}/{f}: only in {a if pa.exists() else b}")
+                bad += 1
+                continue
+            ta, tb = pa.read_text(), pb.read_text()
+            if ta != tb:
+                print(f"{key}/{f}: {_first_difference(ta, tb)}")
+                bad += 1
+    print(f"{len(keys)} runs x {len(FILES)} files compared: "
+          f"{'identical' if not bad else f'{bad} differ'}")
+    return 1 if bad else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("take", help="run the scenarios and keep their records")
+    t.add_argument("out", type=Path)
+    t.add_argument("--rounds", type=int, default=2)
+    t.add_argument("--backends", default="local,ray", help="comma-separated (default both)")
+    t.add_argument("--only", nargs="*", metavar="NAME", help="only these scenarios")
+    c = sub.add_parser("compare", help="compare two snapshots")
+    c.add_argument("a", type=Path)
+    c.add_argument("b", type=Path)
+    args = p.parse_args(argv)
+    if args.cmd == "take":
+        return take(args.out, args.rounds, args.backends.split(","), args.only)
+    return compare(args.a, args.b)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
