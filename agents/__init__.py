@@ -1,1 +1,1 @@
-"""Clients, edge servers, and the algorithms they run (see agents.algorithms)."""
+"""Clients, edge servers, and the algorithms they run (see mecsim.agents.algorithms)."""

@@ -6,7 +6,7 @@ whatever the algorithm stores in ``ctx.state``). One model instance is shared by
 host's clients: a client's state is loaded into it before it trains. 100 clients never
 mean 100 processes: the run loop places them on a small pool of hosts.
 
-The class is plain Python; :mod:`mecsim.execution` wraps it in a Ray actor (or calls it
+The class is plain Python; :mod:`mecsim.run.backends` wraps it in a Ray actor (or calls it
 in-process for tests), so the same code runs in both.
 """
 
@@ -20,16 +20,16 @@ from typing import Any
 
 import numpy as np
 import torch
-
-from agents.algorithms import (
+from mecsim.agents.algorithms import (
     ClientContext,
     ClientResult,
     ClientTask,
     TrainConfig,
     algorithm_classes,
 )
-from agents.models import build_model, model_layout, store_flat
-from agents.training import StepCosts
+from mecsim.agents.models import build_model, model_layout, store_flat
+from mecsim.agents.training import StepCosts
+
 from mecsim.data import DataPools, normalise
 
 
@@ -99,7 +99,7 @@ class ClientHost:
 
     def upload_row(self) -> np.ndarray | None:
         """Where the client being trained may write its full-model upload (see
-        :class:`~agents.algorithms.base.ClientContext`): in-process, nowhere (None)."""
+        :class:`~mecsim.agents.algorithms.base.ClientContext`): in-process, nowhere (None)."""
         return None
 
     def fit(self, rnd: int, tasks: list[ClientTask], lost: frozenset[int] = frozenset(),
@@ -179,13 +179,13 @@ class ClientHost:
     def state_dict(self, known_blobs: set[str] | None = None
                    ) -> tuple[dict[str, Any], dict[str, Any]]:
         """Every hosted client's private state (``ctx.state``) and the host's cache of
-        measured step costs, encoded for a checkpoint (see :mod:`agents.state`): (tree,
-        new blobs), as :meth:`agents.server.CentralServer.state_dict`.
+        measured step costs, encoded for a checkpoint (see :mod:`mecsim.agents.state`): (tree,
+        new blobs), as :meth:`mecsim.agents.server.CentralServer.state_dict`.
 
         The client algorithm object itself holds only what its parameters determine; the
         shared model instance is loaded with a client's state before each use.
         """
-        from agents.state import BlobSink, encode
+        from mecsim.agents.state import BlobSink, encode
 
         sink = BlobSink(known_blobs) if known_blobs is not None else None
         tree = encode({"clients": self.state, "costs": self.costs._by_batch}, "host", sink)
@@ -194,7 +194,7 @@ class ClientHost:
     def load_state_dict(self, encoded: dict[str, Any]) -> None:
         """Restore the states of this host's clients from a checkpoint holding (at least)
         them; clients the checkpoint does not name start empty."""
-        from agents.state import decode
+        from mecsim.agents.state import decode
 
         state = decode(encoded)
         clients = state["clients"]

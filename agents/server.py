@@ -8,7 +8,7 @@ also has one :class:`EdgeServer` per edge server, holding that edge server's sid
 (``EdgeAlgorithm``): it fills in what its clients download, fetches their uploads and
 aggregates them, and reports to the central server.
 
-Plain classes; :mod:`mecsim.execution` runs each as a Ray actor (its own process, so its
+Plain classes; :mod:`mecsim.run.backends` runs each as a Ray actor (its own process, so its
 resident memory is that server's memory, measured with psutil as the KAPC paper does) or
 all of them in-process for tests.
 """
@@ -22,10 +22,9 @@ from typing import Any
 
 import numpy as np
 import psutil
-
-from agents.algorithms import ClientResult, ClientTask, EdgeReport, algorithm_classes
-from agents.algorithms.base import finite_upload
-from agents.models import ModelLayout
+from mecsim.agents.algorithms import ClientResult, ClientTask, EdgeReport, algorithm_classes
+from mecsim.agents.algorithms.base import finite_upload
+from mecsim.agents.models import ModelLayout
 
 
 @dataclass(frozen=True)
@@ -79,14 +78,14 @@ class _ServerProcess:
         """The state, encoded for a checkpoint: (tree, new blobs). With ``known_blobs``
         (the digests a checkpoint folder holds), large arrays are references, and only
         those not yet stored come back as blobs."""
-        from agents.state import BlobSink, encode
+        from mecsim.agents.state import BlobSink, encode
 
         sink = BlobSink(known_blobs) if known_blobs is not None else None
         tree = encode(self._state(), "server", sink)
         return tree, (sink.new if sink else {})
 
     def load_state_dict(self, encoded: dict[str, Any]) -> None:
-        from agents.state import decode
+        from mecsim.agents.state import decode
 
         self._load(decode(encoded))
 
@@ -219,7 +218,7 @@ class CentralServer(_ServerProcess):
     def load_state_dict(self, encoded: dict[str, Any]) -> dict[int, Any]:
         """Restore the state; returns the edge servers' states (encoded) that a checkpoint
         written before they had states of their own kept in the algorithm's (else {})."""
-        from agents.state import decode, encode
+        from mecsim.agents.state import decode, encode
 
         state = decode(encoded)
         legacy = self.algorithm.legacy_edge_states(state["algorithm"]) \

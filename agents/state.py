@@ -1,11 +1,11 @@
 """State of algorithms as plain data: what a checkpoint stores and reads back.
 
 :func:`encode` turns the state an algorithm keeps between rounds (numpy arrays, tensors,
-dicts, lists, numbers, random generators and the small dataclasses of ``agents``) into a
+dicts, lists, numbers, random generators and the small dataclasses of ``mecsim.agents``) into a
 tree of built-in containers, numbers, strings and tensors, which ``torch.save`` writes
 and ``torch.load(..., weights_only=True)`` reads back without running any code from the
 file. :func:`decode` rebuilds the original objects; it creates instances only of
-dataclasses defined in this package (``agents.*``) or in ``mecsim.*``, and random
+dataclasses defined in ``mecsim.*`` (those of older checkpoints' ``agents.*`` too), and random
 generators of the bit-generator types numpy ships.
 
 ``decode(encode(x))`` equals ``x`` value for value and type for type, and generators
@@ -25,7 +25,10 @@ import torch
 TAG = "__mecsim__"
 #: Arrays and tensors of at least this size are stored apart, by content (see BlobSink).
 BLOB_MIN_BYTES = 1 << 16
-_ALLOWED_MODULES = ("agents.", "mecsim.")
+_ALLOWED_MODULES = ("mecsim.",)
+#: Checkpoints of mecsim 0.1 (when ``agents`` was a package of its own) name the dataclasses
+#: of the algorithms' state ``agents.<module>:<class>``; they are ``mecsim.agents...`` now.
+LEGACY_MODULES = {"agents.": "mecsim.agents."}
 _BIT_GENERATORS = {"PCG64": np.random.PCG64, "PCG64DXSM": np.random.PCG64DXSM,
                    "Philox": np.random.Philox, "SFC64": np.random.SFC64,
                    "MT19937": np.random.MT19937}
@@ -149,6 +152,7 @@ def encode(obj: Any, where: str = "state", blobs: BlobSink | None = None) -> Any
 
 def _dataclass_type(name: str) -> type:
     module_name, _, qualname = name.partition(":")
+    module_name = _current_module(module_name)
     if not module_name.startswith(_ALLOWED_MODULES):
         raise StateError(f"checkpoint names a type outside mecsim: {name!r}")
     obj: Any = importlib.import_module(module_name)
@@ -157,6 +161,14 @@ def _dataclass_type(name: str) -> type:
     if not (isinstance(obj, type) and dataclasses.is_dataclass(obj)):
         raise StateError(f"checkpoint names {name!r}, which is not a dataclass of mecsim")
     return obj
+
+
+def _current_module(name: str) -> str:
+    """Where a module a checkpoint names is now (see :data:`LEGACY_MODULES`)."""
+    for old, new in LEGACY_MODULES.items():
+        if name.startswith(old):
+            return new + name[len(old):]
+    return name
 
 
 def decode(obj: Any) -> Any:

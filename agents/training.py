@@ -61,7 +61,7 @@ def _flops_per_param(optimizer: torch.optim.Optimizer, group: dict) -> int:
             n += 2 if group.get("nesterov") else 0
         return n
     raise ValueError(f"no per-parameter FLOP count for optimiser {type(optimizer).__name__}; "
-                     "known: SGD, Adam (agents.training.optimizer_step_flops)")
+                     "known: SGD, Adam (mecsim.agents.training.optimizer_step_flops)")
 
 
 def optimizer_step_flops(optimizer: torch.optim.Optimizer) -> float:
@@ -295,7 +295,7 @@ def step_cost_on_meta(model_name: str, in_shape: tuple[int, ...], num_classes: i
     FLOP count and the memory accounting of :func:`measured_step` come out the same (a
     test checks it) for any batch size, without allocating it. Raises what the model
     raises for an input it cannot take."""
-    from agents.models import build_model
+    from mecsim.agents.models import build_model
 
     with torch.device("meta"):
         model = build_model(model_name, tuple(in_shape), num_classes)

@@ -21,8 +21,7 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
-
-from channel import ClientRadio, ShannonChannel, dbm_to_w, large_scale_gain, linear_to_db
+from mecsim.channel import ClientRadio, ShannonChannel, dbm_to_w, large_scale_gain, linear_to_db
 
 RESNET18_BITS = 42.65 * 2**20 * 8
 PAPER_UP_S, PAPER_DOWN_S = 19.28, 7.16  # KAPC+BLS (TMC 2024) Table 5, FedAvg row

@@ -6,7 +6,7 @@ For each method and seed 0 .. N-1 (``--seeds N``, default 3), a run of
 2 Mbps links are fixed) with only the algorithm changed, then one table row with mean ±
 std over the seeds:
 
-* as the paper reports it, *at convergence* (:mod:`mecsim.convergence`: final accuracy =
+* as the paper reports it, *at convergence* (:mod:`mecsim.analysis.convergence`: final accuracy =
   mean of the last 5 rounds; converged at the first round from which the 5-round trailing
   mean stays within 0.01 of it): final and best accuracy, communication rounds,
   communication and total time, and the ratio of each total time to DC-PFL's;
@@ -44,7 +44,7 @@ from typing import Any
 import pandas as pd
 from seeds import add_seeds_argument, ordering, pm, run_dir, run_or_reuse, seed_list
 
-from mecsim.convergence import TOLERANCE, WINDOW_ROUNDS, to_convergence
+from mecsim.analysis.convergence import TOLERANCE, WINDOW_ROUNDS, to_convergence
 from mecsim.scenario import load_scenario, scenario_from_dict
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,7 +103,7 @@ def table(results: dict[str, list[pd.DataFrame]], target: float | None = None,
           reference: str = "dcpfl") -> tuple[pd.DataFrame, float]:
     """One row per (method, seed): the convergence figures and those to ``target`` (the
     common target of every run when None); and the target used."""
-    from mecsim.convergence import common_target, to_target
+    from mecsim.analysis.convergence import common_target, to_target
 
     conv = {key: [to_convergence(df.to_dict("records")) for df in runs]
             for key, runs in results.items()}
@@ -125,10 +125,10 @@ def table(results: dict[str, list[pd.DataFrame]], target: float | None = None,
 def dcpfl_structure(df: pd.DataFrame, loss_window: int = 5, observe_rounds: int = 3) -> str:
     """One line per trial round of a DC-PFL run: round, outcome, groups, gamma_tilde, and
     whether the RDP end before it was detected without a minimum of r ever being seen
-    (rebuilt from the recorded radii: ``agents.algorithms.dcpfl.rdp_detections``)."""
+    (rebuilt from the recorded radii: ``mecsim.agents.algorithms.dcpfl.rdp_detections``)."""
     if "trial" not in df:
         return ""
-    from agents.algorithms.dcpfl import rdp_detections
+    from mecsim.agents.algorithms.dcpfl import rdp_detections
 
     unseen = {k + 1 for k, flag in rdp_detections(df.to_dict("records"), loss_window,
                                                    observe_rounds) if flag}
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         meta = run_dir(out, args.methods[0], s) / "run.json"
         dkl.append(json.loads(meta.read_text()).get("label_dkl") if meta.exists() else None)
     md = markdown(t, target, dkl, args.seeds)
-    from agents.algorithms import run_notes
+    from mecsim.agents.algorithms import run_notes
 
     for key in results:
         _, algorithm, _, _ = METHODS[key]

@@ -46,8 +46,8 @@ def load() -> str:
 
 def recorded(path: Path, record_dir: Path, changes: dict, label: str):
     """The run of ``path`` with ``changes`` (top-level sections merged), recorded once."""
+    from mecsim.analysis.sweep import record
     from mecsim.scenario import load_scenario, scenario_from_dict
-    from mecsim.sweep import record
 
     def merge(into: dict, changes: dict) -> None:
         for key, value in changes.items():
@@ -87,7 +87,7 @@ class Workload:
                  dedicated: bool = False) -> None:
         from dataclasses import replace
 
-        from mecsim.network import NetworkModel, device_profiles
+        from mecsim.emulation.network import NetworkModel, device_profiles
 
         self.network = NetworkModel(scenario, device_profiles(scenario))
         self.n_clients = scenario.topology.clients
@@ -113,10 +113,10 @@ def timed(workload: Workload, method: str, n_rounds: int | None = None):
     """(wall s, CPU s spent in time_round, results, path auto takes) over the first
     ``n_rounds`` rounds. CPU seconds (this process's) tell apart the time the engine
     needs from the time it waited for a core on a busy machine."""
-    from mecsim.engine import time_round
+    from mecsim.emulation.engine import time_round
 
     try:
-        from mecsim.engine import engine_path
+        from mecsim.emulation.engine import engine_path
     except ImportError:  # a mecsim from before the engine had paths (for before/after)
         def engine_path(*_):
             return "?"

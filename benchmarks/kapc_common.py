@@ -1,6 +1,6 @@
 """Shared by the KAPC benchmarks: run a scenario under another algorithm and seed, read back.
 
-Each variant is run through :func:`mecsim.runner.run` with the records writer, so every
+Each variant is run through :func:`mecsim.run.loop.run` with the records writer, so every
 run leaves its ``rounds.csv`` / ``clients.csv`` / op-traces under
 ``OUT/<variant>/seed<k>/`` and the printed tables can be checked against them (``mecsim
 report`` reads the same files); a finished run is reused.

@@ -26,8 +26,7 @@ import math
 
 import numpy as np
 import torch
-
-from agents.algorithms.kapc import (
+from mecsim.agents.algorithms.kapc import (
     BlsConstants,
     criterion_log_lhs,
     layer_norms,
@@ -35,7 +34,8 @@ from agents.algorithms.kapc import (
     param_view,
     search_omega,
 )
-from agents.models import build_model, get_flat, model_layout, set_flat
+from mecsim.agents.models import build_model, get_flat, model_layout, set_flat
+
 from mecsim.data import load_dataset, normalise
 
 

@@ -21,9 +21,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from agents.algorithms.kapc import normalise_rows, relation_gradient
-from agents.state import decode, resolve_blobs
+from mecsim.agents.algorithms.kapc import normalise_rows, relation_gradient
+from mecsim.agents.state import decode, resolve_blobs
 
 
 def load_server_state(run: Path) -> tuple[dict, int]:
@@ -46,9 +45,9 @@ def quick_run() -> Path:
     """A 2-round KAPC run of the mnist-10 scenario, shrunk, in a new temporary folder."""
     import tempfile
 
-    from mecsim.records import RecordsWriter
-    from mecsim.runner import run
+    from mecsim.run.loop import run
     from mecsim.scenario import load_scenario, scenario_from_dict
+    from mecsim.store.records import RecordsWriter
 
     data = load_scenario(Path(__file__).resolve().parents[1] / "scenarios" /
                          "kapc-mnist-10.yaml").model_dump(mode="json")

@@ -25,7 +25,7 @@ import time
 
 import psutil
 
-from mecsim.runner import run
+from mecsim.run.loop import run
 from mecsim.scenario import scenario_from_dict
 
 MODEL_BYTES = 800_040  # mlp_2nn, float32

@@ -41,10 +41,11 @@ from typing import Any
 
 from seeds import add_seeds_argument, pm, seed_list
 
-from mecsim.engine import time_round
-from mecsim.network import NetworkModel, device_profiles
-from mecsim.ops import Compute, OpTrace, op_from_dict, trace_bytes
-from mecsim.runner import prepare, run_round
+from mecsim.emulation.engine import time_round
+from mecsim.emulation.network import NetworkModel, device_profiles
+from mecsim.emulation.ops import Compute, OpTrace, op_from_dict, trace_bytes
+from mecsim.run.round import run_round
+from mecsim.run.setup import prepare
 from mecsim.scenario import Scenario, load_scenario, scenario_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -32,9 +32,9 @@ import numpy as np
 import simpy
 from seeds import add_seeds_argument, ordering, pm, run_or_reuse, seed_list
 
-from mecsim.engine import engine_path, time_round
-from mecsim.network import NetworkModel, device_profiles
-from mecsim.ops import op_from_dict
+from mecsim.emulation.engine import engine_path, time_round
+from mecsim.emulation.network import NetworkModel, device_profiles
+from mecsim.emulation.ops import op_from_dict
 from mecsim.scenario import load_scenario, scenario_from_dict
 
 ROOT = Path(__file__).resolve().parent.parent

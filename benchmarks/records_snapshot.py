@@ -103,7 +103,7 @@ def take(out: Path, rounds: int, backends: list[str], only: list[str] | None) ->
                 (dest / f).write_text(normalised(tmp / key / f))
             shutil.rmtree(tmp / key, ignore_errors=True)
             digest = hashlib.sha256(b"".join((dest / f).read_bytes() for f in FILES))
-            print(f"{key}: {digest.hexdigest()[:16]} ({took:.0f} s)", flush=True)
+            print(f"{key}: {digest.hexdigest()[:16]} ({took:.1f} s)", flush=True)
     shutil.rmtree(out / ".runs", ignore_errors=True)
     return 1 if failed else 0
 
@@ -143,8 +143,28 @@ def compare(a: Path, b: Path) -> int:
     return 1 if bad else 0
 
 
+def quick() -> int:
+    """The suite's check of this script: the default scenario, 1 round in-process, taken
+    twice into a temporary folder and compared (the same seed gives the same records)."""
+    import tempfile
+
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        a, b = Path(tmp) / "a", Path(tmp) / "b"
+        for out in (a, b):
+            if take(out, 1, ["local"], ["default"]):
+                return 1
+        code = compare(a, b)
+    print(f"quick check: {time.perf_counter() - t0:.1f} s")
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    argv = sys.argv[1:] if argv is None else argv
+    if argv == ["--quick"]:
+        return quick()
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                epilog="--quick: the default scenario taken twice, compared")
     sub = p.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("take", help="run the scenarios and keep their records")
     t.add_argument("out", type=Path)

@@ -29,11 +29,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mecsim.checkpoint import CheckpointStore, scenario_digest
-from mecsim.records import RecordsWriter
-from mecsim.runfolder import RunFolderError, RunFolderInUse, prepare_resume
-from mecsim.runner import run
+from mecsim.run.loop import run
 from mecsim.scenario import Scenario, ScenarioError, load_scenario
+from mecsim.store.checkpoints import CheckpointStore, scenario_digest
+from mecsim.store.records import RecordsWriter
+from mecsim.store.runfolder import RunFolderError, RunFolderInUse, prepare_resume
 
 DEFAULT_SEEDS = 3
 

@@ -56,7 +56,7 @@ def _median_round_s(run_dir: Path) -> float:
 def cli_run(rounds: int, out: Path, run_id: str) -> tuple[float, float]:
     """(end-to-end s, median round s) of `mecsim run` of the default scenario."""
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "mecsim.cli", "run", str(default_scenario_path()),
+    subprocess.run([sys.executable, "-m", "mecsim", "run", str(default_scenario_path()),
                     "--rounds", str(rounds), "--out", str(out), "--run-id", run_id,
                     "--metrics-port", "0", "--quiet"], check=True)
     return time.perf_counter() - t0, _median_round_s(out / run_id)
@@ -64,7 +64,7 @@ def cli_run(rounds: int, out: Path, run_id: str) -> tuple[float, float]:
 
 class Service:
     def __init__(self, state: Path) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "mecsim.cli", "serve", "--port",
+        self.proc = subprocess.Popen([sys.executable, "-m", "mecsim", "serve", "--port",
                                       "0", "--state", str(state)],
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      text=True)

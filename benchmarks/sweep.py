@@ -76,11 +76,11 @@ def load() -> str:
 
 def recorded_run(scenario: dict, record_dir: Path, run_dir: Path | None):
     """The run to sweep: ``run_dir`` as it is, or the scenario recorded in ``record_dir``
-    (``mecsim.sweep.record`` names the folder after the scenario and its hash, and reuses
+    (``mecsim.analysis.sweep.record`` names the folder after the scenario and its hash, and reuses
     it when it is there)."""
-    from mecsim.replay import load_run
+    from mecsim.analysis.replay import load_run
+    from mecsim.analysis.sweep import record
     from mecsim.scenario import scenario_from_dict
-    from mecsim.sweep import record
 
     t0 = time.perf_counter()
     if run_dir is not None:
@@ -94,7 +94,7 @@ def recorded_run(scenario: dict, record_dir: Path, run_dir: Path | None):
 
 
 def bench_sweep(run, repeats: int, bandwidths_hz: list[float], shared: bool) -> None:
-    from mecsim.sweep import sweep
+    from mecsim.analysis.sweep import sweep
 
     grid = {"channel.uplink.bandwidth_hz": bandwidths_hz}
     if shared:
@@ -120,8 +120,8 @@ def bench_sweep(run, repeats: int, bandwidths_hz: list[float], shared: bool) -> 
 
 
 def fedavg_round(rng: np.random.Generator, n_clients: int):
-    from mecsim.engine import ClientSpec
-    from mecsim.ops import Compute, Download, Upload
+    from mecsim.emulation.engine import ClientSpec
+    from mecsim.emulation.ops import Compute, Download, Upload
 
     model_bytes = 800_040
     steps = rng.integers(1, 40, n_clients)
@@ -136,7 +136,7 @@ def fedavg_round(rng: np.random.Generator, n_clients: int):
 
 
 def bench_engine(simpy_rounds: int, n_clients: int, n_rounds: int) -> None:
-    from mecsim.engine import NetworkSpec, ServerSpec, time_round
+    from mecsim.emulation.engine import NetworkSpec, ServerSpec, time_round
 
     rng = np.random.default_rng(0)
     rounds = [fedavg_round(rng, n_clients) for _ in range(n_rounds)]
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         scenario, points, args.repeats = quick_scenario(), 5, 1
         engine_clients, engine_rounds, args.simpy_rounds = 1_000, 10, min(args.simpy_rounds, 1)
     if not args.skip_sweep:
-        from mecsim.replay import RunLoadError
+        from mecsim.analysis.replay import RunLoadError
 
         try:
             run = recorded_run(scenario, args.record_dir, args.run_dir)

@@ -10,7 +10,7 @@ it, or the generated JSON changes with it.
 
 The JSON files next to this script are generated: edit this file, not them (a test
 checks that they match the build). Every query names only metrics that
-``mecsim.metrics.MetricsExporter`` exports and filters on the ``run`` and ``algorithm``
+``mecsim.interfaces.metrics.MetricsExporter`` exports and filters on the ``run`` and ``algorithm``
 dashboard variables; the variables ``$__rate_interval`` and ``$__range`` are Grafana's.
 """
 

@@ -5,7 +5,7 @@ network and the device CPUs turns what the training did into the time a real tes
 would have taken. See README.md and docs/.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = ["Client", "__version__", "replay", "sweep"]
 
@@ -13,16 +13,16 @@ __all__ = ["Client", "__version__", "replay", "sweep"]
 def __getattr__(name: str):
     """``mecsim.sweep``, ``mecsim.replay`` and ``mecsim.Client``, imported on first use.
 
-    The first two are callable modules (:func:`mecsim.sweep.sweep`,
-    :func:`mecsim.replay.replay`),
+    The first two are callable modules (:func:`mecsim.analysis.sweep.sweep`,
+    :func:`mecsim.analysis.replay.replay`),
     so ``mecsim.sweep(...)`` works however they were imported first.
     """
     if name in ("sweep", "replay"):
         import importlib
 
-        return importlib.import_module(f"mecsim.{name}")
-    if name == "Client":  # the service's Python client (mecsim.service.client)
-        from mecsim.service.client import Client
+        return importlib.import_module(f"mecsim.analysis.{name}")
+    if name == "Client":  # the service's Python client (mecsim.interfaces.service.client)
+        from mecsim.interfaces.service.client import Client
 
         return Client
     raise AttributeError(f"module 'mecsim' has no attribute {name!r}")

@@ -7,7 +7,7 @@ no code run, no file content echoed.
 
 The corpus is used two ways:
 
-- ``tests/test_bad_input.py`` runs every case in-process through ``mecsim.cli.main``;
+- ``tests/test_bad_input.py`` runs every case in-process through ``mecsim.interfaces.cli.main``;
 - ``python tests/bad_input_corpus.py [--src DIR] [--only NAME...]`` runs every case in a
   subprocess against the source tree ``DIR`` (default: this checkout) and prints the
   tally of outcomes, so a tree without the checks can be compared with one that has them.
@@ -433,7 +433,7 @@ def _run_subprocess(src: Path, argv: list[str], cwd: Path, timeout: float,
 
     prefix = UNPRIVILEGED_PREFIX if unprivileged and os.geteuid() == 0 else []
     try:
-        p = subprocess.run([*prefix, sys.executable, "-m", "mecsim.cli", *argv], cwd=cwd, env=env,
+        p = subprocess.run([*prefix, sys.executable, "-m", "mecsim", *argv], cwd=cwd, env=env,
                            capture_output=True, text=True, timeout=timeout,
                            preexec_fn=limits, errors="replace")
         return p.returncode, p.stdout, p.stderr

@@ -205,7 +205,7 @@ def _measure(argv: list[str] | None = None) -> None:
         try:
             cluster.wait_for_nodes()
             started = time.monotonic()
-            subprocess.run([sys.executable, "-m", "mecsim.cli", "run", args.scenario,
+            subprocess.run([sys.executable, "-m", "mecsim", "run", args.scenario,
                             "--ray-address", cluster.address, "--rounds", str(args.rounds),
                             "--hosts", "2", "--out", str(work / "runs"), "--run-id", "m",
                             "--quiet", "--no-plots", "--no-metrics"],

@@ -75,7 +75,7 @@ class ServeProcess:
     def start(self, timeout_s: float = 60) -> ServeProcess:
         log = self.log_path.open("a")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mecsim.cli", "serve", "--port", "0", "--state",
+            [sys.executable, "-m", "mecsim", "serve", "--port", "0", "--state",
              str(self.state), *self.args],
             stdout=subprocess.PIPE, stderr=log, text=True, env=self.env)
         log.close()
@@ -151,7 +151,7 @@ class ThreadServer:
         import uvicorn
 
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-        from mecsim.service.cli import _listen
+        from mecsim.interfaces.cli.service import _listen
 
         self.sock = _listen("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"

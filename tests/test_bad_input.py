@@ -1,7 +1,7 @@
 """Bad input is refused before anything starts: the adversarial corpus, in-process.
 
 Every case of ``tests/bad_input_corpus.py`` goes through ``mecsim validate`` and
-``mecsim run`` (``mecsim.cli.main``): exit code 2, one line per problem naming the file
+``mecsim run`` (``mecsim.interfaces.cli.main``): exit code 2, one line per problem naming the file
 and the field, no traceback (an exception escaping ``main`` fails the test), nothing
 written in the case's directory, no code run, no file content echoed.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from bad_input_corpus import MARKER, busy_port, cases, materialise, snapshot
 
-from mecsim.cli import main
+from mecsim.interfaces.cli import main
 
 CASES = cases()
 UNPRIVILEGED = [c for c in CASES if c.unprivileged]
@@ -113,7 +113,8 @@ def test_a_crafted_pickle_would_run_code_and_is_refused(tmp_path):
 
     from bad_input_corpus import _Exec
 
-    from mecsim.data import DatasetError, _unpickle
+    from mecsim.data import DatasetError
+    from mecsim.data.datasets import _unpickle
 
     payload = pickle.dumps(_Exec(f"touch {tmp_path / 'ran'}"), protocol=2)
     subprocess.run([sys.executable, "-c",

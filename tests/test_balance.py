@@ -6,11 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import tiny
+from mecsim.agents.algorithms import ClientTask, algorithm_classes
+from mecsim.agents.host import ClientHost
 
-from agents.algorithms import ClientTask, algorithm_classes
-from agents.host import ClientHost
-from mecsim.execution import balance_hosts
-from mecsim.runner import prepare, run_round
+from mecsim.run.backends.balance import balance_hosts
+from mecsim.run.round import run_round
+from mecsim.run.setup import prepare
 
 
 def _tasks(ids):
@@ -75,7 +76,7 @@ def _records(scenario, rounds, monkeypatch, movable: bool | None = None):
     monkeypatch.setattr(ClientHost, "fit", fit)
     rs = prepare(scenario, "b", None, backend="local", hosts=3)
     if movable is not None:
-        rs.executor._movable = movable
+        rs.executor.clients.movable = movable
     try:
         rows, elapsed = [], 0.0
         for rnd in range(rounds):
@@ -139,7 +140,7 @@ def test_a_guest_that_leaves_state_behind_stops_the_run(monkeypatch):
 def test_lent_clients_under_ray_give_the_records_of_the_in_process_run():
     """The same lending under Ray (guests' data sent with the call, uploads through the
     shared files) as in-process: the same records."""
-    from mecsim.runner import run
+    from mecsim.run.loop import run
 
     sc = tiny(topology={"clients": 12, "participation": 0.5},
               dataset={"partition": {"method": "dirichlet", "alpha": 0.5}})

@@ -11,8 +11,8 @@ from pathlib import Path
 import pandas as pd
 from conftest import tiny
 
-from mecsim.records import RecordsWriter
-from mecsim.runner import run
+from mecsim.run.loop import run
+from mecsim.store.records import RecordsWriter
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import seeds  # noqa: E402
@@ -69,7 +69,7 @@ def test_a_run_another_process_is_running_is_neither_deleted_nor_run_twice(tmp_p
     when it comes to a run the first holds, instead of deleting it from under it."""
     import pytest
 
-    from mecsim.runfolder import RunLock
+    from mecsim.store.runfolder import RunLock
 
     scenario = tiny(rounds=2)
     path = tmp_path / "busy"

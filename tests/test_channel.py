@@ -6,8 +6,7 @@ import math
 
 import numpy as np
 import pytest
-
-from channel import (
+from mecsim.channel import (
     BackhaulLink,
     ClientRadio,
     FixedRateChannel,

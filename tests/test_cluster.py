@@ -34,11 +34,11 @@ from cluster_support import FAST_NODE_DEATH, RAY_CLI, LocalCluster
 from conftest import TINY, tiny
 from test_resume import assert_same_records
 
-from mecsim import execution
-from mecsim.execution import host_cpus
-from mecsim.records import RecordsWriter
-from mecsim.replay import read_csv_exact
-from mecsim.runner import RunFailed, run
+from mecsim.run.backends import placement, ray_start
+from mecsim.run.loop import run
+from mecsim.run.setup import RunFailed
+from mecsim.store.reader import read_csv_exact
+from mecsim.store.records import RecordsWriter
 
 needs_ray_cli = pytest.mark.skipif(not RAY_CLI.exists(), reason="no `ray` command here")
 
@@ -60,14 +60,14 @@ KILL_AFTER = 2
     ([4, 0], 3, 1.0),        # a head without CPUs holds no host
 ])
 def test_cpus_per_host_fit_the_live_nodes(node_cpus, hosts, share) -> None:
-    assert host_cpus(node_cpus, hosts) == share
+    assert placement.host_cpus(node_cpus, hosts) == share
     # the share fits: the nodes hold floor(c / share) hosts each
     assert sum(int(c // share) for c in node_cpus) >= hosts
 
 
 def test_no_cpu_no_share() -> None:
     with pytest.raises(ValueError, match="no CPU for 2 host actor"):
-        host_cpus([0, 0], 2)
+        placement.host_cpus([0, 0], 2)
 
 
 @pytest.mark.ray
@@ -77,8 +77,8 @@ def test_a_cluster_without_room_stops_the_run_instead_of_hanging(monkeypatch) ->
 
     if ray.is_initialized():  # another test's instance
         ray.shutdown()
-    monkeypatch.setattr(execution, "PLACEMENT_TIMEOUT_S", 3.0)
-    execution._init_ray_on_loopback(ray, dict(num_cpus=0, include_dashboard=False,
+    monkeypatch.setattr(placement, "PLACEMENT_TIMEOUT_S", 3.0)
+    ray_start.init_on_loopback(ray, dict(num_cpus=0, include_dashboard=False,
                                               configure_logging=False))
     try:
         started = time.monotonic()
@@ -121,7 +121,7 @@ def _start_run(cluster: LocalCluster, run_id: str) -> tuple[subprocess.Popen, Pa
                                         "execution": {"backend": "ray", "hosts": 2}}))
     out = cluster.work / "runs"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mecsim.cli", "run", str(scenario), "--ray-address",
+        [sys.executable, "-m", "mecsim", "run", str(scenario), "--ray-address",
          cluster.address, "--out", str(out), "--run-id", run_id, "--quiet", "--no-plots"],
         env=cluster.driver_env, cwd=cluster.work, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True)

@@ -12,9 +12,8 @@ import pandas as pd
 import pytest
 import torch
 from conftest import tiny
-
-from agents.algorithms import ClientContext, ClientResult, ClientTask, TrainConfig
-from agents.algorithms.dcpfl import (
+from mecsim.agents.algorithms import ClientContext, ClientResult, ClientTask, TrainConfig
+from mecsim.agents.algorithms.dcpfl import (
     DECISION_NBYTES,
     LOSS_REPORT_NBYTES,
     DCPFLClient,
@@ -34,18 +33,20 @@ from agents.algorithms.dcpfl import (
     smoothed_losses,
     trial_accepts,
 )
-from agents.algorithms.kmeans_cluster import KMeansClusterServer, kmeans_labels
-from agents.algorithms.perfedavg import (
-    PerFedAvgClient,
-    fo_maml_epochs,
-    pair_batches,
+from mecsim.agents.algorithms.kmeans_cluster import KMeansClusterServer, kmeans_labels
+from mecsim.agents.algorithms.perfedavg import PerFedAvgClient, fo_maml_epochs, pair_batches
+from mecsim.agents.models import get_flat, model_layout, set_flat
+from mecsim.agents.training import StepCosts
+
+from mecsim.analysis.convergence import (
+    convergence_round,
+    final_accuracy,
+    to_convergence,
+    trailing_mean,
 )
-from agents.models import get_flat, model_layout, set_flat
-from agents.training import StepCosts
-from mecsim.convergence import convergence_round, final_accuracy, to_convergence, trailing_mean
 from mecsim.data import heterogeneity_dkl, load_dataset, partition
-from mecsim.engine import ClientSpec, NetworkSpec, ServerSpec, time_round
-from mecsim.ops import (
+from mecsim.emulation.engine import ClientSpec, NetworkSpec, ServerSpec, time_round
+from mecsim.emulation.ops import (
     Barrier,
     Compute,
     Download,
@@ -54,9 +55,9 @@ from mecsim.ops import (
     op_to_dict,
     trace_bytes,
 )
-from mecsim.records import RecordsWriter
-from mecsim.runner import run
+from mecsim.run.loop import run
 from mecsim.scenario import ScenarioError
+from mecsim.store.records import RecordsWriter
 
 # --------------------------------------------------------------------------- helpers
 

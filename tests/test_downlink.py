@@ -5,15 +5,15 @@ assumption is printed under the tables when a run makes it for personalised down
 from __future__ import annotations
 
 import pytest
+from mecsim.agents.algorithms import ALGORITHMS
 
-from agents.algorithms import ALGORITHMS
-from mecsim.engine import time_round
-from mecsim.network import NetworkModel, device_profiles, downlink_mode, downlink_note
-from mecsim.ops import Download
-from mecsim.records import RecordsWriter
-from mecsim.runner import run
+from mecsim.analysis.tables import build_tables, label_runs, load_run
+from mecsim.emulation.engine import time_round
+from mecsim.emulation.network import NetworkModel, device_profiles, downlink_mode, downlink_note
+from mecsim.emulation.ops import Download
+from mecsim.run.loop import run
 from mecsim.scenario import scenario_from_dict
-from mecsim.tables import build_tables, label_runs, load_run
+from mecsim.store.records import RecordsWriter
 
 PERSONALISED = {"kapc", "kapc_bls", "dcpfl", "dcpfl_nola", "dcpfl_nodc", "kmeans_cluster",
                 "phsfl", "hsfl"}

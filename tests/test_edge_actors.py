@@ -34,9 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import tiny  # noqa: E402
 from test_resume import assert_same_records, is_host_column  # noqa: E402
 
-from mecsim.records import RecordsWriter  # noqa: E402
-from mecsim.replay import read_csv_exact  # noqa: E402
-from mecsim.runner import run  # noqa: E402
+from mecsim.run.loop import run
+from mecsim.store.reader import read_csv_exact
+from mecsim.store.records import RecordsWriter
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "edge_golden"
 FILES = ("rounds.csv", "clients.csv", "rounds.parquet", "clients.parquet", "optraces.jsonl",
@@ -146,7 +146,7 @@ def test_only_a_hierarchical_algorithm_has_edge_servers_of_its_own() -> None:
     """The in-process executor drives the same split: PHSFL gets one EdgeServer per edge
     server that serves clients; FedAvg on two edge servers none (its edge servers keep
     no state: its central server does everything, as before)."""
-    from mecsim.runner import prepare
+    from mecsim.run.setup import prepare
 
     phsfl = prepare(case("phsfl_2x2"), "p", None).executor
     assert sorted(phsfl.edges) == [0, 1]
@@ -175,7 +175,7 @@ def test_each_edge_server_is_an_actor_process_of_its_own() -> None:
     server, each its own process with no CPU reserved (the hosts hold one each)."""
     import psutil
 
-    from mecsim.runner import prepare
+    from mecsim.run.setup import prepare
 
     rs = prepare(case("phsfl_2x2", backend="ray"), "p", None)
     try:

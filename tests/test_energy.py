@@ -9,9 +9,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from mecsim.devices import DeviceProfile, builtin_profiles
-from mecsim.energy import ENERGY_KEYS, client_energy, round_energy
-from mecsim.engine import (
+from mecsim.emulation.devices import DeviceProfile, builtin_profiles
+from mecsim.emulation.energy import ENERGY_KEYS, client_energy, round_energy
+from mecsim.emulation.engine import (
     ClientSpec,
     ClientTimeline,
     NetworkSpec,
@@ -19,10 +19,10 @@ from mecsim.engine import (
     ServerSpec,
     time_round,
 )
-from mecsim.ops import Compute, Download, Upload
-from mecsim.records import RecordsWriter
-from mecsim.runner import run
+from mecsim.emulation.ops import Compute, Download, Upload
+from mecsim.run.loop import run
 from mecsim.scenario import ScenarioError, scenario_from_dict
+from mecsim.store.records import RecordsWriter
 
 PI = DeviceProfile("pi", 1e9, 0.0, 2**30, active_power_w=6.4, idle_power_w=2.7,
                    radio_tx_power_w=1.0, radio_rx_power_w=0.3)
@@ -183,7 +183,7 @@ def test_sweep_energy_metric(tmp_path):
     assert parts == pytest.approx(df.loc[0, "energy_mean_j"], rel=1e-12)
     assert df.loc[1, "energy_mean_j"] != df.loc[0, "energy_mean_j"]
     # and from the command line, plotted
-    from mecsim.cli import main
+    from mecsim.interfaces.cli import main
 
     sw = tmp_path / "sw"
     assert main(["sweep", str(out), "--set", "devices.clients.0.profile=rpi2b,rpi5",
@@ -199,7 +199,7 @@ def test_vectorised_round_energy_equals_the_per_client_sum():
     deadlines, profiles with and without power."""
     import numpy as np
 
-    from mecsim.energy import power_array, round_energy_arrays, transfer_arrays
+    from mecsim.emulation.energy import power_array, round_energy_arrays, transfer_arrays
 
     rng = np.random.default_rng(7)
     bare = DeviceProfile("bare", 1e9, 0.0, 2**30)

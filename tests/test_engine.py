@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from mecsim.engine import (
+from mecsim.emulation.engine import (
     METHODS,
     ClientSpec,
     NetworkSpec,
@@ -16,7 +16,7 @@ from mecsim.engine import (
     ServerSpec,
     time_round,
 )
-from mecsim.ops import Compute, Download, ServerCompute, Upload
+from mecsim.emulation.ops import Compute, Download, ServerCompute, Upload
 
 
 def approx(x: float) -> object:

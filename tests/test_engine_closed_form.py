@@ -9,16 +9,17 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from mecsim import engine
-from mecsim.engine import (
+from mecsim.emulation.engine import (
     ClientSpec,
     NetworkSpec,
     RateSchedule,
     ServerSpec,
-    _closed_form_timelines,
+    dispatch,
+    simpy_model,
     time_round,
 )
-from mecsim.ops import Compute, Download, ServerCompute, Upload
+from mecsim.emulation.engine.closed_form import _closed_form_timelines
+from mecsim.emulation.ops import Compute, Download, ServerCompute, Upload
 
 SERVERS = [ServerSpec(flops_per_s=1e9)]
 
@@ -100,13 +101,13 @@ def test_closed_form_declines_what_it_does_not_cover():
 
 def test_time_round_uses_simpy_only_for_what_the_fast_paths_do_not_cover(monkeypatch):
     calls = []
-    real = engine._simulate
+    real = simpy_model._simulate
 
     def spy(*args):
         calls.append(args)
         return real(*args)
 
-    monkeypatch.setattr(engine, "_simulate", spy)
+    monkeypatch.setattr(dispatch, "_simulate", spy)
     trace = (Download(1000), Compute(1e9, 3), Upload(1000))
     specs = {1: ClientSpec(1, 1e6, 1e6, 0.01, 1e9)}
     time_round({1: trace}, specs, SERVERS, NetworkSpec())  # closed form

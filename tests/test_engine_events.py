@@ -1,5 +1,5 @@
-"""The engine's fast paths for shared resources (mecsim.engine_media, mecsim.engine_events)
-against the SimPy model, on thousands of random rounds and on cases worked by hand."""
+"""The engine's fast paths for shared resources (mecsim.emulation.engine.media and
+.events) against the SimPy model, on thousands of random rounds and on cases worked by hand."""
 
 from __future__ import annotations
 
@@ -8,19 +8,21 @@ import math
 import numpy as np
 import pytest
 
-from mecsim import engine, engine_events, engine_media
-from mecsim.engine import (
+from mecsim.emulation.engine import (
     METHODS,
     ClientSpec,
     NetworkSpec,
     RateSchedule,
     RoundTiming,
     ServerSpec,
+    dispatch,
     engine_path,
     time_round,
 )
-from mecsim.engine_media import processor_sharing
-from mecsim.ops import Backhaul, Compute, Download, ServerCompute, Upload
+from mecsim.emulation.engine import events as engine_events
+from mecsim.emulation.engine import media as engine_media
+from mecsim.emulation.engine.media import processor_sharing
+from mecsim.emulation.ops import Backhaul, Compute, Download, ServerCompute, Upload
 
 FAST = ("media", "events", "auto")
 
@@ -122,11 +124,11 @@ def test_fast_paths_equal_simpy_on_random_rounds():
         ref = time_round(traces, specs, servers, net, agg, method="simpy")
         media = engine_media.media_timelines(traces, specs, servers, net)
         if media is not None:  # it covers the round (one order of resources)
-            assert engine._summarise(media, net.deadline_s, agg) == ref
+            assert dispatch._summarise(media, net.deadline_s, agg) == ref
             seen["media"] += 1
         events = engine_events.event_timelines(traces, specs, servers, net)
         assert events is not None  # it covers every round
-        assert engine._summarise(events, net.deadline_s, agg) == ref
+        assert dispatch._summarise(events, net.deadline_s, agg) == ref
         assert time_round(traces, specs, servers, net, agg) == ref
         seen["stuck"] += sum(math.isinf(c.finish_s) for c in ref.clients)
         seen["dropped"] += len(ref.dropped)
@@ -264,8 +266,8 @@ def test_split_learning_rounds_equal_simpy() -> None:
 def test_rounds_with_link_latency_are_timed_as_simpy_does() -> None:
     # per-link latency is modelled by the closed form and SimPy; the media and event paths
     # step aside for it, so every method gives SimPy's timelines
-    from mecsim.engine import ClientSpec, NetworkSpec, ServerSpec, time_round
-    from mecsim.ops import Compute, Download, Upload
+    from mecsim.emulation.engine import ClientSpec, NetworkSpec, ServerSpec, time_round
+    from mecsim.emulation.ops import Compute, Download, Upload
 
     traces = {c: (Download(100_000 * (c + 1)), Compute(1e8, 3), Upload(50_000))
               for c in range(6)}

@@ -16,18 +16,19 @@ import pandas as pd
 import psutil
 import pytest
 from conftest import tiny
+from mecsim.agents.algorithms import ClientResult
+from mecsim.agents.models import build_model, get_flat, model_layout
+from mecsim.agents.server import CentralServer
 from test_resume import SimulatedKill, StopAfter, assert_same_records
 
-from agents.algorithms import ClientResult
-from agents.models import build_model, get_flat, model_layout
-from agents.server import CentralServer
-from mecsim import faults, replay
-from mecsim.engine import RateSchedule
-from mecsim.ops import Compute, Download, Upload
-from mecsim.records import RecordsWriter
-from mecsim.replay import read_csv_exact
-from mecsim.runfolder import prepare_resume
-from mecsim.runner import run
+from mecsim.analysis import replay
+from mecsim.emulation import faults
+from mecsim.emulation.engine import RateSchedule
+from mecsim.emulation.ops import Compute, Download, Upload
+from mecsim.run.loop import run
+from mecsim.store.reader import read_csv_exact
+from mecsim.store.records import RecordsWriter
+from mecsim.store.runfolder import prepare_resume
 
 UNIT = {"flops_per_s": 1e9, "step_overhead_s": 0.0, "ram_bytes": 2**32,
         "flops_source": "test", "step_overhead_source": "test"}
@@ -241,7 +242,7 @@ def test_updates_with_nan_or_inf_are_rejected_not_averaged() -> None:
 
 
 def test_a_diverging_run_is_flagged_and_its_model_untouched(tmp_path: Path, capsys) -> None:
-    from mecsim.cli import main
+    from mecsim.interfaces.cli import main
 
     path = tmp_path / "lr.yaml"
     data = tiny(rounds=2, training={"lr": 1000.0}).model_dump(mode="json")
@@ -291,7 +292,7 @@ def run_killing_actors(sc, tmp_path: Path, plan: list[tuple[int, str]]) -> Path:
     path = tmp_path / "s.yaml"
     path.write_text(__import__("json").dumps(data))
     out = tmp_path / "runs" / "r"
-    proc = subprocess.Popen([sys.executable, "-m", "mecsim.cli", "run", str(path), "--run-id",
+    proc = subprocess.Popen([sys.executable, "-m", "mecsim", "run", str(path), "--run-id",
                              "r", "--quiet", "--no-plots"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     plan, kills = list(plan), len(plan)

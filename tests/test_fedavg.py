@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from mecsim.agents.algorithms import ClientContext, ClientResult, ClientTask, TrainConfig
+from mecsim.agents.algorithms.fedavg import FedAvgClient, FedAvgServer, weighted_average
+from mecsim.agents.algorithms.local import LocalClient, LocalServer
+from mecsim.agents.models import build_model, get_flat, model_layout
+from mecsim.agents.training import StepCosts
 
-from agents.algorithms import ClientContext, ClientResult, ClientTask, TrainConfig
-from agents.algorithms.fedavg import FedAvgClient, FedAvgServer, weighted_average
-from agents.algorithms.local import LocalClient, LocalServer
-from agents.models import build_model, get_flat, model_layout
-from agents.training import StepCosts
-from mecsim.ops import Compute, Download, Upload
+from mecsim.emulation.ops import Compute, Download, Upload
 
 
 def test_weighted_average_hand_numbers():

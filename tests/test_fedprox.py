@@ -7,14 +7,14 @@ import copy
 import numpy as np
 import pytest
 import torch
+from mecsim.agents.algorithms import ClientContext, ClientResult, ClientTask, TrainConfig
+from mecsim.agents.algorithms.fedavg import FedAvgClient
+from mecsim.agents.algorithms.fedprox import FedProxClient, FedProxServer, proximal_term
+from mecsim.agents.models import get_flat, model_layout, set_flat
+from mecsim.agents.training import StepCosts
 from torch import nn
 
-from agents.algorithms import ClientContext, ClientResult, ClientTask, TrainConfig
-from agents.algorithms.fedavg import FedAvgClient
-from agents.algorithms.fedprox import FedProxClient, FedProxServer, proximal_term
-from agents.models import get_flat, model_layout, set_flat
-from agents.training import StepCosts
-from mecsim.runner import run
+from mecsim.run.loop import run
 from mecsim.scenario import ScenarioError, scenario_from_dict
 from tests.conftest import TINY, tiny
 

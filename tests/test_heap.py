@@ -8,8 +8,8 @@ import gc
 import pytest
 from conftest import tiny
 
-from mecsim.observers import RunObserver
-from mecsim.runner import run
+from mecsim.run.loop import run
+from mecsim.run.observers import RunObserver
 
 
 class _Probe(RunObserver):

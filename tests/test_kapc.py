@@ -14,10 +14,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from torch import nn
-
-from agents.algorithms import ClientContext, ClientResult, ClientTask, TrainConfig, run_notes
-from agents.algorithms.kapc import (
+from mecsim.agents.algorithms import ClientContext, ClientResult, ClientTask, TrainConfig, run_notes
+from mecsim.agents.algorithms.kapc import (
     BlsClientState,
     BlsConstants,
     KapcBlsClient,
@@ -40,10 +38,12 @@ from agents.algorithms.kapc import (
     self_relation_filter,
     update_relations,
 )
-from agents.models import build_model, get_flat, model_layout
-from agents.training import StepCosts
-from mecsim.ops import Compute, Download, Upload
-from mecsim.runner import run
+from mecsim.agents.models import build_model, get_flat, model_layout
+from mecsim.agents.training import StepCosts
+from torch import nn
+
+from mecsim.emulation.ops import Compute, Download, Upload
+from mecsim.run.loop import run
 from mecsim.scenario import ScenarioError, scenario_from_dict
 from tests.conftest import TINY, tiny
 

@@ -7,8 +7,7 @@ import copy
 import numpy as np
 import pytest
 import torch
-
-from agents.models import MODELS, build_model, get_flat, model_layout, set_flat, store_flat
+from mecsim.agents.models import MODELS, build_model, get_flat, model_layout, set_flat, store_flat
 
 
 def test_resnet18_size_matches_the_kapc_paper():

@@ -30,8 +30,9 @@ import yaml
 from conftest import tiny
 from prometheus_client.parser import text_string_to_metric_families
 
-from mecsim.metrics import METRICS, RATE_BUCKETS, MetricsExporter
-from mecsim.runner import RunObserver, run
+from mecsim.interfaces.metrics import METRICS, RATE_BUCKETS, MetricsExporter
+from mecsim.run.loop import run
+from mecsim.run.observers import RunObserver
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARDS = ROOT / "dashboards"

@@ -10,10 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-
-from agents.algorithms import ClientContext, TrainConfig
-from agents.algorithms.fedavg import weighted_average
-from agents.algorithms.mtfl import (
+from mecsim.agents.algorithms import ClientContext, TrainConfig
+from mecsim.agents.algorithms.fedavg import weighted_average
+from mecsim.agents.algorithms.mtfl import (
     FEDADAM_FLOPS_PER_ELEMENT,
     MTFLClient,
     MTFLServer,
@@ -23,15 +22,17 @@ from agents.algorithms.mtfl import (
     noisy_clients,
     private_mask,
 )
-from agents.models import build_model, get_flat, model_layout, set_flat
-from agents.training import StepCosts, make_optimizer, measured_step
+from mecsim.agents.models import build_model, get_flat, model_layout, set_flat
+from mecsim.agents.training import StepCosts, make_optimizer, measured_step
+
+from mecsim.analysis.summary import rounds_to_target, target_lines, times_to_targets
 from mecsim.data import load_dataset, partition
-from mecsim.engine import time_round
-from mecsim.network import NetworkModel, device_profiles
-from mecsim.ops import Compute, Download, Upload
-from mecsim.runner import prepare, run_round
+from mecsim.emulation.engine import time_round
+from mecsim.emulation.network import NetworkModel, device_profiles
+from mecsim.emulation.ops import Compute, Download, Upload
+from mecsim.run.round import run_round
+from mecsim.run.setup import prepare
 from mecsim.scenario import ScenarioError, load_scenario, scenario_from_dict
-from mecsim.summary import rounds_to_target, target_lines, times_to_targets
 
 ROOT = Path(__file__).resolve().parents[1]
 N_2NN = 784 * 200 + 200 + 4 * 200 + 200 * 200 + 200 + 200 * 10 + 10  # 200,010 floats
@@ -149,7 +150,7 @@ def test_fl_none_equals_fedavg_of_the_full_model():
 
 
 def _result(cid, payload, n):
-    from agents.algorithms import ClientResult
+    from mecsim.agents.algorithms import ClientResult
 
     return ClientResult(cid, np.asarray(payload, np.float32), 4 * len(payload), n, 0.0, (),
                         0.0, 0, 0)
@@ -416,7 +417,7 @@ def test_times_to_targets_give_rounds_and_emulated_seconds_or_x():
 def test_run_reports_rounds_to_its_targets(tmp_path, capsys):
     from conftest import tiny
 
-    from mecsim.cli import main
+    from mecsim.interfaces.cli import main
 
     path = tmp_path / "tiny.yaml"
     path.write_text(tiny(rounds=3).model_dump_json())

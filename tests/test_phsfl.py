@@ -9,11 +9,8 @@ import pandas as pd
 import pytest
 import torch
 from conftest import tiny
-from pytest import approx
-from torch import nn
-
-from agents.algorithms import ClientContext, ClientResult, ClientTask, TrainConfig
-from agents.algorithms.phsfl import (
+from mecsim.agents.algorithms import ClientContext, ClientResult, ClientTask, TrainConfig
+from mecsim.agents.algorithms.phsfl import (
     HSFLClient,
     PHSFLClient,
     PHSFLEdge,
@@ -27,12 +24,23 @@ from agents.algorithms.phsfl import (
     split_model,
     split_step,
 )
-from agents.models import build_model, get_flat, model_layout, set_flat
-from agents.training import StepCosts, evaluate
-from mecsim.engine import ClientSpec, NetworkSpec, ServerSpec, time_round
-from mecsim.ops import Backhaul, Compute, Download, ServerCompute, Upload, op_from_dict, op_to_dict
-from mecsim.records import ROUND_COLUMNS, RecordsWriter
-from mecsim.runner import run
+from mecsim.agents.models import build_model, get_flat, model_layout, set_flat
+from mecsim.agents.training import StepCosts, evaluate
+from pytest import approx
+from torch import nn
+
+from mecsim.emulation.engine import ClientSpec, NetworkSpec, ServerSpec, time_round
+from mecsim.emulation.ops import (
+    Backhaul,
+    Compute,
+    Download,
+    ServerCompute,
+    Upload,
+    op_from_dict,
+    op_to_dict,
+)
+from mecsim.run.loop import run
+from mecsim.store.records import ROUND_COLUMNS, RecordsWriter
 
 MNIST = (1, 28, 28)
 MODEL_NUMEL = 733_706  # phsfl_cnn on 1x28x28: conv 1664 + conv 204928 + FC 524544 + FC 2570
@@ -318,8 +326,8 @@ def test_server_aggregates_per_edge_server_then_centrally():
 def test_a_checkpoint_from_before_the_edge_split_restores_the_edge_models():
     """Checkpoints written when one server held every edge model (``edge_models`` in the
     algorithm's state) resume with each edge model in its own edge server."""
-    from agents.server import CentralServer, EdgeServer
-    from agents.state import encode
+    from mecsim.agents.server import CentralServer, EdgeServer
+    from mecsim.agents.state import encode
 
     layout = model_layout(nn.Sequential(nn.Linear(1, 1), nn.ReLU(), nn.Linear(1, 1)))
     kwargs = dict(algorithm="phsfl", layout=layout, init_weights=np.zeros(4, np.float32),

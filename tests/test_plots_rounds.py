@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 from matplotlib.ticker import MaxNLocator
 
-from mecsim.plots import (
+from mecsim.analysis.plots import (
     LEGEND_INSIDE_MAX,
     accuracy_figure,
     energy_figure,
@@ -21,10 +21,10 @@ from mecsim.plots import (
     round_numbers,
     time_split_figure,
 )
-from mecsim.replay import ReplayResult
-from mecsim.summary import markdown, summarise, target_lines
-from mecsim.sweep import HEAD_COLUMNS, METRIC_COLUMNS, sweep_figure
-from mecsim.tables import RunRecords, build_tables, label_runs
+from mecsim.analysis.replay import ReplayResult
+from mecsim.analysis.summary import markdown, summarise, target_lines
+from mecsim.analysis.sweep import HEAD_COLUMNS, METRIC_COLUMNS, sweep_figure
+from mecsim.analysis.tables import RunRecords, build_tables, label_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -184,6 +184,6 @@ def test_sweep_figure_null_grid_value_is_a_category():
     ("something_new_s", "something new (s)"),
 ])
 def test_human_labels(path, text):
-    from mecsim.labels import axis
+    from mecsim.analysis.labels import axis
 
     assert axis(path).text == text

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import tiny
+from mecsim.agents.models import build_model
+from mecsim.agents.training import make_optimizer, measured_step, step_cost_on_meta
 
-from agents.models import build_model
-from agents.training import make_optimizer, measured_step, step_cost_on_meta
-from mecsim import preflight
-from mecsim.preflight import Findings
+from mecsim.run import preflight
+from mecsim.run.preflight import Findings
 from mecsim.scenario import ScenarioError
 
 MODELS = [("mlp_2nn", (1, 28, 28)), ("mtfl_cnn", (3, 32, 32)), ("kapc_cnn", (1, 28, 28)),
@@ -24,7 +24,7 @@ MODELS = [("mlp_2nn", (1, 28, 28)), ("mtfl_cnn", (3, 32, 32)), ("kapc_cnn", (1, 
 @pytest.mark.parametrize("name,shape", MODELS, ids=[m for m, _ in MODELS])
 @pytest.mark.parametrize("optimizer,momentum", [("sgd", 0.0), ("sgd", 0.9), ("adam", 0.0)])
 def test_step_cost_on_meta_equals_a_real_measured_step(name, shape, optimizer, momentum):
-    """Same bytes and FLOPs as the real step (agents.training.measured_step), without
+    """Same bytes and FLOPs as the real step (mecsim.agents.training.measured_step), without
     storage: the pre-flight can then measure any batch size. (ResNet18's real steps are
     slow on a small machine: one optimiser, one batch.)"""
     if name == "resnet18" and optimizer != "adam":

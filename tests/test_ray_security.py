@@ -28,7 +28,8 @@ import pytest
 import yaml
 from conftest import TINY, tiny
 
-from mecsim.runner import RunObserver, run
+from mecsim.run.loop import run
+from mecsim.run.observers import RunObserver
 
 pytestmark = pytest.mark.ray
 
@@ -166,7 +167,7 @@ def test_attach_to_a_token_authenticated_head_with_the_readme_recipe():
 
         def mecsim_run(env: dict[str, str], run_id: str) -> subprocess.CompletedProcess:
             return subprocess.run(
-                [sys.executable, "-m", "mecsim.cli", "run", str(scenario), "--ray-address",
+                [sys.executable, "-m", "mecsim", "run", str(scenario), "--ray-address",
                  f"127.0.0.1:{port}", "--out", str(work / "runs"), "--run-id", run_id,
                  "--quiet", "--no-plots"],
                 env=env, capture_output=True, text=True, timeout=300, cwd=work)

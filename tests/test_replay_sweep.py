@@ -8,23 +8,23 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import tiny
+from mecsim.agents.algorithms.fedavg import FedAvgServer
 
 import mecsim
-from agents.algorithms.fedavg import FedAvgServer
-from mecsim.cli import main
-from mecsim.overrides import OverrideError, apply_overrides, parse_set, parse_values
-from mecsim.records import RecordsWriter
-from mecsim.replay import (
+from mecsim.analysis.replay import (
     ROUND_COLUMNS,
     RecordedRun,
     ReplayInfeasible,
     RunLoadError,
     load_run,
-    read_csv_exact,
     replay,
 )
-from mecsim.runner import run
-from mecsim.sweep import HEAD_COLUMNS, METRIC_COLUMNS, grid_points, summarise, sweep
+from mecsim.analysis.sweep import HEAD_COLUMNS, METRIC_COLUMNS, grid_points, summarise, sweep
+from mecsim.interfaces.cli import main
+from mecsim.run.loop import run
+from mecsim.scenario.overrides import OverrideError, apply_overrides, parse_set, parse_values
+from mecsim.store.reader import read_csv_exact
+from mecsim.store.records import RecordsWriter
 
 BW = "channel.uplink.bandwidth_hz"
 TIMING = [c for c in ROUND_COLUMNS if c != "mean_accuracy"]

@@ -12,11 +12,8 @@ import pytest
 from conftest import tiny
 from matplotlib.image import imread
 
-from mecsim.cli import main
-from mecsim.plots import PLOT_NAMES, PlotWriter
-from mecsim.records import CLIENT_COLUMNS, ROUND_COLUMNS, RecordsWriter
-from mecsim.runner import run
-from mecsim.tables import (
+from mecsim.analysis.plots import PLOT_NAMES, PlotWriter
+from mecsim.analysis.tables import (
     ReportError,
     build_tables,
     convergence_round,
@@ -24,6 +21,9 @@ from mecsim.tables import (
     label_runs,
     load_run,
 )
+from mecsim.interfaces.cli import main
+from mecsim.run.loop import run
+from mecsim.store.records import CLIENT_COLUMNS, ROUND_COLUMNS, RecordsWriter
 
 MiB = 2**20
 NAN = float("nan")
@@ -273,8 +273,8 @@ def test_plots_are_written_at_the_end_of_a_real_run_and_report_agrees(tmp_path, 
 
 
 def test_run_summary_adds_backhaul_and_idle_only_when_present():
-    """summary.md / the printed table of one run (mecsim.summary), from hand-made rows."""
-    from mecsim.summary import summarise, table_rows
+    """summary.md / the printed table of one run (mecsim.analysis.summary), from hand-made rows."""
+    from mecsim.analysis.summary import summarise, table_rows
 
     row = {"round_time_s": 10.0, "ul_time_s": 2.0, "dl_time_s": 1.0, "client_time_s": 5.0,
            "server_time_s": 0.0, "idle_time_s": 0.0, "elapsed_s": 10.0, "bytes_up": MiB,

@@ -21,13 +21,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from conftest import tiny
+from mecsim.agents.algorithms import ALGORITHMS
 
-from agents.algorithms import ALGORITHMS
-from mecsim.checkpoint import CheckpointStore
-from mecsim.records import RecordsWriter
-from mecsim.replay import read_csv_exact
-from mecsim.runfolder import RunFolderError, prepare_resume, run_status
-from mecsim.runner import RunObserver, run
+from mecsim.run import interrupts
+from mecsim.run.loop import run
+from mecsim.run.observers import RunObserver
+from mecsim.store.checkpoints import CheckpointStore
+from mecsim.store.reader import read_csv_exact
+from mecsim.store.records import RecordsWriter
+from mecsim.store.runfolder import RunFolderError, prepare_resume, run_status
 
 # columns that measure this machine, not the emulated testbed
 HOST_COLUMNS = {"host_wall_s", "host_train_wall_s", "host_aggregate_s", "server_rss_mb",
@@ -225,7 +227,7 @@ def _scenario_file(tmp_path: Path, algorithm: dict, rounds: int = 5) -> Path:
 
 
 def _mecsim(*args: str, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mecsim.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "mecsim", *args], capture_output=True,
                           text=True, timeout=SUBPROCESS_TIMEOUT_S,
                           env={**os.environ, **(env or {})}, **kw)
 
@@ -271,7 +273,7 @@ def test_kill_9_then_resume(algorithm: dict, points, tmp_path: Path) -> None:
 def test_sigterm_keeps_the_rounds_says_how_to_resume_and_exits_143(tmp_path: Path) -> None:
     scenario = _scenario_file(tmp_path, {"name": "fedavg"}, rounds=40)
     out = tmp_path / "runs" / "t"
-    proc = subprocess.Popen([sys.executable, "-m", "mecsim.cli", "run", str(scenario),
+    proc = subprocess.Popen([sys.executable, "-m", "mecsim", "run", str(scenario),
                              "--run-id", "t", "--quiet", "--no-plots"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + SUBPROCESS_TIMEOUT_S
@@ -292,7 +294,6 @@ def test_sigterm_keeps_the_rounds_says_how_to_resume_and_exits_143(tmp_path: Pat
 
 
 def test_an_interrupt_waits_for_the_write_in_progress() -> None:
-    from mecsim import interrupts
 
     restore = interrupts.install()
     try:
@@ -311,7 +312,7 @@ def test_an_interrupt_waits_for_the_write_in_progress() -> None:
 
 
 def test_report_and_summary_say_how_far_a_stopped_run_got(tmp_path: Path, capsys) -> None:
-    from mecsim.cli import main
+    from mecsim.interfaces.cli import main
 
     out = tmp_path / "r"
     with pytest.raises(SimulatedKill):

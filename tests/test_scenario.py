@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mecsim.cli import main
+from mecsim.interfaces.cli import main
 from mecsim.scenario import (
     ScenarioError,
     default_scenario_path,

@@ -4,14 +4,14 @@ Hypothesis mutates the shipped scenarios (``scenarios/*.yaml`` and the embedded 
 values replaced by garbage of many kinds (NaN, infinities, huge and negative numbers,
 markup, traversal paths, device files, nested structures), keys deleted, duplicated or
 misspelt, values nested deeply, bytes that are not UTF-8. For ``mecsim validate`` and
-``mecsim run`` (in-process, ``mecsim.cli.main``):
+``mecsim run`` (in-process, ``mecsim.interfaces.cli.main``):
 
 - the exit code is 0, or 2 with every line naming the file and then a field, a line of
   the file, or what is wrong with the file as a whole;
 - no exception escapes (no traceback);
 - nothing is written in the working directory on exit 2.
 
-A mutant that passes everything is not trained: ``mecsim.runner.run`` is replaced by a
+A mutant that passes everything is not trained: ``mecsim.run.loop.run`` is replaced by a
 stub for the ``run`` command, so the test covers the pre-flight path (schema, paths,
 ports, data, model, memory, algorithm and channel checks) and stays a few seconds.
 """
@@ -30,7 +30,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mecsim.cli import main
+import mecsim.run.loop
+from mecsim.interfaces.cli import main
 from mecsim.scenario import default_scenario_path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -137,7 +138,6 @@ def _check(code: int, err: str, path: Path) -> None:
 @pytest.fixture
 def no_training(monkeypatch):
     """``mecsim run`` stops where training would start: the stub records the call."""
-    import mecsim.runner
 
     calls: list[str] = []
 
@@ -153,7 +153,7 @@ def no_training(monkeypatch):
             out = out.parent
         return []
 
-    monkeypatch.setattr(mecsim.runner, "run", stub)
+    monkeypatch.setattr(mecsim.run.loop, "run", stub)
     return calls
 
 

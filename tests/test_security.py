@@ -24,7 +24,8 @@ import pytest
 import yaml
 from conftest import TINY
 
-from mecsim.cli import _run_id, main
+from mecsim.interfaces.cli import main
+from mecsim.interfaces.cli.run import _run_id
 from mecsim.scenario import scenario_from_dict
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -30,8 +30,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from service_support import TOKEN, ServeProcess, same_records, tiny_yaml, wait_for
 
-from mecsim.cli import main
-from mecsim.service.client import Client
+from mecsim.interfaces.cli import main
+from mecsim.interfaces.service.client import Client
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

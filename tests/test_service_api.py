@@ -25,13 +25,18 @@ from conftest import tiny
 from prometheus_client.parser import text_string_to_metric_families
 from service_support import TOKEN, ThreadServer, tiny_yaml
 
-from mecsim.cli import main
-from mecsim.runner import run
+from mecsim.interfaces.cli import main
+from mecsim.interfaces.service.app import ServiceConfig, create_app
+from mecsim.interfaces.service.monitoring import RunSeries
+from mecsim.interfaces.service.store import StateError, Store
+from mecsim.interfaces.service.submission import (
+    PATH_FIELDS,
+    SERVICE_FIELDS,
+    Rejected,
+    prepare_submission,
+)
+from mecsim.run.loop import run
 from mecsim.scenario import Scenario
-from mecsim.service.app import ServiceConfig, create_app
-from mecsim.service.monitoring import RunSeries
-from mecsim.service.store import StateError, Store
-from mecsim.service.submission import PATH_FIELDS, SERVICE_FIELDS, Rejected, prepare_submission
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
@@ -89,10 +94,10 @@ def test_a_run_that_finished_as_the_server_died_is_kept_not_run_again(tmp_path, 
     ones it missed, the figures drawn), not started again from round 0 in a new folder.
     A folder that says finished without every round in its rounds.csv starts again from
     round 0 instead, kept beside the new one, and nothing is half-written to the store."""
-    from mecsim.records import RecordsWriter
-    from mecsim.runfolder import read_meta
-    from mecsim.service.store import _json_safe
-    from mecsim.service.worker import Worker
+    from mecsim.interfaces.service.store import _json_safe
+    from mecsim.interfaces.service.worker import Worker
+    from mecsim.store.records import RecordsWriter
+    from mecsim.store.runfolder import read_meta
 
     store = Store(tmp_path / "state")
     text = tiny_yaml(rounds=3, metrics={"enabled": False})
@@ -160,9 +165,9 @@ def test_an_adopted_run_s_prometheus_series_are_rebuilt_from_its_records(tmp_pat
     records, and keeps them for the retention like any finished run's."""
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from mecsim.metrics import MetricsExporter
-    from mecsim.records import RecordsWriter
-    from mecsim.service.worker import Worker
+    from mecsim.interfaces.metrics import MetricsExporter
+    from mecsim.interfaces.service.worker import Worker
+    from mecsim.store.records import RecordsWriter
 
     store = Store(tmp_path / "state")
     text = tiny_yaml(rounds=3, faults={"crash_prob": 0.3, "dropout_prob": 0.2})
@@ -198,9 +203,9 @@ def test_an_interrupted_run_whose_folder_another_process_holds_fails_untouched(
     """A folder still locked by another live process after LOCK_WAIT_S (a user's
     `mecsim run --resume` on it, say) is not renamed or run again: the run fails, saying
     so, and the folder and its records stay as they were."""
-    from mecsim.records import RecordsWriter
-    from mecsim.runfolder import RunLock, read_meta, write_meta
-    from mecsim.service import worker as worker_module
+    from mecsim.interfaces.service import worker as worker_module
+    from mecsim.store.records import RecordsWriter
+    from mecsim.store.runfolder import RunLock, read_meta, write_meta
 
     monkeypatch.setattr(worker_module, "LOCK_WAIT_S", 0.3)
     store = Store(tmp_path / "state")
@@ -239,7 +244,7 @@ def test_queue_bound_and_one_server_per_state_folder(tmp_path):
     store = Store(tmp_path / "s")
     store.add_run("a", "n", "fedavg", "x: 1", 1, max_waiting=2)
     store.add_run("b", "n", "fedavg", "x: 1", 1, max_waiting=2)
-    from mecsim.service.store import QueueFull
+    from mecsim.interfaces.service.store import QueueFull
 
     with pytest.raises(QueueFull, match="2 runs are waiting"):
         store.add_run("c", "n", "fedavg", "x: 1", 1, max_waiting=2)
@@ -287,7 +292,7 @@ def test_the_listening_socket_is_tcp_so_responses_are_not_delayed():
     response's body (Nagle against the client's delayed ACK)."""
     import socket
 
-    from mecsim.service.cli import _listen
+    from mecsim.interfaces.cli.service import _listen
 
     sock = _listen("127.0.0.1", 0)
     try:
@@ -663,7 +668,7 @@ def test_openapi_lists_the_api(client):
 
 
 def test_client_reports_problems_by_field(api):
-    from mecsim.service.client import Client, ScenarioRejected, ServiceError
+    from mecsim.interfaces.service.client import Client, ScenarioRejected, ServiceError
 
     with Client(api.url, token=TOKEN) as c:
         with pytest.raises(ScenarioRejected) as exc:
@@ -692,9 +697,9 @@ def test_figures_drawn_in_a_child_process_equal_the_run_s_own(tmp_path):
     import matplotlib.image as mpimg
     import numpy as np
 
-    from mecsim.plots import PlotWriter
-    from mecsim.records import RecordsWriter
-    from mecsim.service.plotjob import ChildPlotWriter
+    from mecsim.analysis.plots import PlotWriter
+    from mecsim.interfaces.service.plotjob import ChildPlotWriter
+    from mecsim.store.records import RecordsWriter
 
     own, child = tmp_path / "own", tmp_path / "child"
     run(tiny(rounds=3, evaluation={"every": 2}), "figs", None,
@@ -721,7 +726,7 @@ def test_a_plot_child_dies_with_the_process_that_started_it(tmp_path):
     if not sys.platform.startswith("linux"):
         pytest.skip("PR_SET_PDEATHSIG is Linux's")
     child_code = (
-        "import sys, time; import mecsim.service.plotjob as p; "
+        "import sys, time; import mecsim.interfaces.service.plotjob as p; "
         "p.plot_run_folder = lambda *a: time.sleep(120) or []; sys.exit(p.main())")
     parent_code = (
         "import os, subprocess, sys, time; "

@@ -12,13 +12,22 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import tiny
+from mecsim.agents.algorithms import ClientResult, fedavg
+from mecsim.agents.algorithms.fedavg import WeightedSum
+from mecsim.agents.models import build_model, get_flat, model_layout
+from mecsim.agents.server import CentralServer
 
-from agents.algorithms import ClientResult
-from agents.algorithms.fedavg import WeightedSum
-from agents.models import build_model, get_flat, model_layout
-from agents.server import CentralServer
-from mecsim import execution
-from mecsim.runner import prepare, run_round, streams_aggregation
+from mecsim.run.backends import (
+    actors,
+    balance,
+    local,
+    ray_executor,
+    ray_start,
+    shared_model,
+    shared_uploads,
+)
+from mecsim.run.round import run_round
+from mecsim.run.setup import prepare, streams_aggregation
 from mecsim.scenario import scenario_from_dict
 
 
@@ -52,7 +61,6 @@ def test_add_many_gives_the_bits_of_adding_one_by_one_and_leaves_out_non_finite(
     equals add() of the same vectors in the same order, bit for bit; a vector with NaN or
     inf is left out, its position returned, and the sum is that of the others (to the
     bit, too)."""
-    import agents.algorithms.fedavg as fedavg
 
     monkeypatch.setattr(fedavg, "FOLD_BLOCK_ELEMENTS", block)
     monkeypatch.setattr(fedavg, "FOLD_THREADS", threads)
@@ -149,8 +157,8 @@ def _run(scenario, rounds: int):
             elapsed = row["elapsed_s"]
             rows.append((row, clients))
         weights = rs.executor.server.algorithm.weights.copy() \
-            if isinstance(rs.executor, execution.LocalExecutor) \
-            and not isinstance(rs.executor, execution.RayExecutor) else None
+            if isinstance(rs.executor, local.LocalExecutor) \
+            and not isinstance(rs.executor, ray_executor.RayExecutor) else None
         return rs.streams, rows, weights
     finally:
         rs.executor.close()
@@ -166,7 +174,7 @@ def _emulated(rows):
 
 
 def _tasks(n: int):
-    from agents.algorithms import ClientTask
+    from mecsim.agents.algorithms import ClientTask
 
     return [ClientTask(c, None, 0) for c in reversed(range(n))]
 
@@ -178,8 +186,8 @@ def _many_clients(**over):
 
 
 def test_a_streamed_run_gives_the_held_run_s_records_and_model(monkeypatch):
-    monkeypatch.setattr(execution, "STREAM_PART_CLIENTS", 5)
-    assert [len(p) for p in execution.stream_parts(_tasks(12))] == [5, 5, 2]
+    monkeypatch.setattr(balance, "STREAM_PART_CLIENTS", 5)
+    assert [len(p) for p in balance.stream_parts(_tasks(12))] == [5, 5, 2]
     streamed, s_rows, s_weights = _run(_many_clients(), 3)
     held, h_rows, h_weights = _run(_many_clients(execution={"stream_aggregation": "off"}), 3)
     assert streamed and not held
@@ -213,7 +221,6 @@ def _shared_maps(executor) -> dict[str, Any]:
     """The shared files (uploads, the model's board) the actor processes have mapped
     ("host": any host, "server", and "each host": one set per host), from
     /proc/<pid>/maps (the server removes an upload file's name once it has mapped it)."""
-    from mecsim import shared_uploads
 
     pids = executor.actor_pids()
     out: dict[str, Any] = {"host": set(), "server": set(), "each host": []}
@@ -229,7 +236,6 @@ def _shared_maps(executor) -> dict[str, Any]:
 
 
 def _shared_files(prefix: str | None) -> list[str]:
-    from mecsim import shared_uploads
 
     return [] if prefix is None else [p.name for p in shared_uploads.SHM_DIR.glob(f"{prefix}*")]
 
@@ -246,7 +252,7 @@ def _held_in_process_rows():
 
 @pytest.mark.ray
 @pytest.mark.parametrize("hold_uploads_bytes,shared", [
-    (execution.HOLD_UPLOADS_BYTES, True), (execution.HOLD_UPLOADS_BYTES, False), (0, True)])
+    (actors.HOLD_UPLOADS_BYTES, True), (actors.HOLD_UPLOADS_BYTES, False), (0, True)])
 def test_a_streamed_ray_run_gives_the_held_run_s_records(monkeypatch, hold_uploads_bytes,
                                                          shared):
     """Under Ray, streamed and held, with a host call's uploads written into the host's
@@ -256,9 +262,9 @@ def test_a_streamed_ray_run_gives_the_held_run_s_records(monkeypatch, hold_uploa
     third part writes the slot of its first again. The shared files are there while the
     run goes (mapped by the host that writes and the server that reads them), and
     gone when it ends or its actors restart."""
-    monkeypatch.setattr(execution, "STREAM_PART_CLIENTS", 5)
-    monkeypatch.setattr(execution, "HOLD_UPLOADS_BYTES", hold_uploads_bytes)
-    monkeypatch.setattr(execution, "SHARED_UPLOADS", shared)
+    monkeypatch.setattr(balance, "STREAM_PART_CLIENTS", 5)
+    monkeypatch.setattr(actors, "HOLD_UPLOADS_BYTES", hold_uploads_bytes)
+    monkeypatch.setattr(ray_executor, "SHARED_UPLOADS", shared)
     ray_exec = {"backend": "ray", "hosts": 2}
     seen: list[dict[str, set[str]]] = []
     prefixes: list[str | None] = []
@@ -282,7 +288,6 @@ def test_a_streamed_ray_run_gives_the_held_run_s_records(monkeypatch, hold_uploa
     monkeypatch.setattr(sys.modules[__name__], "run_round", real_run_round)
     assert streamed
     assert _emulated(s_rows) == _held_in_process_rows()
-    from mecsim import shared_model
 
     for maps, prefix in zip(seen, prefixes, strict=True):
         # the global model's board: made by the server, mapped by both hosts, named
@@ -316,8 +321,8 @@ def test_a_host_actor_s_held_uploads_are_the_in_process_host_s(monkeypatch, algo
     local model, is given no row and its kept weights are not the buffer's."""
     import gc
 
-    from agents.algorithms import fedavg
-    from agents.host import ClientHost
+    from mecsim.agents.algorithms import fedavg
+    from mecsim.agents.host import ClientHost
 
     prepared = prepare(tiny(topology={"clients": 6}, algorithm=algorithm), "t", None,
                        backend="local", hosts=1)
@@ -325,7 +330,7 @@ def test_a_host_actor_s_held_uploads_are_the_in_process_host_s(monkeypatch, algo
     _, tasks = prepared.executor.plan(0)
     plain = ClientHost(setup, pools, host_clients[0])
     try:
-        actor = execution.ClientHostActor(setup, pools, host_clients[0])
+        actor = actors.ClientHostActor(setup, pools, host_clients[0])
     finally:
         gc.unfreeze()  # the actor's set-up froze this process's heap
     outs = []
@@ -335,7 +340,7 @@ def test_a_host_actor_s_held_uploads_are_the_in_process_host_s(monkeypatch, algo
     _, expected = plain.fit_split(0, tasks)
     outs.clear()
     _, held = actor.fit_split(0, tasks)
-    assert isinstance(held, execution.UploadRows) and len(tasks) == 6
+    assert isinstance(held, actors.UploadRows) and len(tasks) == 6
     got = dict(held.items())
     assert sorted(got) == sorted(expected)
     for cid, w in expected.items():
@@ -359,8 +364,7 @@ def test_a_host_actor_s_shared_uploads_are_the_in_process_host_s(tmp_path, algor
     host hands over; the next call's other slot leaves them as they were."""
     import gc
 
-    from agents.host import ClientHost
-    from mecsim import shared_uploads
+    from mecsim.agents.host import ClientHost
 
     prepared = prepare(tiny(topology={"clients": 6}, algorithm=algorithm), "t", None,
                        backend="local", hosts=1)
@@ -369,7 +373,7 @@ def test_a_host_actor_s_shared_uploads_are_the_in_process_host_s(tmp_path, algor
     plain = ClientHost(setup, pools, host_clients[0])
     path = tmp_path / "uploads-0"
     try:
-        actor = execution.ClientHostActor(setup, pools, host_clients[0],
+        actor = actors.ClientHostActor(setup, pools, host_clients[0],
                                           uploads_path=str(path))
     finally:
         gc.unfreeze()  # the actor's set-up froze this process's heap
@@ -390,7 +394,7 @@ def test_a_host_actor_s_shared_uploads_are_the_in_process_host_s(tmp_path, algor
         {c: w.tobytes() for c, w in expected.items()}  # slot 1 untouched
     # without a slot, the object-store path (one array)
     _, plain_rows = actor.fit_split(2, tasks)
-    assert isinstance(plain_rows, execution.UploadRows)
+    assert isinstance(plain_rows, actors.UploadRows)
 
 
 def test_the_global_model_on_the_shared_board_is_the_server_s_model(tmp_path, caplog):
@@ -406,7 +410,7 @@ def test_the_global_model_on_the_shared_board_is_the_server_s_model(tmp_path, ca
     server_kwargs = prepared.executor._args[0]
     plain = CentralServer(**server_kwargs)
     try:
-        actor = execution.CentralServerActor(**server_kwargs)
+        actor = actors.CentralServerActor(**server_kwargs)
     finally:
         gc.unfreeze()  # the actor's set-up froze this process's heap
     board = tmp_path / "model"
@@ -416,7 +420,7 @@ def test_the_global_model_on_the_shared_board_is_the_server_s_model(tmp_path, ca
     assert got_selected == selected and len(tasks) == len(expected) > 0
     where = {t.weights for t in tasks}
     assert len(where) == 1 and next(iter(where)).offset == 0  # slot 0
-    resolved = execution._resolve_weights(tasks)
+    resolved = actors._resolve_weights(tasks)
     for t, e in zip(resolved, expected, strict=True):
         assert t.client_id == e.client_id and t.weights.tobytes() == e.weights.tobytes()
         assert not t.weights.flags.writeable
@@ -425,7 +429,7 @@ def test_the_global_model_on_the_shared_board_is_the_server_s_model(tmp_path, ca
     actor.algorithm.weights = plain.algorithm.weights = first * 0.5
     _, tasks1 = actor.plan_by_reference(1, on_board=True)
     assert tasks1[0].weights.offset == actor._board.slot_bytes
-    assert execution._resolve_weights(tasks1)[0].weights.tobytes() == \
+    assert actors._resolve_weights(tasks1)[0].weights.tobytes() == \
         plain.plan(1)[1][0].weights.tobytes() == (first * 0.5).tobytes()
     assert resolved[0].weights.tobytes() == first.tobytes()  # slot 0 untouched
     # a model per task: not on the board
@@ -439,7 +443,7 @@ def test_the_global_model_on_the_shared_board_is_the_server_s_model(tmp_path, ca
     assert "object store" in caplog.text and actor._board_failed
     caplog.clear()
     # a board that cannot be made: a warning, and the plans keep to the object store
-    other = execution.CentralServerActor.__new__(execution.CentralServerActor)
+    other = actors.CentralServerActor.__new__(actors.CentralServerActor)
     with caplog.at_level("WARNING"):
         assert not other.open_board(str(tmp_path / "missing" / "model"), 10)
     assert "object store" in caplog.text and other._board is None
@@ -452,13 +456,13 @@ def test_a_host_without_a_usable_shared_file_uses_the_object_store(tmp_path, cap
     _, setup, pools, host_clients = prepared.executor._args
     _, tasks = prepared.executor.plan(0)
     try:
-        actor = execution.ClientHostActor(setup, pools, host_clients[0],
+        actor = actors.ClientHostActor(setup, pools, host_clients[0],
                                           uploads_path=str(tmp_path / "missing" / "f"))
     finally:
         gc.unfreeze()
     with caplog.at_level("WARNING"):
         _, rows = actor.fit_split(0, tasks, shared_slot=0)
-    assert isinstance(rows, execution.UploadRows) and len(rows.client_ids) == 3
+    assert isinstance(rows, actors.UploadRows) and len(rows.client_ids) == 3
     assert "object store" in caplog.text and actor.uploads_path is None
 
 
@@ -467,7 +471,6 @@ def test_shared_upload_files_slots_and_clean_up(tmp_path, monkeypatch):
     dead driver's are removed by the next one, a live one's kept."""
     import subprocess
 
-    from mecsim import shared_uploads
 
     monkeypatch.setattr(shared_uploads, "SHM_DIR", tmp_path)
     arena = shared_uploads.UploadArena(tmp_path / "a", slot_bytes=1000)
@@ -518,7 +521,7 @@ def test_a_host_whose_shared_file_gets_no_memory_falls_back_to_the_object_store(
     _, setup, pools, host_clients = prepared.executor._args
     _, tasks = prepared.executor.plan(0)
     try:
-        actor = execution.ClientHostActor(setup, pools, host_clients[0],
+        actor = actors.ClientHostActor(setup, pools, host_clients[0],
                                           uploads_path=str(tmp_path / "u"))
     finally:
         gc.unfreeze()
@@ -529,7 +532,7 @@ def test_a_host_whose_shared_file_gets_no_memory_falls_back_to_the_object_store(
     monkeypatch.setattr(os, "posix_fallocate", full)
     with caplog.at_level("WARNING"):
         _, rows = actor.fit_split(0, tasks, shared_slot=0)
-    assert isinstance(rows, execution.UploadRows) and len(rows.client_ids) == 3
+    assert isinstance(rows, actors.UploadRows) and len(rows.client_ids) == 3
     assert "No space left" in caplog.text and actor.uploads_path is None
 
 
@@ -538,7 +541,7 @@ def shared_ray():
     """One Ray instance for a test's several runs (each would otherwise start its own)."""
     import ray
 
-    execution._init_ray_on_loopback(ray, dict(num_cpus=2, include_dashboard=False,
+    ray_start.init_on_loopback(ray, dict(num_cpus=2, include_dashboard=False,
                                               logging_level="WARNING"))
     try:
         yield ray
@@ -558,9 +561,9 @@ def test_rounds_planned_ahead_under_ray_give_the_in_process_records_and_resume_t
     other than that plan refuses to run after it."""
     from test_resume import SimulatedKill, StopAfter, assert_same_records
 
-    from mecsim.records import RecordsWriter
-    from mecsim.runfolder import prepare_resume
-    from mecsim.runner import run
+    from mecsim.run.loop import run
+    from mecsim.store.records import RecordsWriter
+    from mecsim.store.runfolder import prepare_resume
 
     def scenario(backend: str, stream: str = "auto"):
         return tiny(rounds=6, topology={"clients": 12, "participation": 0.5},
@@ -570,13 +573,13 @@ def test_rounds_planned_ahead_under_ray_give_the_in_process_records_and_resume_t
                                "stream_aggregation": stream})
 
     ahead: list[int] = []
-    real_plan_ahead = execution.RayExecutor.plan_ahead
+    real_plan_ahead = ray_executor.RayExecutor.plan_ahead
 
     def plan_ahead(self, rnd):
         ahead.append(rnd)
         real_plan_ahead(self, rnd)
 
-    monkeypatch.setattr(execution.RayExecutor, "plan_ahead", plan_ahead)
+    monkeypatch.setattr(ray_executor.RayExecutor, "plan_ahead", plan_ahead)
     local = tmp_path / "local"
     run(scenario("local"), "r", local, [RecordsWriter(local)])
     cut = tmp_path / "cut" / "r"

@@ -12,12 +12,13 @@ import pytest
 from conftest import tiny
 from prometheus_client.parser import text_string_to_metric_families
 
-from mecsim.cli import main
-from mecsim.metrics import MetricsExporter
-from mecsim.ops import op_from_dict
-from mecsim.records import CLIENT_COLUMNS, ROUND_COLUMNS, RecordsWriter
-from mecsim.runner import RunObserver, run
+from mecsim.emulation.ops import op_from_dict
+from mecsim.interfaces.cli import main
+from mecsim.interfaces.metrics import MetricsExporter
+from mecsim.run.loop import run
+from mecsim.run.observers import RunObserver
 from mecsim.scenario import load_scenario, scenario_from_dict
+from mecsim.store.records import CLIENT_COLUMNS, ROUND_COLUMNS, RecordsWriter
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -8,13 +8,13 @@ import threading
 
 import numpy as np
 from conftest import tiny
+from mecsim.agents.models import build_model, get_flat, model_layout
 
-from agents.models import build_model, get_flat, model_layout
-from mecsim import preflight, torch_rng
+from mecsim.run import preflight, torch_rng
 
 
 def _initial_weights(seed: int) -> np.ndarray:
-    """A run's initial model, built as mecsim.runner.prepare builds it."""
+    """A run's initial model, built as mecsim.run.setup.prepare builds it."""
     with torch_rng.seeded(seed):
         model = build_model("mlp_2nn", (1, 28, 28), 10)
     return get_flat(model, model_layout(model))

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
-
-from agents.models import build_model
-from agents.training import (
+from mecsim.agents.models import build_model
+from mecsim.agents.training import (
     StepCosts,
     make_optimizer,
     measured_step,
@@ -17,7 +15,9 @@ from agents.training import (
     set_mode,
     train_epochs,
 )
-from mecsim.devices import builtin_profiles
+from torch import nn
+
+from mecsim.emulation.devices import builtin_profiles
 
 
 def _mlp(i: int, h: int, o: int) -> nn.Module:

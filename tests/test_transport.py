@@ -7,16 +7,16 @@ import math
 
 import numpy as np
 import pytest
-
-from channel.transport import (
+from mecsim.channel.transport import (
     MATHIS_C,
     jittered_latency_s,
     mathis_goodput_bps,
     transfer_time_s,
 )
-from mecsim.engine import ClientSpec, NetworkSpec, ServerSpec, time_round
-from mecsim.network import NetworkModel, device_profiles
-from mecsim.ops import Backhaul, Compute, Download, Upload
+
+from mecsim.emulation.engine import ClientSpec, NetworkSpec, ServerSpec, time_round
+from mecsim.emulation.network import NetworkModel, device_profiles
+from mecsim.emulation.ops import Backhaul, Compute, Download, Upload
 from mecsim.scenario import ScenarioError, scenario_from_dict
 
 
@@ -149,9 +149,9 @@ def test_loss_rate_swept_from_the_command_line_hand_computed(tmp_path):
     each point's upload time is 8 * bytes / min(rate, Mathis) + latency."""
     import pandas as pd
 
-    from mecsim.cli import main
-    from mecsim.records import RecordsWriter
-    from mecsim.runner import run
+    from mecsim.interfaces.cli import main
+    from mecsim.run.loop import run
+    from mecsim.store.records import RecordsWriter
 
     sc = scenario_from_dict({
         "name": "tiny-loss", "rounds": 2, "seed": 5, "topology": {"clients": 3},

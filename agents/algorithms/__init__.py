@@ -7,7 +7,7 @@ loop changes.
 
 from __future__ import annotations
 
-from agents.algorithms.base import (
+from mecsim.agents.algorithms.base import (
     AggregateStats,
     ClientAlgorithm,
     ClientContext,
@@ -18,7 +18,7 @@ from agents.algorithms.base import (
     ServerAlgorithm,
     TrainConfig,
 )
-from agents.algorithms.dcpfl import (
+from mecsim.agents.algorithms.dcpfl import (
     DCPFLClient,
     DCPFLServer,
     NoDCClient,
@@ -26,14 +26,14 @@ from agents.algorithms.dcpfl import (
     NoLAClient,
     NoLAServer,
 )
-from agents.algorithms.fedavg import FedAvgClient, FedAvgServer
-from agents.algorithms.fedprox import FedProxClient, FedProxServer
-from agents.algorithms.kapc import KapcBlsClient, KapcBlsServer, KapcClient, KapcServer
-from agents.algorithms.kmeans_cluster import KMeansClusterClient, KMeansClusterServer
-from agents.algorithms.local import LocalClient, LocalServer
-from agents.algorithms.mtfl import MTFLClient, MTFLServer
-from agents.algorithms.perfedavg import PerFedAvgClient, PerFedAvgServer
-from agents.algorithms.phsfl import HSFLClient, HSFLServer, PHSFLClient, PHSFLServer
+from mecsim.agents.algorithms.fedavg import FedAvgClient, FedAvgServer
+from mecsim.agents.algorithms.fedprox import FedProxClient, FedProxServer
+from mecsim.agents.algorithms.kapc import KapcBlsClient, KapcBlsServer, KapcClient, KapcServer
+from mecsim.agents.algorithms.kmeans_cluster import KMeansClusterClient, KMeansClusterServer
+from mecsim.agents.algorithms.local import LocalClient, LocalServer
+from mecsim.agents.algorithms.mtfl import MTFLClient, MTFLServer
+from mecsim.agents.algorithms.perfedavg import PerFedAvgClient, PerFedAvgServer
+from mecsim.agents.algorithms.phsfl import HSFLClient, HSFLServer, PHSFLClient, PHSFLServer
 
 ALGORITHMS: dict[str, tuple[type[ServerAlgorithm], type[ClientAlgorithm]]] = {
     "fedavg": (FedAvgServer, FedAvgClient),

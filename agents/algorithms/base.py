@@ -1,6 +1,6 @@
 """The algorithm interface: one server-side class, one client-side class per algorithm.
 
-The round loop (:mod:`mecsim.runner`) is written once and calls, in order:
+The round loop (:mod:`mecsim.run.loop`) is written once and calls, in order:
 
 1. ``server.select(round, rng)`` — which clients take part;
 2. ``server.configure_fit(round, selected)`` — one :class:`ClientTask` each: what the
@@ -33,18 +33,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
+from mecsim.agents.models import ModelLayout
+from mecsim.agents.training import StepCosts, TrainStats, evaluate, model_optimizer, train_epochs
 from pydantic import BaseModel, ConfigDict
 from torch import nn
 
-from agents.models import ModelLayout
-from agents.training import (
-    StepCosts,
-    TrainStats,
-    evaluate,
-    model_optimizer,
-    train_epochs,
-)
-from mecsim.ops import Compute, Download, OpTrace, Upload
+from mecsim.emulation.ops import Compute, Download, OpTrace, Upload
 
 
 @dataclass(frozen=True)
@@ -62,7 +56,7 @@ class ClientTask:
     """What the server sends one client for one round."""
 
     client_id: int
-    weights: np.ndarray | None  # flat model state (see agents.models), None: nothing sent
+    weights: np.ndarray | None  # flat model state (see mecsim.agents.models), None: nothing sent
     download_nbytes: int  # bytes on the air for this download (only what is sent counts)
     config: dict[str, Any] = field(default_factory=dict)
 
@@ -101,7 +95,7 @@ class ClientContext:
     costs: StepCosts
     init_weights: np.ndarray  # the common initial model (read-only)
     # where the host wants this client's full-model upload written (a row of a buffer it
-    # reuses; see mecsim.execution.ClientHostActor), or None: ask once, and only for an
+    # reuses; see mecsim.run.backends.actors.ClientHostActor), or None: ask once, and only for an
     # upload the algorithm keeps no reference to (the row is overwritten next round)
     upload_row: Callable[[], np.ndarray | None] = lambda: None
 
@@ -133,7 +127,7 @@ class EdgeReport:
     flops: float  # its aggregation's FLOPs
     aggregated: int  # how many of its clients' uploads it aggregated
     model: np.ndarray | None = None  # its model, when the central server needs it
-    # filled in by the edge server process around the algorithm (agents.server):
+    # filled in by the edge server process around the algorithm (mecsim.agents.server):
     rejected: tuple[int, ...] = ()  # its clients whose upload held NaN or inf
     wall_s: float = 0.0  # measured host seconds of its aggregation
 
@@ -243,7 +237,7 @@ class ServerAlgorithm:
 
         By default every attribute but :attr:`static_attributes` (an algorithm's state is
         its attributes: arrays, numbers, dicts, lists, small dataclasses; see
-        :mod:`agents.state`). Override both methods if an algorithm holds anything else.
+        :mod:`mecsim.agents.state`). Override both methods if an algorithm holds anything else.
         """
         return {k: v for k, v in vars(self).items() if k not in self.static_attributes}
 
@@ -371,7 +365,7 @@ class ClientAlgorithm:
         figures; the round row then carries ``mean_<name>`` over the evaluated clients,
         and each ``mean_<name>`` must be listed in the server class's ``round_metrics``.
         """
-        from agents.models import set_flat
+        from mecsim.agents.models import set_flat
 
         if task.weights is not None:
             set_flat(ctx.model, ctx.layout, task.weights)

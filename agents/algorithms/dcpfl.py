@@ -73,12 +73,7 @@ from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import Field, model_validator
-from scipy.cluster.hierarchy import fcluster, linkage
-from scipy.spatial.distance import squareform
-from torch.utils.flop_counter import FlopCounterMode
-
-from agents.algorithms.base import (
+from mecsim.agents.algorithms.base import (
     AggregateStats,
     ClientAlgorithm,
     ClientContext,
@@ -88,10 +83,15 @@ from agents.algorithms.base import (
     ServerAlgorithm,
     local_sgd,
 )
-from agents.algorithms.fedavg import aggregation_flops, weighted_average
-from agents.models import ModelLayout, get_flat, set_flat
-from agents.training import StepCost, evaluate
-from mecsim.ops import Barrier, Compute, Download, Upload
+from mecsim.agents.algorithms.fedavg import aggregation_flops, weighted_average
+from mecsim.agents.models import ModelLayout, get_flat, set_flat
+from mecsim.agents.training import StepCost, evaluate
+from pydantic import Field, model_validator
+from scipy.cluster.hierarchy import fcluster, linkage
+from scipy.spatial.distance import squareform
+from torch.utils.flop_counter import FlopCounterMode
+
+from mecsim.emulation.ops import Barrier, Compute, Download, Upload
 
 LOSS_REPORT_NBYTES = 4  # one float32 loss value
 DECISION_NBYTES = 1  # the trial's outcome, old or new structure, sent to every client

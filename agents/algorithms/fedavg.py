@@ -21,8 +21,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-
-from agents.algorithms.base import (
+from mecsim.agents.algorithms.base import (
     AggregateStats,
     ClientAlgorithm,
     ClientContext,
@@ -33,7 +32,7 @@ from agents.algorithms.base import (
     local_sgd,
     trained_result,
 )
-from agents.models import get_flat, set_flat
+from mecsim.agents.models import get_flat, set_flat
 
 
 def weighted_average(vectors: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:

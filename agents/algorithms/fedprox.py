@@ -17,11 +17,10 @@ from __future__ import annotations
 
 from typing import Literal
 
+from mecsim.agents.algorithms.base import ClientContext, ClientResult, ClientTask, NoParams
+from mecsim.agents.algorithms.fedavg import FedAvgClient, FedAvgServer
+from mecsim.agents.training import LossTerm
 from pydantic import Field
-
-from agents.algorithms.base import ClientContext, ClientResult, ClientTask, NoParams
-from agents.algorithms.fedavg import FedAvgClient, FedAvgServer
-from agents.training import LossTerm
 
 
 class FedProxParams(NoParams):

@@ -31,7 +31,7 @@ with BLS only its first Omega_i layers (T. Algorithm 4, criterion Eq. 29).
 Choices the papers leave open (each tested in tests/test_kapc.py):
 
 * **w^l is a layer's trainable parameters.** A layer is one parameterised module
-  (:class:`agents.models.ModelLayout`). BatchNorm running statistics are not parameters of
+  (:class:`mecsim.agents.models.ModelLayout`). BatchNorm running statistics are not parameters of
   f_s and take no gradient: they stay on the client and are never sent, so a full KAPC
   transfer is the model's parameter bytes (for the 2-conv/3-FC CNN: all of its state).
 * **R starts uniform at 1/N.** "Normalise by row" = clamp negatives to 0 and divide by
@@ -77,10 +77,7 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from pydantic import Field
-from torch import nn
-
-from agents.algorithms.base import (
+from mecsim.agents.algorithms.base import (
     AggregateStats,
     ClientAlgorithm,
     ClientContext,
@@ -91,7 +88,9 @@ from agents.algorithms.base import (
     local_sgd,
     trained_result,
 )
-from agents.models import BYTES_PER_ELEMENT, ModelLayout, get_flat, set_flat
+from mecsim.agents.models import BYTES_PER_ELEMENT, ModelLayout, get_flat, set_flat
+from pydantic import Field
+from torch import nn
 
 # =========================================================================== parameters
 
@@ -167,7 +166,7 @@ class ParamView:
     """The trainable parameters of a model as one vector P, grouped by layer.
 
     ``index`` holds the positions of the parameter elements in the flat state vector of
-    :mod:`agents.models` (buffers such as BatchNorm running statistics are left out);
+    :mod:`mecsim.agents.models` (buffers such as BatchNorm running statistics are left out);
     layer l occupies ``P[bounds[l]:bounds[l + 1]]``. ``out_dim`` (d^l) and ``in_cols``
     (n^l) describe each layer's weight as a matrix (rows = outputs, columns =
     weight.numel() / rows: in_features for Linear, in_channels * kh * kw for Conv2d, 1

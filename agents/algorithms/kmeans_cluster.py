@@ -21,16 +21,15 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
-from pydantic import Field
-from scipy.cluster.vq import kmeans2
-
-from agents.algorithms.base import AggregateStats, ClientResult, ClientTask, NoParams
-from agents.algorithms.fedavg import (
+from mecsim.agents.algorithms.base import AggregateStats, ClientResult, ClientTask, NoParams
+from mecsim.agents.algorithms.fedavg import (
     FedAvgClient,
     FedAvgServer,
     aggregation_flops,
     weighted_average,
 )
+from pydantic import Field
+from scipy.cluster.vq import kmeans2
 
 
 class KMeansClusterParams(NoParams):

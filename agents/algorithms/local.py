@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from agents.algorithms.base import (
+from mecsim.agents.algorithms.base import (
     AggregateStats,
     ClientAlgorithm,
     ClientContext,
@@ -18,7 +18,7 @@ from agents.algorithms.base import (
     local_sgd,
     trained_result,
 )
-from agents.models import get_flat, set_flat
+from mecsim.agents.models import get_flat, set_flat
 
 
 class LocalServer(ServerAlgorithm):

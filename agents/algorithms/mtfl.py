@@ -86,9 +86,7 @@ from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import Field
-
-from agents.algorithms.base import (
+from mecsim.agents.algorithms.base import (
     AggregateStats,
     ClientAlgorithm,
     ClientContext,
@@ -98,9 +96,10 @@ from agents.algorithms.base import (
     ServerAlgorithm,
     trained_result,
 )
-from agents.algorithms.fedavg import aggregation_flops, weighted_average
-from agents.models import BYTES_PER_ELEMENT, ModelLayout, get_flat, set_flat
-from agents.training import evaluate, make_optimizer, train_epochs
+from mecsim.agents.algorithms.fedavg import aggregation_flops, weighted_average
+from mecsim.agents.models import BYTES_PER_ELEMENT, ModelLayout, get_flat, set_flat
+from mecsim.agents.training import evaluate, make_optimizer, train_epochs
+from pydantic import Field
 
 PrivateValues = Literal["usyb", "yb", "us", "none"]
 Strategy = Literal["fedavg", "fedadam", "fedavg_adam"]

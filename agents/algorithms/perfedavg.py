@@ -25,10 +25,7 @@ import time
 from contextlib import nullcontext
 
 import torch
-from pydantic import Field
-from torch.utils.flop_counter import FlopCounterMode
-
-from agents.algorithms.base import (
+from mecsim.agents.algorithms.base import (
     ClientAlgorithm,
     ClientContext,
     ClientResult,
@@ -36,9 +33,9 @@ from agents.algorithms.base import (
     NoParams,
     trained_result,
 )
-from agents.algorithms.fedavg import FedAvgServer
-from agents.models import get_flat, set_flat
-from agents.training import (
+from mecsim.agents.algorithms.fedavg import FedAvgServer
+from mecsim.agents.models import get_flat, set_flat
+from mecsim.agents.training import (
     StepCost,
     TrainStats,
     batch_loss,
@@ -47,6 +44,8 @@ from agents.training import (
     optimizer_step,
     optimizer_step_flops,
 )
+from pydantic import Field
+from torch.utils.flop_counter import FlopCounterMode
 
 
 class PerFedAvgParams(NoParams):
@@ -103,7 +102,7 @@ def fo_maml_epochs(ctx: ClientContext, inner_lr: float, outer_lr: float,
             with counter:
                 outer_loss = batch_loss(model, xb, yb, None)
                 outer_loss.backward()
-            if cost_b is None:  # + the outer SGD update (agents.training.optimizer_step_flops)
+            if cost_b is None:  # + the outer SGD update (optimizer_step_flops)
                 update = optimizer_step_flops(outer)
                 cost_b = StepCost(float(counter.get_total_flops()) + update, cost.memory_bytes,
                                   update)

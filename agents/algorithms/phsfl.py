@@ -76,11 +76,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from pydantic import Field
-from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
-
-from agents.algorithms.base import (
+from mecsim.agents.algorithms.base import (
     AggregateStats,
     ClientAlgorithm,
     ClientContext,
@@ -91,10 +87,14 @@ from agents.algorithms.base import (
     NoParams,
     ServerAlgorithm,
 )
-from agents.algorithms.fedavg import aggregation_flops, weighted_average
-from agents.models import BYTES_PER_ELEMENT, ModelLayout, get_flat, set_flat
-from agents.training import StepCost, evaluate, make_optimizer
-from mecsim.ops import Backhaul, Compute, Download, Op, ServerCompute, Upload
+from mecsim.agents.algorithms.fedavg import aggregation_flops, weighted_average
+from mecsim.agents.models import BYTES_PER_ELEMENT, ModelLayout, get_flat, set_flat
+from mecsim.agents.training import StepCost, evaluate, make_optimizer
+from pydantic import Field
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from mecsim.emulation.ops import Backhaul, Compute, Download, Op, ServerCompute, Upload
 
 INDEX_DTYPE = torch.int32  # the batch indices N sent with the activations (Step 3.4)
 
@@ -163,7 +163,7 @@ def split_model(model: nn.Module, cut_layer: int) -> SplitParts:
 
 @dataclass(frozen=True)
 class PartMasks:
-    """Boolean masks of the flat state vector (see agents.models) for the three parts."""
+    """Boolean masks of the flat state vector (see mecsim.agents.models) for the three parts."""
 
     client: np.ndarray
     body: np.ndarray

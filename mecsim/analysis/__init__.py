@@ -1,0 +1,1 @@
+"""What is made of records: replay, what-if sweeps, summaries, tables, plots."""

@@ -1,0 +1,53 @@
+"""Data sets (:mod:`.datasets`) and their partition over the clients (:mod:`.partition`)."""
+
+from mecsim.data.datasets import (
+    DATASET_SHAPES,
+    DATASETS,
+    EMBEDDED_DIR,
+    NORM_STATS,
+    ArrayDataset,
+    DataPools,
+    DatasetError,
+    RefusedPickle,
+    load_dataset,
+    load_embedded_mnist,
+    normalise,
+    read_idx,
+    restricted_unpickle,
+    to_float_tensor,
+)
+from mecsim.data.partition import (
+    PARTITIONERS,
+    Partition,
+    heterogeneity_dkl,
+    partition,
+    partition_dirichlet,
+    partition_iid,
+    partition_primary_secondary,
+    partition_shards,
+)
+
+__all__ = [
+    "ArrayDataset",
+    "DATASETS",
+    "DATASET_SHAPES",
+    "DataPools",
+    "DatasetError",
+    "EMBEDDED_DIR",
+    "NORM_STATS",
+    "PARTITIONERS",
+    "Partition",
+    "RefusedPickle",
+    "heterogeneity_dkl",
+    "load_dataset",
+    "load_embedded_mnist",
+    "normalise",
+    "partition",
+    "partition_dirichlet",
+    "partition_iid",
+    "partition_primary_secondary",
+    "partition_shards",
+    "read_idx",
+    "restricted_unpickle",
+    "to_float_tensor",
+]

@@ -1,0 +1,66 @@
+"""Device profiles (Pi-class clients, edge servers): the compute-time model and power.
+
+    t_compute = batches * step_overhead_s + train_flops / flops_per_s
+
+where ``train_flops`` include the optimiser's per-parameter update
+(:func:`mecsim.agents.training.optimizer_step_flops`). Power figures (``active_power_w``,
+``idle_power_w``, ``radio_tx_power_w``, ``radio_rx_power_w``) give each client-round's
+energy (:mod:`mecsim.emulation.energy`); a profile without them has no energy (NaN).
+
+Profiles are data (``mecsim/profiles/devices.yaml``), each number with its source. A
+scenario may add or override profiles under ``devices.profiles``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+
+import yaml
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    name: str
+    flops_per_s: float
+    step_overhead_s: float
+    ram_bytes: int
+    description: str = ""
+    flops_source: str = ""
+    step_overhead_source: str = ""
+    ram_source: str = ""
+    # power (W): whole board with every core busy / idle, and the radio's extra draw above
+    # idle while transmitting / receiving; None: not modelled (energy is NaN)
+    active_power_w: float | None = None
+    idle_power_w: float | None = None
+    radio_tx_power_w: float | None = None
+    radio_rx_power_w: float | None = None
+    power_source: str = ""
+    radio_power_source: str = ""
+
+    def compute_time_s(self, flops: float, batches: int) -> float:
+        """Emulated seconds for ``batches`` optimiser steps totalling ``flops`` FLOPs."""
+        return batches * self.step_overhead_s + flops / self.flops_per_s
+
+    def __repr__(self) -> str:
+        return (f"DeviceProfile({self.name!r}, flops_per_s={self.flops_per_s:.3g}, "
+                f"step_overhead_s={self.step_overhead_s}, ram_bytes={self.ram_bytes})")
+
+
+POWER_FIELDS = ("active_power_w", "idle_power_w", "radio_tx_power_w", "radio_rx_power_w")
+
+
+@lru_cache(maxsize=1)
+def builtin_profiles() -> dict[str, DeviceProfile]:
+    text = resources.files("mecsim.emulation").joinpath("profiles/devices.yaml").read_text()
+    profiles = {}
+    for name, fields in yaml.safe_load(text).items():
+        fields = dict(fields, flops_per_s=float(fields["flops_per_s"]),
+                      step_overhead_s=float(fields["step_overhead_s"]),
+                      ram_bytes=int(fields["ram_bytes"]))
+        for key in POWER_FIELDS:
+            if fields.get(key) is not None:
+                fields[key] = float(fields[key])
+        profiles[name] = DeviceProfile(name=name, **fields)
+    return profiles

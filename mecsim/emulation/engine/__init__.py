@@ -1,0 +1,43 @@
+"""The timing engine: play one round's op-traces through a model of the network.
+
+"Execute, then time": the clients of a round have already run for real and returned
+op-traces (:mod:`mecsim.emulation.ops`). :func:`time_round` replays them in emulated time
+through dedicated links, shared media (processor sharing), device CPUs and edge-server
+CPUs, and returns per-client timelines and the round's critical-path breakdown. It is a
+pure function: no torch, no Ray, no wall clock.
+
+- :mod:`.specs`: what the engine is given and what it returns;
+- :mod:`.simpy_model`: the reference model, SimPy processes;
+- :mod:`.closed_form`: a numpy closed form when nothing is shared;
+- :mod:`.media`: each shared resource solved for all its flows at once, when clients
+  visit resources in one order;
+- :mod:`.events`: event by event without SimPy, for everything else;
+- :mod:`.dispatch`: :func:`time_round`, which takes the first of those that covers the
+  round (docs/engine.md has the details and the speeds).
+
+Units: seconds (``_s``), bits per second (``_bps``), FLOPs and FLOP/s (``flops_per_s``).
+"""
+
+from mecsim.emulation.engine.dispatch import METHODS, engine_path, time_round
+from mecsim.emulation.engine.specs import (
+    ClientSpec,
+    ClientTimeline,
+    NetworkSpec,
+    Rate,
+    RateSchedule,
+    RoundTiming,
+    ServerSpec,
+)
+
+__all__ = [
+    "METHODS",
+    "ClientSpec",
+    "ClientTimeline",
+    "NetworkSpec",
+    "Rate",
+    "RateSchedule",
+    "RoundTiming",
+    "ServerSpec",
+    "engine_path",
+    "time_round",
+]

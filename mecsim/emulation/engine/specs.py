@@ -1,0 +1,147 @@
+"""What the engine times, and what it answers: the specs of a round's clients, edge
+servers and network, and the timelines and critical-path breakdown it returns.
+
+Units: seconds (``_s``), bits per second (``_bps``), FLOPs and FLOP/s (``flops_per_s``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from bisect import bisect_right
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class RateSchedule:
+    """Piecewise-constant rate: ``rates_bps[k]`` holds from ``times_s[k]`` to ``times_s[k+1]``.
+
+    Times are emulated seconds since the round started; the last rate holds forever.
+    """
+
+    times_s: tuple[float, ...]
+    rates_bps: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not self.times_s or len(self.times_s) != len(self.rates_bps):
+            raise ValueError("RateSchedule needs equally many (>= 1) times and rates")
+        if self.times_s[0] != 0.0:
+            raise ValueError("RateSchedule.times_s must start at 0.0")
+        if any(b <= a for a, b in zip(self.times_s, self.times_s[1:], strict=False)):
+            raise ValueError("RateSchedule.times_s must be strictly ascending")
+        if any(r < 0 or math.isnan(r) for r in self.rates_bps):
+            raise ValueError("RateSchedule.rates_bps must be >= 0")
+
+    def transfer_time_s(self, nbits: float, start_s: float) -> float:
+        """Seconds to move ``nbits`` bits starting at ``start_s``; inf if never done."""
+        if nbits <= 0:
+            return 0.0
+        first = max(bisect_right(self.times_s, start_s) - 1, 0)
+        t_s, left = start_s, float(nbits)
+        for k in range(first, len(self.times_s)):
+            rate = self.rates_bps[k]
+            end_s = self.times_s[k + 1] if k + 1 < len(self.times_s) else math.inf
+            if rate > 0 and left <= rate * (end_s - t_s):
+                return t_s + left / rate - start_s
+            left -= rate * (end_s - t_s)
+            t_s = end_s
+        return math.inf
+
+
+Rate = float | RateSchedule  # bits per second
+
+
+@dataclass(frozen=True)
+class ClientSpec:
+    """A client's links and device CPU (``t = batches*step_overhead_s + flops/flops_per_s``).
+
+    A transfer of ``nbits`` takes ``nbits / rate + latency`` on its link (the rate is the
+    goodput; the latency, one-way, is added to every transfer after its last bit is sent).
+    """
+
+    client_id: int
+    uplink_rate_bps: Rate
+    downlink_rate_bps: Rate
+    step_overhead_s: float
+    flops_per_s: float
+    edge_server: int = 0
+    uplink_latency_s: float = 0.0
+    downlink_latency_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """An edge server's CPU, processor-shared among the jobs of its clients, and its wired
+    backhaul to the central server (``t = backhaul_latency_s + 8*nbytes/backhaul_bps``)."""
+
+    flops_per_s: float
+    step_overhead_s: float = 0.0
+    backhaul_bps: float = math.inf
+    backhaul_latency_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class NetworkSpec:
+    """Which directions are shared media (per edge server), and the round's deadline."""
+
+    uplink_shared: bool = False
+    downlink_shared: bool = False
+    deadline_s: float | None = None
+
+
+@dataclass(frozen=True)
+class ClientTimeline:
+    """One client's round in emulated seconds; per-kind totals include contention."""
+
+    client_id: int
+    start_s: float
+    finish_s: float
+    download_s: float
+    compute_s: float
+    upload_s: float
+    server_compute_s: float
+    completed: bool
+    # transfer time of its edge server's Backhaul ops; the time it waited at them for the
+    # server's other clients is in none of the per-kind totals
+    backhaul_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class RoundTiming:
+    """A round's timelines and critical-path breakdown (seconds)."""
+
+    clients: tuple[ClientTimeline, ...]
+    critical_client: int | None
+    wait_s: float
+    aggregate_s: float
+    round_time_s: float
+    download_s: float
+    client_s: float
+    upload_s: float
+    server_s: float
+    idle_s: float
+    dropped: tuple[int, ...]
+    backhaul_s: float = 0.0
+
+
+def _timelines(ids: list[int], finish_s: np.ndarray, spent_s: np.ndarray,
+               deadline_s: float | None) -> tuple[ClientTimeline, ...]:
+    """Each client's ClientTimeline from its finish time and per-kind seconds (n x 3:
+    download, compute, upload; or n x 5 with server and backhaul); ``completed`` as
+    :func:`_made_it` says, computed for all clients at once."""
+    made_it = np.isfinite(finish_s)
+    if deadline_s is not None:
+        made_it &= finish_s <= deadline_s
+    cols = spent_s.T.tolist()
+    zeros = itertools.repeat(0.0)
+    server, backhaul = (cols[3], cols[4]) if len(cols) == 5 else (zeros, zeros)
+    return tuple(map(ClientTimeline, ids, itertools.repeat(0.0), finish_s.tolist(), cols[0],
+                     cols[1], cols[2], server, made_it.tolist(), backhaul))
+
+
+def _made_it(finish_s: float, deadline_s: float | None) -> bool:
+    """A client completes when it finishes at all (an op that never ends, e.g. a link of
+    rate 0 for ever, is an outage, not a completion) and, with a deadline, by it."""
+    return math.isfinite(finish_s) and (deadline_s is None or finish_s <= deadline_s)

@@ -1,0 +1,239 @@
+"""From the scenario's channel and devices to what the engine times each round.
+
+Client radio properties (distance, bandwidth, transmit power) are drawn once from the
+scenario seed; per-round quantities (interference, fading) are drawn from a stream of
+the seed keyed by the round, so a round's channel does not depend on earlier rounds'
+draws. Latency jitter has a stream of its own (keyed by the round too), so switching
+latency or loss on does not change the channel's draws. Every draw is returned per
+client-round for the records.
+
+Each link's rate is then turned into a goodput and a latency (:mod:`mecsim.channel.transport`):
+``transfer = latency + 8 * bytes / goodput`` with ``goodput = min(rate, Mathis bound)``
+where the scenario sets a loss rate.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from mecsim.channel import FixedRateChannel, ShannonChannel, TraceChannel
+from mecsim.channel.transport import jittered_latency_s, mathis_goodput_bps
+from mecsim.emulation.devices import DeviceProfile, builtin_profiles
+from mecsim.emulation.energy import power_array
+from mecsim.emulation.engine import ClientSpec, NetworkSpec, RateSchedule, ServerSpec
+from mecsim.scenario import (
+    FixedRateChannelConfig,
+    Scenario,
+    ShannonChannelConfig,
+    TraceChannelConfig,
+)
+
+_CLIENTS_STREAM = 2
+_ROUND_STREAM = 3
+_TRANSPORT_STREAM = 4
+
+#: Per client-round transport columns added to the channel records.
+TRANSPORT_KEYS = ("uplink_latency_s", "downlink_latency_s", "uplink_goodput_bps",
+                  "downlink_goodput_bps", "backhaul_latency_s", "backhaul_goodput_bps")
+
+
+def device_profiles(scenario: Scenario) -> dict[str, DeviceProfile]:
+    """Built-in profiles, with the scenario's own added or overriding them."""
+    profiles = dict(builtin_profiles())
+    for name, p in scenario.devices.profiles.items():
+        profiles[name] = DeviceProfile(name=name, **p.model_dump())
+    return profiles
+
+
+def _range(value) -> tuple[float, float]:
+    return (float(value), float(value)) if isinstance(value, (int, float)) else tuple(value)
+
+
+def build_channel(cfg) -> Any:
+    if isinstance(cfg, ShannonChannelConfig):
+        inter = cfg.interference
+        return ShannonChannel(
+            uplink_bandwidth_range_hz=_range(cfg.uplink.bandwidth_hz),
+            tx_power_range_dbm=_range(cfg.uplink.tx_power_dbm),
+            distance_range_m=_range(cfg.distance_m),
+            path_loss_db=cfg.path_loss_db,
+            reference_distance_m=cfg.reference_distance_m,
+            path_loss_exponent=cfg.path_loss_exponent,
+            fading=cfg.fading,
+            noise_psd_dbm_per_hz=cfg.noise_psd_dbm_per_hz,
+            interference=inter is not None,
+            interference_unit=inter.unit if inter else "noise",
+            ul_interference_mean=inter.uplink_mean if inter else 0.0,
+            ul_interference_std=inter.uplink_std if inter else 0.0,
+            dl_interference_mean=inter.downlink_mean if inter else 0.0,
+            dl_interference_std=inter.downlink_std if inter else 0.0,
+            server_bandwidth_hz=cfg.downlink.bandwidth_hz,
+            server_tx_power_dbm=cfg.downlink.tx_power_dbm,
+            downlink_mode="equal_split" if cfg.downlink.mode == "equal_split" else "full",
+            snr_offset_db=cfg.snr_offset_db,
+        )
+    if isinstance(cfg, FixedRateChannelConfig):
+        return FixedRateChannel(cfg.uplink.rate_bps, cfg.downlink.rate_bps)
+    if isinstance(cfg, TraceChannelConfig):
+        return TraceChannel(cfg.path)
+    raise TypeError(f"unknown channel config {type(cfg).__name__}")
+
+
+def personalised_downloads(algorithm: str) -> bool:
+    """Do the algorithm's clients download different bytes (``personalised_downloads``)?"""
+    from mecsim.agents.algorithms import algorithm_classes
+
+    server_cls, _ = algorithm_classes(algorithm)
+    return bool(getattr(server_cls, "personalised_downloads", False))
+
+
+def downlink_mode(scenario: Scenario) -> str | None:
+    """The Shannon downlink discipline in force (``auto`` resolved), None for other models.
+
+    ``auto`` is ``shared`` when the algorithm's downloads are personalised (K unicasts
+    time-share the server's band) and ``full`` when they are one broadcast.
+    """
+    cfg = scenario.channel
+    if not isinstance(cfg, ShannonChannelConfig):
+        return None
+    if cfg.downlink.mode != "auto":
+        return cfg.downlink.mode
+    return "shared" if personalised_downloads(scenario.algorithm.name) else "full"
+
+
+def downlink_note(scenario: Scenario) -> str | None:
+    """The sentence printed under a run's tables when personalised downloads each use the
+    whole band (``downlink.mode: full``); None when the assumption does not arise."""
+    if downlink_mode(scenario) != "full" or not personalised_downloads(
+            scenario.algorithm.name):
+        return None
+    cfg = scenario.channel
+    k = scenario.clients_per_round()
+    mhz = cfg.downlink.bandwidth_hz / 1e6
+    return (f"Downlink: {scenario.algorithm.name} sends each client its own model and "
+            f"channel.downlink.mode is full, so the {k} concurrent downloads each use the "
+            f"whole {mhz:g} MHz band (the KAPC paper's assumption; K times the spectrum and "
+            "power of one transmitter). downlink.mode auto or shared time-shares the band "
+            "(docs/channel.md).")
+
+
+def shared_media(cfg, algorithm: str | None = None) -> tuple[bool, bool]:
+    """(uplink shared, downlink shared) for this channel configuration.
+
+    A Shannon downlink in ``auto`` mode is shared when ``algorithm`` (a registered name)
+    has personalised downloads.
+    """
+    if isinstance(cfg, ShannonChannelConfig):
+        mode = cfg.downlink.mode
+        if mode == "auto":
+            mode = "shared" if algorithm and personalised_downloads(algorithm) else "full"
+        return cfg.uplink.shared, mode == "shared"
+    if isinstance(cfg, FixedRateChannelConfig):
+        return cfg.uplink.shared, cfg.downlink.shared
+    return False, False
+
+
+def transport_of(cfg) -> tuple[Any, Any]:
+    """(uplink, downlink) :class:`~mecsim.scenario.LinkTransport` of a channel config."""
+    return cfg.uplink, cfg.downlink
+
+
+def schedule_from(times_s, rates_bps, start_s: float) -> RateSchedule:
+    """An absolute piecewise-constant schedule, re-based to start at ``start_s``."""
+    times = np.asarray(times_s, dtype=float)
+    rates = np.asarray(rates_bps, dtype=float)
+    k = int(np.searchsorted(times, start_s, side="right")) - 1
+    rel_times = (0.0, *(float(t - start_s) for t in times[k + 1:]))
+    return RateSchedule(rel_times, tuple(float(r) for r in rates[k:]))
+
+
+class NetworkModel:
+    """Per-round ClientSpecs (rates, device), edge servers and media for the engine."""
+
+    def __init__(self, scenario: Scenario, profiles: dict[str, DeviceProfile]) -> None:
+        self.scenario = scenario
+        self.channel = build_channel(scenario.channel)
+        seed = scenario.seed
+        self.radio = self.channel.draw_clients(
+            scenario.topology.clients, np.random.default_rng([seed, _CLIENTS_STREAM]))
+        self.devices = [profiles[name] for name in scenario.client_profiles()]
+        # (active, idle, tx, rx) W per client, for vectorised energy (mecsim.emulation.energy)
+        self.power_w = power_array(self.devices)
+        server = profiles[scenario.devices.edge_server]
+        self.server_profile = server
+        self.uplink, self.downlink = transport_of(scenario.channel)
+        up_shared, down_shared = shared_media(scenario.channel, scenario.algorithm.name)
+        self.network = NetworkSpec(uplink_shared=up_shared, downlink_shared=down_shared,
+                                   deadline_s=scenario.deadline_s)
+
+    def _backhaul(self, rng: np.random.Generator) -> tuple[list[ServerSpec], np.ndarray,
+                                                           np.ndarray]:
+        """This round's edge servers: each one's backhaul latency (jittered) and goodput."""
+        bh = self.scenario.backhaul  # each edge server's wired link to the central server
+        n = self.scenario.topology.edge_servers
+        lat = jittered_latency_s(bh.latency_s, bh.jitter_s, rng.uniform(-1.0, 1.0, size=n))
+        bps = mathis_goodput_bps(np.full(n, bh.bandwidth_bps), 2.0 * lat, bh.loss_rate,
+                                 bh.mss_bytes)
+        server = self.server_profile
+        servers = [ServerSpec(server.flops_per_s, server.step_overhead_s,
+                              backhaul_bps=float(bps[k]), backhaul_latency_s=float(lat[k]))
+                   for k in range(n)]
+        return servers, lat, bps
+
+    def round(self, rnd: int, selected: list[int], elapsed_s: float = 0.0, *,
+              records: bool = True):
+        """(client specs by id, server specs, network spec, channel records by id).
+
+        ``records=False`` skips building the channel records (an empty dict is returned):
+        a replay, which re-draws the same channel, does not need them.
+        """
+        rng = np.random.default_rng([self.scenario.seed, _ROUND_STREAM, rnd])
+        ch = self.channel.draw_round(self.radio, np.asarray(selected, dtype=np.int64), rng,
+                                     time_s=elapsed_s)
+        # latency jitter: (uplink, downlink) per selected client in selection order, then
+        # one per edge server's backhaul
+        t_rng = np.random.default_rng([self.scenario.seed, _TRANSPORT_STREAM, rnd])
+        u = t_rng.uniform(-1.0, 1.0, size=(len(selected), 2))
+        up_lat = jittered_latency_s(self.uplink.latency_s, self.uplink.jitter_s, u[:, 0])
+        down_lat = jittered_latency_s(self.downlink.latency_s, self.downlink.jitter_s, u[:, 1])
+        rtt = up_lat + down_lat  # data one way, acknowledgements the other
+        # the Mathis bound alone (rate inf): applied to constant rates and to every segment
+        # of a trace schedule
+        up_cap = mathis_goodput_bps(np.inf, rtt, self.uplink.loss_rate, self.uplink.mss_bytes)
+        down_cap = mathis_goodput_bps(np.inf, rtt, self.downlink.loss_rate,
+                                      self.downlink.mss_bytes)
+        up_good = np.minimum(ch.uplink_rate_bps, up_cap)
+        down_good = np.minimum(ch.downlink_rate_bps, down_cap)
+        servers, bh_lat, bh_bps = self._backhaul(t_rng)
+        records = {int(r["client_id"]): r for r in ch.records()} if records else {}
+        specs: dict[int, ClientSpec] = {}
+        for i, cid in enumerate(selected):
+            up: float | RateSchedule = float(up_good[i])
+            down: float | RateSchedule = float(down_good[i])
+            if isinstance(self.channel, TraceChannel):
+                (ut, ur), (dt, dr) = self.channel.schedules(cid)
+                up = schedule_from(ut, np.minimum(ur, up_cap[i]), elapsed_s)
+                down = schedule_from(dt, np.minimum(dr, down_cap[i]), elapsed_s)
+            dev = self.devices[cid]
+            es = self.scenario.edge_server_of(cid)
+            specs[cid] = ClientSpec(cid, up, down, dev.step_overhead_s, dev.flops_per_s, es,
+                                    uplink_latency_s=float(up_lat[i]),
+                                    downlink_latency_s=float(down_lat[i]))
+            if records:
+                records[int(cid)].update(
+                    uplink_latency_s=float(up_lat[i]), downlink_latency_s=float(down_lat[i]),
+                    uplink_goodput_bps=float(up_good[i]),
+                    downlink_goodput_bps=float(down_good[i]),
+                    backhaul_latency_s=float(bh_lat[es]), backhaul_goodput_bps=float(bh_bps[es]))
+        for rec in records.values():
+            rec.pop("client_id", None)
+        # the round's links as arrays in selection order (goodput NaN where a rate schedule
+        # applies), for vectorised energy in replays: (up, down) rates and latencies
+        schedule = isinstance(self.channel, TraceChannel)
+        self.round_links = (
+            np.column_stack([np.full(len(selected), np.nan) if schedule else up_good,
+                             np.full(len(selected), np.nan) if schedule else down_good]),
+            np.column_stack([up_lat, down_lat]))
+        return specs, servers, self.network, records

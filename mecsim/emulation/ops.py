@@ -1,0 +1,126 @@
+"""Op-traces: what a client did in one round, in the order it did it.
+
+A client's round is executed for real (training in PyTorch), and returns an op-trace:
+the ordered operations it performed, each carrying the quantities that decide how long
+it takes on the emulated network and device (bytes, FLOPs, mini-batches). The SimPy
+engine (:mod:`mecsim.emulation.engine`) then plays the op-traces of all clients of a round through
+the links, shared media and device CPUs ("execute, then time").
+
+Ops are small frozen records, serialisable to plain dicts for the run records
+(``optraces.jsonl``) and for replay.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Download:
+    """Server -> client transfer over the client's downlink."""
+
+    nbytes: int
+    what: str = "model"
+
+
+@dataclass(frozen=True, slots=True)
+class Upload:
+    """Client -> server transfer over the client's uplink."""
+
+    nbytes: int
+    what: str = "model"
+
+
+@dataclass(frozen=True, slots=True)
+class Compute:
+    """Work on the client's own device CPU: ``batches`` optimiser steps, ``flops`` FLOPs."""
+
+    flops: float
+    batches: int
+    what: str = "train"
+
+
+@dataclass(frozen=True, slots=True)
+class ServerCompute:
+    """Work done for this client on its edge server's CPU (shared among its clients)."""
+
+    flops: float
+    batches: int = 0
+    what: str = "server"
+
+
+@dataclass(frozen=True, slots=True)
+class Backhaul:
+    """Edge server <-> central server transfer over the wired backhaul, once per edge server.
+
+    Every client of an edge server that takes part in the round carries the same Backhaul
+    op (the k-th Backhaul op of each of them is one transfer): the edge server sends or
+    receives its model once, so the transfer starts when the last of its clients reaches
+    the op (the edge model needs all their updates, PHSFL Eqs. 14-16) and releases all of
+    them when done, ``latency_s + 8 * nbytes / bandwidth_bps`` later. ``direction`` is
+    ``"up"`` (edge -> central) or ``"down"`` (central -> edge). Not counted in
+    :func:`trace_bytes` (which counts the wireless bytes).
+    """
+
+    nbytes: int
+    direction: str = "up"
+    what: str = "edge_model"
+
+    def __post_init__(self) -> None:
+        if self.direction not in ("up", "down"):
+            raise ValueError(f"Backhaul.direction must be 'up' or 'down', got {self.direction!r}")
+        if self.nbytes < 0:
+            raise ValueError(f"Backhaul.nbytes must be >= 0, got {self.nbytes}")
+
+
+@dataclass(frozen=True, slots=True)
+class Barrier:
+    """Wait for the server's decision, which needs every client's report first.
+
+    The k-th Barrier op of every client of the round that carries one is one decision: it
+    releases them all when the last of them reaches it (no time of its own; the waiting
+    is idle time, in none of the per-kind totals). DC-PFL's trial round waits here after
+    its loss reports, before the decision comes down and the chosen model goes up.
+    """
+
+    what: str = "decision"
+
+
+Op = Download | Upload | Compute | ServerCompute | Backhaul | Barrier
+OpTrace = tuple[Op, ...]
+
+_OP_TYPES: dict[str, type] = {
+    "download": Download,
+    "upload": Upload,
+    "compute": Compute,
+    "server_compute": ServerCompute,
+    "backhaul": Backhaul,
+    "barrier": Barrier,
+}
+_OP_NAMES = {cls: name for name, cls in _OP_TYPES.items()}
+
+
+def op_to_dict(op: Op) -> dict[str, Any]:
+    """A plain dict with an ``op`` key naming the type (for JSON records)."""
+    return {"op": _OP_NAMES[type(op)], **asdict(op)}
+
+
+def op_from_dict(d: dict[str, Any]) -> Op:
+    fields = dict(d)
+    kind = fields.pop("op")
+    return _OP_TYPES[kind](**fields)
+
+
+def trace_bytes(trace: OpTrace) -> tuple[int, int]:
+    """(bytes uploaded, bytes downloaded) by one op-trace."""
+    up = sum(op.nbytes for op in trace if isinstance(op, Upload))
+    down = sum(op.nbytes for op in trace if isinstance(op, Download))
+    return up, down
+
+
+def trace_flops(trace: OpTrace) -> tuple[float, float]:
+    """(client FLOPs, edge-server FLOPs) of one op-trace."""
+    client = sum(op.flops for op in trace if isinstance(op, Compute))
+    server = sum(op.flops for op in trace if isinstance(op, ServerCompute))
+    return client, server

@@ -1,0 +1,120 @@
+"""The ``mecsim`` command.
+
+    mecsim run [SCENARIO.yaml]     run a scenario (default: the embedded one)
+    mecsim validate FILE...        check scenario files
+    mecsim schema [-o FILE]        JSON Schema of scenario files, for editors
+    mecsim devices                 the built-in device profiles and their sources
+    mecsim algorithms              the algorithms that can be named in a scenario
+    mecsim sweep RUN... --set P=V,...  what-if sweeps: replay recorded runs over a grid
+    mecsim report RUN_DIR...       the papers' tables (markdown, CSV) and figures of runs
+    mecsim serve                   the testbed as a service (queue, API, web page, /metrics)
+    mecsim submit / runs / status / cancel / fetch   clients of a service
+
+Exit codes: 0 success, 2 bad input (scenario file, arguments), 1 a run that failed.
+Bad input is found before anything starts (:mod:`mecsim.run.preflight`) and printed as one
+plain line per problem (no rich markup: paths and messages are printed literally).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rich.console import Console
+
+from mecsim.interfaces.cli.report import add_report_parser, cmd_report
+from mecsim.interfaces.cli.run import cmd_algorithms, cmd_devices, cmd_run, cmd_schema, cmd_validate
+from mecsim.interfaces.cli.service import HANDLERS as SERVICE_HANDLERS
+from mecsim.interfaces.cli.service import add_service_parsers
+from mecsim.interfaces.cli.sweep import add_sweep_parser, cmd_sweep
+from mecsim.run.interrupts import Terminated
+from mecsim.scenario import ScenarioError
+
+EXIT_BAD_INPUT = 2
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of seconds >= 0")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="mecsim",
+        description="Network-emulated MEC testbed for personalised federated learning: real "
+        "training, a SimPy model of the wireless network and device CPUs, and per-round "
+        "records of time, bytes, FLOPs, memory and accuracy.",
+    )
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    run = sub.add_parser(
+        "run", help="run a scenario",
+        description="Run a scenario and write its records to OUT/<run-id>/. Without a file, "
+        "runs the embedded default scenario (FedAvg, 10 clients, MNIST, ~1 minute).",
+    )
+    run.add_argument("scenario", nargs="?", help="scenario YAML (default: embedded)")
+    run.add_argument("--resume", metavar="RUN_DIR",
+                     help="continue a run that was killed or interrupted (e.g. runs/<run-id>) "
+                     "from its last checkpoint; its records end up equal to an uninterrupted "
+                     "run's. Takes no scenario file: the run's own scenario.yaml is used")
+    run.add_argument("--rounds", type=int, help="override the scenario's rounds")
+    run.add_argument("--seed", type=int, help="override the scenario's seed")
+    run.add_argument("--out", help="records directory (default: the scenario's outputs.dir)")
+    run.add_argument("--run-id", help="name of the run's folder (default: name-timestamp)")
+    run.add_argument("--backend", choices=["ray", "local"],
+                     help="ray (default): host actors in Ray; local: in this process")
+    run.add_argument("--hosts", type=int, help="host actors (default: one per core)")
+    run.add_argument("--ray-address", help="attach to an existing Ray cluster, e.g. auto or "
+                     "ray://head:10001")
+    run.add_argument("--metrics-port", type=int,
+                     help="port of the Prometheus /metrics endpoint (0: any free port)")
+    run.add_argument("--no-metrics", action="store_true", help="do not serve /metrics")
+    run.add_argument("--metrics-public", action="store_true",
+                     help="allow a metrics host that is not a loopback address (/metrics "
+                     "reachable from other machines; sets metrics.public)")
+    run.add_argument("--metrics-linger", type=_seconds, default=0.0, metavar="SECONDS",
+                     help="keep /metrics up this long after the last round, so Prometheus "
+                     "scrapes the final values of a short run (default 0)")
+    run.add_argument("--target", type=float, action="append", metavar="ACC",
+                     help="target mean user accuracy as a fraction (e.g. 0.97; repeat for "
+                     "several): the summary reports the rounds and emulated seconds to reach "
+                     "it (sets evaluation.target_accuracy)")
+    run.add_argument("--no-plots", action="store_true",
+                     help="do not write the PNG figures to <run dir>/plots at the end")
+    run.add_argument("--quiet", action="store_true", help="no progress bar or tables")
+
+    val = sub.add_parser("validate", help="check scenario files",
+                         description="Validate scenario files; prints one line per problem.")
+    val.add_argument("files", nargs="+")
+    sch = sub.add_parser("schema", help="print the scenario JSON Schema",
+                         description="The JSON Schema of scenario files, for editors.")
+    sch.add_argument("-o", "--output", help="write to this file instead of stdout")
+    sub.add_parser("devices", help="list device profiles with their sources")
+    sub.add_parser("algorithms", help="list the algorithms")
+    add_sweep_parser(sub)
+    add_report_parser(sub)
+    add_service_parsers(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    console = Console(stderr=False)
+    command = args.command or "run"
+    if args.command is None:  # plain `mecsim`: run the default scenario
+        args = _parser().parse_args(["run"])
+    handlers = {"run": cmd_run, "validate": cmd_validate, "schema": cmd_schema,
+                "devices": cmd_devices, "algorithms": cmd_algorithms, "sweep": cmd_sweep,
+                "report": cmd_report, **SERVICE_HANDLERS}
+    try:
+        return handlers[command](args, console)
+    except ScenarioError as exc:
+        print(str(exc), file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt as exc:
+        print("interrupted", file=sys.stderr)
+        return 143 if isinstance(exc, Terminated) else 130

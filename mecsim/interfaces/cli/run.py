@@ -1,0 +1,301 @@
+"""``mecsim run`` and the verbs about scenarios: validate, schema, devices, algorithms."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import secrets
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.text import Text
+
+from mecsim.run import interrupts, preflight
+from mecsim.run.interrupts import Terminated
+from mecsim.scenario import (
+    Scenario,
+    ScenarioError,
+    default_scenario_path,
+    json_schema,
+    load_scenario,
+    scenario_from_dict,
+)
+
+EXIT_BAD_INPUT = 2
+
+
+def _apply_overrides(scenario: Scenario, args: argparse.Namespace, source: str) -> Scenario:
+    data = scenario.model_dump(mode="json")
+    if args.rounds is not None:
+        data["rounds"] = args.rounds
+    if args.seed is not None:
+        data["seed"] = args.seed
+    if args.out is not None:
+        data["outputs"]["dir"] = args.out
+    if args.run_id is not None:
+        data["outputs"]["run_id"] = args.run_id
+    if args.no_metrics:
+        data["metrics"]["enabled"] = False
+    if args.metrics_port is not None:
+        data["metrics"]["port"] = args.metrics_port
+    if args.metrics_public:
+        data["metrics"]["public"] = True
+    if args.target:
+        data["evaluation"]["target_accuracy"] = args.target
+    return scenario_from_dict(data, f"{source} (with command-line overrides)")
+
+
+def _run_id(scenario: Scenario) -> str:
+    """The scenario's run id, or <name>-<timestamp>-<8 random hex digits>: two runs of one
+    scenario started in the same second get different folders."""
+    return scenario.outputs.run_id or \
+        f"{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(4)}"
+
+
+def _error(text: str) -> None:
+    """A problem line on stderr, printed literally (never interpreted as markup)."""
+    print(text, file=sys.stderr)
+
+
+def cmd_run(args: argparse.Namespace, console: Console) -> int:
+    from mecsim.analysis.summary import energy_line, run_notes, summarise, target_lines
+    from mecsim.interfaces.console import summary_table
+    from mecsim.interfaces.metrics import MetricsExporter
+    from mecsim.run.loop import run
+    from mecsim.run.progress import ProgressBar
+    from mecsim.run.setup import RunFailed, ScenarioInfeasible
+    from mecsim.store.records import RecordsWriter
+    from mecsim.store.runfolder import RunFolderError, RunLock, prepare_resume, status_line
+
+    resume = None
+    created: Path | None = None
+    if args.resume:
+        if (args.scenario or args.rounds is not None or args.seed is not None or args.run_id
+                or args.out or args.target):
+            _error("error: --resume continues a run as it was planned: give no scenario "
+                   "file, --rounds, --seed, --run-id, --out or --target with it (--hosts, "
+                   "--backend, --ray-address and the metrics options may differ)")
+            return EXIT_BAD_INPUT
+        try:
+            target = prepare_resume(args.resume, warn=lambda m: print(f"warning: {m}",
+                                                                      file=sys.stderr))
+        except RunFolderError as exc:
+            _error(f"error: {exc}")
+            return EXIT_BAD_INPUT
+        scenario, run_id, out_dir, lock = target.scenario, target.run_id, target.run_dir, \
+            target.lock
+        resume = target.point
+        path = out_dir / "scenario.yaml"
+        if args.no_metrics or args.metrics_port is not None:
+            data = scenario.model_dump(mode="json")
+            if args.no_metrics:
+                data["metrics"]["enabled"] = False
+            if args.metrics_port is not None:
+                data["metrics"]["port"] = args.metrics_port
+            scenario = scenario_from_dict(data, f"{path} (with command-line overrides)")
+        # the folder may have been moved since: it is checked where it is now
+        data = scenario.model_dump(mode="json")
+        data["outputs"].update(dir=str(out_dir.parent), run_id=out_dir.name)
+        try:
+            for line in preflight.check(scenario_from_dict(data, str(path)), str(path),
+                                        run_dir=out_dir, backend=args.backend,
+                                        hosts=args.hosts, ray_address=args.ray_address,
+                                        resume=True):
+                _error(line)
+        except ScenarioError:
+            lock.release()
+            raise
+    else:
+        path = Path(args.scenario) if args.scenario else default_scenario_path()
+        scenario = _apply_overrides(load_scenario(path), args, str(path))
+        run_id = _run_id(scenario)
+        out_dir = Path(scenario.outputs.dir) / run_id
+        # everything that would stop the run, before Ray starts or a folder is created
+        for line in preflight.check(scenario, str(path), run_dir=out_dir, backend=args.backend,
+                                    hosts=args.hosts, ray_address=args.ray_address):
+            _error(line)
+        if out_dir.exists():
+            _error(f"error: {out_dir} already exists; choose another --run-id (or "
+                   f"--resume {out_dir} to continue it)")
+            return EXIT_BAD_INPUT
+        created = out_dir  # the outermost folder this run creates (removed on bad input)
+        while not created.parent.exists():
+            created = created.parent
+        out_dir.mkdir(parents=True)
+        lock = RunLock(out_dir).acquire()
+
+    records = RecordsWriter(out_dir)
+    observers: list = [records]
+    if not args.no_plots:
+        from mecsim.analysis.plots import PlotWriter
+
+        observers.append(PlotWriter(out_dir / "plots"))
+    exporter = None
+    if scenario.metrics.enabled:
+        exporter = MetricsExporter(scenario.metrics.host, scenario.metrics.port,
+                                   linger_s=args.metrics_linger)
+        try:  # listen now: a port taken since the pre-flight is still refused cleanly
+            exporter.start()
+        except OSError as exc:
+            _error(f"{path}: metrics.port: cannot listen on {scenario.metrics.host}:"
+                   f"{scenario.metrics.port} ({exc.strerror or exc})")
+            _remove_if_unused(out_dir, created, lock)
+            lock.release()
+            return EXIT_BAD_INPUT
+        if scenario.metrics.port == 0 or not args.quiet:
+            print(f"metrics: {exporter.url}", file=sys.stderr)
+        observers.append(exporter)
+    progress = None if args.quiet else ProgressBar(console)
+    if progress:
+        observers.append(progress)
+    if not args.quiet:
+        what = (f"resuming after round {len(resume.rows)} of {scenario.rounds}" if resume
+                else f"{scenario.rounds} rounds")
+        console.print(f"[bold]mecsim[/] {escape(scenario.name)}: {scenario.algorithm.name}, "
+                      f"{scenario.topology.clients} clients, {what} -> {escape(str(out_dir))}",
+                      highlight=False, soft_wrap=True)
+    restore_signals = interrupts.install()
+    rows: list = []
+    try:
+        rows = run(scenario, run_id, out_dir, observers, hosts=args.hosts,
+                   backend=args.backend, ray_address=args.ray_address, resume=resume)
+    except ScenarioInfeasible as exc:
+        _error(f"{path}: {exc}")
+        _remove_if_unused(out_dir, created, lock)
+        return EXIT_BAD_INPUT
+    except (FileNotFoundError, ValueError) as exc:
+        if not (out_dir / "run.json").exists():  # failed while setting up: bad input
+            _error(f"{path}: {' '.join(str(exc).split())}")
+            _remove_if_unused(out_dir, created, lock)
+            return EXIT_BAD_INPUT
+        raise
+    except KeyboardInterrupt as exc:
+        done = _rounds_done(out_dir)
+        print(f"interrupted after {done} of {scenario.rounds} rounds; the finished rounds "
+              f"are kept. Resume with: mecsim run --resume {out_dir}", file=sys.stderr)
+        return 143 if isinstance(exc, Terminated) else 130
+    except RunFailed as exc:
+        print(f"error: the run failed: {exc}. Its finished rounds are kept; resume with: "
+              f"mecsim run --resume {out_dir}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # a bug or an environment failure mid-run: say where it is
+        import traceback
+
+        log = out_dir / "error.txt"
+        try:
+            log.write_text(traceback.format_exc())
+        except OSError:
+            log = None
+        print(f"error: the run failed: {type(exc).__name__}: {exc}. Its finished rounds are "
+              f"kept" + (f"; the traceback is in {log}" if log else "") +
+              f". Resume with: mecsim run --resume {out_dir}", file=sys.stderr)
+        return 1
+    finally:
+        restore_signals()
+        if progress:
+            progress.close()
+        if exporter:
+            exporter.close()
+        lock.release()
+    if not args.quiet:
+        if len(rows) < scenario.rounds:
+            console.print(Text(status_line("cancelled", len(rows), scenario.rounds)))
+        if rows:
+            for table in summary_table(scenario.algorithm.name, rows):
+                console.print(table)
+            for line in [energy_line(summarise(rows)),
+                         *target_lines(rows, scenario.evaluation.target_accuracy),
+                         *run_notes(scenario, rows)]:
+                if line:
+                    console.print(Text(line))
+        console.print(Text(f"records: {out_dir}/ (rounds.csv, clients.csv, summary.md, ...)"))
+    return 0
+
+
+def _rounds_done(out_dir: Path) -> int:
+    from mecsim.store.runfolder import read_meta
+
+    return int(read_meta(out_dir).get("rounds_done") or 0)
+
+
+def _remove_if_unused(out_dir: Path, created: Path | None, lock) -> None:
+    """A fresh run's folder holding nothing but its lock is removed, with the parent
+    folders the run created (nothing is left behind on bad input)."""
+    if created is None or not out_dir.is_dir():
+        return
+    from mecsim.store.runfolder import LOCK_NAME
+
+    if all(p.name == LOCK_NAME for p in out_dir.iterdir()):
+        lock.release()
+        shutil.rmtree(created, ignore_errors=True)
+
+
+def validate_file(path: str | Path) -> list[str]:
+    """Every check ``mecsim validate`` makes on one file: the schema and the pre-flight of
+    ``mecsim run`` with the file's own settings. Raises ScenarioError (one line per
+    problem); returns the warnings."""
+
+    return preflight.check(load_scenario(path), str(path))
+
+
+def cmd_validate(args: argparse.Namespace, console: Console) -> int:
+    """The schema and the pre-flight of ``mecsim run`` (paths, ports, data, memory,
+    cross-field checks) for each file, with the file's own settings."""
+    bad = 0
+    for f in args.files:
+        try:
+            for line in validate_file(f):
+                _error(line)
+            print(f"{f}: ok")
+        except ScenarioError as exc:
+            bad += 1
+            _error(str(exc))
+    return EXIT_BAD_INPUT if bad else 0
+
+
+def cmd_schema(args: argparse.Namespace, console: Console) -> int:
+    text = json.dumps(json_schema(), indent=2)
+    if args.output:
+        Path(args.output).write_text(text + "\n")
+    else:
+        print(text)
+    return 0
+
+
+def cmd_devices(args: argparse.Namespace, console: Console) -> int:
+    from rich.table import Table
+
+    from mecsim.emulation.devices import builtin_profiles
+
+    table = Table(title="Device profiles (t = batches * step_overhead + FLOPs / FLOP/s; "
+                  "power: docs/devices.md)")
+    for col in ("name", "GFLOP/s", "step overhead (ms)", "RAM (GiB)",
+                "active / idle W", "radio tx / rx W", "source of GFLOP/s", "source of power"):
+        table.add_column(col)
+
+    def watts(a: float | None, b: float | None) -> str:
+        return "-" if a is None or b is None else f"{a:g} / {b:g}"
+
+    for p in builtin_profiles().values():
+        table.add_row(p.name, f"{p.flops_per_s / 1e9:.2f}", f"{1e3 * p.step_overhead_s:.0f}",
+                      f"{p.ram_bytes / 2**30:.0f}", watts(p.active_power_w, p.idle_power_w),
+                      watts(p.radio_tx_power_w, p.radio_rx_power_w), p.flops_source,
+                      p.power_source or "-")
+    console.print(table)
+    return 0
+
+
+def cmd_algorithms(args: argparse.Namespace, console: Console) -> int:
+    from mecsim.agents.algorithms import ALGORITHMS
+
+    for name, (server_cls, _) in sorted(ALGORITHMS.items()):
+        module_doc = (sys.modules[server_cls.__module__].__doc__ or "").strip()
+        doc = " ".join(module_doc.split("\n\n")[0].split())  # first paragraph
+        console.print(f"[bold]{name}[/]: {doc}")
+    return 0
+
+

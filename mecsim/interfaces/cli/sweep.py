@@ -1,0 +1,135 @@
+"""``mecsim sweep``: the command-line face of :mod:`mecsim.analysis.sweep` (parser and handler).
+
+Kept apart from :mod:`mecsim.analysis.sweep` so that building the CLI parser imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import warnings
+from pathlib import Path
+
+from rich.console import Console
+
+EXIT_BAD_INPUT = 2
+DEFAULT_METRIC = "round_time_mean_s"
+
+DESCRIPTION = """\
+Replay recorded runs under changed network or device parameters, without training,
+and write OUT/sweep.csv (one row per run and grid point) and OUT/sweep.png (METRIC
+against the first --set parameter, one line per run/algorithm).
+
+RUN is a run directory written by `mecsim run` (it must hold optraces.jsonl), or a
+scenario YAML, which is first run once with training and recorded in OUT/recorded/.
+
+Only timing can be replayed: channel.*, devices.*, deadline_s, backhaul.*. A point is
+marked not exact (column `exact`, red crosses in the plot) when the run's outcome would
+have depended on timing there: a deadline dropping other clients than the recorded run
+did, or an algorithm that decides from emulated time. --retrain re-runs such points
+(and any override of training, data or model) with real training; those rows say
+source=retrained.
+
+examples:
+  mecsim sweep runs/fedavg-mnist-10-X --set channel.uplink.bandwidth_hz=1e6,5e6,10e6,20e6
+  mecsim sweep runs/A runs/B --set channel.uplink.bandwidth_hz=1e6:50e6:50 --out sweeps/bw
+  mecsim sweep runs/A --set devices.clients.0.profile=rpi2b,rpi3b,rpi4,rpi5 \\
+      --set deadline_s=null,30 --target-accuracy 0.8 --metric time_to_target_s
+"""
+
+
+def add_sweep_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser("sweep", help="what-if sweeps: replay recorded runs over a grid",
+                       description=DESCRIPTION,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("runs", nargs="+", metavar="RUN",
+                   help="run directory (with optraces.jsonl) or scenario YAML")
+    p.add_argument("--set", dest="sets", action="append", default=[],
+                   metavar="PATH=V1,V2,...",
+                   help="a grid axis: a dotted scenario path and its values, comma-separated "
+                   "(lists in [..], mappings in {..}; null for none), or START:STOP:COUNT "
+                   "for evenly spaced numbers. Repeat for a grid over several paths.")
+    p.add_argument("--out", help="output directory (default: sweeps/sweep-<timestamp>)")
+    p.add_argument("--metric", default=DEFAULT_METRIC,
+                   help=f"column plotted (default {DEFAULT_METRIC}; e.g. total_time_s, "
+                   "time_to_target_s, round_time_p95_s, ul_time_mean_s)")
+    p.add_argument("--target-accuracy", type=float,
+                   help="mean user accuracy for rounds_to_target / time_to_target_s")
+    p.add_argument("--workers", type=int,
+                   help="replay processes (default: one per core for large sweeps)")
+    p.add_argument("--retrain", action="store_true",
+                   help="re-run points whose replay is not exact with real training")
+    p.add_argument("--backend", choices=["ray", "local"],
+                   help="backend for training (recording a scenario, --retrain)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or table")
+    return p
+
+
+def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
+    from mecsim.analysis.replay import ReplayInfeasible, RunLoadError
+    from mecsim.analysis.sweep import METRIC_COLUMNS, plot_sweep, sweep
+    from mecsim.scenario import ScenarioError
+    from mecsim.scenario.overrides import OverrideError, parse_set
+
+    def fail(msg: str) -> int:
+        console.print(f"[red]error:[/] {msg}", highlight=False, soft_wrap=True)
+        return EXIT_BAD_INPUT
+
+    try:
+        grid = dict(parse_set(s) for s in args.sets)
+    except OverrideError as exc:
+        return fail(str(exc))
+    if len(grid) != len(args.sets):
+        return fail("the same path is given to --set twice")
+    if args.metric not in METRIC_COLUMNS or args.metric in ("source", "notes"):
+        numeric = [c for c in METRIC_COLUMNS if c not in ("source", "notes")]
+        return fail(f"--metric {args.metric!r} is not a sweep column; one of: "
+                    f"{', '.join(numeric)}")
+    if args.metric in ("time_to_target_s", "rounds_to_target") and args.target_accuracy is None:
+        return fail(f"--metric {args.metric} needs --target-accuracy")
+    out = Path(args.out) if args.out else Path("sweeps") / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}"
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", RuntimeWarning)
+            frame = sweep(args.runs, grid, target_accuracy=args.target_accuracy,
+                          retrain=args.retrain, workers=args.workers,
+                          progress=not args.quiet, backend=args.backend,
+                          record_dir=out / "recorded", retrain_dir=out / "retrained")
+    except (OverrideError, RunLoadError, ScenarioError, ReplayInfeasible) as exc:
+        return fail(str(exc))
+    for w in caught:
+        console.print(f"[yellow]warning:[/] {w.message}", highlight=False, soft_wrap=True)
+
+    out.mkdir(parents=True, exist_ok=True)
+    csv_path = out / "sweep.csv"
+    frame.to_csv(csv_path, index=False)
+    x = next(iter(grid), None)
+    png_path = None
+    if x is not None:
+        png_path = plot_sweep(frame, x, args.metric, out / "sweep.png")
+    if not args.quiet:
+        _print_table(console, frame, list(grid), args.metric)
+    inexact = frame[~frame["exact"].astype(bool)]
+    if len(inexact):
+        console.print(f"[yellow]{len(inexact)} of {len(frame)} points are not exact[/] "
+                      "(the outcome depended on timing; see the notes column, or --retrain)")
+    console.print(f"wrote {csv_path}" + (f" and {png_path}" if png_path else
+                                         " (no --set: nothing to plot)"))
+    return 0
+
+
+def _print_table(console: Console, frame, paths: list[str], metric: str) -> None:
+    from rich.table import Table
+
+    cols = ["algorithm", *paths, "round_time_mean_s", "total_time_s", "exact", "source"]
+    if metric not in cols:
+        cols.insert(len(paths) + 1, metric)
+    table = Table(title=f"sweep: {len(frame)} points")
+    for c in cols:
+        table.add_column(c, justify="right")
+    shown = frame if len(frame) <= 40 else frame.iloc[:: max(1, len(frame) // 40)]
+    for _, row in shown.iterrows():
+        table.add_row(*(f"{v:.4g}" if isinstance(v, float) else str(v) for v in row[cols]))
+    console.print(table)
+    if len(shown) < len(frame):
+        console.print(f"(every {len(frame) // 40}th point shown; all in sweep.csv)")

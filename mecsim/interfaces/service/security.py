@@ -1,0 +1,93 @@
+"""The service's guards, in the order a request meets them: body size, same site, token."""
+
+from __future__ import annotations
+
+import ipaddress
+import urllib.parse
+
+from fastapi import HTTPException
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPBearer
+
+LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
+
+
+BEARER = HTTPBearer(auto_error=False, description="the token of --token-file")
+
+
+def is_loopback(host: str) -> bool:
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class _BodyLimit:
+    """413 for request bodies above ``max_bytes`` (declared or actually sent)."""
+
+    def __init__(self, app, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        too_large = f"request body larger than {self.max_bytes} bytes"
+        for key, value in scope.get("headers", []):
+            if key == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = -1
+                if declared > self.max_bytes or declared < 0:
+                    response = JSONResponse({"detail": too_large if declared > 0 else
+                                             "bad Content-Length"},
+                                            status_code=413 if declared > 0 else 400)
+                    return await response(scope, receive, send)
+        received = 0
+
+        async def limited():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise HTTPException(413, too_large)
+            return message
+
+        return await self.app(scope, limited, send)
+
+
+def _host_of(header: str) -> str:
+    if header.startswith("["):
+        return header[1:].split("]", 1)[0]
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+class _SameSite:
+    """Loopback servers answer loopback Host names only; unsafe methods need no foreign
+    Origin (a web page elsewhere cannot drive the service through the user's browser)."""
+
+    def __init__(self, app, check_host: bool) -> None:
+        self.app = app
+        self.check_host = check_host
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        host = headers.get("host", "")
+        if self.check_host and _host_of(host) not in LOOPBACK_NAMES:
+            response = JSONResponse({"detail": f"Host {host!r} is not a loopback name; this "
+                                     "service listens on loopback only"}, status_code=400)
+            return await response(scope, receive, send)
+        origin = headers.get("origin")
+        if scope["method"] not in ("GET", "HEAD", "OPTIONS") and origin is not None:
+            # the site, not the scheme: behind a TLS proxy the browser says https
+            if urllib.parse.urlsplit(origin).netloc != host:
+                response = JSONResponse({"detail": f"cross-site request from {origin} "
+                                         "refused"}, status_code=403)
+                return await response(scope, receive, send)
+        return await self.app(scope, receive, send)

@@ -1,0 +1,340 @@
+"""The Ray executor: host actors, a central-server actor and edge-server actors."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from mecsim.agents.algorithms import ClientResult, ClientTask
+from mecsim.agents.host import HostSetup
+from mecsim.agents.server import AggregateReport
+from mecsim.data import DataPools
+from mecsim.run.backends import actors, shared_model, shared_uploads
+from mecsim.run.backends.actors import (
+    CentralServerActor,
+    ClientHostActor,
+    EdgeServerActor,
+    weights_by_reference,
+)
+from mecsim.run.backends.balance import STREAM_PARTS_IN_FLIGHT, stream_parts
+from mecsim.run.backends.base import (
+    ActorFailure,
+    ClientData,
+    ClientMap,
+    Evaluation,
+    ExecutorState,
+    collect,
+)
+from mecsim.run.backends.placement import place_hosts
+from mecsim.run.backends.ray_start import ensure_ray
+
+#: Streamed uploads of a host on the central server's node go through a shared-memory
+#: file instead of the object store (see :mod:`mecsim.run.backends.shared_uploads`); same
+#: records.
+SHARED_UPLOADS = True
+#: Whether a flat algorithm's global model reaches hosts on the central server's node
+#: through a shared-memory file (:mod:`mecsim.run.backends.shared_model`), instead of the
+#: object store.
+SHARED_MODEL = True
+
+
+class RayExecutor:
+    """Host actors, a central-server actor and, for a hierarchical algorithm, one actor
+    per edge server (no CPU reserved: servers) in a Ray cluster.
+
+    The host actors are spread over the cluster's nodes (a placement group with the
+    SPREAD strategy: as many nodes as there are hosts, as evenly as the nodes allow),
+    one CPU each when the live nodes have that many, else an equal share that fits (see
+    :func:`~mecsim.run.backends.placement.host_cpus`): after a node died, its hosts are
+    re-created on the nodes left. Waiting for room is bounded by
+    :data:`~mecsim.run.backends.placement.PLACEMENT_TIMEOUT_S`.
+
+    Every call that waits on an actor turns the death of an actor (its process killed,
+    out of memory, its node gone) into :class:`ActorFailure`; :meth:`restart` kills what
+    is left of the actors and starts new ones.
+    """
+
+    def __init__(self, server_kwargs: dict[str, Any], setup: HostSetup, pools: DataPools,
+                 host_clients: list[ClientData], ray_address: str | None = None) -> None:
+        import ray  # deferred: see ensure_ray
+
+        self._owns_ray = ensure_ray(ray_address, max(len(host_clients), os.cpu_count() or 1))
+        self._ray = ray
+        self._args = (server_kwargs, setup, pools, host_clients)
+        self.clients = ClientMap(server_kwargs, setup, host_clients)
+        self._streaming = False
+        self._pools_ref = ray.put(pools)
+        self._uploads_prefix: str | None = None  # this start's shared upload files
+        self._all_prefixes: list[str] = []  # every start's: swept again on close
+        self._shared_hosts: set[int] = set()  # hosts on the central server's node
+        if shared_uploads.available():
+            shared_uploads.remove_stale()
+        self.server, self.hosts = None, []
+        self._group: Any = None  # the hosts' placement group
+        self._host_cpus = 1.0
+        self._host_nodes: list[dict[str, str]] = []
+        self._board = False  # whether the global model goes through a shared file
+        self._planned: tuple[int, Any] | None = None  # (round, its plan) asked for ahead
+        self._folds: list[Any] = []  # a streamed round's folds not yet waited for
+        self._start()
+
+    def _start(self) -> None:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        ray = self._ray
+        server_kwargs, setup, _, host_clients = self._args
+        self._group, self._host_cpus = place_hosts(ray, len(host_clients))
+        central_actor = ray.remote(num_cpus=0, max_restarts=0)(CentralServerActor)
+        edge_actor = ray.remote(num_cpus=0, max_restarts=0)(EdgeServerActor)
+        self.server = central_actor.remote(**server_kwargs)
+        self.edges = {b: edge_actor.remote(b, **server_kwargs) for b in self.clients.edge_ids}
+        host_actor = ray.remote(num_cpus=self._host_cpus, max_restarts=0)(ClientHostActor)
+        prefix = self._uploads_prefix = (
+            shared_uploads.executor_prefix(os.urandom(4).hex())
+            if SHARED_UPLOADS and shared_uploads.available() else None)
+        if prefix:
+            self._all_prefixes.append(prefix)
+        self.hosts = [host_actor.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
+                          self._group, placement_group_bundle_index=h)).remote(
+                          setup, self._pools_ref, clients, actors.HOLD_UPLOADS_BYTES,
+                          str(shared_uploads.SHM_DIR / f"{prefix}{h}") if prefix else None)
+                      for h, clients in enumerate(host_clients)]
+        self._weight_refs: list[Any] = []
+        self._stream_end: Any = None  # a streamed round's stream_end, submitted early
+        self._folds, self._streaming, self._planned = [], False, None  # of actors gone
+        # surface start-up errors here
+        self._get([self.server.rss_bytes.remote(),
+                   *(e.rss_bytes.remote() for e in self.edges.values())])
+        self._host_nodes = self._get([h.node.remote() for h in self.hosts])
+        server_node = self._get(self.server.node_id.remote())
+        self._shared_hosts = {h for h, node in enumerate(self._host_nodes)
+                              if prefix and node["node_id"] == server_node}
+        # the global model through a shared file only when every host can map it, and
+        # on this process's machine, where the clean-up (remove, remove_stale) looks
+        self._board = False
+        if (SHARED_MODEL and prefix and len(self._shared_hosts) == len(self.hosts)
+                and server_node == ray.get_runtime_context().get_node_id()):
+            path = shared_uploads.SHM_DIR / f"{prefix}{shared_model.NAME}"
+            self._board = self._get(self.server.open_board.remote(
+                str(path), server_kwargs["layout"].size))
+
+    def placement(self) -> list[dict[str, Any]]:
+        """Where each host actor runs (node id and IP), its CPUs and its clients."""
+        return [{"host": h, **node, "num_cpus": self._host_cpus, "clients": sorted(clients)}
+                for h, (node, clients) in enumerate(zip(self._host_nodes, self.clients.host_clients,
+                                                        strict=True))]
+
+    def _get(self, refs: Any) -> Any:
+        """``ray.get``, with an actor's death raised as :class:`ActorFailure`."""
+        from ray import exceptions as rex
+
+        try:
+            return self._ray.get(refs)
+        except (rex.RayActorError, rex.ObjectLostError, rex.OwnerDiedError,
+                rex.WorkerCrashedError, rex.NodeDiedError) as exc:
+            raise ActorFailure(f"{type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
+        except rex.RayTaskError as exc:
+            # a task whose arguments came from an actor that died, maybe through another
+            # task (the central server's aggregation of an edge server's report)
+            deaths = (rex.RayActorError, rex.ObjectLostError, rex.OwnerDiedError,
+                      rex.WorkerCrashedError, rex.NodeDiedError)
+            cause: Any = exc
+            for _ in range(4):
+                inner = cause.as_instanceof_cause() \
+                    if hasattr(cause, "as_instanceof_cause") else cause
+                if isinstance(inner, deaths):
+                    raise ActorFailure(f"{type(getattr(cause, 'cause', inner)).__name__}") \
+                        from exc
+                cause = getattr(cause, "cause", None)
+                if not isinstance(cause, rex.RayTaskError):
+                    break
+            raise
+
+    def _kill_all(self) -> None:
+        for actor in [self.server, *self.edges.values(), *self.hosts]:
+            if actor is None:
+                continue
+            try:
+                self._ray.kill(actor)
+            except Exception:  # noqa: BLE001 - already dead or unreachable: nothing to kill
+                pass
+        if self._uploads_prefix is not None:
+            shared_uploads.remove(self._uploads_prefix)
+            self._uploads_prefix = None
+        self._shared_hosts = set()
+        self._board = False
+        if self._group is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            try:
+                remove_placement_group(self._group)  # its CPUs go back to the cluster
+            except Exception:  # noqa: BLE001 - the cluster is going away: nothing to free
+                pass
+            self._group = None
+
+    def restart(self) -> None:
+        self._kill_all()
+        self._start()
+
+    def plan_ahead(self, rnd: int) -> None:
+        """A flat algorithm's plan of round ``rnd`` is asked for now (see
+        :meth:`~mecsim.run.backends.base.Executor.plan_ahead`): the server actor, which runs
+        calls in order, plans right after finishing the aggregate, and the next
+        :meth:`plan` finds it done instead of waiting a round trip (~4 ms a round)."""
+        if not self.edges:
+            self._planned = (rnd, self.server.plan_by_reference.remote(rnd, self._board))
+
+    def _no_plan_ahead(self, what: str) -> None:
+        """A server call other than the plan asked for ahead would see the server's
+        state after that plan (its client selection drawn): a bug, not a fault."""
+        if self._planned is not None:
+            raise RuntimeError(f"{what} after round {self._planned[0]} was planned ahead")
+
+    def plan(self, rnd: int) -> tuple[list[int], list[ClientTask]]:
+        ahead, self._planned = self._planned, None
+        if ahead is not None:
+            if ahead[0] != rnd:
+                raise RuntimeError(f"round {rnd} planned, but round {ahead[0]} was planned "
+                                   "ahead")
+            return self._get(ahead[1])
+        if not self.edges:
+            return self._get(self.server.plan_by_reference.remote(rnd, self._board))
+        selected, tasks, downlinks = self._get(self.server.plan.remote(rnd))
+        groups = self.clients.by_edge(tasks)
+        stored: dict[int, Any] = {}  # one object-store copy of what several receive
+        refs = []
+        for b, edge in self.edges.items():
+            down = downlinks.get(b)
+            if down is not None:
+                if id(down) not in stored:
+                    stored[id(down)] = self._ray.put(down)
+                down = stored[id(down)]
+            refs.append(edge.plan.remote(rnd, groups[b], down))
+        return selected, self.clients.in_task_order(tasks, self._get(refs))
+
+    def fit(self, rnd: int, tasks: list[ClientTask], lost: frozenset[int] = frozenset(),
+            fold: frozenset[int] | None = None) -> list[ClientResult]:
+        """Results without their weights; the weights stay in the object store (streamed:
+        the server actor fetches each part's from there and folds them)."""
+        self._streaming = fold is not None
+        if fold is not None:
+            return self._fit_streamed(rnd, tasks, lost, fold)
+        meta_refs, self._weight_refs = [], []
+        tasks = weights_by_reference(self._ray, tasks)
+        for h, (group, guests) in self.clients.assign(tasks).items():
+            meta, weights = self.hosts[h].fit_split.options(num_returns=2).remote(
+                rnd, group, lost, guests)
+            meta_refs.append(meta)
+            self._weight_refs.append(weights)
+        out = [r for part in self._get(meta_refs) for r in part]
+        return sorted(out, key=lambda r: r.client_id)
+
+    def _fit_streamed(self, rnd: int, tasks: list[ClientTask], lost: frozenset[int],
+                      fold: frozenset[int]) -> list[ClientResult]:
+        """Part by part: the hosts train a part's clients, the server actor folds their
+        uploads (read from the object store) while the hosts go on with the next part; at
+        most :data:`STREAM_PARTS_IN_FLIGHT` parts are submitted ahead of the server."""
+        self._no_plan_ahead("a streamed fit")
+        tasks = weights_by_reference(self._ray, tasks)
+        begun = False
+        meta_refs: list[Any] = []
+        folds: list[Any] = []
+        if STREAM_PARTS_IN_FLIGHT > shared_uploads.SLOTS:
+            raise RuntimeError("more streamed parts in flight than shared upload slots")
+        for p, part in enumerate(stream_parts(tasks)):
+            # part p may write slot p % SLOTS of a host's shared file: part p - SLOTS,
+            # the last to use it, has been folded (waited for below) before this submit
+            slot = p % shared_uploads.SLOTS
+            metas, uploads = [], []
+            for h, (group, guests) in self.clients.assign(part).items():
+                meta, weights = self.hosts[h].fit_split.options(num_returns=2).remote(
+                    rnd, group, lost, guests,
+                    shared_slot=slot if h in self._shared_hosts else None)
+                metas.append(meta)
+                uploads.append(weights)
+            if not begun:  # after the first hosts' calls: they start training sooner
+                self.server.stream_begin.remote(rnd)  # the actor runs our calls in order
+                begun = True
+            keep = fold.intersection(t.client_id for t in part)
+            folds.append(self.server.stream_fold_split.remote(rnd, keep, len(metas),
+                                                              *metas, *uploads))
+            meta_refs += metas
+            if len(folds) >= STREAM_PARTS_IN_FLIGHT:
+                self._get(folds.pop(0))
+        if not begun:  # no client to train
+            self.server.stream_begin.remote(rnd)
+        # the aggregate is finished as soon as the last part is folded (the actor runs
+        # calls in order): the run loop times the round meanwhile, and aggregate() only
+        # waits for the folds left and fetches it, instead of a round trip to the server
+        # after the timing
+        self._stream_end = self.server.stream_end.remote(rnd)
+        self._folds = folds
+        out = [r for part in self._get(meta_refs) for r in part]
+        return sorted(out, key=lambda r: r.client_id)
+
+    def aggregate(self, rnd: int, results: list[ClientResult]) -> AggregateReport:
+        """Each edge server fetches its own clients' uploads from the object store and
+        aggregates them; its report goes to the central server as a reference (not
+        through this process). A flat algorithm's central server fetches them all.
+        After a streamed :meth:`fit`, the central server finishes what it folded."""
+        if self._streaming:
+            self._streaming = False
+            ended, self._stream_end = self._stream_end, None
+            folds, self._folds = self._folds, []
+            if ended is None:
+                self._no_plan_ahead("an aggregation")
+                ended = self.server.stream_end.remote(rnd)
+            # a fold's error (not only the end's) is raised here
+            return self._get([*folds, ended])[-1]
+        self._no_plan_ahead("an aggregation")
+        refs, self._weight_refs = self._weight_refs, []
+        if not self.edges:
+            return self._get(self.server.aggregate_split.remote(rnd, results, *refs))
+        groups = self.clients.by_edge(results)
+        reports = [edge.aggregate_split.remote(rnd, groups[b], *refs)
+                   for b, edge in self.edges.items()]
+        return self._get(self.server.aggregate_edges.remote(rnd, results, *reports))
+
+    def evaluate(self, rnd: int, clients: list[int]) -> list[Evaluation]:
+        self._no_plan_ahead("an evaluation")
+        tasks = weights_by_reference(
+            self._ray, self._get(self.server.evaluation_tasks.remote(rnd, clients)))
+        refs = [self.hosts[h].evaluate.remote(rnd, g)
+                for h, g in self.clients.by_host(tasks).items()]
+        return sorted(x for part in self._get(refs) for x in part)
+
+    def state(self, known_blobs: set[str] | None = None) -> ExecutorState:
+        self._no_plan_ahead("a checkpoint")
+        server, *rest = self._get([self.server.state_dict.remote(known_blobs),
+                                   *(e.state_dict.remote(known_blobs)
+                                     for e in self.edges.values()),
+                                   *(h.state_dict.remote(known_blobs) for h in self.hosts)])
+        n = len(self.edges)
+        return collect(server, rest[n:], dict(zip(self.edges, rest[:n], strict=True)))
+
+    def load_state(self, st: ExecutorState) -> None:
+        legacy = self._get(self.server.load_state_dict.remote(st.server))
+        edges = self.clients.edge_states(st, legacy)
+        refs = [edge.load_state_dict.remote(edges[b]) for b, edge in self.edges.items()]
+        refs += [host.load_state_dict.remote(hs)
+                 for host, hs in zip(self.hosts, self.clients.host_states(st), strict=True)]
+        self._get(refs)
+
+    def host_rss_bytes(self) -> list[int]:
+        return self._get([h.rss_bytes.remote() for h in self.hosts])
+
+    def actor_pids(self) -> dict[str, list[int]]:
+        """Process ids of the central-server actor, of the edge-server actors (in edge
+        server order; none for a flat algorithm) and of the host actors."""
+        return {"server": [self._get(self.server.pid.remote())],
+                "edges": self._get([e.pid.remote() for e in self.edges.values()]),
+                "hosts": self._get([h.pid.remote() for h in self.hosts])}
+
+    def close(self) -> None:
+        self._kill_all()
+        # a host killed while it made its file (ray.kill does not wait) may have made it
+        # after its start's sweep: every start's files are swept again
+        for prefix in self._all_prefixes:
+            shared_uploads.remove(prefix)
+        if self._owns_ray:
+            self._ray.shutdown()

@@ -1,0 +1,212 @@
+"""The rounds of a run, with checkpoints and recovery from actor deaths."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mecsim.run.backends.base import ActorFailure, ExecutorState
+from mecsim.run.backends.placement import PlacementTimeout
+from mecsim.run.chaos import kill_point
+from mecsim.run.observers import RunObserver
+from mecsim.run.round import run_round
+from mecsim.run.setup import RunFailed, RunSetup, prepare
+from mecsim.scenario import Scenario
+from mecsim.store.checkpoints import Checkpoint, CheckpointStore, scenario_digest
+
+#: Actor deaths recovered from without a round finishing in between before giving up.
+MAX_RECOVERIES = 3
+
+
+_SAME_COLUMNS = ("selected", "completed", "bytes_up", "bytes_down", "client_gflops",
+                 "elapsed_s", "mean_accuracy", "train_loss")
+
+
+class _Loop:
+    """The rounds of one run, with checkpoints and recovery from actor deaths."""
+
+    def __init__(self, rs: RunSetup, observers, store: CheckpointStore | None,
+                 start: Checkpoint | None, prior_rows: list[dict[str, Any]],
+                 should_stop: Callable[[], bool | str] | None) -> None:
+        self.rs, self.observers, self.store = rs, list(observers), store
+        self.should_stop = should_stop
+        self.rows = list(prior_rows)
+        self.rnd = start.rounds_done if start else 0
+        self.elapsed_s = start.elapsed_s if start else 0.0
+        self.base = start  # the newest checkpoint of this history (None: the start)
+        sc = rs.info.scenario
+        self.every = sc.checkpoint.every if store is not None else 0
+
+    def _emit(self, name: str, *args: Any) -> None:
+        for obs in self.observers:
+            getattr(obs, name)(self.rs.info, *args)
+
+    def _checkpoint(self) -> None:
+        assert self.store is not None
+        st = self.rs.executor.state(self.store.blob_keys())
+        ckpt = Checkpoint(self.rnd, self.elapsed_s, st.server, st.clients, st.costs,
+                          blobs=st.blobs, edges=st.edges)
+        path = self.store.save(ckpt)
+        self.base = Checkpoint(ckpt.rounds_done, ckpt.elapsed_s, None, {}, None, path)
+        self._emit("on_checkpoint", self.rnd, self.store.last_bytes, self.store.last_seconds)
+
+    def _recover(self, failure: ActorFailure) -> None:
+        """New actors, restored from the newest checkpoint (or the run's start); the
+        rounds after it are re-executed without being recorded again."""
+        rs = self.rs
+        try:
+            rs.executor.restart()
+        except PlacementTimeout as exc:
+            raise RunFailed(f"{exc}, after {failure}") from None
+        self._emit("on_placement", self.rnd, rs.executor.placement())
+        target = self.rnd
+        if self.base is not None:
+            ckpt = self.store.load(self.base.path) if self.base.path is not None else self.base
+            rs.executor.load_state(ExecutorState(ckpt.server, ckpt.clients, ckpt.costs,
+                                                 edges=ckpt.edges))
+            redo, elapsed = ckpt.rounds_done, ckpt.elapsed_s
+        else:
+            redo, elapsed = 0, 0.0
+        for r in range(redo, target):
+            row, _, _ = run_round(rs, r, elapsed)
+            elapsed = row["elapsed_s"]
+            recorded = self.rows[r] if r < len(self.rows) else None
+            if recorded is not None and any(
+                    not _same(row[k], recorded.get(k)) for k in _SAME_COLUMNS):
+                print(f"mecsim: warning: round {r + 1}, re-executed after an actor died, "
+                      "differs from its record", file=sys.stderr)
+        self.elapsed_s = elapsed
+
+    def run(self) -> str:
+        """Run the remaining rounds; returns ``finished`` or ``cancelled``."""
+        sc = self.rs.info.scenario
+        faults_in_round, recoveries = 0, 0
+        while self.rnd < sc.rounds:
+            kill_point(f"round-start:{self.rnd}")
+            try:
+                checkpoint_next = bool(self.every) and (self.rnd + 1) % self.every == 0
+                row, client_rows, traces = run_round(self.rs, self.rnd, self.elapsed_s,
+                                                     plan_next=not checkpoint_next)
+            except ActorFailure as exc:
+                faults_in_round, recoveries = faults_in_round + 1, recoveries + 1
+                self._emit("on_fault", self.rnd, str(exc))
+                if recoveries > MAX_RECOVERIES:
+                    raise RunFailed(f"actors died {recoveries} times without a round "
+                                    f"finishing in between (last: {exc})") from exc
+                self._recover(exc)
+                continue
+            row["faults"] = faults_in_round
+            faults_in_round = recoveries = 0
+            self.rows.append(row)
+            self.elapsed_s = row["elapsed_s"]
+            self.rnd += 1
+            self._emit("on_round_end", row, client_rows, traces)
+            kill_point(f"round-end:{self.rnd - 1}")
+            if self.every and (self.rnd % self.every == 0 or self.rnd == sc.rounds):
+                while True:
+                    try:
+                        self._checkpoint()
+                        break
+                    except ActorFailure as exc:
+                        # counted in the next round's row (this one's is written)
+                        faults_in_round, recoveries = faults_in_round + 1, recoveries + 1
+                        self._emit("on_fault", self.rnd - 1, str(exc))
+                        if recoveries > MAX_RECOVERIES:
+                            raise RunFailed(f"actors died {recoveries} times while "
+                                            f"checkpointing (last: {exc})") from exc
+                        self._recover(exc)
+            if self.should_stop is not None and self.rnd < sc.rounds:
+                stop = self.should_stop()
+                if stop:
+                    return stop if stop in ("cancelled", "interrupted") else "cancelled"
+        return "finished"
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        fa, fb = float(a), float(b)
+    except (TypeError, ValueError):
+        return a == b
+    return fa == fb or (np.isnan(fa) and np.isnan(fb))
+
+
+@dataclass
+class ResumePoint:
+    """Where a run continues: its newest usable checkpoint (None: from the start) and the
+    round rows already recorded up to it."""
+
+    checkpoint: Checkpoint | None
+    rows: list[dict[str, Any]]
+
+
+@contextlib.contextmanager
+def _heap_frozen() -> Iterator[None]:
+    """While the rounds run, what this process held before them (torch, Ray, the data,
+    the set-up) is exempt from Python's cyclic garbage collector, whose full collections
+    would otherwise walk it all, a stall of tens of milliseconds in the rounds they fall
+    in. Afterwards it is collectable again (a service runs many runs in one process)."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+def run(scenario: Scenario, run_id: str, out_dir=None, observers: list[RunObserver] = (),
+        *, should_stop: Callable[[], bool | str] | None = None,
+        resume: ResumePoint | None = None, **prepare_kwargs) -> list[dict[str, Any]]:
+    """Run every round of ``scenario``; returns the round rows.
+
+    With ``out_dir``, a checkpoint is written after every ``checkpoint.every`` rounds
+    (and after the last) to ``out_dir/checkpoints``. ``resume`` continues a run from
+    its checkpoint (see :mod:`mecsim.store.runfolder`). ``should_stop`` is asked after every
+    round; when it returns True (or ``"cancelled"``, or ``"interrupted"``: the status the
+    run then gets) the run stops there, keeping the rounds done (the service cancelling a
+    run, or stopping). A Ray actor that dies is re-created and restored
+    from the last checkpoint, and the round re-executed (``faults`` column).
+
+    Observers hear how the run ends: ``on_run_end`` when every round is done,
+    ``on_run_stopped`` otherwise (then the exception, if any, propagates).
+    """
+    rs = prepare(scenario, run_id, out_dir, **prepare_kwargs)
+    store = None
+    if out_dir is not None and scenario.checkpoint.every > 0:
+        store = CheckpointStore(out_dir, run_id, scenario_digest(scenario),
+                                scenario.checkpoint.keep)
+    start = resume.checkpoint if resume else None
+    loop = _Loop(rs, observers, store, start, resume.rows if resume else [], should_stop)
+    try:
+        if start is not None:
+            rs.executor.load_state(ExecutorState(start.server, start.clients, start.costs,
+                                                 edges=start.edges))
+        rs.info.resumed_from = loop.rnd
+        if resume is not None:
+            loop._emit("on_run_resume", list(loop.rows))
+        else:
+            loop._emit("on_run_start")
+        loop._emit("on_placement", loop.rnd, rs.executor.placement())
+        with _heap_frozen():
+            status = loop.run()
+    except BaseException as exc:
+        status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+        message = "" if status == "interrupted" else f"{type(exc).__name__}: {exc}"
+        try:
+            loop._emit("on_run_stopped", loop.rows, status, message)
+        finally:
+            rs.executor.close()
+        raise
+    try:
+        if status == "finished":
+            loop._emit("on_run_end", loop.rows)
+        else:
+            loop._emit("on_run_stopped", loop.rows, status, "")
+    finally:
+        rs.executor.close()
+    return loop.rows

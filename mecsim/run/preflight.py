@@ -1,0 +1,413 @@
+"""Pre-flight: everything that would stop a run, found before anything starts.
+
+:func:`check` runs after the schema (:mod:`mecsim.scenario`) and before Ray starts or a
+folder is created; ``mecsim validate`` and ``mecsim run`` both call it, and so can
+anything else that starts runs. It looks at what the schema cannot see alone:
+
+- **outputs**: the run folder is ``outputs.dir/<run id>``, must not exist yet, and
+  ``outputs.dir`` must be (or be creatable as) a writable directory;
+- **metrics**: the host resolves, is a loopback address unless ``metrics.public`` is set
+  (then a warning), and the port can be listened on (not in use, not privileged for this
+  user);
+- **Ray**: an ``execution.ray_address`` names a host that resolves and a port that
+  answers;
+- **data**: ``dataset.root`` is a directory, the files load (CIFAR batches through the
+  restricted unpickler), and the partition gives every client data;
+- **model and memory**: the model takes the dataset's input; the memory of one training
+  step at ``training.batch_size`` (``mecsim.agents.training.step_cost_on_meta``: the accounting
+  of a real step, run on PyTorch's meta device: exact, for any batch, without allocating
+  it) fits every client device's RAM and this machine's RAM;
+- **algorithm**: each algorithm's own cross-field checks
+  (``ServerAlgorithm.check_scenario``: MTFL's optimiser, PHSFL's cut layer, DC-PFL's full
+  participation, ...) and its server built on the real model layout;
+- **channel**: a trace path is a readable regular file whose rows parse, and the channel
+  gives every client finite rates.
+
+Every problem is one line ``FILE: FIELD: message``; :func:`check` raises
+:class:`~mecsim.scenario.ScenarioError` with all of them, so a caller exits with code 2
+having started and written nothing.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import os
+import socket
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mecsim.run.torch_rng import untouched
+from mecsim.scenario import Scenario, ScenarioError, TraceChannelConfig
+
+MiB = 1024 * 1024
+EMBEDDED = ("mnist-embedded", "mnist-embedded-3x32")
+RAY_CONNECT_TIMEOUT_S = 2.0
+
+
+@dataclass(frozen=True)
+class Problem:
+    field: str  # dotted scenario path, e.g. "training.batch_size"
+    message: str
+
+
+@dataclass
+class Findings:
+    problems: list[Problem] = field(default_factory=list)
+    warnings: list[Problem] = field(default_factory=list)
+
+    def problem(self, where: str, message: str) -> None:
+        p = Problem(where, " ".join(str(message).split()))  # always one line
+        if p not in self.problems:
+            self.problems.append(p)
+
+    def warn(self, where: str, message: str) -> None:
+        self.warnings.append(Problem(where, " ".join(str(message).split())))
+
+
+def check(scenario: Scenario, source: str, *, run_dir: str | Path | None = None,
+          backend: str | None = None, hosts: int | None = None,
+          ray_address: str | None = None, resume: bool = False) -> list[str]:
+    """Raise ScenarioError listing every problem (``source: field: message``), or return
+    the warnings as lines. ``run_dir`` (the run's folder) is checked when given: directly
+    inside ``outputs.dir`` and new — or, with ``resume=True``, existing (a run being
+    continued). ``backend``, ``hosts`` and ``ray_address`` override the scenario's as in
+    :func:`mecsim.run.setup.prepare`."""
+    found = find_problems(scenario, run_dir=run_dir, backend=backend, hosts=hosts,
+                          ray_address=ray_address, resume=resume)
+    if found.problems:
+        raise ScenarioError("\n".join(f"{source}: {p.field}: {p.message}"
+                                      for p in found.problems))
+    return [f"{source}: warning: {w.field}: {w.message}" for w in found.warnings]
+
+
+def find_problems(scenario: Scenario, *, run_dir: str | Path | None = None,
+                  backend: str | None = None, hosts: int | None = None,
+                  ray_address: str | None = None, resume: bool = False) -> Findings:
+    # numeric warnings (overflow in a channel draw...) would be stray lines on stderr;
+    # what they warn of is checked and reported as a problem instead
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return _find_problems(scenario, run_dir, backend, hosts, ray_address, resume)
+
+
+def _find_problems(scenario: Scenario, run_dir: str | Path | None, backend: str | None,
+                   hosts: int | None, ray_address: str | None, resume: bool) -> Findings:
+    found = Findings()
+    backend = backend or scenario.execution.backend
+    address = ray_address or scenario.execution.ray_address
+    check_outputs(scenario, None if run_dir is None else Path(run_dir), found, resume)
+    if scenario.metrics.enabled:
+        check_metrics(scenario.metrics.host, scenario.metrics.port, scenario.metrics.public,
+                      found)
+    if backend == "ray" and address:
+        check_ray_address(address, found)
+    pools = check_dataset(scenario, found)
+    built = check_model_and_memory(scenario, pools, backend, hosts, address, found)
+    if built is not None:
+        check_algorithm(scenario, *built, found)
+    check_channel(scenario, found)
+    return found
+
+
+# ----------------------------------------------------------------------------- outputs
+
+
+def check_outputs(scenario: Scenario, run_dir: Path | None, found: Findings,
+                  resume: bool = False) -> None:
+    """``outputs.dir`` can hold run folders; the run folder (``run_dir``, or the
+    scenario's own ``outputs.run_id`` under it) is directly inside it and new (or, when
+    resuming, an existing folder)."""
+    base = Path(scenario.outputs.dir).expanduser()
+    if run_dir is None and scenario.outputs.run_id is not None:
+        run_dir = base / scenario.outputs.run_id
+    if run_dir is not None:
+        run_dir = run_dir.expanduser()
+        if os.path.abspath(run_dir.parent) != os.path.abspath(base) or \
+                run_dir.name in ("", ".", ".."):
+            found.problem("outputs.run_id", f"the run folder {run_dir} would not be directly "
+                          f"inside outputs.dir {base}")
+            return
+    existing = base
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        found.problem("outputs.dir", f"{existing} is not a directory, so {base} cannot hold "
+                      "run folders")
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        what = "create run folders in" if existing == base else f"create {base} under"
+        found.problem("outputs.dir", f"no permission to {what} {existing}")
+    elif run_dir is not None and resume:
+        if not run_dir.is_dir():
+            found.problem("outputs.run_id", f"there is no run folder {run_dir} to resume")
+    elif run_dir is not None and os.path.lexists(run_dir):
+        found.problem("outputs.run_id", f"the run folder {run_dir} already exists; choose "
+                      "another run id (--run-id)")
+
+
+# ----------------------------------------------------------------------------- network
+
+
+def _resolve(host: str, port: int | None) -> list[tuple[Any, ...]]:
+    return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def check_metrics(host: str, port: int, public: bool, found: Findings) -> None:
+    """The metrics endpoint: host resolves and is loopback (or allowed public), port free."""
+    try:
+        infos = _resolve(host, port or None)
+    except (OSError, UnicodeError) as exc:
+        found.problem("metrics.host", f"cannot resolve {host!r} "
+                      f"({getattr(exc, 'strerror', None) or exc})")
+        return
+    addresses = sorted({info[4][0] for info in infos})
+    if not all(_is_loopback(a) for a in addresses):
+        if not public:
+            found.problem("metrics.host", f"{host} is not a loopback address, so /metrics "
+                          "would be reachable from other machines; set metrics.public: true "
+                          "(mecsim run --metrics-public) to allow it")
+        else:
+            found.warn("metrics.host", f"/metrics will be served on {host} "
+                       f"({', '.join(addresses)}), reachable from other machines")
+    if port == 0:
+        return  # any free port: chosen when the endpoint starts
+    family, _, _, _, sockaddr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the HTTP server does
+        try:
+            s.bind(sockaddr)
+        except PermissionError:
+            found.problem("metrics.port", f"port {port} is privileged (below 1024) and this "
+                          "user may not listen on it; choose a port from 1024 up, or 0 for "
+                          "any free port")
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                found.problem("metrics.port", f"port {port} on {host} is in use; choose "
+                              "another (--metrics-port), or 0 for any free port")
+            elif exc.errno == errno.EADDRNOTAVAIL:
+                found.problem("metrics.host", f"{host} is not an address of this machine")
+            else:
+                found.problem("metrics.port", f"cannot listen on {host}:{port} "
+                              f"({exc.strerror})")
+
+
+def check_ray_address(address: str, found: Findings) -> None:
+    """``auto`` or ``[ray://]HOST:PORT`` whose host resolves and whose port answers."""
+    if address in ("auto", "local"):
+        return
+    host, sep, port_text = address.removeprefix("ray://").rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        found.problem("execution.ray_address", f"{address!r} is not 'auto', HOST:PORT or "
+                      "ray://HOST:PORT")
+        return
+    try:
+        infos = _resolve(host, int(port_text))
+    except (OSError, UnicodeError) as exc:
+        found.problem("execution.ray_address", f"cannot resolve {host!r} "
+                      f"({getattr(exc, 'strerror', None) or exc})")
+        return
+    family, _, _, _, sockaddr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.settimeout(RAY_CONNECT_TIMEOUT_S)
+        try:
+            s.connect(sockaddr)
+        except OSError as exc:
+            found.problem("execution.ray_address", f"nothing answers at {host}:{port_text} "
+                          f"({exc.strerror or 'timed out'}); is the Ray head running?")
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def check_dataset(scenario: Scenario, found: Findings):
+    """Load the data and partition it as the run will; the pools, or None."""
+    from mecsim.data import load_dataset, partition
+
+    ds = scenario.dataset
+    if ds.name not in EMBEDDED:
+        if ds.root is None:
+            found.problem("dataset.root", f"dataset {ds.name} is read from files: set "
+                          "dataset.root to the directory holding them (nothing is "
+                          "downloaded)")
+            return None
+        root = Path(ds.root).expanduser()
+        if not root.exists():
+            found.problem("dataset.root", f"{root}: no such directory")
+            return None
+        if not root.is_dir():
+            found.problem("dataset.root", f"{root} is not a directory")
+            return None
+    # the run's own draws (mecsim.run.setup.prepare): the same split, partition and sizes
+    rng = np.random.default_rng(np.random.SeedSequence([scenario.seed, 1]))
+    try:
+        pools = load_dataset(ds.name, ds.root, ds.train_size, ds.test_size, rng)
+    except FileNotFoundError as exc:
+        found.problem("dataset.root", str(exc))
+        return None
+    except (ValueError, OSError) as exc:
+        found.problem("dataset", str(exc))
+        return None
+    n = scenario.topology.clients
+    if len(pools.train) < n:
+        found.problem("topology.clients", f"{n} clients, but the train pool has only "
+                      f"{len(pools.train)} samples (dataset.train_size): every client needs "
+                      "at least one")
+        return pools
+    params = ds.partition.model_dump(exclude={"method"})
+    try:
+        partition(pools, n, ds.partition.method, rng, **params)
+    except ValueError as exc:
+        found.problem("dataset.partition", str(exc))
+    return pools
+
+
+# ----------------------------------------------------------------------------- model
+
+
+def check_model_and_memory(scenario: Scenario, pools, backend: str, hosts: int | None,
+                           address: str | None, found: Findings):
+    """Build the model for the data; check the batch and the step memory. Returns
+    (model, layout, init_weights, train config) or None."""
+    import psutil
+    from torch import nn
+
+    from mecsim.agents.algorithms import TrainConfig
+    from mecsim.agents.models import build_model, get_flat, model_layout
+    from mecsim.agents.training import step_cost_on_meta
+    from mecsim.data import DATASET_SHAPES
+    from mecsim.emulation.network import device_profiles
+
+    name, t = scenario.model.name, scenario.training
+    if pools is not None:
+        in_shape = tuple(int(s) for s in pools.train.images.shape[1:])
+        num_classes = pools.train.num_classes
+    else:
+        in_shape, num_classes = DATASET_SHAPES[scenario.dataset.name]
+    train = TrainConfig(t.epochs, t.batch_size, t.optimizer, t.lr, t.momentum, t.weight_decay)
+    with untouched():  # leave the global torch RNG (a run's initial model) alone
+        try:
+            model = build_model(name, in_shape, num_classes)
+            has_bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm)
+                         for m in model.modules())
+            batch = max(t.batch_size, 2) if has_bn else t.batch_size
+            def step_bytes_at(b: int) -> int:
+                return step_cost_on_meta(name, in_shape, num_classes, t.optimizer, b, t.lr,
+                                         t.momentum, t.weight_decay).memory_bytes
+
+            step_bytes = step_bytes_at(batch)
+        except (RuntimeError, ValueError, TypeError, OverflowError) as exc:
+            shape = "x".join(str(s) for s in in_shape)
+            found.problem("model", f"{name} cannot train on {scenario.dataset.name}'s "
+                          f"{shape} images: {str(exc).splitlines()[0] if str(exc) else exc}")
+            return None
+    layout = model_layout(model)
+    if has_bn and t.batch_size < 2:
+        found.problem("training.batch_size", f"{name} has BatchNorm layers, which cannot "
+                      "train on a batch of 1: use a batch_size of 2 or more")
+    need = f"a training step of {name} at batch {t.batch_size} needs {step_bytes / MiB:,.1f} MiB"
+    profiles = device_profiles(scenario)
+
+    def largest_batch(ram: int) -> str:
+        """A hint: the largest batch whose step fits ``ram`` (the cost is affine in the
+        batch: constant weights and optimiser state, per-sample batch and activations)."""
+        with untouched():
+            b2, b3 = step_bytes_at(2), step_bytes_at(3)
+        fixed, per_sample = b2 - 2 * (b3 - b2), max(b3 - b2, 1)
+        fits = (ram - fixed) // per_sample
+        return f"batches up to about {fits:,} fit" if fits >= 2 else "no batch fits"
+
+    for profile in sorted(set(scenario.client_profiles())):
+        ram = profiles[profile].ram_bytes
+        if step_bytes > ram:
+            found.problem("training.batch_size", f"{need}, more than the {ram / MiB:,.0f} MiB "
+                          f"of RAM of device profile {profile!r} ({largest_batch(ram)})")
+    if not (backend == "ray" and address):  # the hosts train on this machine
+        n = scenario.topology.clients
+        workers = 1 if backend == "local" else \
+            max(1, min(hosts or scenario.execution.hosts or os.cpu_count() or 1, n))
+        total = psutil.virtual_memory().total
+        if step_bytes * workers > total:
+            who = "one process" if workers == 1 else f"each of {workers} host processes"
+            found.problem("training.batch_size", f"{need} in {who}, more than this "
+                          f"machine's {total / MiB:,.0f} MiB of RAM")
+    with untouched():
+        init = get_flat(model, layout)
+    return model, layout, init, train
+
+
+def check_algorithm(scenario: Scenario, model, layout, init_weights, train,
+                    found: Findings) -> None:
+    """The algorithm's own cross-field checks, then its server and client sides built on
+    the real layout (two stand-in clients: what a constructor checks does not depend on
+    how many there are)."""
+    from mecsim.agents.algorithms import ALGORITHMS
+
+    server_cls, client_cls = ALGORITHMS[scenario.algorithm.name]
+    params = server_cls.Params(**scenario.algorithm.params)
+    own = server_cls.check_scenario(params, train=train, model=model, layout=layout,
+                                    clients=scenario.topology.clients,
+                                    participation=scenario.topology.participation)
+    for where, message in own:
+        found.problem(where, message)
+    if own:
+        return
+    try:
+        with untouched():
+            server_cls(layout, init_weights, {0: 1, 1: 1}, scenario.topology.participation,
+                       dict(scenario.algorithm.params))
+            client_cls(dict(scenario.algorithm.params))
+    except ValueError as exc:
+        found.problem("algorithm", str(exc))
+
+
+# ----------------------------------------------------------------------------- channel
+
+
+def check_channel(scenario: Scenario, found: Findings) -> None:
+    from mecsim.emulation.network import NetworkModel, device_profiles
+
+    cfg = scenario.channel
+    where = "channel"
+    if isinstance(cfg, TraceChannelConfig):
+        where = "channel.path"
+        path = Path(cfg.path).expanduser()
+        if not path.exists():
+            found.problem(where, f"{path}: no such file")
+            return
+        if path.is_dir():
+            found.problem(where, f"{path} is a directory, not a trace CSV file")
+            return
+        if not path.is_file():
+            found.problem(where, f"{path} is not a regular file")
+            return
+        if not os.access(path, os.R_OK):
+            found.problem(where, f"{path} is not readable")
+            return
+    try:
+        net = NetworkModel(scenario, device_profiles(scenario))
+        n = scenario.topology.clients
+        # one draw of a round's channel for every client (vectorised; the run's own
+        # draws come from other streams of the seed, from the same distributions)
+        ch = net.channel.draw_round(net.radio, np.arange(n),
+                                    np.random.default_rng(scenario.seed), time_s=0.0)
+    except (ValueError, OSError, UnicodeDecodeError) as exc:
+        found.problem(where, str(exc))
+        return
+    for direction in ("uplink", "downlink"):
+        rates = np.asarray(getattr(ch, f"{direction}_rate_bps"), dtype=float)
+        bad = np.flatnonzero(~np.isfinite(rates))
+        if bad.size:
+            found.problem(where, f"the {direction} rate of client {int(bad[0])} is not a finite "
+                          f"number ({rates[bad[0]]}): check the channel's parameters")

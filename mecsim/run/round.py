@@ -1,0 +1,191 @@
+"""The round loop, written once: plan -> execute -> time -> aggregate -> record.
+
+1. **Plan**: the algorithm's server side picks the round's clients and what each downloads.
+2. **Execute**: the selected clients train for real on their hosts; each returns its
+   update and its op-trace.
+3. **Time**: the SimPy engine plays the op-traces through the round's network and the
+   device CPUs; with a deadline, late clients are dropped before aggregation.
+4. **Aggregate**: the server aggregates what made the deadline (measured: wall time,
+   FLOPs, RSS); its emulated time comes from the edge server's device profile.
+5. **Record**: observers (records, metrics, progress) receive the round's rows.
+
+Observers implement :class:`RunObserver`'s do-nothing hooks; the loop knows nothing of
+files, Prometheus or progress bars.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from mecsim.emulation import faults
+from mecsim.emulation.energy import client_energy, round_energy
+from mecsim.emulation.engine import time_round
+from mecsim.emulation.ops import Compute, op_to_dict, trace_bytes, trace_flops
+from mecsim.run.setup import MiB, RunSetup
+
+
+def _mean(values: list[float]) -> float:
+    """Mean ignoring NaN (a client without test data has NaN accuracy)."""
+    finite = [v for v in values if not np.isnan(v)]
+    return float(np.mean(finite)) if finite else float("nan")
+
+
+def _status(cid: int, completed: set[int], rejected: set[int], rf: faults.RoundFaults,
+            finish_s: float) -> str:
+    if cid in rf.outage or (cid not in completed and np.isinf(finish_s)):
+        return "outage"
+    if cid in rf.crash_at:
+        return "crashed"
+    if cid in rf.dropout:
+        return "dropped_out"
+    if cid not in completed:
+        return "dropped_deadline"
+    return "rejected_nonfinite" if cid in rejected else "completed"
+
+
+def run_round(rs: RunSetup, rnd: int, elapsed_s: float, *, plan_next: bool = False
+              ) -> tuple[dict, list[dict], dict]:
+    """One round; returns (round row, client rows, op-traces record).
+
+    ``plan_next``: the run loop goes straight on to the next round (no checkpoint in
+    between, not the last round), so, when this round does not evaluate either, the
+    executor is asked to plan it ahead (:meth:`LocalExecutor.plan_ahead`)."""
+    sc = rs.info.scenario
+    last = rnd == sc.rounds - 1
+    evaluates = (rnd + 1) % sc.evaluation.every == 0 or last
+    plan_ahead = plan_next and not evaluates  # the last round always evaluates
+    wall0 = time.perf_counter()
+    selected, tasks = rs.executor.plan(rnd)
+    rf = faults.draw_round(sc.faults, sc.seed, rnd, selected)
+    # a client whose link is down all round cannot receive the model: it does not train
+    trained = [t for t in tasks if t.client_id not in rf.outage]
+    # streamed: the clients the round will aggregate, known before it is timed
+    fold = frozenset(t.client_id for t in trained) - set(rf.failed) if rs.streams else None
+    results = rs.executor.fit(rnd, trained, frozenset(rf.crash_at), fold=fold)
+    train_wall = time.perf_counter() - wall0
+    if plan_ahead and rs.streams:  # the server has been asked for all of this round's work
+        rs.executor.plan_ahead(rnd + 1)
+    traces = {r.client_id: r.trace for r in results}
+    for cid, at in rf.crash_at.items():
+        traces[cid] = faults.crash_trace(traces[cid], at)
+    for cid in rf.dropout:
+        traces[cid] = faults.dropout_trace(traces[cid])
+    for t in tasks:
+        if t.client_id in rf.outage:
+            traces[t.client_id] = faults.outage_trace(t.download_nbytes)
+    traces = {cid: traces[cid] for cid in sorted(traces)}
+    specs, servers, net, channel_rows = rs.network.round(rnd, selected, elapsed_s)
+    specs = faults.apply_to_specs(specs, sc.faults, rs.slowdown, elapsed_s, rf.outage)
+    failed = set(rf.failed)
+    wait_for = faults.wait_for_count(sc.faults, len(selected))
+
+    timing = time_round(traces, specs, servers, net, failed=failed, wait_for=wait_for)
+    completed_ids = {c.client_id for c in timing.clients if c.completed}
+    if fold is not None and completed_ids != fold:
+        raise RuntimeError(
+            f"round {rnd}: the aggregate was streamed for clients that the timing did not "
+            f"complete ({sorted(fold - completed_ids)[:5]}) or without clients it did "
+            f"({sorted(completed_ids - fold)[:5]}); set execution.stream_aggregation: off "
+            "and report this scenario")
+    agg = rs.executor.aggregate(rnd, [r for r in results if r.client_id in completed_ids])
+    if plan_ahead and not rs.streams:
+        rs.executor.plan_ahead(rnd + 1)
+    rejected = set(agg.rejected)
+    aggregate_s = rs.server_profile.compute_time_s(agg.flops, 0)
+    timing = time_round(traces, specs, servers, net, aggregate_s=aggregate_s, failed=failed,
+                        wait_for=wait_for)
+
+    evals: dict[int, tuple[float, float]] = {}
+    eval_extras: dict[int, dict[str, float]] = {}  # an algorithm's own per-client figures
+    if evaluates:
+        who = list(range(sc.topology.clients)) if sc.evaluation.clients == "all" else selected
+        for cid, acc, loss, _, *extra in rs.executor.evaluate(rnd, who):
+            evals[cid] = (acc, loss)
+            if extra:
+                eval_extras[cid] = extra[0]
+
+    by_id = {r.client_id: r for r in results}
+    tl_by_id = {c.client_id: c for c in timing.clients}
+    statuses: dict[int, str] = {}
+    client_rows: list[dict[str, Any]] = []
+    for cid in sorted(set(selected) | set(evals)):
+        row: dict[str, Any] = {"run_id": rs.info.run_id, "round": rnd, "client_id": cid,
+                               "device": rs.info.client_devices[cid],
+                               "edge_server": sc.edge_server_of(cid),
+                               "selected": cid in tl_by_id}
+        if cid in tl_by_id:
+            tl = tl_by_id[cid]
+            statuses[cid] = status = _status(cid, completed_ids, rejected, rf, tl.finish_s)
+            up, down = trace_bytes(traces[cid])
+            row.update(status=status, completed=status == "completed",
+                       start_s=tl.start_s, finish_s=tl.finish_s,
+                       download_s=tl.download_s, compute_s=tl.compute_s,
+                       upload_s=tl.upload_s, server_compute_s=tl.server_compute_s,
+                       bytes_up=up, bytes_down=down)
+            if cid in by_id:
+                r = by_id[cid]
+                flops, steps = r.flops, r.steps
+                if cid in rf.crash_at:  # the device did only the part before its crash
+                    flops = trace_flops(traces[cid])[0]
+                    steps = sum(op.batches for op in traces[cid] if isinstance(op, Compute))
+                row.update(gflops=flops / 1e9, steps=steps,
+                           num_samples=r.num_samples, train_loss=r.train_loss,
+                           peak_memory_mb=r.peak_memory_bytes / MiB,
+                           host_train_s=r.host_seconds)
+            row.update(channel_rows.get(cid, {}))
+            row.update(client_energy(rs.network.devices[cid], tl, traces[cid], specs[cid],
+                                     timing.round_time_s))
+        if cid in evals:
+            row["accuracy"], row["test_loss"] = evals[cid]
+        client_rows.append(row)
+
+    def count(status: str) -> int:
+        return sum(s == status for s in statuses.values())
+
+    accs = [a for a, _ in evals.values() if not np.isnan(a)]
+    up_total = sum(trace_bytes(t)[0] for t in traces.values())
+    down_total = sum(trace_bytes(t)[1] for t in traces.values())
+    round_row = {
+        "run_id": rs.info.run_id, "round": rnd, "algorithm": sc.algorithm.name,
+        "selected": len(selected), "completed": count("completed"),
+        "dropped": len(selected) - count("completed"),
+        "dropped_deadline": count("dropped_deadline"), "crashed": count("crashed"),
+        "dropped_out": count("dropped_out"), "outage": count("outage"),
+        "rejected": count("rejected_nonfinite"), "faults": 0,
+        "round_time_s": timing.round_time_s, "dl_time_s": timing.download_s,
+        "client_time_s": timing.client_s, "ul_time_s": timing.upload_s,
+        "server_time_s": timing.server_s, "backhaul_time_s": timing.backhaul_s,
+        "idle_time_s": timing.idle_s,
+        "elapsed_s": elapsed_s + timing.round_time_s,
+        "bytes_up": up_total, "bytes_down": down_total,
+        **round_energy(c for c in client_rows if c.get("selected")),
+        "client_gflops": sum(trace_flops(traces[r.client_id])[0] if r.client_id in rf.crash_at
+                             else r.flops for r in results) / 1e9,
+        "server_gflops": agg.flops / 1e9,
+        "server_rss_mb": agg.rss_bytes / MiB,
+        "client_peak_mb": max((r.peak_memory_bytes for r in results), default=0) / MiB,
+        "mean_accuracy": _mean(accs),
+        "min_accuracy": min(accs) if accs else float("nan"),
+        "max_accuracy": max(accs) if accs else float("nan"),
+        "mean_test_loss": _mean([lo for _, lo in evals.values()]),
+        "train_loss": _mean([r.train_loss for r in results]),
+        "host_wall_s": float("nan"),  # set last (its place among the columns kept)
+        "host_train_wall_s": train_wall,
+        "host_aggregate_s": agg.wall_s,
+        **agg.metrics,
+        **{f"mean_{k}": _mean([e[k] for e in eval_extras.values()])
+           for k in sorted({k for e in eval_extras.values() for k in e})},
+    }
+    trace_record = {
+        "round": rnd, "aggregate_flops": agg.flops, "selected": list(selected),
+        "clients": {str(cid): [op_to_dict(op) for op in tr] for cid, tr in traces.items()},
+    }
+    if failed or rf.outage:  # what replay needs to re-time a faulted round the same way
+        trace_record["failed"] = {str(c): st for c, st in sorted(rf.failed.items())}
+        trace_record["outage"] = sorted(rf.outage)
+    # the whole round in this process, its records built (not yet written) included
+    round_row["host_wall_s"] = time.perf_counter() - wall0
+    return round_row, client_rows, trace_record

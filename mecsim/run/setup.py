@@ -1,0 +1,147 @@
+"""A run's set-up: data, partition, model, network, and its executor started."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from mecsim.agents.algorithms import TrainConfig, algorithm_classes
+from mecsim.agents.host import HostSetup
+from mecsim.agents.models import build_model, get_flat, model_layout
+from mecsim.agents.training import make_optimizer, measured_step
+from mecsim.data import heterogeneity_dkl, load_dataset, partition
+from mecsim.emulation import faults
+from mecsim.emulation.devices import DeviceProfile
+from mecsim.emulation.network import NetworkModel, device_profiles
+from mecsim.run import torch_rng
+from mecsim.run.backends.local import LocalExecutor
+from mecsim.run.backends.placement import PlacementTimeout
+from mecsim.run.backends.ray_executor import RayExecutor
+from mecsim.run.observers import RunInfo
+from mecsim.scenario import Scenario
+
+
+class RunFailed(Exception):
+    """The run cannot go on (e.g. its actors keep dying); its finished rounds are kept."""
+
+MiB = 1024 * 1024
+
+
+class ScenarioInfeasible(Exception):
+    """The scenario cannot run as written (e.g. the model does not fit a device's RAM)."""
+
+
+@dataclass
+class RunSetup:
+    info: RunInfo
+    executor: Any
+    network: NetworkModel
+    server_profile: DeviceProfile
+    slowdown: np.ndarray  # per-client compute slow-down of emulated stragglers (1: none)
+    # the uploads are streamed into the aggregate while the clients train (see
+    # streams_aggregation): which clients a round aggregates is known before it is timed
+    streams: bool = False
+
+
+def streams_aggregation(scenario: Scenario) -> bool:
+    """Can a round's uploads be folded into the aggregate while its clients train?
+
+    Only when the algorithm can aggregate in parts (``ServerAlgorithm.streams_aggregation``,
+    a flat algorithm) and which clients a round aggregates is known before the round is
+    timed: every client that trains and does not crash or drop out (faults drawn before
+    training). A deadline, ``faults.wait_for_fraction``, link or edge-server outages and
+    rate traces (a rate of 0 stalls a client for ever) decide it from the timing: the
+    uploads are then held until the round is timed. ``execution.stream_aggregation: off``
+    always holds them. The run loop checks every streamed round's timed clients against
+    the prediction.
+    """
+    server_cls, _ = algorithm_classes(scenario.algorithm.name)
+    f = scenario.faults
+    return (scenario.execution.stream_aggregation == "auto"
+            and server_cls.aggregates_in_parts() and server_cls.Edge is None
+            and scenario.deadline_s is None
+            and scenario.channel.model != "trace"
+            and (f is None or (f.wait_for_fraction >= 1 and not f.link_outages
+                               and not f.edge_server_outages)))
+
+
+def _step_cost(model: torch.nn.Module, in_shape, num_classes: int, train: TrainConfig):
+    """FLOPs and memory of one training step at the scenario's batch size (before the run)."""
+    x = torch.zeros((train.batch_size, *in_shape))
+    y = torch.arange(train.batch_size) % num_classes
+    opt = make_optimizer(train.optimizer, model.parameters(), train.lr, train.momentum)
+    _, cost = measured_step(model, opt, x, y, None)
+    return cost
+
+
+def prepare(scenario: Scenario, run_id: str, out_dir, *, hosts: int | None = None,
+            backend: str | None = None, ray_address: str | None = None) -> RunSetup:
+    """Load data, partition, build the model and network, start hosts and the server."""
+    seed = scenario.seed
+    n = scenario.topology.clients
+    data_rng = np.random.default_rng(np.random.SeedSequence([seed, 1]))
+    ds = scenario.dataset
+    pools = load_dataset(ds.name, ds.root, ds.train_size, ds.test_size, data_rng)
+    part_params = ds.partition.model_dump(exclude={"method"})
+    parts = partition(pools, n, ds.partition.method, data_rng, **part_params)
+
+    in_shape = tuple(int(s) for s in pools.train.images.shape[1:])
+    num_classes = pools.train.num_classes
+    with torch_rng.seeded(seed):  # no other thread draws from torch's generator meanwhile
+        model = build_model(scenario.model.name, in_shape, num_classes)
+    layout = model_layout(model)
+    init_weights = get_flat(model, layout)
+    t = scenario.training
+    train = TrainConfig(t.epochs, t.batch_size, t.optimizer, t.lr, t.momentum, t.weight_decay)
+
+    profiles = device_profiles(scenario)
+    client_devices = scenario.client_profiles()
+    with torch_rng.untouched():  # a model (and a step) measured, not trained
+        cost = _step_cost(build_model(scenario.model.name, in_shape, num_classes), in_shape,
+                          num_classes, train)
+    for name in sorted(set(client_devices)):
+        ram = profiles[name].ram_bytes
+        if cost.memory_bytes > ram:
+            raise ScenarioInfeasible(
+                f"model {scenario.model.name} needs {cost.memory_bytes / MiB:.1f} MiB per "
+                f"training step at batch {t.batch_size}, but device profile {name!r} has "
+                f"{ram / MiB:.0f} MiB of RAM")
+
+    n_hosts = max(1, min(hosts or scenario.execution.hosts or os.cpu_count() or 1, n))
+    host_clients: list[dict[int, tuple[np.ndarray, np.ndarray]]] = [{} for _ in range(n_hosts)]
+    for cid in range(n):
+        host_clients[cid % n_hosts][cid] = (parts.train[cid], parts.test[cid])
+    setup = HostSetup(scenario.model.name, in_shape, num_classes, scenario.algorithm.name,
+                      dict(scenario.algorithm.params), train, seed, init_weights)
+    server_kwargs = dict(
+        algorithm=scenario.algorithm.name, layout=layout, init_weights=init_weights,
+        client_samples={cid: len(parts.train[cid]) for cid in range(n)},
+        fraction=scenario.topology.participation, params=dict(scenario.algorithm.params),
+        seed=seed, edge_server_of={cid: scenario.edge_server_of(cid) for cid in range(n)},
+    )
+    backend = backend or scenario.execution.backend
+    if backend == "ray":
+        try:
+            executor = RayExecutor(server_kwargs, setup, pools, host_clients,
+                                   ray_address or scenario.execution.ray_address)
+        except PlacementTimeout as exc:
+            raise RunFailed(str(exc)) from None
+    else:
+        executor = LocalExecutor(server_kwargs, setup, pools, host_clients)
+    info = RunInfo(run_id, scenario, out_dir, layout.size, layout.nbytes, cost.memory_bytes,
+                   cost.flops, client_devices,
+                   extra={"hosts": n_hosts, "backend": backend,
+                          # the optimiser's element-wise update, part of step_flops
+                          "step_optimizer_flops": cost.optimizer_flops,
+                          "train_samples": [len(p) for p in parts.train],
+                          "test_samples": [len(p) for p in parts.test],
+                          # D-bar_KL of DC-PFL (Eq. 1-2) over the clients' train labels
+                          "label_dkl": heterogeneity_dkl(parts.label_histograms(pools)[0])})
+    network = NetworkModel(scenario, profiles)
+    slowdown = faults.slowdown_factors(scenario.faults, seed, n)
+    return RunSetup(info, executor, network, profiles[scenario.devices.edge_server], slowdown,
+                    streams_aggregation(scenario))

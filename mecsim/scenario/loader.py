@@ -1,0 +1,180 @@
+"""Scenario files: YAML -> a validated :class:`~mecsim.scenario.schema.Scenario`.
+
+:func:`load_scenario` turns every problem (unreadable file, not UTF-8, bad YAML, duplicate
+keys, nesting deeper than :data:`MAX_DEPTH`, an empty file, unknown or ill-typed field)
+into a :class:`ScenarioError` whose lines each name the file and the field.
+"""
+
+from __future__ import annotations
+
+import re
+import stat
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import (
+    ValidationError,
+)
+
+from mecsim.scenario.schema import Scenario, _loc
+
+MAX_SCENARIO_BYTES = 1 << 20  # scenario files are a few KiB
+
+
+MAX_DEPTH = 64  # the schema nests 5 levels deep
+
+
+class ScenarioError(Exception):
+    """A scenario that cannot be used; ``str()`` is one line per problem."""
+
+
+
+
+
+
+#: Parts of a dotted field path as _loc writes them: a name (an index after the first),
+#: or a quoted key.
+_QUOTED = r"""'(?:[^'\\]|\\.)*'"""
+
+
+_FIRST = rf"(?:[A-Za-z_<>][\w<>-]*|{_QUOTED})"
+
+
+_PART = rf"(?:[\w<>-]+|{_QUOTED})"
+
+
+
+
+def scenario_from_dict(data: Any, source: str = "<scenario>") -> Scenario:
+    """Validate parsed scenario data (``None``: every default); ScenarioError lists one
+    line per problem, ``source: field: message``."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{source}: the top level must be a mapping of sections")
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            field, msg = _loc(err["loc"]), err["msg"].removeprefix("Value error, ")
+            if err["type"] == "union_tag_not_found":  # e.g. a channel without 'model'
+                key = str(err.get("ctx", {}).get("discriminator", "")).strip("'")
+                field, msg = f"{field}.{key}", "Field required (it selects the kind)"
+            # checks spanning several fields name the field at the start of the message
+            inner = re.match(rf"^({_FIRST}(?:\.{_PART})*): (.*)$", msg, re.S)
+            if err["type"] == "value_error" and inner:
+                prefix = "" if field == "(top level)" else field + "."
+                field, msg = prefix + inner.group(1), inner.group(2)
+            line = f"{source}: {field}: {' '.join(msg.split())}"
+            if line not in lines:
+                lines.append(line)
+        raise ScenarioError("\n".join(lines)) from None
+
+
+class _ScenarioLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing duplicate keys and nesting deeper than MAX_DEPTH
+    (PyYAML's composer recurses once per level: 20,000 levels end in RecursionError)."""
+
+    _depth = 0
+
+    def compose_node(self, parent, index):  # type: ignore[no-untyped-def]
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise yaml.composer.ComposerError(
+                    None, None, f"nested more than {MAX_DEPTH} levels deep",
+                    self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node, deep=False):  # type: ignore[no-untyped-def]
+        if isinstance(node, yaml.MappingNode):
+            first_line: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # '<<: *base' merges are meant to be overridden
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    seen = first_line.get(key)
+                except TypeError:
+                    continue  # unhashable: the base class reports it
+                if seen is not None:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r} (first on line {seen + 1})",
+                        key_node.start_mark)
+                first_line[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """Parse scenario YAML; ScenarioError naming the line for every YAML problem."""
+    loader = None
+    try:
+        loader = _ScenarioLoader(text)  # reading starts here: may raise already
+        return loader.get_single_data()
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}:" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ScenarioError(f"{source}:{where} invalid YAML: {problem}") from None
+    except RecursionError:
+        raise ScenarioError(f"{source}: invalid YAML: nested too deeply") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+
+
+def read_scenario_text(path: str | Path) -> str:
+    """The text of a scenario file: a regular file (or a pipe) of at most
+    MAX_SCENARIO_BYTES, UTF-8. ScenarioError otherwise."""
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+            kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+            raise ScenarioError(f"{path}: cannot read scenario file ({kind})")
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_SCENARIO_BYTES + 1)
+    except OSError as exc:
+        raise ScenarioError(f"{path}: cannot read scenario file "
+                            f"({exc.strerror or type(exc).__name__})") from None
+    if len(raw) > MAX_SCENARIO_BYTES:
+        raise ScenarioError(f"{path}: the file is larger than {MAX_SCENARIO_BYTES // 1024} KiB;"
+                            " a scenario is a few KiB of YAML")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise ScenarioError(f"{path}: line {line}: not valid UTF-8 text (byte "
+                            f"0x{raw[exc.start]:02x}); save the file as UTF-8") from None
+    return text.removeprefix("\ufeff")
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    path = Path(path)
+    data = parse_yaml(read_scenario_text(path), str(path))
+    if data is None:
+        raise ScenarioError(f"{path}: empty scenario; run `mecsim run` without a file for "
+                            "the defaults")
+    return scenario_from_dict(data, str(path))
+
+
+def default_scenario_path() -> Path:
+    from importlib import resources
+
+    return Path(str(resources.files("mecsim.scenario").joinpath("default.yaml")))
+
+
+def json_schema() -> dict[str, Any]:
+    schema = Scenario.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "mecsim scenario"
+    return schema
+
+
+def resolved_yaml(scenario: Scenario) -> str:
+    """The scenario with every default filled in, as YAML."""
+    return yaml.safe_dump(scenario.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,621 @@
+"""The scenario schema: typed, validated pydantic models of every section.
+
+Parsed once, validated once, then typed (:mod:`mecsim.scenario.loader` reads the YAML).
+Every number must be finite (no ``.inf`` or ``.nan`` anywhere) and names and run ids are
+safe folder names; checks that need more than the file (paths, ports, memory, cross-field
+checks of an algorithm) are in :mod:`mecsim.run.preflight`. What a validator needs of an
+algorithm or a device profile it asks :mod:`mecsim.registry` by name.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+
+PositiveFloat = Annotated[float, Field(gt=0)]
+
+
+#: Quantities in dB or dBm: finite, and small enough that 10^(x/10) is a finite float.
+Decibels = Annotated[float, Field(ge=-300, le=300)]
+
+
+#: Every generator mecsim seeds (numpy's SeedSequence and legacy RandomState, torch)
+#: accepts 0 .. 2^32 - 1.
+MAX_SEED = 2**32 - 1
+
+
+MAX_NAME_LENGTH = 64
+
+
+MAX_RUN_ID_LENGTH = 128
+
+
+MAX_COUNT = 10**9  # samples, batch sizes: far beyond any machine, far below int64 overflow
+
+
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def _safe_name(max_length: int):
+    """A folder name: letters, digits, ``-_.``, not starting with ``.`` or ``-``, no
+    ``..``, at most ``max_length`` characters (a run's records go to ``dir/<run id>``)."""
+    def check(value: str) -> str:
+        if (not 1 <= len(value) <= max_length or not _NAME_RE.fullmatch(value)
+                or ".." in value):
+            shown = value if len(value) <= 40 else value[:37] + "..."
+            raise ValueError(f"{shown!r} is not a safe name: use 1-{max_length} letters, "
+                             "digits, '-', '_' or '.', starting with a letter or digit, "
+                             "without '..'")
+        return value
+    return AfterValidator(check)
+
+
+SafeName = Annotated[str, _safe_name(MAX_NAME_LENGTH)]
+
+
+RunId = Annotated[str, _safe_name(MAX_RUN_ID_LENGTH)]
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError("must be a number or a pair [lo, hi]")
+    try:
+        number = float(value)
+    except (ValueError, OverflowError):
+        raise ValueError("must be a number or a pair [lo, hi]") from None
+    if not math.isfinite(number):
+        raise ValueError("must be a finite number")
+    return number
+
+
+def _range_type(*, gt: float | None = None, ge: float | None = None,
+                le: float | None = None):
+    """A value drawn per client uniformly in ``[lo, hi]``, or fixed: a finite number or a
+    pair ``[lo, hi]`` with ``lo <= hi``, every value within the bounds."""
+    def check(value: Any) -> float | tuple[float, float]:
+        single = not isinstance(value, (list, tuple))
+        if not single and len(value) != 2:
+            raise ValueError("must be a number or a pair [lo, hi]")
+        numbers = [_number(value)] if single else [_number(v) for v in value]
+        for v in numbers:
+            if gt is not None and not v > gt:
+                raise ValueError(f"must be greater than {gt:g}")
+            if ge is not None and not v >= ge:
+                raise ValueError(f"must be at least {ge:g}")
+            if le is not None and not v <= le:
+                raise ValueError(f"must be at most {le:g}")
+        if single:
+            return numbers[0]
+        if numbers[0] > numbers[1]:
+            raise ValueError(f"the pair [lo, hi] has lo {numbers[0]:g} > hi {numbers[1]:g}")
+        return numbers[0], numbers[1]
+
+    number: dict[str, Any] = {"type": "number"}
+    if gt is not None:
+        number["exclusiveMinimum"] = gt
+    if ge is not None:
+        number["minimum"] = ge
+    if le is not None:
+        number["maximum"] = le
+    schema = {"anyOf": [number, {"type": "array", "items": number, "minItems": 2,
+                                 "maxItems": 2}]}
+    return Annotated[float | tuple[float, float], BeforeValidator(check),
+                     WithJsonSchema(schema)]
+
+
+class _Strict(BaseModel):
+    # allow_inf_nan=False: every float field refuses inf and nan
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class IidPartition(_Strict):
+    method: Literal["iid"] = "iid"
+    samples_per_client: int | None = Field(
+        None, gt=0, description="null: split each pool into equal disjoint parts; N: each "
+        "client draws N train samples uniformly from the pool (without replacement within "
+        "a client; clients may share samples), for more clients than the pool has samples")
+    test_samples_per_client: int | None = Field(
+        None, gt=0, description="with samples_per_client: each client's test samples "
+        "(default: 1)")
+
+
+class DirichletPartition(_Strict):
+    method: Literal["dirichlet"]
+    alpha: PositiveFloat = Field(description="Dirichlet concentration over clients, per class")
+    min_samples: int = Field(1, ge=0, description="redraw until every client has this many")
+
+
+class ShardsPartition(_Strict):
+    method: Literal["shards"]
+    shards_per_client: int = Field(2, ge=1)
+
+
+class PrimarySecondaryPartition(_Strict):
+    method: Literal["primary_secondary"]
+    samples_per_client: int = Field(gt=0, le=MAX_COUNT)
+    test_samples_per_client: int = Field(gt=0, le=MAX_COUNT)
+
+
+Partition = Annotated[
+    IidPartition | DirichletPartition | ShardsPartition | PrimarySecondaryPartition,
+    Field(discriminator="method"),
+]
+
+
+class DatasetConfig(_Strict):
+    name: Literal["mnist-embedded", "mnist-embedded-3x32", "mnist", "fashion-mnist", "cifar10",
+                  "cifar100"] = Field(
+        "mnist-embedded",
+        description="mnist-embedded-3x32: the embedded MNIST padded to 32x32 and repeated "
+        "over 3 channels (a CIFAR-shaped stand-in; nothing is downloaded)")
+    root: str | None = Field(None, min_length=1,
+                             description="directory holding the dataset files")
+    train_size: int | None = Field(None, gt=0, description="train pool size (subsample)")
+    test_size: int | None = Field(None, gt=0, description="test pool size (subsample)")
+    partition: Partition = Field(default_factory=IidPartition)
+
+
+class ModelConfig(_Strict):
+    name: Literal["mlp_2nn", "mtfl_cnn", "kapc_cnn", "phsfl_cnn", "resnet18"] = "mlp_2nn"
+
+
+class TrainingConfig(_Strict):
+    epochs: int = Field(1, ge=1, description="local epochs per round (E)")
+    batch_size: int = Field(32, ge=1, le=MAX_COUNT)
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    lr: PositiveFloat = 0.01
+    momentum: float = Field(0.0, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0)
+
+
+class AlgorithmConfig(_Strict):
+    name: str = Field("fedavg", description="fedavg, local, ... (see `mecsim algorithms`)")
+    params: dict[str, Any] = Field(default_factory=dict, description="algorithm hyper-parameters")
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, name: str) -> str:
+        from mecsim.agents.algorithms import ALGORITHMS
+
+        if name not in ALGORITHMS:
+            raise ValueError(f"unknown algorithm {name!r}; known: {', '.join(sorted(ALGORITHMS))}")
+        return name
+
+    @model_validator(mode="after")
+    def _params_fit(self) -> AlgorithmConfig:
+        """Validate ``params`` against the algorithm's own Params model."""
+        from mecsim.agents.algorithms import ALGORITHMS
+
+        server_cls, _ = ALGORITHMS[self.name]
+        try:
+            server_cls.Params(**self.params)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            raise ValueError(f"params.{_loc(err['loc'])}: {err['msg']} "
+                             f"(algorithm {self.name})") from None
+        return self
+
+
+class TopologyConfig(_Strict):
+    clients: int = Field(10, ge=1, le=1_000_000,
+                         description="number of clients (virtual; not processes)")
+    edge_servers: int = Field(1, ge=1)
+    participation: float = Field(
+        1.0, gt=0, le=1, description="fraction of clients selected per round (C)"
+    )
+
+
+class CustomProfile(_Strict):
+    flops_per_s: float = Field(ge=1, description="at least 1 FLOP/s")
+    step_overhead_s: float = Field(ge=0)
+    ram_bytes: int = Field(gt=0)
+    description: str = ""
+    flops_source: str = Field(description="where flops_per_s comes from")
+    step_overhead_source: str = Field(description="where step_overhead_s comes from")
+    ram_source: str = ""
+    active_power_w: float | None = Field(None, gt=0, description="whole board, every core "
+                                         "busy (W); with idle_power_w: energy per round")
+    idle_power_w: float | None = Field(None, ge=0, description="whole board, idle (W)")
+    radio_tx_power_w: float | None = Field(None, ge=0, description="the radio's extra draw "
+                                           "above idle while transmitting (W)")
+    radio_rx_power_w: float | None = Field(None, ge=0, description="the radio's extra draw "
+                                           "above idle while receiving (W)")
+    power_source: str = Field("", description="where active/idle_power_w come from")
+    radio_power_source: str = Field("", description="where radio_*_power_w come from")
+
+    @model_validator(mode="after")
+    def _power_sourced(self) -> CustomProfile:
+        board = (self.active_power_w, self.idle_power_w)
+        radio = (self.radio_tx_power_w, self.radio_rx_power_w)
+        for names, values, source, source_name in (
+                (("active_power_w", "idle_power_w"), board, self.power_source, "power_source"),
+                (("radio_tx_power_w", "radio_rx_power_w"), radio, self.radio_power_source,
+                 "radio_power_source")):
+            given = [v is not None for v in values]
+            if any(given) and not all(given):
+                missing = names[given.index(False)]
+                raise ValueError(f"{missing}: give {names[0]} and {names[1]} together")
+            if any(given) and not source.strip():
+                raise ValueError(f"{source_name}: say where {names[0]} and {names[1]} come "
+                                 "from (a measurement, a datasheet, or 'estimate: ...')")
+        return self
+
+
+class DeviceGroup(_Strict):
+    profile: str
+    count: int | None = Field(None, ge=1, description="clients in this group; omit: the rest")
+
+
+class DevicesConfig(_Strict):
+    clients: list[DeviceGroup] = Field(
+        default_factory=lambda: [DeviceGroup(profile="rpi4")],
+        description="groups assigned to clients in id order",
+    )
+    edge_server: str = "edge-server-x86"
+    profiles: dict[str, CustomProfile] = Field(
+        default_factory=dict, description="extra or overriding device profiles"
+    )
+
+
+class Interference(_Strict):
+    """Co-channel interference drawn per client-round from N(mean, std^2), clipped at 0.
+
+    The KAPC paper (Table 4) gives N(1, 4) uplink and N(1, 9) downlink without a unit, so
+    the unit must be named here.
+    """
+
+    unit: Literal["W", "mW", "dBm", "noise"] = Field(
+        description="unit of the draws; 'noise' = multiples of the link's thermal noise N0*B"
+    )
+    uplink_mean: float = 1.0
+    uplink_std: float = Field(2.0, ge=0)
+    downlink_mean: float = 1.0
+    downlink_std: float = Field(3.0, ge=0)
+
+
+PositiveRange = _range_type(gt=0)
+
+
+DecibelRange = _range_type(ge=-300, le=300)
+
+
+SlowdownRange = _range_type(ge=1)
+
+
+class LinkTransport(_Strict):
+    """Latency, jitter and packet loss of one link class (uplink, downlink or backhaul).
+
+    A transfer of n bytes takes ``latency + 8*n / goodput``; the latency is drawn per
+    client-round as ``max(0, latency_s + jitter_s * U[-1, 1])`` from the scenario seed; a
+    loss rate p limits the goodput to the Mathis et al. TCP bound
+    ``min(rate, 8*MSS/(RTT*sqrt(p)) * sqrt(3/2))`` (docs/channel.md).
+    """
+
+    latency_s: float = Field(0.0, ge=0, description="one-way propagation + queueing delay "
+                             "added to every transfer (s)")
+    jitter_s: float = Field(0.0, ge=0, description="latency varies per client-round "
+                            "uniformly in [latency_s - jitter_s, latency_s + jitter_s], "
+                            "clipped at 0 (s)")
+    loss_rate: float = Field(0.0, ge=0, lt=1, description="packet-loss probability; > 0 "
+                             "limits TCP goodput to the Mathis et al. bound")
+    mss_bytes: int = Field(1460, gt=0, description="TCP maximum segment size for the "
+                           "Mathis bound (bytes)")
+
+
+def _check_client_loss(uplink: LinkTransport, downlink: LinkTransport) -> None:
+    """A loss rate needs a round trip: the Mathis bound divides by the RTT."""
+    if uplink.latency_s + downlink.latency_s > 0:
+        return
+    for name, link in (("uplink", uplink), ("downlink", downlink)):
+        if link.loss_rate > 0:
+            raise ValueError(f"{name}.loss_rate: a loss rate needs a round-trip time for the "
+                             "Mathis bound (RTT = uplink.latency_s + downlink.latency_s); set "
+                             "a latency_s > 0")
+
+
+class ShannonUplink(LinkTransport):
+    bandwidth_hz: PositiveRange = Field((10e6, 30e6),
+                                        description="per-client, uniform in [lo, hi]")
+    tx_power_dbm: DecibelRange = Field((23.0, 30.0),
+                                       description="per-client, uniform in [lo, hi]")
+    shared: bool = Field(False, description="uplinks of an edge server's clients share one medium")
+
+
+class ShannonDownlink(LinkTransport):
+    bandwidth_hz: PositiveFloat = 50e6
+    tx_power_dbm: Decibels = 30.0
+    mode: Literal["auto", "full", "equal_split", "shared"] = Field(
+        "auto",
+        description="auto: shared for algorithms whose downloads differ per client, full "
+        "for broadcasts; full: whole band per client; equal_split: band/n per client; "
+        "shared: processor sharing of the band among concurrent downloads "
+        "(docs/channel.md)",
+    )
+
+
+class ShannonChannelConfig(_Strict):
+    model: Literal["shannon"] = "shannon"
+    uplink: ShannonUplink = Field(default_factory=ShannonUplink)
+    downlink: ShannonDownlink = Field(default_factory=ShannonDownlink)
+    interference: Interference | None = Field(None, description="null: no interference")
+    distance_m: PositiveRange = Field((100.0, 500.0),
+                                      description="per-client, uniform in [lo, hi]")
+    path_loss_db: Decibels = -40.0
+    reference_distance_m: PositiveFloat = 1.0
+    path_loss_exponent: PositiveFloat = 4.0
+    fading: Literal["none", "rayleigh"] = "none"
+    noise_psd_dbm_per_hz: Decibels = -174.0
+    snr_offset_db: Decibels = Field(
+        0.0, description="calibration added to every SNR (dB); 0 = the literal model"
+    )
+
+    @model_validator(mode="after")
+    def _loss_needs_rtt(self) -> ShannonChannelConfig:
+        _check_client_loss(self.uplink, self.downlink)
+        return self
+
+
+class FixedLink(LinkTransport):
+    rate_bps: float = Field(ge=1, description="at least 1 b/s")
+    shared: bool = False
+
+
+class FixedRateChannelConfig(_Strict):
+    model: Literal["fixed_rate"]
+    uplink: FixedLink
+    downlink: FixedLink
+
+    @model_validator(mode="after")
+    def _loss_needs_rtt(self) -> FixedRateChannelConfig:
+        _check_client_loss(self.uplink, self.downlink)
+        return self
+
+
+class TraceChannelConfig(_Strict):
+    model: Literal["trace"]
+    path: str = Field(min_length=1,
+                      description="CSV: time_s,client_id,uplink_mbps,downlink_mbps")
+    uplink: LinkTransport = Field(default_factory=LinkTransport,
+                                  description="latency, jitter, loss of the uplinks")
+    downlink: LinkTransport = Field(default_factory=LinkTransport,
+                                    description="latency, jitter, loss of the downlinks")
+
+    @model_validator(mode="after")
+    def _loss_needs_rtt(self) -> TraceChannelConfig:
+        _check_client_loss(self.uplink, self.downlink)
+        return self
+
+
+ChannelConfig = Annotated[
+    ShannonChannelConfig | FixedRateChannelConfig | TraceChannelConfig,
+    Field(discriminator="model"),
+]
+
+
+class BackhaulConfig(LinkTransport):
+    """Each edge server's wired link to the central server (RTT = 2 * latency)."""
+
+    bandwidth_bps: float = Field(1e9, ge=1, description="at least 1 b/s")
+    latency_s: float = Field(0.005, ge=0, description="one-way latency of each transfer (s)")
+
+    @model_validator(mode="after")
+    def _loss_needs_rtt(self) -> BackhaulConfig:
+        if self.loss_rate > 0 and self.latency_s == 0:
+            raise ValueError("loss_rate: a loss rate needs a round-trip time for the Mathis "
+                             "bound (RTT = 2 * latency_s); set latency_s > 0")
+        return self
+
+
+Fraction = Annotated[float, Field(gt=0, le=1)]
+
+
+class EvaluationConfig(_Strict):
+    every: int = Field(1, ge=1, description="evaluate user accuracy every N rounds (and last)")
+    clients: Literal["all", "selected"] = "all"
+    target_accuracy: list[Fraction] = Field(
+        default_factory=list, description="target mean user accuracies (fractions, e.g. 0.97): "
+        "the run's summary reports the rounds and emulated seconds until each is first "
+        "reached (MTFL Table 2's figure), or X")
+
+
+class OutputsConfig(_Strict):
+    dir: str = Field("runs", min_length=1)
+    run_id: RunId | None = Field(
+        None, description="default: <scenario name>-<timestamp>-<random suffix>; letters, "
+        "digits, '-', '_', '.'")
+    table_format: Literal["parquet", "csv"] = "parquet"
+    save_optraces: bool = True
+
+
+class MetricsConfig(_Strict):
+    enabled: bool = True
+    host: str = Field("127.0.0.1", min_length=1)
+    port: int = Field(9464, ge=0, le=65535, description="0 = any free port")
+    public: bool = Field(False, description="allow a host that is not a loopback address "
+                         "(/metrics reachable from other machines; mecsim run "
+                         "--metrics-public)")
+
+
+class ExecutionConfig(_Strict):
+    backend: Literal["ray", "local"] = Field(
+        "ray", description="ray: host actors in Ray; local: in-process (tests, debugging)"
+    )
+    hosts: int | None = Field(None, ge=1, description="host actors; default one per core")
+    ray_address: str | None = Field(None, description="attach to an existing Ray cluster")
+    stream_aggregation: Literal["auto", "off"] = Field(
+        "auto", description="auto: fold the uploads into the aggregate while the clients "
+        "train, when the round's aggregated clients are known before it is timed (no "
+        "deadline, no wait_for_fraction, no link or edge-server outages, no rate traces) "
+        "and the algorithm can (FedAvg, FedProx, Per-FedAvg); off: hold every upload "
+        "until the round is timed. The same bits either way")
+
+
+class CheckpointConfig(_Strict):
+    every: int = Field(1, ge=0, description="checkpoint after every N rounds (and after the "
+                       "last); 0: never (a killed run then resumes from its start)")
+    keep: int = Field(2, ge=1, description="how many of the newest checkpoints to keep")
+
+
+Probability = Annotated[float, Field(ge=0, le=1)]
+
+
+class StragglerConfig(_Strict):
+    fraction: Probability = Field(0.0, description="share of the clients that straggle "
+                                  "(drawn once per run)")
+    slowdown: SlowdownRange = Field((2.0, 4.0), description="compute slow-down factor "
+                                    "(>= 1) of a straggler, uniform in [lo, hi], drawn once "
+                                    "per straggler")
+
+
+class LinkOutage(_Strict):
+    start_s: float = Field(ge=0, description="emulated seconds since the run started")
+    duration_s: PositiveFloat
+    clients: Literal["all"] | list[Annotated[int, Field(ge=0)]] = "all"
+    direction: Literal["both", "uplink", "downlink"] = "both"
+
+
+class EdgeServerOutage(_Strict):
+    edge_server: int = Field(ge=0)
+    start_s: float = Field(ge=0, description="emulated seconds since the run started")
+    duration_s: PositiveFloat
+
+
+class FaultsConfig(_Strict):
+    """Emulated faults, drawn from the scenario seed (see docs/reliability.md)."""
+
+    crash_prob: Probability = Field(0.0, description="per client-round: the device crashes "
+                                    "during local training; its work is lost")
+    dropout_prob: Probability = Field(0.0, description="per client-round: the client trains, "
+                                      "then leaves before uploading")
+    outage_prob: Probability = Field(0.0, description="per client-round: the client's link is "
+                                     "down for the whole round")
+    straggler: StragglerConfig | None = None
+    link_outages: list[LinkOutage] = Field(default_factory=list)
+    edge_server_outages: list[EdgeServerOutage] = Field(default_factory=list)
+    wait_for_fraction: Fraction = Field(1.0, description="aggregate once this fraction of "
+                                        "the selected clients has delivered (MTFL step 5); "
+                                        "later ones are dropped")
+
+
+class Scenario(_Strict):
+    """A complete mecsim scenario. Every field has a default except where noted."""
+
+    name: SafeName = Field("scenario", description="letters, digits, '-', '_', '.'; "
+                           "the default run id starts with it")
+    description: str = ""
+    seed: int = Field(0, ge=0, le=MAX_SEED, strict=True,
+                      description="an integer 0 .. 2^32 - 1")
+    rounds: int = Field(10, ge=1)
+    dataset: DatasetConfig = Field(default_factory=DatasetConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    topology: TopologyConfig = Field(default_factory=TopologyConfig)
+    devices: DevicesConfig = Field(default_factory=DevicesConfig)
+    channel: ChannelConfig = Field(default_factory=ShannonChannelConfig)
+    backhaul: BackhaulConfig = Field(default_factory=BackhaulConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    deadline_s: float | None = Field(None, gt=0, description="round deadline (emulated s)")
+    evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
+    outputs: OutputsConfig = Field(default_factory=OutputsConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    execution: ExecutionConfig = Field(default_factory=ExecutionConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    faults: FaultsConfig | None = Field(None, description="emulated faults; null: none")
+
+    @model_validator(mode="after")
+    def _faults_fit(self) -> Scenario:
+        f = self.faults
+        if f is None:
+            return self
+        for i, o in enumerate(f.edge_server_outages):
+            if o.edge_server >= self.topology.edge_servers:
+                raise ValueError(f"faults.edge_server_outages.{i}.edge_server: no edge server "
+                                 f"{o.edge_server} (topology.edge_servers is "
+                                 f"{self.topology.edge_servers})")
+        for i, o in enumerate(f.link_outages):
+            if o.clients != "all" and any(c >= self.topology.clients for c in o.clients):
+                raise ValueError(f"faults.link_outages.{i}.clients: client ids must be below "
+                                 f"topology.clients ({self.topology.clients})")
+        if f.link_outages or f.edge_server_outages:
+            from mecsim.emulation.network import shared_media
+
+            if any(shared_media(self.channel, self.algorithm.name)):
+                raise ValueError("faults: outage intervals need dedicated links; this "
+                                 "channel shares a medium (a shared medium's rate cannot "
+                                 "vary in time yet)")
+        return self
+
+    @model_validator(mode="after")
+    def _device_groups_fit(self) -> Scenario:
+        from mecsim.emulation.devices import builtin_profiles
+
+        known = set(builtin_profiles()) | set(self.devices.profiles)
+        for i, group in enumerate(self.devices.clients):
+            if group.profile not in known:
+                raise ValueError(
+                    f"devices.clients.{i}.profile: unknown device profile {group.profile!r}; "
+                    f"known: {', '.join(sorted(known))}"
+                )
+        if self.devices.edge_server not in known:
+            raise ValueError(f"devices.edge_server: unknown device profile "
+                             f"{self.devices.edge_server!r}")
+        counted = sum(g.count or 0 for g in self.devices.clients)
+        open_groups = sum(g.count is None for g in self.devices.clients)
+        if counted > self.topology.clients or (open_groups == 0
+                                               and counted != self.topology.clients):
+            raise ValueError(f"devices.clients: the groups cover {counted} clients but "
+                             f"topology.clients is {self.topology.clients}")
+        if open_groups > 1:
+            raise ValueError("devices.clients: only one group may omit 'count'")
+        if self.topology.edge_servers > self.topology.clients:
+            raise ValueError("topology.edge_servers: more edge servers than clients")
+        return self
+
+    def clients_per_round(self) -> int:
+        return max(1, int(round(self.topology.participation * self.topology.clients)))
+
+    def client_profiles(self) -> list[str]:
+        """The device profile name of every client, in client-id order."""
+        n = self.topology.clients
+        fixed = sum(g.count or 0 for g in self.devices.clients)
+        out: list[str] = []
+        for g in self.devices.clients:
+            out += [g.profile] * (g.count if g.count is not None else n - fixed)
+        return out[:n]
+
+    def edge_server_of(self, client_id: int) -> int:
+        """Clients are split into contiguous, near-equal blocks, one per edge server."""
+        per = math.ceil(self.topology.clients / self.topology.edge_servers)
+        return client_id // per
+
+
+def _is_tag(part: Any) -> bool:
+    """pydantic puts union members into error locations ('shannon', 'float',
+    'function-after[check(), str]'); they are not field names."""
+    return isinstance(part, str) and (part in _UNION_TAGS or part.startswith("function-")
+                                      or bool(re.fullmatch(r"[a-z_]+\[.*\]", part)))
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    """A dotted path; a key that is not a plain name (an unknown key with spaces, dots,
+    colons or invisible characters in it) is quoted, escapes and all."""
+    parts = [str(p) if re.fullmatch(r"[\w<>-]+", str(p), re.ASCII) else repr(str(p))
+             for p in loc if not _is_tag(p)]
+    return ".".join(parts) or "(top level)"
+
+
+_UNION_TAGS = {"shannon", "fixed_rate", "trace", "iid", "dirichlet", "shards",
+               "primary_secondary", "float", "int", "str", "bool", "none"}

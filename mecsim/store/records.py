@@ -1,0 +1,240 @@
+"""Run records in ``runs/<run-id>/``, written as each round ends.
+
+- ``scenario.yaml``: the resolved scenario (every default filled in);
+- ``run.json``: the run's status (running, finished, interrupted, cancelled, failed),
+  rounds done and planned, model size, hosts, resumes and recovered faults, and where
+  the host actors ran (``placement``: an entry each time they were started);
+- ``rounds.csv`` / ``clients.csv``: one row per round / per client-round; the header is
+  fsync'ed when the run starts and the rows at the end of every round, so a killed run
+  keeps every finished round (``mecsim run --resume`` continues it);
+- ``optraces.jsonl``: one line per round with every client's op-trace and the server's
+  aggregation FLOPs (what a replay needs);
+- at the end (also of an interrupted run): ``rounds.parquet`` / ``clients.parquet`` (when
+  ``outputs.table_format`` is parquet) and ``summary.md`` with the tables, each written
+  to a temporary name and renamed into place;
+- ``checkpoints/round-NNNNNN.pt``: see :mod:`mecsim.store.checkpoints`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from mecsim.analysis.summary import markdown, run_notes, summarise, target_lines
+from mecsim.run.chaos import kill_point
+from mecsim.run.interrupts import atomic_section
+from mecsim.run.observers import RunInfo, RunObserver
+from mecsim.scenario import resolved_yaml
+from mecsim.store.checkpoints import atomic_write_text
+from mecsim.store.reader import rows_from_csv
+from mecsim.store.runfolder import (
+    LOCK_NAME,
+    RunFolderError,
+    csv_header_ok,
+    read_meta,
+    status_line,
+    write_meta,
+)
+
+ROUND_COLUMNS = [
+    "run_id", "round", "algorithm", "selected", "completed", "dropped",
+    "dropped_deadline", "crashed", "dropped_out", "outage", "rejected", "faults",
+    "round_time_s", "dl_time_s", "client_time_s", "ul_time_s", "server_time_s",
+    "backhaul_time_s", "idle_time_s", "elapsed_s", "bytes_up", "bytes_down",
+    # joules, summed over the round's selected clients (mecsim.emulation.energy)
+    "energy_j", "energy_compute_j", "energy_radio_j", "energy_idle_j",
+    "client_gflops", "server_gflops",
+    "server_rss_mb", "client_peak_mb", "mean_accuracy", "min_accuracy", "max_accuracy",
+    "mean_test_loss", "train_loss", "host_wall_s", "host_train_wall_s", "host_aggregate_s",
+]
+CHANNEL_COLUMNS = [
+    "distance_m", "bandwidth_hz", "tx_power_dbm", "fading_gain", "ul_interference_w",
+    "dl_interference_w", "uplink_rate_bps", "downlink_rate_bps", "uplink_snr_db",
+    "downlink_snr_db",
+    # latency, jitter, loss (mecsim.emulation.network.TRANSPORT_KEYS): the latency drawn for the
+    # client-round and the goodput the loss rate leaves of the link rate
+    "uplink_latency_s", "downlink_latency_s", "uplink_goodput_bps", "downlink_goodput_bps",
+    "backhaul_latency_s", "backhaul_goodput_bps",
+]
+CLIENT_COLUMNS = [
+    "run_id", "round", "client_id", "device", "edge_server", "selected", "status", "completed",
+    "start_s", "finish_s", "download_s", "compute_s", "upload_s", "server_compute_s",
+    "bytes_up", "bytes_down", "gflops", "steps", "num_samples", "train_loss",
+    "peak_memory_mb", "host_train_s", "accuracy", "test_loss",
+    "energy_j", "energy_compute_j", "energy_radio_j", "energy_idle_j", *CHANNEL_COLUMNS,
+]
+
+
+class _AppendCsv:
+    """A CSV file whose header is on disk (fsync'ed) before any row, and whose rows are
+    fsync'ed as each round ends."""
+
+    def __init__(self, path: Path, columns: list[str], append: bool = False) -> None:
+        self.path = path
+        fresh = not append or not csv_header_ok(path)
+        if not fresh:
+            with path.open(newline="") as f:
+                header = next(csv.reader(f))
+            if header != columns:
+                raise RunFolderError(f"{path}: its columns differ from this mecsim's; the run "
+                                     "was written by another version and cannot be resumed")
+        self.file = path.open("w" if fresh else "a", newline="")
+        self.writer = csv.DictWriter(self.file, fieldnames=columns, restval="")
+        if fresh:
+            self.writer.writeheader()
+            self._sync()
+
+    def _sync(self) -> None:
+        self.file.flush()
+        os.fsync(self.file.fileno())
+
+    def append(self, rows: list[dict[str, Any]]) -> None:
+        self.writer.writerows(rows)
+        self._sync()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class RecordsWriter(RunObserver):
+    """Writes a run's records; ``run.json`` follows its status round by round."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.out_dir = Path(out_dir)
+        self.summary: dict[str, float] | None = None
+        self.meta: dict[str, Any] = {}
+        self._open = False
+
+    # -- start -----------------------------------------------------------------------
+    def _open_files(self, info: RunInfo, append: bool) -> None:
+        from mecsim.agents.algorithms import algorithm_classes
+
+        sc = info.scenario
+        server_cls, _ = algorithm_classes(sc.algorithm.name)
+        self.rounds = _AppendCsv(self.out_dir / "rounds.csv",
+                                 ROUND_COLUMNS + list(server_cls.round_metrics), append)
+        self.clients = _AppendCsv(self.out_dir / "clients.csv", CLIENT_COLUMNS, append)
+        self.traces = (self.out_dir / "optraces.jsonl").open("a" if append else "w") \
+            if sc.outputs.save_optraces else None
+        self._open = True
+
+    def _write_meta(self, **changes: Any) -> None:
+        self.meta.update(changes, updated_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        write_meta(self.out_dir, self.meta)
+
+    def on_run_start(self, info: RunInfo) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        if any(p.name != LOCK_NAME for p in self.out_dir.iterdir()):
+            raise FileExistsError(f"{self.out_dir}: not empty; records go to a new folder")
+        sc = info.scenario
+        atomic_write_text(self.out_dir / "scenario.yaml", resolved_yaml(sc))
+        self._open_files(info, append=False)
+        self.meta = {"run_id": info.run_id, "status": "running", "rounds_done": 0,
+                     "rounds_planned": sc.rounds, "pid": os.getpid(),
+                     "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                     "num_params": info.num_params,
+                     "model_bytes": info.model_nbytes, "step_memory_bytes": info.step_memory_bytes,
+                     "step_flops": info.step_flops, "client_devices": info.client_devices,
+                     "resumes": [], "faults": [], **info.extra}
+        self._write_meta()
+
+    def on_run_resume(self, info: RunInfo, rounds: list[dict[str, Any]]) -> None:
+        self._open_files(info, append=True)
+        self.meta = read_meta(self.out_dir) or {"run_id": info.run_id}
+        resumes = list(self.meta.get("resumes", [])) + [
+            {"from_round": len(rounds), "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+             "pid": os.getpid()}]
+        self.meta.pop("error", None)
+        self._write_meta(status="running", rounds_done=len(rounds), pid=os.getpid(),
+                         rounds_planned=info.scenario.rounds, resumes=resumes,
+                         hosts=info.extra.get("hosts"), backend=info.extra.get("backend"))
+
+    # -- each round ------------------------------------------------------------------
+    def on_round_end(self, info, round_row, client_rows, traces) -> None:
+        with atomic_section():  # an interrupt waits until the round is on disk
+            self.clients.append(client_rows)
+            self.rounds.append([round_row])
+            if self.traces is not None:
+                self.traces.write(json.dumps(traces) + "\n")
+                self.traces.flush()
+                os.fsync(self.traces.fileno())
+            self._write_meta(rounds_done=int(round_row["round"]) + 1)
+
+    def on_checkpoint(self, info, rounds_done, nbytes, seconds) -> None:
+        totals = dict(self.meta.get("checkpoint_totals") or {"count": 0, "bytes": 0,
+                                                             "seconds": 0.0})
+        totals = {"count": totals["count"] + 1, "bytes": totals["bytes"] + nbytes,
+                  "seconds": round(totals["seconds"] + seconds, 6)}
+        self._write_meta(checkpoint={"rounds_done": rounds_done, "bytes": nbytes,
+                                     "seconds": round(seconds, 6)},
+                         checkpoint_totals=totals)
+
+    def on_fault(self, info, rnd, message) -> None:
+        faults = list(self.meta.get("faults", [])) + [{"round": rnd, "error": message}]
+        self._write_meta(faults=faults)
+
+    def on_placement(self, info, rnd, hosts) -> None:
+        placement = list(self.meta.get("placement", [])) + [{"round": rnd, "hosts": hosts}]
+        self._write_meta(placement=placement)
+
+    # -- end -------------------------------------------------------------------------
+    def _close(self) -> None:
+        if self._open:
+            self.rounds.close()
+            self.clients.close()
+            if self.traces is not None:
+                self.traces.close()
+            self._open = False
+
+    def _finish_files(self, info: RunInfo, status_text: str | None) -> None:
+        """Parquet copies and summary.md, from the records on disk (so a resumed run's
+        equal an uninterrupted one's), each written to a temporary name and renamed."""
+        from mecsim.store.reader import read_csv_exact
+
+        if info.scenario.outputs.table_format == "parquet":
+            for name in ("rounds", "clients"):
+                path = self.out_dir / f"{name}.parquet"
+                tmp = path.with_name(f".{path.name}.tmp")
+                with atomic_section():
+                    read_csv_exact(self.out_dir / f"{name}.csv").to_parquet(tmp, index=False)
+                    with tmp.open("rb") as f:
+                        os.fsync(f.fileno())
+                    os.replace(tmp, path)
+                kill_point("finish")
+        rows = rows_from_csv(self.out_dir / "rounds.csv")
+        if not rows:
+            return
+        self.summary = summarise(rows)
+        targets = target_lines(rows, info.scenario.evaluation.target_accuracy)
+        text = markdown(info.run_id, info.scenario.algorithm.name, self.summary, targets,
+                        run_notes(info.scenario, rows))
+        if status_text:
+            text = text.replace("\n\n", f"\n\n**Run {status_text}.**\n\n", 1)
+        atomic_write_text(self.out_dir / "summary.md", text)
+
+    def on_run_end(self, info: RunInfo, rounds: list[dict[str, Any]]) -> None:
+        self._close()
+        self._finish_files(info, None)
+        self._write_meta(status="finished", rounds_done=len(rounds))
+
+    def on_run_stopped(self, info: RunInfo, rounds: list[dict[str, Any]], status: str,
+                       message: str) -> None:
+        self._close()
+        if not self.meta:  # stopped before on_run_start wrote anything
+            return
+        done, planned = len(rounds), info.scenario.rounds
+        try:
+            self._finish_files(info, status_line(status, done, planned))
+        finally:
+            changes: dict[str, Any] = {"status": status, "rounds_done": done}
+            if message:
+                changes["error"] = message
+            self._write_meta(**changes)
+
+
+
+
