@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import torch
+
 from mecsim.agents.algorithms import (
     ClientContext,
     ClientResult,
@@ -28,8 +29,8 @@ from mecsim.agents.algorithms import (
     algorithm_classes,
 )
 from mecsim.agents.models import build_model, model_layout, store_flat
+from mecsim.agents.state import BlobSink, decode, encode
 from mecsim.agents.training import StepCosts
-
 from mecsim.data import DataPools, normalise
 
 
@@ -185,8 +186,6 @@ class ClientHost:
         The client algorithm object itself holds only what its parameters determine; the
         shared model instance is loaded with a client's state before each use.
         """
-        from mecsim.agents.state import BlobSink, encode
-
         sink = BlobSink(known_blobs) if known_blobs is not None else None
         tree = encode({"clients": self.state, "costs": self.costs._by_batch}, "host", sink)
         return tree, (sink.new if sink else {})
@@ -194,8 +193,6 @@ class ClientHost:
     def load_state_dict(self, encoded: dict[str, Any]) -> None:
         """Restore the states of this host's clients from a checkpoint holding (at least)
         them; clients the checkpoint does not name start empty."""
-        from mecsim.agents.state import decode
-
         state = decode(encoded)
         clients = state["clients"]
         self.state = {cid: clients.get(cid, {}) for cid in self.state}

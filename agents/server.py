@@ -22,9 +22,11 @@ from typing import Any
 
 import numpy as np
 import psutil
+
 from mecsim.agents.algorithms import ClientResult, ClientTask, EdgeReport, algorithm_classes
 from mecsim.agents.algorithms.base import finite_upload
 from mecsim.agents.models import ModelLayout
+from mecsim.agents.state import BlobSink, decode, encode
 
 
 @dataclass(frozen=True)
@@ -78,15 +80,11 @@ class _ServerProcess:
         """The state, encoded for a checkpoint: (tree, new blobs). With ``known_blobs``
         (the digests a checkpoint folder holds), large arrays are references, and only
         those not yet stored come back as blobs."""
-        from mecsim.agents.state import BlobSink, encode
-
         sink = BlobSink(known_blobs) if known_blobs is not None else None
         tree = encode(self._state(), "server", sink)
         return tree, (sink.new if sink else {})
 
     def load_state_dict(self, encoded: dict[str, Any]) -> None:
-        from mecsim.agents.state import decode
-
         self._load(decode(encoded))
 
     def pid(self) -> int:
@@ -218,8 +216,6 @@ class CentralServer(_ServerProcess):
     def load_state_dict(self, encoded: dict[str, Any]) -> dict[int, Any]:
         """Restore the state; returns the edge servers' states (encoded) that a checkpoint
         written before they had states of their own kept in the algorithm's (else {})."""
-        from mecsim.agents.state import decode, encode
-
         state = decode(encoded)
         legacy = self.algorithm.legacy_edge_states(state["algorithm"]) \
             if self.algorithm.Edge else {}

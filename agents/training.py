@@ -26,6 +26,8 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from mecsim.agents.models import build_model
+
 LossTerm = Callable[[nn.Module], torch.Tensor]
 
 
@@ -295,8 +297,6 @@ def step_cost_on_meta(model_name: str, in_shape: tuple[int, ...], num_classes: i
     FLOP count and the memory accounting of :func:`measured_step` come out the same (a
     test checks it) for any batch size, without allocating it. Raises what the model
     raises for an input it cannot take."""
-    from mecsim.agents.models import build_model
-
     with torch.device("meta"):
         model = build_model(model_name, tuple(in_shape), num_classes)
         x = torch.zeros((batch_size, *in_shape))

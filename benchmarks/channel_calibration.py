@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
+
 from mecsim.channel import ClientRadio, ShannonChannel, dbm_to_w, large_scale_gain, linear_to_db
 
 RESNET18_BITS = 42.65 * 2**20 * 8

@@ -1,6 +1,7 @@
 """Shared by the KAPC benchmarks: run a scenario under another algorithm and seed, read back.
 
-Each variant is run through :func:`mecsim.run.loop.run` with the records writer, so every
+Each variant is run into its own folder (:func:`seeds.run_or_reuse`, which calls
+:func:`mecsim.store.session.run_in_folder` as `mecsim run` does), so every
 run leaves its ``rounds.csv`` / ``clients.csv`` / op-traces under
 ``OUT/<variant>/seed<k>/`` and the printed tables can be checked against them (``mecsim
 report`` reads the same files); a finished run is reused.

@@ -26,6 +26,7 @@ import math
 
 import numpy as np
 import torch
+
 from mecsim.agents.algorithms.kapc import (
     BlsConstants,
     criterion_log_lhs,
@@ -35,7 +36,6 @@ from mecsim.agents.algorithms.kapc import (
     search_omega,
 )
 from mecsim.agents.models import build_model, get_flat, model_layout, set_flat
-
 from mecsim.data import load_dataset, normalise
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
 from mecsim.agents.algorithms.kapc import normalise_rows, relation_gradient
 from mecsim.agents.state import decode, resolve_blobs
 
@@ -45,9 +46,8 @@ def quick_run() -> Path:
     """A 2-round KAPC run of the mnist-10 scenario, shrunk, in a new temporary folder."""
     import tempfile
 
-    from mecsim.run.loop import run
     from mecsim.scenario import load_scenario, scenario_from_dict
-    from mecsim.store.records import RecordsWriter
+    from mecsim.store.session import run_in_folder
 
     data = load_scenario(Path(__file__).resolve().parents[1] / "scenarios" /
                          "kapc-mnist-10.yaml").model_dump(mode="json")
@@ -58,7 +58,7 @@ def quick_run() -> Path:
     data["metrics"]["enabled"] = False
     data["execution"]["backend"] = "local"
     out = Path(tempfile.mkdtemp(prefix="kapc-relations-")) / "kapc"
-    run(scenario_from_dict(data, "kapc_relations --quick"), "kapc", out, [RecordsWriter(out)])
+    run_in_folder(scenario_from_dict(data, "kapc_relations --quick"), out)
     return out
 
 

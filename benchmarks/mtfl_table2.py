@@ -36,10 +36,10 @@ from typing import Any
 
 from seeds import add_seeds_argument, mean_std, seed_list
 
-from mecsim.analysis.summary import rounds_to_target
 from mecsim.run.round import run_round
 from mecsim.run.setup import prepare
 from mecsim.scenario import load_scenario, scenario_from_dict
+from mecsim.store.summary import rounds_to_target
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = ROOT / "scenarios" / "mtfl-mnist-shards.yaml"

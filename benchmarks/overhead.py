@@ -28,9 +28,9 @@ import time
 
 import numpy as np
 import torch
+
 from mecsim.agents.algorithms.fedavg import weighted_average
 from mecsim.agents.models import build_model, get_flat, model_layout, set_flat
-
 from mecsim.data import load_dataset, normalise, partition
 from mecsim.run.loop import run
 from mecsim.scenario import scenario_from_dict

@@ -29,11 +29,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mecsim.run.loop import run
 from mecsim.scenario import Scenario, ScenarioError, load_scenario
 from mecsim.store.checkpoints import CheckpointStore, scenario_digest
-from mecsim.store.records import RecordsWriter
 from mecsim.store.runfolder import RunFolderError, RunFolderInUse, prepare_resume
+from mecsim.store.session import run_in_folder
 
 DEFAULT_SEEDS = 3
 
@@ -151,15 +150,11 @@ def run_or_reuse(scenario: Scenario, path: Path, label: str = "",
                   flush=True)
         if target is not None:
             print(f"  {label or path}: resuming after round {target.rounds_done}", flush=True)
-            try:
-                run(target.scenario, target.run_id, path, [RecordsWriter(path)], hosts=hosts,
-                    resume=target.point)
-            finally:
-                target.lock.release()
+            run_in_folder(None, resume=target, hosts=hosts)
         else:
             if path.exists():
                 shutil.rmtree(path)
-            run(scenario, label or path.name, path, [RecordsWriter(path)], hosts=hosts)
+            run_in_folder(scenario, path, hosts=hosts)
         print(f"  {label or path}: {scenario.rounds} rounds in "
               f"{time.perf_counter() - start:.0f} s host", flush=True)
     # the newest checkpoint stays (kapc_relations.py reads the server's state from it)

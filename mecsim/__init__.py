@@ -18,11 +18,12 @@ def __getattr__(name: str):
     so ``mecsim.sweep(...)`` works however they were imported first.
     """
     if name in ("sweep", "replay"):
-        import importlib
+        # deferred: `import mecsim` stays light; replay and sweeps load torch
+        from mecsim.analysis import replay, sweep
 
-        return importlib.import_module(f"mecsim.analysis.{name}")
+        return {"sweep": sweep, "replay": replay}[name]
     if name == "Client":  # the service's Python client (mecsim.interfaces.service.client)
-        from mecsim.interfaces.service.client import Client
+        from mecsim.interfaces.service.client import Client  # deferred: httpx, on first use
 
         return Client
     raise AttributeError(f"module 'mecsim' has no attribute {name!r}")

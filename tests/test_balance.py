@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import tiny
+
 from mecsim.agents.algorithms import ClientTask, algorithm_classes
 from mecsim.agents.host import ClientHost
-
 from mecsim.run.backends.balance import balance_hosts
 from mecsim.run.round import run_round
 from mecsim.run.setup import prepare

@@ -11,11 +11,10 @@ from pathlib import Path
 import pandas as pd
 from conftest import tiny
 
-from mecsim.run.loop import run
-from mecsim.store.records import RecordsWriter
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import seeds  # noqa: E402
+
+from mecsim.store.session import run_in_folder
 
 
 def _checkpoints(path: Path) -> list[str]:
@@ -37,8 +36,8 @@ def test_a_killed_run_resumes_a_finished_one_is_reused_and_another_scenario_reru
     # killed after its second round (stopped there, its checkpoint written)
     path = tmp_path / "killed"
     calls = []
-    run(scenario, "killed", path, [RecordsWriter(path)],
-        should_stop=lambda: (calls.append(1), "interrupted" if len(calls) == 2 else False)[1])
+    run_in_folder(scenario, path, should_stop=lambda: (
+        calls.append(1), "interrupted" if len(calls) == 2 else False)[1])
     assert len(pd.read_csv(path / "rounds.csv")) == 2
     assert (path / "checkpoints").is_dir()
     first_walls = pd.read_csv(path / "rounds.csv")["host_wall_s"].tolist()
@@ -74,8 +73,7 @@ def test_a_run_another_process_is_running_is_neither_deleted_nor_run_twice(tmp_p
     scenario = tiny(rounds=2)
     path = tmp_path / "busy"
     calls = []
-    run(scenario, "busy", path, [RecordsWriter(path)],
-        should_stop=lambda: (calls.append(1), "interrupted")[1])
+    run_in_folder(scenario, path, should_stop=lambda: (calls.append(1), "interrupted")[1])
     lock = RunLock(path).acquire()  # as the first process holds it while it runs
     before = sorted(p.name for p in path.rglob("*"))
     try:

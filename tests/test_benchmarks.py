@@ -63,3 +63,32 @@ def test_benchmark_quick_run(script: Path, short_tmp: Path) -> None:
     assert proc.returncode == 0, tail
     figures = re.findall(r"\d+\.\d+", proc.stdout)
     assert len(figures) >= 3, f"{script.name} printed no figures{tail}"
+
+
+def test_ab_figures_are_matched_by_place_and_read_with_thousands_separators():
+    sys.path.insert(0, str(BENCHMARKS))
+    import ab
+
+    text = "clients  mecsim  ratio\n      10   0.040   0.63\n    1000   1,234.5  0.69 (x3)\n"
+    assert ab.figures(text) == {(0, 0): 10, (0, 1): 0.04, (0, 2): 0.63, (1, 0): 1000,
+                                (1, 1): 1234.5, (1, 2): 0.69}
+
+
+def test_ab_runs_each_revision_on_its_own_code(tmp_path: Path) -> None:
+    """A revision whose pyproject installs agents/ as mecsim.agents imports that folder of
+    its own worktree (not the installed checkout's) through the link tree ab.py makes."""
+    sys.path.insert(0, str(BENCHMARKS))
+    import ab
+
+    tree = tmp_path / "tree"
+    (tree / "mecsim").mkdir(parents=True)
+    (tree / "agents").mkdir()
+    (tree / "mecsim" / "__init__.py").write_text("")
+    (tree / "agents" / "__init__.py").write_text("WHERE = 'the worktree'\n")
+    (tree / "pyproject.toml").write_text(
+        '[tool.setuptools.package-dir]\n"mecsim" = "mecsim"\n"mecsim.agents" = "agents"\n')
+    root = ab._import_root(tree, tmp_path / "scratch")
+    proc = subprocess.run([sys.executable, "-c", "import mecsim.agents as a; print(a.WHERE)"],
+                          env={**os.environ, "PYTHONPATH": str(root)}, cwd=tmp_path,
+                          capture_output=True, text=True)
+    assert proc.stdout.strip() == "the worktree", proc.stderr

@@ -38,7 +38,7 @@ from mecsim.run.backends import placement, ray_start
 from mecsim.run.loop import run
 from mecsim.run.setup import RunFailed
 from mecsim.store.reader import read_csv_exact
-from mecsim.store.records import RecordsWriter
+from mecsim.store.session import run_in_folder
 
 needs_ray_cli = pytest.mark.skipif(not RAY_CLI.exists(), reason="no `ray` command here")
 
@@ -111,7 +111,7 @@ def cluster() -> Iterator[LocalCluster]:
 def reference(tmp_path_factory) -> Path:
     """The same scenario in-process: the local backend gives the records Ray gives."""
     out = tmp_path_factory.mktemp("ref") / "r"
-    run(tiny(rounds=ROUNDS), "r", out, [RecordsWriter(out)])
+    run_in_folder(tiny(rounds=ROUNDS), out)
     return out
 
 

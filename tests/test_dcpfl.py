@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 import torch
 from conftest import tiny
+
 from mecsim.agents.algorithms import ClientContext, ClientResult, ClientTask, TrainConfig
 from mecsim.agents.algorithms.dcpfl import (
     DECISION_NBYTES,
@@ -37,7 +38,6 @@ from mecsim.agents.algorithms.kmeans_cluster import KMeansClusterServer, kmeans_
 from mecsim.agents.algorithms.perfedavg import PerFedAvgClient, fo_maml_epochs, pair_batches
 from mecsim.agents.models import get_flat, model_layout, set_flat
 from mecsim.agents.training import StepCosts
-
 from mecsim.analysis.convergence import (
     convergence_round,
     final_accuracy,
@@ -57,7 +57,7 @@ from mecsim.emulation.ops import (
 )
 from mecsim.run.loop import run
 from mecsim.scenario import ScenarioError
-from mecsim.store.records import RecordsWriter
+from mecsim.store.session import run_in_folder
 
 # --------------------------------------------------------------------------- helpers
 
@@ -526,7 +526,7 @@ FAST = {"warmup_rounds": 2, "loss_window": 2, "observe_rounds": 1, "hold_rounds"
 def test_dcpfl_run_records_a_trial_round_with_double_download_and_compute(tmp_path):
     sc = tiny(rounds=11, algorithm={"name": "dcpfl", "params": FAST}, **E2E)
     out = tmp_path / "run"
-    run(sc, "dc", out, [RecordsWriter(out)])
+    run_in_folder(sc, out)
     rounds = pd.read_csv(out / "rounds.csv")
     model_bytes = json.loads((out / "run.json").read_text())["model_bytes"]
     trials = rounds.index[rounds["trial"] == 1].tolist()
@@ -579,7 +579,7 @@ def test_barrier_holds_every_client_until_the_last_report_by_hand():
 def test_dataset_heterogeneity_is_recorded(tmp_path):
     sc = tiny(rounds=1, **E2E)
     out = tmp_path / "run"
-    run(sc, "dkl", out, [RecordsWriter(out)])
+    run_in_folder(sc, out)
     rng = np.random.default_rng(np.random.SeedSequence([sc.seed, 1]))
     pools = load_dataset("mnist-embedded", None, 600, 150, rng)
     parts = partition(pools, 6, "primary_secondary", rng, samples_per_client=80,

@@ -5,15 +5,14 @@ assumption is printed under the tables when a run makes it for personalised down
 from __future__ import annotations
 
 import pytest
-from mecsim.agents.algorithms import ALGORITHMS
 
+from mecsim.agents.algorithms import algorithm_classes, algorithm_names
 from mecsim.analysis.tables import build_tables, label_runs, load_run
 from mecsim.emulation.engine import time_round
-from mecsim.emulation.network import NetworkModel, device_profiles, downlink_mode, downlink_note
+from mecsim.emulation.network import NetworkModel, device_profiles, downlink_note
 from mecsim.emulation.ops import Download
-from mecsim.run.loop import run
 from mecsim.scenario import scenario_from_dict
-from mecsim.store.records import RecordsWriter
+from mecsim.store.session import run_in_folder
 
 PERSONALISED = {"kapc", "kapc_bls", "dcpfl", "dcpfl_nola", "dcpfl_nodc", "kmeans_cluster",
                 "phsfl", "hsfl"}
@@ -28,17 +27,17 @@ def _scenario(algorithm: str, mode: str | None = None, **extra):
 
 
 def test_every_algorithm_declares_its_downloads():
-    declared = {name for name, (server, _) in ALGORITHMS.items()
-                if server.personalised_downloads}
+    declared = {name for name in algorithm_names()
+                if algorithm_classes(name)[0].personalised_downloads}
     assert declared == PERSONALISED
 
 
-@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+@pytest.mark.parametrize("algorithm", algorithm_names())
 def test_auto_resolves_by_algorithm(algorithm):
     sc = _scenario(algorithm)
     assert sc.channel.downlink.mode == "auto"  # the default
     expected = "shared" if algorithm in PERSONALISED else "full"
-    assert downlink_mode(sc) == expected
+    assert sc.downlink_mode() == expected
     net = NetworkModel(sc, device_profiles(sc))
     assert net.network.downlink_shared is (expected == "shared")
     assert downlink_note(sc) is None  # auto never makes the full-band assumption silently
@@ -72,7 +71,7 @@ def test_note_for_personalised_downloads_on_the_full_band():
     fixed = scenario_from_dict({"algorithm": {"name": "kapc"}, "channel": {
         "model": "fixed_rate", "uplink": {"rate_bps": 1e6}, "downlink": {"rate_bps": 1e6}}},
         "s.yaml")
-    assert downlink_mode(fixed) is None and downlink_note(fixed) is None
+    assert fixed.downlink_mode() is None and downlink_note(fixed) is None
 
 
 def test_note_printed_in_summary_and_report(tmp_path):
@@ -80,7 +79,7 @@ def test_note_printed_in_summary_and_report(tmp_path):
                    dataset={"train_size": 200, "test_size": 80},
                    execution={"backend": "local"}, metrics={"enabled": False})
     out = tmp_path / "kapc"
-    run(sc, "kapc", out, [RecordsWriter(out)])
+    run_in_folder(sc, out)
     note = downlink_note(sc)
     assert note in (out / "summary.md").read_text()
     runs = [load_run(out)]

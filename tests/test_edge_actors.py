@@ -34,9 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import tiny  # noqa: E402
 from test_resume import assert_same_records, is_host_column  # noqa: E402
 
-from mecsim.run.loop import run
 from mecsim.store.reader import read_csv_exact
-from mecsim.store.records import RecordsWriter
+from mecsim.store.session import run_in_folder
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "edge_golden"
 FILES = ("rounds.csv", "clients.csv", "rounds.parquet", "clients.parquet", "optraces.jsonl",
@@ -76,7 +75,7 @@ CASES = ("phsfl_2x2", "phsfl_2x2_half", "hsfl_2x2", "fedavg_flat", "fedavg_2es")
 
 def _run(name: str, out: Path, **execution) -> Path:
     sc = case(name, **execution)
-    run(sc, "g", out, [RecordsWriter(out)])
+    run_in_folder(sc, out)
     return out
 
 

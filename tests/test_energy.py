@@ -20,9 +20,8 @@ from mecsim.emulation.engine import (
     time_round,
 )
 from mecsim.emulation.ops import Compute, Download, Upload
-from mecsim.run.loop import run
 from mecsim.scenario import ScenarioError, scenario_from_dict
-from mecsim.store.records import RecordsWriter
+from mecsim.store.session import run_in_folder
 
 PI = DeviceProfile("pi", 1e9, 0.0, 2**30, active_power_w=6.4, idle_power_w=2.7,
                    radio_tx_power_w=1.0, radio_rx_power_w=0.3)
@@ -138,7 +137,7 @@ def _tiny(tmp_path: Path | None = None, **extra):
 def test_run_records_energy_from_the_recorded_times(tmp_path):
     sc = _tiny()
     out = tmp_path / "run"
-    rows = run(sc, "tiny", out, [RecordsWriter(out)])
+    rows = run_in_folder(sc, out).rows
     clients = pd.read_csv(out / "clients.csv")
     rounds = pd.read_csv(out / "rounds.csv")
     prof = builtin_profiles()
@@ -172,7 +171,7 @@ def test_sweep_energy_metric(tmp_path):
 
     sc = _tiny()
     out = tmp_path / "rec"
-    run(sc, "rec", out, [RecordsWriter(out)])
+    run_in_folder(sc, out)
     df = mecsim.sweep(out, {"devices.clients.0.profile": ["rpi2b", "rpi5"]})
     recorded = pd.read_csv(out / "rounds.csv")
     # the recorded point replays the recorded energy exactly

@@ -16,19 +16,18 @@ import pandas as pd
 import psutil
 import pytest
 from conftest import tiny
+from test_resume import SimulatedKill, StopAfter, assert_same_records
+
 from mecsim.agents.algorithms import ClientResult
 from mecsim.agents.models import build_model, get_flat, model_layout
 from mecsim.agents.server import CentralServer
-from test_resume import SimulatedKill, StopAfter, assert_same_records
-
 from mecsim.analysis import replay
 from mecsim.emulation import faults
 from mecsim.emulation.engine import RateSchedule
 from mecsim.emulation.ops import Compute, Download, Upload
-from mecsim.run.loop import run
 from mecsim.store.reader import read_csv_exact
-from mecsim.store.records import RecordsWriter
 from mecsim.store.runfolder import prepare_resume
+from mecsim.store.session import run_in_folder
 
 UNIT = {"flops_per_s": 1e9, "step_overhead_s": 0.0, "ram_bytes": 2**32,
         "flops_source": "test", "step_overhead_source": "test"}
@@ -40,7 +39,7 @@ def _faulted(tmp_path: Path, faults_cfg: dict, **kw) -> tuple[pd.DataFrame, pd.D
     kw.setdefault("devices", {"clients": [{"profile": "unit"}], "profiles": {"unit": UNIT}})
     sc = tiny(faults=faults_cfg, **kw)
     out = tmp_path / "run"
-    run(sc, "f", out, [RecordsWriter(out)])
+    run_in_folder(sc, out)
     return read_csv_exact(out / "rounds.csv"), read_csv_exact(out / "clients.csv")
 
 
@@ -188,7 +187,7 @@ def test_a_faulted_run_replays_exactly_and_resumes_exactly(tmp_path: Path) -> No
     sc = tiny(rounds=5, faults=cfg, channel=FIXED, topology={"clients": 8},
               algorithm={"name": "kapc"})
     full = tmp_path / "full" / "r"
-    run(sc, "r", full, [RecordsWriter(full)])
+    run_in_folder(sc, full)
     clients = read_csv_exact(full / "clients.csv")
     seen = set(clients["status"].dropna())
     assert {"crashed", "dropped_out", "outage", "completed"} <= seen
@@ -198,10 +197,10 @@ def test_a_faulted_run_replays_exactly_and_resumes_exactly(tmp_path: Path) -> No
     assert rep.rounds["round_time_s"].tolist() == recorded["round_time_s"].tolist()
     out = tmp_path / "cut" / "r"
     with pytest.raises(SimulatedKill):
-        run(sc, "r", out, [RecordsWriter(out), StopAfter(2)])
+        run_in_folder(sc, out, observers=[StopAfter(2)])
     target = prepare_resume(out)
     try:
-        run(target.scenario, "r", out, [RecordsWriter(out)], resume=target.point)
+        run_in_folder(None, resume=target)
     finally:
         target.lock.release()
     assert_same_records(full, out)
@@ -330,6 +329,6 @@ def test_killed_ray_actors_are_recreated_and_the_records_unchanged(tmp_path: Pat
     tests/test_edge_actors.py kills an edge-server actor of a hierarchical run."""
     sc = tiny(rounds=5)
     ref = tmp_path / "ref" / "r"
-    run(sc, "r", ref, [RecordsWriter(ref)])
+    run_in_folder(sc, ref)
     out = run_killing_actors(sc, tmp_path, [(1, "ClientHostActor"), (3, "CentralServerActor")])
     assert_same_records(ref, out, ignore=("faults",))

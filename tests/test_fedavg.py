@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from mecsim.agents.algorithms import ClientContext, ClientResult, ClientTask, TrainConfig
 from mecsim.agents.algorithms.fedavg import FedAvgClient, FedAvgServer, weighted_average
 from mecsim.agents.algorithms.local import LocalClient, LocalServer
 from mecsim.agents.models import build_model, get_flat, model_layout
 from mecsim.agents.training import StepCosts
-
 from mecsim.emulation.ops import Compute, Download, Upload
 
 

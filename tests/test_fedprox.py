@@ -7,13 +7,13 @@ import copy
 import numpy as np
 import pytest
 import torch
+from torch import nn
+
 from mecsim.agents.algorithms import ClientContext, ClientResult, ClientTask, TrainConfig
 from mecsim.agents.algorithms.fedavg import FedAvgClient
 from mecsim.agents.algorithms.fedprox import FedProxClient, FedProxServer, proximal_term
 from mecsim.agents.models import get_flat, model_layout, set_flat
 from mecsim.agents.training import StepCosts
-from torch import nn
-
 from mecsim.run.loop import run
 from mecsim.scenario import ScenarioError, scenario_from_dict
 from tests.conftest import TINY, tiny

@@ -14,6 +14,8 @@ import math
 import numpy as np
 import pytest
 import torch
+from torch import nn
+
 from mecsim.agents.algorithms import ClientContext, ClientResult, ClientTask, TrainConfig, run_notes
 from mecsim.agents.algorithms.kapc import (
     BlsClientState,
@@ -40,8 +42,6 @@ from mecsim.agents.algorithms.kapc import (
 )
 from mecsim.agents.models import build_model, get_flat, model_layout
 from mecsim.agents.training import StepCosts
-from torch import nn
-
 from mecsim.emulation.ops import Compute, Download, Upload
 from mecsim.run.loop import run
 from mecsim.scenario import ScenarioError, scenario_from_dict

@@ -7,6 +7,7 @@ import copy
 import numpy as np
 import pytest
 import torch
+
 from mecsim.agents.models import MODELS, build_model, get_flat, model_layout, set_flat, store_flat
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+
 from mecsim.agents.algorithms import ClientContext, TrainConfig
 from mecsim.agents.algorithms.fedavg import weighted_average
 from mecsim.agents.algorithms.mtfl import (
@@ -24,8 +25,6 @@ from mecsim.agents.algorithms.mtfl import (
 )
 from mecsim.agents.models import build_model, get_flat, model_layout, set_flat
 from mecsim.agents.training import StepCosts, make_optimizer, measured_step
-
-from mecsim.analysis.summary import rounds_to_target, target_lines, times_to_targets
 from mecsim.data import load_dataset, partition
 from mecsim.emulation.engine import time_round
 from mecsim.emulation.network import NetworkModel, device_profiles
@@ -33,6 +32,7 @@ from mecsim.emulation.ops import Compute, Download, Upload
 from mecsim.run.round import run_round
 from mecsim.run.setup import prepare
 from mecsim.scenario import ScenarioError, load_scenario, scenario_from_dict
+from mecsim.store.summary import rounds_to_target, target_lines, times_to_targets
 
 ROOT = Path(__file__).resolve().parents[1]
 N_2NN = 784 * 200 + 200 + 4 * 200 + 200 * 200 + 200 + 200 * 10 + 10  # 200,010 floats

@@ -9,6 +9,9 @@ import pandas as pd
 import pytest
 import torch
 from conftest import tiny
+from pytest import approx
+from torch import nn
+
 from mecsim.agents.algorithms import ClientContext, ClientResult, ClientTask, TrainConfig
 from mecsim.agents.algorithms.phsfl import (
     HSFLClient,
@@ -26,9 +29,6 @@ from mecsim.agents.algorithms.phsfl import (
 )
 from mecsim.agents.models import build_model, get_flat, model_layout, set_flat
 from mecsim.agents.training import StepCosts, evaluate
-from pytest import approx
-from torch import nn
-
 from mecsim.emulation.engine import ClientSpec, NetworkSpec, ServerSpec, time_round
 from mecsim.emulation.ops import (
     Backhaul,
@@ -39,8 +39,8 @@ from mecsim.emulation.ops import (
     op_from_dict,
     op_to_dict,
 )
-from mecsim.run.loop import run
-from mecsim.store.records import ROUND_COLUMNS, RecordsWriter
+from mecsim.run.rows import ROUND_COLUMNS
+from mecsim.store.session import run_in_folder
 
 MNIST = (1, 28, 28)
 MODEL_NUMEL = 733_706  # phsfl_cnn on 1x28x28: conv 1664 + conv 204928 + FC 524544 + FC 2570
@@ -411,7 +411,7 @@ def test_two_round_run_records_split_traffic_and_backhaul(algorithm, tmp_path):
               backhaul={"bandwidth_bps": 1e9, "latency_s": 0.005},
               algorithm={"name": algorithm, "params": {"edge_rounds": 2, "finetune_steps": 2}},
               training={"epochs": 1, "batch_size": 32, "lr": 0.01})
-    rows = run(sc, "p", tmp_path / "run", [RecordsWriter(tmp_path / "run")])
+    rows = run_in_folder(sc, tmp_path / "run").rows
     model_bytes, client_bytes = MODEL_NUMEL * 4, CLIENT_NUMEL * 4
     act32 = 32 * 64 * 12 * 12 * 4  # one batch of 32 (every client holds about 100 samples)
     transfer_s = 0.005 + 8 * model_bytes / 1e9  # 5 ms + 8 * |w| / 1 Gbit/s

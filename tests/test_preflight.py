@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import tiny
+
 from mecsim.agents.models import build_model
 from mecsim.agents.training import make_optimizer, measured_step, step_cost_on_meta
-
 from mecsim.run import preflight
 from mecsim.run.preflight import Findings
 from mecsim.scenario import ScenarioError

@@ -8,11 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import tiny
-from mecsim.agents.algorithms.fedavg import FedAvgServer
 
 import mecsim
+from mecsim.agents.algorithms.fedavg import FedAvgServer
 from mecsim.analysis.replay import (
-    ROUND_COLUMNS,
     RecordedRun,
     ReplayInfeasible,
     RunLoadError,
@@ -21,17 +20,17 @@ from mecsim.analysis.replay import (
 )
 from mecsim.analysis.sweep import HEAD_COLUMNS, METRIC_COLUMNS, grid_points, summarise, sweep
 from mecsim.interfaces.cli import main
-from mecsim.run.loop import run
+from mecsim.run.rows import REPLAY_COLUMNS
 from mecsim.scenario.overrides import OverrideError, apply_overrides, parse_set, parse_values
 from mecsim.store.reader import read_csv_exact
-from mecsim.store.records import RecordsWriter
+from mecsim.store.session import run_in_folder
 
 BW = "channel.uplink.bandwidth_hz"
-TIMING = [c for c in ROUND_COLUMNS if c != "mean_accuracy"]
+TIMING = [c for c in REPLAY_COLUMNS if c != "mean_accuracy"]
 
 
 def _recorded(rounds_df: pd.DataFrame) -> pd.DataFrame:
-    return rounds_df[ROUND_COLUMNS].reset_index(drop=True)
+    return rounds_df[REPLAY_COLUMNS].reset_index(drop=True)
 
 
 @pytest.fixture(scope="module")
@@ -40,12 +39,12 @@ def runs(tmp_path_factory):
     the slowest client of round 0."""
     base_dir = tmp_path_factory.mktemp("runs")
     scenario = tiny(rounds=3)
-    run(scenario, "base", base_dir / "base", [RecordsWriter(base_dir / "base")])
+    run_in_folder(scenario, base_dir / "base")
     clients = pd.read_csv(base_dir / "base" / "clients.csv")
     finish = np.sort(clients[clients["round"] == 0]["finish_s"].to_numpy())
     deadline_s = float((finish[-2] + finish[-1]) / 2)
     late = apply_overrides(scenario, {"deadline_s": deadline_s})
-    run(late, "late", base_dir / "late", [RecordsWriter(base_dir / "late")])
+    run_in_folder(late, base_dir / "late")
     return {"base": load_run(base_dir / "base"), "late": load_run(base_dir / "late"),
             "deadline_s": deadline_s, "dir": base_dir}
 
@@ -60,8 +59,8 @@ def test_replay_without_override_reproduces_the_records_exactly(runs):
         result = replay(rec)
         assert result.source == "replay" and result.exact and result.inexact_from_round is None
         got, want = result.rounds, _recorded(_csv(rec))
-        assert list(got.columns) == ROUND_COLUMNS
-        for col in ROUND_COLUMNS:  # bit for bit, not approximately
+        assert list(got.columns) == REPLAY_COLUMNS
+        for col in REPLAY_COLUMNS:  # bit for bit, not approximately
             assert np.array_equal(got[col].to_numpy(), want[col].to_numpy(), equal_nan=True), col
     # the deadline run: its outcome depended on timing, and the replay says why it is exact
     late = replay(runs["late"])
@@ -91,11 +90,11 @@ def test_exact_replay_through_the_simpy_model(channel, tmp_path):
         cfg = {"model": "fixed_rate", "uplink": {"rate_bps": 4e6, "shared": True},
                "downlink": {"rate_bps": 2e7, "shared": True}}
     out = tmp_path / "run"
-    run(tiny(rounds=2, channel=cfg), "v", out, [RecordsWriter(out)])
+    run_in_folder(tiny(rounds=2, channel=cfg), out)
     recorded = load_run(out)
     got, want = replay(recorded).rounds, _recorded(_csv(recorded))
     assert (got["round_time_s"] > 0).all()
-    for col in ROUND_COLUMNS:
+    for col in REPLAY_COLUMNS:
         assert np.array_equal(got[col].to_numpy(), want[col].to_numpy(), equal_nan=True), col
 
 

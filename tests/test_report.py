@@ -22,8 +22,8 @@ from mecsim.analysis.tables import (
     load_run,
 )
 from mecsim.interfaces.cli import main
-from mecsim.run.loop import run
-from mecsim.store.records import CLIENT_COLUMNS, ROUND_COLUMNS, RecordsWriter
+from mecsim.run.rows import CLIENT_COLUMNS, ROUND_COLUMNS
+from mecsim.store.session import run_in_folder
 
 MiB = 2**20
 NAN = float("nan")
@@ -261,7 +261,7 @@ def test_report_errors_name_the_path(tmp_path, two_runs, capsys):
 def test_plots_are_written_at_the_end_of_a_real_run_and_report_agrees(tmp_path, capsys):
     out = tmp_path / "run"
     plots = PlotWriter(out / "plots")
-    rows = run(tiny(rounds=2), "real", out, [RecordsWriter(out), plots])
+    rows = run_in_folder(tiny(rounds=2), out, observers=[plots]).rows
     assert sorted(p.name for p in plots.written) == sorted(PLOT_NAMES)
     for name in PLOT_NAMES:
         _assert_png(out / "plots" / name)
@@ -273,8 +273,8 @@ def test_plots_are_written_at_the_end_of_a_real_run_and_report_agrees(tmp_path, 
 
 
 def test_run_summary_adds_backhaul_and_idle_only_when_present():
-    """summary.md / the printed table of one run (mecsim.analysis.summary), from hand-made rows."""
-    from mecsim.analysis.summary import summarise, table_rows
+    """summary.md / the printed table of one run (mecsim.store.summary), from hand-made rows."""
+    from mecsim.store.summary import summarise, table_rows
 
     row = {"round_time_s": 10.0, "ul_time_s": 2.0, "dl_time_s": 1.0, "client_time_s": 5.0,
            "server_time_s": 0.0, "idle_time_s": 0.0, "elapsed_s": 10.0, "bytes_up": MiB,

@@ -21,15 +21,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from conftest import tiny
-from mecsim.agents.algorithms import ALGORITHMS
 
+from mecsim.agents.algorithms import algorithm_names
 from mecsim.run import interrupts
-from mecsim.run.loop import run
 from mecsim.run.observers import RunObserver
 from mecsim.store.checkpoints import CheckpointStore
 from mecsim.store.reader import read_csv_exact
-from mecsim.store.records import RecordsWriter
 from mecsim.store.runfolder import RunFolderError, prepare_resume, run_status
+from mecsim.store.session import run_in_folder
 
 # columns that measure this machine, not the emulated testbed
 HOST_COLUMNS = {"host_wall_s", "host_train_wall_s", "host_aggregate_s", "server_rss_mb",
@@ -115,28 +114,27 @@ def _algorithm_scenario(name: str, rounds: int):
 def _interrupted_then_resumed(sc, tmp_path: Path, stop_at: int, hosts=(2, 2)) -> Path:
     out = tmp_path / "resumed" / "r"
     with pytest.raises(SimulatedKill):
-        run(sc, "r", out, [RecordsWriter(out), StopAfter(stop_at)], hosts=hosts[0])
+        run_in_folder(sc, out, observers=[StopAfter(stop_at)], hosts=hosts[0])
     assert json.loads((out / "run.json").read_text())["status"] == "failed"
     target = prepare_resume(out)
     try:
         # cut back to the checkpoint before the stopped round
         assert target.rounds_done == stop_at
         assert len(pd.read_csv(out / "rounds.csv")) == stop_at
-        run(target.scenario, target.run_id, out, [RecordsWriter(out)], hosts=hosts[1],
-            resume=target.point)
+        run_in_folder(None, resume=target, hosts=hosts[1])
     finally:
         target.lock.release()
     assert json.loads((out / "run.json").read_text())["status"] == "finished"
     return out
 
 
-@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+@pytest.mark.parametrize("name", algorithm_names())
 def test_every_algorithm_resumes_exactly(name: str, tmp_path: Path) -> None:
     rounds = 11 if name.startswith("dcpfl") else 5
     stop_at = 7 if name.startswith("dcpfl") else 2
     sc = _algorithm_scenario(name, rounds)
     full = tmp_path / "full" / "r"
-    run(sc, "r", full, [RecordsWriter(full)])
+    run_in_folder(sc, full)
     out = _interrupted_then_resumed(sc, tmp_path, stop_at)
     assert_same_records(full, out)
 
@@ -145,14 +143,14 @@ def test_resume_with_another_number_of_hosts(tmp_path: Path) -> None:
     # client state is checkpointed per client, so the hosts may be re-arranged
     sc = _algorithm_scenario("kapc_bls", 4)
     full = tmp_path / "full" / "r"
-    run(sc, "r", full, [RecordsWriter(full)], hosts=2)
+    run_in_folder(sc, full, hosts=2)
     out = _interrupted_then_resumed(sc, tmp_path, 1, hosts=(2, 3))
     assert_same_records(full, out)
 
 
 def test_a_finished_or_busy_folder_is_not_resumed(tmp_path: Path) -> None:
     out = tmp_path / "r"
-    run(tiny(rounds=1), "r", out, [RecordsWriter(out)])
+    run_in_folder(tiny(rounds=1), out)
     with pytest.raises(RunFolderError, match="finished"):
         prepare_resume(out)
     meta = json.loads((out / "run.json").read_text())
@@ -170,10 +168,10 @@ def test_a_finished_or_busy_folder_is_not_resumed(tmp_path: Path) -> None:
 def test_an_unreadable_newest_checkpoint_falls_back_to_an_older_one(tmp_path: Path) -> None:
     sc = tiny(rounds=4)
     full = tmp_path / "full" / "r"
-    run(sc, "r", full, [RecordsWriter(full)])
+    run_in_folder(sc, full)
     out = tmp_path / "cut" / "r"
     with pytest.raises(SimulatedKill):
-        run(sc, "r", out, [RecordsWriter(out), StopAfter(3)])
+        run_in_folder(sc, out, observers=[StopAfter(3)])
     ckpts = sorted((out / "checkpoints").glob("*.pt"))
     assert [p.name for p in ckpts] == ["round-000002.pt", "round-000003.pt"]
     ckpts[-1].write_bytes(ckpts[-1].read_bytes()[:1000])  # torn by a disk fault
@@ -181,7 +179,7 @@ def test_an_unreadable_newest_checkpoint_falls_back_to_an_older_one(tmp_path: Pa
     target = prepare_resume(out, warn=warnings.append)
     try:
         assert target.rounds_done == 2 and "unreadable" in warnings[0]
-        run(target.scenario, target.run_id, out, [RecordsWriter(out)], resume=target.point)
+        run_in_folder(None, resume=target)
     finally:
         target.lock.release()
     assert_same_records(full, out)
@@ -190,7 +188,7 @@ def test_an_unreadable_newest_checkpoint_falls_back_to_an_older_one(tmp_path: Pa
 def test_checkpoints_are_kept_as_configured_and_hold_no_code(tmp_path: Path) -> None:
     sc = tiny(rounds=5, checkpoint={"every": 2, "keep": 2})
     out = tmp_path / "r"
-    run(sc, "r", out, [RecordsWriter(out)])
+    run_in_folder(sc, out)
     names = sorted(p.name for p in (out / "checkpoints").glob("*.pt"))
     assert names == ["round-000004.pt", "round-000005.pt"]  # every 2, and after the last
     meta = json.loads((out / "run.json").read_text())
@@ -316,7 +314,7 @@ def test_report_and_summary_say_how_far_a_stopped_run_got(tmp_path: Path, capsys
 
     out = tmp_path / "r"
     with pytest.raises(SimulatedKill):
-        run(tiny(rounds=4), "r", out, [RecordsWriter(out), StopAfter(1)])
+        run_in_folder(tiny(rounds=4), out, observers=[StopAfter(1)])
     assert "**Run failed after 2 of 4 rounds.**" in (out / "summary.md").read_text()
     meta = json.loads((out / "run.json").read_text())
     # what a kill -9 leaves: "running", with nobody holding the folder's lock
@@ -334,20 +332,20 @@ def test_a_checkpoint_writes_only_what_changed(tmp_path: Path) -> None:
     sc = tiny(rounds=4, topology={"clients": 4, "participation": 0.5},
               algorithm={"name": "local"})
     out = tmp_path / "r"
-    run(sc, "r", out, [RecordsWriter(out)])
+    run_in_folder(sc, out)
     model_bytes = json.loads((out / "run.json").read_text())["model_bytes"]
     written = json.loads((out / "run.json").read_text())["checkpoint"]["bytes"]
     assert 2 * model_bytes < written < 2 * model_bytes + 100_000
     blobs = list((out / "checkpoints" / "blobs").glob("*.pt"))
     assert len(blobs) == 7
     full = tmp_path / "f"
-    run(sc, "r", full, [RecordsWriter(full)])
+    run_in_folder(sc, full)
     cut = tmp_path / "c" / "r"
     with pytest.raises(SimulatedKill):
-        run(sc, "r", cut, [RecordsWriter(cut), StopAfter(2)])
+        run_in_folder(sc, cut, observers=[StopAfter(2)])
     target = prepare_resume(cut)
     try:
-        run(target.scenario, "r", cut, [RecordsWriter(cut)], resume=target.point)
+        run_in_folder(None, resume=target)
     finally:
         target.lock.release()
     assert_same_records(full, cut)
@@ -359,22 +357,23 @@ def test_a_run_killed_twice_resumes_twice_with_other_settings(tmp_path: Path) ->
     # the run, so the third process resumes from the second's newest, not from round 0
     sc = tiny(rounds=5)
     full = tmp_path / "full" / "r"
-    run(sc, "r", full, [RecordsWriter(full)])
+    run_in_folder(sc, full)
     out = tmp_path / "twice" / "r"
     with pytest.raises(SimulatedKill):
-        run(sc, "r", out, [RecordsWriter(out), StopAfter(1)])
+        run_in_folder(sc, out, observers=[StopAfter(1)])
     target = prepare_resume(out)
     other = tiny(rounds=5, metrics={"enabled": False, "port": 9999},
                  execution={"backend": "local", "hosts": 3}, checkpoint={"keep": 3})
+    target.scenario = other  # other metrics, execution and checkpoint settings
     try:
         with pytest.raises(SimulatedKill):
-            run(other, "r", out, [RecordsWriter(out), StopAfter(3)], resume=target.point)
+            run_in_folder(None, resume=target, observers=[StopAfter(3)])
     finally:
         target.lock.release()
     target = prepare_resume(out)
     try:
         assert target.rounds_done == 3
-        run(target.scenario, "r", out, [RecordsWriter(out)], resume=target.point)
+        run_in_folder(None, resume=target)
     finally:
         target.lock.release()
     assert_same_records(full, out)

@@ -11,7 +11,8 @@ misspelt, values nested deeply, bytes that are not UTF-8. For ``mecsim validate`
 - no exception escapes (no traceback);
 - nothing is written in the working directory on exit 2.
 
-A mutant that passes everything is not trained: ``mecsim.run.loop.run`` is replaced by a
+A mutant that passes everything is not trained: the run loop (``run`` as
+``mecsim.store.session`` calls it) is replaced by a
 stub for the ``run`` command, so the test covers the pre-flight path (schema, paths,
 ports, data, model, memory, algorithm and channel checks) and stays a few seconds.
 """
@@ -30,7 +31,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import mecsim.run.loop
+import mecsim.store.session
 from mecsim.interfaces.cli import main
 from mecsim.scenario import default_scenario_path
 
@@ -153,7 +154,7 @@ def no_training(monkeypatch):
             out = out.parent
         return []
 
-    monkeypatch.setattr(mecsim.run.loop, "run", stub)
+    monkeypatch.setattr(mecsim.store.session, "run", stub)
     return calls
 
 

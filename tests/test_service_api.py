@@ -37,6 +37,7 @@ from mecsim.interfaces.service.submission import (
 )
 from mecsim.run.loop import run
 from mecsim.scenario import Scenario
+from mecsim.store.session import run_in_folder
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
@@ -96,7 +97,6 @@ def test_a_run_that_finished_as_the_server_died_is_kept_not_run_again(tmp_path, 
     round 0 instead, kept beside the new one, and nothing is half-written to the store."""
     from mecsim.interfaces.service.store import _json_safe
     from mecsim.interfaces.service.worker import Worker
-    from mecsim.store.records import RecordsWriter
     from mecsim.store.runfolder import read_meta
 
     store = Store(tmp_path / "state")
@@ -104,8 +104,7 @@ def test_a_run_that_finished_as_the_server_died_is_kept_not_run_again(tmp_path, 
     store.add_run("r0", "tiny", "fedavg", text, 3, max_waiting=10)
     claimed = store.claim_next()
     out = store.run_dir("r0")
-    out.mkdir(parents=True)
-    rows = run(Scenario.model_validate(yaml.safe_load(text)), "r0", out, [RecordsWriter(out)])
+    rows = run_in_folder(Scenario.model_validate(yaml.safe_load(text)), out).rows
     store.round_done("r0", 0, rows[0])  # the store heard of the first round only
     assert read_meta(out)["status"] == "finished" and not (out / "plots").exists()
     csv_text = (out / "rounds.csv").read_text()
@@ -167,16 +166,14 @@ def test_an_adopted_run_s_prometheus_series_are_rebuilt_from_its_records(tmp_pat
 
     from mecsim.interfaces.metrics import MetricsExporter
     from mecsim.interfaces.service.worker import Worker
-    from mecsim.store.records import RecordsWriter
 
     store = Store(tmp_path / "state")
     text = tiny_yaml(rounds=3, faults={"crash_prob": 0.3, "dropout_prob": 0.2})
     store.add_run("r0", "tiny", "fedavg", text, 3, max_waiting=10)
     store.claim_next()
     out = store.run_dir("r0")
-    out.mkdir(parents=True)
     live = MetricsExporter(registry=CollectorRegistry())
-    run(Scenario.model_validate(yaml.safe_load(text)), "r0", out, [RecordsWriter(out), live])
+    run_in_folder(Scenario.model_validate(yaml.safe_load(text)), out, observers=[live])
     expected = _samples(generate_latest(live.registry).decode())
     store.close()
 
@@ -204,7 +201,6 @@ def test_an_interrupted_run_whose_folder_another_process_holds_fails_untouched(
     `mecsim run --resume` on it, say) is not renamed or run again: the run fails, saying
     so, and the folder and its records stay as they were."""
     from mecsim.interfaces.service import worker as worker_module
-    from mecsim.store.records import RecordsWriter
     from mecsim.store.runfolder import RunLock, read_meta, write_meta
 
     monkeypatch.setattr(worker_module, "LOCK_WAIT_S", 0.3)
@@ -213,8 +209,7 @@ def test_an_interrupted_run_whose_folder_another_process_holds_fails_untouched(
     store.add_run("r0", "tiny", "fedavg", text, 2, max_waiting=10)
     store.claim_next()
     out = store.run_dir("r0")
-    out.mkdir(parents=True)
-    run(Scenario.model_validate(yaml.safe_load(text)), "r0", out, [RecordsWriter(out)])
+    run_in_folder(Scenario.model_validate(yaml.safe_load(text)), out)
     write_meta(out, {**read_meta(out), "status": "interrupted"})  # as if cut short
     def files():  # but the lock file, which the other process's lock writes
         return {p.name: p.read_bytes() for p in out.iterdir()

@@ -12,11 +12,11 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import tiny
+
 from mecsim.agents.algorithms import ClientResult, fedavg
 from mecsim.agents.algorithms.fedavg import WeightedSum
 from mecsim.agents.models import build_model, get_flat, model_layout
 from mecsim.agents.server import CentralServer
-
 from mecsim.run.backends import (
     actors,
     balance,
@@ -29,6 +29,7 @@ from mecsim.run.backends import (
 from mecsim.run.round import run_round
 from mecsim.run.setup import prepare, streams_aggregation
 from mecsim.scenario import scenario_from_dict
+from mecsim.store.session import run_in_folder
 
 
 def test_weighted_sum_hand_numbers_and_parts_give_the_same_bits():
@@ -561,8 +562,6 @@ def test_rounds_planned_ahead_under_ray_give_the_in_process_records_and_resume_t
     other than that plan refuses to run after it."""
     from test_resume import SimulatedKill, StopAfter, assert_same_records
 
-    from mecsim.run.loop import run
-    from mecsim.store.records import RecordsWriter
     from mecsim.store.runfolder import prepare_resume
 
     def scenario(backend: str, stream: str = "auto"):
@@ -581,14 +580,14 @@ def test_rounds_planned_ahead_under_ray_give_the_in_process_records_and_resume_t
 
     monkeypatch.setattr(ray_executor.RayExecutor, "plan_ahead", plan_ahead)
     local = tmp_path / "local"
-    run(scenario("local"), "r", local, [RecordsWriter(local)])
+    run_in_folder(scenario("local"), local)
     cut = tmp_path / "cut" / "r"
     with pytest.raises(SimulatedKill):  # at the end of round 4, before its checkpoint
-        run(scenario("ray"), "r", cut, [RecordsWriter(cut), StopAfter(4)])
+        run_in_folder(scenario("ray"), cut, observers=[StopAfter(4)])
     target = prepare_resume(cut)
     try:
         assert target.rounds_done == 4  # the checkpoint after round 3
-        run(target.scenario, "r", cut, [RecordsWriter(cut)], resume=target.point)
+        run_in_folder(None, resume=target)
     finally:
         target.lock.release()
     # round 0 -> 1, 1 -> 2; round 2 evaluates, a checkpoint follows round 3; 4 -> 5
@@ -597,7 +596,7 @@ def test_rounds_planned_ahead_under_ray_give_the_in_process_records_and_resume_t
     assert_same_records(local, cut)
     # held rounds (aggregated after the timing) are planned ahead after the aggregate
     held = tmp_path / "held"
-    run(scenario("ray", stream="off"), "r", held, [RecordsWriter(held)])
+    run_in_folder(scenario("ray", stream="off"), held)
     assert ahead == [1, 2, 5, 5, 1, 2, 5]
     assert_same_records(local, held)
 

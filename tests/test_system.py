@@ -17,8 +17,9 @@ from mecsim.interfaces.cli import main
 from mecsim.interfaces.metrics import MetricsExporter
 from mecsim.run.loop import run
 from mecsim.run.observers import RunObserver
+from mecsim.run.rows import CLIENT_COLUMNS, ROUND_COLUMNS
 from mecsim.scenario import load_scenario, scenario_from_dict
-from mecsim.store.records import CLIENT_COLUMNS, ROUND_COLUMNS, RecordsWriter
+from mecsim.store.session import run_in_folder
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,7 +35,7 @@ def _emulated(rows):
 def test_records_are_complete_and_consistent(tmp_path):
     sc = tiny(rounds=3)
     out = tmp_path / "run"
-    rows = run(sc, "r1", out, [RecordsWriter(out)])
+    rows = run_in_folder(sc, out).rows
     rounds = pd.read_csv(out / "rounds.csv")
     clients = pd.read_csv(out / "clients.csv")
     assert list(rounds.columns) == ROUND_COLUMNS and list(clients.columns) == CLIENT_COLUMNS

@@ -8,8 +8,8 @@ import threading
 
 import numpy as np
 from conftest import tiny
-from mecsim.agents.models import build_model, get_flat, model_layout
 
+from mecsim.agents.models import build_model, get_flat, model_layout
 from mecsim.run import preflight, torch_rng
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
+
 from mecsim.agents.models import build_model
 from mecsim.agents.training import (
     StepCosts,
@@ -15,8 +17,6 @@ from mecsim.agents.training import (
     set_mode,
     train_epochs,
 )
-from torch import nn
-
 from mecsim.emulation.devices import builtin_profiles
 
 

@@ -7,17 +7,18 @@ import math
 
 import numpy as np
 import pytest
+
 from mecsim.channel.transport import (
     MATHIS_C,
     jittered_latency_s,
     mathis_goodput_bps,
     transfer_time_s,
 )
-
 from mecsim.emulation.engine import ClientSpec, NetworkSpec, ServerSpec, time_round
 from mecsim.emulation.network import NetworkModel, device_profiles
 from mecsim.emulation.ops import Backhaul, Compute, Download, Upload
 from mecsim.scenario import ScenarioError, scenario_from_dict
+from mecsim.store.session import run_in_folder
 
 
 def test_mathis_hand_numbers():
@@ -150,8 +151,6 @@ def test_loss_rate_swept_from_the_command_line_hand_computed(tmp_path):
     import pandas as pd
 
     from mecsim.interfaces.cli import main
-    from mecsim.run.loop import run
-    from mecsim.store.records import RecordsWriter
 
     sc = scenario_from_dict({
         "name": "tiny-loss", "rounds": 2, "seed": 5, "topology": {"clients": 3},
@@ -160,7 +159,7 @@ def test_loss_rate_swept_from_the_command_line_hand_computed(tmp_path):
                     "downlink": {"rate_bps": 8e6}},
         "execution": {"backend": "local"}, "metrics": {"enabled": False}}, "tiny.yaml")
     rec = tmp_path / "rec"
-    run(sc, "rec", rec, [RecordsWriter(rec)])
+    run_in_folder(sc, rec)
     nbytes = int(pd.read_csv(rec / "clients.csv")["bytes_up"].iloc[0])
     out = tmp_path / "sweep"
     assert main(["sweep", str(rec), "--set", "channel.uplink.loss_rate=0,0.001,0.05",

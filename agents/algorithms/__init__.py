@@ -1,8 +1,10 @@
-"""Algorithms by name: each is a (server class, client class) pair.
+"""The algorithms: each is a (server class, client class) pair, found by name.
 
-To add one: write ``agents/algorithms/<name>.py`` with a ServerAlgorithm and a
-ClientAlgorithm subclass, and register the pair here. Nothing in the engine or the run
-loop changes.
+Each module defines its classes and a ``(server, client)`` pair named in
+:data:`mecsim.registry.ALGORITHMS` (e.g. ``fedavg.FEDAVG``); :func:`algorithm_classes`
+looks a name up there. To add one: write ``agents/algorithms/<name>.py`` with a
+:class:`ServerAlgorithm` and a :class:`ClientAlgorithm` subclass and the pair, and add
+its import string to the registry. Nothing in the engine or the run loop changes.
 """
 
 from __future__ import annotations
@@ -18,46 +20,18 @@ from mecsim.agents.algorithms.base import (
     ServerAlgorithm,
     TrainConfig,
 )
-from mecsim.agents.algorithms.dcpfl import (
-    DCPFLClient,
-    DCPFLServer,
-    NoDCClient,
-    NoDCServer,
-    NoLAClient,
-    NoLAServer,
-)
-from mecsim.agents.algorithms.fedavg import FedAvgClient, FedAvgServer
-from mecsim.agents.algorithms.fedprox import FedProxClient, FedProxServer
-from mecsim.agents.algorithms.kapc import KapcBlsClient, KapcBlsServer, KapcClient, KapcServer
-from mecsim.agents.algorithms.kmeans_cluster import KMeansClusterClient, KMeansClusterServer
-from mecsim.agents.algorithms.local import LocalClient, LocalServer
-from mecsim.agents.algorithms.mtfl import MTFLClient, MTFLServer
-from mecsim.agents.algorithms.perfedavg import PerFedAvgClient, PerFedAvgServer
-from mecsim.agents.algorithms.phsfl import HSFLClient, HSFLServer, PHSFLClient, PHSFLServer
-
-ALGORITHMS: dict[str, tuple[type[ServerAlgorithm], type[ClientAlgorithm]]] = {
-    "fedavg": (FedAvgServer, FedAvgClient),
-    "fedprox": (FedProxServer, FedProxClient),
-    "kapc": (KapcServer, KapcClient),
-    "kapc_bls": (KapcBlsServer, KapcBlsClient),
-    "local": (LocalServer, LocalClient),
-    "mtfl": (MTFLServer, MTFLClient),
-    "perfedavg": (PerFedAvgServer, PerFedAvgClient),
-    "kmeans_cluster": (KMeansClusterServer, KMeansClusterClient),
-    "dcpfl": (DCPFLServer, DCPFLClient),
-    "dcpfl_nola": (NoLAServer, NoLAClient),
-    "dcpfl_nodc": (NoDCServer, NoDCClient),
-    "phsfl": (PHSFLServer, PHSFLClient),
-    "hsfl": (HSFLServer, HSFLClient),
-}
+from mecsim.registry import ALGORITHMS, algorithm
 
 
 def algorithm_classes(name: str) -> tuple[type[ServerAlgorithm], type[ClientAlgorithm]]:
-    try:
-        return ALGORITHMS[name]
-    except KeyError:
-        known = ", ".join(sorted(ALGORITHMS))
-        raise ValueError(f"unknown algorithm {name!r}; known: {known}") from None
+    """The (server class, client class) of algorithm ``name``; ValueError (listing the
+    known ones) for an unknown name."""
+    return algorithm(name)
+
+
+def algorithm_names() -> list[str]:
+    """Every algorithm a scenario may name, sorted."""
+    return ALGORITHMS.names()
 
 
 def run_notes(name: str, params: dict, rows: list[dict]) -> list[str]:
@@ -73,7 +47,6 @@ def run_notes(name: str, params: dict, rows: list[dict]) -> list[str]:
 
 
 __all__ = [
-    "ALGORITHMS",
     "AggregateStats",
     "ClientAlgorithm",
     "ClientContext",
@@ -84,5 +57,6 @@ __all__ = [
     "ServerAlgorithm",
     "TrainConfig",
     "algorithm_classes",
+    "algorithm_names",
     "run_notes",
 ]

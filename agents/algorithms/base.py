@@ -33,11 +33,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from mecsim.agents.models import ModelLayout
-from mecsim.agents.training import StepCosts, TrainStats, evaluate, model_optimizer, train_epochs
 from pydantic import BaseModel, ConfigDict
 from torch import nn
 
+from mecsim.agents.models import ModelLayout, set_flat
+from mecsim.agents.training import StepCosts, TrainStats, evaluate, model_optimizer, train_epochs
 from mecsim.emulation.ops import Compute, Download, OpTrace, Upload
 
 
@@ -365,8 +365,6 @@ class ClientAlgorithm:
         figures; the round row then carries ``mean_<name>`` over the evaluated clients,
         and each ``mean_<name>`` must be listed in the server class's ``round_metrics``.
         """
-        from mecsim.agents.models import set_flat
-
         if task.weights is not None:
             set_flat(ctx.model, ctx.layout, task.weights)
         return evaluate(ctx.model, ctx.x_test, ctx.y_test)

@@ -73,6 +73,11 @@ from typing import Literal
 
 import numpy as np
 import torch
+from pydantic import Field, model_validator
+from scipy.cluster.hierarchy import fcluster, linkage
+from scipy.spatial.distance import squareform
+from torch.utils.flop_counter import FlopCounterMode
+
 from mecsim.agents.algorithms.base import (
     AggregateStats,
     ClientAlgorithm,
@@ -86,11 +91,6 @@ from mecsim.agents.algorithms.base import (
 from mecsim.agents.algorithms.fedavg import aggregation_flops, weighted_average
 from mecsim.agents.models import ModelLayout, get_flat, set_flat
 from mecsim.agents.training import StepCost, evaluate
-from pydantic import Field, model_validator
-from scipy.cluster.hierarchy import fcluster, linkage
-from scipy.spatial.distance import squareform
-from torch.utils.flop_counter import FlopCounterMode
-
 from mecsim.emulation.ops import Barrier, Compute, Download, Upload
 
 LOSS_REPORT_NBYTES = 4  # one float32 loss value
@@ -916,3 +916,13 @@ class NoLAClient(DCPFLClient):
 class NoDCClient(DCPFLClient):
     name = "dcpfl_nodc"
     Params = NoDCParams
+
+
+#: registered as ``dcpfl`` (:data:`mecsim.registry.ALGORITHMS`)
+DCPFL = (DCPFLServer, DCPFLClient)
+
+#: registered as ``dcpfl_nola`` (:data:`mecsim.registry.ALGORITHMS`)
+DCPFL_NOLA = (NoLAServer, NoLAClient)
+
+#: registered as ``dcpfl_nodc`` (:data:`mecsim.registry.ALGORITHMS`)
+DCPFL_NODC = (NoDCServer, NoDCClient)

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+
 from mecsim.agents.algorithms.base import (
     AggregateStats,
     ClientAlgorithm,
@@ -226,3 +227,7 @@ class FedAvgClient(ClientAlgorithm):
         up = ctx.layout.nbytes
         return trained_result(ctx, stats, weights=weights, upload_nbytes=up,
                               download_nbytes=task.download_nbytes, started_at=start)
+
+
+#: registered as ``fedavg`` (:data:`mecsim.registry.ALGORITHMS`)
+FEDAVG = (FedAvgServer, FedAvgClient)

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import Field
+
 from mecsim.agents.algorithms.base import ClientContext, ClientResult, ClientTask, NoParams
 from mecsim.agents.algorithms.fedavg import FedAvgClient, FedAvgServer
 from mecsim.agents.training import LossTerm
-from pydantic import Field
 
 
 class FedProxParams(NoParams):
@@ -57,3 +58,7 @@ class FedProxClient(FedAvgClient):
     def evaluate(self, ctx: ClientContext, task: ClientTask) -> tuple[float, float]:
         own = ctx.state.get("weights") if self.params.eval_model == "local" else None
         return super().evaluate(ctx, task if own is None else ClientTask(task.client_id, own, 0))
+
+
+#: registered as ``fedprox`` (:data:`mecsim.registry.ALGORITHMS`)
+FEDPROX = (FedProxServer, FedProxClient)

@@ -77,6 +77,9 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
+from pydantic import Field
+from torch import nn
+
 from mecsim.agents.algorithms.base import (
     AggregateStats,
     ClientAlgorithm,
@@ -89,8 +92,6 @@ from mecsim.agents.algorithms.base import (
     trained_result,
 )
 from mecsim.agents.models import BYTES_PER_ELEMENT, ModelLayout, get_flat, set_flat
-from pydantic import Field
-from torch import nn
 
 # =========================================================================== parameters
 
@@ -894,3 +895,10 @@ class KapcBlsClient(KapcClient):
         omega = algorithm4(state, b_now, tau_now, self.constants(ctx, view),
                            self.params.omega_search == "as_written", withheld)
         return list(range(omega))
+
+
+#: registered as ``kapc`` (:data:`mecsim.registry.ALGORITHMS`)
+KAPC = (KapcServer, KapcClient)
+
+#: registered as ``kapc_bls`` (:data:`mecsim.registry.ALGORITHMS`)
+KAPC_BLS = (KapcBlsServer, KapcBlsClient)

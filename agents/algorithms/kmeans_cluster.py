@@ -21,6 +21,9 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
+from pydantic import Field
+from scipy.cluster.vq import kmeans2
+
 from mecsim.agents.algorithms.base import AggregateStats, ClientResult, ClientTask, NoParams
 from mecsim.agents.algorithms.fedavg import (
     FedAvgClient,
@@ -28,8 +31,6 @@ from mecsim.agents.algorithms.fedavg import (
     aggregation_flops,
     weighted_average,
 )
-from pydantic import Field
-from scipy.cluster.vq import kmeans2
 
 
 class KMeansClusterParams(NoParams):
@@ -136,3 +137,7 @@ class KMeansClusterClient(FedAvgClient):
 
     name = "kmeans_cluster"
     Params = KMeansClusterParams
+
+
+#: registered as ``kmeans_cluster`` (:data:`mecsim.registry.ALGORITHMS`)
+KMEANS_CLUSTER = (KMeansClusterServer, KMeansClusterClient)

@@ -52,3 +52,7 @@ class LocalClient(ClientAlgorithm):
     def evaluate(self, ctx: ClientContext, task: ClientTask) -> tuple[float, float]:
         self._load_own(ctx)
         return super().evaluate(ctx, ClientTask(ctx.client_id, None, 0))
+
+
+#: registered as ``local`` (:data:`mecsim.registry.ALGORITHMS`)
+LOCAL = (LocalServer, LocalClient)

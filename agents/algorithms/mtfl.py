@@ -86,6 +86,8 @@ from typing import Literal
 
 import numpy as np
 import torch
+from pydantic import Field
+
 from mecsim.agents.algorithms.base import (
     AggregateStats,
     ClientAlgorithm,
@@ -99,7 +101,6 @@ from mecsim.agents.algorithms.base import (
 from mecsim.agents.algorithms.fedavg import aggregation_flops, weighted_average
 from mecsim.agents.models import BYTES_PER_ELEMENT, ModelLayout, get_flat, set_flat
 from mecsim.agents.training import evaluate, make_optimizer, train_epochs
-from pydantic import Field
 
 PrivateValues = Literal["usyb", "yb", "us", "none"]
 Strategy = Literal["fedavg", "fedadam", "fedavg_adam"]
@@ -494,3 +495,7 @@ class MTFLClient(ClientAlgorithm):
         acc, loss = evaluate(ctx.model, ctx.x_test, ctx.y_test)
         clean = float("nan") if task.config.get("noisy") else acc
         return acc, loss, {"clean_accuracy": clean}
+
+
+#: registered as ``mtfl`` (:data:`mecsim.registry.ALGORITHMS`)
+MTFL = (MTFLServer, MTFLClient)

@@ -25,6 +25,9 @@ import time
 from contextlib import nullcontext
 
 import torch
+from pydantic import Field
+from torch.utils.flop_counter import FlopCounterMode
+
 from mecsim.agents.algorithms.base import (
     ClientAlgorithm,
     ClientContext,
@@ -44,8 +47,6 @@ from mecsim.agents.training import (
     optimizer_step,
     optimizer_step_flops,
 )
-from pydantic import Field
-from torch.utils.flop_counter import FlopCounterMode
 
 
 class PerFedAvgParams(NoParams):
@@ -146,3 +147,7 @@ class PerFedAvgClient(ClientAlgorithm):
         opt = torch.optim.SGD(ctx.model.parameters(), lr=alpha)
         optimizer_step(ctx.model, opt, ctx.x_train[idx], ctx.y_train[idx], None)
         return evaluate(ctx.model, ctx.x_test, ctx.y_test)
+
+
+#: registered as ``perfedavg`` (:data:`mecsim.registry.ALGORITHMS`)
+PERFEDAVG = (PerFedAvgServer, PerFedAvgClient)

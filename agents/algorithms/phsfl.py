@@ -76,6 +76,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
+from pydantic import Field
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
 from mecsim.agents.algorithms.base import (
     AggregateStats,
     ClientAlgorithm,
@@ -90,10 +94,6 @@ from mecsim.agents.algorithms.base import (
 from mecsim.agents.algorithms.fedavg import aggregation_flops, weighted_average
 from mecsim.agents.models import BYTES_PER_ELEMENT, ModelLayout, get_flat, set_flat
 from mecsim.agents.training import StepCost, evaluate, make_optimizer
-from pydantic import Field
-from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
-
 from mecsim.emulation.ops import Backhaul, Compute, Download, Op, ServerCompute, Upload
 
 INDEX_DTYPE = torch.int32  # the batch indices N sent with the activations (Step 3.4)
@@ -650,3 +650,10 @@ class HSFLClient(PHSFLClient):
 
     name = "hsfl"
     freeze_head = False
+
+
+#: registered as ``phsfl`` (:data:`mecsim.registry.ALGORITHMS`)
+PHSFL = (PHSFLServer, PHSFLClient)
+
+#: registered as ``hsfl`` (:data:`mecsim.registry.ALGORITHMS`)
+HSFL = (HSFLServer, HSFLClient)

@@ -41,24 +41,27 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from rich.console import Console
 
+from mecsim.agents.algorithms import algorithm_classes
 from mecsim.emulation import faults
-from mecsim.emulation.energy import ENERGY_KEYS, round_energy_arrays, transfer_arrays
-from mecsim.emulation.engine import RateSchedule, time_round
+from mecsim.emulation.energy import round_energy_arrays, transfer_arrays
+from mecsim.emulation.engine import RateSchedule
 from mecsim.emulation.network import NetworkModel, device_profiles
 from mecsim.emulation.ops import OpTrace, op_from_dict, trace_bytes
-from mecsim.scenario import Scenario, ScenarioError, load_scenario
+from mecsim.emulation.timing import emulate_round
+from mecsim.run.loop import run as run_loop
+from mecsim.run.observers import RunObserver
+from mecsim.run.progress import ProgressBar
+from mecsim.run.rows import REPLAY_COLUMNS, timing_columns
+from mecsim.run.setup import ScenarioInfeasible
+from mecsim.scenario import Scenario, ScenarioError, load_scenario, scenario_from_dict
 from mecsim.scenario.overrides import OverrideError, apply_overrides, is_timing_path
 from mecsim.store.reader import read_csv_exact
+from mecsim.store.session import BadRun, run_in_folder
 
 MiB = 1024 * 1024
 
-# Per-round columns of a replay (the timing columns of rounds.csv, same names).
-ROUND_COLUMNS = [
-    "round", "selected", "completed", "dropped", "round_time_s", "dl_time_s",
-    "client_time_s", "ul_time_s", "server_time_s", "backhaul_time_s", "idle_time_s",
-    "elapsed_s", "bytes_up", "bytes_down", *ENERGY_KEYS, "mean_accuracy",
-]
 
 
 class RunLoadError(ValueError):
@@ -219,7 +222,7 @@ class ReplayResult:
     algorithm: str
     overrides: dict[str, Any]
     scenario: Scenario
-    rounds: pd.DataFrame  # ROUND_COLUMNS
+    rounds: pd.DataFrame  # REPLAY_COLUMNS (mecsim.run.rows)
     source: str  # "replay" or "retrained"
     exact: bool  # every round is what a run with training would give
     inexact_from_round: int | None  # first round that is not (None: all are)
@@ -239,7 +242,6 @@ class ReplayResult:
 
 def timing_aware(algorithm: str) -> bool:
     """Does the algorithm's server decide from emulated time (``uses_emulated_time``)?"""
-    from mecsim.agents.algorithms import algorithm_classes
 
     server_cls, _ = algorithm_classes(algorithm)
     return bool(getattr(server_cls, "uses_emulated_time", False))
@@ -268,9 +270,10 @@ class _Timed:
 def retime(run: RecordedRun, scenario: Scenario) -> _Timed:
     """Re-time every recorded round under ``scenario`` (the run's, maybe overridden).
 
-    The same computation as :func:`mecsim.run.round.run_round`'s step 3: the round's channel
-    from the seed, the recorded traces, the aggregation time of the recorded aggregation
-    FLOPs on the edge-server profile, and the elapsed time carried from round to round.
+    The run loop's step 3 (:func:`mecsim.emulation.timing.emulate_round`, as
+    :func:`mecsim.run.round.run_round` times a round): the round's channel from the seed,
+    the recorded traces, the aggregation time of the recorded aggregation FLOPs on the
+    edge-server profile, and the elapsed time carried from round to round.
     """
     profiles = device_profiles(scenario)
     network = NetworkModel(scenario, profiles)
@@ -280,28 +283,21 @@ def retime(run: RecordedRun, scenario: Scenario) -> _Timed:
     slowdown = faults.slowdown_factors(scenario.faults, scenario.seed, scenario.topology.clients)
     for rec in run.rounds:
         selected = list(rec.traces)
-        specs, servers, net, _ = network.round(rec.round, selected, elapsed_s,
-                                               records=False)
         # the run's emulated faults: its stragglers and link outages are the scenario's,
         # its crashes and drop-outs are what the records say
-        specs = faults.apply_to_specs(specs, scenario.faults, slowdown, elapsed_s, rec.outage)
-        aggregate_s = server.compute_time_s(rec.aggregate_flops, 0)
-        t = time_round(rec.traces, specs, servers, net, aggregate_s=aggregate_s,
-                       failed=set(rec.failed),
-                       wait_for=faults.wait_for_count(scenario.faults, len(selected)))
-        elapsed_s = elapsed_s + t.round_time_s
-        links = _links(specs, selected) if faults.active(scenario.faults) else \
+        emulated = emulate_round(network, scenario.faults, slowdown, rec.round, selected,
+                                 elapsed_s, rec.outage, rec.failed, records=False)
+        t = emulated.time(rec.traces, server.compute_time_s(rec.aggregate_flops, 0))
+        links = _links(emulated.specs, selected) if faults.active(scenario.faults) else \
             network.round_links
         energy = _round_energy(network, rec, selected, t, links)
         rows.append({
             "round": rec.round, "selected": len(selected),
             "completed": len(selected) - len(t.dropped), "dropped": len(t.dropped),
-            "round_time_s": t.round_time_s, "dl_time_s": t.download_s,
-            "client_time_s": t.client_s, "ul_time_s": t.upload_s,
-            "server_time_s": t.server_s, "backhaul_time_s": t.backhaul_s,
-            "idle_time_s": t.idle_s, "elapsed_s": elapsed_s,
+            **timing_columns(t, elapsed_s),
             "bytes_up": rec.bytes_up, "bytes_down": rec.bytes_down, **energy,
         })
+        elapsed_s = rows[-1]["elapsed_s"]
         dropped.append(frozenset(t.dropped))
         finish.append({c.client_id: c.finish_s for c in t.clients})
     return _Timed(rows, dropped, finish)
@@ -407,7 +403,7 @@ def replay(run: RecordedRun | str | Path, overrides: Mapping[str, Any] | None = 
     assert timed is not None
     acc = [a if first is None or r < first else math.nan
            for r, a in enumerate(run.mean_accuracy)]
-    frame = pd.DataFrame(timed.rows, columns=ROUND_COLUMNS[:-1])
+    frame = pd.DataFrame(timed.rows, columns=REPLAY_COLUMNS[:-1])
     frame["mean_accuracy"] = acc
     if first is None:
         if recorded_drops:
@@ -428,39 +424,31 @@ def replay(run: RecordedRun | str | Path, overrides: Mapping[str, Any] | None = 
 def _retrain(run: RecordedRun, scenario: Scenario, overrides: dict[str, Any],
              backend: str | None, retrain_dir: str | Path | None, progress: bool,
              timing_dependent: bool, notes: list[str]) -> ReplayResult:
-    """Run the overridden scenario with training, for the rounds the run recorded."""
-    from mecsim.run.loop import run as run_scenario
-    from mecsim.run.setup import ScenarioInfeasible
-    from mecsim.scenario import scenario_from_dict
-    from mecsim.store.records import RecordsWriter
-
+    """Run the overridden scenario with training, for the rounds the run recorded: into
+    ``retrain_dir/<run id>-retrain-<hash of the overrides>/`` as ``mecsim run`` does when
+    a folder is given (its records reused when that point was retrained before), else
+    without records."""
     data = scenario.model_dump(mode="json")
     data["rounds"] = len(run.rounds)
     data["metrics"]["enabled"] = False
     scenario = scenario_from_dict(data, f"{run.run_id} retrain")
     run_id = f"{run.run_id}-retrain-{_overrides_id(overrides)}"
-    observers: list = []
-    out_dir = None
-    if retrain_dir is not None:
-        out_dir = Path(retrain_dir) / run_id
-        if out_dir.exists():  # the same point retrained before: reuse its records
-            notes.append(f"records reused from {out_dir}")
-            return _result_from_records(load_run(out_dir), run, overrides, timing_dependent,
-                                        notes)
-        observers.append(RecordsWriter(out_dir))
-        notes.append(f"records in {out_dir}")
-    if progress:
-        from rich.console import Console
-
-        from mecsim.run.progress import ProgressBar
-
-        bar = ProgressBar(Console(stderr=True))
-        observers.append(bar)
+    observers: list[RunObserver] = [ProgressBar(Console(stderr=True))] if progress else []
     try:
-        rows = run_scenario(scenario, run_id, out_dir, observers, backend=backend)
-    except ScenarioInfeasible as exc:
+        if retrain_dir is None:
+            rows = run_loop(scenario, run_id, None, observers, backend=backend)
+        else:
+            out_dir = Path(retrain_dir) / run_id
+            if out_dir.exists():  # the same point retrained before: reuse its records
+                notes.append(f"records reused from {out_dir}")
+                return _result_from_records(load_run(out_dir), run, overrides,
+                                            timing_dependent, notes)
+            notes.append(f"records in {out_dir}")
+            rows = run_in_folder(scenario, out_dir, observers=observers,
+                                 backend=backend).rows
+    except (ScenarioInfeasible, BadRun) as exc:
         raise ReplayInfeasible(str(exc)) from None
-    frame = pd.DataFrame(rows).reindex(columns=ROUND_COLUMNS)
+    frame = pd.DataFrame(rows).reindex(columns=REPLAY_COLUMNS)
     return ReplayResult(
         run_id=run.run_id, algorithm=run.algorithm, overrides=overrides, scenario=scenario,
         rounds=frame.reset_index(drop=True), source="retrained", exact=True,
@@ -471,7 +459,7 @@ def _retrain(run: RecordedRun, scenario: Scenario, overrides: dict[str, Any],
 def _result_from_records(rec: RecordedRun, run: RecordedRun, overrides: dict[str, Any],
                          timing_dependent: bool, notes: list[str]) -> ReplayResult:
     # records of an older mecsim may lack columns (energy): NaN there
-    frame = _read_csv(rec.run_dir / "rounds.csv").reindex(columns=ROUND_COLUMNS)
+    frame = _read_csv(rec.run_dir / "rounds.csv").reindex(columns=REPLAY_COLUMNS)
     return ReplayResult(
         run_id=run.run_id, algorithm=run.algorithm, overrides=overrides,
         scenario=rec.scenario, rounds=frame, source="retrained", exact=True,
@@ -483,7 +471,7 @@ def recorded_frame(run: RecordedRun) -> pd.DataFrame:
     """The recorded rounds' timing columns (from rounds.csv), for comparisons."""
     if run.run_dir is None:
         raise RunLoadError(f"{run.run_id}: no run directory")
-    frame = _read_csv(run.run_dir / "rounds.csv").reindex(columns=ROUND_COLUMNS)
+    frame = _read_csv(run.run_dir / "rounds.csv").reindex(columns=REPLAY_COLUMNS)
     return frame.iloc[:len(run.rounds)]
 
 

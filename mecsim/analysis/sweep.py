@@ -32,7 +32,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from rich.console import Console
 
+from mecsim.analysis.labels import axis, setting_text, value_text
 from mecsim.analysis.replay import (
     RecordedRun,
     ReplayInfeasible,
@@ -42,8 +44,12 @@ from mecsim.analysis.replay import (
     replay,
     retime,
 )
-from mecsim.scenario import Scenario, load_scenario, resolved_yaml
+from mecsim.run.observers import RunObserver
+from mecsim.run.progress import ProgressBar
+from mecsim.scenario import Scenario, load_scenario, resolved_yaml, scenario_from_dict
 from mecsim.scenario.overrides import OverrideError, apply_overrides, is_timing_path
+from mecsim.store.runfolder import RunFolderFinished, prepare_resume
+from mecsim.store.session import run_in_folder
 
 # Columns of a sweep's DataFrame; the grid's paths come after "algorithm".
 HEAD_COLUMNS = ["run_id", "algorithm"]
@@ -81,12 +87,10 @@ def record(scenario: Scenario | str | Path, record_dir: str | Path | None = None
     """Run a scenario once with training, recording its op-traces, and load the run.
 
     The record goes to ``record_dir/<name>-<hash of the resolved scenario>/`` (default: a
-    temporary directory); a record of the same scenario already there is reused.
+    temporary directory), run into that folder as ``mecsim run`` does
+    (:func:`mecsim.store.session.run_in_folder`); a finished record of the same scenario
+    already there is reused, one that was killed is resumed.
     """
-    from mecsim.run.loop import run as run_scenario
-    from mecsim.scenario import scenario_from_dict
-    from mecsim.store.records import RecordsWriter
-
     if not isinstance(scenario, Scenario):
         scenario = load_scenario(scenario)
     data = scenario.model_dump(mode="json")
@@ -96,18 +100,16 @@ def record(scenario: Scenario | str | Path, record_dir: str | Path | None = None
     base = Path(record_dir) if record_dir is not None else Path(tempfile.mkdtemp("-mecsim"))
     # the id names the resolved scenario, so a record is reused only for the same scenario
     digest = hashlib.sha1(resolved_yaml(scenario).encode()).hexdigest()[:8]
-    run_id = f"{scenario.outputs.run_id or scenario.name}-{digest}"
-    out_dir = base / run_id
-    if (out_dir / "optraces.jsonl").exists():
-        return load_run(out_dir)  # a seeded run is reproducible: no need to train again
-    observers: list = [RecordsWriter(out_dir)]
-    if progress:
-        from rich.console import Console
-
-        from mecsim.run.progress import ProgressBar
-
-        observers.append(ProgressBar(Console(stderr=True)))
-    run_scenario(scenario, run_id, out_dir, observers, backend=backend)
+    out_dir = base / f"{scenario.outputs.run_id or scenario.name}-{digest}"
+    observers: list[RunObserver] = [ProgressBar(Console(stderr=True))] if progress else []
+    if out_dir.exists():
+        try:
+            target = prepare_resume(out_dir)
+        except RunFolderFinished:
+            return load_run(out_dir)  # a seeded run is reproducible: no need to train again
+        run_in_folder(None, observers=observers, resume=target, backend=backend)
+    else:
+        run_in_folder(scenario, out_dir, observers=observers, backend=backend)
     return load_run(out_dir)
 
 
@@ -412,7 +414,6 @@ def sweep_figure(frame: pd.DataFrame, x: str, metric: str, title: str | None = N
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from mecsim.analysis.labels import axis, setting_text, value_text
 
     if x not in frame.columns or metric not in frame.columns:
         raise KeyError(f"plot needs columns {x!r} and {metric!r}")

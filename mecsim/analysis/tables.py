@@ -47,6 +47,8 @@ import pandas as pd
 import yaml
 
 from mecsim.analysis import convergence
+from mecsim.scenario import ScenarioError, load_scenario
+from mecsim.store.summary import run_notes
 
 MiB = 1024 * 1024
 
@@ -135,10 +137,8 @@ def load_run(path: str | Path) -> RunRecords:
 
 def _scenario_notes(scenario_file: Path, rounds: pd.DataFrame) -> list[str]:
     """What a run's tables must state under them (the downlink assumption, the algorithm's
-    warnings: :func:`mecsim.analysis.summary.run_notes`), from its scenario and round records;
+    warnings: :func:`mecsim.store.summary.run_notes`), from its scenario and round records;
     none when the file is not a valid scenario of this mecsim (records of another one)."""
-    from mecsim.analysis.summary import run_notes
-    from mecsim.scenario import ScenarioError, load_scenario
 
     try:
         scenario = load_scenario(scenario_file)

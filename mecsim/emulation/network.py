@@ -28,6 +28,7 @@ from mecsim.scenario import (
     Scenario,
     ShannonChannelConfig,
     TraceChannelConfig,
+    personalised_downloads,
 )
 
 _CLIENTS_STREAM = 2
@@ -81,32 +82,14 @@ def build_channel(cfg) -> Any:
     raise TypeError(f"unknown channel config {type(cfg).__name__}")
 
 
-def personalised_downloads(algorithm: str) -> bool:
-    """Do the algorithm's clients download different bytes (``personalised_downloads``)?"""
-    from mecsim.agents.algorithms import algorithm_classes
-
-    server_cls, _ = algorithm_classes(algorithm)
-    return bool(getattr(server_cls, "personalised_downloads", False))
 
 
-def downlink_mode(scenario: Scenario) -> str | None:
-    """The Shannon downlink discipline in force (``auto`` resolved), None for other models.
-
-    ``auto`` is ``shared`` when the algorithm's downloads are personalised (K unicasts
-    time-share the server's band) and ``full`` when they are one broadcast.
-    """
-    cfg = scenario.channel
-    if not isinstance(cfg, ShannonChannelConfig):
-        return None
-    if cfg.downlink.mode != "auto":
-        return cfg.downlink.mode
-    return "shared" if personalised_downloads(scenario.algorithm.name) else "full"
 
 
 def downlink_note(scenario: Scenario) -> str | None:
     """The sentence printed under a run's tables when personalised downloads each use the
     whole band (``downlink.mode: full``); None when the assumption does not arise."""
-    if downlink_mode(scenario) != "full" or not personalised_downloads(
+    if scenario.downlink_mode() != "full" or not personalised_downloads(
             scenario.algorithm.name):
         return None
     cfg = scenario.channel
@@ -119,20 +102,6 @@ def downlink_note(scenario: Scenario) -> str | None:
             "(docs/channel.md).")
 
 
-def shared_media(cfg, algorithm: str | None = None) -> tuple[bool, bool]:
-    """(uplink shared, downlink shared) for this channel configuration.
-
-    A Shannon downlink in ``auto`` mode is shared when ``algorithm`` (a registered name)
-    has personalised downloads.
-    """
-    if isinstance(cfg, ShannonChannelConfig):
-        mode = cfg.downlink.mode
-        if mode == "auto":
-            mode = "shared" if algorithm and personalised_downloads(algorithm) else "full"
-        return cfg.uplink.shared, mode == "shared"
-    if isinstance(cfg, FixedRateChannelConfig):
-        return cfg.uplink.shared, cfg.downlink.shared
-    return False, False
 
 
 def transport_of(cfg) -> tuple[Any, Any]:
@@ -164,7 +133,7 @@ class NetworkModel:
         server = profiles[scenario.devices.edge_server]
         self.server_profile = server
         self.uplink, self.downlink = transport_of(scenario.channel)
-        up_shared, down_shared = shared_media(scenario.channel, scenario.algorithm.name)
+        up_shared, down_shared = scenario.channel.shared_media(scenario.algorithm.name)
         self.network = NetworkSpec(uplink_shared=up_shared, downlink_shared=down_shared,
                                    deadline_s=scenario.deadline_s)
 

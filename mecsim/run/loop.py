@@ -1,13 +1,22 @@
-"""The rounds of a run, with checkpoints and recovery from actor deaths."""
+"""The rounds of a run, with checkpoints and recovery from actor deaths.
+
+:func:`run` prepares a run (:func:`mecsim.run.setup.prepare`), plays its rounds
+(:func:`mecsim.run.round.run_round`) and tells its observers (:mod:`mecsim.run.observers`)
+what happens. Where checkpoints go is the caller's business: a :class:`Checkpoints` (the
+run folder's :class:`mecsim.store.checkpoints.CheckpointStore`, given by
+:func:`mecsim.store.session.run_in_folder`) saves and loads the :class:`Checkpoint` the loop
+takes after every ``checkpoint.every`` rounds.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import gc
 import sys
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -18,7 +27,41 @@ from mecsim.run.observers import RunObserver
 from mecsim.run.round import run_round
 from mecsim.run.setup import RunFailed, RunSetup, prepare
 from mecsim.scenario import Scenario
-from mecsim.store.checkpoints import Checkpoint, CheckpointStore, scenario_digest
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """What a run needs to continue after ``rounds_done`` rounds as if it had not stopped
+    (see :mod:`mecsim.store.checkpoints`)."""
+
+    rounds_done: int
+    elapsed_s: float
+    server: Any  # encoded CentralServer state
+    clients: dict[int, Any]  # encoded ctx.state of every client
+    costs: Any  # encoded measured step costs
+    path: Path | None = None
+    blobs: dict[str, Any] = field(default_factory=dict)  # new large tensors, by digest
+    # encoded EdgeServer state of each edge server of a hierarchical algorithm (a
+    # checkpoint written before edge servers had states of their own has none: see
+    # ServerAlgorithm.legacy_edge_states)
+    edges: dict[int, Any] = field(default_factory=dict)
+
+
+class Checkpoints(Protocol):
+    """Where the loop's checkpoints go (:class:`mecsim.store.checkpoints.CheckpointStore`)."""
+
+    last_bytes: int  # of the last save
+    last_seconds: float
+
+    def blob_keys(self) -> set[str]:
+        """Digests of the large arrays already stored (sent by reference)."""
+
+    def save(self, ckpt: Checkpoint) -> Path:
+        """Store ``ckpt`` whole or not at all; returns where."""
+
+    def load(self, path: Path) -> Checkpoint:
+        """The checkpoint stored at ``path``."""
+
 
 #: Actor deaths recovered from without a round finishing in between before giving up.
 MAX_RECOVERIES = 3
@@ -31,7 +74,7 @@ _SAME_COLUMNS = ("selected", "completed", "bytes_up", "bytes_down", "client_gflo
 class _Loop:
     """The rounds of one run, with checkpoints and recovery from actor deaths."""
 
-    def __init__(self, rs: RunSetup, observers, store: CheckpointStore | None,
+    def __init__(self, rs: RunSetup, observers, store: Checkpoints | None,
                  start: Checkpoint | None, prior_rows: list[dict[str, Any]],
                  should_stop: Callable[[], bool | str] | None) -> None:
         self.rs, self.observers, self.store = rs, list(observers), store
@@ -159,14 +202,15 @@ def _heap_frozen() -> Iterator[None]:
         gc.unfreeze()
 
 
-def run(scenario: Scenario, run_id: str, out_dir=None, observers: list[RunObserver] = (),
-        *, should_stop: Callable[[], bool | str] | None = None,
-        resume: ResumePoint | None = None, **prepare_kwargs) -> list[dict[str, Any]]:
+def run(scenario: Scenario, run_id: str, out_dir: Path | None = None,
+        observers: Sequence[RunObserver] = (), *, checkpoints: Checkpoints | None = None,
+        should_stop: Callable[[], bool | str] | None = None,
+        resume: ResumePoint | None = None, **prepare_kwargs: Any) -> list[dict[str, Any]]:
     """Run every round of ``scenario``; returns the round rows.
 
-    With ``out_dir``, a checkpoint is written after every ``checkpoint.every`` rounds
-    (and after the last) to ``out_dir/checkpoints``. ``resume`` continues a run from
-    its checkpoint (see :mod:`mecsim.store.runfolder`). ``should_stop`` is asked after every
+    With ``checkpoints``, a checkpoint is saved there after every ``checkpoint.every``
+    rounds (and after the last). ``resume`` continues a run from its checkpoint (see
+    :mod:`mecsim.store.runfolder`). ``should_stop`` is asked after every
     round; when it returns True (or ``"cancelled"``, or ``"interrupted"``: the status the
     run then gets) the run stops there, keeping the rounds done (the service cancelling a
     run, or stopping). A Ray actor that dies is re-created and restored
@@ -176,10 +220,7 @@ def run(scenario: Scenario, run_id: str, out_dir=None, observers: list[RunObserv
     ``on_run_stopped`` otherwise (then the exception, if any, propagates).
     """
     rs = prepare(scenario, run_id, out_dir, **prepare_kwargs)
-    store = None
-    if out_dir is not None and scenario.checkpoint.every > 0:
-        store = CheckpointStore(out_dir, run_id, scenario_digest(scenario),
-                                scenario.checkpoint.keep)
+    store = checkpoints if scenario.checkpoint.every > 0 else None
     start = resume.checkpoint if resume else None
     loop = _Loop(rs, observers, store, start, resume.rows if resume else [], should_stop)
     try:

@@ -40,7 +40,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
+from torch import nn
 
+from mecsim.agents.algorithms import TrainConfig, algorithm_classes
+from mecsim.agents.models import build_model, get_flat, model_layout
+from mecsim.agents.training import step_cost_on_meta
+from mecsim.data import DATASET_SHAPES, load_dataset, partition
+from mecsim.emulation.network import NetworkModel, device_profiles
 from mecsim.run.torch_rng import untouched
 from mecsim.scenario import Scenario, ScenarioError, TraceChannelConfig
 
@@ -233,7 +240,6 @@ def check_ray_address(address: str, found: Findings) -> None:
 
 def check_dataset(scenario: Scenario, found: Findings):
     """Load the data and partition it as the run will; the pools, or None."""
-    from mecsim.data import load_dataset, partition
 
     ds = scenario.dataset
     if ds.name not in EMBEDDED:
@@ -280,14 +286,7 @@ def check_model_and_memory(scenario: Scenario, pools, backend: str, hosts: int |
                            address: str | None, found: Findings):
     """Build the model for the data; check the batch and the step memory. Returns
     (model, layout, init_weights, train config) or None."""
-    import psutil
-    from torch import nn
 
-    from mecsim.agents.algorithms import TrainConfig
-    from mecsim.agents.models import build_model, get_flat, model_layout
-    from mecsim.agents.training import step_cost_on_meta
-    from mecsim.data import DATASET_SHAPES
-    from mecsim.emulation.network import device_profiles
 
     name, t = scenario.model.name, scenario.training
     if pools is not None:
@@ -352,9 +351,8 @@ def check_algorithm(scenario: Scenario, model, layout, init_weights, train,
     """The algorithm's own cross-field checks, then its server and client sides built on
     the real layout (two stand-in clients: what a constructor checks does not depend on
     how many there are)."""
-    from mecsim.agents.algorithms import ALGORITHMS
 
-    server_cls, client_cls = ALGORITHMS[scenario.algorithm.name]
+    server_cls, client_cls = algorithm_classes(scenario.algorithm.name)
     params = server_cls.Params(**scenario.algorithm.params)
     own = server_cls.check_scenario(params, train=train, model=model, layout=layout,
                                     clients=scenario.topology.clients,
@@ -376,7 +374,6 @@ def check_algorithm(scenario: Scenario, model, layout, init_weights, train,
 
 
 def check_channel(scenario: Scenario, found: Findings) -> None:
-    from mecsim.emulation.network import NetworkModel, device_profiles
 
     cfg = scenario.channel
     where = "channel"

@@ -22,8 +22,9 @@ import numpy as np
 
 from mecsim.emulation import faults
 from mecsim.emulation.energy import client_energy, round_energy
-from mecsim.emulation.engine import time_round
 from mecsim.emulation.ops import Compute, op_to_dict, trace_bytes, trace_flops
+from mecsim.emulation.timing import emulate_round
+from mecsim.run.rows import timing_columns
 from mecsim.run.setup import MiB, RunSetup
 
 
@@ -77,12 +78,9 @@ def run_round(rs: RunSetup, rnd: int, elapsed_s: float, *, plan_next: bool = Fal
         if t.client_id in rf.outage:
             traces[t.client_id] = faults.outage_trace(t.download_nbytes)
     traces = {cid: traces[cid] for cid in sorted(traces)}
-    specs, servers, net, channel_rows = rs.network.round(rnd, selected, elapsed_s)
-    specs = faults.apply_to_specs(specs, sc.faults, rs.slowdown, elapsed_s, rf.outage)
-    failed = set(rf.failed)
-    wait_for = faults.wait_for_count(sc.faults, len(selected))
-
-    timing = time_round(traces, specs, servers, net, failed=failed, wait_for=wait_for)
+    emulated = emulate_round(rs.network, sc.faults, rs.slowdown, rnd, selected, elapsed_s,
+                             rf.outage, rf.failed)
+    timing = emulated.time(traces)
     completed_ids = {c.client_id for c in timing.clients if c.completed}
     if fold is not None and completed_ids != fold:
         raise RuntimeError(
@@ -94,9 +92,7 @@ def run_round(rs: RunSetup, rnd: int, elapsed_s: float, *, plan_next: bool = Fal
     if plan_ahead and not rs.streams:
         rs.executor.plan_ahead(rnd + 1)
     rejected = set(agg.rejected)
-    aggregate_s = rs.server_profile.compute_time_s(agg.flops, 0)
-    timing = time_round(traces, specs, servers, net, aggregate_s=aggregate_s, failed=failed,
-                        wait_for=wait_for)
+    timing = emulated.time(traces, rs.server_profile.compute_time_s(agg.flops, 0))
 
     evals: dict[int, tuple[float, float]] = {}
     eval_extras: dict[int, dict[str, float]] = {}  # an algorithm's own per-client figures
@@ -135,8 +131,9 @@ def run_round(rs: RunSetup, rnd: int, elapsed_s: float, *, plan_next: bool = Fal
                            num_samples=r.num_samples, train_loss=r.train_loss,
                            peak_memory_mb=r.peak_memory_bytes / MiB,
                            host_train_s=r.host_seconds)
-            row.update(channel_rows.get(cid, {}))
-            row.update(client_energy(rs.network.devices[cid], tl, traces[cid], specs[cid],
+            row.update(emulated.channel_rows.get(cid, {}))
+            row.update(client_energy(rs.network.devices[cid], tl, traces[cid],
+                                     emulated.specs[cid],
                                      timing.round_time_s))
         if cid in evals:
             row["accuracy"], row["test_loss"] = evals[cid]
@@ -155,11 +152,7 @@ def run_round(rs: RunSetup, rnd: int, elapsed_s: float, *, plan_next: bool = Fal
         "dropped_deadline": count("dropped_deadline"), "crashed": count("crashed"),
         "dropped_out": count("dropped_out"), "outage": count("outage"),
         "rejected": count("rejected_nonfinite"), "faults": 0,
-        "round_time_s": timing.round_time_s, "dl_time_s": timing.download_s,
-        "client_time_s": timing.client_s, "ul_time_s": timing.upload_s,
-        "server_time_s": timing.server_s, "backhaul_time_s": timing.backhaul_s,
-        "idle_time_s": timing.idle_s,
-        "elapsed_s": elapsed_s + timing.round_time_s,
+        **timing_columns(timing, elapsed_s),
         "bytes_up": up_total, "bytes_down": down_total,
         **round_energy(c for c in client_rows if c.get("selected")),
         "client_gflops": sum(trace_flops(traces[r.client_id])[0] if r.client_id in rf.crash_at
@@ -183,7 +176,7 @@ def run_round(rs: RunSetup, rnd: int, elapsed_s: float, *, plan_next: bool = Fal
         "round": rnd, "aggregate_flops": agg.flops, "selected": list(selected),
         "clients": {str(cid): [op_to_dict(op) for op in tr] for cid, tr in traces.items()},
     }
-    if failed or rf.outage:  # what replay needs to re-time a faulted round the same way
+    if rf.failed or rf.outage:  # what replay needs to re-time a faulted round the same way
         trace_record["failed"] = {str(c): st for c, st in sorted(rf.failed.items())}
         trace_record["outage"] = sorted(rf.outage)
     # the whole round in this process, its records built (not yet written) included

@@ -60,6 +60,7 @@ from mecsim.scenario.schema import (
     TopologyConfig,
     TraceChannelConfig,
     TrainingConfig,
+    personalised_downloads,
 )
 
 __all__ = [
@@ -116,6 +117,7 @@ __all__ = [
     "json_schema",
     "load_scenario",
     "parse_yaml",
+    "personalised_downloads",
     "read_scenario_text",
     "resolved_yaml",
     "scenario_from_dict",

@@ -25,6 +25,8 @@ from pydantic import (
     model_validator,
 )
 
+import mecsim.registry as registry
+
 PositiveFloat = Annotated[float, Field(gt=0)]
 
 
@@ -188,18 +190,15 @@ class AlgorithmConfig(_Strict):
     @field_validator("name")
     @classmethod
     def _known(cls, name: str) -> str:
-        from mecsim.agents.algorithms import ALGORITHMS
-
-        if name not in ALGORITHMS:
-            raise ValueError(f"unknown algorithm {name!r}; known: {', '.join(sorted(ALGORITHMS))}")
+        if name not in registry.ALGORITHMS:
+            known = ", ".join(registry.ALGORITHMS.names())
+            raise ValueError(f"unknown algorithm {name!r}; known: {known}")
         return name
 
     @model_validator(mode="after")
     def _params_fit(self) -> AlgorithmConfig:
         """Validate ``params`` against the algorithm's own Params model."""
-        from mecsim.agents.algorithms import ALGORITHMS
-
-        server_cls, _ = ALGORITHMS[self.name]
+        server_cls, _ = registry.algorithm(self.name)
         try:
             server_cls.Params(**self.params)
         except ValidationError as exc:
@@ -315,6 +314,13 @@ class LinkTransport(_Strict):
                            "Mathis bound (bytes)")
 
 
+def personalised_downloads(algorithm: str) -> bool:
+    """Do the algorithm's clients download different bytes (its server class's
+    ``personalised_downloads``)?"""
+    server_cls, _ = registry.algorithm(algorithm)
+    return bool(getattr(server_cls, "personalised_downloads", False))
+
+
 def _check_client_loss(uplink: LinkTransport, downlink: LinkTransport) -> None:
     """A loss rate needs a round trip: the Mathis bound divides by the RTT."""
     if uplink.latency_s + downlink.latency_s > 0:
@@ -367,6 +373,18 @@ class ShannonChannelConfig(_Strict):
         _check_client_loss(self.uplink, self.downlink)
         return self
 
+    def downlink_mode(self, algorithm: str | None) -> str:
+        """The downlink discipline in force: ``auto`` is ``shared`` when the algorithm's
+        downloads are personalised (K unicasts time-share the server's band) and ``full``
+        when they are one broadcast."""
+        if self.downlink.mode != "auto":
+            return self.downlink.mode
+        return "shared" if algorithm and personalised_downloads(algorithm) else "full"
+
+    def shared_media(self, algorithm: str | None = None) -> tuple[bool, bool]:
+        """(uplink shared, downlink shared)."""
+        return self.uplink.shared, self.downlink_mode(algorithm) == "shared"
+
 
 class FixedLink(LinkTransport):
     rate_bps: float = Field(ge=1, description="at least 1 b/s")
@@ -383,6 +401,10 @@ class FixedRateChannelConfig(_Strict):
         _check_client_loss(self.uplink, self.downlink)
         return self
 
+    def shared_media(self, algorithm: str | None = None) -> tuple[bool, bool]:
+        """(uplink shared, downlink shared)."""
+        return self.uplink.shared, self.downlink.shared
+
 
 class TraceChannelConfig(_Strict):
     model: Literal["trace"]
@@ -397,6 +419,10 @@ class TraceChannelConfig(_Strict):
     def _loss_needs_rtt(self) -> TraceChannelConfig:
         _check_client_loss(self.uplink, self.downlink)
         return self
+
+    def shared_media(self, algorithm: str | None = None) -> tuple[bool, bool]:
+        """(uplink shared, downlink shared): a trace's rates are each client's own."""
+        return False, False
 
 
 ChannelConfig = Annotated[
@@ -550,9 +576,7 @@ class Scenario(_Strict):
                 raise ValueError(f"faults.link_outages.{i}.clients: client ids must be below "
                                  f"topology.clients ({self.topology.clients})")
         if f.link_outages or f.edge_server_outages:
-            from mecsim.emulation.network import shared_media
-
-            if any(shared_media(self.channel, self.algorithm.name)):
+            if any(self.channel.shared_media(self.algorithm.name)):
                 raise ValueError("faults: outage intervals need dedicated links; this "
                                  "channel shares a medium (a shared medium's rate cannot "
                                  "vary in time yet)")
@@ -560,9 +584,7 @@ class Scenario(_Strict):
 
     @model_validator(mode="after")
     def _device_groups_fit(self) -> Scenario:
-        from mecsim.emulation.devices import builtin_profiles
-
-        known = set(builtin_profiles()) | set(self.devices.profiles)
+        known = set(registry.device_profiles()) | set(self.devices.profiles)
         for i, group in enumerate(self.devices.clients):
             if group.profile not in known:
                 raise ValueError(
@@ -583,6 +605,13 @@ class Scenario(_Strict):
         if self.topology.edge_servers > self.topology.clients:
             raise ValueError("topology.edge_servers: more edge servers than clients")
         return self
+
+    def downlink_mode(self) -> str | None:
+        """The Shannon downlink discipline in force (``auto`` resolved), None for other
+        channel models (see :meth:`ShannonChannelConfig.downlink_mode`)."""
+        if not isinstance(self.channel, ShannonChannelConfig):
+            return None
+        return self.channel.downlink_mode(self.algorithm.name)
 
     def clients_per_round(self) -> int:
         return max(1, int(round(self.topology.participation * self.topology.clients)))

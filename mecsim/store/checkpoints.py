@@ -24,7 +24,6 @@ import json
 import os
 import re
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,8 @@ import torch
 
 from mecsim.agents.state import blob_keys, resolve_blobs
 from mecsim.run.interrupts import atomic_section
+from mecsim.run.loop import Checkpoint
+from mecsim.store.files import fsync_dir
 
 FORMAT_VERSION = 1
 _NAME = re.compile(r"^round-(\d{6,})\.pt$")
@@ -41,44 +42,12 @@ class CheckpointError(Exception):
     """No usable checkpoint (or one that does not belong to the run)."""
 
 
-@dataclass(frozen=True)
-class Checkpoint:
-    rounds_done: int
-    elapsed_s: float
-    server: Any  # encoded CentralServer state
-    clients: dict[int, Any]  # encoded ctx.state of every client
-    costs: Any  # encoded measured step costs
-    path: Path | None = None
-    blobs: dict[str, Any] = field(default_factory=dict)  # new large tensors, by digest
-    # encoded EdgeServer state of each edge server of a hierarchical algorithm (a
-    # checkpoint written before edge servers had states of their own has none: see
-    # ServerAlgorithm.legacy_edge_states)
-    edges: dict[int, Any] = field(default_factory=dict)
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that ``path`` is either the old file or the new one."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with atomic_section():
-        with tmp.open("wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
 
 
 #: Scenario sections that do not change a run's results: a run may be resumed with other

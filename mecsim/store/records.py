@@ -24,13 +24,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mecsim.analysis.summary import markdown, run_notes, summarise, target_lines
+from mecsim.agents.algorithms import algorithm_classes
 from mecsim.run.chaos import kill_point
 from mecsim.run.interrupts import atomic_section
 from mecsim.run.observers import RunInfo, RunObserver
+from mecsim.run.rows import CLIENT_COLUMNS, ROUND_COLUMNS
 from mecsim.scenario import resolved_yaml
-from mecsim.store.checkpoints import atomic_write_text
-from mecsim.store.reader import rows_from_csv
+from mecsim.store.files import atomic_write_text
+from mecsim.store.reader import read_csv_exact, rows_from_csv
 from mecsim.store.runfolder import (
     LOCK_NAME,
     RunFolderError,
@@ -39,34 +40,7 @@ from mecsim.store.runfolder import (
     status_line,
     write_meta,
 )
-
-ROUND_COLUMNS = [
-    "run_id", "round", "algorithm", "selected", "completed", "dropped",
-    "dropped_deadline", "crashed", "dropped_out", "outage", "rejected", "faults",
-    "round_time_s", "dl_time_s", "client_time_s", "ul_time_s", "server_time_s",
-    "backhaul_time_s", "idle_time_s", "elapsed_s", "bytes_up", "bytes_down",
-    # joules, summed over the round's selected clients (mecsim.emulation.energy)
-    "energy_j", "energy_compute_j", "energy_radio_j", "energy_idle_j",
-    "client_gflops", "server_gflops",
-    "server_rss_mb", "client_peak_mb", "mean_accuracy", "min_accuracy", "max_accuracy",
-    "mean_test_loss", "train_loss", "host_wall_s", "host_train_wall_s", "host_aggregate_s",
-]
-CHANNEL_COLUMNS = [
-    "distance_m", "bandwidth_hz", "tx_power_dbm", "fading_gain", "ul_interference_w",
-    "dl_interference_w", "uplink_rate_bps", "downlink_rate_bps", "uplink_snr_db",
-    "downlink_snr_db",
-    # latency, jitter, loss (mecsim.emulation.network.TRANSPORT_KEYS): the latency drawn for the
-    # client-round and the goodput the loss rate leaves of the link rate
-    "uplink_latency_s", "downlink_latency_s", "uplink_goodput_bps", "downlink_goodput_bps",
-    "backhaul_latency_s", "backhaul_goodput_bps",
-]
-CLIENT_COLUMNS = [
-    "run_id", "round", "client_id", "device", "edge_server", "selected", "status", "completed",
-    "start_s", "finish_s", "download_s", "compute_s", "upload_s", "server_compute_s",
-    "bytes_up", "bytes_down", "gflops", "steps", "num_samples", "train_loss",
-    "peak_memory_mb", "host_train_s", "accuracy", "test_loss",
-    "energy_j", "energy_compute_j", "energy_radio_j", "energy_idle_j", *CHANNEL_COLUMNS,
-]
+from mecsim.store.summary import markdown, run_notes, summarise, target_lines
 
 
 class _AppendCsv:
@@ -111,7 +85,6 @@ class RecordsWriter(RunObserver):
 
     # -- start -----------------------------------------------------------------------
     def _open_files(self, info: RunInfo, append: bool) -> None:
-        from mecsim.agents.algorithms import algorithm_classes
 
         sc = info.scenario
         server_cls, _ = algorithm_classes(sc.algorithm.name)
@@ -193,7 +166,6 @@ class RecordsWriter(RunObserver):
     def _finish_files(self, info: RunInfo, status_text: str | None) -> None:
         """Parquet copies and summary.md, from the records on disk (so a resumed run's
         equal an uninterrupted one's), each written to a temporary name and renamed."""
-        from mecsim.store.reader import read_csv_exact
 
         if info.scenario.outputs.table_format == "parquet":
             for name in ("rounds", "clients"):

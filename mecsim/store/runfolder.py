@@ -28,13 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mecsim.run.loop import ResumePoint
 from mecsim.scenario import Scenario, ScenarioError, load_scenario
-from mecsim.store.checkpoints import (
-    CheckpointError,
-    CheckpointStore,
-    atomic_write_text,
-    scenario_digest,
-)
+from mecsim.store.checkpoints import CheckpointError, CheckpointStore, scenario_digest
+from mecsim.store.files import atomic_write_text
 from mecsim.store.reader import rows_from_csv
 
 STATUSES = ("running", "finished", "interrupted", "cancelled", "failed")
@@ -150,7 +147,7 @@ class ResumeTarget:
     run_dir: Path
     rounds_done: int
     lock: RunLock
-    point: Any  # mecsim.run.loop.ResumePoint
+    point: ResumePoint
 
 
 def _cut_csv(path: Path, rounds_done: int) -> list[dict[str, str]]:
@@ -212,8 +209,6 @@ def prepare_resume(run_dir: str | Path, warn=None, *,
     already finished (:class:`RunFolderFinished`, holding the lock when
     ``keep_finished_lock``).
     """
-    from mecsim.run.loop import ResumePoint
-
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise RunFolderError(f"{run_dir}: not a run folder (no such directory)")

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 
 from rich.console import Console
 
 from mecsim.interfaces.cli.report import add_report_parser, cmd_report
-from mecsim.interfaces.cli.run import cmd_algorithms, cmd_devices, cmd_run, cmd_schema, cmd_validate
 from mecsim.interfaces.cli.service import HANDLERS as SERVICE_HANDLERS
 from mecsim.interfaces.cli.service import add_service_parsers
 from mecsim.interfaces.cli.sweep import add_sweep_parser, cmd_sweep
@@ -101,17 +101,30 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+#: Verbs about scenarios and runs, handled by :mod:`mecsim.interfaces.cli.run`.
+SCENARIO_VERBS = ("run", "validate", "schema", "devices", "algorithms")
+
+
+def _handler(command: str) -> Callable[[argparse.Namespace, Console], int]:
+    if command in SCENARIO_VERBS:
+        # deferred: these verbs need the run loop, torch and matplotlib (~2 s to import);
+        # `mecsim --help` and the service's client verbs start without them
+        from mecsim.interfaces.cli import run as scenario_verbs
+
+        handler: Callable[[argparse.Namespace, Console], int] = getattr(
+            scenario_verbs, f"cmd_{command}")
+        return handler
+    return {"sweep": cmd_sweep, "report": cmd_report, **SERVICE_HANDLERS}[command]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     console = Console(stderr=False)
     command = args.command or "run"
     if args.command is None:  # plain `mecsim`: run the default scenario
         args = _parser().parse_args(["run"])
-    handlers = {"run": cmd_run, "validate": cmd_validate, "schema": cmd_schema,
-                "devices": cmd_devices, "algorithms": cmd_algorithms, "sweep": cmd_sweep,
-                "report": cmd_report, **SERVICE_HANDLERS}
     try:
-        return handlers[command](args, console)
+        return _handler(command)(args, console)
     except ScenarioError as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -83,6 +83,8 @@ def add_report_parser(sub) -> argparse.ArgumentParser:
 
 def _rounds_text(r) -> str:
     """``12 rounds``, or ``interrupted after 6 of 12 rounds`` for a run that stopped."""
+    # deferred: the run folder's module brings the run loop (torch); this module is
+    # imported by every `mecsim` command for its parser
     from mecsim.store.runfolder import run_status, status_line
 
     st = run_status(r.path)
@@ -95,6 +97,8 @@ def _rounds_text(r) -> str:
 
 
 def cmd_report(args: argparse.Namespace, console=None) -> int:
+    # deferred: the tables read records with pandas (~0.3 s); this module is imported by
+    # every `mecsim` command for its parser
     from mecsim.analysis.tables import ReportError, build_tables, label_runs, load_run
 
     dirs = [Path(d) for d in args.runs]
@@ -127,7 +131,7 @@ def cmd_report(args: argparse.Namespace, console=None) -> int:
     (out / "tables.md").write_text(header + text)
     written = tables.write_csv(out)
     if not args.no_plots:
-        from mecsim.analysis.plots import write_plots
+        from mecsim.analysis.plots import write_plots  # deferred: matplotlib (~0.5 s)
 
         written += write_plots(runs, out, args.target)
     if not args.quiet:

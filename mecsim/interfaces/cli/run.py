@@ -5,17 +5,25 @@ from __future__ import annotations
 import argparse
 import json
 import secrets
-import shutil
 import sys
 import time
+import traceback
 from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
+from mecsim.agents.algorithms import algorithm_classes, algorithm_names
+from mecsim.analysis.plots import PlotWriter
+from mecsim.emulation.devices import builtin_profiles
+from mecsim.interfaces.console import summary_table
+from mecsim.interfaces.metrics import MetricsExporter
 from mecsim.run import interrupts, preflight
 from mecsim.run.interrupts import Terminated
+from mecsim.run.observers import RunObserver
+from mecsim.run.progress import ProgressBar
+from mecsim.run.setup import RunFailed
 from mecsim.scenario import (
     Scenario,
     ScenarioError,
@@ -24,6 +32,9 @@ from mecsim.scenario import (
     load_scenario,
     scenario_from_dict,
 )
+from mecsim.store.runfolder import RunFolderError, prepare_resume, read_meta, status_line
+from mecsim.store.session import BadRun, run_in_folder
+from mecsim.store.summary import energy_line, run_notes, summarise, target_lines
 
 EXIT_BAD_INPUT = 2
 
@@ -62,17 +73,10 @@ def _error(text: str) -> None:
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
-    from mecsim.analysis.summary import energy_line, run_notes, summarise, target_lines
-    from mecsim.interfaces.console import summary_table
-    from mecsim.interfaces.metrics import MetricsExporter
-    from mecsim.run.loop import run
-    from mecsim.run.progress import ProgressBar
-    from mecsim.run.setup import RunFailed, ScenarioInfeasible
-    from mecsim.store.records import RecordsWriter
-    from mecsim.store.runfolder import RunFolderError, RunLock, prepare_resume, status_line
-
-    resume = None
-    created: Path | None = None
+    """``mecsim run`` / ``mecsim run --resume``: one call of
+    :func:`mecsim.store.session.run_in_folder` with the terminal's observers (progress
+    bar, figures, /metrics), its exit codes and its tables."""
+    target = None
     if args.resume:
         if (args.scenario or args.rounds is not None or args.seed is not None or args.run_id
                 or args.out or args.target):
@@ -86,95 +90,71 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         except RunFolderError as exc:
             _error(f"error: {exc}")
             return EXIT_BAD_INPUT
-        scenario, run_id, out_dir, lock = target.scenario, target.run_id, target.run_dir, \
-            target.lock
-        resume = target.point
+        out_dir = target.run_dir
         path = out_dir / "scenario.yaml"
         if args.no_metrics or args.metrics_port is not None:
-            data = scenario.model_dump(mode="json")
+            data = target.scenario.model_dump(mode="json")
             if args.no_metrics:
                 data["metrics"]["enabled"] = False
             if args.metrics_port is not None:
                 data["metrics"]["port"] = args.metrics_port
-            scenario = scenario_from_dict(data, f"{path} (with command-line overrides)")
-        # the folder may have been moved since: it is checked where it is now
-        data = scenario.model_dump(mode="json")
-        data["outputs"].update(dir=str(out_dir.parent), run_id=out_dir.name)
-        try:
-            for line in preflight.check(scenario_from_dict(data, str(path)), str(path),
-                                        run_dir=out_dir, backend=args.backend,
-                                        hosts=args.hosts, ray_address=args.ray_address,
-                                        resume=True):
-                _error(line)
-        except ScenarioError:
-            lock.release()
-            raise
+            try:
+                target.scenario = scenario_from_dict(
+                    data, f"{path} (with command-line overrides)")
+            except ScenarioError:
+                target.lock.release()
+                raise
+        scenario = target.scenario
     else:
         path = Path(args.scenario) if args.scenario else default_scenario_path()
         scenario = _apply_overrides(load_scenario(path), args, str(path))
-        run_id = _run_id(scenario)
-        out_dir = Path(scenario.outputs.dir) / run_id
-        # everything that would stop the run, before Ray starts or a folder is created
-        for line in preflight.check(scenario, str(path), run_dir=out_dir, backend=args.backend,
-                                    hosts=args.hosts, ray_address=args.ray_address):
-            _error(line)
-        if out_dir.exists():
-            _error(f"error: {out_dir} already exists; choose another --run-id (or "
-                   f"--resume {out_dir} to continue it)")
-            return EXIT_BAD_INPUT
-        created = out_dir  # the outermost folder this run creates (removed on bad input)
-        while not created.parent.exists():
-            created = created.parent
-        out_dir.mkdir(parents=True)
-        lock = RunLock(out_dir).acquire()
+        out_dir = Path(scenario.outputs.dir) / _run_id(scenario)
 
-    records = RecordsWriter(out_dir)
-    observers: list = [records]
+    observers: list[RunObserver] = []
     if not args.no_plots:
-        from mecsim.analysis.plots import PlotWriter
-
         observers.append(PlotWriter(out_dir / "plots"))
     exporter = None
     if scenario.metrics.enabled:
         exporter = MetricsExporter(scenario.metrics.host, scenario.metrics.port,
                                    linger_s=args.metrics_linger)
-        try:  # listen now: a port taken since the pre-flight is still refused cleanly
-            exporter.start()
-        except OSError as exc:
-            _error(f"{path}: metrics.port: cannot listen on {scenario.metrics.host}:"
-                   f"{scenario.metrics.port} ({exc.strerror or exc})")
-            _remove_if_unused(out_dir, created, lock)
-            lock.release()
-            return EXIT_BAD_INPUT
-        if scenario.metrics.port == 0 or not args.quiet:
-            print(f"metrics: {exporter.url}", file=sys.stderr)
         observers.append(exporter)
     progress = None if args.quiet else ProgressBar(console)
     if progress:
         observers.append(progress)
-    if not args.quiet:
-        what = (f"resuming after round {len(resume.rows)} of {scenario.rounds}" if resume
-                else f"{scenario.rounds} rounds")
-        console.print(f"[bold]mecsim[/] {escape(scenario.name)}: {scenario.algorithm.name}, "
-                      f"{scenario.topology.clients} clients, {what} -> {escape(str(out_dir))}",
-                      highlight=False, soft_wrap=True)
+
+    def start_metrics() -> None:
+        """Listen once the folder is made: a port taken since the pre-flight is still
+        refused cleanly (exit 2, the folder removed)."""
+        if exporter is None:
+            return
+        try:
+            exporter.start()
+        except OSError as exc:
+            raise ScenarioError(f"{path}: metrics.port: cannot listen on "
+                                f"{scenario.metrics.host}:{scenario.metrics.port} "
+                                f"({exc.strerror or exc})") from None
+        if scenario.metrics.port == 0 or not args.quiet:
+            print(f"metrics: {exporter.url}", file=sys.stderr)
+        if not args.quiet:
+            what = (f"resuming after round {target.rounds_done} of {scenario.rounds}"
+                    if target is not None else f"{scenario.rounds} rounds")
+            console.print(f"[bold]mecsim[/] {escape(scenario.name)}: "
+                          f"{scenario.algorithm.name}, {scenario.topology.clients} clients, "
+                          f"{what} -> {escape(str(out_dir))}", highlight=False,
+                          soft_wrap=True)
+
     restore_signals = interrupts.install()
-    rows: list = []
     try:
-        rows = run(scenario, run_id, out_dir, observers, hosts=args.hosts,
-                   backend=args.backend, ray_address=args.ray_address, resume=resume)
-    except ScenarioInfeasible as exc:
-        _error(f"{path}: {exc}")
-        _remove_if_unused(out_dir, created, lock)
+        outcome = run_in_folder(scenario, out_dir, observers=observers, source=str(path),
+                                resume=target, backend=args.backend, hosts=args.hosts,
+                                ray_address=args.ray_address, serves_metrics=exporter is not None,
+                                on_folder_ready=start_metrics,
+                                warn=_error)
+    except BadRun as exc:
+        _error(str(exc))
         return EXIT_BAD_INPUT
-    except (FileNotFoundError, ValueError) as exc:
-        if not (out_dir / "run.json").exists():  # failed while setting up: bad input
-            _error(f"{path}: {' '.join(str(exc).split())}")
-            _remove_if_unused(out_dir, created, lock)
-            return EXIT_BAD_INPUT
-        raise
     except KeyboardInterrupt as exc:
-        done = _rounds_done(out_dir)
+        done = int(read_meta(out_dir).get("rounds_done") or 0)
         print(f"interrupted after {done} of {scenario.rounds} rounds; the finished rounds "
               f"are kept. Resume with: mecsim run --resume {out_dir}", file=sys.stderr)
         return 143 if isinstance(exc, Terminated) else 130
@@ -182,12 +162,12 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         print(f"error: the run failed: {exc}. Its finished rounds are kept; resume with: "
               f"mecsim run --resume {out_dir}", file=sys.stderr)
         return 1
+    except ScenarioError:
+        raise
     except Exception as exc:  # a bug or an environment failure mid-run: say where it is
-        import traceback
-
-        log = out_dir / "error.txt"
+        log: Path | None = out_dir / "error.txt"
         try:
-            log.write_text(traceback.format_exc())
+            log.write_text(traceback.format_exc())  # type: ignore[union-attr]
         except OSError:
             log = None
         print(f"error: the run failed: {type(exc).__name__}: {exc}. Its finished rounds are "
@@ -200,12 +180,12 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
             progress.close()
         if exporter:
             exporter.close()
-        lock.release()
+    rows = outcome.rows
     if not args.quiet:
         if len(rows) < scenario.rounds:
             console.print(Text(status_line("cancelled", len(rows), scenario.rounds)))
         if rows:
-            for table in summary_table(scenario.algorithm.name, rows):
+            for table in summary_table(scenario.algorithm.name, rows, console.width):
                 console.print(table)
             for line in [energy_line(summarise(rows)),
                          *target_lines(rows, scenario.evaluation.target_accuracy),
@@ -216,29 +196,10 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _rounds_done(out_dir: Path) -> int:
-    from mecsim.store.runfolder import read_meta
-
-    return int(read_meta(out_dir).get("rounds_done") or 0)
-
-
-def _remove_if_unused(out_dir: Path, created: Path | None, lock) -> None:
-    """A fresh run's folder holding nothing but its lock is removed, with the parent
-    folders the run created (nothing is left behind on bad input)."""
-    if created is None or not out_dir.is_dir():
-        return
-    from mecsim.store.runfolder import LOCK_NAME
-
-    if all(p.name == LOCK_NAME for p in out_dir.iterdir()):
-        lock.release()
-        shutil.rmtree(created, ignore_errors=True)
-
-
 def validate_file(path: str | Path) -> list[str]:
     """Every check ``mecsim validate`` makes on one file: the schema and the pre-flight of
     ``mecsim run`` with the file's own settings. Raises ScenarioError (one line per
     problem); returns the warnings."""
-
     return preflight.check(load_scenario(path), str(path))
 
 
@@ -269,8 +230,6 @@ def cmd_schema(args: argparse.Namespace, console: Console) -> int:
 def cmd_devices(args: argparse.Namespace, console: Console) -> int:
     from rich.table import Table
 
-    from mecsim.emulation.devices import builtin_profiles
-
     table = Table(title="Device profiles (t = batches * step_overhead + FLOPs / FLOP/s; "
                   "power: docs/devices.md)")
     for col in ("name", "GFLOP/s", "step overhead (ms)", "RAM (GiB)",
@@ -290,9 +249,8 @@ def cmd_devices(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_algorithms(args: argparse.Namespace, console: Console) -> int:
-    from mecsim.agents.algorithms import ALGORITHMS
-
-    for name, (server_cls, _) in sorted(ALGORITHMS.items()):
+    for name in algorithm_names():
+        server_cls, _ = algorithm_classes(name)
         module_doc = (sys.modules[server_cls.__module__].__doc__ or "").strip()
         doc = " ".join(module_doc.split("\n\n")[0].split())  # first paragraph
         console.print(f"[bold]{name}[/]: {doc}")

@@ -27,6 +27,10 @@ from typing import Any
 
 from rich.console import Console
 
+from mecsim.interfaces.console import list_table
+from mecsim.interfaces.service.client import Client, ScenarioRejected, ServiceError
+from mecsim.scenario.overrides import OverrideError, parse_set
+
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
 
@@ -153,9 +157,12 @@ def _listen(host: str, port: int) -> socket.socket:
 
 
 def cmd_serve(args: argparse.Namespace, console: Console) -> int:
+    # deferred: the service's stack (FastAPI, uvicorn, Ray, torch: ~2 s to import) is
+    # loaded by `mecsim serve` alone, and only after quiet_ray_signals
     from mecsim.interfaces.service.worker import quiet_ray_signals
 
     quiet_ray_signals()  # before anything imports ray
+    # deferred: (see above)
     from mecsim.interfaces.service.app import ServiceConfig, create_app
     from mecsim.interfaces.service.security import is_loopback
     from mecsim.interfaces.service.store import StateError, Store
@@ -236,13 +243,11 @@ def cmd_serve(args: argparse.Namespace, console: Console) -> int:
 
 
 def _client(args: argparse.Namespace):
-    from mecsim.interfaces.service.client import Client
 
     return Client(args.server)
 
 
 def _service_error(exc: Exception, args: argparse.Namespace) -> int:
-    from mecsim.interfaces.service.client import ScenarioRejected, ServiceError
 
     if isinstance(exc, ScenarioRejected):
         where = getattr(args, "scenario", None) or "scenario"
@@ -275,8 +280,6 @@ def _end_code(status: str) -> int:
 
 
 def cmd_submit(args: argparse.Namespace, console: Console) -> int:
-    from mecsim.interfaces.service.client import ServiceError
-    from mecsim.scenario.overrides import OverrideError, parse_set
 
     text = None
     if args.scenario:
@@ -329,10 +332,6 @@ def cmd_submit(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_runs(args: argparse.Namespace, console: Console) -> int:
-    from rich.table import Table
-
-    from mecsim.interfaces.service.client import ServiceError
-
     with _client(args) as client:
         try:
             runs = client.runs(args.status, limit=args.limit)
@@ -341,22 +340,21 @@ def cmd_runs(args: argparse.Namespace, console: Console) -> int:
     if args.json:
         _print_json(runs)
         return 0
-    table = Table(title=f"runs at {client.url}")
-    for col in ("id", "status", "rounds", "algorithm", "best acc", "emulated (s)", "submitted"):
-        table.add_column(col, justify="left" if col in ("id", "status", "algorithm")
-                         else "right")
+    header = ["id", "status", "rounds", "algorithm", "best acc", "emulated (s)", "submitted"]
+    rows = []
     for r in runs:
         emulated = r.get("emulated_s")
-        table.add_row(r["id"], r["status"], f"{r['rounds_done']}/{r['rounds_planned']}",
-                      r["algorithm"], _acc(r.get("best_accuracy")),
-                      f"{emulated:.1f}" if emulated is not None else "-",
-                      r["submitted_at"][:19].replace("T", " "))
-    console.print(table)
+        rows.append([r["id"], r["status"], f"{r['rounds_done']}/{r['rounds_planned']}",
+                     r["algorithm"], _acc(r.get("best_accuracy")),
+                     f"{emulated:.1f}" if emulated is not None else "-",
+                     r["submitted_at"][:19].replace("T", " ")])
+    # ids are copied into other commands: never cut; a narrow terminal gets fewer columns
+    console.print(list_table(f"runs at {client.url}", header, rows, console.width,
+                             right=frozenset({2, 4, 5})))
     return 0
 
 
 def cmd_status(args: argparse.Namespace, console: Console) -> int:
-    from mecsim.interfaces.service.client import ServiceError
 
     with _client(args) as client:
         try:
@@ -383,7 +381,6 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace, console: Console) -> int:
-    from mecsim.interfaces.service.client import ServiceError
 
     with _client(args) as client:
         try:
@@ -401,7 +398,6 @@ def cmd_cancel(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_fetch(args: argparse.Namespace, console: Console) -> int:
-    from mecsim.interfaces.service.client import ServiceError
 
     out = Path(args.out) if args.out else Path("runs") / args.run_id
     with _client(args) as client:

@@ -66,6 +66,8 @@ def add_sweep_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
 
 
 def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
+    # deferred: replay and sweeps load the algorithms (torch, ~1.5 s); this module is
+    # imported by every `mecsim` command for its parser
     from mecsim.analysis.replay import ReplayInfeasible, RunLoadError
     from mecsim.analysis.sweep import METRIC_COLUMNS, plot_sweep, sweep
     from mecsim.scenario import ScenarioError

@@ -22,7 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mecsim.analysis.plots import PlotWriter
+from mecsim.analysis.plots import PlotWriter, label_runs, write_plots
+from mecsim.analysis.tables import from_rows
 
 #: A child that takes longer than this is killed and the run goes on without figures.
 PLOT_TIMEOUT_S = 600.0
@@ -33,8 +34,6 @@ def plot_run_folder(run_dir: str | Path, planned_rounds: int | None) -> list[Pat
     into ``run_dir/plots``, as :class:`PlotWriter` does at a run's end."""
     import pandas as pd
 
-    from mecsim.analysis.plots import label_runs, write_plots
-    from mecsim.analysis.tables import from_rows
 
     run_dir = Path(run_dir)
     # rounds.csv read directly: mecsim.store.records would import torch (its checkpoint writer)

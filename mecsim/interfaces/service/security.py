@@ -1,13 +1,21 @@
-"""The service's guards, in the order a request meets them: body size, same site, token."""
+"""The service's guards, in the order a request meets them: body size, same site, token.
+
+:class:`BodyLimit` and :class:`SameSite` are ASGI middleware around the whole
+application; :func:`bearer_auth` is the one dependency every route but ``/healthz`` and
+``/metrics`` carries.
+"""
 
 from __future__ import annotations
 
+import hmac
 import ipaddress
 import urllib.parse
+from collections.abc import Awaitable, Callable
+from typing import Annotated
 
-from fastapi import HTTPException
+from fastapi import Depends, HTTPException
 from fastapi.responses import JSONResponse
-from fastapi.security import HTTPBearer
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
 
@@ -24,7 +32,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-class _BodyLimit:
+class BodyLimit:
     """413 for request bodies above ``max_bytes`` (declared or actually sent)."""
 
     def __init__(self, app, max_bytes: int) -> None:
@@ -66,7 +74,7 @@ def _host_of(header: str) -> str:
     return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 
-class _SameSite:
+class SameSite:
     """Loopback servers answer loopback Host names only; unsafe methods need no foreign
     Origin (a web page elsewhere cannot drive the service through the user's browser)."""
 
@@ -91,3 +99,19 @@ class _SameSite:
                                          "refused"}, status_code=403)
                 return await response(scope, receive, send)
         return await self.app(scope, receive, send)
+
+
+def bearer_auth(token: str | None) -> Callable[..., Awaitable[None]]:
+    """The dependency that checks ``Authorization: Bearer <token>`` (constant-time
+    compare); no check at all when the server has no token."""
+
+    async def authorised(creds: Annotated[HTTPAuthorizationCredentials | None,
+                                          Depends(BEARER)]) -> None:
+        if token is None:
+            return
+        given = creds.credentials if creds is not None else ""
+        if creds is None or not hmac.compare_digest(given.encode(), token.encode()):
+            raise HTTPException(401, "missing or wrong bearer token",
+                                headers={"WWW-Authenticate": "Bearer"})
+
+    return authorised

@@ -41,6 +41,7 @@ from mecsim.scenario import (
     load_scenario,
     resolved_yaml,
 )
+from mecsim.scenario.overrides import OverrideError, check_path
 
 #: Scenario fields that name files or folders to read: each must lie under --data-root.
 PATH_FIELDS = ("dataset.root", "channel.path")
@@ -172,7 +173,6 @@ def prepare_submission(scenario: str | Mapping[str, Any] | None, *, rounds: int 
                        overrides: Mapping[str, Any], data_root: Path | None, tmp_dir: Path,
                        runs_dir: Path) -> tuple[str, Scenario]:
     """Validate, override, confine and place a submission: (run id, scenario to run)."""
-    from mecsim.scenario.overrides import OverrideError, check_path
 
     sc = _validate_text(scenario_text(scenario), tmp_dir)
     data = sc.model_dump(mode="json")

@@ -17,8 +17,11 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from mecsim.analysis.replay import RunLoadError, load_run
+from mecsim.analysis.sweep import METRIC_COLUMNS, grid_points, plot_sweep, sweep
 from mecsim.interfaces.service.store import Store
 from mecsim.interfaces.service.submission import Problem, Rejected, confine
+from mecsim.scenario.overrides import OverrideError, apply_overrides, is_timing_path, parse_set
 
 DEFAULT_METRIC = "round_time_mean_s"
 
@@ -30,9 +33,6 @@ def new_sweep_id() -> str:
 def check_sweep(store: Store, runs: list[str], sets: list[str], metric: str,
                 target_accuracy: float | None, data_root: Path | None) -> dict[str, list]:
     """The parsed grid of a valid request; :class:`Rejected` naming each problem."""
-    from mecsim.analysis.replay import RunLoadError, load_run
-    from mecsim.analysis.sweep import METRIC_COLUMNS, grid_points
-    from mecsim.scenario.overrides import OverrideError, apply_overrides, is_timing_path, parse_set
 
     problems: list[Problem] = []
     if not runs:
@@ -123,8 +123,6 @@ class SweepRunner:
             self._run(waiting[0].id)
 
     def _run(self, sweep_id: str) -> None:
-        from mecsim.analysis.sweep import plot_sweep, sweep
-        from mecsim.scenario.overrides import parse_set
 
         entry = self.store.get_sweep(sweep_id)
         assert entry is not None

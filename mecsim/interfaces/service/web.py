@@ -25,6 +25,9 @@ from fastapi.templating import Jinja2Templates
 
 from mecsim.interfaces.service.store import TERMINAL, QueueFull, Run, Store
 from mecsim.interfaces.service.submission import Problem, Rejected
+from mecsim.interfaces.service.views import plot_names, read_records
+from mecsim.scenario.overrides import OverrideError, parse_set
+from mecsim.store.summary import summarise, table_rows
 
 TEMPLATES = Path(__file__).with_name("templates")
 REFRESH_S = 3
@@ -42,9 +45,6 @@ def _row(run: Run) -> dict[str, Any]:
 
 
 def _summary_tables(store: Store, run: Run) -> list[dict[str, Any]]:
-    from mecsim.analysis.summary import summarise, table_rows
-    from mecsim.interfaces.service.app import read_records
-
     frame = read_records(store, run, "rounds")
     if frame is None or frame.empty:
         return []
@@ -56,8 +56,6 @@ def _summary_tables(store: Store, run: Run) -> list[dict[str, Any]]:
 
 def parse_set_lines(text: str) -> dict[str, Any]:
     """``PATH=VALUE`` lines (one value each, ``mecsim submit --set`` syntax)."""
-    from mecsim.scenario.overrides import OverrideError, parse_set
-
     out: dict[str, Any] = {}
     problems = []
     for line in (x.strip() for x in text.splitlines()):
@@ -131,11 +129,9 @@ def web_router(store: Store, config: Any, authorised: Callable,
     @router.get("/ui/runs/{run_id}", response_class=HTMLResponse)
     def run_page(run_id: str, request: Request):
         run = get_run(run_id)
-        from mecsim.interfaces.service.app import _plots
-
         return page(request, "run.html", run=run,
                     percent=int(100 * run.rounds_done / max(1, run.rounds_planned)),
-                    tables=_summary_tables(store, run), plots=_plots(store, run.id),
+                    tables=_summary_tables(store, run), plots=plot_names(store, run.id),
                     history=[{**h, "at": _fmt_time(h["at"])} for h in run.history],
                     times={"submitted": _fmt_time(run.submitted_at),
                            "started": _fmt_time(run.started_at),

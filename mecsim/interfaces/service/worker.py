@@ -4,7 +4,7 @@ A supervisor thread starts Ray once (or attaches to ``--ray-address``) and keeps
 until the server stops; it must stay alive that long, because Ray's own processes are
 tied to the thread that started them. It then starts ``workers`` threads, each taking
 the first waiting run from the store (:meth:`Store.claim_next`) and running it with
-:func:`mecsim.run.loop.run` — the same loop as ``mecsim run``, with the same observers
+:func:`mecsim.store.session.run_in_folder` — the same as ``mecsim run``, with the same observers
 (records, plots, metrics) plus one that records each round in the store. Every run
 uses the Ray backend on the service's Ray: a warm service does not pay Ray's start-up.
 
@@ -32,12 +32,21 @@ from typing import Any
 
 import yaml
 
-import mecsim.run.loop
-import mecsim.run.setup
+from mecsim.interfaces.metrics import MetricsExporter
+from mecsim.interfaces.service.plotjob import ChildPlotWriter, draw_in_child
 from mecsim.interfaces.service.store import Run, Store
 from mecsim.run.backends.ray_start import ensure_ray
-from mecsim.run.observers import RunObserver
-from mecsim.scenario import Scenario, scenario_from_dict
+from mecsim.run.observers import RunInfo, RunObserver
+from mecsim.scenario import Scenario, ScenarioError, scenario_from_dict
+from mecsim.store.reader import read_csv_exact, rows_from_csv
+from mecsim.store.runfolder import (
+    RunFolderError,
+    RunFolderFinished,
+    RunFolderInUse,
+    prepare_resume,
+    read_meta,
+)
+from mecsim.store.session import BadRun, run_in_folder
 
 log = logging.getLogger("mecsim.interfaces.service")
 
@@ -202,32 +211,25 @@ class Worker:
         return scenario_from_dict(yaml.safe_load(run.scenario_yaml), f"run {run.id}")
 
     def _observers(self, run: Run, scenario: Scenario, out_dir: Path) -> list[RunObserver]:
-        from mecsim.interfaces.service.plotjob import ChildPlotWriter
-        from mecsim.store.records import RecordsWriter
-
         # figures drawn in a child process: matplotlib would hold the GIL the API shares
-        observers: list[RunObserver] = [RecordsWriter(out_dir), _StoreRounds(self.store, run.id),
+        observers: list[RunObserver] = [_StoreRounds(self.store, run.id),
                                         ChildPlotWriter(out_dir / "plots")]
         if self.exporter is not None and scenario.metrics.enabled:
             observers.append(self.exporter(run.id))  # a new exporter per run
         return observers
 
     def _start(self, run: Run) -> list[dict[str, Any]]:
-        """Run ``run`` from its first round: the one call into mecsim that starts a run."""
-        from mecsim.store.runfolder import RunLock
-
+        """Run ``run`` from its first round, as ``mecsim run`` does
+        (:func:`mecsim.store.session.run_in_folder`, with the service's observers)."""
         scenario = self._scenario(run)
         out_dir = self.store.run_dir(run.id)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        lock = RunLock(out_dir).acquire()  # as `mecsim run` does: the folder is in use
         gate = _PrepareGate(self._prepare_lock)
         try:
-            return mecsim.run.loop.run(scenario, run.id, out_dir,
-                                     [gate, *self._observers(run, scenario, out_dir)],
-                                     should_stop=self._should_stop(run.id), backend="ray")
+            return run_in_folder(scenario, out_dir, source=f"run {run.id}",
+                                 observers=[gate, *self._observers(run, scenario, out_dir)],
+                                 should_stop=self._should_stop(run.id), backend="ray").rows
         finally:
             gate.release()  # if prepare failed
-            lock.release()
 
     def _resume(self, run: Run) -> list[dict[str, Any]]:
         """Continue an interrupted run from its newest checkpoint: the one call into mecsim
@@ -236,12 +238,6 @@ class Worker:
         one) starts again from round 0; a folder it leaves behind is kept beside the new
         one, in ``runs/<id>.attempt-<n>``. A folder another live process holds for longer
         than :data:`LOCK_WAIT_S` fails the run, the folder untouched."""
-        from mecsim.store.runfolder import (
-            RunFolderError,
-            RunFolderFinished,
-            RunFolderInUse,
-            prepare_resume,
-        )
 
         out_dir = self.store.run_dir(run.id)
         deadline = time.monotonic() + LOCK_WAIT_S
@@ -282,11 +278,10 @@ class Worker:
             log.info("mecsim serve: run %s resumes after round %d", run.id, target.rounds_done)
             gate = _PrepareGate(self._prepare_lock)
             try:
-                return mecsim.run.loop.run(
-                    target.scenario, run.id, out_dir,
-                    [gate, *self._observers(run, target.scenario, out_dir)],
-                    should_stop=self._should_stop(run.id), resume=target.point,
-                    backend="ray")
+                return run_in_folder(
+                    None, resume=target, source=f"run {run.id}",
+                    observers=[gate, *self._observers(run, target.scenario, out_dir)],
+                    should_stop=self._should_stop(run.id), backend="ray").rows
             finally:
                 gate.release()
         finally:
@@ -308,9 +303,6 @@ class Worker:
         recorded the last ones), its figures drawn again (drawing may have been what the
         server was doing when it died). Raises :class:`RunFolderError`, the store
         untouched, when ``rounds.csv`` does not hold every planned round once, in order."""
-        from mecsim.interfaces.service.plotjob import draw_in_child
-        from mecsim.store.reader import rows_from_csv
-        from mecsim.store.runfolder import RunFolderError
 
         planned = self._scenario(run).rounds
         try:
@@ -333,10 +325,6 @@ class Worker:
         """An adopted run's Prometheus series, rebuilt from its records (the server that
         watched it died with them), so /metrics shows it finished, as a run that ended
         under this server does until its retention is over."""
-        from mecsim.interfaces.metrics import MetricsExporter
-        from mecsim.run.observers import RunInfo
-        from mecsim.store.reader import read_csv_exact
-        from mecsim.store.runfolder import read_meta
 
         scenario = self._scenario(run)
         if self.exporter is None or not scenario.metrics.enabled:
@@ -356,14 +344,12 @@ class Worker:
         exporter.on_run_replay(info, rows, clients, meta.get("checkpoint"))
 
     def _execute(self, run: Run) -> None:
-        from mecsim.run.setup import ScenarioInfeasible
-
         resume = run.status == "interrupted"
         try:
             rows = self._resume(run) if resume else self._start(run)
         except Exception as exc:  # noqa: BLE001 - recorded as the run's failure
             first = f"{type(exc).__name__}: {exc}".splitlines()[0]
-            if self._stopping.is_set() and not isinstance(exc, ScenarioInfeasible):
+            if self._stopping.is_set() and not isinstance(exc, (BadRun, ScenarioError)):
                 self.store.set_status(run.id, "interrupted", note=f"server stopping: {first}")
             else:
                 self.store.set_status(run.id, "failed", error=first,

@@ -137,8 +137,11 @@ def target_lines(rows: Sequence[dict[str, Any]], targets: Sequence[float]) -> li
 
 def run_notes(scenario: Any, rows: Sequence[dict[str, Any]]) -> list[str]:
     """What a run's summary and report print under their tables: the downlink assumption
-    (:func:`mecsim.emulation.network.downlink_note`) and the algorithm's warnings about the run
+    (:func:`mecsim.emulation.network.downlink_note`) and the algorithm's warnings about
+    the run
     (``ServerAlgorithm.run_notes``, e.g. a mechanism that never acted)."""
+    # deferred: the algorithms import torch (~1.5 s), which the figures' child process and
+    # `mecsim report` otherwise never need
     from mecsim.agents.algorithms import run_notes as algorithm_notes
     from mecsim.emulation.network import downlink_note
 

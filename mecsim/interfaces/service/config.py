@@ -1,0 +1,25 @@
+"""How a ``mecsim serve`` is set up (``mecsim serve``'s flags)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+MiB = 1024 * 1024
+
+
+@dataclass
+class ServiceConfig:
+    state_dir: Path = Path("mecsim-state")
+    host: str = "127.0.0.1"
+    port: int = 8470
+    workers: int = 1
+    ray_address: str | None = None
+    token: str | None = None
+    data_root: Path | None = None
+    max_body_bytes: int = MiB
+    max_queued: int = 100
+    metrics_retention_s: float = 3600.0
+    shutdown_timeout_s: float = 60.0
+    #: False: the API without workers (nothing queued ever runs): tests of the HTTP layer
+    start_workers: bool = True
