@@ -16,7 +16,7 @@ import copy
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -116,7 +116,8 @@ class ClientHost:
         if guests and self.pools is None:
             raise RuntimeError(f"algorithm {self.setup.algorithm!r}: its clients keep state "
                                "and cannot be lent to another host")
-        self._guests = {cid: self._client_data(self.pools, *idx)
+        # cast: pools is None only when there are no guests (checked above)
+        self._guests = {cid: self._client_data(cast(DataPools, self.pools), *idx)
                         for cid, idx in (guests or {}).items()}
         try:
             return [self._fit_one(rnd, task, lost) for task in tasks]
@@ -167,10 +168,10 @@ class ClientHost:
                 r.weights = None
         return results, weights
 
-    def evaluate(self, rnd: int, tasks: list[ClientTask]) -> list[tuple[int, float, float, int]]:
+    def evaluate(self, rnd: int, tasks: list[ClientTask]) -> list[tuple[Any, ...]]:
         """(client_id, accuracy, loss, test samples[, extras]) for each task; ``extras``
         (a dict) only when the algorithm's evaluate returns one."""
-        out = []
+        out: list[tuple[Any, ...]] = []
         for task in tasks:
             ctx = self._context(task.client_id, rnd, purpose=2)
             acc, loss, *extras = self.algorithm.evaluate(ctx, task)

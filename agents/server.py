@@ -84,7 +84,7 @@ class _ServerProcess:
         tree = encode(self._state(), "server", sink)
         return tree, (sink.new if sink else {})
 
-    def load_state_dict(self, encoded: dict[str, Any]) -> None:
+    def load_state_dict(self, encoded: dict[str, Any]) -> Any:  # None here; see CentralServer
         self._load(decode(encoded))
 
     def pid(self) -> int:

@@ -17,10 +17,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 TAG = "__mecsim__"
 #: Arrays and tensors of at least this size are stored apart, by content (see BlobSink).
@@ -57,7 +60,9 @@ class BlobSink:
     def reference(self, tensor: torch.Tensor, kind: str) -> dict[str, Any]:
         t = tensor.detach().cpu().contiguous()
         h = hashlib.sha256(f"{t.dtype}{tuple(t.shape)}".encode())
-        h.update(memoryview(t.view(torch.uint8).reshape(-1).numpy()) if t.numel() else b"")
+        # cast: numpy's stubs give ndarray the buffer protocol only for Python >= 3.12
+        h.update(memoryview(cast("Buffer", t.view(torch.uint8).reshape(-1).numpy()))
+                 if t.numel() else b"")
         key = h.hexdigest()
         if key not in self.known and key not in self.new:
             self.new[key] = t.clone()
@@ -208,7 +213,7 @@ def decode(obj: Any) -> Any:
         items = [decode(v) for v in obj["items"]]
         return set(items) if kind == "set" else frozenset(items)
     if kind == "dataclass":
-        cls = _dataclass_type(obj["type"])
+        cls: Any = _dataclass_type(obj["type"])
         inst = cls.__new__(cls)
         names = {f.name for f in dataclasses.fields(cls)}
         if not names <= set(obj["fields"]):

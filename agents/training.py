@@ -20,7 +20,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -121,7 +121,7 @@ def make_optimizer(name: str, params, lr: float, momentum: float = 0.0,
 
 #: Each model's stateless SGD optimiser, kept from client to client (see model_optimizer).
 #: With it, its parameter group's settings as built (anything changed since: built anew).
-_STATELESS_SGD: weakref.WeakKeyDictionary[nn.Module, tuple[torch.optim.SGD, dict]] = \
+_STATELESS_SGD: weakref.WeakKeyDictionary[nn.Module, tuple[torch.optim.Optimizer, dict]] = \
     weakref.WeakKeyDictionary()
 
 
@@ -138,6 +138,8 @@ def model_optimizer(model: nn.Module, name: str, lr: float, momentum: float = 0.
     if name != "sgd" or momentum or weight_decay:
         return make_optimizer(name, model.parameters(), lr, momentum, weight_decay)
     params = list(model.parameters())
+    opt: torch.optim.Optimizer | None
+    built: dict | None
     opt, built = _STATELESS_SGD.get(model, (None, None))
     if (opt is not None and not opt.state and len(opt.param_groups) == 1
             and not opt._optimizer_step_pre_hooks and not opt._optimizer_step_post_hooks):
@@ -275,6 +277,7 @@ def optimizer_step(model, optimizer, xb, yb, extra_loss, *, plain_lr: Any = _UNS
     if params is None:
         optimizer.step()
     else:
+        assert lr is not None  # params is None without a plain SGD learning rate
         with torch.no_grad():
             for p in params:
                 if p.grad is not None:
@@ -298,7 +301,8 @@ def step_cost_on_meta(model_name: str, in_shape: tuple[int, ...], num_classes: i
     test checks it) for any batch size, without allocating it. Raises what the model
     raises for an input it cannot take."""
     with torch.device("meta"):
-        model = build_model(model_name, tuple(in_shape), num_classes)
+        model = build_model(model_name, cast("tuple[int, int, int]", tuple(in_shape)),
+                            num_classes)
         x = torch.zeros((batch_size, *in_shape))
         y = torch.zeros(batch_size, dtype=torch.int64)
     opt = make_optimizer(optimizer, model.parameters(), lr, momentum, weight_decay)

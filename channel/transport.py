@@ -24,6 +24,7 @@ Pure numpy; vectorised over clients.
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -42,7 +43,8 @@ def mathis_goodput_bps(rate_bps: ArrayLike, rtt_s: ArrayLike, loss_rate: ArrayLi
     rtt = np.asarray(rtt_s, dtype=float)
     p = np.asarray(loss_rate, dtype=float)
     if np.any((p < 0) | (p >= 1)):
-        raise ValueError(f"loss_rate must be in [0, 1), got {loss_rate}")
+        # cast: mypy warns that bytes (an ArrayLike) would show as b'...'; none come here
+        raise ValueError(f"loss_rate must be in [0, 1), got {cast(object, loss_rate)}")
     limited = (p > 0) & (rtt > 0)
     with np.errstate(divide="ignore", invalid="ignore"):
         bound = np.where(limited, 8.0 * np.asarray(mss_bytes, dtype=float) * MATHIS_C

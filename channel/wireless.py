@@ -124,7 +124,7 @@ class RoundChannel:
         ul, dl = (np.broadcast_to(np.asarray(r, float), ids.shape).copy()
                   for r in (uplink_rate_bps, downlink_rate_bps))
         return cls(ids, radio.distance_m[ids], radio.bandwidth_hz[ids], radio.tx_power_dbm[ids],
-                   *nan[:5], ul, dl, *nan[5:])
+                   nan[0], nan[1], nan[2], nan[3], nan[4], ul, dl, nan[5], nan[6])
 
     def records(self) -> list[dict[str, Any]]:
         """One plain dict per client (Python scalars) for the run's ``clients`` records."""

@@ -7,21 +7,26 @@ would have taken. See README.md and docs/.
 
 __version__ = "0.2.0"
 
-__all__ = ["Client", "__version__", "replay", "sweep"]
+__all__ = ["Client", "__version__", "replay", "simulate", "sweep"]
 
 
 def __getattr__(name: str):
-    """``mecsim.sweep``, ``mecsim.replay`` and ``mecsim.Client``, imported on first use.
+    """``mecsim.simulate``, ``mecsim.sweep``, ``mecsim.replay`` and ``mecsim.Client``,
+    imported on first use.
 
-    The first two are callable modules (:func:`mecsim.analysis.sweep.sweep`,
-    :func:`mecsim.analysis.replay.replay`),
-    so ``mecsim.sweep(...)`` works however they were imported first.
+    ``sweep`` and ``replay`` are callable modules (:func:`mecsim.analysis.sweep.sweep`,
+    :func:`mecsim.analysis.replay.replay`), so ``mecsim.sweep(...)`` works however they
+    were imported first.
     """
     if name in ("sweep", "replay"):
         # deferred: `import mecsim` stays light; replay and sweeps load torch
         from mecsim.analysis import replay, sweep
 
         return {"sweep": sweep, "replay": replay}[name]
+    if name == "simulate":  # mecsim.api.simulate: mecsim run from Python
+        from mecsim.api import simulate  # deferred: the run loop imports torch and Ray's glue
+
+        return simulate
     if name == "Client":  # the service's Python client (mecsim.interfaces.service.client)
         from mecsim.interfaces.service.client import Client  # deferred: httpx, on first use
 

@@ -137,6 +137,7 @@ def test_a_guest_that_leaves_state_behind_stops_the_run(monkeypatch):
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 def test_lent_clients_under_ray_give_the_records_of_the_in_process_run():
     """The same lending under Ray (guests' data sent with the call, uploads through the
     shared files) as in-process: the same records."""

@@ -33,8 +33,9 @@ def discover() -> list[Path]:
 
 
 def _param(path: Path):
-    marks = [pytest.mark.ray] if re.search(r"^QUICK_USES_RAY = True", path.read_text(),
-                                           re.M) else []
+    marks = [pytest.mark.slow]
+    if re.search(r"^QUICK_USES_RAY = True", path.read_text(), re.M):
+        marks += [pytest.mark.ray, pytest.mark.own_ray]  # in the benchmark's own process
     return pytest.param(path, id=path.stem, marks=marks)
 
 

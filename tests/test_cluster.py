@@ -71,6 +71,8 @@ def test_no_cpu_no_share() -> None:
 
 
 @pytest.mark.ray
+@pytest.mark.own_ray
+@pytest.mark.slow
 def test_a_cluster_without_room_stops_the_run_instead_of_hanging(monkeypatch) -> None:
     """Ray with no CPU at all: the run fails after the placement timeout, saying why."""
     import ray
@@ -134,6 +136,8 @@ def _rounds_done(out: Path) -> int:
 
 
 @pytest.mark.ray
+@pytest.mark.own_ray
+@pytest.mark.slow
 @needs_ray_cli
 def test_hosts_spread_over_two_nodes_and_a_killed_node_is_survived(
         cluster: LocalCluster, reference: Path) -> None:

@@ -322,6 +322,8 @@ def run_killing_actors(sc, tmp_path: Path, plan: list[tuple[int, str]]) -> Path:
 
 
 @pytest.mark.ray
+@pytest.mark.own_ray
+@pytest.mark.slow
 def test_killed_ray_actors_are_recreated_and_the_records_unchanged(tmp_path: Path) -> None:
     """kill -9 a client-host actor after round 1 and the central-server actor after
     round 3 of a real Ray run: it finishes, records the two faults, and its records equal

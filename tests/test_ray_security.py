@@ -31,7 +31,7 @@ from conftest import TINY, tiny
 from mecsim.run.loop import run
 from mecsim.run.observers import RunObserver
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.own_ray, pytest.mark.slow]
 
 RAY_CLI = Path(sys.executable).with_name("ray")
 

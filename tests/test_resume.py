@@ -247,6 +247,7 @@ KILL_POINTS = (("round-start:0", 0), ("round-end:2", 3), ("finish", 5))
     # algorithm; mid-run, the private patches and Adam moments must come back exactly
     ({"name": "mtfl", "params": {"strategy": "fedavg_adam"}}, KILL_POINTS[1:2]),
 ], ids=["fedavg", "mtfl-adam"])
+@pytest.mark.slow
 def test_kill_9_then_resume(algorithm: dict, points, tmp_path: Path) -> None:
     scenario = _scenario_file(tmp_path, algorithm)
     ref = _reference(tmp_path, scenario)

@@ -190,6 +190,7 @@ def test_mutated_shipped_scenarios_are_accepted_or_refused_cleanly(mutant, no_tr
             os.chdir(cwd)
 
 
+@pytest.mark.slow
 def test_every_shipped_scenario_passes_validate_and_the_run_preflight(no_training, capsys,
                                                                       tmp_path, monkeypatch):
     """The seeds themselves are accepted (with a free metrics port)."""

@@ -25,8 +25,8 @@ import yaml
 from conftest import TINY
 
 from mecsim.interfaces.cli import main
-from mecsim.interfaces.cli.run import _run_id
 from mecsim.scenario import scenario_from_dict
+from mecsim.store.session import new_run_id
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("mecsim", "channel", "agents")
@@ -167,7 +167,7 @@ def test_default_run_ids_do_not_collide_within_a_second(tmp_path, capsys, monkey
 
     monkeypatch.setattr(time_module, "strftime", lambda fmt, *a: "20260101-000000")
     scenario = scenario_from_dict({**TINY, "rounds": 1}, "tiny")
-    ids = {_run_id(scenario) for _ in range(200)}
+    ids = {new_run_id(scenario) for _ in range(200)}
     assert len(ids) == 200 and all(i.startswith("tiny-20260101-000000-") for i in ids)
     path = _scenario(tmp_path)
     assert main(["run", str(path), "--no-plots", "--quiet", "--out", "runs"]) == 0

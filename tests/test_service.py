@@ -33,7 +33,8 @@ from service_support import TOKEN, ServeProcess, same_records, tiny_yaml, wait_f
 from mecsim.interfaces.cli import main
 from mecsim.interfaces.service.client import Client
 
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.ray, pytest.mark.own_ray, pytest.mark.slow,
+              pytest.mark.timeout(300)]
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 NO_PROMETHEUS = "no `prometheus` binary on PATH (Debian: apt-get install prometheus)"
 
@@ -139,6 +140,14 @@ def test_cli_verbs(server, http, finished, tmp_path, monkeypatch, capsys):
     assert out[0].startswith("submitted tiny-") and out[1].startswith("round 1/2  acc ")
     assert out[2].startswith("round 2/2") and out[-1].endswith("finished after 2 of 2 rounds")
     new_id = out[0].split()[1].rstrip(":")
+    # the run's web page, which a browser opens (the API's URL serves it JSON)
+    page = out[0].split()[-1]
+    assert page == f"{server.url.rstrip('/')}/ui/runs/{new_id}"
+    assert "<html" in http.get(page).text.lower()
+    sent = http.get(f"/runs/{new_id}", headers={"Accept": "text/html,*/*;q=0.8"},
+                    follow_redirects=False)
+    assert sent.status_code == 303 and sent.headers["location"] == f"/ui/runs/{new_id}"
+    assert http.get(f"/runs/{new_id}").json()["id"] == new_id
     assert main(["runs", "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert listed[0]["id"] == new_id and run_id in [r["id"] for r in listed]
@@ -528,3 +537,19 @@ def test_kill9_then_restart_keeps_history_and_finishes_every_run(server, client,
     assert after_resume["host_wall_s"][:resumed_from].tolist() == \
         before_kill["host_wall_s"][:resumed_from].tolist()
     assert not list((server.state / "runs").glob(f"{killed}.attempt-*"))
+
+
+def test_a_server_told_to_stop_says_what_it_waits_for(server):
+    """Last in this file: SIGTERM while a run trains. The server says which runs it waits
+    for and for how long, the run ends its round and is left interrupted (it resumes at
+    the next start), and the exit is the graceful one (uvicorn re-raises the signal)."""
+    with Client(server.url, token=TOKEN) as c:  # (after the kill -9 test it has none)
+        run_id = c.submit(tiny_yaml(rounds=KILLED_ROUNDS, seed=8))
+        wait_for(lambda: c.get(run_id)["rounds_done"] >= 1, 120, "a round to finish")
+    assert server.stop() in (0, -15)
+    log = server.log_text()
+    assert f"waiting for 1 running run(s) to end their round ({run_id}), at most 60 s" in log
+    assert "every run ended its round in" in log
+    with sqlite3.connect(server.state / "mecsim.sqlite") as db:
+        (status,) = db.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
+    assert status == "interrupted"

@@ -22,7 +22,6 @@ from mecsim.run.backends import (
     balance,
     local,
     ray_executor,
-    ray_start,
     shared_model,
     shared_uploads,
 )
@@ -252,6 +251,7 @@ def _held_in_process_rows():
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 @pytest.mark.parametrize("hold_uploads_bytes,shared", [
     (actors.HOLD_UPLOADS_BYTES, True), (actors.HOLD_UPLOADS_BYTES, False), (0, True)])
 def test_a_streamed_ray_run_gives_the_held_run_s_records(monkeypatch, hold_uploads_bytes,
@@ -537,22 +537,10 @@ def test_a_host_whose_shared_file_gets_no_memory_falls_back_to_the_object_store(
     assert "No space left" in caplog.text and actor.uploads_path is None
 
 
-@pytest.fixture
-def shared_ray():
-    """One Ray instance for a test's several runs (each would otherwise start its own)."""
-    import ray
-
-    ray_start.init_on_loopback(ray, dict(num_cpus=2, include_dashboard=False,
-                                              logging_level="WARNING"))
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
-
-
 @pytest.mark.ray
+@pytest.mark.slow
 def test_rounds_planned_ahead_under_ray_give_the_in_process_records_and_resume_the_same(
-        tmp_path, monkeypatch, shared_ray):
+        tmp_path, monkeypatch):
     """The server plans the next round while the driver times the one that ends, only
     when nothing else reaches the server in between: not after a round that evaluates
     (every 3rd here) or is followed by a checkpoint (every 4th). The records are the

@@ -158,8 +158,14 @@ def test_metrics_endpoint_is_updated_each_round():
     assert last[("mecsim_round_clients", (("status", "selected"),))] == 4
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "scenarios").glob("*.yaml")),
-                         ids=lambda p: p.name)
+#: Shipped scenarios whose two rounds take seconds, not tens of seconds (ResNet18, 100
+#: PHSFL clients, KAPC's five local epochs): the fast tier runs the others.
+_HEAVY_SCENARIOS = ("kapc-cifar10-system.yaml", "phsfl-mnist-4x25.yaml", "kapc-mnist-10.yaml")
+
+
+@pytest.mark.parametrize("path", [
+    pytest.param(p, id=p.name, marks=[pytest.mark.slow] if p.name in _HEAVY_SCENARIOS else [])
+    for p in sorted((ROOT / "scenarios").glob("*.yaml"))])
 def test_every_scenario_runs_two_seeded_rounds(path, tmp_path):
     data = load_scenario(path).model_dump(mode="json")
     data.update(rounds=2)
@@ -176,6 +182,7 @@ def test_every_scenario_runs_two_seeded_rounds(path, tmp_path):
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 def test_cli_default_run_with_ray(tmp_path, capsys):
     code = main(["run", "--rounds", "2", "--out", str(tmp_path), "--run-id", "cli",
                  "--metrics-port", "0"])

@@ -29,7 +29,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeAlias
 
 import numpy as np
 import torch
@@ -39,6 +39,10 @@ from torch import nn
 from mecsim.agents.models import ModelLayout, set_flat
 from mecsim.agents.training import StepCosts, TrainStats, evaluate, model_optimizer, train_epochs
 from mecsim.emulation.ops import Compute, Download, OpTrace, Upload
+
+#: What :meth:`ClientAlgorithm.evaluate` returns: (accuracy, loss), maybe with a dict of
+#: the algorithm's own per-client figures.
+EvalResult: TypeAlias = tuple[float, float] | tuple[float, float, dict[str, float]]
 
 
 @dataclass(frozen=True)
@@ -259,7 +263,7 @@ class ServerAlgorithm:
         return []
 
     @classmethod
-    def run_notes(cls, rows: list[dict[str, Any]], params: BaseModel) -> list[str]:
+    def run_notes(cls, rows: list[dict[str, Any]], params: Any) -> list[str]:
         """Warnings about a run, read from its round rows (``rounds.csv``), printed under
         its summary and report tables: e.g. a mechanism of the algorithm that never acted.
         None by default."""
@@ -358,7 +362,7 @@ class ClientAlgorithm:
     def fit(self, ctx: ClientContext, task: ClientTask) -> ClientResult:
         raise NotImplementedError
 
-    def evaluate(self, ctx: ClientContext, task: ClientTask) -> tuple[float, float]:
+    def evaluate(self, ctx: ClientContext, task: ClientTask) -> EvalResult:
         """(accuracy, loss) on the client's own test data of the model in ``task``.
 
         An algorithm may return a third element, ``{name: value}`` of its own per-client

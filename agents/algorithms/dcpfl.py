@@ -69,7 +69,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, cast
 
 import numpy as np
 import torch
@@ -401,6 +401,7 @@ class DCPFLServer(ServerAlgorithm):
     name = "dcpfl"
     personalised_downloads = True  # see ServerAlgorithm
     Params = DCPFLParams
+    params: DCPFLParams
     round_metrics = ("comm_round", "groups", "gamma_tilde", "trial", "split_accepted",
                      "layers_aggregated", "smoothed_loss", "curvature_radius",
                      "rdp_detected", "rdp_earliest", "la_updates", "la_low_layers",
@@ -524,6 +525,7 @@ class DCPFLServer(ServerAlgorithm):
         return tasks
 
     def _configure_trial(self, selected: list[int]) -> list[ClientTask]:
+        assert self.trial is not None  # called only with a trial scheduled
         new_labels, _ = self.trial
         full = self.layout.nbytes
         old_models = {int(g): self._view_average(self._members(self.labels, g))
@@ -640,7 +642,8 @@ class DCPFLServer(ServerAlgorithm):
         self.z, self.gamma_global = group_graph(self.discrepancy)
         self.gamma_tilde = 1.0 if self.params.dynamic else self.params.fixed_gamma_tilde
         labels = groups_at(self.z, self.gamma_global, self.gamma_tilde)
-        return self._sync_structure(rnd, labels, {r.client_id: r.weights for r in uploads})
+        return self._sync_structure(rnd, labels, cast("dict[int, np.ndarray]",
+                                                      {r.client_id: r.weights for r in uploads}))
 
     def _sync_structure(self, rnd: int, labels: np.ndarray,
                         full_uploads: dict[int, np.ndarray]) -> float:
@@ -688,18 +691,21 @@ class DCPFLServer(ServerAlgorithm):
         for g, rs in sorted(by_group.items()):
             due = layers_due(rnd, self.formed[g], self.intervals[g])
             for r in rs:
-                self._store(r, r.weights, due)
+                self._store(r, cast(np.ndarray, r.weights), due)  # rs: the uploads
             elem = self.layout.mask(due)
-            avg = weighted_average([r.weights[elem] for r in rs], [r.num_samples for r in rs])
+            avg = weighted_average([cast(np.ndarray, r.weights)[elem] for r in rs],
+                                   [r.num_samples for r in rs])
             self.group_models[g][elem] = avg
             self.pending[g] = due
             flops += aggregation_flops(int(elem.sum()), len(rs))
             metrics["layers_aggregated"] += float(due.sum())
             if due.all():  # a full synchronisation: refresh Eq. 5-6
-                flops += self._update_intervals(g, [r.weights for r in rs])
+                flops += self._update_intervals(g, cast("list[np.ndarray]",
+                                                        [r.weights for r in rs]))
         return flops
 
     def _aggregate_trial(self, rnd: int, results, metrics) -> float:
+        assert self.trial is not None  # called only in a trial round
         new_labels, new_gamma = self.trial
         self.trial = None
         loss_old = float(np.mean([r.extra["loss_old"] for r in results]))
@@ -789,6 +795,7 @@ def _merge(local: np.ndarray, group: np.ndarray | None, layout: ModelLayout,
 class DCPFLClient(ClientAlgorithm):
     name = "dcpfl"
     Params = DCPFLParams
+    params: DCPFLParams
 
     def _local(self, ctx: ClientContext, config: dict) -> np.ndarray:
         """The client's own model, after applying a trial outcome the server announced."""

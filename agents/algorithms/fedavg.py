@@ -19,6 +19,7 @@ import os
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import cast
 
 import numpy as np
 
@@ -36,7 +37,8 @@ from mecsim.agents.algorithms.base import (
 from mecsim.agents.models import get_flat, set_flat
 
 
-def weighted_average(vectors: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:
+def weighted_average(vectors: Sequence[np.ndarray],
+                     weights: Sequence[float] | np.ndarray) -> np.ndarray:
     """sum_k w_k v_k / sum_k w_k, accumulated in float64, in the given order."""
     if len(vectors) == 0:
         raise ValueError("nothing to average")
@@ -188,7 +190,8 @@ class FedAvgServer(ServerAlgorithm):
 
     def fold(self, acc: WeightedSum, results: list[ClientResult]) -> None:
         uploads = [r for r in results if r.weights is not None]
-        bad = acc.add_many([r.weights for r in uploads], [r.num_samples for r in uploads])
+        bad = acc.add_many(cast("list[np.ndarray]", [r.weights for r in uploads]),
+                           [r.num_samples for r in uploads])
         if bad:
             raise ValueError(f"non-finite uploads of clients {[uploads[i].client_id for i in bad]}"
                              " reached the aggregation")
@@ -198,7 +201,8 @@ class FedAvgServer(ServerAlgorithm):
         by :meth:`WeightedSum.add_many` while it adds them."""
         rejected = [r.client_id for r in results if not all_finite(r.extra)]
         uploads = [r for r in results if r.weights is not None and r.client_id not in rejected]
-        bad = acc.add_many([r.weights for r in uploads], [r.num_samples for r in uploads])
+        bad = acc.add_many(cast("list[np.ndarray]", [r.weights for r in uploads]),
+                           [r.num_samples for r in uploads])
         return sorted(rejected + [uploads[i].client_id for i in bad])
 
     def end_aggregate(self, rnd: int, acc: WeightedSum) -> AggregateStats:
@@ -218,7 +222,8 @@ class FedAvgClient(ClientAlgorithm):
 
     def fit(self, ctx: ClientContext, task: ClientTask) -> ClientResult:
         start = time.perf_counter()
-        set_flat(ctx.model, ctx.layout, task.weights)
+        # cast: FedAvg's server sends every client the model
+        set_flat(ctx.model, ctx.layout, cast(np.ndarray, task.weights))
         stats = local_sgd(ctx, extra_loss=self.extra_loss(ctx, task), cost_key=self.name)
         # straight into the host's upload buffer, unless a subclass's fit may keep the
         # weights (FedProx keeps them as its local model)

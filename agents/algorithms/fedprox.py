@@ -19,7 +19,13 @@ from typing import Literal
 
 from pydantic import Field
 
-from mecsim.agents.algorithms.base import ClientContext, ClientResult, ClientTask, NoParams
+from mecsim.agents.algorithms.base import (
+    ClientContext,
+    ClientResult,
+    ClientTask,
+    EvalResult,
+    NoParams,
+)
 from mecsim.agents.algorithms.fedavg import FedAvgClient, FedAvgServer
 from mecsim.agents.training import LossTerm
 
@@ -44,6 +50,7 @@ class FedProxServer(FedAvgServer):
 class FedProxClient(FedAvgClient):
     name = "fedprox"
     Params = FedProxParams
+    params: FedProxParams
 
     def extra_loss(self, ctx: ClientContext, task: ClientTask) -> LossTerm:
         anchors = [p.detach().clone() for p in ctx.model.parameters()]  # w^t, just loaded
@@ -55,7 +62,7 @@ class FedProxClient(FedAvgClient):
             ctx.state["weights"] = result.weights
         return result
 
-    def evaluate(self, ctx: ClientContext, task: ClientTask) -> tuple[float, float]:
+    def evaluate(self, ctx: ClientContext, task: ClientTask) -> EvalResult:
         own = ctx.state.get("weights") if self.params.eval_model == "local" else None
         return super().evaluate(ctx, task if own is None else ClientTask(task.client_id, own, 0))
 

@@ -73,7 +73,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, cast
 
 import numpy as np
 import torch
@@ -86,6 +86,7 @@ from mecsim.agents.algorithms.base import (
     ClientContext,
     ClientResult,
     ClientTask,
+    EvalResult,
     NoParams,
     ServerAlgorithm,
     local_sgd,
@@ -384,7 +385,8 @@ def coaching_pairs(model: nn.Module, view: ParamView, received: dict[int, np.nda
 def coaching_loss(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], lam: float
                   ) -> torch.Tensor:
     """lam * sum_l f_s(s_i^l, w_i^l), f_s = squared L2 distance (A. Eq. 15; T. Eq. 16)."""
-    return lam * sum((p - t).pow(2).sum() for p, t in pairs)
+    # cast: a tensor, pairs being never empty (sum's start 0 is for mypy a possible int)
+    return cast(torch.Tensor, lam * sum((p - t).pow(2).sum() for p, t in pairs))
 
 
 # =========================================================================== BLS criterion
@@ -497,8 +499,10 @@ class BlsClientState:
     n_layers: int
     times_selected: int = 0  # q
     omega: int = 0  # Omega of the last selection (0: never selected)
-    b_full: np.ndarray = field(default=None)  # B^l, full-layer parameter bounds
-    tau_full: np.ndarray = field(default=None)  # tau^l, full-layer regulariser bounds
+    # b_full: B^l, full-layer parameter bounds; tau_full: tau^l, full-layer regulariser
+    # bounds. None (the default) only until __post_init__ (cast: arrays from then on)
+    b_full: np.ndarray = field(default=cast(np.ndarray, None))
+    tau_full: np.ndarray = field(default=cast(np.ndarray, None))
 
     def __post_init__(self) -> None:
         # Alg. 4 line 2: "initialize B^l = 0 and tau^l = 0" — once, for the client's first
@@ -556,8 +560,9 @@ class KapcServer(ServerAlgorithm):
 
     name = "kapc"
     personalised_downloads = True  # see ServerAlgorithm
-    Params = KapcParams
-    round_metrics: tuple[str, ...] = (
+    Params: ClassVar[type[KapcParams]] = KapcParams
+    params: KapcParams
+    round_metrics: ClassVar[tuple[str, ...]] = (
         "kapc_layers_down_mean", "kapc_layers_up_mean", "kapc_self_relation_mean",
         "kapc_self_relation_max", "kapc_plan_host_s")
 
@@ -706,6 +711,7 @@ class KapcBlsServer(KapcServer):
 
     name = "kapc_bls"
     Params = KapcBlsParams
+    params: KapcBlsParams
     round_metrics = KapcServer.round_metrics + (
         "kapc_omega_repeat_mean", "kapc_omega_first_mean", "kapc_layers_filtered_mean",
         "kapc_layers_own_mean")
@@ -813,7 +819,8 @@ class KapcClient(ClientAlgorithm):
     """A KAPC client: its own model, coached towards s_i (A. Algorithm 2)."""
 
     name = "kapc"
-    Params = KapcParams
+    Params: ClassVar[type[KapcParams]] = KapcParams
+    params: KapcParams
 
     def _own(self, ctx: ClientContext) -> np.ndarray:
         own = ctx.state.get("weights")
@@ -854,7 +861,7 @@ class KapcClient(ClientAlgorithm):
                               extra={"layers": up_layers, "received_layers": layers,
                                      "repeat_selection": repeat})
 
-    def evaluate(self, ctx: ClientContext, task: ClientTask) -> tuple[float, float]:
+    def evaluate(self, ctx: ClientContext, task: ClientTask) -> EvalResult:
         set_flat(ctx.model, ctx.layout, self._own(ctx))
         return super().evaluate(ctx, ClientTask(ctx.client_id, None, 0))
 
@@ -864,6 +871,7 @@ class KapcBlsClient(KapcClient):
 
     name = "kapc_bls"
     Params = KapcBlsParams
+    params: KapcBlsParams
 
     def constants(self, ctx: ClientContext, view: ParamView) -> BlsConstants:
         p = self.params

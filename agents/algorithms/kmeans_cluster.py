@@ -19,6 +19,7 @@ is drawn from the server's seeded selection stream (one owner of randomness).
 from __future__ import annotations
 
 import warnings
+from typing import cast
 
 import numpy as np
 from pydantic import Field
@@ -58,6 +59,7 @@ class KMeansClusterServer(FedAvgServer):
     name = "kmeans_cluster"
     personalised_downloads = True  # see ServerAlgorithm
     Params = KMeansClusterParams
+    params: KMeansClusterParams
     round_metrics = ("groups",)
 
     @classmethod
@@ -104,8 +106,9 @@ class KMeansClusterServer(FedAvgServer):
             stats = super().aggregate_fit(rnd, results)
             if rnd == self.params.warmup_rounds - 1:
                 p = self.params
-                labels = kmeans_labels(np.stack([r.weights for r in uploads]), p.clusters,
-                                       p.kmeans_iterations, self._seed)
+                labels = kmeans_labels(np.stack(cast("list[np.ndarray]",
+                                                     [r.weights for r in uploads])),
+                                       p.clusters, p.kmeans_iterations, self._seed)
                 self.labels = {r.client_id: int(g) for r, g in zip(uploads, labels,
                                                                     strict=True)}
                 missing = set(self.client_samples) - set(self.labels)
@@ -122,10 +125,12 @@ class KMeansClusterServer(FedAvgServer):
 
     def _average_clusters(self, uploads: list[ClientResult]) -> None:
         by_cluster: dict[int, list[ClientResult]] = {}
+        assert self.labels is not None  # called once the clusters are formed
         for r in uploads:
             by_cluster.setdefault(self.labels[r.client_id], []).append(r)
         for g, rs in by_cluster.items():
-            self.cluster_models[g] = weighted_average([r.weights for r in rs],
+            self.cluster_models[g] = weighted_average(cast("list[np.ndarray]",
+                                                           [r.weights for r in rs]),
                                                       [r.num_samples for r in rs])
 
     def _groups(self) -> int:

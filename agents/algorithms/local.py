@@ -14,6 +14,7 @@ from mecsim.agents.algorithms.base import (
     ClientContext,
     ClientResult,
     ClientTask,
+    EvalResult,
     ServerAlgorithm,
     local_sgd,
     trained_result,
@@ -49,7 +50,7 @@ class LocalClient(ClientAlgorithm):
         return trained_result(ctx, stats, weights=None, upload_nbytes=0, download_nbytes=0,
                               started_at=start)
 
-    def evaluate(self, ctx: ClientContext, task: ClientTask) -> tuple[float, float]:
+    def evaluate(self, ctx: ClientContext, task: ClientTask) -> EvalResult:
         self._load_own(ctx)
         return super().evaluate(ctx, ClientTask(ctx.client_id, None, 0))
 

@@ -82,7 +82,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
 import numpy as np
 import torch
@@ -305,6 +305,7 @@ class MTFLServer(ServerAlgorithm):
 
     name = "mtfl"
     Params = MTFLParams
+    params: MTFLParams
     round_metrics = ("mean_clean_accuracy",)
 
     @classmethod
@@ -353,7 +354,7 @@ class MTFLServer(ServerAlgorithm):
         uploads = [r for r in results if r.weights is not None]
         if not uploads:
             return AggregateStats(flops=0.0)
-        average = weighted_average([r.weights for r in uploads],
+        average = weighted_average(cast("list[np.ndarray]", [r.weights for r in uploads]),
                                    [r.num_samples for r in uploads])
         shared_avg, m, v, step = self.wire.unpack(average)
         flops = aggregation_flops(self.wire.numel, len(uploads))
@@ -371,6 +372,7 @@ class MTFLServer(ServerAlgorithm):
         else:
             self.weights[self.wire.shared] = shared_avg
             if p.strategy == "fedavg_adam":
+                assert m is not None and v is not None  # its wire format carries the moments
                 self.adam_m, self.adam_v, self.adam_step = m.copy(), v.copy(), step
         return AggregateStats(flops=flops)
 
@@ -391,6 +393,7 @@ class MTFLClient(ClientAlgorithm):
 
     name = "mtfl"
     Params = MTFLParams
+    params: MTFLParams
 
     def __init__(self, params) -> None:
         super().__init__(params)
@@ -418,7 +421,8 @@ class MTFLClient(ClientAlgorithm):
                 f"Table 1), but training.optimizer is {t.optimizer!r}; set "
                 f"training.optimizer: {wanted}")
         wire = self.wire(ctx.layout)
-        shared_values, m, v, step = wire.unpack(task.weights)
+        # cast: the server sends every client its payload (unpack checks its shape)
+        shared_values, m, v, step = wire.unpack(cast(np.ndarray, task.weights))
         self._apply_patches(ctx, wire, shared_values)
         x_train = ctx.x_train
         if task.config.get("noisy") and p.noise_std > 0:
@@ -491,7 +495,7 @@ class MTFLClient(ClientAlgorithm):
     def evaluate(self, ctx: ClientContext, task: ClientTask):
         """UA of the patched model; ``clean_accuracy`` is NaN for a noisy client."""
         wire = self.wire(ctx.layout)
-        self._apply_patches(ctx, wire, wire.unpack(task.weights)[0])
+        self._apply_patches(ctx, wire, wire.unpack(cast(np.ndarray, task.weights))[0])
         acc, loss = evaluate(ctx.model, ctx.x_test, ctx.y_test)
         clean = float("nan") if task.config.get("noisy") else acc
         return acc, loss, {"clean_accuracy": clean}

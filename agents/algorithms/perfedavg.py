@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
+from typing import cast
 
+import numpy as np
 import torch
 from pydantic import Field
 from torch.utils.flop_counter import FlopCounterMode
@@ -105,8 +107,9 @@ def fo_maml_epochs(ctx: ClientContext, inner_lr: float, outer_lr: float,
                 outer_loss.backward()
             if cost_b is None:  # + the outer SGD update (optimizer_step_flops)
                 update = optimizer_step_flops(outer)
-                cost_b = StepCost(float(counter.get_total_flops()) + update, cost.memory_bytes,
-                                  update)
+                # cast: cost_b None, so counter is the FlopCounterMode
+                cost_b = StepCost(float(cast(FlopCounterMode, counter).get_total_flops()) + update,
+                                  cost.memory_bytes, update)
                 ctx.costs.put(len(yb), cost_b, outer_key)
             with torch.no_grad():
                 for p, p0 in zip(params, start, strict=True):
@@ -122,6 +125,7 @@ def fo_maml_epochs(ctx: ClientContext, inner_lr: float, outer_lr: float,
 class PerFedAvgClient(ClientAlgorithm):
     name = "perfedavg"
     Params = PerFedAvgParams
+    params: PerFedAvgParams
 
     def _lrs(self, ctx: ClientContext) -> tuple[float, float]:
         p = self.params
@@ -129,7 +133,8 @@ class PerFedAvgClient(ClientAlgorithm):
 
     def fit(self, ctx: ClientContext, task: ClientTask) -> ClientResult:
         start = time.perf_counter()
-        set_flat(ctx.model, ctx.layout, task.weights)
+        # cast: the server sends every client the model
+        set_flat(ctx.model, ctx.layout, cast(np.ndarray, task.weights))
         alpha, beta = self._lrs(ctx)
         stats = fo_maml_epochs(ctx, alpha, beta, cost_key=self.name)
         weights = get_flat(ctx.model, ctx.layout)
@@ -139,7 +144,8 @@ class PerFedAvgClient(ClientAlgorithm):
 
     def evaluate(self, ctx: ClientContext, task: ClientTask) -> tuple[float, float]:
         """One personalisation step from the global model on one training batch, then test."""
-        set_flat(ctx.model, ctx.layout, task.weights)
+        # cast: the server sends every client the global model
+        set_flat(ctx.model, ctx.layout, cast(np.ndarray, task.weights))
         alpha, _ = self._lrs(ctx)
         n = int(ctx.y_train.shape[0])
         idx = torch.randperm(n, generator=ctx.generator)[: ctx.train.batch_size]

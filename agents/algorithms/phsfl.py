@@ -72,7 +72,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import torch
@@ -137,7 +137,7 @@ class SplitParts:
 
 
 def _has_state(module: nn.Module) -> bool:
-    own = list(module.parameters(recurse=True))
+    own: list[torch.Tensor] = list(module.parameters(recurse=True))
     own += [b for b in module.buffers(recurse=True) if b.is_floating_point()]
     return bool(own)
 
@@ -348,6 +348,7 @@ class PHSFLEdge(EdgeAlgorithm):
     """One edge server b: its model w_b, its clients' downloads and Eqs. 14-15."""
 
     Params = PHSFLParams
+    params: PHSFLParams
 
     def __init__(self, edge_server: int, layout: ModelLayout,
                  client_samples: dict[int, int], params: dict[str, Any]) -> None:
@@ -371,7 +372,8 @@ class PHSFLEdge(EdgeAlgorithm):
         rs = [r for r in sorted(results, key=lambda r: r.client_id) if r.weights is not None]
         flops = 0.0
         if rs:  # Eqs. 14-15; an ES none of whose clients returned keeps w_b
-            self.model = edge_aggregate([r.weights for r in rs], [r.num_samples for r in rs])
+            self.model = edge_aggregate(cast("list[np.ndarray]", [r.weights for r in rs]),
+                                        [r.num_samples for r in rs])
             flops += aggregation_flops(self.layout.size, len(rs))
         # Step 5: after the last edge round w_b goes up to the CS
         return EdgeReport(flops, len(rs), self.model if t1 == k1 - 1 else None)
@@ -381,6 +383,7 @@ class PHSFLServer(ServerAlgorithm):
     name = "phsfl"
     personalised_downloads = True  # see ServerAlgorithm
     Params = PHSFLParams
+    params: PHSFLParams
     Edge = PHSFLEdge
     round_metrics = (
         "global_round", "edge_round", "activation_bytes", "index_bytes", "gradient_bytes",
@@ -449,7 +452,9 @@ class PHSFLServer(ServerAlgorithm):
                                    f"{missing} at the end of global round {t2}")
             served = {b: sum(n for u, n in self.client_samples.items()
                              if self.edge_server_of[u] == b) for b in servers}
-            self.weights = global_aggregate([reports[b].model for b in servers],
+            # cast: every edge server's model is there (missing, above)
+            self.weights = global_aggregate(cast("list[np.ndarray]",
+                                                 [reports[b].model for b in servers]),
                                             [served[b] for b in servers])
             flops += aggregation_flops(self.layout.size, len(servers))
         aggregating = sum(1 for rep in reports.values() if rep.aggregated)
@@ -501,12 +506,14 @@ class HSFLServer(PHSFLServer):
 class PHSFLClient(ClientAlgorithm):
     name = "phsfl"
     Params = PHSFLParams
+    params: PHSFLParams
     freeze_head: ClassVar[bool] = True  # Step 2.2: the head stays as initialised
 
     def fit(self, ctx: ClientContext, task: ClientTask) -> ClientResult:
         start = time.perf_counter()
         p = self.params
-        set_flat(ctx.model, ctx.layout, task.weights)  # Step 3.1: w_u0 <- w_b0, w_u1 <- w_b1
+        # Step 3.1: w_u0 <- w_b0, w_u1 <- w_b1 (cast: the edge server sends its model)
+        set_flat(ctx.model, ctx.layout, cast(np.ndarray, task.weights))
         parts = split_model(ctx.model, p.cut_layer)
         parts.set_trainable(client=True, body=True, head=not self.freeze_head)
         ctx.model.train()
@@ -633,7 +640,7 @@ class PHSFLClient(ClientAlgorithm):
         """Personalised (acc, loss) after K head steps from the global model (Eq. 17),
         with the global model's own figures as extras."""
         p = self.params
-        set_flat(ctx.model, ctx.layout, task.weights)
+        set_flat(ctx.model, ctx.layout, cast(np.ndarray, task.weights))  # the global model
         global_acc, global_loss = evaluate(ctx.model, ctx.x_test, ctx.y_test)
         if p.finetune_steps > 0:
             parts = split_model(ctx.model, p.cut_layer)

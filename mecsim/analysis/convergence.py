@@ -60,7 +60,7 @@ def final_accuracy(accuracy: Sequence[float], window: int = WINDOW_ROUNDS) -> fl
     return float(acc[-window:].mean())
 
 
-def trailing_mean(values: Sequence[float], window: int) -> np.ndarray:
+def trailing_mean(values: Sequence[float] | np.ndarray, window: int) -> np.ndarray:
     """Mean of the last ``min(window, k)`` values at each position k (1-based)."""
     x = np.asarray(values, dtype=np.float64)
     c = np.concatenate([[0.0], np.cumsum(x)])

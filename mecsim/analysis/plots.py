@@ -233,8 +233,8 @@ def last_client_accuracies(r: RunRecords) -> tuple[int | None, np.ndarray]:
 
 
 def _client_accuracy(runs: Sequence[RunRecords], path: Path) -> Path | None:
-    data = [(r, *last_client_accuracies(r)) for r in runs]
-    data = [(r, rnd, acc) for r, rnd, acc in data if acc.size]
+    data = [(r, rnd, acc) for r in runs for rnd, acc in [last_client_accuracies(r)]
+            if rnd is not None and acc.size]
     if not data:
         return None
     fig = _figure(max(5.0, 1.6 * len(data) + 2), 4.2)
@@ -294,7 +294,7 @@ class PlotWriter(RunObserver):
         if rows:
             self._last_eval = rows
 
-    def on_run_resume(self, info: RunInfo, rounds: list[dict[str, Any]]) -> None:
+    def on_run_resume(self, info: RunInfo | None, rounds: list[dict[str, Any]]) -> None:
         """The last evaluated round's client rows, from the records of the rounds done."""
         import pandas as pd
 

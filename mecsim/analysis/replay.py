@@ -388,6 +388,7 @@ def replay(run: RecordedRun | str | Path, overrides: Mapping[str, Any] | None = 
         notes.append(f"algorithm {run.algorithm!r} decides from emulated time")
     timing_dependent = bool(recorded_drops) or aware
 
+    first: int | None
     if untimed:
         first, why = 0, f"override of {', '.join(untimed)} changes training"
         timed = None
@@ -459,6 +460,7 @@ def _retrain(run: RecordedRun, scenario: Scenario, overrides: dict[str, Any],
 def _result_from_records(rec: RecordedRun, run: RecordedRun, overrides: dict[str, Any],
                          timing_dependent: bool, notes: list[str]) -> ReplayResult:
     # records of an older mecsim may lack columns (energy): NaN there
+    assert rec.run_dir is not None  # loaded from its folder
     frame = _read_csv(rec.run_dir / "rounds.csv").reindex(columns=REPLAY_COLUMNS)
     return ReplayResult(
         run_id=run.run_id, algorithm=run.algorithm, overrides=overrides,

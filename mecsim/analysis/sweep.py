@@ -28,7 +28,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -124,7 +124,7 @@ def as_runs(runs: RunLike | Sequence[RunLike], *, record_dir: str | Path | None 
         elif isinstance(item, Scenario):
             out.append(record(item, record_dir, backend=backend, progress=progress))
         else:
-            path = Path(item)
+            path = Path(cast("str | Path", item))
             if path.is_dir():
                 out.append(load_run(path))
             elif path.suffix in (".yaml", ".yml") and path.is_file():

@@ -125,7 +125,8 @@ def load_run(path: str | Path) -> RunRecords:
     scenario_file = path / "scenario.yaml"
     if scenario_file.is_file():
         try:
-            planned = int((yaml.safe_load(scenario_file.read_text()) or {}).get("rounds"))
+            planned_text: Any = (yaml.safe_load(scenario_file.read_text()) or {}).get("rounds")
+            planned = int(planned_text)
         except (yaml.YAMLError, TypeError, ValueError, AttributeError):
             planned = None
         notes = _scenario_notes(scenario_file, rounds)

@@ -56,8 +56,8 @@ def partition_iid(pools: DataPools, n_clients: int, rng: np.random.Generator,
             if k > len(ds):
                 raise ValueError(f"samples_per_client {k} exceeds the pool's {len(ds)} "
                                  "samples")
-        draw = lambda ds, k: [rng.choice(len(ds), k, replace=False)  # noqa: E731
-                              for _ in range(n_clients)]
+        draw: Callable[[ArrayDataset, int], list[np.ndarray]] = lambda ds, k: [  # noqa: E731
+            rng.choice(len(ds), k, replace=False) for _ in range(n_clients)]
         return _finish(draw(pools.train, samples_per_client), draw(pools.test, test_n))
     _check(pools, n_clients)
     split = lambda n: np.array_split(rng.permutation(n), n_clients)  # noqa: E731
@@ -154,6 +154,7 @@ def partition_primary_secondary(
         size = len(ds) // (2 * n_clients) if size is None else size
         counts = np.stack([_largest_remainder(p, size) for p in props])
         avail = np.bincount(ds.labels, minlength=ncls)
+        c: int | np.intp
         for c in np.flatnonzero(counts.sum(0) > avail):
             counts[:, c] = counts[:, c] * avail[c] // counts[:, c].sum()
         parts: list[list[np.ndarray]] = [[] for _ in range(n_clients)]

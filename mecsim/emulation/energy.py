@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -45,8 +45,8 @@ ENERGY_KEYS = ("energy_j", "energy_compute_j", "energy_radio_j", "energy_idle_j"
 _PARTS = ("compute", "radio", "idle")
 
 
-def _air_time_s(trace: OpTrace, op_type: type, rate: float | RateSchedule,
-                latency_s: float, elapsed_s: float) -> float:
+def _air_time_s(trace: OpTrace, op_type: type[Download] | type[Upload],
+                rate: float | RateSchedule, latency_s: float, elapsed_s: float) -> float:
     ops = [op for op in trace if isinstance(op, op_type) and op.nbytes > 0]
     if not ops:
         return 0.0
@@ -65,7 +65,7 @@ def client_energy(profile: DeviceProfile, timeline: ClientTimeline, trace: OpTra
               profile.radio_rx_power_w)
     if any(p is None for p in powers):
         return nan
-    p_active, p_idle, p_tx, p_rx = (float(p) for p in powers)
+    p_active, p_idle, p_tx, p_rx = (float(p) for p in cast("tuple[float, ...]", powers))
     window_s = round_time_s if not math.isfinite(timeline.finish_s) else max(
         round_time_s, timeline.finish_s)
     if not math.isfinite(window_s):

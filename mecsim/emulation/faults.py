@@ -36,11 +36,15 @@ import dataclasses
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from mecsim.emulation.engine import ClientSpec, RateSchedule
-from mecsim.emulation.ops import Compute, Download, OpTrace, Upload
+from mecsim.emulation.ops import Compute, Download, Op, OpTrace, Upload
+
+if TYPE_CHECKING:
+    from mecsim.scenario import EdgeServerOutage, FaultsConfig, LinkOutage
 
 _FAULT_STREAM = 7  # the scenario seed's stream for fault draws
 
@@ -64,7 +68,7 @@ class RoundFaults:
         return out
 
 
-def active(cfg) -> bool:
+def active(cfg: FaultsConfig | None) -> bool:
     """Does this ``faults`` configuration inject anything?"""
     return cfg is not None and (
         cfg.crash_prob > 0 or cfg.dropout_prob > 0 or cfg.outage_prob > 0
@@ -73,7 +77,7 @@ def active(cfg) -> bool:
         or cfg.wait_for_fraction < 1)
 
 
-def draw_round(cfg, seed: int, rnd: int, selected: list[int]) -> RoundFaults:
+def draw_round(cfg: FaultsConfig | None, seed: int, rnd: int, selected: list[int]) -> RoundFaults:
     """Which of ``selected`` suffer an outage, a crash (and where) or a drop-out this
     round. One draw of each kind per selected client in selection order, so adding a
     kind of fault leaves the others' draws unchanged; precedence outage > crash >
@@ -94,7 +98,7 @@ def draw_round(cfg, seed: int, rnd: int, selected: list[int]) -> RoundFaults:
     return RoundFaults(frozenset(outage), crash_at, frozenset(dropout))
 
 
-def slowdown_factors(cfg, seed: int, n_clients: int) -> np.ndarray:
+def slowdown_factors(cfg: FaultsConfig | None, seed: int, n_clients: int) -> np.ndarray:
     """Per-client compute slow-down (1.0: none), drawn once per run."""
     factors = np.ones(n_clients)
     st = None if cfg is None else cfg.straggler
@@ -110,10 +114,11 @@ def slowdown_factors(cfg, seed: int, n_clients: int) -> np.ndarray:
     return factors
 
 
-def _down_intervals(cfg, cid: int, edge_server: int, direction: str,
+def _down_intervals(cfg: FaultsConfig, cid: int, edge_server: int, direction: str,
                     round_start_s: float) -> list[tuple[float, float]]:
     """Outage intervals of one link, in seconds since the round started (may be < 0)."""
     out = []
+    o: LinkOutage | EdgeServerOutage
     for o in cfg.link_outages:
         if (o.clients == "all" or cid in o.clients) and o.direction in ("both", direction):
             out.append((o.start_s - round_start_s, o.start_s + o.duration_s - round_start_s))
@@ -131,6 +136,8 @@ def with_outages(rate: float | RateSchedule, intervals: Iterable[tuple[float, fl
         return rate
     sched = rate if isinstance(rate, RateSchedule) else RateSchedule((0.0,), (float(rate),))
     times = set(sched.times_s) | {t for ab in cuts for t in ab if math.isfinite(t)}
+    out_t: list[float]
+    out_r: list[float]
     out_t, out_r = [], []
     for t in sorted(times):
         if any(a <= t < b for a, b in cuts):
@@ -145,8 +152,9 @@ def with_outages(rate: float | RateSchedule, intervals: Iterable[tuple[float, fl
     return RateSchedule(tuple(out_t), tuple(out_r))
 
 
-def apply_to_specs(specs: Mapping[int, ClientSpec], cfg, factors: np.ndarray,
-                   round_start_s: float, outage: Iterable[int] = ()) -> dict[int, ClientSpec]:
+def apply_to_specs(specs: Mapping[int, ClientSpec], cfg: FaultsConfig | None,
+                   factors: np.ndarray, round_start_s: float,
+                   outage: Iterable[int] = ()) -> dict[int, ClientSpec]:
     """The round's client specs with stragglers slowed down, and links at 0 b/s for the
     clients in ``outage`` (whole round) and during the configured outage intervals."""
     if cfg is None:
@@ -174,7 +182,7 @@ def crash_trace(trace: OpTrace, fraction: float) -> OpTrace:
     ops before that point, and the part of the Compute op it was in."""
     total = sum(op.flops for op in trace if isinstance(op, Compute))
     budget = fraction * total
-    out: list = []
+    out: list[Op] = []
     for op in trace:
         if isinstance(op, Compute):
             if op.flops >= budget:
@@ -198,7 +206,7 @@ def outage_trace(download_nbytes: int) -> OpTrace:
     return (Download(max(1, int(download_nbytes))),)
 
 
-def wait_for_count(cfg, selected: int) -> int | None:
+def wait_for_count(cfg: FaultsConfig | None, selected: int) -> int | None:
     """How many of the selected clients the server waits for (None: all of them)."""
     if cfg is None or cfg.wait_for_fraction >= 1:
         return None

@@ -14,7 +14,7 @@ where the scenario sets a loss rate.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -24,12 +24,17 @@ from mecsim.emulation.devices import DeviceProfile, builtin_profiles
 from mecsim.emulation.energy import power_array
 from mecsim.emulation.engine import ClientSpec, NetworkSpec, RateSchedule, ServerSpec
 from mecsim.scenario import (
+    ChannelConfig,
     FixedRateChannelConfig,
+    LinkTransport,
     Scenario,
     ShannonChannelConfig,
     TraceChannelConfig,
     personalised_downloads,
 )
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 _CLIENTS_STREAM = 2
 _ROUND_STREAM = 3
@@ -48,11 +53,12 @@ def device_profiles(scenario: Scenario) -> dict[str, DeviceProfile]:
     return profiles
 
 
-def _range(value) -> tuple[float, float]:
-    return (float(value), float(value)) if isinstance(value, (int, float)) else tuple(value)
+def _range(value: float | tuple[float, float]) -> tuple[float, float]:
+    return (float(value), float(value)) if isinstance(value, (int, float)) else cast(
+        "tuple[float, float]", tuple(value))
 
 
-def build_channel(cfg) -> Any:
+def build_channel(cfg: ChannelConfig) -> ShannonChannel | FixedRateChannel | TraceChannel:
     if isinstance(cfg, ShannonChannelConfig):
         inter = cfg.interference
         return ShannonChannel(
@@ -92,7 +98,7 @@ def downlink_note(scenario: Scenario) -> str | None:
     if scenario.downlink_mode() != "full" or not personalised_downloads(
             scenario.algorithm.name):
         return None
-    cfg = scenario.channel
+    cfg = cast(ShannonChannelConfig, scenario.channel)  # downlink_mode() is None for others
     k = scenario.clients_per_round()
     mhz = cfg.downlink.bandwidth_hz / 1e6
     return (f"Downlink: {scenario.algorithm.name} sends each client its own model and "
@@ -104,12 +110,12 @@ def downlink_note(scenario: Scenario) -> str | None:
 
 
 
-def transport_of(cfg) -> tuple[Any, Any]:
+def transport_of(cfg: ChannelConfig) -> tuple[LinkTransport, LinkTransport]:
     """(uplink, downlink) :class:`~mecsim.scenario.LinkTransport` of a channel config."""
     return cfg.uplink, cfg.downlink
 
 
-def schedule_from(times_s, rates_bps, start_s: float) -> RateSchedule:
+def schedule_from(times_s: ArrayLike, rates_bps: ArrayLike, start_s: float) -> RateSchedule:
     """An absolute piecewise-constant schedule, re-based to start at ``start_s``."""
     times = np.asarray(times_s, dtype=float)
     rates = np.asarray(rates_bps, dtype=float)
@@ -152,7 +158,8 @@ class NetworkModel:
         return servers, lat, bps
 
     def round(self, rnd: int, selected: list[int], elapsed_s: float = 0.0, *,
-              records: bool = True):
+              records: bool = True) -> tuple[dict[int, ClientSpec], list[ServerSpec],
+                                             NetworkSpec, dict[int, dict[str, Any]]]:
         """(client specs by id, server specs, network spec, channel records by id).
 
         ``records=False`` skips building the channel records (an empty dict is returned):
@@ -176,7 +183,8 @@ class NetworkModel:
         up_good = np.minimum(ch.uplink_rate_bps, up_cap)
         down_good = np.minimum(ch.downlink_rate_bps, down_cap)
         servers, bh_lat, bh_bps = self._backhaul(t_rng)
-        records = {int(r["client_id"]): r for r in ch.records()} if records else {}
+        rows: dict[int, dict[str, Any]] = (
+            {int(r["client_id"]): r for r in ch.records()} if records else {})
         specs: dict[int, ClientSpec] = {}
         for i, cid in enumerate(selected):
             up: float | RateSchedule = float(up_good[i])
@@ -191,12 +199,12 @@ class NetworkModel:
                                     uplink_latency_s=float(up_lat[i]),
                                     downlink_latency_s=float(down_lat[i]))
             if records:
-                records[int(cid)].update(
+                rows[int(cid)].update(
                     uplink_latency_s=float(up_lat[i]), downlink_latency_s=float(down_lat[i]),
                     uplink_goodput_bps=float(up_good[i]),
                     downlink_goodput_bps=float(down_good[i]),
                     backhaul_latency_s=float(bh_lat[es]), backhaul_goodput_bps=float(bh_bps[es]))
-        for rec in records.values():
+        for rec in rows.values():
             rec.pop("client_id", None)
         # the round's links as arrays in selection order (goodput NaN where a rate schedule
         # applies), for vectorised energy in replays: (up, down) rates and latencies
@@ -205,4 +213,4 @@ class NetworkModel:
             np.column_stack([np.full(len(selected), np.nan) if schedule else up_good,
                              np.full(len(selected), np.nan) if schedule else down_good]),
             np.column_stack([up_lat, down_lat]))
-        return specs, servers, self.network, records
+        return specs, servers, self.network, rows

@@ -90,7 +90,7 @@ class Barrier:
 Op = Download | Upload | Compute | ServerCompute | Backhaul | Barrier
 OpTrace = tuple[Op, ...]
 
-_OP_TYPES: dict[str, type] = {
+_OP_TYPES: dict[str, type[Op]] = {
     "download": Download,
     "upload": Upload,
     "compute": Compute,

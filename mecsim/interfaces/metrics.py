@@ -30,11 +30,15 @@ from __future__ import annotations
 import math
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from mecsim.run.observers import RunInfo, RunObserver
+
+if TYPE_CHECKING:
+    import threading
+    from wsgiref.simple_server import WSGIServer
 
 MiB = 1024 * 1024
 
@@ -181,8 +185,8 @@ class MetricsExporter(RunObserver):
                                  buckets=CLIENT_SECONDS_BUCKETS)
         self.energy = make("mecsim_client_energy_joules_total", ("part",))
         self.round_energy = make("mecsim_round_energy_joules")
-        self._server = None
-        self._thread = None
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ server
 

@@ -110,7 +110,11 @@ class _Loop:
         self._emit("on_placement", self.rnd, rs.executor.placement())
         target = self.rnd
         if self.base is not None:
-            ckpt = self.store.load(self.base.path) if self.base.path is not None else self.base
+            if self.base.path is not None:  # a checkpoint saved by this run's store
+                assert self.store is not None
+                ckpt = self.store.load(self.base.path)
+            else:
+                ckpt = self.base
             rs.executor.load_state(ExecutorState(ckpt.server, ckpt.clients, ckpt.costs,
                                                  edges=ckpt.edges))
             redo, elapsed = ckpt.rounds_done, ckpt.elapsed_s

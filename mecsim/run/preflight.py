@@ -33,6 +33,7 @@ from __future__ import annotations
 import errno
 import ipaddress
 import os
+import shutil
 import socket
 import warnings
 from dataclasses import dataclass, field
@@ -44,14 +45,15 @@ import psutil
 from torch import nn
 
 from mecsim.agents.algorithms import TrainConfig, algorithm_classes
-from mecsim.agents.models import build_model, get_flat, model_layout
+from mecsim.agents.models import ModelLayout, build_model, get_flat, model_layout
 from mecsim.agents.training import step_cost_on_meta
-from mecsim.data import DATASET_SHAPES, load_dataset, partition
+from mecsim.data import DATASET_SHAPES, DataPools, load_dataset, partition
 from mecsim.emulation.network import NetworkModel, device_profiles
 from mecsim.run.torch_rng import untouched
 from mecsim.scenario import Scenario, ScenarioError, TraceChannelConfig
 
 MiB = 1024 * 1024
+GiB = 1024 * MiB
 EMBEDDED = ("mnist-embedded", "mnist-embedded-3x32")
 RAY_CONNECT_TIMEOUT_S = 2.0
 
@@ -117,6 +119,8 @@ def _find_problems(scenario: Scenario, run_dir: str | Path | None, backend: str 
     built = check_model_and_memory(scenario, pools, backend, hosts, address, found)
     if built is not None:
         check_algorithm(scenario, *built, found)
+        if not resume:
+            check_disk(scenario, built[1], found)
     check_channel(scenario, found)
     return found
 
@@ -154,6 +158,42 @@ def check_outputs(scenario: Scenario, run_dir: Path | None, found: Findings,
     elif run_dir is not None and os.path.lexists(run_dir):
         found.problem("outputs.run_id", f"the run folder {run_dir} already exists; choose "
                       "another run id (--run-id)")
+
+
+def checkpoint_bytes(scenario: Scenario, layout: ModelLayout) -> int:
+    """An upper bound of what a run's checkpoints keep on disk: ``checkpoint.keep`` copies
+    of the server's state (counted as two models: the global model and the algorithm's
+    own, e.g. optimiser moments) and of every client's, one model each when the
+    algorithm's clients keep state (a personal model), none when they keep nothing
+    (FedAvg). Unchanged arrays are shared between checkpoints, so a run usually needs
+    less (KAPC on ResNet18, 100 clients: 6.5 GB measured against the 9.1 GB bound)."""
+    if scenario.checkpoint.every == 0:
+        return 0
+    _, client_cls = algorithm_classes(scenario.algorithm.name)
+    stateful = 0 if client_cls.movable() else scenario.topology.clients
+    return scenario.checkpoint.keep * (2 + stateful) * layout.nbytes
+
+
+def check_disk(scenario: Scenario, layout: ModelLayout, found: Findings) -> None:
+    """A warning when the disk under ``outputs.dir`` has less room than the run's
+    checkpoints may need (:func:`checkpoint_bytes`): the run starts, and would stop at the
+    checkpoint that does not fit (its finished rounds kept)."""
+    need = checkpoint_bytes(scenario, layout)
+    base = Path(scenario.outputs.dir).expanduser()
+    existing = base
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    try:
+        usage = shutil.disk_usage(existing)
+    except OSError:
+        return  # check_outputs says what is wrong with the folder
+    free = usage.free
+    if usage.total and need > free:  # (a pseudo file system has no size: nothing to say)
+        found.warn("checkpoint", f"the run's checkpoints may take up to {need / GiB:,.2f} GiB "
+                   f"({scenario.checkpoint.keep} kept x the server's and each client's "
+                   f"state, {layout.nbytes / MiB:,.1f} MiB a model), but {existing} has "
+                   f"{free / GiB:,.2f} GiB free: keep fewer (checkpoint.keep), checkpoint "
+                   "less often (checkpoint.every) or write elsewhere (outputs.dir)")
 
 
 # ----------------------------------------------------------------------------- network
@@ -238,7 +278,7 @@ def check_ray_address(address: str, found: Findings) -> None:
 # ----------------------------------------------------------------------------- data
 
 
-def check_dataset(scenario: Scenario, found: Findings):
+def check_dataset(scenario: Scenario, found: Findings) -> DataPools | None:
     """Load the data and partition it as the run will; the pools, or None."""
 
     ds = scenario.dataset
@@ -282,15 +322,16 @@ def check_dataset(scenario: Scenario, found: Findings):
 # ----------------------------------------------------------------------------- model
 
 
-def check_model_and_memory(scenario: Scenario, pools, backend: str, hosts: int | None,
-                           address: str | None, found: Findings):
+def check_model_and_memory(scenario: Scenario, pools: DataPools | None, backend: str,
+                           hosts: int | None, address: str | None, found: Findings
+                           ) -> tuple[nn.Module, ModelLayout, np.ndarray, TrainConfig] | None:
     """Build the model for the data; check the batch and the step memory. Returns
     (model, layout, init_weights, train config) or None."""
-
-
     name, t = scenario.model.name, scenario.training
+    in_shape: tuple[int, int, int]
     if pools is not None:
-        in_shape = tuple(int(s) for s in pools.train.images.shape[1:])
+        c, h, w = (int(s) for s in pools.train.images.shape[1:])  # N x C x H x W
+        in_shape = (c, h, w)
         num_classes = pools.train.num_classes
     else:
         in_shape, num_classes = DATASET_SHAPES[scenario.dataset.name]

@@ -6,7 +6,14 @@ import sys
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from mecsim.run.observers import RunInfo, RunObserver
 
@@ -19,7 +26,7 @@ class ProgressBar(RunObserver):
             TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
             console=console, transient=False,
         )
-        self.task = None
+        self.task: TaskID | None = None
 
     def on_run_start(self, info: RunInfo) -> None:
         self.progress.start()
@@ -42,6 +49,8 @@ class ProgressBar(RunObserver):
             self._warn(text)
         acc = row["mean_accuracy"]
         acc_txt = f"acc {100 * acc:5.2f}%" if acc == acc else "acc   -   "
+        if self.task is None:  # a round before the run started: nothing to advance
+            return
         self.progress.update(
             self.task, advance=1,
             status=f"{acc_txt}  round {row['round_time_s']:.2f} s emulated, "

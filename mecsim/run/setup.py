@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -18,6 +17,7 @@ from mecsim.emulation import faults
 from mecsim.emulation.devices import DeviceProfile
 from mecsim.emulation.network import NetworkModel, device_profiles
 from mecsim.run import torch_rng
+from mecsim.run.backends.base import Executor
 from mecsim.run.backends.local import LocalExecutor
 from mecsim.run.backends.placement import PlacementTimeout
 from mecsim.run.backends.ray_executor import RayExecutor
@@ -38,7 +38,7 @@ class ScenarioInfeasible(Exception):
 @dataclass
 class RunSetup:
     info: RunInfo
-    executor: Any
+    executor: Executor
     network: NetworkModel
     server_profile: DeviceProfile
     slowdown: np.ndarray  # per-client compute slow-down of emulated stragglers (1: none)
@@ -89,7 +89,8 @@ def prepare(scenario: Scenario, run_id: str, out_dir, *, hosts: int | None = Non
     part_params = ds.partition.model_dump(exclude={"method"})
     parts = partition(pools, n, ds.partition.method, data_rng, **part_params)
 
-    in_shape = tuple(int(s) for s in pools.train.images.shape[1:])
+    c, h, w = (int(s) for s in pools.train.images.shape[1:])  # images are N x C x H x W
+    in_shape = (c, h, w)
     num_classes = pools.train.num_classes
     with torch_rng.seeded(seed):  # no other thread draws from torch's generator meanwhile
         model = build_model(scenario.model.name, in_shape, num_classes)
@@ -124,6 +125,7 @@ def prepare(scenario: Scenario, run_id: str, out_dir, *, hosts: int | None = Non
         seed=seed, edge_server_of={cid: scenario.edge_server_of(cid) for cid in range(n)},
     )
     backend = backend or scenario.execution.backend
+    executor: Executor
     if backend == "ray":
         try:
             executor = RayExecutor(server_kwargs, setup, pools, host_clients,

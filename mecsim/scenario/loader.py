@@ -79,7 +79,7 @@ class _ScenarioLoader(yaml.SafeLoader):
 
     _depth = 0
 
-    def compose_node(self, parent, index):  # type: ignore[no-untyped-def]
+    def compose_node(self, parent: Any, index: Any) -> Any:
         self._depth += 1
         try:
             if self._depth > MAX_DEPTH:
@@ -90,7 +90,7 @@ class _ScenarioLoader(yaml.SafeLoader):
         finally:
             self._depth -= 1
 
-    def construct_mapping(self, node, deep=False):  # type: ignore[no-untyped-def]
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
         if isinstance(node, yaml.MappingNode):
             first_line: dict[Any, int] = {}
             for key_node, _ in node.value:

@@ -102,6 +102,7 @@ def apply_overrides(scenario: Scenario, overrides: Mapping[str, Any],
 
 def _split_top(text: str) -> list[str]:
     """Split at commas outside brackets/braces: ``1,[2,3],{a: 1, b: 2}`` -> 3 parts."""
+    cur: list[str]
     parts, depth, cur = [], 0, []
     for ch in text:
         if ch in "[{":

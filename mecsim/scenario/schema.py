@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -126,23 +126,23 @@ class _Strict(BaseModel):
 class IidPartition(_Strict):
     method: Literal["iid"] = "iid"
     samples_per_client: int | None = Field(
-        None, gt=0, description="null: split each pool into equal disjoint parts; N: each "
+        default=None, gt=0, description="null: split each pool into equal disjoint parts; N: each "
         "client draws N train samples uniformly from the pool (without replacement within "
         "a client; clients may share samples), for more clients than the pool has samples")
     test_samples_per_client: int | None = Field(
-        None, gt=0, description="with samples_per_client: each client's test samples "
+        default=None, gt=0, description="with samples_per_client: each client's test samples "
         "(default: 1)")
 
 
 class DirichletPartition(_Strict):
     method: Literal["dirichlet"]
     alpha: PositiveFloat = Field(description="Dirichlet concentration over clients, per class")
-    min_samples: int = Field(1, ge=0, description="redraw until every client has this many")
+    min_samples: int = Field(default=1, ge=0, description="redraw until every client has this many")
 
 
 class ShardsPartition(_Strict):
     method: Literal["shards"]
-    shards_per_client: int = Field(2, ge=1)
+    shards_per_client: int = Field(default=2, ge=1)
 
 
 class PrimarySecondaryPartition(_Strict):
@@ -160,13 +160,13 @@ Partition = Annotated[
 class DatasetConfig(_Strict):
     name: Literal["mnist-embedded", "mnist-embedded-3x32", "mnist", "fashion-mnist", "cifar10",
                   "cifar100"] = Field(
-        "mnist-embedded",
+        default="mnist-embedded",
         description="mnist-embedded-3x32: the embedded MNIST padded to 32x32 and repeated "
         "over 3 channels (a CIFAR-shaped stand-in; nothing is downloaded)")
-    root: str | None = Field(None, min_length=1,
+    root: str | None = Field(default=None, min_length=1,
                              description="directory holding the dataset files")
-    train_size: int | None = Field(None, gt=0, description="train pool size (subsample)")
-    test_size: int | None = Field(None, gt=0, description="test pool size (subsample)")
+    train_size: int | None = Field(default=None, gt=0, description="train pool size (subsample)")
+    test_size: int | None = Field(default=None, gt=0, description="test pool size (subsample)")
     partition: Partition = Field(default_factory=IidPartition)
 
 
@@ -175,16 +175,16 @@ class ModelConfig(_Strict):
 
 
 class TrainingConfig(_Strict):
-    epochs: int = Field(1, ge=1, description="local epochs per round (E)")
-    batch_size: int = Field(32, ge=1, le=MAX_COUNT)
+    epochs: int = Field(default=1, ge=1, description="local epochs per round (E)")
+    batch_size: int = Field(default=32, ge=1, le=MAX_COUNT)
     optimizer: Literal["sgd", "adam"] = "sgd"
     lr: PositiveFloat = 0.01
-    momentum: float = Field(0.0, ge=0, lt=1)
-    weight_decay: float = Field(0.0, ge=0)
+    momentum: float = Field(default=0.0, ge=0, lt=1)
+    weight_decay: float = Field(default=0.0, ge=0)
 
 
 class AlgorithmConfig(_Strict):
-    name: str = Field("fedavg", description="fedavg, local, ... (see `mecsim algorithms`)")
+    name: str = Field(default="fedavg", description="fedavg, local, ... (see `mecsim algorithms`)")
     params: dict[str, Any] = Field(default_factory=dict, description="algorithm hyper-parameters")
 
     @field_validator("name")
@@ -209,11 +209,11 @@ class AlgorithmConfig(_Strict):
 
 
 class TopologyConfig(_Strict):
-    clients: int = Field(10, ge=1, le=1_000_000,
+    clients: int = Field(default=10, ge=1, le=1_000_000,
                          description="number of clients (virtual; not processes)")
-    edge_servers: int = Field(1, ge=1)
+    edge_servers: int = Field(default=1, ge=1)
     participation: float = Field(
-        1.0, gt=0, le=1, description="fraction of clients selected per round (C)"
+        default=1.0, gt=0, le=1, description="fraction of clients selected per round (C)"
     )
 
 
@@ -225,15 +225,15 @@ class CustomProfile(_Strict):
     flops_source: str = Field(description="where flops_per_s comes from")
     step_overhead_source: str = Field(description="where step_overhead_s comes from")
     ram_source: str = ""
-    active_power_w: float | None = Field(None, gt=0, description="whole board, every core "
+    active_power_w: float | None = Field(default=None, gt=0, description="whole board, every core "
                                          "busy (W); with idle_power_w: energy per round")
-    idle_power_w: float | None = Field(None, ge=0, description="whole board, idle (W)")
-    radio_tx_power_w: float | None = Field(None, ge=0, description="the radio's extra draw "
+    idle_power_w: float | None = Field(default=None, ge=0, description="whole board, idle (W)")
+    radio_tx_power_w: float | None = Field(default=None, ge=0, description="the radio's extra draw "
                                            "above idle while transmitting (W)")
-    radio_rx_power_w: float | None = Field(None, ge=0, description="the radio's extra draw "
+    radio_rx_power_w: float | None = Field(default=None, ge=0, description="the radio's extra draw "
                                            "above idle while receiving (W)")
-    power_source: str = Field("", description="where active/idle_power_w come from")
-    radio_power_source: str = Field("", description="where radio_*_power_w come from")
+    power_source: str = Field(default="", description="where active/idle_power_w come from")
+    radio_power_source: str = Field(default="", description="where radio_*_power_w come from")
 
     @model_validator(mode="after")
     def _power_sourced(self) -> CustomProfile:
@@ -255,7 +255,8 @@ class CustomProfile(_Strict):
 
 class DeviceGroup(_Strict):
     profile: str
-    count: int | None = Field(None, ge=1, description="clients in this group; omit: the rest")
+    count: int | None = Field(default=None, ge=1,
+                              description="clients in this group; omit: the rest")
 
 
 class DevicesConfig(_Strict):
@@ -280,18 +281,19 @@ class Interference(_Strict):
         description="unit of the draws; 'noise' = multiples of the link's thermal noise N0*B"
     )
     uplink_mean: float = 1.0
-    uplink_std: float = Field(2.0, ge=0)
+    uplink_std: float = Field(default=2.0, ge=0)
     downlink_mean: float = 1.0
-    downlink_std: float = Field(3.0, ge=0)
+    downlink_std: float = Field(default=3.0, ge=0)
 
 
-PositiveRange = _range_type(gt=0)
-
-
-DecibelRange = _range_type(ge=-300, le=300)
-
-
-SlowdownRange = _range_type(ge=1)
+if TYPE_CHECKING:  # what the checks below let through, as mypy cannot run _range_type
+    PositiveRange = float | tuple[float, float]
+    DecibelRange = float | tuple[float, float]
+    SlowdownRange = float | tuple[float, float]
+else:
+    PositiveRange = _range_type(gt=0)
+    DecibelRange = _range_type(ge=-300, le=300)
+    SlowdownRange = _range_type(ge=1)
 
 
 class LinkTransport(_Strict):
@@ -303,14 +305,14 @@ class LinkTransport(_Strict):
     ``min(rate, 8*MSS/(RTT*sqrt(p)) * sqrt(3/2))`` (docs/channel.md).
     """
 
-    latency_s: float = Field(0.0, ge=0, description="one-way propagation + queueing delay "
+    latency_s: float = Field(default=0.0, ge=0, description="one-way propagation + queueing delay "
                              "added to every transfer (s)")
-    jitter_s: float = Field(0.0, ge=0, description="latency varies per client-round "
+    jitter_s: float = Field(default=0.0, ge=0, description="latency varies per client-round "
                             "uniformly in [latency_s - jitter_s, latency_s + jitter_s], "
                             "clipped at 0 (s)")
-    loss_rate: float = Field(0.0, ge=0, lt=1, description="packet-loss probability; > 0 "
+    loss_rate: float = Field(default=0.0, ge=0, lt=1, description="packet-loss probability; > 0 "
                              "limits TCP goodput to the Mathis et al. bound")
-    mss_bytes: int = Field(1460, gt=0, description="TCP maximum segment size for the "
+    mss_bytes: int = Field(default=1460, gt=0, description="TCP maximum segment size for the "
                            "Mathis bound (bytes)")
 
 
@@ -333,18 +335,19 @@ def _check_client_loss(uplink: LinkTransport, downlink: LinkTransport) -> None:
 
 
 class ShannonUplink(LinkTransport):
-    bandwidth_hz: PositiveRange = Field((10e6, 30e6),
+    bandwidth_hz: PositiveRange = Field(default=(10e6, 30e6),
                                         description="per-client, uniform in [lo, hi]")
-    tx_power_dbm: DecibelRange = Field((23.0, 30.0),
+    tx_power_dbm: DecibelRange = Field(default=(23.0, 30.0),
                                        description="per-client, uniform in [lo, hi]")
-    shared: bool = Field(False, description="uplinks of an edge server's clients share one medium")
+    shared: bool = Field(default=False,
+                         description="uplinks of an edge server's clients share one medium")
 
 
 class ShannonDownlink(LinkTransport):
     bandwidth_hz: PositiveFloat = 50e6
     tx_power_dbm: Decibels = 30.0
     mode: Literal["auto", "full", "equal_split", "shared"] = Field(
-        "auto",
+        default="auto",
         description="auto: shared for algorithms whose downloads differ per client, full "
         "for broadcasts; full: whole band per client; equal_split: band/n per client; "
         "shared: processor sharing of the band among concurrent downloads "
@@ -356,8 +359,8 @@ class ShannonChannelConfig(_Strict):
     model: Literal["shannon"] = "shannon"
     uplink: ShannonUplink = Field(default_factory=ShannonUplink)
     downlink: ShannonDownlink = Field(default_factory=ShannonDownlink)
-    interference: Interference | None = Field(None, description="null: no interference")
-    distance_m: PositiveRange = Field((100.0, 500.0),
+    interference: Interference | None = Field(default=None, description="null: no interference")
+    distance_m: PositiveRange = Field(default=(100.0, 500.0),
                                       description="per-client, uniform in [lo, hi]")
     path_loss_db: Decibels = -40.0
     reference_distance_m: PositiveFloat = 1.0
@@ -365,7 +368,7 @@ class ShannonChannelConfig(_Strict):
     fading: Literal["none", "rayleigh"] = "none"
     noise_psd_dbm_per_hz: Decibels = -174.0
     snr_offset_db: Decibels = Field(
-        0.0, description="calibration added to every SNR (dB); 0 = the literal model"
+        default=0.0, description="calibration added to every SNR (dB); 0 = the literal model"
     )
 
     @model_validator(mode="after")
@@ -434,8 +437,9 @@ ChannelConfig = Annotated[
 class BackhaulConfig(LinkTransport):
     """Each edge server's wired link to the central server (RTT = 2 * latency)."""
 
-    bandwidth_bps: float = Field(1e9, ge=1, description="at least 1 b/s")
-    latency_s: float = Field(0.005, ge=0, description="one-way latency of each transfer (s)")
+    bandwidth_bps: float = Field(default=1e9, ge=1, description="at least 1 b/s")
+    latency_s: float = Field(default=0.005, ge=0,
+                             description="one-way latency of each transfer (s)")
 
     @model_validator(mode="after")
     def _loss_needs_rtt(self) -> BackhaulConfig:
@@ -449,7 +453,8 @@ Fraction = Annotated[float, Field(gt=0, le=1)]
 
 
 class EvaluationConfig(_Strict):
-    every: int = Field(1, ge=1, description="evaluate user accuracy every N rounds (and last)")
+    every: int = Field(default=1, ge=1,
+                       description="evaluate user accuracy every N rounds (and last)")
     clients: Literal["all", "selected"] = "all"
     target_accuracy: list[Fraction] = Field(
         default_factory=list, description="target mean user accuracies (fractions, e.g. 0.97): "
@@ -458,9 +463,9 @@ class EvaluationConfig(_Strict):
 
 
 class OutputsConfig(_Strict):
-    dir: str = Field("runs", min_length=1)
+    dir: str = Field(default="runs", min_length=1)
     run_id: RunId | None = Field(
-        None, description="default: <scenario name>-<timestamp>-<random suffix>; letters, "
+        default=None, description="default: <scenario name>-<timestamp>-<random suffix>; letters, "
         "digits, '-', '_', '.'")
     table_format: Literal["parquet", "csv"] = "parquet"
     save_optraces: bool = True
@@ -468,21 +473,21 @@ class OutputsConfig(_Strict):
 
 class MetricsConfig(_Strict):
     enabled: bool = True
-    host: str = Field("127.0.0.1", min_length=1)
-    port: int = Field(9464, ge=0, le=65535, description="0 = any free port")
-    public: bool = Field(False, description="allow a host that is not a loopback address "
+    host: str = Field(default="127.0.0.1", min_length=1)
+    port: int = Field(default=9464, ge=0, le=65535, description="0 = any free port")
+    public: bool = Field(default=False, description="allow a host that is not a loopback address "
                          "(/metrics reachable from other machines; mecsim run "
                          "--metrics-public)")
 
 
 class ExecutionConfig(_Strict):
     backend: Literal["ray", "local"] = Field(
-        "ray", description="ray: host actors in Ray; local: in-process (tests, debugging)"
+        default="ray", description="ray: host actors in Ray; local: in-process (tests, debugging)"
     )
-    hosts: int | None = Field(None, ge=1, description="host actors; default one per core")
-    ray_address: str | None = Field(None, description="attach to an existing Ray cluster")
+    hosts: int | None = Field(default=None, ge=1, description="host actors; default one per core")
+    ray_address: str | None = Field(default=None, description="attach to an existing Ray cluster")
     stream_aggregation: Literal["auto", "off"] = Field(
-        "auto", description="auto: fold the uploads into the aggregate while the clients "
+        default="auto", description="auto: fold the uploads into the aggregate while the clients "
         "train, when the round's aggregated clients are known before it is timed (no "
         "deadline, no wait_for_fraction, no link or edge-server outages, no rate traces) "
         "and the algorithm can (FedAvg, FedProx, Per-FedAvg); off: hold every upload "
@@ -490,18 +495,18 @@ class ExecutionConfig(_Strict):
 
 
 class CheckpointConfig(_Strict):
-    every: int = Field(1, ge=0, description="checkpoint after every N rounds (and after the "
-                       "last); 0: never (a killed run then resumes from its start)")
-    keep: int = Field(2, ge=1, description="how many of the newest checkpoints to keep")
+    every: int = Field(default=1, ge=0, description="checkpoint after every N rounds (and after "
+                       "the last); 0: never (a killed run then resumes from its start)")
+    keep: int = Field(default=2, ge=1, description="how many of the newest checkpoints to keep")
 
 
 Probability = Annotated[float, Field(ge=0, le=1)]
 
 
 class StragglerConfig(_Strict):
-    fraction: Probability = Field(0.0, description="share of the clients that straggle "
+    fraction: Probability = Field(default=0.0, description="share of the clients that straggle "
                                   "(drawn once per run)")
-    slowdown: SlowdownRange = Field((2.0, 4.0), description="compute slow-down factor "
+    slowdown: SlowdownRange = Field(default=(2.0, 4.0), description="compute slow-down factor "
                                     "(>= 1) of a straggler, uniform in [lo, hi], drawn once "
                                     "per straggler")
 
@@ -522,16 +527,16 @@ class EdgeServerOutage(_Strict):
 class FaultsConfig(_Strict):
     """Emulated faults, drawn from the scenario seed (see docs/reliability.md)."""
 
-    crash_prob: Probability = Field(0.0, description="per client-round: the device crashes "
+    crash_prob: Probability = Field(default=0.0, description="per client-round: the device crashes "
                                     "during local training; its work is lost")
-    dropout_prob: Probability = Field(0.0, description="per client-round: the client trains, "
-                                      "then leaves before uploading")
-    outage_prob: Probability = Field(0.0, description="per client-round: the client's link is "
-                                     "down for the whole round")
+    dropout_prob: Probability = Field(default=0.0, description="per client-round: the client "
+                                      "trains, then leaves before uploading")
+    outage_prob: Probability = Field(default=0.0, description="per client-round: the client's "
+                                     "link is down for the whole round")
     straggler: StragglerConfig | None = None
     link_outages: list[LinkOutage] = Field(default_factory=list)
     edge_server_outages: list[EdgeServerOutage] = Field(default_factory=list)
-    wait_for_fraction: Fraction = Field(1.0, description="aggregate once this fraction of "
+    wait_for_fraction: Fraction = Field(default=1.0, description="aggregate once this fraction of "
                                         "the selected clients has delivered (MTFL step 5); "
                                         "later ones are dropped")
 
@@ -539,12 +544,12 @@ class FaultsConfig(_Strict):
 class Scenario(_Strict):
     """A complete mecsim scenario. Every field has a default except where noted."""
 
-    name: SafeName = Field("scenario", description="letters, digits, '-', '_', '.'; "
+    name: SafeName = Field(default="scenario", description="letters, digits, '-', '_', '.'; "
                            "the default run id starts with it")
     description: str = ""
-    seed: int = Field(0, ge=0, le=MAX_SEED, strict=True,
+    seed: int = Field(default=0, ge=0, le=MAX_SEED, strict=True,
                       description="an integer 0 .. 2^32 - 1")
-    rounds: int = Field(10, ge=1)
+    rounds: int = Field(default=10, ge=1)
     dataset: DatasetConfig = Field(default_factory=DatasetConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     topology: TopologyConfig = Field(default_factory=TopologyConfig)
@@ -553,19 +558,20 @@ class Scenario(_Strict):
     backhaul: BackhaulConfig = Field(default_factory=BackhaulConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
-    deadline_s: float | None = Field(None, gt=0, description="round deadline (emulated s)")
+    deadline_s: float | None = Field(default=None, gt=0, description="round deadline (emulated s)")
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
     outputs: OutputsConfig = Field(default_factory=OutputsConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     execution: ExecutionConfig = Field(default_factory=ExecutionConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
-    faults: FaultsConfig | None = Field(None, description="emulated faults; null: none")
+    faults: FaultsConfig | None = Field(default=None, description="emulated faults; null: none")
 
     @model_validator(mode="after")
     def _faults_fit(self) -> Scenario:
         f = self.faults
         if f is None:
             return self
+        o: EdgeServerOutage | LinkOutage
         for i, o in enumerate(f.edge_server_outages):
             if o.edge_server >= self.topology.edge_servers:
                 raise ValueError(f"faults.edge_server_outages.{i}.edge_server: no edge server "

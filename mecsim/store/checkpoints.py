@@ -24,6 +24,7 @@ import json
 import os
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ import torch
 from mecsim.agents.state import blob_keys, resolve_blobs
 from mecsim.run.interrupts import atomic_section
 from mecsim.run.loop import Checkpoint
+from mecsim.scenario import Scenario
 from mecsim.store.files import fsync_dir
 
 FORMAT_VERSION = 1
@@ -55,7 +57,7 @@ class CheckpointError(Exception):
 _NOT_RESULTS = ("description", "metrics", "execution", "outputs", "checkpoint")
 
 
-def scenario_digest(scenario) -> str:
+def scenario_digest(scenario: Scenario) -> str:
     """SHA-256 of what decides a run's results: the scenario without :data:`_NOT_RESULTS`
     (a checkpoint belongs to the run whose digest it carries)."""
     data = scenario.model_dump(mode="json")
@@ -196,7 +198,7 @@ class CheckpointStore:
         return Checkpoint(int(payload["rounds_done"]), float(payload["elapsed_s"]),
                           server, dict(clients), payload["costs"], path, edges=dict(edges))
 
-    def latest(self, warn=None) -> Checkpoint | None:
+    def latest(self, warn: Callable[[str], None] | None = None) -> Checkpoint | None:
         """The newest readable checkpoint (an unreadable one is reported through
         ``warn(message)`` and skipped); None when there is none."""
         for path in reversed(self.all()):

@@ -22,8 +22,8 @@ def rows_from_csv(path: Path) -> list[dict[str, Any]]:
     """Round rows of ``rounds.csv`` read back as a run produced them (numbers exact)."""
     if not path.exists() or path.stat().st_size == 0:
         return []
-    df = read_csv_exact(path)
-    return df.to_dict("records")
+    rows: list[dict[str, Any]] = read_csv_exact(path).to_dict("records")
+    return rows
 
 
 def read_rounds(run_dir: str | Path) -> pd.DataFrame:

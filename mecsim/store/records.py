@@ -127,7 +127,8 @@ class RecordsWriter(RunObserver):
                          hosts=info.extra.get("hosts"), backend=info.extra.get("backend"))
 
     # -- each round ------------------------------------------------------------------
-    def on_round_end(self, info, round_row, client_rows, traces) -> None:
+    def on_round_end(self, info: RunInfo, round_row: dict[str, Any],
+                     client_rows: list[dict[str, Any]], traces: dict[str, Any]) -> None:
         with atomic_section():  # an interrupt waits until the round is on disk
             self.clients.append(client_rows)
             self.rounds.append([round_row])
@@ -137,7 +138,8 @@ class RecordsWriter(RunObserver):
                 os.fsync(self.traces.fileno())
             self._write_meta(rounds_done=int(round_row["round"]) + 1)
 
-    def on_checkpoint(self, info, rounds_done, nbytes, seconds) -> None:
+    def on_checkpoint(self, info: RunInfo, rounds_done: int, nbytes: int,
+                      seconds: float) -> None:
         totals = dict(self.meta.get("checkpoint_totals") or {"count": 0, "bytes": 0,
                                                              "seconds": 0.0})
         totals = {"count": totals["count"] + 1, "bytes": totals["bytes"] + nbytes,
@@ -146,11 +148,11 @@ class RecordsWriter(RunObserver):
                                      "seconds": round(seconds, 6)},
                          checkpoint_totals=totals)
 
-    def on_fault(self, info, rnd, message) -> None:
+    def on_fault(self, info: RunInfo, rnd: int, message: str) -> None:
         faults = list(self.meta.get("faults", [])) + [{"round": rnd, "error": message}]
         self._write_meta(faults=faults)
 
-    def on_placement(self, info, rnd, hosts) -> None:
+    def on_placement(self, info: RunInfo, rnd: int, hosts: list[dict[str, Any]]) -> None:
         placement = list(self.meta.get("placement", [])) + [{"round": rnd, "hosts": hosts}]
         self._write_meta(placement=placement)
 

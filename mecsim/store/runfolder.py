@@ -24,6 +24,7 @@ import io
 import json
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -201,7 +202,7 @@ def _cut_jsonl(path: Path, rounds_done: int) -> None:
 
 
 
-def prepare_resume(run_dir: str | Path, warn=None, *,
+def prepare_resume(run_dir: str | Path, warn: Callable[[str], None] | None = None, *,
                    keep_finished_lock: bool = False) -> ResumeTarget:
     """Lock ``run_dir``, choose its checkpoint and cut its records back to it.
 

@@ -26,7 +26,9 @@ retrained runs, the benchmarks and ``mecsim.simulate`` all call :func:`run_in_fo
 from __future__ import annotations
 
 import errno
+import secrets
 import shutil
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +61,13 @@ class Outcome:
     status: str
     rows: list[dict[str, Any]]
     warnings: list[str] = field(default_factory=list)
+
+
+def new_run_id(scenario: Scenario) -> str:
+    """The scenario's ``outputs.run_id``, or ``<name>-<timestamp>-<8 random hex digits>``:
+    two runs of one scenario started in the same second get different folders."""
+    return scenario.outputs.run_id or \
+        f"{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(4)}"
 
 
 def _outermost_missing(run_dir: Path) -> Path:

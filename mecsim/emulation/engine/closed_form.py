@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Protocol, cast
 
 import numpy as np
 
@@ -65,12 +66,23 @@ def _closed_form_timelines(
     return _timelines(ids, finish_s, spent_s, network.deadline_s)
 
 
+class _ConstantRates(Protocol):
+    """A ClientSpec whose rates are constants (no RateSchedule: the closed form's rounds)."""
+
+    @property
+    def uplink_rate_bps(self) -> float: ...
+
+    @property
+    def downlink_rate_bps(self) -> float: ...
+
+
 def _advance_group(kinds: tuple[int, ...], rows: list[OpTrace],
                    specs: list[ClientSpec]) -> tuple[np.ndarray, np.ndarray]:
     """(finish_s, per-kind seconds) of clients sharing one sequence of op kinds."""
     m = len(rows)
-    down_bps = np.array([float(s.downlink_rate_bps) for s in specs])
-    up_bps = np.array([float(s.uplink_rate_bps) for s in specs])
+    rates = cast("list[_ConstantRates]", specs)  # _closed_form_timelines left out schedules
+    down_bps = np.array([float(s.downlink_rate_bps) for s in rates])
+    up_bps = np.array([float(s.uplink_rate_bps) for s in rates])
     down_lat_s = np.array([float(s.downlink_latency_s) for s in specs])
     up_lat_s = np.array([float(s.uplink_latency_s) for s in specs])
     overhead_s = np.array([float(s.step_overhead_s) for s in specs])
@@ -80,13 +92,15 @@ def _advance_group(kinds: tuple[int, ...], rows: list[OpTrace],
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         for k, kind in enumerate(kinds):
             if kind == 1:  # Device.run
-                flops = np.array([float(r[k].flops) for r in rows])
-                batches = np.array([float(r[k].batches) for r in rows])
+                work = cast("list[tuple[Compute, ...]]", rows)  # column k holds Compute ops
+                flops = np.array([float(r[k].flops) for r in work])
+                batches = np.array([float(r[k].batches) for r in work])
                 flop_s = np.where(flops_per_s > 0, flops / flops_per_s, np.inf)
                 delay_s = batches * overhead_s + np.where(flops > 0, flop_s, 0.0)
                 delay_s = np.where(delay_s > 0, delay_s, 0.0)
             else:  # DedicatedLink.transfer
-                nbits = 8.0 * np.array([float(r[k].nbytes) for r in rows])
+                sent = cast("list[tuple[Download | Upload, ...]]", rows)  # column k: transfers
+                nbits = 8.0 * np.array([float(r[k].nbytes) for r in sent])
                 rate, lat_s = (down_bps, down_lat_s) if kind == 0 else (up_bps, up_lat_s)
                 delay_s = np.where(nbits > 0,
                                    np.where(rate > 0, nbits / rate + lat_s, np.inf), 0.0)

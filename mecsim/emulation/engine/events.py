@@ -28,6 +28,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any, cast
 
 from mecsim.emulation.engine.specs import (
     ClientSpec,
@@ -52,6 +53,9 @@ _BARRIER = 3   # x = barrier index (edge server, k-th Backhaul op), y unused
 _RESUME, _RELEASE = 0, 1
 
 _Op = tuple[int, int, float | int, float | RateSchedule | None]
+# _compile's answer: per-client programs, the number of processor-sharing resources, the
+# clients expected at each backhaul barrier and each barrier's transfer seconds
+_Compiled = tuple[list[list[_Op]], int, list[int], list[float]]
 
 
 class _Unsupported(Exception):
@@ -59,7 +63,7 @@ class _Unsupported(Exception):
 
 
 def _compile(traces: Mapping[int, OpTrace], clients: Mapping[int, ClientSpec],
-             servers: Sequence[ServerSpec], network: NetworkSpec):
+             servers: Sequence[ServerSpec], network: NetworkSpec) -> _Compiled:
     """Per-client op lists, the processor-sharing resources and the backhaul barriers.
 
     Ops that take no time in the SimPy model (no bytes, no work) are left out: they add
@@ -71,6 +75,14 @@ def _compile(traces: Mapping[int, OpTrace], clients: Mapping[int, ClientSpec],
     barrier_server: list[int] = []
     programs: list[list[_Op]] = []
     up_shared, down_shared = network.uplink_shared, network.downlink_shared
+    spec: ClientSpec | ServerSpec
+    # Typed by hand where the checks that decide the type are beyond mypy (and casts
+    # would cost a call per client or op): a client's rates (Rate: a shared medium's is a
+    # float, a RateSchedule there raises _Unsupported), and an op, dispatched on through
+    # ``kind = type(op)`` (each branch reads the fields of the type it tests).
+    down: Any
+    up: Any
+    op: Any
 
     def resource(key: tuple[str, int]) -> int:
         if key not in resources:
@@ -152,7 +164,7 @@ def _compile(traces: Mapping[int, OpTrace], clients: Mapping[int, ClientSpec],
     for prog in programs:
         for code, _, x, _ in prog:
             if code == _BARRIER:
-                expected[x] += 1
+                expected[cast(int, x)] += 1  # x: a barrier index
     delays = []
     for op, es in zip(barrier_ops, barrier_server, strict=True):
         spec = servers[es]
@@ -220,10 +232,12 @@ def event_timelines(
         nonlocal seq
         prog, p, sp = programs[i], pos[i], spent[i]
         t, moved = now, False
+        x: Any  # what x and y hold depends on the op code (see _Op)
+        y: Any
         while p < len(prog):
             code, kind, x, y = prog[p]
             if code <= _SCHEDULE:  # its own link or CPU: the end is known now
-                d = x if code == _FIXED else y.transfer_time_s(x, t)  # type: ignore[union-attr]
+                d = x if code == _FIXED else y.transfer_time_s(x, t)
                 if d == _INF:  # an op that never ends
                     pos[i], current[i] = p, kind
                     return

@@ -25,6 +25,7 @@ import heapq
 import math
 from collections.abc import Mapping, Sequence
 from operator import attrgetter, itemgetter
+from typing import cast
 
 import numpy as np
 
@@ -36,7 +37,15 @@ from mecsim.emulation.engine.specs import (
     ServerSpec,
     _timelines,
 )
-from mecsim.emulation.ops import Backhaul, Compute, Download, OpTrace, ServerCompute, Upload
+from mecsim.emulation.ops import (
+    Backhaul,
+    Compute,
+    Download,
+    Op,
+    OpTrace,
+    ServerCompute,
+    Upload,
+)
 
 _INF = math.inf
 _DOWN, _COMP, _UP, _SERVER, _BACKHAUL = 0, 1, 2, 3, 4  # per-kind time columns
@@ -45,6 +54,9 @@ _DOWN, _COMP, _UP, _SERVER, _BACKHAUL = 0, 1, 2, 3, 4  # per-kind time columns
 WORTHWHILE_GROUP_SIZE = 32
 _KIND = {Download: _DOWN, Compute: _COMP, Upload: _UP, ServerCompute: _SERVER,
          Backhaul: _BACKHAUL}
+# A shared resource: (medium or "cpu", edge server), or ("backhaul", edge server, k) for
+# the k-th Backhaul op of its clients
+_Resource = tuple[str, int] | tuple[str, int, int]
 
 
 def processor_sharing(arrive_s: Sequence[float], solo_s: Sequence[float]) -> list[float]:
@@ -122,7 +134,7 @@ class _Group:
         self._spec_cache: dict[str, np.ndarray] = {}
         self.es, self.servers, self.network = es, servers, network
         # the resource each op column visits (None: the client's own link or CPU)
-        self.visits: list[tuple | None] = []
+        self.visits: list[_Resource | None] = []
         k_backhaul = 0
         for t in types:
             if t not in _KIND:
@@ -177,11 +189,13 @@ class _Group:
         nbits = 8.0 * self._column("nbytes", k)
         rates = [s.downlink_rate_bps if down else s.uplink_rate_bps for s in self.specs]
         if not isinstance(rates[0], RateSchedule):
-            rate = np.array([float(r) for r in rates])
+            # one group's links are all constant or all schedules (media_timelines' key)
+            rate = np.array([float(r) for r in cast("list[float]", rates)])
             return np.where(nbits > 0, np.where(rate > 0, nbits / rate, _INF), 0.0)
         now = self.now_s.tolist()
-        return np.array([r.transfer_time_s(b, t) if b > 0 else 0.0  # type: ignore[union-attr]
-                         for r, b, t in zip(rates, nbits.tolist(), now, strict=True)])
+        return np.array([r.transfer_time_s(b, t) if b > 0 else 0.0
+                         for r, b, t in zip(cast("list[RateSchedule]", rates), nbits.tolist(),
+                                            now, strict=True)])
 
     def _step(self, delay_s: np.ndarray, kind: int) -> None:
         blocked = np.isinf(delay_s) & ~self.stuck
@@ -198,7 +212,7 @@ class _Group:
             sv = self.servers[self.es]
             work = (self._column("batches", k) * sv.step_overhead_s * sv.flops_per_s
                     + np.maximum(self._column("flops", k), 0.0))
-            rate = sv.flops_per_s
+            rate: float | np.ndarray = sv.flops_per_s
             return work > 0, (work / rate if rate > 0 else np.full(len(work), _INF))
         # SharedLink.transfer: float(rate) of each client
         nbits = 8.0 * self._column("nbytes", k)
@@ -225,7 +239,8 @@ def media_timelines(
     (:func:`mecsim.emulation.engine.time_round` asks for :data:`WORTHWHILE_GROUP_SIZE`).
     """
     ids = list(traces)
-    keyed: dict[tuple, list[int]] = {}
+    # (edge server, downlink a schedule, uplink a schedule, op types) -> positions
+    keyed: dict[tuple[int, bool, bool, tuple[type, ...]], list[int]] = {}
     for pos, cid in enumerate(ids):
         spec = clients[cid]
         if spec.client_id != cid:
@@ -269,10 +284,10 @@ def media_timelines(
     return _timelines(ids, finish_s, spent_s, network.deadline_s)
 
 
-def _resource_order(groups: list[_Group]) -> list[tuple] | None:
+def _resource_order(groups: list[_Group]) -> list[_Resource] | None:
     """The shared resources in an order every client visits them in, or None."""
-    succ: dict[tuple, list[tuple]] = {}
-    indeg: dict[tuple, int] = {}
+    succ: dict[_Resource, list[_Resource]] = {}
+    indeg: dict[_Resource, int] = {}
     for g in groups:
         seq = [r for r in g.visits if r is not None]
         for r in seq:
@@ -336,9 +351,10 @@ def _barrier(visiting: list[tuple[_Group, int]], delay_s: float) -> None:
         g.col = k + 1
 
 
-def _backhaul_delays(groups: list[_Group], servers: Sequence[ServerSpec]) -> dict[tuple, float]:
+def _backhaul_delays(groups: list[_Group],
+                     servers: Sequence[ServerSpec]) -> dict[_Resource, float]:
     """Each backhaul transfer's duration; its clients must all carry the same op."""
-    ops: dict[tuple, Backhaul] = {}
+    ops: dict[_Resource, Op] = {}
     for g in groups:
         for k, res in enumerate(g.visits):
             if res is None or res[0] != "backhaul":
@@ -347,7 +363,7 @@ def _backhaul_delays(groups: list[_Group], servers: Sequence[ServerSpec]) -> dic
                 if ops.setdefault(res, row[k]) != row[k]:
                     raise _Unsupported  # the SimPy model reports the differing ops
     out = {}
-    for res, op in ops.items():
+    for res, op in cast("dict[_Resource, Backhaul]", ops).items():  # backhaul columns
         spec = servers[res[1]]
         bw = spec.backhaul_bps
         out[res] = spec.backhaul_latency_s + (8.0 * op.nbytes / bw if op.nbytes > 0 else 0.0)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Generator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Generator, Mapping, Sequence
+from typing import Any, cast
 
 import simpy
 
@@ -185,7 +185,8 @@ class EdgeBackhaul:
             self.start_s[k] = self.env.now
             bw = self.spec.backhaul_bps
             delay_s = self.spec.backhaul_latency_s + (8.0 * nbytes / bw if nbytes > 0 else 0.0)
-            self.env.timeout(delay_s).callbacks.append(lambda _: self.done[k].succeed())
+            self.env.timeout(delay_s).callbacks.append(cast(  # succeed's answer is unused
+                "Callable[[simpy.Event], None]", lambda _: self.done[k].succeed()))
         yield self.done[k]
 
 

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import secrets
 import sys
-import time
 import traceback
 from pathlib import Path
 
@@ -33,7 +31,7 @@ from mecsim.scenario import (
     scenario_from_dict,
 )
 from mecsim.store.runfolder import RunFolderError, prepare_resume, read_meta, status_line
-from mecsim.store.session import BadRun, run_in_folder
+from mecsim.store.session import BadRun, new_run_id, run_in_folder
 from mecsim.store.summary import energy_line, run_notes, summarise, target_lines
 
 EXIT_BAD_INPUT = 2
@@ -58,13 +56,6 @@ def _apply_overrides(scenario: Scenario, args: argparse.Namespace, source: str) 
     if args.target:
         data["evaluation"]["target_accuracy"] = args.target
     return scenario_from_dict(data, f"{source} (with command-line overrides)")
-
-
-def _run_id(scenario: Scenario) -> str:
-    """The scenario's run id, or <name>-<timestamp>-<8 random hex digits>: two runs of one
-    scenario started in the same second get different folders."""
-    return scenario.outputs.run_id or \
-        f"{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(4)}"
 
 
 def _error(text: str) -> None:
@@ -108,7 +99,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     else:
         path = Path(args.scenario) if args.scenario else default_scenario_path()
         scenario = _apply_overrides(load_scenario(path), args, str(path))
-        out_dir = Path(scenario.outputs.dir) / _run_id(scenario)
+        out_dir = Path(scenario.outputs.dir) / new_run_id(scenario)
 
     observers: list[RunObserver] = []
     if not args.no_plots:

@@ -275,6 +275,11 @@ def _round_line(row: dict[str, Any], planned: int) -> str:
             f"{row.get('host_wall_s', float('nan')):.2f} s host")
 
 
+def _page(client: Client, run_id: str) -> str:
+    """The run's web page (what a person opens; ``--json`` gives the API's URL)."""
+    return f"{client.url.rstrip('/')}/ui/runs/{run_id}"
+
+
 def _end_code(status: str) -> int:
     return 0 if status == "finished" else EXIT_FAILED
 
@@ -308,10 +313,10 @@ def cmd_submit(args: argparse.Namespace, console: Console) -> int:
                 if args.json:
                     _print_json(run)
                 else:
-                    print(f"submitted {run_id} ({run['status']}): {run['url']}")
+                    print(f"submitted {run_id} ({run['status']}): {_page(client, run_id)}")
                 return 0
             if not args.json:
-                print(f"submitted {run_id}: {run['url']}", flush=True)
+                print(f"submitted {run_id}: {_page(client, run_id)}", flush=True)
             if args.follow:
                 planned = run["rounds_planned"]
                 for event, data in client.events(run_id):

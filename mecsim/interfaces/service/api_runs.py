@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
-from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import StreamingResponse
 
@@ -104,9 +104,13 @@ def runs_router(store: Store, config: ServiceConfig, worker: Worker,
 
     @api.get("/runs/{run_id}", response_model=RunView,
              responses={404: {"model": Message}})
-    async def get_run(run_id: str, request: Request) -> RunView:
-        """A run's status, progress, last round's figures and ETA."""
-        return run_view(store, get_run_or_404_(run_id), request)
+    async def get_run(run_id: str, request: Request) -> Any:
+        """A run's status, progress, last round's figures and ETA; a browser (``Accept:
+        text/html``) is sent to the run's web page."""
+        run = get_run_or_404_(run_id)
+        if "text/html" in request.headers.get("accept", ""):
+            return RedirectResponse(f"/ui/runs/{run.id}", status_code=303)
+        return run_view(store, run, request)
 
     @api.delete("/runs/{run_id}", response_model=RunView,
                 responses={404: {"model": Message},

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import Any
 
 import pandas as pd
@@ -38,7 +39,8 @@ def sweeps_router(store: Store, config: ServiceConfig, sweeps: SweepRunner,
                      for row in json.loads(frame.to_json(orient="records"))]
         req = entry.request
         return SweepView(id=entry.id, url=str(request.url_for("get_sweep", sweep_id=entry.id)),
-                         status=entry.status, created_at=when(entry.created_at),
+                         status=entry.status,
+                         created_at=datetime.fromtimestamp(entry.created_at, timezone.utc),
                          finished_at=when(entry.finished_at), runs=req["runs"],
                          set=req["set"], metric=req["metric"],
                          target_accuracy=req.get("target_accuracy"), error=entry.error,

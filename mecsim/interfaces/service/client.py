@@ -21,7 +21,7 @@ import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 
@@ -139,7 +139,7 @@ class Client:
                     resp.read()
                     raise ServiceError(resp.status_code, f"events of {run_id}: HTTP "
                                        f"{resp.status_code}: {resp.text}")
-                event, data = "message", []
+                event, data = "message", cast(list[str], [])
                 for line in resp.iter_lines():
                     if line == "":
                         if data:

@@ -15,6 +15,9 @@ ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,99}$"
 PLOT_PATTERN = r"^[A-Za-z0-9_-]{1,100}$"
 
 
+#: A run's status (the service's store keeps the same six).
+RunStatus = Literal["queued", "running", "finished", "failed", "cancelled", "interrupted"]
+
 class RunRequest(BaseModel):
     """A scenario to run, with optional overrides."""
 
@@ -58,7 +61,7 @@ class RunView(BaseModel):
     url: str
     name: str
     algorithm: str
-    status: Literal["queued", "running", "finished", "failed", "cancelled", "interrupted"]
+    status: RunStatus
     submitted_at: datetime
     started_at: datetime | None
     finished_at: datetime | None

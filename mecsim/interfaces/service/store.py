@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 DB_NAME = "mecsim.sqlite"
 LOCK_NAME = "mecsim.lock"
@@ -173,7 +173,7 @@ class Store:
         self.dir = Path(state_dir)
         self._check_folder()
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._lock_file = None
+        self._lock_file: IO[str] | None = None
         had_lock = (self.dir / LOCK_NAME).exists()
         if lock:
             self._take_lock()
@@ -339,7 +339,7 @@ class Store:
     def list_runs(self, statuses: list[str] | None = None, limit: int = 100,
                   offset: int = 0) -> tuple[list[Run], int]:
         """Runs, newest first, and how many match in all."""
-        where, args = "", ()
+        where, args = "", cast(tuple[str, ...], ())
         if statuses:
             where = f"WHERE status IN ({','.join('?' * len(statuses))})"
             args = tuple(statuses)

@@ -87,7 +87,7 @@ def check_sweep(store: Store, runs: list[str], sets: list[str], metric: str,
     return grid
 
 
-def _value(data: dict[str, Any], dotted: str) -> Any:
+def _value(data: Any, dotted: str) -> Any:
     for part in dotted.split("."):
         data = data.get(part) if isinstance(data, dict) else None
     return data

@@ -6,13 +6,13 @@ import io
 import math
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pandas as pd
 from fastapi import HTTPException, Request
 from fastapi.responses import Response
 
-from mecsim.interfaces.service.schemas import HistoryEntry, RunView
+from mecsim.interfaces.service.schemas import HistoryEntry, RunStatus, RunView
 from mecsim.interfaces.service.store import TERMINAL, Run, Store
 
 
@@ -34,13 +34,15 @@ def plot_names(store: Store, run_id: str) -> list[str]:
 def run_view(store: Store, run: Run, request: Request) -> RunView:
     return RunView(
         id=run.id, url=str(request.url_for("get_run", run_id=run.id)), name=run.name,
-        algorithm=run.algorithm, status=run.status, submitted_at=when(run.submitted_at),
+        algorithm=run.algorithm, status=cast(RunStatus, run.status),
+        submitted_at=datetime.fromtimestamp(run.submitted_at, tz=timezone.utc),
         started_at=when(run.started_at), finished_at=when(run.finished_at),
         rounds_done=run.rounds_done, rounds_planned=run.rounds_planned,
         last_round=store.last_round(run.id), best_accuracy=run.best_accuracy,
         emulated_s=run.emulated_s, eta_s=run.eta_s, error=run.error, attempts=run.attempts,
         cancel_requested=run.cancel_requested, plots=plot_names(store, run.id),
-        history=[HistoryEntry(status=h["status"], at=when(h["at"]), note=h.get("note"))
+        history=[HistoryEntry(status=h["status"], at=datetime.fromtimestamp(h["at"], timezone.utc),
+                              note=h.get("note"))
                  for h in run.history])
 
 

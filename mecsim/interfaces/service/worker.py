@@ -141,11 +141,28 @@ class Worker:
             self._wake.notify_all()
 
     def stop(self) -> None:
-        """Stop after the running runs' current rounds (they become ``interrupted``)."""
+        """Stop after the running runs' current rounds (they become ``interrupted``), saying
+        what it waits for."""
         self._stopping.set()
         self.wake()
+        running = sorted(self.busy.values())
+        if running:
+            log.info("mecsim serve: stopping: waiting for %d running run(s) to end their "
+                     "round (%s), at most %.0f s (--shutdown-timeout); they resume at the "
+                     "next start", len(running), ", ".join(running), self.shutdown_timeout_s)
+        else:
+            log.info("mecsim serve: stopping (no run is running)")
+        started = time.monotonic()
         if self._supervisor is not None:
             self._supervisor.join(self.shutdown_timeout_s + 30)
+        left = sorted(self.busy.values())
+        if left:
+            log.warning("mecsim serve: stopped waiting after %.0f s; still running: %s "
+                        "(marked interrupted at the next start)", time.monotonic() - started,
+                        ", ".join(left))
+        elif running:
+            log.info("mecsim serve: every run ended its round in %.1f s",
+                     time.monotonic() - started)
 
     def _supervise(self) -> None:
         try:

@@ -8,7 +8,7 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -129,7 +129,8 @@ class ClientHostActor(ClientHost):
         if w is None:
             return result
         if not self._hold_uploads:
-            result.weights = ray.put(w)
+            # in transit to the server: the array's reference (read where it is needed)
+            result.weights = cast(Any, ray.put(w))
         elif self._is_row(w, self._held):
             self._held += 1  # written in place by the algorithm (see upload_row)
         elif w.shape == (self.layout.size,) and w.dtype == np.float32:
@@ -219,7 +220,7 @@ def _resolve_weights(tasks: list[ClientTask]) -> list[ClientTask]:
     refs = list({t.weights: None for t in tasks if isinstance(t.weights, ray.ObjectRef)})
     if not refs:
         return tasks
-    arrays = dict(zip(refs, ray.get(refs), strict=True))
+    arrays: dict[Any, np.ndarray] = dict(zip(refs, ray.get(cast(Any, refs)), strict=True))
     return [replace(t, weights=arrays[t.weights]) if isinstance(t.weights, ray.ObjectRef)
             else t for t in tasks]
 
@@ -308,7 +309,8 @@ class CentralServerActor(CentralServer):
                 "the global model goes through the object store (%s)", exc)
             self._board_failed = True
             return None
-        return [replace(t, weights=where) for t in tasks]
+        # in transit to the hosts: where the model is on the board
+        return [replace(t, weights=cast(Any, where)) for t in tasks]
 
     def node_id(self) -> str:
         """The Ray node this server runs on."""

@@ -69,7 +69,8 @@ class RayExecutor:
         self._shared_hosts: set[int] = set()  # hosts on the central server's node
         if shared_uploads.available():
             shared_uploads.remove_stale()
-        self.server, self.hosts = None, []
+        self.server: Any = None  # the central server's actor handle (Ray types it Any)
+        self.hosts: list[Any] = []
         self._group: Any = None  # the hosts' placement group
         self._host_cpus = 1.0
         self._host_nodes: list[dict[str, str]] = []

@@ -33,7 +33,8 @@ def attach(ray, kwargs: dict[str, Any], address: str) -> None:
     except ConnectionError as exc:
         # Ray wraps the refusal (AuthenticationError: InvalidAuthToken) in a RuntimeError's
         # text, inside the ConnectionError
-        chain, cause = [], exc
+        chain: list[str] = []
+        cause: BaseException | None = exc
         while cause is not None and len(chain) < 10:
             chain.append(f"{type(cause).__name__}: {cause}")
             cause = cause.__cause__ or cause.__context__

@@ -1,0 +1,60 @@
+"""Comparing records written on another machine (golden records, old run folders).
+
+The last bits of floating-point results depend on the CPU: numpy and PyTorch pick their
+kernels by instruction set (AVX-512 or AVX2), and a kernel's order of summation with it.
+So against records written elsewhere, counts, ids, statuses, bytes and op-traces must be
+equal exactly; emulated times, energies and channel draws (floats) within a relative
+:data:`FLOAT_RTOL`; and what follows the trained weights (losses, accuracies), which a
+few rounds turn a last-bit difference into a visibly different number, to
+:data:`LEARNING_RTOL` in round 0 and only present (or NaN) where expected afterwards.
+Comparisons on one machine (a backend against the other, a resumed run against an
+uninterrupted one, before and after a refactor) stay exact: ``test_resume.
+assert_same_records``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from test_resume import is_host_column
+
+from mecsim.store.reader import read_csv_exact
+
+#: Relative tolerance of float columns against records of another CPU (measured: the
+#: golden records on AVX2 kernels differ from the AVX-512 ones that wrote them by at most
+#: 2.4e-16 relative, one ulp; a margin of several orders of magnitude).
+FLOAT_RTOL = 1e-9
+#: Relative tolerance of round 0's losses and accuracies.
+LEARNING_RTOL = 1e-4
+
+
+def learning_column(name: str) -> bool:
+    """Figures that follow the trained weights' last bits."""
+    return "loss" in name or "accuracy" in name
+
+
+def assert_records_close(expected: Path, got: Path) -> None:
+    """``got``'s rounds.csv, clients.csv and optraces.jsonl agree with ``expected``'s as
+    the module docstring says (host-measured columns and run ids not compared)."""
+    assert (expected / "optraces.jsonl").read_text() == (got / "optraces.jsonl").read_text()
+    for name in ("rounds", "clients"):
+        x, y = read_csv_exact(expected / f"{name}.csv"), read_csv_exact(got / f"{name}.csv")
+        assert list(x.columns) == list(y.columns), name
+        assert len(x) == len(y), name
+        for col in x.columns:
+            if is_host_column(col) or col == "run_id":
+                continue
+            a, b = x[col], y[col]
+            where = f"{name}.csv: {col}"
+            if learning_column(col):
+                first = x["round"] == 0
+                np.testing.assert_allclose(a[first].astype(float), b[first].astype(float),
+                                           rtol=LEARNING_RTOL, equal_nan=True, err_msg=where)
+                assert (a.isna() == b.isna()).all(), where
+            elif pd.api.types.is_float_dtype(a) or pd.api.types.is_float_dtype(b):
+                np.testing.assert_allclose(a.astype(float), b.astype(float), rtol=FLOAT_RTOL,
+                                           atol=0, equal_nan=True, err_msg=where)
+            else:
+                pd.testing.assert_series_equal(a, b, check_exact=True, obj=where)

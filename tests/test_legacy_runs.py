@@ -1,0 +1,83 @@
+"""Run folders and checkpoints of mecsim 0.1 (before its packages were regrouped, when
+``agents`` was a top-level package) load, resume, report and replay with this version.
+
+``tests/data/legacy_runs/`` was written by mecsim 0.1.0 (commit 3663db5) on an AVX-512
+machine, in-process with 2 hosts:
+
+- ``fedavg-interrupted``: the tiny scenario (``conftest.tiny``) with 2 clients and 4
+  rounds, stopped after round 3's records and before its checkpoint (``run.json`` says
+  failed); its newest checkpoint, after round 2, names the dataclass of the hosts' step
+  costs ``agents.training:StepCost``;
+- ``fedavg-finished``: the tiny scenario, 3 rounds, finished (checkpoints deleted).
+
+The resumed run is compared with the same scenario run from round 0 by this version as
+:mod:`records_compare` says (exact counts, bytes and op-traces; floats within a stated
+tolerance, since the fixture's first rounds were computed on another CPU).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from records_compare import assert_records_close
+
+from mecsim.agents.state import decode
+from mecsim.agents.training import StepCost
+from mecsim.analysis.replay import load_run, replay, reproduces
+from mecsim.analysis.tables import load_run as load_records
+from mecsim.interfaces.cli import main
+from mecsim.scenario import load_scenario
+from mecsim.store.runfolder import prepare_resume
+from mecsim.store.session import run_in_folder
+
+LEGACY = Path(__file__).resolve().parent / "data" / "legacy_runs"
+
+
+@pytest.fixture
+def interrupted(tmp_path: Path) -> Path:
+    out = tmp_path / "fedavg-interrupted"
+    shutil.copytree(LEGACY / "fedavg-interrupted", out)
+    return out
+
+
+def test_a_legacy_checkpoint_names_agents_types_and_decodes_to_this_version_s() -> None:
+    path = LEGACY / "fedavg-interrupted" / "checkpoints" / "round-000002.pt"
+    payload = torch.load(path, weights_only=True)
+    assert "agents.training:StepCost" in json.dumps(payload["costs"], default=str)
+    costs = decode(payload["costs"])
+    assert costs and all(isinstance(c, StepCost) for c in costs.values())
+
+
+def test_a_legacy_interrupted_run_resumes_to_the_records_of_a_fresh_run(
+        interrupted: Path, tmp_path: Path) -> None:
+    target = prepare_resume(interrupted)
+    assert target.rounds_done == 2  # its newest checkpoint
+    outcome = run_in_folder(None, resume=target)
+    assert outcome.status == "finished" and len(outcome.rows) == 4
+    meta = json.loads((interrupted / "run.json").read_text())
+    assert meta["status"] == "finished" and [r["from_round"] for r in meta["resumes"]] == [2]
+    fresh = tmp_path / "fresh" / "fedavg-interrupted"
+    run_in_folder(load_scenario(interrupted / "scenario.yaml"), fresh)
+    assert_records_close(fresh, interrupted)
+
+
+def test_mecsim_run_resume_continues_a_legacy_folder(interrupted: Path, capsys) -> None:
+    assert main(["run", "--resume", str(interrupted), "--quiet", "--no-plots",
+                 "--no-metrics"]) == 0
+    assert json.loads((interrupted / "run.json").read_text())["rounds_done"] == 4
+
+
+def test_a_legacy_finished_run_reports_and_replays(tmp_path: Path, capsys) -> None:
+    folder = LEGACY / "fedavg-finished"
+    assert load_records(folder).rounds["round"].tolist() == [0, 1, 2]
+    recorded = load_run(folder)
+    assert reproduces(recorded)  # re-timing its op-traces gives its recorded times
+    slower = replay(recorded, {"channel.uplink.bandwidth_hz": 1e6})
+    assert slower.exact and (slower.rounds["ul_time_s"] > 0).all()
+    out = tmp_path / "report"
+    assert main(["report", str(folder), "--out", str(out), "--no-plots", "--quiet"]) == 0
+    assert (out / "tables.md").read_text().count("fedavg") >= 1
