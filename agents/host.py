@@ -56,8 +56,9 @@ def client_seed(seed: int, rnd: int, client_id: int, purpose: int = 0) -> int:
 
 
 class ClientHost:
-    def __init__(self, setup: HostSetup, pools: DataPools,
-                 clients: dict[int, tuple[np.ndarray, np.ndarray]]) -> None:
+    def __init__(
+        self, setup: HostSetup, pools: DataPools, clients: dict[int, tuple[np.ndarray, np.ndarray]]
+    ) -> None:
         torch.set_num_threads(setup.torch_threads)
         self.setup = setup
         torch.manual_seed(setup.seed)
@@ -77,13 +78,16 @@ class ClientHost:
             self.state[cid] = {}
 
     @staticmethod
-    def _client_data(pools: DataPools, train_idx: np.ndarray, test_idx: np.ndarray
-                     ) -> tuple[torch.Tensor, ...]:
+    def _client_data(
+        pools: DataPools, train_idx: np.ndarray, test_idx: np.ndarray
+    ) -> tuple[torch.Tensor, ...]:
         name = pools.train.name
-        return (normalise(pools.train.images[train_idx], name),
-                torch.from_numpy(pools.train.labels[train_idx].astype(np.int64)),
-                normalise(pools.test.images[test_idx], name),
-                torch.from_numpy(pools.test.labels[test_idx].astype(np.int64)))
+        return (
+            normalise(pools.train.images[train_idx], name),
+            torch.from_numpy(pools.train.labels[train_idx].astype(np.int64)),
+            normalise(pools.test.images[test_idx], name),
+            torch.from_numpy(pools.test.labels[test_idx].astype(np.int64)),
+        )
 
     def _context(self, cid: int, rnd: int, purpose: int) -> ClientContext:
         if cid in self.data:
@@ -92,9 +96,18 @@ class ClientHost:
             (x_tr, y_tr, x_te, y_te), state = self._guests[cid], {}
         gen = torch.Generator().manual_seed(client_seed(self.setup.seed, rnd, cid, purpose))
         return ClientContext(
-            client_id=cid, model=self.model, layout=self.layout, x_train=x_tr, y_train=y_tr,
-            x_test=x_te, y_test=y_te, state=state, train=self.setup.train,
-            generator=gen, costs=self.costs, init_weights=self.setup.init_weights,
+            client_id=cid,
+            model=self.model,
+            layout=self.layout,
+            x_train=x_tr,
+            y_train=y_tr,
+            x_test=x_te,
+            y_test=y_te,
+            state=state,
+            train=self.setup.train,
+            generator=gen,
+            costs=self.costs,
+            init_weights=self.setup.init_weights,
             upload_row=self.upload_row,
         )
 
@@ -103,9 +116,13 @@ class ClientHost:
         :class:`~mecsim.agents.algorithms.base.ClientContext`): in-process, nowhere (None)."""
         return None
 
-    def fit(self, rnd: int, tasks: list[ClientTask], lost: frozenset[int] = frozenset(),
-            guests: dict[int, tuple[np.ndarray, np.ndarray]] | None = None
-            ) -> list[ClientResult]:
+    def fit(
+        self,
+        rnd: int,
+        tasks: list[ClientTask],
+        lost: frozenset[int] = frozenset(),
+        guests: dict[int, tuple[np.ndarray, np.ndarray]] | None = None,
+    ) -> list[ClientResult]:
         """Train each task's client. For the clients in ``lost`` (an emulated crash) the
         work is lost: their private state is put back as it was before training.
 
@@ -114,11 +131,15 @@ class ClientHost:
         clients keep no state between rounds (:meth:`ClientAlgorithm.movable`) is given
         any, and a guest that leaves state behind stops the run."""
         if guests and self.pools is None:
-            raise RuntimeError(f"algorithm {self.setup.algorithm!r}: its clients keep state "
-                               "and cannot be lent to another host")
+            raise RuntimeError(
+                f"algorithm {self.setup.algorithm!r}: its clients keep state "
+                "and cannot be lent to another host"
+            )
         # cast: pools is None only when there are no guests (checked above)
-        self._guests = {cid: self._client_data(cast(DataPools, self.pools), *idx)
-                        for cid, idx in (guests or {}).items()}
+        self._guests = {
+            cid: self._client_data(cast(DataPools, self.pools), *idx)
+            for cid, idx in (guests or {}).items()
+        }
         try:
             return [self._fit_one(rnd, task, lost) for task in tasks]
         finally:
@@ -132,7 +153,8 @@ class ClientHost:
         # CPU generator only: torch.manual_seed also seeds (lazily) every accelerator
         # backend, which costs ~1 ms a call
         torch.random.default_generator.manual_seed(
-            client_seed(self.setup.seed, rnd, cid, purpose=1))
+            client_seed(self.setup.seed, rnd, cid, purpose=1)
+        )
         start = time.perf_counter()
         result = self.algorithm.fit(ctx, task)
         result.host_seconds = time.perf_counter() - start
@@ -140,7 +162,8 @@ class ClientHost:
             raise RuntimeError(
                 f"client {cid} of algorithm {self.setup.algorithm!r} trained on a host "
                 f"that does not keep it and left state behind ({sorted(ctx.state)}): "
-                "its client class must not be movable")
+                "its client class must not be movable"
+            )
         if saved is not None:
             self.state[cid] = saved
         return self.detach(result)
@@ -151,9 +174,13 @@ class ClientHost:
         never holds more than one client's update). In-process: nothing to do."""
         return result
 
-    def fit_split(self, rnd: int, tasks: list[ClientTask], lost: frozenset[int] = frozenset(),
-                  guests: dict[int, tuple[np.ndarray, np.ndarray]] | None = None
-                  ) -> tuple[list[ClientResult], dict[int, np.ndarray]]:
+    def fit_split(
+        self,
+        rnd: int,
+        tasks: list[ClientTask],
+        lost: frozenset[int] = frozenset(),
+        guests: dict[int, tuple[np.ndarray, np.ndarray]] | None = None,
+    ) -> tuple[list[ClientResult], dict[int, np.ndarray]]:
         """:meth:`fit`, with the uploaded weights returned apart from the small rest.
 
         Under Ray the two parts become two objects: the run loop fetches only the small
@@ -178,8 +205,9 @@ class ClientHost:
             out.append((task.client_id, acc, loss, int(ctx.y_test.shape[0]), *extras))
         return out
 
-    def state_dict(self, known_blobs: set[str] | None = None
-                   ) -> tuple[dict[str, Any], dict[str, Any]]:
+    def state_dict(
+        self, known_blobs: set[str] | None = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
         """Every hosted client's private state (``ctx.state``) and the host's cache of
         measured step costs, encoded for a checkpoint (see :mod:`mecsim.agents.state`): (tree,
         new blobs), as :meth:`mecsim.agents.server.CentralServer.state_dict`.

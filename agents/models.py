@@ -331,13 +331,14 @@ def _flat_storage(model: nn.Module, layout: ModelLayout) -> torch.Tensor | None:
     return flat
 
 
-def get_flat(model: nn.Module, layout: ModelLayout, out: np.ndarray | None = None
-             ) -> np.ndarray:
+def get_flat(model: nn.Module, layout: ModelLayout, out: np.ndarray | None = None) -> np.ndarray:
     """The model's floating-point state as one float32 vector (a copy): in ``out`` (a
     float32 array of ``layout.size``, returned) when given, else a new array."""
     if out is not None and (out.shape != (layout.size,) or out.dtype != np.float32):
-        raise ValueError(f"out has shape {out.shape} and dtype {out.dtype}; the model "
-                         f"needs ({layout.size},) float32")
+        raise ValueError(
+            f"out has shape {out.shape} and dtype {out.dtype}; the model "
+            f"needs ({layout.size},) float32"
+        )
     flat = _flat_storage(model, layout)
     if flat is not None:
         if out is None:

@@ -65,8 +65,9 @@ class _ServerProcess:
         are object-store references, fetched here as read-only zero-copy arrays)."""
         return uploads
 
-    def _attach_uploads(self, results: list[ClientResult],
-                        weights_by_host: tuple[dict[int, Any], ...]) -> None:
+    def _attach_uploads(
+        self, results: list[ClientResult], weights_by_host: tuple[dict[int, Any], ...]
+    ) -> None:
         """Put the uploads of ``results`` (the clients that made it) back in them, fetched
         from what the hosts delivered apart (see ClientHost.fit_split)."""
         refs = {cid: w for part in weights_by_host for cid, w in part.items()}
@@ -75,8 +76,9 @@ class _ServerProcess:
         for r in results:
             r.weights = fetched.get(r.client_id)
 
-    def state_dict(self, known_blobs: set[str] | None = None
-                   ) -> tuple[dict[str, Any], dict[str, Any]]:
+    def state_dict(
+        self, known_blobs: set[str] | None = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
         """The state, encoded for a checkpoint: (tree, new blobs). With ``known_blobs``
         (the digests a checkpoint folder holds), large arrays are references, and only
         those not yet stored come back as blobs."""
@@ -98,9 +100,17 @@ class CentralServer(_ServerProcess):
     """The algorithm's server side: selection, planning, (global) aggregation, evaluation.
     Of a flat algorithm, the one server (it is then the edge server itself)."""
 
-    def __init__(self, algorithm: str, layout: ModelLayout, init_weights: np.ndarray,
-                 client_samples: dict[int, int], fraction: float, params: dict[str, Any],
-                 seed: int, edge_server_of: dict[int, int] | None = None) -> None:
+    def __init__(
+        self,
+        algorithm: str,
+        layout: ModelLayout,
+        init_weights: np.ndarray,
+        client_samples: dict[int, int],
+        fraction: float,
+        params: dict[str, Any],
+        seed: int,
+        edge_server_of: dict[int, int] | None = None,
+    ) -> None:
         server_cls, _ = algorithm_classes(algorithm)
         self.algorithm = server_cls(layout, init_weights, client_samples, fraction, params)
         if edge_server_of is not None:  # which edge server serves each client (topology)
@@ -127,11 +137,11 @@ class CentralServer(_ServerProcess):
         start = time.perf_counter()
         stats = self.algorithm.aggregate_fit(rnd, sorted(kept, key=lambda r: r.client_id))
         wall = time.perf_counter() - start
-        return AggregateReport(stats.flops, wall, self.rss_bytes(), dict(stats.metrics),
-                               rejected)
+        return AggregateReport(stats.flops, wall, self.rss_bytes(), dict(stats.metrics), rejected)
 
-    def aggregate_split(self, rnd: int, results: list[ClientResult],
-                        *weights_by_host: dict[int, Any]) -> AggregateReport:
+    def aggregate_split(
+        self, rnd: int, results: list[ClientResult], *weights_by_host: dict[int, Any]
+    ) -> AggregateReport:
         """:meth:`aggregate` with the uploads delivered apart (see ClientHost.fit_split);
         only the uploads of ``results`` (the clients that made it) are fetched."""
         self._attach_uploads(results, weights_by_host)
@@ -154,8 +164,10 @@ class CentralServer(_ServerProcess):
             raise RuntimeError(f"round {rnd}: no streamed aggregation was begun")
         part = sorted((r for r in results if r.client_id in keep), key=lambda r: r.client_id)
         if part and part[0].client_id <= stream.last_id:
-            raise RuntimeError(f"round {rnd}: client {part[0].client_id} folded out of "
-                               f"client-id order (after {stream.last_id})")
+            raise RuntimeError(
+                f"round {rnd}: client {part[0].client_id} folded out of "
+                f"client-id order (after {stream.last_id})"
+            )
         start = time.perf_counter()
         rejected = self.algorithm.fold_finite(stream.acc, part)
         stream.rejected += rejected
@@ -166,8 +178,7 @@ class CentralServer(_ServerProcess):
             r.weights = None
         return len(part) - len(rejected)
 
-    def stream_fold_split(self, rnd: int, keep: frozenset[int], n_hosts: int,
-                          *parts: Any) -> int:
+    def stream_fold_split(self, rnd: int, keep: frozenset[int], n_hosts: int, *parts: Any) -> int:
         """:meth:`stream_fold` of one part from ``n_hosts`` hosts: their results (as
         ClientHost.fit_split returns them) then their uploads, by reference."""
         results = [r for part in parts[:n_hosts] for r in part]
@@ -183,24 +194,26 @@ class CentralServer(_ServerProcess):
         start = time.perf_counter()
         stats = self.algorithm.end_aggregate(rnd, stream.acc)
         wall = stream.wall_s + time.perf_counter() - start
-        return AggregateReport(stats.flops, wall, self.rss_bytes(), dict(stats.metrics),
-                               tuple(sorted(stream.rejected)))
+        return AggregateReport(
+            stats.flops, wall, self.rss_bytes(), dict(stats.metrics), tuple(sorted(stream.rejected))
+        )
 
-    def aggregate_edges(self, rnd: int, results: list[ClientResult],
-                        *reports: EdgeReport) -> AggregateReport:
+    def aggregate_edges(
+        self, rnd: int, results: list[ClientResult], *reports: EdgeReport
+    ) -> AggregateReport:
         """A hierarchical algorithm's central aggregation, from the edge servers' reports
         (one per edge server, in edge-server order); ``results`` are every client's that
         made it, without uploads. The clients an edge server rejected are left out."""
         by_server = dict(zip(self.edge_servers(), reports, strict=True))
         rejected = tuple(sorted(c for rep in reports for c in rep.rejected))
-        kept = sorted((r for r in results if r.client_id not in rejected),
-                      key=lambda r: r.client_id)
+        kept = sorted(
+            (r for r in results if r.client_id not in rejected), key=lambda r: r.client_id
+        )
         start = time.perf_counter()
         stats = self.algorithm.aggregate_edges(rnd, kept, by_server)
         # the edge servers aggregate side by side: the slowest one, then the central one
         wall = time.perf_counter() - start + max((rep.wall_s for rep in reports), default=0.0)
-        return AggregateReport(stats.flops, wall, self.rss_bytes(), dict(stats.metrics),
-                               rejected)
+        return AggregateReport(stats.flops, wall, self.rss_bytes(), dict(stats.metrics), rejected)
 
     def edge_servers(self) -> list[int]:
         """The edge servers that serve clients, in order."""
@@ -217,8 +230,9 @@ class CentralServer(_ServerProcess):
         """Restore the state; returns the edge servers' states (encoded) that a checkpoint
         written before they had states of their own kept in the algorithm's (else {})."""
         state = decode(encoded)
-        legacy = self.algorithm.legacy_edge_states(state["algorithm"]) \
-            if self.algorithm.Edge else {}
+        legacy = (
+            self.algorithm.legacy_edge_states(state["algorithm"]) if self.algorithm.Edge else {}
+        )
         self._load(state)
         return {b: encode({"algorithm": st}, "edge") for b, st in legacy.items()}
 
@@ -230,10 +244,18 @@ class EdgeServer(_ServerProcess):
     """One edge server of a hierarchical algorithm: its ``EdgeAlgorithm``, built from the
     same arguments as the central server, for the clients it serves."""
 
-    def __init__(self, edge_server: int, algorithm: str, layout: ModelLayout,
-                 init_weights: np.ndarray, client_samples: dict[int, int], fraction: float,
-                 params: dict[str, Any], seed: int,
-                 edge_server_of: dict[int, int] | None = None) -> None:
+    def __init__(
+        self,
+        edge_server: int,
+        algorithm: str,
+        layout: ModelLayout,
+        init_weights: np.ndarray,
+        client_samples: dict[int, int],
+        fraction: float,
+        params: dict[str, Any],
+        seed: int,
+        edge_server_of: dict[int, int] | None = None,
+    ) -> None:
         server_cls, _ = algorithm_classes(algorithm)
         if server_cls.Edge is None:
             raise ValueError(f"{algorithm} is a flat algorithm: it has no edge servers' side")
@@ -250,14 +272,16 @@ class EdgeServer(_ServerProcess):
         """Aggregate its clients' results whose uploads are finite (as the central server
         of a flat algorithm does); the rejected ones are named in the report."""
         rejected = tuple(sorted(r.client_id for r in results if not finite_upload(r)))
-        kept = sorted((r for r in results if r.client_id not in rejected),
-                      key=lambda r: r.client_id)
+        kept = sorted(
+            (r for r in results if r.client_id not in rejected), key=lambda r: r.client_id
+        )
         start = time.perf_counter()
         report = self.algorithm.aggregate_fit(rnd, kept)
         return replace(report, rejected=rejected, wall_s=time.perf_counter() - start)
 
-    def aggregate_split(self, rnd: int, results: list[ClientResult],
-                        *weights_by_host: dict[int, Any]) -> EdgeReport:
+    def aggregate_split(
+        self, rnd: int, results: list[ClientResult], *weights_by_host: dict[int, Any]
+    ) -> EdgeReport:
         """:meth:`aggregate` with the uploads delivered apart: it fetches its own
         clients' uploads, straight from the hosts' references."""
         self._attach_uploads(results, weights_by_host)

@@ -32,9 +32,13 @@ _ALLOWED_MODULES = ("mecsim.",)
 #: Checkpoints of mecsim 0.1 (when ``agents`` was a package of its own) name the dataclasses
 #: of the algorithms' state ``agents.<module>:<class>``; they are ``mecsim.agents...`` now.
 LEGACY_MODULES = {"agents.": "mecsim.agents."}
-_BIT_GENERATORS = {"PCG64": np.random.PCG64, "PCG64DXSM": np.random.PCG64DXSM,
-                   "Philox": np.random.Philox, "SFC64": np.random.SFC64,
-                   "MT19937": np.random.MT19937}
+_BIT_GENERATORS = {
+    "PCG64": np.random.PCG64,
+    "PCG64DXSM": np.random.PCG64DXSM,
+    "Philox": np.random.Philox,
+    "SFC64": np.random.SFC64,
+    "MT19937": np.random.MT19937,
+}
 _PLAIN_KEY = (str, int)
 
 
@@ -61,8 +65,11 @@ class BlobSink:
         t = tensor.detach().cpu().contiguous()
         h = hashlib.sha256(f"{t.dtype}{tuple(t.shape)}".encode())
         # cast: numpy's stubs give ndarray the buffer protocol only for Python >= 3.12
-        h.update(memoryview(cast("Buffer", t.view(torch.uint8).reshape(-1).numpy()))
-                 if t.numel() else b"")
+        h.update(
+            memoryview(cast("Buffer", t.view(torch.uint8).reshape(-1).numpy()))
+            if t.numel()
+            else b""
+        )
         key = h.hexdigest()
         if key not in self.known and key not in self.new:
             self.new[key] = t.clone()
@@ -131,28 +138,37 @@ def encode(obj: Any, where: str = "state", blobs: BlobSink | None = None) -> Any
     if isinstance(obj, dict):
         if all(isinstance(k, _PLAIN_KEY) and k != TAG for k in obj):
             return {k: enc(v, f"{where}[{k!r}]") for k, v in obj.items()}
-        return {TAG: "dict", "items": [(enc(k, f"{where} key"), enc(v, f"{where}[{k!r}]"))
-                                       for k, v in obj.items()]}
+        return {
+            TAG: "dict",
+            "items": [(enc(k, f"{where} key"), enc(v, f"{where}[{k!r}]")) for k, v in obj.items()],
+        }
     if isinstance(obj, list):
         return [enc(v, f"{where}[{i}]") for i, v in enumerate(obj)]
     if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
         return tuple(enc(v, f"{where}[{i}]") for i, v in enumerate(obj))
     if isinstance(obj, (set, frozenset)):
-        return {TAG: type(obj).__name__, "items": [enc(v, f"{where} item")
-                                                   for v in sorted(obj, key=repr)]}
+        return {
+            TAG: type(obj).__name__,
+            "items": [enc(v, f"{where} item") for v in sorted(obj, key=repr)],
+        }
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         cls = type(obj)
         if not cls.__module__.startswith(_ALLOWED_MODULES):
-            raise StateError(f"{where}: dataclass {cls.__module__}.{cls.__qualname__} is not "
-                             "one of mecsim's")
+            raise StateError(
+                f"{where}: dataclass {cls.__module__}.{cls.__qualname__} is not one of mecsim's"
+            )
         # every attribute, also those a __post_init__ adds beside the declared fields
-        names = list(vars(obj)) if hasattr(obj, "__dict__") else \
-            [f.name for f in dataclasses.fields(obj)]
+        names = (
+            list(vars(obj))
+            if hasattr(obj, "__dict__")
+            else [f.name for f in dataclasses.fields(obj)]
+        )
         fields = {name: enc(getattr(obj, name), f"{where}.{name}") for name in names}
-        return {TAG: "dataclass", "type": f"{cls.__module__}:{cls.__qualname__}",
-                "fields": fields}
-    raise StateError(f"{where}: a {type(obj).__module__}.{type(obj).__qualname__} cannot be "
-                     "stored in a checkpoint")
+        return {TAG: "dataclass", "type": f"{cls.__module__}:{cls.__qualname__}", "fields": fields}
+    raise StateError(
+        f"{where}: a {type(obj).__module__}.{type(obj).__qualname__} cannot be "
+        "stored in a checkpoint"
+    )
 
 
 def _dataclass_type(name: str) -> type:
@@ -172,7 +188,7 @@ def _current_module(name: str) -> str:
     """Where a module a checkpoint names is now (see :data:`LEGACY_MODULES`)."""
     for old, new in LEGACY_MODULES.items():
         if name.startswith(old):
-            return new + name[len(old):]
+            return new + name[len(old) :]
     return name
 
 
@@ -217,8 +233,10 @@ def decode(obj: Any) -> Any:
         inst = cls.__new__(cls)
         names = {f.name for f in dataclasses.fields(cls)}
         if not names <= set(obj["fields"]):
-            raise StateError(f"checkpoint's {obj['type']} lacks fields "
-                             f"{sorted(names - set(obj['fields']))} of the code's")
+            raise StateError(
+                f"checkpoint's {obj['type']} lacks fields "
+                f"{sorted(names - set(obj['fields']))} of the code's"
+            )
         for name, value in obj["fields"].items():
             object.__setattr__(inst, name, decode(value))  # frozen dataclasses too
         return inst

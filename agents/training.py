@@ -62,8 +62,10 @@ def _flops_per_param(optimizer: torch.optim.Optimizer, group: dict) -> int:
             n += MOMENTUM_FLOPS_PER_PARAM + (1 if group.get("dampening", 0.0) else 0)
             n += 2 if group.get("nesterov") else 0
         return n
-    raise ValueError(f"no per-parameter FLOP count for optimiser {type(optimizer).__name__}; "
-                     "known: SGD, Adam (mecsim.agents.training.optimizer_step_flops)")
+    raise ValueError(
+        f"no per-parameter FLOP count for optimiser {type(optimizer).__name__}; "
+        "known: SGD, Adam (mecsim.agents.training.optimizer_step_flops)"
+    )
 
 
 def optimizer_step_flops(optimizer: torch.optim.Optimizer) -> float:
@@ -110,8 +112,9 @@ class TrainStats:
     optimizer_flops: float = 0.0
 
 
-def make_optimizer(name: str, params, lr: float, momentum: float = 0.0,
-                   weight_decay: float = 0.0) -> torch.optim.Optimizer:
+def make_optimizer(
+    name: str, params, lr: float, momentum: float = 0.0, weight_decay: float = 0.0
+) -> torch.optim.Optimizer:
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
     if name == "adam":
@@ -121,12 +124,14 @@ def make_optimizer(name: str, params, lr: float, momentum: float = 0.0,
 
 #: Each model's stateless SGD optimiser, kept from client to client (see model_optimizer).
 #: With it, its parameter group's settings as built (anything changed since: built anew).
-_STATELESS_SGD: weakref.WeakKeyDictionary[nn.Module, tuple[torch.optim.Optimizer, dict]] = \
+_STATELESS_SGD: weakref.WeakKeyDictionary[nn.Module, tuple[torch.optim.Optimizer, dict]] = (
     weakref.WeakKeyDictionary()
+)
 
 
-def model_optimizer(model: nn.Module, name: str, lr: float, momentum: float = 0.0,
-                    weight_decay: float = 0.0) -> torch.optim.Optimizer:
+def model_optimizer(
+    model: nn.Module, name: str, lr: float, momentum: float = 0.0, weight_decay: float = 0.0
+) -> torch.optim.Optimizer:
     """The optimiser for one client's training of ``model`` (all its parameters).
 
     SGD without momentum or weight decay keeps no state between steps (its ``state``
@@ -141,12 +146,20 @@ def model_optimizer(model: nn.Module, name: str, lr: float, momentum: float = 0.
     opt: torch.optim.Optimizer | None
     built: dict | None
     opt, built = _STATELESS_SGD.get(model, (None, None))
-    if (opt is not None and not opt.state and len(opt.param_groups) == 1
-            and not opt._optimizer_step_pre_hooks and not opt._optimizer_step_post_hooks):
+    if (
+        opt is not None
+        and not opt.state
+        and len(opt.param_groups) == 1
+        and not opt._optimizer_step_pre_hooks
+        and not opt._optimizer_step_post_hooks
+    ):
         group = opt.param_groups[0]
-        if (group["lr"] == lr and _settings(group) == built
-                and len(group["params"]) == len(params)
-                and all(a is b for a, b in zip(group["params"], params, strict=True))):
+        if (
+            group["lr"] == lr
+            and _settings(group) == built
+            and len(group["params"]) == len(params)
+            and all(a is b for a, b in zip(group["params"], params, strict=True))
+        ):
             return opt
     opt = make_optimizer(name, params, lr, momentum, weight_decay)
     _STATELESS_SGD[model] = (opt, _settings(opt.param_groups[0]))
@@ -197,8 +210,9 @@ def train_epochs(
         order = torch.randperm(n, generator=generator)
         for start in range(0, n, batch_size):
             idx = order[start : start + batch_size]
-            if idx.numel() < 2 and any(isinstance(m, nn.modules.batchnorm._BatchNorm)
-                                       for m in model.modules()):
+            if idx.numel() < 2 and any(
+                isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()
+            ):
                 continue  # BatchNorm cannot train on a single sample
             # index_select: the same gather as x[idx], without advanced indexing's
             # general machinery (~5 us instead of ~15 us for a 2NN batch of 32)
@@ -211,8 +225,7 @@ def train_epochs(
             else:
                 if plain_lr is _UNSET:  # the optimiser's kind, checked once per call
                     plain_lr = _plain_sgd_lr(optimizer)
-                loss = optimizer_step(model, optimizer, xb, yb, extra_loss,
-                                      plain_lr=plain_lr)
+                loss = optimizer_step(model, optimizer, xb, yb, extra_loss, plain_lr=plain_lr)
             loss_sum += loss
             steps += 1
             flops += cost.flops
@@ -221,8 +234,9 @@ def train_epochs(
     return TrainStats(steps, n * epochs, flops, loss_sum / max(steps, 1), peak, opt_flops)
 
 
-def batch_loss(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor,
-               extra_loss: LossTerm | None) -> torch.Tensor:
+def batch_loss(
+    model: nn.Module, xb: torch.Tensor, yb: torch.Tensor, extra_loss: LossTerm | None
+) -> torch.Tensor:
     """Cross-entropy of one batch, plus the algorithm's extra term (if any)."""
     loss = nn.functional.cross_entropy(model(xb), yb)
     if extra_loss is not None:
@@ -238,15 +252,21 @@ def _plain_sgd_lr(optimizer: torch.optim.Optimizer) -> float | None:
     if type(optimizer) is not torch.optim.SGD or len(optimizer.param_groups) != 1:
         return None
     group = optimizer.param_groups[0]
-    if (group["momentum"] or group["weight_decay"] or group["maximize"]
-            or group["foreach"] or group["fused"] or group["differentiable"]
-            or not isinstance(group["lr"], float)
-            or optimizer._optimizer_step_pre_hooks or optimizer._optimizer_step_post_hooks):
+    if (
+        group["momentum"]
+        or group["weight_decay"]
+        or group["maximize"]
+        or group["foreach"]
+        or group["fused"]
+        or group["differentiable"]
+        or not isinstance(group["lr"], float)
+        or optimizer._optimizer_step_pre_hooks
+        or optimizer._optimizer_step_post_hooks
+    ):
         return None
     from torch.optim import optimizer as optim_module
 
-    if (optim_module._global_optimizer_pre_hooks
-            or optim_module._global_optimizer_post_hooks):
+    if optim_module._global_optimizer_pre_hooks or optim_module._global_optimizer_post_hooks:
         return None
     return group["lr"]
 
@@ -292,17 +312,23 @@ def measured_step(model, optimizer, xb, yb, extra_loss) -> tuple[float, StepCost
     return float(loss.detach()), cost
 
 
-def step_cost_on_meta(model_name: str, in_shape: tuple[int, ...], num_classes: int,
-                      optimizer: str, batch_size: int, lr: float = 0.01,
-                      momentum: float = 0.0, weight_decay: float = 0.0) -> StepCost:
+def step_cost_on_meta(
+    model_name: str,
+    in_shape: tuple[int, ...],
+    num_classes: int,
+    optimizer: str,
+    batch_size: int,
+    lr: float = 0.01,
+    momentum: float = 0.0,
+    weight_decay: float = 0.0,
+) -> StepCost:
     """The cost of one training step at ``batch_size``, computed on PyTorch's ``meta``
     device: tensors there have shapes and dtypes but no storage and no arithmetic, so the
     FLOP count and the memory accounting of :func:`measured_step` come out the same (a
     test checks it) for any batch size, without allocating it. Raises what the model
     raises for an input it cannot take."""
     with torch.device("meta"):
-        model = build_model(model_name, cast("tuple[int, int, int]", tuple(in_shape)),
-                            num_classes)
+        model = build_model(model_name, cast("tuple[int, int, int]", tuple(in_shape)), num_classes)
         x = torch.zeros((batch_size, *in_shape))
         y = torch.zeros(batch_size, dtype=torch.int64)
     opt = make_optimizer(optimizer, model.parameters(), lr, momentum, weight_decay)
@@ -337,8 +363,9 @@ def _accounted_step(model, optimizer, xb, yb, extra_loss) -> tuple[torch.Tensor,
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
-             chunk: int = 2048) -> tuple[float, float]:
+def evaluate(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, chunk: int = 2048
+) -> tuple[float, float]:
     """(accuracy in [0, 1], mean cross-entropy) of ``model`` on (x, y)."""
     n = int(y.shape[0])
     if n == 0:

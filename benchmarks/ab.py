@@ -51,8 +51,9 @@ class Revision:
 
 
 def _git(*args: str, cwd: Path = ROOT) -> str:
-    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
-                          text=True).stdout.strip()
+    return subprocess.run(
+        ["git", *args], cwd=cwd, check=True, capture_output=True, text=True
+    ).stdout.strip()
 
 
 def _import_root(tree: Path, scratch: Path) -> Path:
@@ -92,16 +93,25 @@ def checkout(label: str, rev: str, scratch: Path) -> Revision:
 def run_once(r: Revision, command: list[str], timeout_s: float) -> tuple[str, float]:
     """(stdout, seconds) of the benchmark on revision ``r``."""
     script, *rest = command
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(r.path), *filter(None, [os.environ.get("PYTHONPATH")])]),
-        "PYTHONDONTWRITEBYTECODE": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(r.path), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, str(r.tree / script), *rest], cwd=r.tree,
-                          env=env, capture_output=True, text=True, timeout=timeout_s)
+    proc = subprocess.run(
+        [sys.executable, str(r.tree / script), *rest],
+        cwd=r.tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
     took = time.perf_counter() - t0
     if proc.returncode != 0:
-        raise SystemExit(f"{r.label} ({r.rev}) {script} failed (exit {proc.returncode}):\n"
-                         f"{proc.stderr[-3000:]}")
+        raise SystemExit(
+            f"{r.label} ({r.rev}) {script} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}"
+        )
     return proc.stdout, took
 
 
@@ -130,9 +140,11 @@ def report(a: Revision, b: Revision, runs: dict[str, list[str]], only: str | Non
     fa = [figures(t) for t in runs["A"]]
     fb = [figures(t) for t in runs["B"]]
     keys = [k for k in fa[0] if all(k in f for f in fa + fb)]
-    rows = [f"A = {a.rev} ({a.commit}), B = {b.rev} ({b.commit}); {len(fa)} runs each, "
-            "alternating. Figure: its line in A's first run, the figure in [brackets].",
-            f"{'median A':>12} {'median B':>12} {'B/A':>7} {'B/A spread':>15}  figure"]
+    rows = [
+        f"A = {a.rev} ({a.commit}), B = {b.rev} ({b.commit}); {len(fa)} runs each, "
+        "alternating. Figure: its line in A's first run, the figure in [brackets].",
+        f"{'median A':>12} {'median B':>12} {'B/A':>7} {'B/A spread':>15}  figure",
+    ]
     for key in keys:
         k, j = key
         line = first[k] if k < len(first) else ""
@@ -159,16 +171,19 @@ def main(argv: list[str] | None = None) -> int:
     command: list[str] = []
     if "--" in argv:
         i = argv.index("--")
-        argv, command = argv[:i], argv[i + 1:]
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                epilog="Everything after -- is the benchmark and its "
-                                "arguments, a path relative to the repository.")
+        argv, command = argv[:i], argv[i + 1 :]
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="Everything after -- is the benchmark and its "
+        "arguments, a path relative to the repository.",
+    )
     p.add_argument("rev_a", help="the baseline revision (a commit, tag or branch)")
     p.add_argument("rev_b", help="the revision compared with it")
     p.add_argument("--trials", type=int, default=3, help="runs of each revision (default 3)")
     p.add_argument("--only", metavar="REGEX", help="report only figures on lines matching")
-    p.add_argument("--timeout", type=float, default=3600.0,
-                   help="seconds one run may take (default 3600)")
+    p.add_argument(
+        "--timeout", type=float, default=3600.0, help="seconds one run may take (default 3600)"
+    )
     args = p.parse_args(argv)
     if not command:
         p.error("give the benchmark after --, e.g. -- benchmarks/overhead.py --trials 1")
@@ -181,9 +196,11 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 revisions.append(checkout(label, rev, scratch))
             except subprocess.CalledProcessError as exc:
-                print(f"error: {rev}: not a revision of this repository "
-                      f"({exc.stderr.strip().splitlines()[-1] if exc.stderr else exc})",
-                      file=sys.stderr)
+                print(
+                    f"error: {rev}: not a revision of this repository "
+                    f"({exc.stderr.strip().splitlines()[-1] if exc.stderr else exc})",
+                    file=sys.stderr,
+                )
                 return 2
             if not (revisions[-1].tree / command[0]).is_file():
                 print(f"error: {command[0]} does not exist in {rev}", file=sys.stderr)
@@ -194,14 +211,18 @@ def main(argv: list[str] | None = None) -> int:
             for r in (a, b):
                 out, took = run_once(r, command, args.timeout)
                 runs[r.label].append(out)
-                print(f"trial {trial + 1}/{args.trials} {r.label} ({r.rev}): {took:.1f} s",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"trial {trial + 1}/{args.trials} {r.label} ({r.rev}): {took:.1f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
         print(report(a, b, runs, args.only))
         return 0
     finally:
         for r in revisions:
-            subprocess.run(["git", "worktree", "remove", "--force", str(r.tree)], cwd=ROOT,
-                           capture_output=True)
+            subprocess.run(
+                ["git", "worktree", "remove", "--force", str(r.tree)], cwd=ROOT, capture_output=True
+            )
         subprocess.run(["git", "worktree", "prune"], cwd=ROOT, capture_output=True)
         shutil.rmtree(scratch, ignore_errors=True)
 

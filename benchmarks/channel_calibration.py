@@ -40,23 +40,28 @@ def median_client() -> None:
         snr_db = rx_dbm - noise_dbm
         rate = b * np.log2(1 + 10 ** (snr_db / 10))
         rate20 = b * np.log2(1 + 10 ** ((snr_db + 20) / 10))
-        print(f"   {name}: received {rx_dbm:.2f} dBm, noise N0*B {noise_dbm:.2f} dBm, "
-              f"SNR {snr_db:.2f} dB, rate {rate / 1e6:.3f} Mbit/s -> ResNet18 "
-              f"{RESNET18_BITS / rate:.1f} s; +20 dB: SNR {snr_db + 20:.2f} dB, "
-              f"{rate20 / 1e6:.2f} Mbit/s -> {RESNET18_BITS / rate20:.2f} s")
+        print(
+            f"   {name}: received {rx_dbm:.2f} dBm, noise N0*B {noise_dbm:.2f} dBm, "
+            f"SNR {snr_db:.2f} dB, rate {rate / 1e6:.3f} Mbit/s -> ResNet18 "
+            f"{RESNET18_BITS / rate:.1f} s; +20 dB: SNR {snr_db + 20:.2f} dB, "
+            f"{rate20 / 1e6:.2f} Mbit/s -> {RESNET18_BITS / rate20:.2f} s"
+        )
 
 
 def interference_units() -> None:
     print("2. the same uplink with Table 4's interference mean I = 1 read in each unit")
     radio = ClientRadio(np.array([300.0]), np.array([20e6]), np.array([26.5]))
     for unit in ("W", "mW", "dBm", "noise"):
-        ch = ShannonChannel(interference_unit=unit, ul_interference_std=0.0,
-                            dl_interference_std=0.0)
+        ch = ShannonChannel(
+            interference_unit=unit, ul_interference_std=0.0, dl_interference_std=0.0
+        )
         rc = ch.draw_round(radio, [0], np.random.default_rng(0))
         rate = float(rc.uplink_rate_bps[0])
-        print(f"   I = 1 {unit:5s}: {float(rc.ul_interference_w[0]):.3e} W, "
-              f"SINR {float(rc.uplink_snr_db[0]):7.2f} dB, rate {rate:.3e} bit/s -> "
-              f"ResNet18 {RESNET18_BITS / rate:.3g} s")
+        print(
+            f"   I = 1 {unit:5s}: {float(rc.ul_interference_w[0]):.3e} W, "
+            f"SINR {float(rc.uplink_snr_db[0]):7.2f} dB, rate {rate:.3e} bit/s -> "
+            f"ResNet18 {RESNET18_BITS / rate:.3g} s"
+        )
 
 
 def populations(seeds: int, k: int) -> None:
@@ -65,19 +70,26 @@ def populations(seeds: int, k: int) -> None:
     radio = ch.draw_clients(4000, rng)
     rc = ch.draw_round(radio, np.arange(4000), rng)
     t = RESNET18_BITS / rc.uplink_rate_bps
-    print(f"3. literal model, 4,000 clients (seed 0): ResNet18 upload median "
-          f"{np.median(t):.1f} s, mean {t.mean():.1f} s; median uplink SNR "
-          f"{np.median(rc.uplink_snr_db):.2f} dB")
-    print(f"   slowest of {k} clients, mean over {seeds} seeded populations "
-          f"(paper: {PAPER_UP_S} s up / {PAPER_DOWN_S} s down):")
+    print(
+        f"3. literal model, 4,000 clients (seed 0): ResNet18 upload median "
+        f"{np.median(t):.1f} s, mean {t.mean():.1f} s; median uplink SNR "
+        f"{np.median(rc.uplink_snr_db):.2f} dB"
+    )
+    print(
+        f"   slowest of {k} clients, mean over {seeds} seeded populations "
+        f"(paper: {PAPER_UP_S} s up / {PAPER_DOWN_S} s down):"
+    )
     for interference in (False, True):
         for offset in (0.0, 10.0, 20.0, 30.0):
-            up, down = slowest(ShannonChannel(snr_offset_db=offset, interference=interference),
-                               seeds, k)
+            up, down = slowest(
+                ShannonChannel(snr_offset_db=offset, interference=interference), seeds, k
+            )
             label = "N(1,4)/N(1,9) x N0*B" if interference else "none"
-            print(f"   offset {offset:+5.1f} dB, interference {label:20s}: "
-                  f"up {up:8.2f} s ({up / PAPER_UP_S:6.2f}x), down {down:8.2f} s "
-                  f"({down / PAPER_DOWN_S:6.2f}x)")
+            print(
+                f"   offset {offset:+5.1f} dB, interference {label:20s}: "
+                f"up {up:8.2f} s ({up / PAPER_UP_S:6.2f}x), down {down:8.2f} s "
+                f"({down / PAPER_DOWN_S:6.2f}x)"
+            )
 
 
 def slowest(ch: ShannonChannel, seeds: int, k: int) -> tuple[float, float]:
@@ -92,12 +104,17 @@ def slowest(ch: ShannonChannel, seeds: int, k: int) -> tuple[float, float]:
 
 
 def downlink_disciplines(seeds: int, k: int) -> None:
-    print(f"4. {k} concurrent personalised downloads of ResNet18 at +20 dB, no interference "
-          f"(mean over {seeds} populations of the last download's finish):")
+    print(
+        f"4. {k} concurrent personalised downloads of ResNet18 at +20 dB, no interference "
+        f"(mean over {seeds} populations of the last download's finish):"
+    )
     full = ShannonChannel(snr_offset_db=20.0, interference=False)
     split = ShannonChannel(snr_offset_db=20.0, interference=False, downlink_mode="equal_split")
-    res = {"full band each": [], "equal split (B/K, full power each)": [],
-           "shared band (time-shared)": []}
+    res = {
+        "full band each": [],
+        "equal split (B/K, full power each)": [],
+        "shared band (time-shared)": [],
+    }
     for seed in range(seeds):
         rng = np.random.default_rng(seed)
         radio = full.draw_clients(k, rng)
@@ -108,13 +125,16 @@ def downlink_disciplines(seeds: int, k: int) -> None:
         t_full = RESNET18_BITS / f.downlink_rate_bps
         res["full band each"].append(t_full.max())
         res["equal split (B/K, full power each)"].append(
-            (RESNET18_BITS / s.downlink_rate_bps).max())
+            (RESNET18_BITS / s.downlink_rate_bps).max()
+        )
         res["shared band (time-shared)"].append(shared_finish(t_full))
     for name, values in res.items():
         print(f"   {name:36s}: {np.mean(values):7.2f} s")
     p_w = float(dbm_to_w(30.0))
-    print(f"   (equal split keeps the server's {p_w:.0f} W on every sub-band: K times the "
-          "power of one transmitter)")
+    print(
+        f"   (equal split keeps the server's {p_w:.0f} W on every sub-band: K times the "
+        "power of one transmitter)"
+    )
 
 
 def shared_finish(solo_s: np.ndarray) -> float:
@@ -126,8 +146,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, default=200)
     p.add_argument("--clients", type=int, default=10)
-    p.add_argument("--quick", action="store_true",
-                   help="20 seeded populations instead of --seeds (seconds; a smoke run)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="20 seeded populations instead of --seeds (seconds; a smoke run)",
+    )
     args = p.parse_args()
     if args.quick:
         args.seeds = min(args.seeds, 20)

@@ -55,25 +55,43 @@ METHODS: dict[str, tuple[str, str, bool, dict[str, Any]]] = {
     "standalone": ("Standalone (local)", "local", False, {}),
     "fedavg": ("FedAvg", "fedavg", False, {}),
     "perfedavg": ("Per-FedAvg (FO)", "perfedavg", False, {}),
-    "kmeans_cluster": ("Fixed clusters (k-means, k=5)", "kmeans_cluster", False,
-                       {"warmup_rounds": 5, "clusters": 5}),
+    "kmeans_cluster": (
+        "Fixed clusters (k-means, k=5)",
+        "kmeans_cluster",
+        False,
+        {"warmup_rounds": 5, "clusters": 5},
+    ),
     "dcpfl": ("DC-PFL", "dcpfl", True, {}),
     "dcpfl_nola": ("NoLA", "dcpfl_nola", True, {}),
     "dcpfl_nodc": ("NoDC (gamma~ = 0.8)", "dcpfl_nodc", True, {}),
-    "dcpfl_shared": ("DC-PFL (scaling shared_model)", "dcpfl", True,
-                     {"scaling": "shared_model"}),
+    "dcpfl_shared": ("DC-PFL (scaling shared_model)", "dcpfl", True, {"scaling": "shared_model"}),
     "dcpfl_heldout": ("DC-PFL (trial_loss heldout)", "dcpfl", True, {"trial_loss": "heldout"}),
 }
-DEFAULT_METHODS = ["standalone", "fedavg", "perfedavg", "kmeans_cluster", "dcpfl",
-                   "dcpfl_nola", "dcpfl_nodc", "dcpfl_shared", "dcpfl_heldout"]
+DEFAULT_METHODS = [
+    "standalone",
+    "fedavg",
+    "perfedavg",
+    "kmeans_cluster",
+    "dcpfl",
+    "dcpfl_nola",
+    "dcpfl_nodc",
+    "dcpfl_shared",
+    "dcpfl_heldout",
+]
 
 
 # --quick: seconds, not minutes (8 clients, 7 rounds: DC-PFL's warm-up and beyond)
 QUICK = {"rounds": 7, "methods": ["fedavg", "dcpfl"], "clients": 8}
 
 
-def scenario_for(key: str, rounds: int | None, model: str | None = None,
-                 scenario_path: Path = SCENARIO, seed: int = 0, clients: int | None = None):
+def scenario_for(
+    key: str,
+    rounds: int | None,
+    model: str | None = None,
+    scenario_path: Path = SCENARIO,
+    seed: int = 0,
+    clients: int | None = None,
+):
     _, algorithm, dcpfl_params, overrides = METHODS[key]
     data = load_scenario(scenario_path).model_dump(mode="json")
     if model is not None:
@@ -91,30 +109,45 @@ def scenario_for(key: str, rounds: int | None, model: str | None = None,
     return scenario_from_dict(data, f"{scenario_path} ({key}, seed {seed})")
 
 
-def run_method(key: str, rounds: int | None, out: Path, model: str | None = None,
-               scenario_path: Path = SCENARIO, seed: int = 0,
-               clients: int | None = None) -> pd.DataFrame:
+def run_method(
+    key: str,
+    rounds: int | None,
+    out: Path,
+    model: str | None = None,
+    scenario_path: Path = SCENARIO,
+    seed: int = 0,
+    clients: int | None = None,
+) -> pd.DataFrame:
     sc = scenario_for(key, rounds, model, scenario_path, seed, clients)
     rows, _ = run_or_reuse(sc, run_dir(out, key, seed), f"{key} seed {seed}")
     return rows
 
 
-def table(results: dict[str, list[pd.DataFrame]], target: float | None = None,
-          reference: str = "dcpfl") -> tuple[pd.DataFrame, float]:
+def table(
+    results: dict[str, list[pd.DataFrame]], target: float | None = None, reference: str = "dcpfl"
+) -> tuple[pd.DataFrame, float]:
     """One row per (method, seed): the convergence figures and those to ``target`` (the
     common target of every run when None); and the target used."""
     from mecsim.analysis.convergence import common_target, to_target
 
-    conv = {key: [to_convergence(df.to_dict("records")) for df in runs]
-            for key, runs in results.items()}
+    conv = {
+        key: [to_convergence(df.to_dict("records")) for df in runs] for key, runs in results.items()
+    }
     if target is None:
         target = common_target([c["final_accuracy"] for runs in conv.values() for c in runs])
     rows = []
     for key, runs in results.items():
         for seed, (df, c) in enumerate(zip(runs, conv[key], strict=True)):
             hit = to_target(df.to_dict("records"), target)
-            rows.append({"method": METHODS[key][0], "key": key, "seed": seed, **c,
-                         **{f"target_{k}": v for k, v in hit.items()}})
+            rows.append(
+                {
+                    "method": METHODS[key][0],
+                    "key": key,
+                    "seed": seed,
+                    **c,
+                    **{f"target_{k}": v for k, v in hit.items()},
+                }
+            )
     t = pd.DataFrame(rows)
     if reference in results:
         ref = t.loc[t["key"] == reference, "total_time_s"].mean()
@@ -130,16 +163,21 @@ def dcpfl_structure(df: pd.DataFrame, loss_window: int = 5, observe_rounds: int 
         return ""
     from mecsim.agents.algorithms.dcpfl import rdp_detections
 
-    unseen = {k + 1 for k, flag in rdp_detections(df.to_dict("records"), loss_window,
-                                                   observe_rounds) if flag}
+    unseen = {
+        k + 1
+        for k, flag in rdp_detections(df.to_dict("records"), loss_window, observe_rounds)
+        if flag
+    }
     lines = []
     for idx, r in df[df["trial"] == 1].iterrows():
         verdict = "kept" if r["split_accepted"] == 1 else "rejected"
         early = ", RDP end detected without a minimum of r" if idx in unseen else ""
         # rounds counted from 1 (the records' round index + 1), as everywhere a person reads
-        lines.append(f"round {int(r['round']) + 1}: split {verdict} -> {int(r['groups'])} groups, "
-                     f"gamma~ {r['gamma_tilde']:.2f}, bytes_down {int(r['bytes_down'])}, "
-                     f"round time {r['round_time_s']:.2f} s{early}")
+        lines.append(
+            f"round {int(r['round']) + 1}: split {verdict} -> {int(r['groups'])} groups, "
+            f"gamma~ {r['gamma_tilde']:.2f}, bytes_down {int(r['bytes_down'])}, "
+            f"round time {r['round_time_s']:.2f} s{early}"
+        )
     last = df.iloc[-1]
     lines.append(f"end: {int(last['groups'])} groups, gamma~ {last['gamma_tilde']:.2f}")
     return "\n".join(lines)
@@ -147,9 +185,11 @@ def dcpfl_structure(df: pd.DataFrame, loss_window: int = 5, observe_rounds: int 
 
 def markdown(t: pd.DataFrame, target: float, dkl: list[float], seeds: int) -> str:
     pct = f"{100 * target:g} %"
-    head = ("| Method | Final acc. | Best acc. | Conv. round | Comm. rounds | Comm. time (s) | "
-            f"Total time (s) | Round to {pct} | Time to {pct} (s) | MiB to {pct} |\n"
-            "|---|---|---|---|---|---|---|---|---|---|\n")
+    head = (
+        "| Method | Final acc. | Best acc. | Conv. round | Comm. rounds | Comm. time (s) | "
+        f"Total time (s) | Round to {pct} | Time to {pct} (s) | MiB to {pct} |\n"
+        "|---|---|---|---|---|---|---|---|---|---|\n"
+    )
     body = ""
     final: dict[str, list[float]] = {}
     to_goal: dict[str, list[float]] = {}
@@ -160,48 +200,63 @@ def markdown(t: pd.DataFrame, target: float, dkl: list[float], seeds: int) -> st
         to_goal[label] = g["target_total_time_s"].tolist()
         comm = g["comm_rounds"].max() > 0
         ratio = f" (x{g['time_ratio'].mean():.2f})" if "time_ratio" in g else ""
-        body += (f"| {label} | {pm(g['final_accuracy'], '.3f')} "
-                 f"| {pm(g['best_accuracy'], '.3f')} "
-                 f"| {pm(g['convergence_round'] + 1, '.1f')} "
-                 f"| {pm(g['comm_rounds'], '.1f') if comm else '-'} "
-                 f"| {pm(g['comm_time_s'], '.0f') if comm else '-'} "
-                 f"| {pm(g['total_time_s'], '.0f')}{ratio} "
-                 f"| {pm(g['target_target_round'] + 1, '.1f')} "
-                 f"| {pm(g['target_total_time_s'], '.0f')} "
-                 f"| {pm(g['target_bytes_total'] / 2**20, '.0f')} |\n")
-    note = (f"\nSeeds 0-{seeds - 1}: mean ± std (ddof 1); '(k of n)': only k runs reached "
-            f"the target. Convergence: final accuracy = mean of the last {WINDOW_ROUNDS} "
-            f"rounds; converged at the first round from which the {WINDOW_ROUNDS}-round "
-            f"trailing mean stays >= final - {TOLERANCE}; best = the best trailing mean. "
-            f"Times are emulated seconds up to that round. To {pct}: the first round whose "
-            f"mean user accuracy reaches the common target, its emulated time and the MiB "
-            f"sent and received until then.\n"
-            f"Final accuracy ordered ('>' beyond the spread, '≈' within it): "
-            f"{ordering(final)}.\n"
-            f"Time to {pct} ordered ('<' beyond the spread): "
-            f"{ordering(to_goal, higher_is_better=False)}.\n")
+        body += (
+            f"| {label} | {pm(g['final_accuracy'], '.3f')} "
+            f"| {pm(g['best_accuracy'], '.3f')} "
+            f"| {pm(g['convergence_round'] + 1, '.1f')} "
+            f"| {pm(g['comm_rounds'], '.1f') if comm else '-'} "
+            f"| {pm(g['comm_time_s'], '.0f') if comm else '-'} "
+            f"| {pm(g['total_time_s'], '.0f')}{ratio} "
+            f"| {pm(g['target_target_round'] + 1, '.1f')} "
+            f"| {pm(g['target_total_time_s'], '.0f')} "
+            f"| {pm(g['target_bytes_total'] / 2**20, '.0f')} |\n"
+        )
+    note = (
+        f"\nSeeds 0-{seeds - 1}: mean ± std (ddof 1); '(k of n)': only k runs reached "
+        f"the target. Convergence: final accuracy = mean of the last {WINDOW_ROUNDS} "
+        f"rounds; converged at the first round from which the {WINDOW_ROUNDS}-round "
+        f"trailing mean stays >= final - {TOLERANCE}; best = the best trailing mean. "
+        f"Times are emulated seconds up to that round. To {pct}: the first round whose "
+        f"mean user accuracy reaches the common target, its emulated time and the MiB "
+        f"sent and received until then.\n"
+        f"Final accuracy ordered ('>' beyond the spread, '≈' within it): "
+        f"{ordering(final)}.\n"
+        f"Time to {pct} ordered ('<' beyond the spread): "
+        f"{ordering(to_goal, higher_is_better=False)}.\n"
+    )
     finite = [d for d in dkl if d is not None and math.isfinite(d)]
     if finite:
-        note += (f"D-bar_KL (Eq. 1-2, pair average, natural log) of the partitions: "
-                 f"{pm(finite, '.3f')}.\n")
+        note += (
+            f"D-bar_KL (Eq. 1-2, pair average, natural log) of the partitions: "
+            f"{pm(finite, '.3f')}.\n"
+        )
     return head + body + note
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, help="rounds per method (default: the scenario's)")
-    p.add_argument("--out", help="records directory (default runs/dcpfl-table; with "
-                   "--quick a new temporary directory)")
+    p.add_argument(
+        "--out",
+        help="records directory (default runs/dcpfl-table; with --quick a new temporary directory)",
+    )
     p.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, choices=sorted(METHODS))
     p.add_argument("--model", help="override the scenario's model (e.g. kapc_cnn)")
     p.add_argument("--scenario", type=Path, default=SCENARIO)
-    p.add_argument("--target", type=float, default=None,
-                   help="common target accuracy (default: the highest whole point every "
-                        "run's final accuracy reaches)")
+    p.add_argument(
+        "--target",
+        type=float,
+        default=None,
+        help="common target accuracy (default: the highest whole point every "
+        "run's final accuracy reaches)",
+    )
     add_seeds_argument(p)
-    p.add_argument("--quick", action="store_true",
-                   help=f"seconds, not minutes: {QUICK['clients']} clients, "
-                        f"{QUICK['rounds']} rounds, {' and '.join(QUICK['methods'])}, one seed")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"seconds, not minutes: {QUICK['clients']} clients, "
+        f"{QUICK['rounds']} rounds, {' and '.join(QUICK['methods'])}, one seed",
+    )
     args = p.parse_args(argv)
     clients = None
     if args.quick:
@@ -211,8 +266,12 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out or default_out)
     out.mkdir(parents=True, exist_ok=True)
     seeds = seed_list(args.seeds)
-    results = {key: [run_method(key, args.rounds, out, args.model, args.scenario, s, clients)
-                     for s in seeds] for key in args.methods}
+    results = {
+        key: [
+            run_method(key, args.rounds, out, args.model, args.scenario, s, clients) for s in seeds
+        ]
+        for key in args.methods
+    }
     t, target = table(results, args.target)
     dkl = []
     for s in seeds:
@@ -225,8 +284,9 @@ def main(argv: list[str] | None = None) -> int:
         _, algorithm, _, _ = METHODS[key]
         if not algorithm.startswith("dcpfl"):
             continue
-        params = scenario_for(key, args.rounds, args.model, args.scenario,
-                              clients=clients).algorithm.params
+        params = scenario_for(
+            key, args.rounds, args.model, args.scenario, clients=clients
+        ).algorithm.params
         for s, df in zip(seeds, results[key], strict=True):
             md += f"\n{METHODS[key][0]}, seed {s}:\n"
             if algorithm != "dcpfl_nodc":

@@ -83,8 +83,9 @@ def scaled(path: Path, clients: int):
 class Workload:
     """Rounds of (traces, specs, servers, network), built on the fly (not timed)."""
 
-    def __init__(self, scenario, pools: list[list[tuple]], n_rounds: int,
-                 dedicated: bool = False) -> None:
+    def __init__(
+        self, scenario, pools: list[list[tuple]], n_rounds: int, dedicated: bool = False
+    ) -> None:
         from dataclasses import replace
 
         from mecsim.emulation.network import NetworkModel, device_profiles
@@ -93,8 +94,9 @@ class Workload:
         self.n_clients = scenario.topology.clients
         self.pools, self.n_rounds = pools, n_rounds
         if dedicated:
-            self.network.network = replace(self.network.network, uplink_shared=False,
-                                           downlink_shared=False)
+            self.network.network = replace(
+                self.network.network, uplink_shared=False, downlink_shared=False
+            )
 
     def rounds(self):
         ids = list(range(self.n_clients))
@@ -118,6 +120,7 @@ def timed(workload: Workload, method: str, n_rounds: int | None = None):
     try:
         from mecsim.emulation.engine import engine_path
     except ImportError:  # a mecsim from before the engine had paths (for before/after)
+
         def engine_path(*_):
             return "?"
 
@@ -135,8 +138,14 @@ def timed(workload: Workload, method: str, n_rounds: int | None = None):
     return wall, cpu, results, path
 
 
-def bench(name: str, workload: Workload, methods: list[str], simpy_rounds: int,
-          target_s: float | None, per_round_target: bool = False) -> None:
+def bench(
+    name: str,
+    workload: Workload,
+    methods: list[str],
+    simpy_rounds: int,
+    target_s: float | None,
+    per_round_target: bool = False,
+) -> None:
     n, r = workload.n_clients, workload.n_rounds
     print(f"{name}: {n:,} clients x {r} rounds ({load()})", flush=True)
     firsts = {}  # each method's timings of the first rounds, to compare
@@ -145,11 +154,13 @@ def bench(name: str, workload: Workload, methods: list[str], simpy_rounds: int,
         if k == 0:
             continue
         spent, cpu, results, path = timed(workload, method, k)
-        firsts[method] = results[:max(simpy_rounds, 1)]
+        firsts[method] = results[: max(simpy_rounds, 1)]
         rate = n * k / spent
         via = f" -> {path}" if method == "auto" else ""
-        line = (f"  {method}{via}: {spent:.3f} s for {k} rounds (CPU {cpu:.3f} s), "
-                f"{spent / k:.4f} s a round, {rate:,.0f} client-rounds/s")
+        line = (
+            f"  {method}{via}: {spent:.3f} s for {k} rounds (CPU {cpu:.3f} s), "
+            f"{spent / k:.4f} s a round, {rate:,.0f} client-rounds/s"
+        )
         if k < r:
             line += f" (x{r} = {spent / k * r:.1f} s extrapolated)"
         if method == "auto" and target_s is not None:
@@ -162,8 +173,10 @@ def bench(name: str, workload: Workload, methods: list[str], simpy_rounds: int,
         k = min(map(len, firsts.values()))
         ref = next(iter(firsts.values()))[:k]
         same = all(v[:k] == ref for v in firsts.values())
-        print(f"  identical timelines on the first {k} round(s) from "
-              f"{', '.join(firsts)}: {same}", flush=True)
+        print(
+            f"  identical timelines on the first {k} round(s) from {', '.join(firsts)}: {same}",
+            flush=True,
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -173,11 +186,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--phsfl-rounds", type=int, default=30, help="PHSFL rounds (>= 1)")
     p.add_argument("--simpy-rounds", type=int, default=3)
     p.add_argument("--methods", nargs="+", default=["auto", "media", "events", "simpy"])
-    p.add_argument("--record-dir", type=Path, default=RECORD_DIR,
-                   help="where the recorded runs are kept and reused (default %(default)s, "
-                        "or $MECSIM_BENCH_DIR)")
-    p.add_argument("--quick", action="store_true",
-                   help="seconds, not minutes: 1,000 clients x 5 rounds, small records")
+    p.add_argument(
+        "--record-dir",
+        type=Path,
+        default=RECORD_DIR,
+        help="where the recorded runs are kept and reused (default %(default)s, "
+        "or $MECSIM_BENCH_DIR)",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="seconds, not minutes: 1,000 clients x 5 rounds, small records",
+    )
     args = p.parse_args(argv)
     if min(args.clients, args.rounds, args.phsfl_rounds) < 1 or args.simpy_rounds < 0:
         p.error("--clients, --rounds, --phsfl-rounds must be >= 1, --simpy-rounds >= 0")
@@ -189,24 +209,45 @@ def main(argv: list[str] | None = None) -> None:
     pools = [list(rec.traces.values()) for rec in wifi_run.rounds]
     print(f"  {sum(map(len, pools))} recorded client op-traces, e.g. {pools[0][0]}")
     wifi = scaled(WIFI, args.clients)
-    bench("shared access point (FedAvg, shared uplink + downlink)",
-          Workload(wifi, pools, args.rounds), args.methods, args.simpy_rounds, 10.0)
-    bench("contention-free (the same rounds, dedicated links)",
-          Workload(wifi, pools, args.rounds, dedicated=True),
-          ["auto", *(m for m in args.methods if m != "auto")], args.simpy_rounds, None)
+    bench(
+        "shared access point (FedAvg, shared uplink + downlink)",
+        Workload(wifi, pools, args.rounds),
+        args.methods,
+        args.simpy_rounds,
+        10.0,
+    )
+    bench(
+        "contention-free (the same rounds, dedicated links)",
+        Workload(wifi, pools, args.rounds, dedicated=True),
+        ["auto", *(m for m in args.methods if m != "auto")],
+        args.simpy_rounds,
+        None,
+    )
 
     per_epoch = 1 if args.quick else 5
-    phsfl_run = recorded(PHSFL, args.record_dir, {
-        "rounds": 1 if args.quick else 3, "topology": {"clients": 4 if args.quick else 8},
-        "training": {"epochs": 1 if args.quick else 5},
-        "algorithm": {"params": {"batches_per_epoch": per_epoch}},
-    }, "engine")
+    phsfl_run = recorded(
+        PHSFL,
+        args.record_dir,
+        {
+            "rounds": 1 if args.quick else 3,
+            "topology": {"clients": 4 if args.quick else 8},
+            "training": {"epochs": 1 if args.quick else 5},
+            "algorithm": {"params": {"batches_per_epoch": per_epoch}},
+        },
+        "engine",
+    )
     pools = [list(rec.traces.values()) for rec in phsfl_run.rounds]
     phsfl = scaled(PHSFL, 100)
     work = Workload(phsfl, pools, args.phsfl_rounds)
     print(f"  PHSFL rounds of {work.ops_per_round():,.0f} ops on average")
-    bench(f"PHSFL 4 x 25 per batch (N = {per_epoch})", work, args.methods,
-          args.simpy_rounds, 0.05, per_round_target=True)
+    bench(
+        f"PHSFL 4 x 25 per batch (N = {per_epoch})",
+        work,
+        args.methods,
+        args.simpy_rounds,
+        0.05,
+        per_round_target=True,
+    )
 
 
 if __name__ == "__main__":

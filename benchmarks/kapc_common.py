@@ -22,8 +22,10 @@ from mecsim.scenario import load_scenario, scenario_from_dict
 MiB = 1024 * 1024
 # --quick (seconds, not minutes): small data, one epoch, in-process, one seed, records in
 # a new temporary directory unless --out is given
-QUICK_OVERRIDES: dict[str, Any] = {"dataset": {"train_size": 400, "test_size": 100},
-                                   "training": {"epochs": 1}}
+QUICK_OVERRIDES: dict[str, Any] = {
+    "dataset": {"train_size": 400, "test_size": 100},
+    "training": {"epochs": 1},
+}
 
 
 def quick_out(out: str | None, quick: bool, default: str) -> Path:
@@ -33,9 +35,16 @@ def quick_out(out: str | None, quick: bool, default: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=Path(default).name + "-")) if quick else Path(default)
 
 
-def scenario_variant(scenario_path: str | Path, run_id: str, algorithm: dict[str, Any], *,
-                     rounds: int | None, backend: str, seed: int,
-                     overrides: dict[str, Any] | None = None):
+def scenario_variant(
+    scenario_path: str | Path,
+    run_id: str,
+    algorithm: dict[str, Any],
+    *,
+    rounds: int | None,
+    backend: str,
+    seed: int,
+    overrides: dict[str, Any] | None = None,
+):
     """The scenario with ``algorithm`` ({"name", "params"}), ``seed`` and ``overrides``
     (top-level sections, merged one level deep: {"training": {"epochs": 1}})."""
     data = load_scenario(scenario_path).model_dump(mode="json")
@@ -54,12 +63,28 @@ def scenario_variant(scenario_path: str | Path, run_id: str, algorithm: dict[str
     return scenario_from_dict(data, f"{scenario_path} [{run_id}, seed {seed}]")
 
 
-def run_variant(scenario_path: str | Path, run_id: str, algorithm: dict[str, Any], *,
-                rounds: int | None, backend: str, hosts: int | None, out: Path, seed: int = 0,
-                overrides: dict[str, Any] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+def run_variant(
+    scenario_path: str | Path,
+    run_id: str,
+    algorithm: dict[str, Any],
+    *,
+    rounds: int | None,
+    backend: str,
+    hosts: int | None,
+    out: Path,
+    seed: int = 0,
+    overrides: dict[str, Any] | None = None,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Run (or reuse) the variant for one seed; its (rounds, clients) tables."""
-    sc = scenario_variant(scenario_path, run_id, algorithm, rounds=rounds, backend=backend,
-                          seed=seed, overrides=overrides)
+    sc = scenario_variant(
+        scenario_path,
+        run_id,
+        algorithm,
+        rounds=rounds,
+        backend=backend,
+        seed=seed,
+        overrides=overrides,
+    )
     return run_or_reuse(sc, run_dir(out, run_id, seed), f"{run_id} seed {seed}", hosts)
 
 

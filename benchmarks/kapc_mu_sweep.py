@@ -33,8 +33,12 @@ from kapc_common import (
 from seeds import add_seeds_argument, pm, seed_list
 
 ROOT = Path(__file__).resolve().parents[1]
-PAPER = {0.3: (77.79, 387.29, 163.64), 0.5: (80.01, 380.70, 251.10),
-         0.7: (80.02, 380.88, 327.48), 0.9: (79.70, 373.94, 425.58)}
+PAPER = {
+    0.3: (77.79, 387.29, 163.64),
+    0.5: (80.01, 380.70, 251.10),
+    0.7: (80.02, 380.88, 327.48),
+    0.9: (79.70, 373.94, 425.58),
+}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -46,14 +50,22 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-reference", action="store_true", help="skip the plain KAPC run")
     p.add_argument("--backend", default="ray", choices=["ray", "local"])
     p.add_argument("--hosts", type=int, default=None)
-    p.add_argument("--out", help="records (default runs/kapc-mu-sweep; with --quick a new "
-                   "temporary directory)")
-    p.add_argument("--kapc-params", default='{"lam": 1.0, "beta": 0.01}',
-                   help="JSON of hyper-parameters for every run (e.g. omega_policy)")
+    p.add_argument(
+        "--out", help="records (default runs/kapc-mu-sweep; with --quick a new temporary directory)"
+    )
+    p.add_argument(
+        "--kapc-params",
+        default='{"lam": 1.0, "beta": 0.01}',
+        help="JSON of hyper-parameters for every run (e.g. omega_policy)",
+    )
     add_seeds_argument(p)
-    p.add_argument("--quick", action="store_true", help="seconds, not minutes: 2 rounds of "
-                   "KAPC+BLS at mu = 0.5 without the reference, one seed, 400 images, "
-                   "in-process")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="seconds, not minutes: 2 rounds of "
+        "KAPC+BLS at mu = 0.5 without the reference, one seed, 400 images, "
+        "in-process",
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.rounds, args.mus, args.no_reference, args.backend = 2, [0.5], True, "local"
@@ -65,19 +77,30 @@ def main(argv: list[str] | None = None) -> None:
         overrides["training"] = {**overrides.get("training", {}), "epochs": args.epochs}
     variants = [] if args.no_reference else [("kapc", None)]
     variants += [("kapc_bls", mu) for mu in args.mus]
-    lines = ["| method | mu | best mean acc. (%) | MiB up / round | MiB down / round "
-             "| layers down | layers held back by mu | largest r_ii "
-             "| paper acc. / up / down (MB) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    lines = [
+        "| method | mu | best mean acc. (%) | MiB up / round | MiB down / round "
+        "| layers down | layers held back by mu | largest r_ii "
+        "| paper acc. / up / down (MB) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
     for name, mu in variants:
         params = dict(base) if mu is None else {**base, "mu": mu}
         run_id = name if mu is None else f"kapc_bls-mu{mu:g}"
-        cols: dict[str, list[float]] = {k: [] for k in ("acc", "up", "down", "layers",
-                                                          "held", "rii")}
+        cols: dict[str, list[float]] = {
+            k: [] for k in ("acc", "up", "down", "layers", "held", "rii")
+        }
         for seed in seed_list(args.seeds):
-            rounds, _ = run_variant(args.scenario, run_id, {"name": name, "params": params},
-                                    rounds=args.rounds, backend=args.backend,
-                                    hosts=args.hosts, out=out, seed=seed, overrides=overrides)
+            rounds, _ = run_variant(
+                args.scenario,
+                run_id,
+                {"name": name, "params": params},
+                rounds=args.rounds,
+                backend=args.backend,
+                hosts=args.hosts,
+                out=out,
+                seed=seed,
+                overrides=overrides,
+            )
             cols["acc"].append(best_mean_accuracy(rounds))
             cols["up"].append(rounds["bytes_up"].mean() / MiB)
             cols["down"].append(rounds["bytes_down"].mean() / MiB)
@@ -90,12 +113,14 @@ def main(argv: list[str] | None = None) -> None:
             f"| {name} | {'-' if mu is None else f'{mu:g}'} | {pm(cols['acc'], scale=100)} "
             f"| {pm(cols['up'], '.2f')} | {pm(cols['down'], '.2f')} | {pm(cols['layers'])} "
             f"| {pm(cols['held'], missing='-')} | {pm(cols['rii'], '.3f', missing='-')} "
-            f"| {ref} |")
+            f"| {ref} |"
+        )
         print(lines[-1], flush=True)
     policy = base.get("omega_policy", "withhold_last")
     table = "\n".join(lines) + (
         f"\n\nSeeds 0-{args.seeds - 1}: mean ± std (ddof 1). KAPC+BLS uploads under "
-        f"omega_policy {policy}.\n")
+        f"omega_policy {policy}.\n"
+    )
     print(table)
     out.mkdir(parents=True, exist_ok=True)
     (out / "mu_sweep.md").write_text(table)

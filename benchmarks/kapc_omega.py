@@ -47,8 +47,13 @@ def geometric(omega: int, tau: np.ndarray, b: np.ndarray, k: BlsConstants) -> fl
 
     def log_e(om: int) -> float:
         width = k.classes if om == n_layers else int(k.out_dim[om - 1])
-        return (lead + math.log(width) + om * math.log(2) + float(np.log(b[:om]).sum())
-                + log_m(tau, b, k.n_cols, om))
+        return (
+            lead
+            + math.log(width)
+            + om * math.log(2)
+            + float(np.log(b[:om]).sum())
+            + log_m(tau, b, k.n_cols, om)
+        )
 
     return log_e(omega) / omega - log_e(n_layers) / n_layers
 
@@ -60,8 +65,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=6, help="SGD steps per client")
     p.add_argument("--clients", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="seconds, not minutes: the small "
-                   "kapc_cnn, 2 clients, 2 steps")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="seconds, not minutes: the small kapc_cnn, 2 clients, 2 steps",
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.model, args.grouping, args.clients, args.steps = "kapc_cnn", "module", 2, 2
@@ -90,28 +98,39 @@ def main(argv: list[str] | None = None) -> None:
     params = [view.extract(w).astype(np.float64) for w in weights]
     s = np.mean(params, axis=0)
     b = layer_norms(params[0], view)
-    tau = np.array([np.linalg.norm(view.layer(params[0], layer) - view.layer(s, layer))
-                    for layer in range(view.num_layers)])
+    tau = np.array(
+        [
+            np.linalg.norm(view.layer(params[0], layer) - view.layer(s, layer))
+            for layer in range(view.num_layers)
+        ]
+    )
     n_layers = view.num_layers
     bound = float(x.flatten(1).norm(dim=1).max())
     k = BlsConstants(view.in_cols, view.out_dim, 10, 60, 1.0, bound)
     printed = [criterion_log_lhs(om, tau, b, tau, b, k) for om in range(1, n_layers + 1)]
     geo = [geometric(om, tau, b, k) for om in range(1, n_layers + 1)]
-    print(f"{args.model}, {args.grouping}: {n_layers} layers, {args.clients} clients x "
-          f"{args.steps} SGD steps, seed {args.seed}")
-    print("| Omega | n^l | d^l | B^l | tau^l / B^l | printed: log(lhs/rhs) "
-          "| geometric: log ratio |")
+    print(
+        f"{args.model}, {args.grouping}: {n_layers} layers, {args.clients} clients x "
+        f"{args.steps} SGD steps, seed {args.seed}"
+    )
+    print(
+        "| Omega | n^l | d^l | B^l | tau^l / B^l | printed: log(lhs/rhs) | geometric: log ratio |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for om in range(1, n_layers + 1):
         i = om - 1
-        print(f"| {om} | {view.in_cols[i]} | {view.out_dim[i]} | {b[i]:.3f} "
-              f"| {tau[i] / b[i]:.4f} | {printed[i]:.2f} | {geo[i]:.3f} |")
+        print(
+            f"| {om} | {view.in_cols[i]} | {view.out_dim[i]} | {b[i]:.3f} "
+            f"| {tau[i] / b[i]:.4f} | {printed[i]:.2f} | {geo[i]:.3f} |"
+        )
     for name, values in (("printed", printed), ("geometric", geo)):
         chosen = search_omega(n_layers - 1, lambda om, v=values: v[om - 1] < 0.0, n_layers)
         holds = [om for om in range(1, n_layers + 1) if values[om - 1] < 0.0]
         where = holds if len(holds) < 8 else f"{holds[:3]} ... {holds[-3:]}"
-        print(f"{name}: holds at Omega in {where}; Algorithm 4 from Omega = L - 1 = "
-              f"{n_layers - 1} returns {chosen}")
+        print(
+            f"{name}: holds at Omega in {where}; Algorithm 4 from Omega = L - 1 = "
+            f"{n_layers - 1} returns {chosen}"
+        )
     print(f"withhold_last (2): Omega = {max(n_layers - 2, 1)} on every repeat selection")
 
 

@@ -27,16 +27,18 @@ from mecsim.agents.state import decode, resolve_blobs
 
 
 def load_server_state(run: Path) -> tuple[dict, int]:
-    ckpts = sorted(run.glob("checkpoints/round-*.pt"),
-                   key=lambda p: int(re.findall(r"\d+", p.name)[0]))
+    ckpts = sorted(
+        run.glob("checkpoints/round-*.pt"), key=lambda p: int(re.findall(r"\d+", p.name)[0])
+    )
     if not ckpts:
         raise SystemExit(f"{run}: no checkpoint")
     payload = torch.load(ckpts[-1], map_location="cpu", weights_only=True)
 
     def blob(key: str) -> torch.Tensor:
         # weights_only=True: tensors and plain containers only, never code from the file
-        return torch.load(run / "checkpoints" / "blobs" / f"{key}.pt", map_location="cpu",
-                          weights_only=True)
+        return torch.load(
+            run / "checkpoints" / "blobs" / f"{key}.pt", map_location="cpu", weights_only=True
+        )
 
     server = resolve_blobs(payload["server"], blob)
     return decode(server)["algorithm"], int(payload["rounds_done"])
@@ -49,8 +51,9 @@ def quick_run() -> Path:
     from mecsim.scenario import load_scenario, scenario_from_dict
     from mecsim.store.session import run_in_folder
 
-    data = load_scenario(Path(__file__).resolve().parents[1] / "scenarios" /
-                         "kapc-mnist-10.yaml").model_dump(mode="json")
+    data = load_scenario(
+        Path(__file__).resolve().parents[1] / "scenarios" / "kapc-mnist-10.yaml"
+    ).model_dump(mode="json")
     data.update(rounds=2)
     data["topology"]["clients"] = 4
     data["dataset"].update(train_size=400, test_size=100)
@@ -68,9 +71,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--lam", type=float, default=1.0)
     p.add_argument("--beta", type=float, default=0.01)
     p.add_argument("--lr-relation", type=float, default=0.01)
-    p.add_argument("--quick", action="store_true", help="seconds, not minutes: record a "
-                   "2-round KAPC run (4 clients, 400 images) in a temporary directory and "
-                   "read that")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="seconds, not minutes: record a "
+        "2-round KAPC run (4 clients, 400 images) in a temporary directory and "
+        "read that",
+    )
     args = p.parse_args(argv)
     if args.quick and args.run is None:
         args.run = quick_run()
@@ -86,16 +93,22 @@ def main(argv: list[str] | None = None) -> None:
         x = np.stack([view.layer(q, layer) for q in params]).astype(np.float64)
         grams.append(x @ x.T)
     grams = np.stack(grams)
-    steps = np.stack([args.lr_relation * relation_gradient(r[i], grams, i, args.lam, args.beta, n)
-                      for i in range(n)])  # N x L x N
+    steps = np.stack(
+        [
+            args.lr_relation * relation_gradient(r[i], grams, i, args.lam, args.beta, n)
+            for i in range(n)
+        ]
+    )  # N x L x N
     self_rel = r[np.arange(n), :, np.arange(n)]  # N x L
     print(f"{args.run}: after {rounds} rounds, {n} clients, {view.num_layers} layers")
     print("| layer | n_l | mean ||w^l||^2 | r_ii mean | r_ii max | median |eta_r grad| |")
     print("|---:|---:|---:|---:|---:|---:|")
     for layer in range(view.num_layers):
-        print(f"| {layer + 1} | {int(view.numel()[layer])} "
-              f"| {np.mean(np.diag(grams[layer])):.3g} | {self_rel[:, layer].mean():.3f} "
-              f"| {self_rel[:, layer].max():.3f} | {np.median(np.abs(steps[:, layer])):.3g} |")
+        print(
+            f"| {layer + 1} | {int(view.numel()[layer])} "
+            f"| {np.mean(np.diag(grams[layer])):.3g} | {self_rel[:, layer].mean():.3f} "
+            f"| {self_rel[:, layer].max():.3f} | {np.median(np.abs(steps[:, layer])):.3g} |"
+        )
 
 
 if __name__ == "__main__":

@@ -69,14 +69,22 @@ class PeakSampler:
 
 def scenario(n_clients: int, participation: float, out_dir: str) -> dict:
     return {
-        "name": f"memory-{n_clients}", "seed": 0, "rounds": 2,
-        "dataset": {"name": "mnist-embedded", "train_size": 9000, "test_size": 1000,
-                    "partition": {"method": "iid", "samples_per_client": 5,
-                                  "test_samples_per_client": 1}},
+        "name": f"memory-{n_clients}",
+        "seed": 0,
+        "rounds": 2,
+        "dataset": {
+            "name": "mnist-embedded",
+            "train_size": 9000,
+            "test_size": 1000,
+            "partition": {"method": "iid", "samples_per_client": 5, "test_samples_per_client": 1},
+        },
         "model": {"name": "mlp_2nn"},
         "topology": {"clients": n_clients, "participation": participation},
-        "channel": {"model": "fixed_rate", "uplink": {"rate_bps": 1e7},
-                    "downlink": {"rate_bps": 1e7}},
+        "channel": {
+            "model": "fixed_rate",
+            "uplink": {"rate_bps": 1e7},
+            "downlink": {"rate_bps": 1e7},
+        },
         "training": {"epochs": 1, "batch_size": 5, "lr": 0.05},
         "evaluation": {"every": 10, "clients": "selected"},
         "outputs": {"dir": out_dir, "save_optraces": False},
@@ -98,8 +106,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--clients", type=int, nargs="+", default=[10, 1000, 10000])
     ap.add_argument("--series", choices=["selected", "idle", "both"], default="both")
-    ap.add_argument("--quick", action="store_true",
-                    help="seconds, not minutes: 10 and 50 clients, the selected series")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="seconds, not minutes: 10 and 50 clients, the selected series",
+    )
     args = ap.parse_args()
     if args.quick:
         args.clients, args.series = [10, 50], "selected"
@@ -108,12 +119,19 @@ def main() -> None:
 
     # one Ray for every point (each run's actors come and go; the instance stays), so the
     # points differ only by their clients
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False,
-             log_to_driver=False, _node_ip_address="127.0.0.1")
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        configure_logging=False,
+        log_to_driver=False,
+        _node_ip_address="127.0.0.1",
+    )
     print(f"model: {MODEL_BYTES / MB:.3f} MB of weights; PSS of the whole process tree")
     for kind in series:
-        print(f"\n{kind}: {'clients':>8} {'selected':>9} {'peak PSS MB':>12} "
-              f"{'MB/client':>10} {'x model':>8} {'wall s':>7}")
+        print(
+            f"\n{kind}: {'clients':>8} {'selected':>9} {'peak PSS MB':>12} "
+            f"{'MB/client':>10} {'x model':>8} {'wall s':>7}"
+        )
         base = None
         for n in sorted(args.clients):
             part = 1.0 if kind == "selected" else min(1.0, 10 / n)
@@ -125,8 +143,9 @@ def main() -> None:
             else:
                 slope = (peak - base[1]) / (n - base[0])
                 per, ratio = f"{slope / MB:.4f}", f"{slope / MODEL_BYTES:.2f}"
-            print(f"{'':>10}{n:>8} {selected:>9} {peak / MB:>12.1f} {per:>10} {ratio:>8} "
-                  f"{wall:>7.1f}")
+            print(
+                f"{'':>10}{n:>8} {selected:>9} {peak / MB:>12.1f} {per:>10} {ratio:>8} {wall:>7.1f}"
+            )
 
 
 if __name__ == "__main__":

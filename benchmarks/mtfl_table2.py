@@ -45,20 +45,43 @@ ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = ROOT / "scenarios" / "mtfl-mnist-shards.yaml"
 PRIVATE = ("none", "usyb", "us", "yb")  # the paper's column order: FL, then MTFL
 STRATEGIES = ("fedavg", "fedadam", "fedavg_adam")
-LABEL = {"none": "FL (none)", "usyb": "MTFL mu,sigma,gamma,beta", "us": "MTFL mu,sigma",
-         "yb": "MTFL gamma,beta", "fedavg": "FedAvg", "fedadam": "FedAdam",
-         "fedavg_adam": "FedAvg-Adam"}
+LABEL = {
+    "none": "FL (none)",
+    "usyb": "MTFL mu,sigma,gamma,beta",
+    "us": "MTFL mu,sigma",
+    "yb": "MTFL gamma,beta",
+    "fedavg": "FedAvg",
+    "fedadam": "FedAdam",
+    "fedavg_adam": "FedAvg-Adam",
+}
 # Table 2, MNIST 2NN, W = 200 (C = 0.5, 1.0), for reference beside ours (None = "X")
 PAPER_W200 = {
-    ("fedavg", "none"): (99, 102), ("fedavg", "usyb"): (85, 58), ("fedavg", "us"): (None, None),
+    ("fedavg", "none"): (99, 102),
+    ("fedavg", "usyb"): (85, 58),
+    ("fedavg", "us"): (None, None),
     ("fedavg", "yb"): (29, 21),
-    ("fedadam", "none"): (85, 69), ("fedadam", "usyb"): (56, 37), ("fedadam", "us"): (109, 90),
+    ("fedadam", "none"): (85, 69),
+    ("fedadam", "usyb"): (56, 37),
+    ("fedadam", "us"): (109, 90),
     ("fedadam", "yb"): (31, 25),
-    ("fedavg_adam", "none"): (44, 49), ("fedavg_adam", "usyb"): (17, 41),
-    ("fedavg_adam", "us"): (131, 151), ("fedavg_adam", "yb"): (9, 9),
+    ("fedavg_adam", "none"): (44, 49),
+    ("fedavg_adam", "usyb"): (17, 41),
+    ("fedavg_adam", "us"): (131, 151),
+    ("fedavg_adam", "yb"): (9, 9),
 }
-FIELDS = ["strategy", "private", "participation", "seed", "lr", "server_lr", "rounds_run",
-          "best_mean_accuracy", "final_mean_accuracy", "emulated_s", "host_s"]
+FIELDS = [
+    "strategy",
+    "private",
+    "participation",
+    "seed",
+    "lr",
+    "server_lr",
+    "rounds_run",
+    "best_mean_accuracy",
+    "final_mean_accuracy",
+    "emulated_s",
+    "host_s",
+]
 
 
 def lr_configs(strategy: str, args) -> list[tuple[float, float | None]]:
@@ -70,8 +93,15 @@ def lr_configs(strategy: str, args) -> list[tuple[float, float | None]]:
     return [(lr, None) for lr in args.lr_adam]
 
 
-def scenario_for(strategy: str, private: str, participation: float, seed: int, lr: float,
-                 server_lr: float | None, rounds: int):
+def scenario_for(
+    strategy: str,
+    private: str,
+    participation: float,
+    seed: int,
+    lr: float,
+    server_lr: float | None,
+    rounds: int,
+):
     data = load_scenario(SCENARIO).model_dump(mode="json")
     params: dict[str, Any] = {"private": private, "strategy": strategy}
     if server_lr is not None:
@@ -103,8 +133,9 @@ def run_cell(sc, targets: list[float]) -> tuple[list[dict[str, Any]], float]:
     return rows, time.perf_counter() - t0
 
 
-def _cell_value(runs: list[dict[str, Any]], target: float, seeds: list[int]
-                ) -> tuple[float | None, str, float]:
+def _cell_value(
+    runs: list[dict[str, Any]], target: float, seeds: list[int]
+) -> tuple[float | None, str, float]:
     """Fewest mean rounds over the lr grid (every seed must reach the target); its lr;
     the std over the seeds of that lr's rounds (NaN with one seed)."""
     best: tuple[float, str, float] | None = None
@@ -122,12 +153,20 @@ def _cell_value(runs: list[dict[str, Any]], target: float, seeds: list[int]
     return (best[0], best[1], best[2]) if best else (None, "", float("nan"))
 
 
-def markdown(all_runs: list[dict[str, Any]], targets: list[float], participation: list[float],
-             seeds: list[int], strategies, privates) -> str:
+def markdown(
+    all_runs: list[dict[str, Any]],
+    targets: list[float],
+    participation: list[float],
+    seeds: list[int],
+    strategies,
+    privates,
+) -> str:
     out = []
     for target in targets:
-        out.append(f"### Rounds to {100 * target:g} % mean user accuracy "
-                   f"(embedded MNIST, W = 20 x 300 images, seeds {seeds}: mean ± std)\n")
+        out.append(
+            f"### Rounds to {100 * target:g} % mean user accuracy "
+            f"(embedded MNIST, W = 20 x 300 images, seeds {seeds}: mean ± std)\n"
+        )
         header = ["strategy"] + [f"{LABEL[p]} C={c:g}" for p in privates for c in participation]
         out.append("| " + " | ".join(header) + " |")
         out.append("|---" * len(header) + "|")
@@ -135,12 +174,22 @@ def markdown(all_runs: list[dict[str, Any]], targets: list[float], participation
             cells = [LABEL[s]]
             for p in privates:
                 for c in participation:
-                    runs = [r for r in all_runs if r["strategy"] == s and r["private"] == p
-                            and float(r["participation"]) == c]
+                    runs = [
+                        r
+                        for r in all_runs
+                        if r["strategy"] == s
+                        and r["private"] == p
+                        and float(r["participation"]) == c
+                    ]
                     value, tag, std = _cell_value(runs, target, seeds)
                     spread = "" if math.isnan(std) else f" ± {std:.1f}"
-                    cells.append("-" if not runs else "X" if value is None
-                                 else f"{value:.1f}{spread} ({tag})")
+                    cells.append(
+                        "-"
+                        if not runs
+                        else "X"
+                        if value is None
+                        else f"{value:.1f}{spread} ({tag})"
+                    )
             out.append("| " + " | ".join(cells) + " |")
         out.append("")
     out.append("Paper (Table 2, MNIST 2NN, W = 200, target 97 %; C = 0.5 / 1.0):\n")
@@ -163,27 +212,62 @@ def main(argv: list[str] | None = None) -> int:
     add_seeds_argument(p)
     p.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES)
     p.add_argument("--private", nargs="+", default=list(PRIVATE), choices=PRIVATE)
-    p.add_argument("--lr-sgd", type=float, nargs="+", default=[0.05, 0.1, 0.2],
-                   help="FedAvg client SGD learning rates")
-    p.add_argument("--lr-fedadam-client", type=float, nargs="+", default=[0.1, 0.3],
-                   help="FedAdam client SGD learning rates")
-    p.add_argument("--server-lr", type=float, nargs="+", default=[0.003, 0.01],
-                   help="FedAdam server learning rates")
-    p.add_argument("--lr-adam", type=float, nargs="+", default=[0.001, 0.003],
-                   help="FedAvg-Adam client Adam learning rates")
-    p.add_argument("--out", type=Path, help="default runs/mtfl-table2 in the repository; "
-                   "with --quick a new temporary directory")
-    p.add_argument("--quick", action="store_true", help="seconds, not minutes: one cell "
-                   "(FedAvg, private gamma/beta, lr 0.1), at most 3 rounds, target 50 %%")
-    p.add_argument("--table-from", type=Path, nargs="+", metavar="RUNS_CSV",
-                   help="run nothing: build table2.md from these runs.csv files")
+    p.add_argument(
+        "--lr-sgd",
+        type=float,
+        nargs="+",
+        default=[0.05, 0.1, 0.2],
+        help="FedAvg client SGD learning rates",
+    )
+    p.add_argument(
+        "--lr-fedadam-client",
+        type=float,
+        nargs="+",
+        default=[0.1, 0.3],
+        help="FedAdam client SGD learning rates",
+    )
+    p.add_argument(
+        "--server-lr",
+        type=float,
+        nargs="+",
+        default=[0.003, 0.01],
+        help="FedAdam server learning rates",
+    )
+    p.add_argument(
+        "--lr-adam",
+        type=float,
+        nargs="+",
+        default=[0.001, 0.003],
+        help="FedAvg-Adam client Adam learning rates",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        help="default runs/mtfl-table2 in the repository; with --quick a new temporary directory",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="seconds, not minutes: one cell "
+        "(FedAvg, private gamma/beta, lr 0.1), at most 3 rounds, target 50 %%",
+    )
+    p.add_argument(
+        "--table-from",
+        type=Path,
+        nargs="+",
+        metavar="RUNS_CSV",
+        help="run nothing: build table2.md from these runs.csv files",
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.rounds, args.targets, args.strategies, args.private = 3, [0.5], ["fedavg"], ["yb"]
         args.lr_sgd, args.participation, args.seeds = [0.1], [1.0], 1
     if args.out is None:
-        args.out = (Path(tempfile.mkdtemp(prefix="mtfl-table2-")) if args.quick
-                    else ROOT / "runs" / "mtfl-table2")
+        args.out = (
+            Path(tempfile.mkdtemp(prefix="mtfl-table2-"))
+            if args.quick
+            else ROOT / "runs" / "mtfl-table2"
+        )
     args.out.mkdir(parents=True, exist_ok=True)
     args.seeds = seed_list(args.seeds)
     targets = sorted(args.targets)
@@ -194,9 +278,14 @@ def main(argv: list[str] | None = None) -> int:
             r["lr"] = float(r["lr"])
             r["server_lr"] = float(r["server_lr"]) if r["server_lr"] else ""
         present = lambda key, order: [x for x in order if x in {r[key] for r in runs}]  # noqa: E731
-        text = markdown(runs, targets, sorted({r["participation"] for r in runs}, reverse=True),
-                        sorted({int(r["seed"]) for r in runs}), present("strategy", STRATEGIES),
-                        present("private", PRIVATE))
+        text = markdown(
+            runs,
+            targets,
+            sorted({r["participation"] for r in runs}, reverse=True),
+            sorted({int(r["seed"]) for r in runs}),
+            present("strategy", STRATEGIES),
+            present("private", PRIVATE),
+        )
         (args.out / "table2.md").write_text(text)
         print(text)
         return 0
@@ -206,31 +295,43 @@ def main(argv: list[str] | None = None) -> int:
     with csv_path.open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fields)
         writer.writeheader()
-        for c, s, priv, seed in itertools.product(args.participation, args.strategies,
-                                                  args.private, args.seeds):
+        for c, s, priv, seed in itertools.product(
+            args.participation, args.strategies, args.private, args.seeds
+        ):
             for lr, slr in lr_configs(s, args):
                 sc = scenario_for(s, priv, c, seed, lr, slr, args.rounds)
                 rows, host_s = run_cell(sc, targets)
                 accs = [r["mean_accuracy"] for r in rows if not math.isnan(r["mean_accuracy"])]
-                rec = {"strategy": s, "private": priv, "participation": c, "seed": seed,
-                       "lr": lr, "server_lr": "" if slr is None else slr,
-                       "rounds_run": len(rows), "best_mean_accuracy": max(accs),
-                       "final_mean_accuracy": accs[-1], "emulated_s": rows[-1]["elapsed_s"],
-                       "host_s": round(host_s, 1)}
+                rec = {
+                    "strategy": s,
+                    "private": priv,
+                    "participation": c,
+                    "seed": seed,
+                    "lr": lr,
+                    "server_lr": "" if slr is None else slr,
+                    "rounds_run": len(rows),
+                    "best_mean_accuracy": max(accs),
+                    "final_mean_accuracy": accs[-1],
+                    "emulated_s": rows[-1]["elapsed_s"],
+                    "host_s": round(host_s, 1),
+                }
                 for t in targets:
                     n = rounds_to_target(rows, t)
                     rec[f"rounds_to_{t}"] = "" if n is None else n
                 writer.writerow(rec)
                 fh.flush()
                 all_runs.append(rec)
-                print(f"C={c:g} {s:11s} {priv:4s} seed {seed} lr {lr:g}"
-                      + (f" server {slr:g}" if slr else "")
-                      + f": {len(rows)} rounds, best {100 * max(accs):.2f} %, to "
-                      + ", ".join(f"{100 * t:g} %: {rec[f'rounds_to_{t}'] or 'X'}"
-                                  for t in targets)
-                      + f" ({host_s:.0f} s)", flush=True)
-    text = markdown(all_runs, targets, args.participation, args.seeds, args.strategies,
-                    args.private)
+                print(
+                    f"C={c:g} {s:11s} {priv:4s} seed {seed} lr {lr:g}"
+                    + (f" server {slr:g}" if slr else "")
+                    + f": {len(rows)} rounds, best {100 * max(accs):.2f} %, to "
+                    + ", ".join(f"{100 * t:g} %: {rec[f'rounds_to_{t}'] or 'X'}" for t in targets)
+                    + f" ({host_s:.0f} s)",
+                    flush=True,
+                )
+    text = markdown(
+        all_runs, targets, args.participation, args.seeds, args.strategies, args.private
+    )
     (args.out / "table2.md").write_text(text)
     print("\n" + text)
     print(f"written: {csv_path}, {args.out / 'table2.md'}")

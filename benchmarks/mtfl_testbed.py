@@ -53,21 +53,34 @@ SCENARIO = ROOT / "scenarios" / "mtfl-rpi-testbed.yaml"
 MiB = 2**20
 
 SCHEMES: dict[str, dict[str, Any]] = {
-    "FL(FedAvg)": {"algorithm": {"name": "mtfl",
-                                 "params": {"private": "none", "strategy": "fedavg"}},
-                   "optimizer": "sgd", "lr": 0.1},
-    "MTFL(FedAvg-Adam)": {"algorithm": {"name": "mtfl",
-                                        "params": {"private": "yb", "strategy": "fedavg_adam"}},
-                          "optimizer": "adam", "lr": 0.001},
-    "Independent": {"algorithm": {"name": "local", "params": {}}, "optimizer": "sgd",
-                    "lr": 0.1},
+    "FL(FedAvg)": {
+        "algorithm": {"name": "mtfl", "params": {"private": "none", "strategy": "fedavg"}},
+        "optimizer": "sgd",
+        "lr": 0.1,
+    },
+    "MTFL(FedAvg-Adam)": {
+        "algorithm": {"name": "mtfl", "params": {"private": "yb", "strategy": "fedavg_adam"}},
+        "optimizer": "adam",
+        "lr": 0.001,
+    },
+    "Independent": {"algorithm": {"name": "local", "params": {}}, "optimizer": "sgd", "lr": 0.1},
 }
 TASKS: dict[str, dict[str, Any]] = {
     # paper_samples: the testbed's training images per client (training set / 10 clients)
-    "MNIST 2NN": {"model": "mlp_2nn", "dataset": "mnist-embedded", "train_size": 8000,
-                  "test_size": 2000, "paper_samples": 6000},
-    "CIFAR10 CNN": {"model": "mtfl_cnn", "dataset": "mnist-embedded-3x32", "train_size": 2000,
-                    "test_size": 500, "paper_samples": 5000},
+    "MNIST 2NN": {
+        "model": "mlp_2nn",
+        "dataset": "mnist-embedded",
+        "train_size": 8000,
+        "test_size": 2000,
+        "paper_samples": 6000,
+    },
+    "CIFAR10 CNN": {
+        "model": "mtfl_cnn",
+        "dataset": "mnist-embedded-3x32",
+        "train_size": 2000,
+        "test_size": 500,
+        "paper_samples": 5000,
+    },
 }
 # Table 4: round time (s) and % Down / Client / Up / Server
 PAPER: dict[tuple[str, str], tuple[float, float, float, float, float]] = {
@@ -88,16 +101,16 @@ class Recorded:
     rounds: tuple[tuple[list[int], dict[int, OpTrace], float], ...]
 
 
-def variant(task: str, scheme: str, rounds: int, base: Path = SCENARIO,
-            seed: int | None = None) -> Scenario:
+def variant(
+    task: str, scheme: str, rounds: int, base: Path = SCENARIO, seed: int | None = None
+) -> Scenario:
     data = load_scenario(base).model_dump(mode="json")
     t, s = TASKS[task], SCHEMES[scheme]
     data.update(rounds=rounds)
     if seed is not None:
         data["seed"] = seed
     data["model"]["name"] = t["model"]
-    data["dataset"].update(name=t["dataset"], train_size=t["train_size"],
-                           test_size=t["test_size"])
+    data["dataset"].update(name=t["dataset"], train_size=t["train_size"], test_size=t["test_size"])
     data["algorithm"] = s["algorithm"]
     data["training"].update(optimizer=s["optimizer"], lr=s["lr"])
     data["metrics"]["enabled"] = False
@@ -113,8 +126,9 @@ def record(sc: Scenario) -> Recorded:
         for rnd in range(sc.rounds):
             row, _, tr = run_round(rs, rnd, elapsed)
             elapsed = row["elapsed_s"]
-            traces = {int(c): tuple(op_from_dict(d) for d in ops)
-                      for c, ops in tr["clients"].items()}
+            traces = {
+                int(c): tuple(op_from_dict(d) for d in ops) for c, ops in tr["clients"].items()
+            }
             out.append((sorted(traces), traces, float(tr["aggregate_flops"])))
     finally:
         rs.executor.close()
@@ -132,27 +146,34 @@ def paper_sized(trace: OpTrace, steps: int) -> OpTrace:
     return tuple(ops)
 
 
-def time_recorded(rec: Recorded, steps: int | None, sc: Scenario | None = None
-                  ) -> dict[str, float]:
+def time_recorded(rec: Recorded, steps: int | None, sc: Scenario | None = None) -> dict[str, float]:
     """Average per-round critical-path seconds (and bytes) of the recorded rounds, with
     traces paper-sized to ``steps`` (None: as recorded), through ``sc``'s network."""
     sc = sc or rec.scenario
     profiles = device_profiles(sc)
     network = NetworkModel(sc, profiles)
     server = profiles[sc.devices.edge_server]
-    per_step = {op.flops / op.batches for _, traces, _ in rec.rounds
-                for tr in traces.values() for op in tr if isinstance(op, Compute)}
+    per_step = {
+        op.flops / op.batches
+        for _, traces, _ in rec.rounds
+        for tr in traces.values()
+        for op in tr
+        if isinstance(op, Compute)
+    }
     if len(per_step) != 1:
-        raise ValueError(f"clients trained with different FLOPs per step {sorted(per_step)}: "
-                         "give every client a multiple of the batch size")
+        raise ValueError(
+            f"clients trained with different FLOPs per step {sorted(per_step)}: "
+            "give every client a multiple of the batch size"
+        )
     keys = ("round_time_s", "download_s", "client_s", "upload_s", "server_s")
     acc = dict.fromkeys(keys + ("mib_up_per_client", "mib_down_per_client"), 0.0)
     elapsed = 0.0
     for rnd, (selected, traces, agg_flops) in enumerate(rec.rounds):
         specs, servers, net, _ = network.round(rnd, selected, elapsed, records=False)
         sized = {c: (paper_sized(t, steps) if steps else t) for c, t in traces.items()}
-        timing = time_round(sized, specs, servers, net,
-                            aggregate_s=server.compute_time_s(agg_flops, 0))
+        timing = time_round(
+            sized, specs, servers, net, aggregate_s=server.compute_time_s(agg_flops, 0)
+        )
         elapsed += timing.round_time_s
         for k in keys:
             acc[k] += getattr(timing, k)
@@ -165,8 +186,9 @@ def time_recorded(rec: Recorded, steps: int | None, sc: Scenario | None = None
     return out
 
 
-def with_channel(sc: Scenario, downlink_bps: float | None = None,
-                 uplink_bps: float | None = None) -> Scenario:
+def with_channel(
+    sc: Scenario, downlink_bps: float | None = None, uplink_bps: float | None = None
+) -> Scenario:
     data = sc.model_dump(mode="json")
     if downlink_bps is not None:
         data["channel"]["downlink"]["rate_bps"] = downlink_bps
@@ -193,17 +215,24 @@ def fit(rec: Recorded, steps: int, paper: tuple[float, ...]) -> dict[str, float]
     total, down_pct, _, up_pct, server_pct = paper
     down_s, up_s, server_s = total * down_pct / 100, total * up_pct / 100, total * server_pct / 100
     sc = rec.scenario
-    r_down = bisect_rate(lambda r: time_recorded(rec, steps, with_channel(sc, r))["download_s"],
-                         down_s)
+    r_down = bisect_rate(
+        lambda r: time_recorded(rec, steps, with_channel(sc, r))["download_s"], down_s
+    )
     sc_d = with_channel(sc, r_down)
-    r_up = bisect_rate(lambda r: time_recorded(rec, steps, with_channel(sc_d, None, r))
-                       ["upload_s"], up_s)
+    r_up = bisect_rate(
+        lambda r: time_recorded(rec, steps, with_channel(sc_d, None, r))["upload_s"], up_s
+    )
     agg = {f for _, _, f in rec.rounds}
     if len(agg) != 1:
         raise ValueError(f"aggregation FLOPs differ between rounds: {sorted(agg)}")
-    return {"downlink_rate_bps": r_down, "uplink_rate_bps": r_up,
-            "server_flops_per_s": agg.pop() / server_s, "down_s": down_s, "up_s": up_s,
-            "server_s": server_s}
+    return {
+        "downlink_rate_bps": r_down,
+        "uplink_rate_bps": r_up,
+        "server_flops_per_s": agg.pop() / server_s,
+        "down_s": down_s,
+        "up_s": up_s,
+        "server_s": server_s,
+    }
 
 
 def _pcts(t: dict[str, float]) -> list[float]:
@@ -214,14 +243,21 @@ def _pcts(t: dict[str, float]) -> list[float]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=2, help="rounds recorded per scheme")
-    p.add_argument("--fit", action="store_true",
-                   help="recompute the AP and server calibration from FL(FedAvg) MNIST")
+    p.add_argument(
+        "--fit",
+        action="store_true",
+        help="recompute the AP and server calibration from FL(FedAvg) MNIST",
+    )
     p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     p.add_argument("--out", type=Path, help="also write the markdown table here")
     add_seeds_argument(p)
-    p.add_argument("--quick", action="store_true", help="seconds, not minutes: one round of "
-                   "the MNIST 2NN schemes on 100 images per client, one seed (the figures "
-                   "need the recorded traces' shapes only, so they are those of the full run)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="seconds, not minutes: one round of "
+        "the MNIST 2NN schemes on 100 images per client, one seed (the figures "
+        "need the recorded traces' shapes only, so they are those of the full run)",
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.rounds, args.tasks, args.seeds = 1, ["MNIST 2NN"], 1
@@ -236,22 +272,27 @@ def main(argv: list[str] | None = None) -> int:
         lines += [
             "## Calibration (fitted to FL(FedAvg), MNIST 2NN, Table 4: Down 5 %, Up 6 %, "
             "Server 1 % of 30 s)\n",
-            "| quantity | fitted | in the scenario |", "|---|---|---|",
+            "| quantity | fitted | in the scenario |",
+            "|---|---|---|",
             f"| AP downlink rate (bit/s), Down = {f['down_s']:.2f} s | "
             f"{f['downlink_rate_bps']:.4g} | {base.channel.downlink.rate_bps:.4g} |",
             f"| AP uplink rate (bit/s), Up = {f['up_s']:.2f} s | "
             f"{f['uplink_rate_bps']:.4g} | {base.channel.uplink.rate_bps:.4g} |",
             f"| server FLOP/s, Server = {f['server_s']:.2f} s | "
             f"{f['server_flops_per_s']:.4g} | "
-            f"{device_profiles(base)[base.devices.edge_server].flops_per_s:.4g} |", ""]
+            f"{device_profiles(base)[base.devices.edge_server].flops_per_s:.4g} |",
+            "",
+        ]
         print("\n".join(lines), flush=True)
 
-    lines += [f"## Table 4, emulated (paper-sized traces) beside the paper; seeds "
-              f"0-{args.seeds - 1}, mean ± std\n",
-              "| task | scheme | round (s) | Down % | Client % | Up % | Server % | "
-              "paper round (s) | paper D/C/U/S % | MiB down / up per client | "
-              "as run: round (s), steps |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        f"## Table 4, emulated (paper-sized traces) beside the paper; seeds "
+        f"0-{args.seeds - 1}, mean ± std\n",
+        "| task | scheme | round (s) | Down % | Client % | Up % | Server % | "
+        "paper round (s) | paper D/C/U/S % | MiB down / up per client | "
+        "as run: round (s), steps |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for task in args.tasks:
         steps = math.ceil(TASKS[task]["paper_samples"] / base.training.batch_size)
         for scheme in SCHEMES:
@@ -261,21 +302,25 @@ def main(argv: list[str] | None = None) -> int:
                 t = time_recorded(rec, steps)
                 raw = time_recorded(rec, None)
                 first_trace = next(iter(rec.rounds[0][1].values()))
-                recorded_steps = next(op.batches for op in first_trace
-                                      if isinstance(op, Compute))
+                recorded_steps = next(op.batches for op in first_trace if isinstance(op, Compute))
                 runs.append((t, raw, recorded_steps))
-                print(f"{task} {scheme} seed {seed}: {t['round_time_s']:.3f} s (FLOPs/step "
-                      f"{t['flops_per_step']:.6g}, {steps} steps, critical path s: down "
-                      f"{t['download_s']:.3f} client {t['client_s']:.3f} up "
-                      f"{t['upload_s']:.3f} server {t['server_s']:.3f})", flush=True)
+                print(
+                    f"{task} {scheme} seed {seed}: {t['round_time_s']:.3f} s (FLOPs/step "
+                    f"{t['flops_per_step']:.6g}, {steps} steps, critical path s: down "
+                    f"{t['download_s']:.3f} client {t['client_s']:.3f} up "
+                    f"{t['upload_s']:.3f} server {t['server_s']:.3f})",
+                    flush=True,
+                )
             pt, *pp = PAPER[(task, scheme)]
             pcts = [_pcts(t) for t, _, _ in runs]
-            row = (f"| {task} | {scheme} | {pm([t['round_time_s'] for t, _, _ in runs])} | "
-                   + " | ".join(pm([p[k] for p in pcts], ".1f") for k in range(4))
-                   + f" | {pt:g} | {'/'.join(f'{x:g}' for x in pp)} | "
-                   f"{runs[0][0]['mib_down_per_client']:.3f} / "
-                   f"{runs[0][0]['mib_up_per_client']:.3f} | "
-                   f"{pm([raw['round_time_s'] for _, raw, _ in runs])}, {runs[0][2]} |")
+            row = (
+                f"| {task} | {scheme} | {pm([t['round_time_s'] for t, _, _ in runs])} | "
+                + " | ".join(pm([p[k] for p in pcts], ".1f") for k in range(4))
+                + f" | {pt:g} | {'/'.join(f'{x:g}' for x in pp)} | "
+                f"{runs[0][0]['mib_down_per_client']:.3f} / "
+                f"{runs[0][0]['mib_up_per_client']:.3f} | "
+                f"{pm([raw['round_time_s'] for _, raw, _ in runs])}, {runs[0][2]} |"
+            )
             lines.append(row)
             print(row, flush=True)
     text = "\n".join(lines) + "\n"

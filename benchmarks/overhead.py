@@ -46,9 +46,15 @@ def participation(n_clients: int) -> float:
 
 def scenario(n_clients: int, rounds: int, out_dir: str) -> dict:
     return {
-        "name": f"overhead-{n_clients}", "seed": 0, "rounds": rounds,
-        "dataset": {"name": "mnist-embedded", "train_size": TRAIN, "test_size": TEST,
-                    "partition": {"method": "iid"}},
+        "name": f"overhead-{n_clients}",
+        "seed": 0,
+        "rounds": rounds,
+        "dataset": {
+            "name": "mnist-embedded",
+            "train_size": TRAIN,
+            "test_size": TEST,
+            "partition": {"method": "iid"},
+        },
         "model": {"name": "mlp_2nn"},
         "topology": {"clients": n_clients, "participation": participation(n_clients)},
         "training": {"epochs": 1, "batch_size": BATCH, "lr": LR},
@@ -66,8 +72,13 @@ def plain_loop(n_clients: int, rounds: int, threads: int | None = None) -> list[
     rng = np.random.default_rng(np.random.SeedSequence([0, 1]))
     pools = load_dataset("mnist-embedded", None, TRAIN, TEST, rng)
     parts = partition(pools, n_clients, "iid", rng)
-    data = [(normalise(pools.train.images[idx], "mnist-embedded"),
-             torch.from_numpy(pools.train.labels[idx].astype(np.int64))) for idx in parts.train]
+    data = [
+        (
+            normalise(pools.train.images[idx], "mnist-embedded"),
+            torch.from_numpy(pools.train.labels[idx].astype(np.int64)),
+        )
+        for idx in parts.train
+    ]
     torch.manual_seed(0)
     model = build_model("mlp_2nn", (1, 28, 28), 10)
     layout = model_layout(model)
@@ -85,7 +96,7 @@ def plain_loop(n_clients: int, rounds: int, threads: int | None = None) -> list[
             opt = torch.optim.SGD(model.parameters(), lr=LR)
             order = torch.randperm(len(y), generator=gen)
             for b in range(0, len(y), BATCH):
-                idx = order[b:b + BATCH]
+                idx = order[b : b + BATCH]
                 if len(idx) < 2:
                     continue
                 opt.zero_grad(set_to_none=True)
@@ -111,19 +122,33 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--trials", type=int, default=3)
-    ap.add_argument("--clients", type=int, nargs="+", default=[10, 100, 1000],
-                    help="numbers of clients (10 %% of them train each round from 1,000 on)")
-    ap.add_argument("--hosts", type=int, default=None,
-                    help="mecsim host actors (default: one per core; 1 = same CPU as the "
-                    "one-thread plain loop)")
-    ap.add_argument("--quick", action="store_true",
-                    help="seconds, not minutes: 10 clients, 3 rounds, 1 trial, the plain "
-                    "loop with 1 thread only (mecsim with Ray)")
+    ap.add_argument(
+        "--clients",
+        type=int,
+        nargs="+",
+        default=[10, 100, 1000],
+        help="numbers of clients (10 %% of them train each round from 1,000 on)",
+    )
+    ap.add_argument(
+        "--hosts",
+        type=int,
+        default=None,
+        help="mecsim host actors (default: one per core; 1 = same CPU as the "
+        "one-thread plain loop)",
+    )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="seconds, not minutes: 10 clients, 3 rounds, 1 trial, the plain "
+        "loop with 1 thread only (mecsim with Ray)",
+    )
     args = ap.parse_args()
     if args.quick:
         args.rounds, args.trials, args.clients = 3, 1, [10]
-    print(f"{'clients':>8} {'trained':>8} {'plain 1 thr':>12} {'plain 2 thr':>12} "
-          f"{'mecsim':>9} {'ratio':>6}   (median seconds per round)")
+    print(
+        f"{'clients':>8} {'trained':>8} {'plain 1 thr':>12} {'plain 2 thr':>12} "
+        f"{'mecsim':>9} {'ratio':>6}   (median seconds per round)"
+    )
     for n in args.clients:
         one, two, ours = [], [], []
         for _ in range(args.trials):
@@ -135,8 +160,10 @@ def main() -> None:
         mine = statistics.median(ours)
         two_s = f"{statistics.median(two):>12.3f}" if two else f"{'-':>12}"
         trained = max(1, round(participation(n) * n))
-        print(f"{n:>8} {trained:>8} {statistics.median(one):>12.3f} {two_s} "
-              f"{mine:>9.3f} {mine / plain:>6.2f}")
+        print(
+            f"{n:>8} {trained:>8} {statistics.median(one):>12.3f} {two_s} "
+            f"{mine:>9.3f} {mine / plain:>6.2f}"
+        )
 
 
 if __name__ == "__main__":

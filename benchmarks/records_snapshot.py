@@ -86,17 +86,35 @@ def take(out: Path, rounds: int, backends: list[str], only: list[str] | None) ->
                 continue
             tmp = out / ".runs"
             shutil.rmtree(tmp / key, ignore_errors=True)
-            cmd = [_mecsim(), "run", *([path] if path else []), "--rounds", str(rounds),
-                   "--backend", backend, "--hosts", "2", "--out", str(tmp), "--run-id", key,
-                   "--quiet", "--no-plots", "--no-metrics"]
+            cmd = [
+                _mecsim(),
+                "run",
+                *([path] if path else []),
+                "--rounds",
+                str(rounds),
+                "--backend",
+                backend,
+                "--hosts",
+                "2",
+                "--out",
+                str(tmp),
+                "--run-id",
+                key,
+                "--quiet",
+                "--no-plots",
+                "--no-metrics",
+            ]
             t0 = time.perf_counter()
-            proc = subprocess.run(cmd, capture_output=True, text=True,
-                                  env={**os.environ, "PYTHONHASHSEED": "0"})
+            proc = subprocess.run(
+                cmd, capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "0"}
+            )
             took = time.perf_counter() - t0
             if proc.returncode != 0:
                 failed += 1
-                print(f"{key}: FAILED (exit {proc.returncode}, {took:.0f} s)\n"
-                      f"{proc.stderr.strip()[-2000:]}")
+                print(
+                    f"{key}: FAILED (exit {proc.returncode}, {took:.0f} s)\n"
+                    f"{proc.stderr.strip()[-2000:]}"
+                )
                 continue
             dest.mkdir(parents=True, exist_ok=True)
             for f in FILES:
@@ -116,16 +134,20 @@ def _first_difference(a: str, b: str) -> str:
                 return f"header differs:\n  {x}\n  {y}"
             header = la[0].split(",")
             cx, cy = next(csv.reader([x])), next(csv.reader([y]))
-            cols = [header[j] if j < len(header) else str(j)
-                    for j in range(max(len(cx), len(cy)))
-                    if (cx[j] if j < len(cx) else None) != (cy[j] if j < len(cy) else None)]
+            cols = [
+                header[j] if j < len(header) else str(j)
+                for j in range(max(len(cx), len(cy)))
+                if (cx[j] if j < len(cx) else None) != (cy[j] if j < len(cy) else None)
+            ]
             return f"line {i + 1} differs in {', '.join(cols[:6]) or 'its text'}"
     return f"{len(la)} lines vs {len(lb)}"
 
 
 def compare(a: Path, b: Path) -> int:
-    keys = sorted({p.name for p in a.iterdir() if p.is_dir() and not p.name.startswith(".")}
-                  | {p.name for p in b.iterdir() if p.is_dir() and not p.name.startswith(".")})
+    keys = sorted(
+        {p.name for p in a.iterdir() if p.is_dir() and not p.name.startswith(".")}
+        | {p.name for p in b.iterdir() if p.is_dir() and not p.name.startswith(".")}
+    )
     bad = 0
     for key in keys:
         for f in FILES:
@@ -138,8 +160,10 @@ def compare(a: Path, b: Path) -> int:
             if ta != tb:
                 print(f"{key}/{f}: {_first_difference(ta, tb)}")
                 bad += 1
-    print(f"{len(keys)} runs x {len(FILES)} files compared: "
-          f"{'identical' if not bad else f'{bad} differ'}")
+    print(
+        f"{len(keys)} runs x {len(FILES)} files compared: "
+        f"{'identical' if not bad else f'{bad} differ'}"
+    )
     return 1 if bad else 0
 
 
@@ -163,8 +187,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv == ["--quick"]:
         return quick()
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                epilog="--quick: the default scenario taken twice, compared")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="--quick: the default scenario taken twice, compared",
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("take", help="run the scenarios and keep their records")
     t.add_argument("out", type=Path)

@@ -38,9 +38,14 @@ DEFAULT_SEEDS = 3
 
 
 def add_seeds_argument(p: argparse.ArgumentParser, default: int = DEFAULT_SEEDS) -> None:
-    p.add_argument("--seeds", type=int, default=default, metavar="N",
-                   help=f"run every configuration under seeds 0 .. N-1 and report mean ± "
-                        f"std (default {default})")
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=default,
+        metavar="N",
+        help=f"run every configuration under seeds 0 .. N-1 and report mean ± "
+        f"std (default {default})",
+    )
 
 
 def seed_list(n: int) -> list[int]:
@@ -58,8 +63,7 @@ def mean_std(values: Sequence[float]) -> tuple[float, float, int]:
     return float(x.mean()), float(x.std(ddof=1)) if len(x) > 1 else math.nan, len(x)
 
 
-def pm(values: Sequence[float], fmt: str = ".2f", scale: float = 1.0,
-       missing: str = "X") -> str:
+def pm(values: Sequence[float], fmt: str = ".2f", scale: float = 1.0, missing: str = "X") -> str:
     """'mean ± std' of the finite values (scaled), 'mean' for one, ``missing`` for none;
     '(k of n)' is appended when some values are missing (e.g. a target not reached)."""
     mean, std, k = mean_std(values)
@@ -86,8 +90,10 @@ def beyond_spread(a: Sequence[float], b: Sequence[float]) -> bool:
 def ordering(values: dict[str, Sequence[float]], higher_is_better: bool = True) -> str:
     """The labels in order of their means, '>' between neighbours whose order holds beyond
     the spread and '≈' where the intervals overlap, e.g. 'KAPC > FedProx ≈ Local'."""
-    items = sorted(((mean_std(v)[0], label) for label, v in values.items()
-                    if mean_std(v)[2] > 0), reverse=higher_is_better)
+    items = sorted(
+        ((mean_std(v)[0], label) for label, v in values.items() if mean_std(v)[2] > 0),
+        reverse=higher_is_better,
+    )
     if not items:
         return ""
     out = items[0][1]
@@ -124,9 +130,13 @@ def same_scenario(path: Path, scenario: Scenario) -> bool:
     return scenario_digest(recorded) == scenario_digest(scenario)
 
 
-def run_or_reuse(scenario: Scenario, path: Path, label: str = "",
-                 hosts: int | None = None, on_reuse: Callable[[Path], None] | None = None
-                 ) -> tuple[pd.DataFrame, pd.DataFrame]:
+def run_or_reuse(
+    scenario: Scenario,
+    path: Path,
+    label: str = "",
+    hosts: int | None = None,
+    on_reuse: Callable[[Path], None] | None = None,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(rounds, clients) of ``scenario`` recorded in ``path``: reused when that run is
     finished there, resumed from its checkpoint when it was killed, else (re)run with the
     records writer."""
@@ -146,8 +156,9 @@ def run_or_reuse(scenario: Scenario, path: Path, label: str = "",
             except RunFolderError as exc:
                 print(f"  {label or path}: not resumable ({exc}); run again", flush=True)
         elif path.exists():
-            print(f"  {label or path}: {path} holds a run of another scenario; run again",
-                  flush=True)
+            print(
+                f"  {label or path}: {path} holds a run of another scenario; run again", flush=True
+            )
         if target is not None:
             print(f"  {label or path}: resuming after round {target.rounds_done}", flush=True)
             run_in_folder(None, resume=target, hosts=hosts)
@@ -155,10 +166,15 @@ def run_or_reuse(scenario: Scenario, path: Path, label: str = "",
             if path.exists():
                 shutil.rmtree(path)
             run_in_folder(scenario, path, hosts=hosts)
-        print(f"  {label or path}: {scenario.rounds} rounds in "
-              f"{time.perf_counter() - start:.0f} s host", flush=True)
+        print(
+            f"  {label or path}: {scenario.rounds} rounds in "
+            f"{time.perf_counter() - start:.0f} s host",
+            flush=True,
+        )
     # the newest checkpoint stays (kapc_relations.py reads the server's state from it)
     CheckpointStore(path, label, "").prune(keep=1)
     clients = path / "clients.csv"
-    return (pd.read_csv(path / "rounds.csv"),
-            pd.read_csv(clients) if clients.is_file() else pd.DataFrame())
+    return (
+        pd.read_csv(path / "rounds.csv"),
+        pd.read_csv(clients) if clients.is_file() else pd.DataFrame(),
+    )

@@ -56,18 +56,36 @@ def _median_round_s(run_dir: Path) -> float:
 def cli_run(rounds: int, out: Path, run_id: str) -> tuple[float, float]:
     """(end-to-end s, median round s) of `mecsim run` of the default scenario."""
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "mecsim", "run", str(default_scenario_path()),
-                    "--rounds", str(rounds), "--out", str(out), "--run-id", run_id,
-                    "--metrics-port", "0", "--quiet"], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mecsim",
+            "run",
+            str(default_scenario_path()),
+            "--rounds",
+            str(rounds),
+            "--out",
+            str(out),
+            "--run-id",
+            run_id,
+            "--metrics-port",
+            "0",
+            "--quiet",
+        ],
+        check=True,
+    )
     return time.perf_counter() - t0, _median_round_s(out / run_id)
 
 
 class Service:
     def __init__(self, state: Path) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "mecsim", "serve", "--port",
-                                      "0", "--state", str(state)],
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "mecsim", "serve", "--port", "0", "--state", str(state)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
         line = self.proc.stdout.readline()
         self.url = re.search(r"(http://\S+?)/ ", line).group(1)
         self.http = httpx.Client(base_url=self.url, timeout=60)
@@ -84,14 +102,18 @@ class Service:
         t0 = time.perf_counter()
         run_id = self.http.post("/runs", json={"scenario": text, "rounds": rounds}).json()["id"]
         while (status := self.http.get(f"/runs/{run_id}").json()["status"]) not in (
-                "finished", "failed", "cancelled"):
+            "finished",
+            "failed",
+            "cancelled",
+        ):
             time.sleep(0.25)  # polling is not free: keep it light beside the run
         elapsed = time.perf_counter() - t0
         assert status == "finished", status
         return elapsed, _median_round_s(self.state / "runs" / run_id), run_id
 
-    def poll_latency(self, rounds: int, pollers: int, interval_s: float,
-                     in_step: bool = False) -> dict[str, list[float]]:
+    def poll_latency(
+        self, rounds: int, pollers: int, interval_s: float, in_step: bool = False
+    ) -> dict[str, list[float]]:
         """Latencies of status polls (and /metrics scrapes) while a run trains."""
         text = default_scenario_path().read_text()
         run_id = self.http.post("/runs", json={"scenario": text, "rounds": rounds}).json()["id"]
@@ -144,8 +166,9 @@ class Service:
             # which on 2 cores queued the burst in the client and showed as ~100 ms
             # "latency" of a server that answered in under 1 ms.
             connector = aiohttp.TCPConnector(limit=pollers)
-            async with aiohttp.ClientSession(self.url, connector=connector,
-                                             timeout=aiohttp.ClientTimeout(total=60)) as s:
+            async with aiohttp.ClientSession(
+                self.url, connector=connector, timeout=aiohttp.ClientTimeout(total=60)
+            ) as s:
                 tasks = [asyncio.create_task(poller(i, s)) for i in range(pollers)]
                 await asyncio.gather(*tasks[5:])
                 self.finished = True
@@ -174,18 +197,33 @@ def main() -> None:
     p.add_argument("--short-rounds", type=int, default=3, help="rounds of the short runs")
     p.add_argument("--trials", type=int, default=1)
     p.add_argument("--pollers", type=int, default=50)
-    p.add_argument("--poll-interval", type=float, default=1.0, metavar="SECONDS",
-                   help="each poller's pause between requests (default 1)")
+    p.add_argument(
+        "--poll-interval",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="each poller's pause between requests (default 1)",
+    )
     p.add_argument("--poll-rounds", type=int, default=10)
-    p.add_argument("--in-step", action="store_true",
-                   help="pollers start together (a burst of requests every period, the "
-                   "worst case) instead of at their own points of the period")
+    p.add_argument(
+        "--in-step",
+        action="store_true",
+        help="pollers start together (a burst of requests every period, the "
+        "worst case) instead of at their own points of the period",
+    )
     p.add_argument("--polls-only", action="store_true", help="only part 3")
-    p.add_argument("--out", type=Path, default=None,
-                   help="where service.json goes (default runs/benchmarks/service)")
-    p.add_argument("--quick", action="store_true",
-                   help="a smoke run through the service only (no mecsim run to compare): "
-                   "2 and 1 rounds, 10 pollers for 2 rounds")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="where service.json goes (default runs/benchmarks/service)",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run through the service only (no mecsim run to compare): "
+        "2 and 1 rounds, 10 pollers for 2 rounds",
+    )
     args = p.parse_args()
     if args.quick:
         args.rounds, args.short_rounds, args.trials = 2, 1, 1
@@ -198,8 +236,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         service = Service(tmp / "state")
-        results: dict[str, list] = {k: [] for k in ("cli_e2e", "cli_round", "svc_e2e",
-                                                    "svc_round", "cli_short", "svc_short")}
+        results: dict[str, list] = {
+            k: []
+            for k in ("cli_e2e", "cli_round", "svc_e2e", "svc_round", "cli_short", "svc_short")
+        }
         try:
             for t in range(0 if args.polls_only else args.trials):
                 if not args.quick:  # a smoke run leaves out the CLI's own Ray starts
@@ -210,18 +250,25 @@ def main() -> None:
                 results["svc_e2e"].append(e2e)
                 results["svc_round"].append(rnd)
                 if not args.quick:
-                    results["cli_short"].append(cli_run(args.short_rounds, tmp / "cli",
-                                                        f"short-{t}")[0])
+                    results["cli_short"].append(
+                        cli_run(args.short_rounds, tmp / "cli", f"short-{t}")[0]
+                    )
                 results["svc_short"].append(service.run(args.short_rounds)[0])
-            lat = service.poll_latency(args.poll_rounds, args.pollers, args.poll_interval,
-                                       args.in_step)
+            lat = service.poll_latency(
+                args.poll_rounds, args.pollers, args.poll_interval, args.in_step
+            )
         finally:
             service.stop()
     med = {k: statistics.median(v) if v else math.nan for k, v in results.items()}
     report = {
-        "load_before": load, "load_after": os.getloadavg(), "cpus": os.cpu_count(),
-        "ray_start_s": service.ray_start_s, "rounds": args.rounds,
-        "short_rounds": args.short_rounds, "trials": args.trials, **results,
+        "load_before": load,
+        "load_after": os.getloadavg(),
+        "cpus": os.cpu_count(),
+        "ray_start_s": service.ray_start_s,
+        "rounds": args.rounds,
+        "short_rounds": args.short_rounds,
+        "trials": args.trials,
+        **results,
         "round_overhead": med["svc_round"] / med["cli_round"] - 1,
         "pollers_in_step": args.in_step,
         "status_polls": len(lat["status"]),
@@ -235,25 +282,37 @@ def main() -> None:
         "metrics_p99_ms": 1e3 * _pct(lat["metrics"], 0.99),
     }
     (args.out / "service.json").write_text(json.dumps(report, indent=1))
-    print(f"machine: {os.cpu_count()} cpus, load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} "
-          f"before, {report['load_after'][0]:.2f} after; service's Ray start "
-          f"{service.ray_start_s:.1f} s")
+    print(
+        f"machine: {os.cpu_count()} cpus, load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} "
+        f"before, {report['load_after'][0]:.2f} after; service's Ray start "
+        f"{service.ray_start_s:.1f} s"
+    )
     print(f"default scenario, {args.rounds} rounds (median of {args.trials}):")
-    print(f"  mecsim run     {med['cli_e2e']:7.1f} s end to end, median round "
-          f"{med['cli_round']:.3f} s")
-    print(f"  warm service   {med['svc_e2e']:7.1f} s end to end, median round "
-          f"{med['svc_round']:.3f} s  (per-round overhead {100 * report['round_overhead']:+.1f} "
-          "%, target <= 5 %)")
-    print(f"short run, {args.short_rounds} rounds: mecsim run {med['cli_short']:.1f} s, warm "
-          f"service {med['svc_short']:.1f} s end to end (target: service faster)")
-    print(f"{args.pollers} pollers{' in step' if args.in_step else ''} every "
-          f"{args.poll_interval:g} s while a run trains: "
-          f"status p50 {report['status_p50_ms']:.1f} ms, p99 {report['status_p99_ms']:.1f} ms "
-          f"over {report['status_polls']} polls (target p99 < 50 ms); /metrics p50 "
-          f"{report['metrics_p50_ms']:.1f} ms, p99 {report['metrics_p99_ms']:.1f} ms")
-    print(f"  after the last round, while the run writes its plots: status p50 "
-          f"{report['ending_p50_ms']:.1f} ms, p99 {report['ending_p99_ms']:.1f} ms over "
-          f"{report['ending_polls']} polls")
+    print(
+        f"  mecsim run     {med['cli_e2e']:7.1f} s end to end, median round "
+        f"{med['cli_round']:.3f} s"
+    )
+    print(
+        f"  warm service   {med['svc_e2e']:7.1f} s end to end, median round "
+        f"{med['svc_round']:.3f} s  (per-round overhead {100 * report['round_overhead']:+.1f} "
+        "%, target <= 5 %)"
+    )
+    print(
+        f"short run, {args.short_rounds} rounds: mecsim run {med['cli_short']:.1f} s, warm "
+        f"service {med['svc_short']:.1f} s end to end (target: service faster)"
+    )
+    print(
+        f"{args.pollers} pollers{' in step' if args.in_step else ''} every "
+        f"{args.poll_interval:g} s while a run trains: "
+        f"status p50 {report['status_p50_ms']:.1f} ms, p99 {report['status_p99_ms']:.1f} ms "
+        f"over {report['status_polls']} polls (target p99 < 50 ms); /metrics p50 "
+        f"{report['metrics_p50_ms']:.1f} ms, p99 {report['metrics_p99_ms']:.1f} ms"
+    )
+    print(
+        f"  after the last round, while the run writes its plots: status p50 "
+        f"{report['ending_p50_ms']:.1f} ms, p99 {report['ending_p99_ms']:.1f} ms over "
+        f"{report['ending_polls']} polls"
+    )
     print(f"wrote {args.out / 'service.json'}")
 
 

@@ -36,9 +36,15 @@ from pathlib import Path
 import numpy as np
 
 SCENARIO = {
-    "name": "bench-sweep-fedavg-100", "seed": 0, "rounds": 100,
-    "dataset": {"name": "mnist-embedded", "train_size": 4000, "test_size": 1000,
-                "partition": {"method": "dirichlet", "alpha": 0.5}},
+    "name": "bench-sweep-fedavg-100",
+    "seed": 0,
+    "rounds": 100,
+    "dataset": {
+        "name": "mnist-embedded",
+        "train_size": 4000,
+        "test_size": 1000,
+        "partition": {"method": "dirichlet", "alpha": 0.5},
+    },
     "model": {"name": "mlp_2nn"},
     "topology": {"clients": 100, "participation": 1.0},
     "devices": {"clients": [{"profile": "rpi4"}]},
@@ -58,6 +64,7 @@ def quick_scenario() -> dict:
     sc["topology"]["clients"] = 20
     sc["evaluation"]["every"] = 5
     return sc
+
 
 # where recorded runs are kept and reused (MECSIM_BENCH_DIR, else /tmp/mecsim-bench)
 RECORD_DIR = Path(os.environ.get("MECSIM_BENCH_DIR", "/tmp/mecsim-bench"))
@@ -88,8 +95,11 @@ def recorded_run(scenario: dict, record_dir: Path, run_dir: Path | None):
     else:
         run = record(scenario_from_dict(scenario, "benchmarks/sweep.py"), record_dir)
         how = "recorded once, then loaded"
-    print(f"run {run.run_dir}: {len(run.rounds)} rounds, ready in "
-          f"{time.perf_counter() - t0:.2f} s ({how})", flush=True)
+    print(
+        f"run {run.run_dir}: {len(run.rounds)} rounds, ready in "
+        f"{time.perf_counter() - t0:.2f} s ({how})",
+        flush=True,
+    )
     return run
 
 
@@ -108,15 +118,20 @@ def bench_sweep(run, repeats: int, bandwidths_hz: list[float], shared: bool) -> 
             df = sweep(run, grid, workers=workers, target_accuracy=0.6)
             times.append(time.perf_counter() - t0)
             cpus.append(cpu_s() - c0)
-        print(f"sweep ({label}), {len(bandwidths_hz)} points x {clients:,} client-rounds, "
-              f"workers={workers}: best {min(times):.2f} s, median "
-              f"{statistics.median(times):.2f} s, CPU {min(cpus):.2f} s ({repeats} runs; "
-              f"{load()})", flush=True)
+        print(
+            f"sweep ({label}), {len(bandwidths_hz)} points x {clients:,} client-rounds, "
+            f"workers={workers}: best {min(times):.2f} s, median "
+            f"{statistics.median(times):.2f} s, CPU {min(cpus):.2f} s ({repeats} runs; "
+            f"{load()})",
+            flush=True,
+        )
     assert len(df) == len(bandwidths_hz) and df["exact"].all()
     mean_s = df["round_time_mean_s"].to_numpy()
-    print(f"  mean round time {mean_s[0]:.1f} s at {bandwidths_hz[0] / 1e6:g} MHz .. "
-          f"{mean_s[-1]:.1f} s at {bandwidths_hz[-1] / 1e6:g} MHz; "
-          f"non-increasing: {bool(np.all(np.diff(mean_s) <= 0))}")
+    print(
+        f"  mean round time {mean_s[0]:.1f} s at {bandwidths_hz[0] / 1e6:g} MHz .. "
+        f"{mean_s[-1]:.1f} s at {bandwidths_hz[-1] / 1e6:g} MHz; "
+        f"non-increasing: {bool(np.all(np.diff(mean_s) <= 0))}"
+    )
 
 
 def fedavg_round(rng: np.random.Generator, n_clients: int):
@@ -129,8 +144,11 @@ def fedavg_round(rng: np.random.Generator, n_clients: int):
     up = rng.uniform(1e6, 40e6, n_clients)
     down = rng.uniform(5e6, 80e6, n_clients)
     for i in range(n_clients):
-        traces[i] = (Download(model_bytes), Compute(float(steps[i]) * 2.8e7, int(steps[i])),
-                     Upload(model_bytes))
+        traces[i] = (
+            Download(model_bytes),
+            Compute(float(steps[i]) * 2.8e7, int(steps[i])),
+            Upload(model_bytes),
+        )
         specs[i] = ClientSpec(i, float(up[i]), float(down[i]), 0.02, 1.4e10)
     return traces, specs
 
@@ -144,35 +162,49 @@ def bench_engine(simpy_rounds: int, n_clients: int, n_rounds: int) -> None:
     c0, t0 = cpu_s(), time.perf_counter()
     fast = [time_round(tr, sp, servers, net, aggregate_s=0.01) for tr, sp in rounds]
     fast_s, fast_cpu = time.perf_counter() - t0, cpu_s() - c0
-    print(f"engine, {n_clients:,} clients x {n_rounds} rounds (default path): {fast_s:.2f} s, "
-          f"CPU {fast_cpu:.2f} s ({load()})")
+    print(
+        f"engine, {n_clients:,} clients x {n_rounds} rounds (default path): {fast_s:.2f} s, "
+        f"CPU {fast_cpu:.2f} s ({load()})"
+    )
     if simpy_rounds:
         t0 = time.perf_counter()
-        slow = [time_round(tr, sp, servers, net, aggregate_s=0.01, method="simpy")
-                for tr, sp in rounds[:simpy_rounds]]
+        slow = [
+            time_round(tr, sp, servers, net, aggregate_s=0.01, method="simpy")
+            for tr, sp in rounds[:simpy_rounds]
+        ]
         per_round = (time.perf_counter() - t0) / simpy_rounds
         same = all(a == b for a, b in zip(fast, slow, strict=False))
-        print(f"  SimPy model: {per_round:.2f} s per round ({simpy_rounds} rounds timed; "
-              f"x{n_rounds} = {per_round * n_rounds:.0f} s extrapolated); "
-              f"identical timelines: {same}")
+        print(
+            f"  SimPy model: {per_round:.2f} s per round ({simpy_rounds} rounds timed; "
+            f"x{n_rounds} = {per_round * n_rounds:.0f} s extrapolated); "
+            f"identical timelines: {same}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     where = p.add_mutually_exclusive_group()
-    where.add_argument("--record-dir", type=Path, default=RECORD_DIR,
-                       help="where the recorded run is kept and reused (default %(default)s, "
-                            "or $MECSIM_BENCH_DIR)")
-    where.add_argument("--run-dir", type=Path,
-                       help="sweep this recorded run directory instead of recording one")
+    where.add_argument(
+        "--record-dir",
+        type=Path,
+        default=RECORD_DIR,
+        help="where the recorded run is kept and reused (default %(default)s, "
+        "or $MECSIM_BENCH_DIR)",
+    )
+    where.add_argument(
+        "--run-dir", type=Path, help="sweep this recorded run directory instead of recording one"
+    )
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--simpy-rounds", type=int, default=3)
     p.add_argument("--skip-sweep", action="store_true")
     p.add_argument("--skip-shared", action="store_true", help="skip the shared-uplink sweep")
     p.add_argument("--skip-engine", action="store_true")
-    p.add_argument("--quick", action="store_true",
-                   help="seconds, not minutes: a 5-round, 20-client record, 5 points, "
-                        "1,000 clients x 10 rounds for the engine")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="seconds, not minutes: a 5-round, 20-client record, 5 points, "
+        "1,000 clients x 10 rounds for the engine",
+    )
     args = p.parse_args(argv)
     scenario, points = SCENARIO, 50
     engine_clients, engine_rounds = 10_000, 100

@@ -39,8 +39,10 @@ class TraceChannel:
 
     def __repr__(self) -> str:
         ids = sorted(k for k in self._rows if k != ALL_CLIENTS)
-        return (f"TraceChannel(path={str(self.path)!r}, clients={ids}, "
-                f"default={'*' if ALL_CLIENTS in self._rows else None})")
+        return (
+            f"TraceChannel(path={str(self.path)!r}, clients={ids}, "
+            f"default={'*' if ALL_CLIENTS in self._rows else None})"
+        )
 
     def _error(self, line: int, column: str | None, msg: str) -> ValueError:
         where = f"{self.path}, line {line}" + (f", column {column!r}" if column else "")
@@ -59,8 +61,11 @@ class TraceChannel:
                     header = cells
                     for col in _COLUMNS:
                         if col not in header:
-                            raise self._error(line, col, "missing column (the header must "
-                                              "name " + ", ".join(_COLUMNS) + ")")
+                            raise self._error(
+                                line,
+                                col,
+                                "missing column (the header must name " + ", ".join(_COLUMNS) + ")",
+                            )
                     idx = {col: header.index(col) for col in _COLUMNS}
                     continue
                 if len(cells) < len(header):
@@ -96,11 +101,17 @@ class TraceChannel:
         rows = self._rows.setdefault(key, [])
         t = vals["time_s"]
         if not rows and t != 0.0:
-            raise self._error(line, "time_s", "the first row of this client starts at a "
-                              "time_s other than 0, not 0")
+            raise self._error(
+                line,
+                "time_s",
+                "the first row of this client starts at a time_s other than 0, not 0",
+            )
         if rows and t <= rows[-1][0]:
-            raise self._error(line, "time_s", "time_s is not after the previous row of this "
-                              "client: rows must be sorted")
+            raise self._error(
+                line,
+                "time_s",
+                "time_s is not after the previous row of this client: rows must be sorted",
+            )
         rows.append((t, vals["uplink_mbps"] * 1e6, vals["downlink_mbps"] * 1e6))
 
     def _rows_for(self, client_id: int) -> list[tuple[float, float, float]]:
@@ -128,8 +139,14 @@ class TraceChannel:
             self._rows_for(cid)
         return ClientRadio.unmodelled(n_clients)
 
-    def draw_round(self, radio: ClientRadio, client_ids: ArrayLike, rng: np.random.Generator,
-                   *, time_s: float = 0.0) -> RoundChannel:
+    def draw_round(
+        self,
+        radio: ClientRadio,
+        client_ids: ArrayLike,
+        rng: np.random.Generator,
+        *,
+        time_s: float = 0.0,
+    ) -> RoundChannel:
         """Rates in force at the round's start ``time_s`` (the engine may use the full
         :meth:`schedules` for transfers that straddle a change)."""
         ids = np.atleast_1d(np.asarray(client_ids, dtype=np.int64))

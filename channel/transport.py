@@ -35,8 +35,9 @@ __all__ = ["MATHIS_C", "jittered_latency_s", "mathis_goodput_bps", "transfer_tim
 MATHIS_C = math.sqrt(1.5)
 
 
-def mathis_goodput_bps(rate_bps: ArrayLike, rtt_s: ArrayLike, loss_rate: ArrayLike,
-                       mss_bytes: ArrayLike = 1460) -> np.ndarray:
+def mathis_goodput_bps(
+    rate_bps: ArrayLike, rtt_s: ArrayLike, loss_rate: ArrayLike, mss_bytes: ArrayLike = 1460
+) -> np.ndarray:
     """``min(rate, 8·MSS / (RTT·√p) · √(3/2))`` in bit/s; the rate itself where ``p = 0``
     or ``RTT <= 0`` (no loss, or no round trip to limit the window)."""
     rate = np.asarray(rate_bps, dtype=float)
@@ -47,8 +48,11 @@ def mathis_goodput_bps(rate_bps: ArrayLike, rtt_s: ArrayLike, loss_rate: ArrayLi
         raise ValueError(f"loss_rate must be in [0, 1), got {cast(object, loss_rate)}")
     limited = (p > 0) & (rtt > 0)
     with np.errstate(divide="ignore", invalid="ignore"):
-        bound = np.where(limited, 8.0 * np.asarray(mss_bytes, dtype=float) * MATHIS_C
-                         / (rtt * np.sqrt(p)), np.inf)
+        bound = np.where(
+            limited,
+            8.0 * np.asarray(mss_bytes, dtype=float) * MATHIS_C / (rtt * np.sqrt(p)),
+            np.inf,
+        )
     return np.minimum(rate, bound)
 
 
@@ -57,8 +61,9 @@ def jittered_latency_s(latency_s: float, jitter_s: float, u: ArrayLike) -> np.nd
     return np.maximum(0.0, latency_s + jitter_s * np.asarray(u, dtype=float))
 
 
-def transfer_time_s(nbytes: ArrayLike, goodput_bps: ArrayLike,
-                    latency_s: ArrayLike = 0.0) -> np.ndarray:
+def transfer_time_s(
+    nbytes: ArrayLike, goodput_bps: ArrayLike, latency_s: ArrayLike = 0.0
+) -> np.ndarray:
     """``latency_s + 8·nbytes / goodput_bps`` (0 for 0 bytes; inf for a goodput of 0)."""
     bits = 8.0 * np.asarray(nbytes, dtype=float)
     g = np.asarray(goodput_bps, dtype=float)

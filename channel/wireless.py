@@ -23,35 +23,54 @@ InterferenceUnit = Literal["W", "mW", "dBm", "noise"]
 _UNITS = ("W", "mW", "dBm", "noise")
 
 
-def large_scale_gain(distance_m: ArrayLike, path_loss_db: float = -40.0,
-                     reference_distance_m: float = 1.0, path_loss_exponent: float = 4.0,
-                     fading_gain: ArrayLike = 1.0) -> np.ndarray:
+def large_scale_gain(
+    distance_m: ArrayLike,
+    path_loss_db: float = -40.0,
+    reference_distance_m: float = 1.0,
+    path_loss_exponent: float = 4.0,
+    fading_gain: ArrayLike = 1.0,
+) -> np.ndarray:
     """Channel power gain ``g = h · 10^(PL0/10) · (d/d0)^(−γ)`` (linear, dimensionless)."""
     d = np.asarray(distance_m, dtype=float)
-    return np.asarray(fading_gain, dtype=float) * db_to_linear(path_loss_db) * (
-        d / reference_distance_m) ** (-path_loss_exponent)
+    return (
+        np.asarray(fading_gain, dtype=float)
+        * db_to_linear(path_loss_db)
+        * (d / reference_distance_m) ** (-path_loss_exponent)
+    )
 
 
-def sinr(bandwidth_hz: ArrayLike, tx_power_w: ArrayLike, gain: ArrayLike,
-         interference_w: ArrayLike, noise_psd_w_per_hz: ArrayLike,
-         snr_offset_db: float = 0.0) -> np.ndarray:
+def sinr(
+    bandwidth_hz: ArrayLike,
+    tx_power_w: ArrayLike,
+    gain: ArrayLike,
+    interference_w: ArrayLike,
+    noise_psd_w_per_hz: ArrayLike,
+    snr_offset_db: float = 0.0,
+) -> np.ndarray:
     """Effective SINR ``10^(offset/10) · p·g / (I + N0·B)`` (linear)."""
     signal_w = np.asarray(tx_power_w, dtype=float) * np.asarray(gain, dtype=float)
     noise_w = np.asarray(interference_w, dtype=float) + (
-        np.asarray(noise_psd_w_per_hz, dtype=float) * np.asarray(bandwidth_hz, dtype=float))
+        np.asarray(noise_psd_w_per_hz, dtype=float) * np.asarray(bandwidth_hz, dtype=float)
+    )
     return db_to_linear(snr_offset_db) * signal_w / noise_w
 
 
-def shannon_rate_bps(bandwidth_hz: ArrayLike, tx_power_w: ArrayLike, gain: ArrayLike,
-                     interference_w: ArrayLike, noise_psd_w_per_hz: ArrayLike,
-                     snr_offset_db: float = 0.0) -> np.ndarray:
+def shannon_rate_bps(
+    bandwidth_hz: ArrayLike,
+    tx_power_w: ArrayLike,
+    gain: ArrayLike,
+    interference_w: ArrayLike,
+    noise_psd_w_per_hz: ArrayLike,
+    snr_offset_db: float = 0.0,
+) -> np.ndarray:
     """Shannon rate ``r = B · log2(1 + 10^(offset/10) · p·g / (I + N0·B))`` in bit/s."""
     s = sinr(bandwidth_hz, tx_power_w, gain, interference_w, noise_psd_w_per_hz, snr_offset_db)
     return np.asarray(bandwidth_hz, dtype=float) * np.log2(1.0 + s)
 
 
-def interference_to_w(value: ArrayLike, unit: str, bandwidth_hz: ArrayLike,
-                      noise_psd_w_per_hz: ArrayLike) -> np.ndarray:
+def interference_to_w(
+    value: ArrayLike, unit: str, bandwidth_hz: ArrayLike, noise_psd_w_per_hz: ArrayLike
+) -> np.ndarray:
     """Convert interference draws to watts.
 
     ``unit``: ``"W"``, ``"mW"``, ``"dBm"``, or ``"noise"`` (multiples of the link's thermal
@@ -111,26 +130,56 @@ class RoundChannel:
     uplink_snr_db: np.ndarray
     downlink_snr_db: np.ndarray
 
-    _RECORD_KEYS = ("distance_m", "bandwidth_hz", "tx_power_dbm", "fading_gain",
-                    "ul_interference_w", "dl_interference_w", "uplink_rate_bps",
-                    "downlink_rate_bps", "uplink_snr_db", "downlink_snr_db")
+    _RECORD_KEYS = (
+        "distance_m",
+        "bandwidth_hz",
+        "tx_power_dbm",
+        "fading_gain",
+        "ul_interference_w",
+        "dl_interference_w",
+        "uplink_rate_bps",
+        "downlink_rate_bps",
+        "uplink_snr_db",
+        "downlink_snr_db",
+    )
 
     @classmethod
-    def constant_rates(cls, radio: ClientRadio, client_ids: ArrayLike, uplink_rate_bps: ArrayLike,
-                       downlink_rate_bps: ArrayLike) -> RoundChannel:
+    def constant_rates(
+        cls,
+        radio: ClientRadio,
+        client_ids: ArrayLike,
+        uplink_rate_bps: ArrayLike,
+        downlink_rate_bps: ArrayLike,
+    ) -> RoundChannel:
         """Rates given directly (fixed-rate or trace models): the radio quantities are NaN."""
         ids = _check_ids(radio, client_ids)
         nan = [np.full(len(ids), np.nan) for _ in range(7)]
-        ul, dl = (np.broadcast_to(np.asarray(r, float), ids.shape).copy()
-                  for r in (uplink_rate_bps, downlink_rate_bps))
-        return cls(ids, radio.distance_m[ids], radio.bandwidth_hz[ids], radio.tx_power_dbm[ids],
-                   nan[0], nan[1], nan[2], nan[3], nan[4], ul, dl, nan[5], nan[6])
+        ul, dl = (
+            np.broadcast_to(np.asarray(r, float), ids.shape).copy()
+            for r in (uplink_rate_bps, downlink_rate_bps)
+        )
+        return cls(
+            ids,
+            radio.distance_m[ids],
+            radio.bandwidth_hz[ids],
+            radio.tx_power_dbm[ids],
+            nan[0],
+            nan[1],
+            nan[2],
+            nan[3],
+            nan[4],
+            ul,
+            dl,
+            nan[5],
+            nan[6],
+        )
 
     def records(self) -> list[dict[str, Any]]:
         """One plain dict per client (Python scalars) for the run's ``clients`` records."""
-        return [{"client_id": int(cid)} | {k: float(getattr(self, k)[i])
-                                            for k in self._RECORD_KEYS}
-                for i, cid in enumerate(self.client_ids)]
+        return [
+            {"client_id": int(cid)} | {k: float(getattr(self, k)[i]) for k in self._RECORD_KEYS}
+            for i, cid in enumerate(self.client_ids)
+        ]
 
 
 def _check_ids(radio: ClientRadio, client_ids: ArrayLike) -> np.ndarray:
@@ -148,8 +197,14 @@ class ChannelModel(Protocol):
 
     def draw_clients(self, n_clients: int, rng: np.random.Generator) -> ClientRadio: ...
 
-    def draw_round(self, radio: ClientRadio, client_ids: ArrayLike, rng: np.random.Generator,
-                   *, time_s: float = 0.0) -> RoundChannel: ...
+    def draw_round(
+        self,
+        radio: ClientRadio,
+        client_ids: ArrayLike,
+        rng: np.random.Generator,
+        *,
+        time_s: float = 0.0,
+    ) -> RoundChannel: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -199,8 +254,11 @@ class ShannonChannel:
             lo, hi = getattr(self, name)
             if lo > hi or (name != "tx_power_range_dbm" and lo <= 0):
                 raise ValueError(f"{name}: need 0 < low <= high (dBm may be <= 0), got {lo, hi}")
-        for name, allowed in (("fading", ("none", "rayleigh")), ("interference_unit", _UNITS),
-                              ("downlink_mode", ("full", "equal_split"))):
+        for name, allowed in (
+            ("fading", ("none", "rayleigh")),
+            ("interference_unit", _UNITS),
+            ("downlink_mode", ("full", "equal_split")),
+        ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} {getattr(self, name)!r} is not one of {allowed}")
         if self.server_bandwidth_hz <= 0:
@@ -212,12 +270,20 @@ class ShannonChannel:
 
     def draw_clients(self, n_clients: int, rng: np.random.Generator) -> ClientRadio:
         """Draw order: distance (n), uplink bandwidth (n), tx power (n), all uniform."""
-        return ClientRadio(rng.uniform(*self.distance_range_m, size=n_clients),
-                           rng.uniform(*self.uplink_bandwidth_range_hz, size=n_clients),
-                           rng.uniform(*self.tx_power_range_dbm, size=n_clients))
+        return ClientRadio(
+            rng.uniform(*self.distance_range_m, size=n_clients),
+            rng.uniform(*self.uplink_bandwidth_range_hz, size=n_clients),
+            rng.uniform(*self.tx_power_range_dbm, size=n_clients),
+        )
 
-    def draw_round(self, radio: ClientRadio, client_ids: ArrayLike, rng: np.random.Generator,
-                   *, time_s: float = 0.0) -> RoundChannel:
+    def draw_round(
+        self,
+        radio: ClientRadio,
+        client_ids: ArrayLike,
+        rng: np.random.Generator,
+        *,
+        time_s: float = 0.0,
+    ) -> RoundChannel:
         """Per client-round draws, in this order: Exp(1) fading (n), uplink interference (n),
         downlink interference (n). All three are always drawn, so switching fading or
         interference off does not shift the random stream of the other draws."""
@@ -228,22 +294,36 @@ class ShannonChannel:
         dl_raw = rng.normal(self.dl_interference_mean, self.dl_interference_std, size=n)
         h = self.fading_gain * (exp if self.fading == "rayleigh" else np.ones(n))
         d, b_ul, p_dbm = radio.distance_m[ids], radio.bandwidth_hz[ids], radio.tx_power_dbm[ids]
-        b_dl = np.full(n, self.server_bandwidth_hz / (n if self.downlink_mode == "equal_split"
-                                                       else 1))
+        b_dl = np.full(
+            n, self.server_bandwidth_hz / (n if self.downlink_mode == "equal_split" else 1)
+        )
         n0 = self.noise_psd_w_per_hz
         if self.interference:
             i_ul = interference_to_w(ul_raw, self.interference_unit, b_ul, n0)
             i_dl = interference_to_w(dl_raw, self.interference_unit, b_dl, n0)
         else:
             i_ul, i_dl = np.zeros(n), np.zeros(n)
-        g = large_scale_gain(d, self.path_loss_db, self.reference_distance_m,
-                             self.path_loss_exponent, h)
+        g = large_scale_gain(
+            d, self.path_loss_db, self.reference_distance_m, self.path_loss_exponent, h
+        )
         p_ul, p_dl = dbm_to_w(p_dbm), dbm_to_w(self.server_tx_power_dbm)
         s_ul = sinr(b_ul, p_ul, g, i_ul, n0, self.snr_offset_db)
         s_dl = sinr(b_dl, p_dl, g, i_dl, n0, self.snr_offset_db)
-        return RoundChannel(ids, d, b_ul, p_dbm, h, ul_raw, dl_raw, i_ul, i_dl,
-                            b_ul * np.log2(1.0 + s_ul), b_dl * np.log2(1.0 + s_dl),
-                            linear_to_db(s_ul), linear_to_db(s_dl))
+        return RoundChannel(
+            ids,
+            d,
+            b_ul,
+            p_dbm,
+            h,
+            ul_raw,
+            dl_raw,
+            i_ul,
+            i_dl,
+            b_ul * np.log2(1.0 + s_ul),
+            b_dl * np.log2(1.0 + s_dl),
+            linear_to_db(s_ul),
+            linear_to_db(s_dl),
+        )
 
 
 @dataclass(frozen=True)
@@ -260,7 +340,14 @@ class FixedRateChannel:
     def draw_clients(self, n_clients: int, rng: np.random.Generator) -> ClientRadio:
         return ClientRadio.unmodelled(n_clients)
 
-    def draw_round(self, radio: ClientRadio, client_ids: ArrayLike, rng: np.random.Generator,
-                   *, time_s: float = 0.0) -> RoundChannel:
-        return RoundChannel.constant_rates(radio, client_ids, self.uplink_rate_bps,
-                                           self.downlink_rate_bps)
+    def draw_round(
+        self,
+        radio: ClientRadio,
+        client_ids: ArrayLike,
+        rng: np.random.Generator,
+        *,
+        time_s: float = 0.0,
+    ) -> RoundChannel:
+        return RoundChannel.constant_rates(
+            radio, client_ids, self.uplink_rate_bps, self.downlink_rate_bps
+        )

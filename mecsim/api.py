@@ -33,10 +33,17 @@ from mecsim.store.session import Outcome, new_run_id, run_in_folder
 __all__ = ["Outcome", "simulate"]
 
 
-def simulate(scenario: Scenario | str | Path | dict[str, Any] | None = None,
-             out: str | Path | None = None, *, run_id: str | None = None,
-             backend: str | None = None, hosts: int | None = None, progress: bool = True,
-             plots: bool = True, **overrides: Any) -> Outcome:
+def simulate(
+    scenario: Scenario | str | Path | dict[str, Any] | None = None,
+    out: str | Path | None = None,
+    *,
+    run_id: str | None = None,
+    backend: str | None = None,
+    hosts: int | None = None,
+    progress: bool = True,
+    plots: bool = True,
+    **overrides: Any,
+) -> Outcome:
     """Run ``scenario`` (a :class:`~mecsim.scenario.Scenario`, a YAML file, a mapping, or
     None: the embedded default) into ``out/<run id>/`` (``out`` defaults to the scenario's
     ``outputs.dir``; the run id to ``<name>-<timestamp>-<random>``) and return how it
@@ -77,8 +84,9 @@ def simulate(scenario: Scenario | str | Path | dict[str, Any] | None = None,
     if bar is not None:
         observers.append(bar)
     try:
-        return run_in_folder(sc, run_dir, observers=observers, source=source,
-                             backend=backend, hosts=hosts)
+        return run_in_folder(
+            sc, run_dir, observers=observers, source=source, backend=backend, hosts=hosts
+        )
     finally:
         if bar is not None:
             bar.close()

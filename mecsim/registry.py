@@ -61,21 +61,24 @@ class Registry:
 _ALGORITHMS = "mecsim.agents.algorithms"
 
 #: name -> (ServerAlgorithm subclass, ClientAlgorithm subclass)
-ALGORITHMS = Registry("algorithm", {
-    "fedavg": f"{_ALGORITHMS}.fedavg:FEDAVG",
-    "fedprox": f"{_ALGORITHMS}.fedprox:FEDPROX",
-    "kapc": f"{_ALGORITHMS}.kapc:KAPC",
-    "kapc_bls": f"{_ALGORITHMS}.kapc:KAPC_BLS",
-    "local": f"{_ALGORITHMS}.local:LOCAL",
-    "mtfl": f"{_ALGORITHMS}.mtfl:MTFL",
-    "perfedavg": f"{_ALGORITHMS}.perfedavg:PERFEDAVG",
-    "kmeans_cluster": f"{_ALGORITHMS}.kmeans_cluster:KMEANS_CLUSTER",
-    "dcpfl": f"{_ALGORITHMS}.dcpfl:DCPFL",
-    "dcpfl_nola": f"{_ALGORITHMS}.dcpfl:DCPFL_NOLA",
-    "dcpfl_nodc": f"{_ALGORITHMS}.dcpfl:DCPFL_NODC",
-    "phsfl": f"{_ALGORITHMS}.phsfl:PHSFL",
-    "hsfl": f"{_ALGORITHMS}.phsfl:HSFL",
-})
+ALGORITHMS = Registry(
+    "algorithm",
+    {
+        "fedavg": f"{_ALGORITHMS}.fedavg:FEDAVG",
+        "fedprox": f"{_ALGORITHMS}.fedprox:FEDPROX",
+        "kapc": f"{_ALGORITHMS}.kapc:KAPC",
+        "kapc_bls": f"{_ALGORITHMS}.kapc:KAPC_BLS",
+        "local": f"{_ALGORITHMS}.local:LOCAL",
+        "mtfl": f"{_ALGORITHMS}.mtfl:MTFL",
+        "perfedavg": f"{_ALGORITHMS}.perfedavg:PERFEDAVG",
+        "kmeans_cluster": f"{_ALGORITHMS}.kmeans_cluster:KMEANS_CLUSTER",
+        "dcpfl": f"{_ALGORITHMS}.dcpfl:DCPFL",
+        "dcpfl_nola": f"{_ALGORITHMS}.dcpfl:DCPFL_NOLA",
+        "dcpfl_nodc": f"{_ALGORITHMS}.dcpfl:DCPFL_NODC",
+        "phsfl": f"{_ALGORITHMS}.phsfl:PHSFL",
+        "hsfl": f"{_ALGORITHMS}.phsfl:HSFL",
+    },
+)
 
 #: A function returning the built-in device profiles by name.
 DEVICE_PROFILES = "mecsim.emulation.devices:builtin_profiles"

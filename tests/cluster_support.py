@@ -30,11 +30,13 @@ RAY_START = [str(RAY_CLI), "start"]
 #: not listen; so this ``ray start`` keeps the address as given (on separate machines a
 #: lab gives the head's real address and needs none of this).
 WORKER_RAY_START = [
-    sys.executable, "-c",
+    sys.executable,
+    "-c",
     "import sys; import ray._private.services as s; "
     "s.resolve_ip_for_localhost = lambda host: host; "
     "from ray.scripts.scripts import main; sys.argv[0] = 'ray'; sys.exit(main())",
-    "start"]
+    "start",
+]
 
 
 def free_port() -> int:
@@ -46,9 +48,14 @@ def free_port() -> int:
 def _ports() -> list[str]:
     """The ports of one node, each chosen free (two nodes on one machine may not share)."""
     out = []
-    for flag in ("--node-manager-port", "--object-manager-port", "--metrics-export-port",
-                 "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
-                 "--runtime-env-agent-port"):
+    for flag in (
+        "--node-manager-port",
+        "--object-manager-port",
+        "--metrics-export-port",
+        "--dashboard-agent-listen-port",
+        "--dashboard-agent-grpc-port",
+        "--runtime-env-agent-port",
+    ):
         out += [flag, str(free_port())]
     return out
 
@@ -70,18 +77,25 @@ class Node:
         self.name, self.cpus, self.head = name, cpus, head
         self.temp_dir = cluster.work / name
         self.log = cluster.work / f"{name}.log"
-        cmd = [*(RAY_START if head else WORKER_RAY_START), "--block",
-               "--node-ip-address", "127.0.0.1",
-               "--temp-dir", str(self.temp_dir), "--num-cpus", str(cpus),
-               "--disable-usage-stats", *_ports()]
+        cmd = [
+            *(RAY_START if head else WORKER_RAY_START),
+            "--block",
+            "--node-ip-address",
+            "127.0.0.1",
+            "--temp-dir",
+            str(self.temp_dir),
+            "--num-cpus",
+            str(cpus),
+            "--disable-usage-stats",
+            *_ports(),
+        ]
         if head:
             cmd += ["--head", "--port", str(cluster.port), "--include-dashboard", "false"]
         else:
             cmd += ["--address", cluster.address]
         env = cluster.head_env if head else cluster.worker_env
         with self.log.open("w") as log:
-            self.proc = subprocess.Popen(cmd, env=env, stdout=log,
-                                         stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
         self.node_id: str | None = None  # read from its raylet's command line
 
     def processes(self) -> list[psutil.Process]:
@@ -115,8 +129,7 @@ class Node:
 
 #: The GCS declares a node dead after this many failed health checks, one a second (Ray's
 #: defaults, 5 every 3 s, took ~30 s here): a test's killed node is noticed in ~3 s.
-FAST_NODE_DEATH = {"RAY_health_check_period_ms": "1000",
-                   "RAY_health_check_failure_threshold": "3"}
+FAST_NODE_DEATH = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3"}
 
 
 class LocalCluster:
@@ -125,8 +138,13 @@ class LocalCluster:
 
     ``head_env`` adds to the head's environment (e.g. :data:`FAST_NODE_DEATH`)."""
 
-    def __init__(self, work: Path, head_cpus: int = 1, worker_cpus: int = 1,
-                 head_env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        work: Path,
+        head_cpus: int = 1,
+        worker_cpus: int = 1,
+        head_env: dict[str, str] | None = None,
+    ) -> None:
         self.work = work
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
@@ -136,8 +154,12 @@ class LocalCluster:
         #: what the README tells every node and every driver to set
         self.auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(self.token)}
         # on loopback: Ray would otherwise replace 127.0.0.1 by the machine's address
-        self.head_env = {**base, **self.auth, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-                         **(head_env or {})}
+        self.head_env = {
+            **base,
+            **self.auth,
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+            **(head_env or {}),
+        }
         self.worker_env = {**base, **self.auth}
         self.driver_env = {**base, **self.auth}
         self.nodes: list[Node] = []
@@ -171,8 +193,10 @@ class LocalCluster:
             if all(n.node_id for n in self.nodes):
                 return {n.name: n.node_id for n in self.nodes}  # type: ignore[misc]
             time.sleep(0.3)
-        raise RuntimeError("the raylets did not start: " + " | ".join(
-            n.log.read_text()[-1500:] for n in self.nodes))
+        raise RuntimeError(
+            "the raylets did not start: "
+            + " | ".join(n.log.read_text()[-1500:] for n in self.nodes)
+        )
 
     def stop(self) -> None:
         """Every process of both nodes, by PID, with SIGKILL (a throwaway cluster: nothing
@@ -205,16 +229,38 @@ def _measure(argv: list[str] | None = None) -> None:
         try:
             cluster.wait_for_nodes()
             started = time.monotonic()
-            subprocess.run([sys.executable, "-m", "mecsim", "run", args.scenario,
-                            "--ray-address", cluster.address, "--rounds", str(args.rounds),
-                            "--hosts", "2", "--out", str(work / "runs"), "--run-id", "m",
-                            "--quiet", "--no-plots", "--no-metrics"],
-                           env=cluster.driver_env, check=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "mecsim",
+                    "run",
+                    args.scenario,
+                    "--ray-address",
+                    cluster.address,
+                    "--rounds",
+                    str(args.rounds),
+                    "--hosts",
+                    "2",
+                    "--out",
+                    str(work / "runs"),
+                    "--run-id",
+                    "m",
+                    "--quiet",
+                    "--no-plots",
+                    "--no-metrics",
+                ],
+                env=cluster.driver_env,
+                check=True,
+            )
             wall = time.monotonic() - started
             with (work / "runs" / "m" / "rounds.csv").open() as f:
                 rounds = [float(r["host_wall_s"]) for r in csv.DictReader(f)]
-            print(f"{label}: {wall:.1f} s end to end, median round {statistics.median(rounds):.3f}"
-                  f" s (host_wall_s), load {os.getloadavg()[0]:.2f}", flush=True)
+            print(
+                f"{label}: {wall:.1f} s end to end, median round {statistics.median(rounds):.3f}"
+                f" s (host_wall_s), load {os.getloadavg()[0]:.2f}",
+                flush=True,
+            )
         finally:
             cluster.stop()
             shutil.rmtree(work, ignore_errors=True)

@@ -50,11 +50,22 @@ def assert_records_close(expected: Path, got: Path) -> None:
             where = f"{name}.csv: {col}"
             if learning_column(col):
                 first = x["round"] == 0
-                np.testing.assert_allclose(a[first].astype(float), b[first].astype(float),
-                                           rtol=LEARNING_RTOL, equal_nan=True, err_msg=where)
+                np.testing.assert_allclose(
+                    a[first].astype(float),
+                    b[first].astype(float),
+                    rtol=LEARNING_RTOL,
+                    equal_nan=True,
+                    err_msg=where,
+                )
                 assert (a.isna() == b.isna()).all(), where
             elif pd.api.types.is_float_dtype(a) or pd.api.types.is_float_dtype(b):
-                np.testing.assert_allclose(a.astype(float), b.astype(float), rtol=FLOAT_RTOL,
-                                           atol=0, equal_nan=True, err_msg=where)
+                np.testing.assert_allclose(
+                    a.astype(float),
+                    b.astype(float),
+                    rtol=FLOAT_RTOL,
+                    atol=0,
+                    equal_nan=True,
+                    err_msg=where,
+                )
             else:
                 pd.testing.assert_series_equal(a, b, check_exact=True, obj=where)

@@ -22,8 +22,14 @@ import yaml
 from conftest import TINY
 
 #: Columns that measure this machine rather than the emulated testbed.
-HOST_COLUMNS = {"host_wall_s", "host_train_wall_s", "host_aggregate_s", "server_rss_mb",
-                "host_train_s", "run_id"}
+HOST_COLUMNS = {
+    "host_wall_s",
+    "host_train_wall_s",
+    "host_aggregate_s",
+    "server_rss_mb",
+    "host_train_s",
+    "run_id",
+}
 TOKEN = "test-token-0123456789abcdef"
 
 
@@ -62,8 +68,9 @@ def same_records(a: Path, b: Path) -> None:
 class ServeProcess:
     """``mecsim serve`` in a subprocess on a free loopback port."""
 
-    def __init__(self, state: Path, *args: str, log: Path | None = None,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, state: Path, *args: str, log: Path | None = None, env: dict[str, str] | None = None
+    ) -> None:
         self.state = state
         self.args = args
         self.log_path = log or state.with_name(state.name + ".log")
@@ -75,9 +82,22 @@ class ServeProcess:
     def start(self, timeout_s: float = 60) -> ServeProcess:
         log = self.log_path.open("a")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mecsim", "serve", "--port", "0", "--state",
-             str(self.state), *self.args],
-            stdout=subprocess.PIPE, stderr=log, text=True, env=self.env)
+            [
+                sys.executable,
+                "-m",
+                "mecsim",
+                "serve",
+                "--port",
+                "0",
+                "--state",
+                str(self.state),
+                *self.args,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            env=self.env,
+        )
         log.close()
         line = _readline(self.proc, timeout_s)
         m = re.search(r"listening on (http://\S+?)/ ", line)
@@ -89,8 +109,14 @@ class ServeProcess:
         return self.log_path.read_text() if self.log_path.exists() else ""
 
     def wait_ready(self, headers: dict[str, str] | None = None, timeout_s: float = 120) -> None:
-        wait_for(lambda: httpx.get(f"{self.url}/readyz", headers=headers, timeout=5)
-                 .status_code == 200 or self._died(), timeout_s, "the service's Ray")
+        wait_for(
+            lambda: (
+                httpx.get(f"{self.url}/readyz", headers=headers, timeout=5).status_code == 200
+                or self._died()
+            ),
+            timeout_s,
+            "the service's Ray",
+        )
         assert self.proc is not None and self.proc.poll() is None, self.log_text()
 
     def _died(self) -> bool:
@@ -155,8 +181,9 @@ class ThreadServer:
 
         self.sock = _listen("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
-                                       daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
+        )
 
     def __enter__(self) -> ThreadServer:
         self.thread.start()

@@ -15,8 +15,16 @@ from mecsim.scenario import ScenarioError
 
 
 def test_simulate_runs_a_scenario_into_a_run_folder_with_overrides(tmp_path: Path) -> None:
-    outcome = mecsim.simulate(TINY, out=tmp_path, run_id="t1", rounds=3, training__lr=0.1,
-                              backend="local", progress=False, plots=False)
+    outcome = mecsim.simulate(
+        TINY,
+        out=tmp_path,
+        run_id="t1",
+        rounds=3,
+        training__lr=0.1,
+        backend="local",
+        progress=False,
+        plots=False,
+    )
     assert outcome.status == "finished" and len(outcome.rows) == 3
     assert outcome.run_dir == tmp_path / "t1"
     rounds = pd.read_csv(outcome.run_dir / "rounds.csv")
@@ -32,7 +40,8 @@ def test_simulate_refuses_bad_input_before_anything_is_written(tmp_path: Path) -
     with pytest.raises(ScenarioError, match="nope"):
         mecsim.simulate(TINY, out=tmp_path, nope=1, progress=False)
     assert list(tmp_path.iterdir()) == []
-    mecsim.simulate(TINY, out=tmp_path, run_id="same", rounds=1, backend="local",
-                    progress=False, plots=False)
+    mecsim.simulate(
+        TINY, out=tmp_path, run_id="same", rounds=1, backend="local", progress=False, plots=False
+    )
     with pytest.raises(ScenarioError, match="outputs.run_id: .* already exists"):
         mecsim.simulate(TINY, out=tmp_path, run_id="same", rounds=1, progress=False)

@@ -33,8 +33,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 #: where each installed package's source lies in the repository
-SOURCES = {"mecsim": ROOT / "mecsim", "mecsim.agents": ROOT / "agents",
-           "mecsim.channel": ROOT / "channel"}
+SOURCES = {
+    "mecsim": ROOT / "mecsim",
+    "mecsim.agents": ROOT / "agents",
+    "mecsim.channel": ROOT / "channel",
+}
 LAYERS = [
     ("mecsim.registry",),
     ("mecsim.scenario",),
@@ -69,8 +72,9 @@ MODULES = _modules()
 
 
 class Import:
-    def __init__(self, module: str, target: str, line: int, in_function: bool,
-                 deferred: bool) -> None:
+    def __init__(
+        self, module: str, target: str, line: int, in_function: bool, deferred: bool
+    ) -> None:
         self.module, self.target, self.line = module, target, line
         self.in_function, self.deferred = in_function, deferred
 
@@ -89,11 +93,14 @@ def _says_deferred(lines: list[str], node: ast.stmt) -> bool:
     """A ``# deferred:`` comment on the import's lines, or above it in the comment and
     import lines that lead up to it."""
     first, last = node.lineno, node.end_lineno or node.lineno
-    if any("# deferred:" in line for line in lines[first - 1:last]):
+    if any("# deferred:" in line for line in lines[first - 1 : last]):
         return True
     i = first - 2
-    while i >= 0 and lines[i].strip().startswith(("#", "from ", "import ", ")")) or (
-            i >= 0 and lines[i].startswith(" ") and lines[i].strip().endswith(",")):
+    while (
+        i >= 0
+        and lines[i].strip().startswith(("#", "from ", "import ", ")"))
+        or (i >= 0 and lines[i].startswith(" ") and lines[i].strip().endswith(","))
+    ):
         if "# deferred:" in lines[i]:
             return True
         i -= 1
@@ -119,14 +126,17 @@ def _imports(module: str) -> list[Import]:
                 base = child.module or ""
                 if child.level:
                     parts = package.split(".")
-                    base = ".".join(parts[:len(parts) - child.level + 1] + ([base] if base
-                                                                             else []))
+                    base = ".".join(
+                        parts[: len(parts) - child.level + 1] + ([base] if base else [])
+                    )
                 # X.a is the module X.a when there is one, else the name a of module X
                 names = [base, *(f"{base}.{a.name}" for a in child.names)]
             if names:
                 first = child.lineno  # type: ignore[attr-defined]
-                out.extend(Import(module, n, first, in_function, _says_deferred(lines, child))
-                           for n in names)
+                out.extend(
+                    Import(module, n, first, in_function, _says_deferred(lines, child))
+                    for n in names
+                )
             visit(child, inner)
 
     visit(tree, False)
@@ -206,8 +216,12 @@ def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 def test_the_walk_sees_every_package_and_the_known_edges() -> None:
     """The checks below look at what they should: all three source folders, and imports
     at module and function level."""
-    assert {"mecsim.run.loop", "mecsim.agents.host", "mecsim.channel.wireless",
-            "mecsim.emulation.engine.dispatch"} <= set(MODULES)
+    assert {
+        "mecsim.run.loop",
+        "mecsim.agents.host",
+        "mecsim.channel.wireless",
+        "mecsim.emulation.engine.dispatch",
+    } <= set(MODULES)
     edges = _edges()
     assert "mecsim.emulation.engine.specs" in edges["mecsim.emulation.engine.dispatch"]
     assert "mecsim.run.setup" in edges["mecsim.run.loop"]
@@ -236,24 +250,38 @@ def test_layers_import_only_downward() -> None:
 
 
 def test_agents_import_only_the_op_trace_vocabulary_data_types_and_the_registry() -> None:
-    bad = [imp for m, imports in IMPORTS.items() if m.startswith("mecsim.agents")
-           for imp in imports if (t := _resolve(imp.target)) not in (None, "mecsim")
-           and not t.startswith(AGENTS_MAY_IMPORT)]
+    bad = [
+        imp
+        for m, imports in IMPORTS.items()
+        if m.startswith("mecsim.agents")
+        for imp in imports
+        if (t := _resolve(imp.target)) not in (None, "mecsim")
+        and not t.startswith(AGENTS_MAY_IMPORT)
+    ]
     assert bad == []
 
 
 @pytest.mark.parametrize("heavy", ["torch", "ray"])
 def test_emulation_imports_neither_torch_nor_ray(heavy: str) -> None:
-    bad = [imp for m, imports in IMPORTS.items()
-           if m.startswith(("mecsim.emulation", "mecsim.channel", "mecsim.scenario",
-                            "mecsim.registry"))
-           for imp in imports if imp.target == heavy or imp.target.startswith(heavy + ".")]
+    bad = [
+        imp
+        for m, imports in IMPORTS.items()
+        if m.startswith(
+            ("mecsim.emulation", "mecsim.channel", "mecsim.scenario", "mecsim.registry")
+        )
+        for imp in imports
+        if imp.target == heavy or imp.target.startswith(heavy + ".")
+    ]
     assert bad == []
 
 
 def test_function_level_imports_of_our_code_say_why_they_are_deferred() -> None:
-    hidden = [imp for imports in IMPORTS.values() for imp in imports
-              if imp.in_function and _resolve(imp.target) is not None and not imp.deferred]
+    hidden = [
+        imp
+        for imports in IMPORTS.values()
+        for imp in imports
+        if imp.in_function and _resolve(imp.target) is not None and not imp.deferred
+    ]
     assert hidden == []
 
 
@@ -261,9 +289,13 @@ def test_nothing_imports_agents_or_channel_as_top_level_packages() -> None:
     """They install as mecsim.agents / mecsim.channel: ``import agents`` would pick up
     another distribution's package of that name (or none)."""
     pattern = re.compile(r"^\s*(from|import)\s+(agents|channel)(\.|\s|$)", re.M)
-    files = [*ROOT.joinpath("mecsim").rglob("*.py"), *ROOT.joinpath("agents").rglob("*.py"),
-             *ROOT.joinpath("channel").rglob("*.py"), *ROOT.joinpath("tests").rglob("*.py"),
-             *ROOT.joinpath("benchmarks").rglob("*.py")]
+    files = [
+        *ROOT.joinpath("mecsim").rglob("*.py"),
+        *ROOT.joinpath("agents").rglob("*.py"),
+        *ROOT.joinpath("channel").rglob("*.py"),
+        *ROOT.joinpath("tests").rglob("*.py"),
+        *ROOT.joinpath("benchmarks").rglob("*.py"),
+    ]
     bad = [str(p.relative_to(ROOT)) for p in files if pattern.search(p.read_text())]
     assert bad == []
 
@@ -278,5 +310,8 @@ def test_pyproject_lists_every_package_and_only_mecsim_installs() -> None:
     on_disk = {m for m, p in MODULES.items() if p.name == "__init__.py"}
     assert packages == on_disk
     assert {p.split(".")[0] for p in packages} == {"mecsim"}
-    assert config["package-dir"] == {"mecsim": "mecsim", "mecsim.agents": "agents",
-                                     "mecsim.channel": "channel"}
+    assert config["package-dir"] == {
+        "mecsim": "mecsim",
+        "mecsim.agents": "agents",
+        "mecsim.channel": "channel",
+    }

@@ -40,12 +40,16 @@ def _run_case(case, command, tmp_path, capsys, monkeypatch):
     directory = tmp_path / "case"
     holder = busy_port() if case.busy_port else None
     try:
-        path, args = materialise(case, directory,
-                                 holder.getsockname()[1] if holder is not None else None)
+        path, args = materialise(
+            case, directory, holder.getsockname()[1] if holder is not None else None
+        )
         monkeypatch.chdir(directory)
         before = snapshot(directory)
-        argv = ["validate", str(path)] if command == "validate" else \
-            ["run", str(path), "--no-plots", *args]
+        argv = (
+            ["validate", str(path)]
+            if command == "validate"
+            else ["run", str(path), "--no-plots", *args]
+        )
         code = main(argv)
         out, err = capsys.readouterr()
         after = snapshot(directory)
@@ -56,12 +60,15 @@ def _run_case(case, command, tmp_path, capsys, monkeypatch):
     return err
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c.validate],
-                         ids=[c.name for c in CASES if c.validate])
+@pytest.mark.parametrize(
+    "case", [c for c in CASES if c.validate], ids=[c.name for c in CASES if c.validate]
+)
 def test_validate_refuses(case, tmp_path, capsys, monkeypatch):
     if case.unprivileged and os.geteuid() == 0:
-        pytest.skip("root binds any port and writes anywhere: "
-                    "test_unprivileged_cases_in_a_subprocess drops those powers")
+        pytest.skip(
+            "root binds any port and writes anywhere: "
+            "test_unprivileged_cases_in_a_subprocess drops those powers"
+        )
     err = _run_case(case, "validate", tmp_path, capsys, monkeypatch)
     assert err.strip(), "refused without a word"  # (assert_refused checks each line)
 
@@ -69,8 +76,10 @@ def test_validate_refuses(case, tmp_path, capsys, monkeypatch):
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_run_refuses_before_anything_starts(case, tmp_path, capsys, monkeypatch):
     if case.unprivileged and os.geteuid() == 0:
-        pytest.skip("root binds any port and writes anywhere: "
-                    "test_unprivileged_cases_in_a_subprocess drops those powers")
+        pytest.skip(
+            "root binds any port and writes anywhere: "
+            "test_unprivileged_cases_in_a_subprocess drops those powers"
+        )
     err = _run_case(case, "run", tmp_path, capsys, monkeypatch)
     assert err.strip(), "refused without a word"  # (assert_refused checks each line)
 
@@ -88,8 +97,11 @@ def test_unprivileged_cases_in_a_subprocess(case, tmp_path):
         directory = tmp_path / command
         path, args = materialise(case, directory)
         before = snapshot(directory)
-        argv = ["validate", str(path)] if command == "validate" else \
-            ["run", str(path), "--no-plots", *args]
+        argv = (
+            ["validate", str(path)]
+            if command == "validate"
+            else ["run", str(path), "--no-plots", *args]
+        )
         code, out, err = _run_subprocess(src, argv, directory, 120, unprivileged=True)
         assert_refused(case, command, code, out, err, path, before, snapshot(directory), directory)
         assert code == 2  # (assert_refused checks the message and that nothing was written)
@@ -98,12 +110,27 @@ def test_unprivileged_cases_in_a_subprocess(case, tmp_path):
 def test_the_corpus_is_large_and_covers_every_kind():
     names = {c.name for c in CASES}
     assert len(CASES) >= 47
-    for needed in ("invalid_utf8", "duplicate_top_key", "deep_flow_sequence", "empty_file",
-                   "lr_inf", "distance_nan", "seed_float_1e23", "mtfl_fedavg_adam_with_sgd",
-                   "batch_no_machine_can_hold", "metrics_port_busy", "metrics_port_privileged",
-                   "metrics_host_unresolvable", "trace_path_is_directory",
-                   "trace_path_with_markup", "trace_path_etc_passwd", "cifar_crafted_pickle",
-                   "run_id_traversal", "name_traversal", "dataset_root_missing"):
+    for needed in (
+        "invalid_utf8",
+        "duplicate_top_key",
+        "deep_flow_sequence",
+        "empty_file",
+        "lr_inf",
+        "distance_nan",
+        "seed_float_1e23",
+        "mtfl_fedavg_adam_with_sgd",
+        "batch_no_machine_can_hold",
+        "metrics_port_busy",
+        "metrics_port_privileged",
+        "metrics_host_unresolvable",
+        "trace_path_is_directory",
+        "trace_path_with_markup",
+        "trace_path_etc_passwd",
+        "cifar_crafted_pickle",
+        "run_id_traversal",
+        "name_traversal",
+        "dataset_root_missing",
+    ):
         assert needed in names
 
 
@@ -117,9 +144,11 @@ def test_a_crafted_pickle_would_run_code_and_is_refused(tmp_path):
     from mecsim.data.datasets import _unpickle
 
     payload = pickle.dumps(_Exec(f"touch {tmp_path / 'ran'}"), protocol=2)
-    subprocess.run([sys.executable, "-c",
-                    "import pickle, sys; pickle.loads(sys.stdin.buffer.read())"],
-                   input=payload, check=True)
+    subprocess.run(
+        [sys.executable, "-c", "import pickle, sys; pickle.loads(sys.stdin.buffer.read())"],
+        input=payload,
+        check=True,
+    )
     assert (tmp_path / "ran").exists()  # a general pickle.load executes it
     (tmp_path / "ran").unlink()
     batch = tmp_path / "data_batch_1"

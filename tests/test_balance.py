@@ -82,10 +82,16 @@ def _records(scenario, rounds, monkeypatch, movable: bool | None = None):
         for rnd in range(rounds):
             row, clients, _ = run_round(rs, rnd, elapsed)
             elapsed = row["elapsed_s"]
-            rows.append(({k: v for k, v in row.items()
-                          if not k.startswith("host_") and k != "server_rss_mb"},
-                         [{k: v for k, v in c.items() if not k.startswith("host_")}
-                          for c in clients]))
+            rows.append(
+                (
+                    {
+                        k: v
+                        for k, v in row.items()
+                        if not k.startswith("host_") and k != "server_rss_mb"
+                    },
+                    [{k: v for k, v in c.items() if not k.startswith("host_")} for c in clients],
+                )
+            )
         weights = rs.executor.server.algorithm.weights.copy()
     finally:
         rs.executor.close()
@@ -97,9 +103,11 @@ def _records(scenario, rounds, monkeypatch, movable: bool | None = None):
 def test_clients_lent_to_other_hosts_give_the_same_records_and_model(monkeypatch, stream):
     """FedAvg, 12 clients of unequal sizes on 3 hosts, half of them a round: lent clients
     (there are some) change no record and not one bit of the model."""
-    sc = tiny(topology={"clients": 12, "participation": 0.5},
-              dataset={"partition": {"method": "dirichlet", "alpha": 0.5}},
-              execution={"stream_aggregation": stream})
+    sc = tiny(
+        topology={"clients": 12, "participation": 0.5},
+        dataset={"partition": {"method": "dirichlet", "alpha": 0.5}},
+        execution={"stream_aggregation": stream},
+    )
     lent_rows, lent_w, lent = _records(sc, 4, monkeypatch)
     home_rows, home_w, none = _records(sc, 4, monkeypatch, movable=False)
     assert lent and not none
@@ -111,8 +119,10 @@ def test_only_clients_that_keep_no_state_are_lent(monkeypatch):
     assert algorithm_classes("fedavg")[1].movable()
     for name in ("fedprox", "kmeans_cluster", "mtfl", "kapc", "dcpfl", "local", "perfedavg"):
         assert not algorithm_classes(name)[1].movable(), name
-    sc = tiny(topology={"clients": 12, "participation": 0.5},
-              algorithm={"name": "fedprox", "params": {"mu": 0.01}})
+    sc = tiny(
+        topology={"clients": 12, "participation": 0.5},
+        algorithm={"name": "fedprox", "params": {"mu": 0.01}},
+    )
     _, _, lent = _records(sc, 2, monkeypatch)
     assert lent == []
 
@@ -143,13 +153,17 @@ def test_lent_clients_under_ray_give_the_records_of_the_in_process_run():
     shared files) as in-process: the same records."""
     from mecsim.run.loop import run
 
-    sc = tiny(topology={"clients": 12, "participation": 0.5},
-              dataset={"partition": {"method": "dirichlet", "alpha": 0.5}})
+    sc = tiny(
+        topology={"clients": 12, "participation": 0.5},
+        dataset={"partition": {"method": "dirichlet", "alpha": 0.5}},
+    )
     local = run(sc, "x", None, [], backend="local", hosts=2)
     ray_rows = run(sc, "x", None, [], backend="ray", hosts=2)
 
     def strip(rows):
-        return [{k: v for k, v in r.items() if not k.startswith("host_")
-                 and k != "server_rss_mb"} for r in rows]
+        return [
+            {k: v for k, v in r.items() if not k.startswith("host_") and k != "server_rss_mb"}
+            for r in rows
+        ]
 
     assert strip(local) == strip(ray_rows)

@@ -23,12 +23,14 @@ def _checkpoints(path: Path) -> list[str]:
 
 def _emulated(df: pd.DataFrame) -> pd.DataFrame:
     """Without the run's name and the host's wall-clock and memory columns."""
-    return df.drop(columns=[c for c in df.columns if c.startswith("host_")
-                            or c in ("server_rss_mb", "run_id")])
+    return df.drop(
+        columns=[c for c in df.columns if c.startswith("host_") or c in ("server_rss_mb", "run_id")]
+    )
 
 
 def test_a_killed_run_resumes_a_finished_one_is_reused_and_another_scenario_reruns(
-        tmp_path, capsys):
+    tmp_path, capsys
+):
     scenario = tiny(rounds=4, faults={"crash_prob": 0.2})
     ref_rounds, ref_clients = seeds.run_or_reuse(scenario, tmp_path / "ref", "ref")
     assert len(ref_rounds) == 4 and _checkpoints(tmp_path / "ref") == ["round-000004.pt"]
@@ -36,8 +38,11 @@ def test_a_killed_run_resumes_a_finished_one_is_reused_and_another_scenario_reru
     # killed after its second round (stopped there, its checkpoint written)
     path = tmp_path / "killed"
     calls = []
-    run_in_folder(scenario, path, should_stop=lambda: (
-        calls.append(1), "interrupted" if len(calls) == 2 else False)[1])
+    run_in_folder(
+        scenario,
+        path,
+        should_stop=lambda: (calls.append(1), "interrupted" if len(calls) == 2 else False)[1],
+    )
     assert len(pd.read_csv(path / "rounds.csv")) == 2
     assert (path / "checkpoints").is_dir()
     first_walls = pd.read_csv(path / "rounds.csv")["host_wall_s"].tolist()

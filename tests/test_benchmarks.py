@@ -28,8 +28,11 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
 def discover() -> list[Path]:
-    return sorted(p for p in BENCHMARKS.glob("*.py")
-                  if re.search(r"^if __name__ == .__main__.:", p.read_text(), re.M))
+    return sorted(
+        p
+        for p in BENCHMARKS.glob("*.py")
+        if re.search(r"^if __name__ == .__main__.:", p.read_text(), re.M)
+    )
 
 
 def _param(path: Path):
@@ -56,10 +59,20 @@ def short_tmp() -> Iterator[Path]:
 
 @pytest.mark.parametrize("script", [_param(p) for p in discover()])
 def test_benchmark_quick_run(script: Path, short_tmp: Path) -> None:
-    env = {**os.environ, "MECSIM_BENCH_DIR": str(short_tmp / "records"),
-           "TMPDIR": str(short_tmp), "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run([sys.executable, str(script), "--quick"], cwd=short_tmp, env=env,
-                          capture_output=True, text=True, timeout=540)
+    env = {
+        **os.environ,
+        "MECSIM_BENCH_DIR": str(short_tmp / "records"),
+        "TMPDIR": str(short_tmp),
+        "PYTHONUNBUFFERED": "1",
+    }
+    proc = subprocess.run(
+        [sys.executable, str(script), "--quick"],
+        cwd=short_tmp,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
     tail = f"\n--- stdout ---\n{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-3000:]}"
     assert proc.returncode == 0, tail
     figures = re.findall(r"\d+\.\d+", proc.stdout)
@@ -71,8 +84,14 @@ def test_ab_figures_are_matched_by_place_and_read_with_thousands_separators():
     import ab
 
     text = "clients  mecsim  ratio\n      10   0.040   0.63\n    1000   1,234.5  0.69 (x3)\n"
-    assert ab.figures(text) == {(0, 0): 10, (0, 1): 0.04, (0, 2): 0.63, (1, 0): 1000,
-                                (1, 1): 1234.5, (1, 2): 0.69}
+    assert ab.figures(text) == {
+        (0, 0): 10,
+        (0, 1): 0.04,
+        (0, 2): 0.63,
+        (1, 0): 1000,
+        (1, 1): 1234.5,
+        (1, 2): 0.69,
+    }
 
 
 def test_ab_runs_each_revision_on_its_own_code(tmp_path: Path) -> None:
@@ -87,9 +106,14 @@ def test_ab_runs_each_revision_on_its_own_code(tmp_path: Path) -> None:
     (tree / "mecsim" / "__init__.py").write_text("")
     (tree / "agents" / "__init__.py").write_text("WHERE = 'the worktree'\n")
     (tree / "pyproject.toml").write_text(
-        '[tool.setuptools.package-dir]\n"mecsim" = "mecsim"\n"mecsim.agents" = "agents"\n')
+        '[tool.setuptools.package-dir]\n"mecsim" = "mecsim"\n"mecsim.agents" = "agents"\n'
+    )
     root = ab._import_root(tree, tmp_path / "scratch")
-    proc = subprocess.run([sys.executable, "-c", "import mecsim.agents as a; print(a.WHERE)"],
-                          env={**os.environ, "PYTHONPATH": str(root)}, cwd=tmp_path,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import mecsim.agents as a; print(a.WHERE)"],
+        env={**os.environ, "PYTHONPATH": str(root)},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert proc.stdout.strip() == "the worktree", proc.stderr

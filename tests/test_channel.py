@@ -88,7 +88,8 @@ def test_design_sanity_snr_and_offset():
     radio = ClientRadio(np.array([300.0]), np.array([20e6]), np.array([26.5]))
     lit = ShannonChannel(interference=False).draw_round(radio, [0], np.random.default_rng(0))
     off = ShannonChannel(interference=False, snr_offset_db=20.0).draw_round(
-        radio, [0], np.random.default_rng(0))
+        radio, [0], np.random.default_rng(0)
+    )
     assert abs(lit.uplink_snr_db[0] - ref) < 0.5
     assert off.uplink_snr_db[0] - lit.uplink_snr_db[0] == pytest.approx(20.0, abs=1e-9)
     assert off.downlink_snr_db[0] - lit.downlink_snr_db[0] == pytest.approx(20.0, abs=1e-9)
@@ -111,8 +112,9 @@ def test_interference_units_and_clipping():
     np.testing.assert_allclose(interference_to_w(v, "mW", b, n0), [0.0, 0.0, 2e-3])
     np.testing.assert_allclose(interference_to_w(v, "noise", b, n0), [0.0, 0.0, 2 * n0 * b])
     # dBm: no clipping, -1 dBm is a positive power
-    np.testing.assert_allclose(interference_to_w(v, "dBm", b, n0),
-                               [10 ** -0.1 / 1000, 1e-3, 10 ** 0.2 / 1000])
+    np.testing.assert_allclose(
+        interference_to_w(v, "dBm", b, n0), [10**-0.1 / 1000, 1e-3, 10**0.2 / 1000]
+    )
     with pytest.raises(ValueError, match="unit"):
         interference_to_w(v, "dB", b, n0)
 
@@ -120,8 +122,12 @@ def test_interference_units_and_clipping():
 def test_noise_unit_value_one_doubles_noise():
     """I = 1 x N0·B doubles the noise: SINR halves (-3.01 dB) vs. no interference."""
     radio = ClientRadio(np.array([300.0]), np.array([20e6]), np.array([26.5]))
-    ch = ShannonChannel(ul_interference_mean=1.0, ul_interference_std=0.0,
-                        dl_interference_mean=1.0, dl_interference_std=0.0)
+    ch = ShannonChannel(
+        ul_interference_mean=1.0,
+        ul_interference_std=0.0,
+        dl_interference_mean=1.0,
+        dl_interference_std=0.0,
+    )
     rc = ch.draw_round(radio, [0], np.random.default_rng(1))
     n0 = (10 ** (-174 / 10)) / 1000
     assert rc.ul_interference_w[0] == pytest.approx(n0 * 20e6, rel=1e-9)
@@ -129,7 +135,8 @@ def test_noise_unit_value_one_doubles_noise():
     lit = ShannonChannel(interference=False).draw_round(radio, [0], np.random.default_rng(1))
     assert lit.uplink_snr_db[0] - rc.uplink_snr_db[0] == pytest.approx(10 * math.log10(2))
     assert rc.uplink_rate_bps[0] == pytest.approx(
-        ref_rate_bps(300.0, 20e6, 26.5, i_w=n0 * 20e6), rel=1e-9)
+        ref_rate_bps(300.0, 20e6, 26.5, i_w=n0 * 20e6), rel=1e-9
+    )
 
 
 def test_interference_draws_clipped_and_stats():
@@ -154,9 +161,14 @@ def test_seeded_reproducibility_and_ranges():
         return radio, ch.draw_round(radio, np.arange(0, 500, 3), rng)
 
     (r1, c1), (r2, c2) = run(42), run(42)
-    for a, b in [(r1.distance_m, r2.distance_m), (r1.bandwidth_hz, r2.bandwidth_hz),
-                 (r1.tx_power_dbm, r2.tx_power_dbm), (c1.uplink_rate_bps, c2.uplink_rate_bps),
-                 (c1.downlink_rate_bps, c2.downlink_rate_bps), (c1.fading_gain, c2.fading_gain)]:
+    for a, b in [
+        (r1.distance_m, r2.distance_m),
+        (r1.bandwidth_hz, r2.bandwidth_hz),
+        (r1.tx_power_dbm, r2.tx_power_dbm),
+        (c1.uplink_rate_bps, c2.uplink_rate_bps),
+        (c1.downlink_rate_bps, c2.downlink_rate_bps),
+        (c1.fading_gain, c2.fading_gain),
+    ]:
         np.testing.assert_array_equal(a, b)
     assert not np.array_equal(run(43)[0].distance_m, r1.distance_m)
     assert ((r1.distance_m >= 100) & (r1.distance_m <= 500)).all()
@@ -169,7 +181,8 @@ def test_switches_do_not_shift_random_stream():
     radio = ShannonChannel().draw_clients(8, np.random.default_rng(0))
     a = ShannonChannel().draw_round(radio, np.arange(8), np.random.default_rng(5))
     b = ShannonChannel(fading="rayleigh", interference=False).draw_round(
-        radio, np.arange(8), np.random.default_rng(5))
+        radio, np.arange(8), np.random.default_rng(5)
+    )
     np.testing.assert_array_equal(a.ul_interference_raw, b.ul_interference_raw)
     np.testing.assert_array_equal(a.dl_interference_raw, b.dl_interference_raw)
     assert (b.ul_interference_w == 0).all() and (a.fading_gain == 1).all()
@@ -198,10 +211,19 @@ def test_records_and_bad_ids():
     rc = ch.draw_round(radio, [4, 1], rng)
     recs = rc.records()
     assert [r["client_id"] for r in recs] == [4, 1]
-    assert set(recs[0]) == {"client_id", "distance_m", "bandwidth_hz", "tx_power_dbm",
-                            "fading_gain", "ul_interference_w", "dl_interference_w",
-                            "uplink_rate_bps", "downlink_rate_bps", "uplink_snr_db",
-                            "downlink_snr_db"}
+    assert set(recs[0]) == {
+        "client_id",
+        "distance_m",
+        "bandwidth_hz",
+        "tx_power_dbm",
+        "fading_gain",
+        "ul_interference_w",
+        "dl_interference_w",
+        "uplink_rate_bps",
+        "downlink_rate_bps",
+        "uplink_snr_db",
+        "downlink_snr_db",
+    }
     assert recs[1]["distance_m"] == radio.distance_m[1]
     assert all(type(v) in (int, float) for v in recs[0].values())
     with pytest.raises(ValueError, match="out of range"):
@@ -291,12 +313,15 @@ def _write(tmp_path, text, name="trace.csv"):
 
 
 def test_trace_parse_and_star_rows(tmp_path):
-    p = _write(tmp_path, "time_s,client_id,uplink_mbps,downlink_mbps\n"
-                         "# comment line\n"
-                         "0,*,2,10\n"
-                         "100,*,1,5\n"
-                         "0,1,20,40\n"
-                         "30.5,1,0,40\n")
+    p = _write(
+        tmp_path,
+        "time_s,client_id,uplink_mbps,downlink_mbps\n"
+        "# comment line\n"
+        "0,*,2,10\n"
+        "100,*,1,5\n"
+        "0,1,20,40\n"
+        "30.5,1,0,40\n",
+    )
     tc = TraceChannel(p)
     (t_up, r_up), (t_dn, r_dn) = tc.schedules(1)
     assert t_up == (0.0, 30.5) and t_dn == t_up
@@ -323,15 +348,26 @@ def test_trace_without_star_needs_every_client(tmp_path):
     "body,line,column,fragment",
     [
         ("time_s,client_id,uplink_mbps\n0,0,1\n", 1, "downlink_mbps", "missing column"),
-        ("time_s,client_id,uplink_mbps,downlink_mbps\n0,0,1,1\n5,0,abc,1\n", 3,
-         "uplink_mbps", "not a number"),
-        ("time_s,client_id,uplink_mbps,downlink_mbps\n0,0,1,-2\n", 2, "downlink_mbps",
-         "must be finite and >= 0"),
-        ("time_s,client_id,uplink_mbps,downlink_mbps\n0,0,1,1\n10,0,1,1\n5,0,1,1\n", 4,
-         "time_s", "sorted"),
+        (
+            "time_s,client_id,uplink_mbps,downlink_mbps\n0,0,1,1\n5,0,abc,1\n",
+            3,
+            "uplink_mbps",
+            "not a number",
+        ),
+        (
+            "time_s,client_id,uplink_mbps,downlink_mbps\n0,0,1,-2\n",
+            2,
+            "downlink_mbps",
+            "must be finite and >= 0",
+        ),
+        (
+            "time_s,client_id,uplink_mbps,downlink_mbps\n0,0,1,1\n10,0,1,1\n5,0,1,1\n",
+            4,
+            "time_s",
+            "sorted",
+        ),
         ("time_s,client_id,uplink_mbps,downlink_mbps\n5,0,1,1\n", 2, "time_s", "not 0"),
-        ("time_s,client_id,uplink_mbps,downlink_mbps\n0,x,1,1\n", 2, "client_id",
-         "not an integer"),
+        ("time_s,client_id,uplink_mbps,downlink_mbps\n0,x,1,1\n", 2, "client_id", "not an integer"),
     ],
 )
 def test_trace_errors_name_file_line_column(tmp_path, body, line, column, fragment):

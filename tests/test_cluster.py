@@ -50,15 +50,18 @@ KILL_AFTER = 2
 # --------------------------------------------------------------------------- CPUs per host
 
 
-@pytest.mark.parametrize("node_cpus, hosts, share", [
-    ([1, 1], 2, 1.0),        # one host per node
-    ([16], 2, 1.0),          # room to spare: never more than one CPU
-    ([1], 2, 0.5),           # the worker node died: both hosts on the 1-CPU head
-    ([1], 3, 0.3333),        # 1/3, rounded down to Ray's 1/10,000
-    ([1, 1], 3, 0.5),        # 2 + 1 (2/3 would hold only one host per node)
-    ([1, 2], 4, 0.6666),     # 1 + 3 hosts of 2/3 CPU; 3/4 would hold 1 + 2
-    ([4, 0], 3, 1.0),        # a head without CPUs holds no host
-])
+@pytest.mark.parametrize(
+    "node_cpus, hosts, share",
+    [
+        ([1, 1], 2, 1.0),  # one host per node
+        ([16], 2, 1.0),  # room to spare: never more than one CPU
+        ([1], 2, 0.5),  # the worker node died: both hosts on the 1-CPU head
+        ([1], 3, 0.3333),  # 1/3, rounded down to Ray's 1/10,000
+        ([1, 1], 3, 0.5),  # 2 + 1 (2/3 would hold only one host per node)
+        ([1, 2], 4, 0.6666),  # 1 + 3 hosts of 2/3 CPU; 3/4 would hold 1 + 2
+        ([4, 0], 3, 1.0),  # a head without CPUs holds no host
+    ],
+)
 def test_cpus_per_host_fit_the_live_nodes(node_cpus, hosts, share) -> None:
     assert placement.host_cpus(node_cpus, hosts) == share
     # the share fits: the nodes hold floor(c / share) hosts each
@@ -80,12 +83,16 @@ def test_a_cluster_without_room_stops_the_run_instead_of_hanging(monkeypatch) ->
     if ray.is_initialized():  # another test's instance
         ray.shutdown()
     monkeypatch.setattr(placement, "PLACEMENT_TIMEOUT_S", 3.0)
-    ray_start.init_on_loopback(ray, dict(num_cpus=0, include_dashboard=False,
-                                              configure_logging=False))
+    ray_start.init_on_loopback(
+        ray, dict(num_cpus=0, include_dashboard=False, configure_logging=False)
+    )
     try:
         started = time.monotonic()
-        with pytest.raises(RunFailed, match=r"no room for 2 host actor\(s\) within 3 s "
-                                            r"\(its live nodes and their CPUs: [0-9a-f]{8}: 0\)"):
+        with pytest.raises(
+            RunFailed,
+            match=r"no room for 2 host actor\(s\) within 3 s "
+            r"\(its live nodes and their CPUs: [0-9a-f]{8}: 0\)",
+        ):
             run(tiny(rounds=1, execution={"backend": "ray", "hosts": 2}), "r")
         assert time.monotonic() - started < 60
     finally:
@@ -119,14 +126,32 @@ def reference(tmp_path_factory) -> Path:
 
 def _start_run(cluster: LocalCluster, run_id: str) -> tuple[subprocess.Popen, Path]:
     scenario = cluster.work / f"{run_id}.yaml"
-    scenario.write_text(yaml.safe_dump({**TINY, "rounds": ROUNDS,
-                                        "execution": {"backend": "ray", "hosts": 2}}))
+    scenario.write_text(
+        yaml.safe_dump({**TINY, "rounds": ROUNDS, "execution": {"backend": "ray", "hosts": 2}})
+    )
     out = cluster.work / "runs"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mecsim", "run", str(scenario), "--ray-address",
-         cluster.address, "--out", str(out), "--run-id", run_id, "--quiet", "--no-plots"],
-        env=cluster.driver_env, cwd=cluster.work, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "mecsim",
+            "run",
+            str(scenario),
+            "--ray-address",
+            cluster.address,
+            "--out",
+            str(out),
+            "--run-id",
+            run_id,
+            "--quiet",
+            "--no-plots",
+        ],
+        env=cluster.driver_env,
+        cwd=cluster.work,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     return proc, out / run_id
 
 
@@ -140,7 +165,8 @@ def _rounds_done(out: Path) -> int:
 @pytest.mark.slow
 @needs_ray_cli
 def test_hosts_spread_over_two_nodes_and_a_killed_node_is_survived(
-        cluster: LocalCluster, reference: Path) -> None:
+    cluster: LocalCluster, reference: Path
+) -> None:
     proc, out = _start_run(cluster, "killed")
     killed: list[int] = []
     placed_first: dict | None = None

@@ -26,8 +26,12 @@ from mecsim.data import (
 )
 
 OFFICIAL_COUNTS = [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
-METHODS = {"iid": {}, "dirichlet": {"alpha": 0.5}, "shards": {},
-           "primary_secondary": {"samples_per_client": 100, "test_samples_per_client": 25}}
+METHODS = {
+    "iid": {},
+    "dirichlet": {"alpha": 0.5},
+    "shards": {},
+    "primary_secondary": {"samples_per_client": 100, "test_samples_per_client": 25},
+}
 
 
 def rng(seed: int = 0) -> np.random.Generator:
@@ -41,10 +45,13 @@ def mnist_pools() -> DataPools:
 
 def hand_pools(n_classes: int, train_per_class: int, test_per_class: int) -> DataPools:
     """Pools with labels in shuffled order (images irrelevant: zeros)."""
+
     def ds(per_class: int, seed: int) -> ArrayDataset:
         labels = rng(seed).permutation(np.repeat(np.arange(n_classes), per_class))
-        return ArrayDataset(np.zeros((len(labels), 1, 2, 2), np.uint8), labels.astype(np.int64),
-                            n_classes, "hand")
+        return ArrayDataset(
+            np.zeros((len(labels), 1, 2, 2), np.uint8), labels.astype(np.int64), n_classes, "hand"
+        )
+
     return DataPools(ds(train_per_class, 1), ds(test_per_class, 2))
 
 
@@ -112,9 +119,11 @@ def test_idx_dataset_from_root_with_subsampling(tmp_path: Path) -> None:
     for split, n in (("train", 6), ("t10k", 4)):
         imgs = np.arange(n * 784, dtype=np.int64).reshape(n, 28, 28).astype(np.uint8)
         (tmp_path / f"{split}-images-idx3-ubyte.gz").write_bytes(
-            gzip.compress(idx_bytes(imgs, 0x08)))
+            gzip.compress(idx_bytes(imgs, 0x08))
+        )
         (tmp_path / f"{split}-labels-idx1-ubyte").write_bytes(
-            idx_bytes(np.arange(n, dtype=np.uint8) % 10, 0x08))
+            idx_bytes(np.arange(n, dtype=np.uint8) % 10, 0x08)
+        )
     pools = load_dataset("fashion-mnist", root=tmp_path)
     assert pools.train.images.shape == (6, 1, 28, 28) and pools.test.labels.tolist() == [0, 1, 2, 3]
     sub = load_dataset("fashion-mnist", root=tmp_path, train_size=3, test_size=2, rng=rng(0))
@@ -154,8 +163,11 @@ def test_cifar100_reader(tmp_path: Path) -> None:
     folder = tmp_path / "cifar-100-python"
     folder.mkdir()
     for name, n in (("train", 3), ("test", 2)):
-        batch = {b"data": np.zeros((n, 3072), np.uint8), b"fine_labels": list(range(97, 97 + n)),
-                 b"coarse_labels": [0] * n}
+        batch = {
+            b"data": np.zeros((n, 3072), np.uint8),
+            b"fine_labels": list(range(97, 97 + n)),
+            b"coarse_labels": [0] * n,
+        }
         (folder / name).write_bytes(pickle.dumps(batch))
     pools = load_dataset("cifar100", root=tmp_path)
     assert pools.train.labels.tolist() == [97, 98, 99] and pools.train.num_classes == 100
@@ -168,8 +180,9 @@ def test_normalise_constants() -> None:
     assert x[0, 0, 0, 0].item() == pytest.approx(-0.1307 / 0.3081, rel=1e-6)
     assert x[0, 0, 0, 1].item() == pytest.approx((1 - 0.1307) / 0.3081, rel=1e-6)
     c = normalise(np.zeros((2, 3, 4, 4), np.uint8), "cifar10")
-    assert c[1, :, 3, 3].tolist() == pytest.approx([-0.4914 / 0.2470, -0.4822 / 0.2435,
-                                                    -0.4465 / 0.2616], rel=1e-6)
+    assert c[1, :, 3, 3].tolist() == pytest.approx(
+        [-0.4914 / 0.2470, -0.4822 / 0.2435, -0.4465 / 0.2616], rel=1e-6
+    )
 
 
 # ----------------------------------------------------------------------------- partitions
@@ -195,8 +208,10 @@ def test_dirichlet_same_q_for_train_and_test(mnist_pools: DataPools) -> None:
 def test_dirichlet_alpha_controls_skew(mnist_pools: DataPools) -> None:
     def mean_max_share(alpha: float) -> float:
         tr, _ = partition(mnist_pools, 20, "dirichlet", rng(5), alpha=alpha).label_histograms(
-            mnist_pools)
+            mnist_pools
+        )
         return float((tr.max(1) / tr.sum(1)).mean())
+
     assert mean_max_share(0.1) > 0.6
     assert mean_max_share(100.0) < 0.2
     with pytest.raises(ValueError, match="min_samples|train samples"):
@@ -220,8 +235,14 @@ def test_shards_test_classes_equal_train_classes() -> None:
 
 def test_primary_secondary_shares(mnist_pools: DataPools) -> None:
     spc, tspc = 100, 25
-    part = partition(mnist_pools, 20, "primary_secondary", rng(7), samples_per_client=spc,
-                     test_samples_per_client=tspc)
+    part = partition(
+        mnist_pools,
+        20,
+        "primary_secondary",
+        rng(7),
+        samples_per_client=spc,
+        test_samples_per_client=tspc,
+    )
     assert_valid(part, mnist_pools)
     tr, te = part.label_histograms(mnist_pools)
     assert tr.sum(1).tolist() == [spc] * 20 and te.sum(1).tolist() == [tspc] * 20
@@ -235,8 +256,9 @@ def test_primary_secondary_shares(mnist_pools: DataPools) -> None:
 
 def test_primary_secondary_scales_down_exhausted_classes() -> None:
     pools = hand_pools(3, 10, 10)  # every client wants >= 4 of its primary of 10 per class
-    part = partition(pools, 6, "primary_secondary", rng(8), samples_per_client=10,
-                     test_samples_per_client=10)
+    part = partition(
+        pools, 6, "primary_secondary", rng(8), samples_per_client=10, test_samples_per_client=10
+    )
     assert_valid(part, pools)
     tr, _ = part.label_histograms(pools)
     assert np.all(tr.sum(0) <= 10) and np.all(tr.sum(1) <= 10)
@@ -273,12 +295,14 @@ def test_heterogeneity_dkl() -> None:
     assert heterogeneity_dkl(two, eps=0.0) == pytest.approx(0.5 * math.log(3), rel=1e-12)
     assert heterogeneity_dkl(two) == pytest.approx(0.5 * math.log(3), rel=1e-5)
     assert heterogeneity_dkl(two, eps=0.0, paper_normaliser=True) == pytest.approx(
-        0.5 * math.log(3), rel=1e-12)  # n = 2: 2/n = 2/(n(n-1))
+        0.5 * math.log(3), rel=1e-12
+    )  # n = 2: 2/n = 2/(n(n-1))
     # 3 clients, pairs (1,2) = (2,3) = 1/2 ln 3, (1,3) = 0: mean 1/3 ln 3, Eq. 2 literal 2/3 ln 3
     three = np.array([[3, 1], [1, 3], [3, 1]])
     assert heterogeneity_dkl(three, eps=0.0) == pytest.approx(math.log(3) / 3, rel=1e-12)
     assert heterogeneity_dkl(three, eps=0.0, paper_normaliser=True) == pytest.approx(
-        2 * math.log(3) / 3, rel=1e-12)
+        2 * math.log(3) / 3, rel=1e-12
+    )
     disjoint = np.array([[4, 0], [0, 4]])
     assert heterogeneity_dkl(disjoint, eps=0.0) == math.inf
     assert math.isfinite(heterogeneity_dkl(disjoint)) and heterogeneity_dkl(disjoint) > 10
@@ -293,8 +317,11 @@ def test_heterogeneity_dkl_equals_a_pair_by_pair_sum_over_many_clients() -> None
     hist = rng.integers(0, 9, size=(300, 10)) + np.eye(300, 10, dtype=np.int64)
     eps = 1e-6
     p = (hist / hist.sum(1, keepdims=True) + eps) / (1 + 10 * eps)
-    pairs = [(rel_entr(p[i], p[j]).sum() + rel_entr(p[j], p[i]).sum()) / 2
-             for i in range(300) for j in range(i + 1, 300)]
+    pairs = [
+        (rel_entr(p[i], p[j]).sum() + rel_entr(p[j], p[i]).sum()) / 2
+        for i in range(300)
+        for j in range(i + 1, 300)
+    ]
     assert heterogeneity_dkl(hist) == pytest.approx(float(np.mean(pairs)), rel=1e-12)
 
 
@@ -316,8 +343,12 @@ def test_cifar_batches_in_the_original_python2_format_load(tmp_path: Path) -> No
     folder = tmp_path / "cifar-10-batches-py"
     folder.mkdir()
     for i, name in enumerate([f"data_batch_{j}" for j in range(1, 6)] + ["test_batch"]):
-        batch = {b"batch_label": b"x", b"labels": [i % 10, 3],
-                 b"data": np.full((2, 3072), i, np.uint8), b"filenames": [b"a.png", b"b.png"]}
+        batch = {
+            b"batch_label": b"x",
+            b"labels": [i % 10, 3],
+            b"data": np.full((2, 3072), i, np.uint8),
+            b"filenames": [b"a.png", b"b.png"],
+        }
         raw = pickle.dumps(batch, protocol=2).replace(b"numpy._core.", b"numpy.core.")
         assert b"cnumpy.core.multiarray\n_reconstruct\n" in raw
         (folder / name).write_bytes(raw)
@@ -341,8 +372,14 @@ def test_cifar_batches_that_are_not_cifar_are_refused(tmp_path: Path) -> None:
         ({b"data": np.zeros((2, 3072), np.float32), b"labels": [0, 1]}, "uint8"),
         ({b"data": np.zeros((2, 3072), np.uint8), b"labels": [0, 10]}, "labels in"),
         ({b"data": np.zeros((2, 3072), np.uint8)}, "'labels'"),
-        ({b"data": np.zeros((2, 3072), np.uint8), b"labels": [0, 1],
-          b"x": __import__("collections").OrderedDict()}, "refused"),  # a class it never has
+        (
+            {
+                b"data": np.zeros((2, 3072), np.uint8),
+                b"labels": [0, 1],
+                b"x": __import__("collections").OrderedDict(),
+            },
+            "refused",
+        ),  # a class it never has
     ]
     for obj, fragment in cases:
         with pytest.raises(DatasetError, match=fragment):

@@ -78,17 +78,26 @@ def _ctx(model, cid: int = 0, state=None, n: int = 8, batch: int = 4) -> ClientC
     g = torch.Generator().manual_seed(10 + cid)
     x = torch.randn(n, 3, generator=g)
     y = torch.randint(0, 2, (n,), generator=g)
-    return ClientContext(cid, model, layout, x, y, x[:4], y[:4], {} if state is None else state,
-                         TrainConfig(epochs=1, batch_size=batch, lr=0.1),
-                         torch.Generator().manual_seed(100 + cid), StepCosts(),
-                         get_flat(model, layout))
+    return ClientContext(
+        cid,
+        model,
+        layout,
+        x,
+        y,
+        x[:4],
+        y[:4],
+        {} if state is None else state,
+        TrainConfig(epochs=1, batch_size=batch, lr=0.1),
+        torch.Generator().manual_seed(100 + cid),
+        StepCosts(),
+        get_flat(model, layout),
+    )
 
 
 def _fake(cid: int, weights, *, loss=None, n: int = 10, **extra) -> ClientResult:
     w = None if weights is None else np.asarray(weights, dtype=np.float32)
     ex = {"loss": loss, **extra}
-    return ClientResult(cid, w, 0 if w is None else 4 * w.size, n, 0.0, (), 0.0, 0, 0,
-                        extra=ex)
+    return ClientResult(cid, w, 0 if w is None else 4 * w.size, n, 0.0, (), 0.0, 0, 0, extra=ex)
 
 
 # --------------------------------------------------------------------------- Eq. 3 and 5
@@ -137,8 +146,9 @@ def test_layer_discrepancy_eq5_hand_numbers():
     group = np.array([0.0, 1, 2, 3, 5])  # S = [0, .2, .4, .6, 1]
     # member 0: S - S_g = [0, .05, .1, .15, 0] -> layer 0: .15/3, layer 1: .15/2
     # member 1: [1, .55, .1, .35, 1]          -> layer 0: 1.65/3, layer 1: 1.35/2
-    np.testing.assert_allclose(layer_discrepancy(members, group, lay, "model"),
-                               [(0.05 + 0.55) / 2, (0.075 + 0.675) / 2])
+    np.testing.assert_allclose(
+        layer_discrepancy(members, group, lay, "model"), [(0.05 + 0.55) / 2, (0.075 + 0.675) / 2]
+    )
 
 
 # --------------------------------------------------------------------------- Eq. 6
@@ -154,26 +164,37 @@ def test_layer_intervals_eq6_and_schedule():
     with pytest.raises(ValueError):
         layer_intervals([-1.0, 1.0], 1, 3)
     due = [layers_due(r, 5, np.array([1, 3])).tolist() for r in range(5, 11)]
-    assert due == [[True, False], [True, False], [True, True],
-                   [True, False], [True, False], [True, True]]
+    assert due == [
+        [True, False],
+        [True, False],
+        [True, True],
+        [True, False],
+        [True, False],
+        [True, True],
+    ]
     with pytest.raises(ValueError):
         layers_due(4, 5, np.array([1, 3]))
 
 
 # --------------------------------------------------------------------------- group graph
 
-D4 = np.array([[0.0, 0.1, 0.6, 0.8],
-               [0.1, 0.0, 0.7, 0.9],
-               [0.6, 0.7, 0.0, 0.2],
-               [0.8, 0.9, 0.2, 0.0]])
+D4 = np.array(
+    [[0.0, 0.1, 0.6, 0.8], [0.1, 0.0, 0.7, 0.9], [0.6, 0.7, 0.0, 0.2], [0.8, 0.9, 0.2, 0.0]]
+)
 
 
 def test_group_graph_structure_at_several_gamma_tilde():
     z, gamma_global = group_graph(D4)
     # average linkage: {0,1} at 0.1, {2,3} at 0.2, then (0.6+0.8+0.7+0.9)/4 = 0.75
     assert gamma_global == pytest.approx(0.75)
-    expected = {1.0: [0, 0, 0, 0], 0.99: [0, 0, 1, 1], 0.3: [0, 0, 1, 1],
-                0.2: [0, 0, 1, 2], 0.1: [0, 1, 2, 3], 0.0: [0, 1, 2, 3]}
+    expected = {
+        1.0: [0, 0, 0, 0],
+        0.99: [0, 0, 1, 1],
+        0.3: [0, 0, 1, 1],
+        0.2: [0, 0, 1, 2],
+        0.1: [0, 1, 2, 3],
+        0.0: [0, 1, 2, 3],
+    }
     for g, labels in expected.items():
         assert groups_at(z, gamma_global, g).tolist() == labels, g
     with pytest.raises(ValueError):
@@ -198,8 +219,12 @@ def test_group_graph_nests_and_rejects_bad_matrices():
     coarse, fine = groups_at(z, gg, 0.7), groups_at(z, gg, 0.3)
     for grp in np.unique(fine):  # a group at a small gamma~ sits inside one at a larger one
         assert len(np.unique(coarse[fine == grp])) == 1
-    for bad in (np.ones((2, 3)), np.array([[0, 1], [2, 0.0]]), np.array([[0, -1], [-1, 0.0]]),
-                np.array([[1, 1], [1, 1.0]])):
+    for bad in (
+        np.ones((2, 3)),
+        np.array([[0, 1], [2, 0.0]]),
+        np.array([[0, -1], [-1, 0.0]]),
+        np.array([[1, 1], [1, 1.0]]),
+    ):
         with pytest.raises(ValueError):
             group_graph(bad)
     assert group_graph(np.zeros((1, 1)))[1] == 0.0
@@ -257,8 +282,7 @@ def test_a_layer_not_aggregated_in_a_round_adds_no_bytes():
     ctxs = [_ctx(models[c], c) for c in range(2)]
     layout = ctxs[0].layout
     assert layout.nbytes == 56 and layout.nbytes_of_layers([1]) == 24
-    server = DCPFLServer(layout, ctxs[0].init_weights, {0: 8, 1: 8}, 1.0,
-                         {"warmup_rounds": 1})
+    server = DCPFLServer(layout, ctxs[0].init_weights, {0: 8, 1: 8}, 1.0, {"warmup_rounds": 1})
     client = DCPFLClient({})
 
     def round_(rnd):
@@ -302,8 +326,7 @@ W_A = np.array([0.0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1.0])
 
 def _trial_server(**params) -> DCPFLServer:
     layout = model_layout(_two_layer_model())
-    p = {"warmup_rounds": 1, "loss_window": 1, "observe_rounds": 1, "hold_rounds": 2,
-         **params}
+    p = {"warmup_rounds": 1, "loss_window": 1, "observe_rounds": 1, "hold_rounds": 2, **params}
     return DCPFLServer(layout, np.zeros(14, np.float32), {c: 10 for c in range(4)}, 1.0, p)
 
 
@@ -316,8 +339,10 @@ def _uploads(scale: float = 1.0):
 def _normal_round(server, rnd, losses):
     tasks = server.configure_fit(rnd, [0, 1, 2, 3])
     up = _uploads()
-    results = [_fake(t.client_id, up[t.client_id] if t.config["upload_layers"] else None,
-                     loss=losses) for t in tasks]
+    results = [
+        _fake(t.client_id, up[t.client_id] if t.config["upload_layers"] else None, loss=losses)
+        for t in tasks
+    ]
     server.aggregate_fit(rnd, results)
     return tasks
 
@@ -338,18 +363,18 @@ def test_rdp_schedules_a_trial_and_a_rejected_split_holds_for_t_sp_rounds():
     tasks = server.configure_fit(4, [0, 1, 2, 3])
     full = server.layout.nbytes
     assert all(t.config["trial"] and t.download_nbytes == 2 * full for t in tasks)
-    np.testing.assert_allclose(tasks[0].config["trial_weights"],
-                               (_uploads()[0] + _uploads()[1]) / 2, rtol=1e-6)
-    np.testing.assert_allclose(tasks[0].weights, np.mean(list(_uploads().values()), 0),
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        tasks[0].config["trial_weights"], (_uploads()[0] + _uploads()[1]) / 2, rtol=1e-6
+    )
+    np.testing.assert_allclose(tasks[0].weights, np.mean(list(_uploads().values()), 0), atol=1e-6)
     new, old = _uploads(), _uploads(scale=3.0)
-    results = [_fake(c, new[c], loss_old=0.5, loss_new=0.5, weights_old=old[c])
-               for c in range(4)]
+    results = [_fake(c, new[c], loss_old=0.5, loss_new=0.5, weights_old=old[c]) for c in range(4)]
     stats = server.aggregate_fit(4, results)
     assert stats.metrics["trial"] == 1 and stats.metrics["split_accepted"] == 0
     assert server.labels.tolist() == [0, 0, 0, 0] and server.gamma_tilde == 1.0
-    np.testing.assert_allclose(server.group_models[0], np.mean(list(old.values()), 0),
-                               atol=1e-6)  # the uploads trained from the OLD group model
+    np.testing.assert_allclose(
+        server.group_models[0], np.mean(list(old.values()), 0), atol=1e-6
+    )  # the uploads trained from the OLD group model
     assert server.hold_until == 4 + 1 + 2
     tasks = server.configure_fit(5, [0, 1, 2, 3])
     assert all(t.config["trial_outcome"] == "old" for t in tasks)
@@ -366,8 +391,9 @@ def test_a_detection_without_a_minimum_of_r_is_flagged():
     def round_(srv, rnd, loss):
         tasks = srv.configure_fit(rnd, [0, 1, 2, 3])
         up = _uploads()
-        return srv.aggregate_fit(rnd, [_fake(t.client_id, up[t.client_id], loss=loss)
-                                       for t in tasks]).metrics
+        return srv.aggregate_fit(
+            rnd, [_fake(t.client_id, up[t.client_id], loss=loss) for t in tasks]
+        ).metrics
 
     for rnd, loss in ((0, 4.0), (1, 2.0), (2, 1.9)):
         m = round_(server, rnd, loss)
@@ -381,8 +407,9 @@ def test_a_detection_without_a_minimum_of_r_is_flagged():
     # minimum at r(4) = 2^1.5, seen after two larger radii -> not flagged
     knee = _trial_server()
     metrics = [round_(knee, rnd, loss) for rnd, loss in enumerate((15, 11, 8, 6, 5, 4.1))]
-    np.testing.assert_allclose(knee.radii[2:], [10 ** 1.5, 5 ** 1.5, 2 ** 1.5, 1.81 ** 1.5 / 0.1],
-                               rtol=1e-9)
+    np.testing.assert_allclose(
+        knee.radii[2:], [10**1.5, 5**1.5, 2**1.5, 1.81**1.5 / 0.1], rtol=1e-9
+    )
     assert [m["rdp_detected"] for m in metrics] == [0, 0, 0, 0, 0, 1]
     assert metrics[-1]["rdp_earliest"] == 0
     assert rdp_end_unseen([math.nan, math.nan, 0.5, 20.0], 1, 1)
@@ -410,23 +437,41 @@ def test_detections_are_rebuilt_from_the_records_for_the_warning():
 
 
 def test_low_discrepancy_metrics_and_the_warning_when_no_layer_is_ever_low():
-    rows = run(tiny(rounds=4, algorithm={"name": "dcpfl", "params": {
-        "warmup_rounds": 1, "dynamic": False, "fixed_gamma_tilde": 0.9, "low_ratio": 10.0}},
-        **E2E), "low")
+    rows = run(
+        tiny(
+            rounds=4,
+            algorithm={
+                "name": "dcpfl",
+                "params": {
+                    "warmup_rounds": 1,
+                    "dynamic": False,
+                    "fixed_gamma_tilde": 0.9,
+                    "low_ratio": 10.0,
+                },
+            },
+            **E2E,
+        ),
+        "low",
+    )
     updates = [r for r in rows if r["la_updates"] > 0]
     assert updates and all(r["la_low_layers"] > 0 for r in updates)  # 10 x the mean: all low
     assert all(math.isnan(r["la_low_layers"]) for r in rows if r["la_updates"] == 0)
     params = DCPFLServer.Params(low_ratio=1e-9)
-    quiet = [{"round": 0, "la_updates": 2.0, "la_low_layers": 0.0, "la_min_ratio": 0.35},
-             {"round": 1, "la_updates": 0.0, "la_low_layers": math.nan,
-              "la_min_ratio": math.nan}]
+    quiet = [
+        {"round": 0, "la_updates": 2.0, "la_low_layers": 0.0, "la_min_ratio": 0.35},
+        {"round": 1, "la_updates": 0.0, "la_low_layers": math.nan, "la_min_ratio": math.nan},
+    ]
     notes = DCPFLServer.run_notes(quiet, params)
     assert len(notes) == 1 and "never acted" in notes[0] and "2 layer-interval updates" in notes[0]
     assert "smallest ratio 0.350" in notes[0]
     quiet[0]["la_low_layers"] = 1.0
     assert DCPFLServer.run_notes(quiet, params) == []
-    assert DCPFLServer.run_notes([{**quiet[0], "la_low_layers": 0.0}],
-                                 DCPFLServer.Params(layerwise=False)) == []  # NoLA: no warning
+    assert (
+        DCPFLServer.run_notes(
+            [{**quiet[0], "la_low_layers": 0.0}], DCPFLServer.Params(layerwise=False)
+        )
+        == []
+    )  # NoLA: no warning
 
 
 def test_heldout_trial_losses_use_samples_the_client_never_trains_on():
@@ -434,20 +479,27 @@ def test_heldout_trial_losses_use_samples_the_client_never_trains_on():
     ctx = _ctx(model, n=10)
     client = DCPFLClient({"trial_loss": "heldout", "heldout_fraction": 0.2})
     w = ctx.init_weights
-    plain = client.fit(ctx, ClientTask(0, w, 56, {"download_layers": [0, 1],
-                                                 "upload_layers": [0, 1]}))
+    plain = client.fit(
+        ctx, ClientTask(0, w, 56, {"download_layers": [0, 1], "upload_layers": [0, 1]})
+    )
     held = ctx.state["heldout_index"]
     assert len(held) == 2 and plain.num_samples == 8  # trains on the other 8
-    cfg = {"trial": True, "trial_weights": w.copy(), "old_nbytes": 56, "new_nbytes": 56,
-           "upload_layers": [0, 1]}
+    cfg = {
+        "trial": True,
+        "trial_weights": w.copy(),
+        "old_nbytes": 56,
+        "new_nbytes": 56,
+        "upload_layers": [0, 1],
+    }
     result = client.fit(ctx, ClientTask(0, w, 112, cfg))
     np.testing.assert_array_equal(ctx.state["heldout_index"], held)  # drawn once
     # the reported loss is the cross-entropy of the trained model on the 2 held-out samples
     set_flat(model, ctx.layout, result.weights)
     idx = torch.from_numpy(held)
     with torch.no_grad():
-        expected = torch.nn.functional.cross_entropy(model(ctx.x_train[idx]),
-                                                     ctx.y_train[idx]).item()
+        expected = torch.nn.functional.cross_entropy(
+            model(ctx.x_train[idx]), ctx.y_train[idx]
+        ).item()
     assert result.extra["loss_new"] == pytest.approx(expected, rel=1e-6)
     assert result.num_samples == 8
 
@@ -458,15 +510,16 @@ def test_an_accepted_split_is_adopted_with_the_new_uploads():
     server.trial = next_split(server.z, server.gamma_global, 1.0, 0.2, server.labels)
     server.configure_fit(1, [0, 1, 2, 3])
     new, old = _uploads(), _uploads(scale=3.0)
-    results = [_fake(c, new[c], loss_old=1.0, loss_new=0.8, weights_old=old[c])
-               for c in range(4)]
+    results = [_fake(c, new[c], loss_old=1.0, loss_new=0.8, weights_old=old[c]) for c in range(4)]
     stats = server.aggregate_fit(1, results)
     assert stats.metrics["split_accepted"] == 1 and stats.metrics["groups"] == 2
     assert server.labels.tolist() == [0, 0, 1, 1] and server.gamma_tilde == pytest.approx(0.8)
     np.testing.assert_allclose(server.group_models[1], (new[2] + new[3]) / 2, rtol=1e-6)
     assert server.losses == [] and server.formed == {0: 2, 1: 2}  # a new RDP starts
-    assert all(t.config["trial_outcome"] == "new" and t.download_nbytes == 56
-               for t in server.configure_fit(2, [0, 1, 2, 3]))
+    assert all(
+        t.config["trial_outcome"] == "new" and t.download_nbytes == 56
+        for t in server.configure_fit(2, [0, 1, 2, 3])
+    )
 
 
 def test_trial_client_downloads_and_trains_twice_on_the_same_batches():
@@ -474,20 +527,34 @@ def test_trial_client_downloads_and_trains_twice_on_the_same_batches():
     ctx = _ctx(model)
     w = ctx.init_weights
     client = DCPFLClient({})
-    cfg = {"trial": True, "trial_weights": w.copy(), "old_nbytes": 56, "new_nbytes": 56,
-           "upload_layers": [0, 1], "report_loss": True}
+    cfg = {
+        "trial": True,
+        "trial_weights": w.copy(),
+        "old_nbytes": 56,
+        "new_nbytes": 56,
+        "upload_layers": [0, 1],
+        "report_loss": True,
+    }
     result = client.fit(ctx, ClientTask(0, w, 112, cfg))
     kinds = [(type(op).__name__, getattr(op, "what", "")) for op in result.trace]
-    assert kinds == [("Download", "group model"), ("Download", "trial group model"),
-                     ("Compute", "train"), ("Compute", "loss"),
-                     ("Compute", "train"), ("Compute", "loss"),
-                     ("Upload", "loss"), ("Barrier", "trial_decision"),
-                     ("Download", "trial_decision"), ("Upload", "model")]
+    assert kinds == [
+        ("Download", "group model"),
+        ("Download", "trial group model"),
+        ("Compute", "train"),
+        ("Compute", "loss"),
+        ("Compute", "train"),
+        ("Compute", "loss"),
+        ("Upload", "loss"),
+        ("Barrier", "trial_decision"),
+        ("Download", "trial_decision"),
+        ("Upload", "model"),
+    ]
     assert trace_bytes(result.trace) == (2 * LOSS_REPORT_NBYTES + 56, 112 + DECISION_NBYTES)
     train_ops = [op for op in result.trace if isinstance(op, Compute) and op.what == "train"]
     assert train_ops[0] == train_ops[1] and result.steps == 2 * train_ops[0].batches
-    assert result.flops == pytest.approx(sum(op.flops for op in result.trace
-                                             if isinstance(op, Compute)))
+    assert result.flops == pytest.approx(
+        sum(op.flops for op in result.trace if isinstance(op, Compute))
+    )
     # identical start and identical mini-batches -> identical models and losses
     assert result.extra["loss_old"] == result.extra["loss_new"]
     np.testing.assert_array_equal(result.extra["weights_old"], result.weights)
@@ -513,14 +580,25 @@ def test_dcpfl_needs_full_participation_and_valid_params():
 
 E2E = dict(
     topology={"clients": 6},
-    dataset={"name": "mnist-embedded", "train_size": 600, "test_size": 150,
-             "partition": {"method": "primary_secondary", "samples_per_client": 80,
-                           "test_samples_per_client": 20}},
-    channel={"model": "fixed_rate", "uplink": {"rate_bps": 2e6},
-             "downlink": {"rate_bps": 2e6}},
+    dataset={
+        "name": "mnist-embedded",
+        "train_size": 600,
+        "test_size": 150,
+        "partition": {
+            "method": "primary_secondary",
+            "samples_per_client": 80,
+            "test_samples_per_client": 20,
+        },
+    },
+    channel={"model": "fixed_rate", "uplink": {"rate_bps": 2e6}, "downlink": {"rate_bps": 2e6}},
 )
-FAST = {"warmup_rounds": 2, "loss_window": 2, "observe_rounds": 1, "hold_rounds": 1,
-        "gamma_step": 0.3}
+FAST = {
+    "warmup_rounds": 2,
+    "loss_window": 2,
+    "observe_rounds": 1,
+    "hold_rounds": 1,
+    "gamma_step": 0.3,
+}
 
 
 def test_dcpfl_run_records_a_trial_round_with_double_download_and_compute(tmp_path):
@@ -533,7 +611,7 @@ def test_dcpfl_run_records_a_trial_round_with_double_download_and_compute(tmp_pa
     assert len(trials) >= 1
     t = trials[0]
     prev = rounds.loc[t - 1]
-    assert prev["trial"] == 0 and rounds.loc[:t - 1, "groups"].eq(1).all()
+    assert prev["trial"] == 0 and rounds.loc[: t - 1, "groups"].eq(1).all()
     # from one group, every client's group changes: two full models down each, and the
     # decision (1 byte) before the upload
     assert rounds.loc[t, "bytes_down"] == 6 * (2 * model_bytes + DECISION_NBYTES)
@@ -552,9 +630,11 @@ def test_dcpfl_run_records_a_trial_round_with_double_download_and_compute(tmp_pa
 def test_barrier_holds_every_client_until_the_last_report_by_hand():
     # 1000 B at 8000 b/s = 1 s a transfer; 1 GFLOP at 1 GFLOP/s = 1 s of compute
     spec = {c: ClientSpec(c, 8000.0, 8000.0, 0.0, 1e9) for c in range(3)}
-    traces = {0: (Compute(1e9, 0), Barrier("trial_decision"), Download(1000), Upload(1000)),
-              1: (Compute(3e9, 0), Barrier("trial_decision"), Download(1000), Upload(1000)),
-              2: (Compute(1e9, 0), Upload(1000))}  # no barrier: does not wait
+    traces = {
+        0: (Compute(1e9, 0), Barrier("trial_decision"), Download(1000), Upload(1000)),
+        1: (Compute(3e9, 0), Barrier("trial_decision"), Download(1000), Upload(1000)),
+        2: (Compute(1e9, 0), Upload(1000)),
+    }  # no barrier: does not wait
     timing = time_round(traces, spec, [ServerSpec(1e12)], NetworkSpec())
     tl = {t.client_id: t for t in timing.clients}
     # client 0 waits at the barrier from 1 s to 3 s (client 1's report), then 1 s + 1 s
@@ -565,13 +645,19 @@ def test_barrier_holds_every_client_until_the_last_report_by_hand():
     # without the barrier client 0 would be done at 3 s
     alone = dict(traces)
     alone[0] = tuple(op for op in traces[0] if not isinstance(op, Barrier))
-    assert {t.client_id: t.finish_s for t in time_round(
-        alone, spec, [ServerSpec(1e12)], NetworkSpec()).clients}[0] == pytest.approx(3.0)
+    assert {
+        t.client_id: t.finish_s
+        for t in time_round(alone, spec, [ServerSpec(1e12)], NetworkSpec()).clients
+    }[0] == pytest.approx(3.0)
     # two barriers: the second releases after the slowest second report
-    two = {0: (Barrier(), Compute(1e9, 0), Barrier()), 1: (Barrier(), Compute(2e9, 0), Barrier(),
-                                                         Upload(1000))}
-    t2 = {t.client_id: t.finish_s for t in time_round(two, spec, [ServerSpec(1e12)],
-                                                      NetworkSpec()).clients}
+    two = {
+        0: (Barrier(), Compute(1e9, 0), Barrier()),
+        1: (Barrier(), Compute(2e9, 0), Barrier(), Upload(1000)),
+    }
+    t2 = {
+        t.client_id: t.finish_s
+        for t in time_round(two, spec, [ServerSpec(1e12)], NetworkSpec()).clients
+    }
     assert t2 == pytest.approx({0: 2.0, 1: 3.0})
     assert op_from_dict(op_to_dict(Barrier("trial_decision"))) == Barrier("trial_decision")
 
@@ -582,18 +668,24 @@ def test_dataset_heterogeneity_is_recorded(tmp_path):
     run_in_folder(sc, out)
     rng = np.random.default_rng(np.random.SeedSequence([sc.seed, 1]))
     pools = load_dataset("mnist-embedded", None, 600, 150, rng)
-    parts = partition(pools, 6, "primary_secondary", rng, samples_per_client=80,
-                      test_samples_per_client=20)
+    parts = partition(
+        pools, 6, "primary_secondary", rng, samples_per_client=80, test_samples_per_client=20
+    )
     expected = heterogeneity_dkl(parts.label_histograms(pools)[0])
     assert json.loads((out / "run.json").read_text())["label_dkl"] == pytest.approx(expected)
     assert expected > 0.5  # primary/secondary skew, not IID
 
 
-@pytest.mark.parametrize("name, params", [
-    ("dcpfl", {}), ("dcpfl_nola", {"warmup_rounds": 1}),
-    ("dcpfl_nodc", {"warmup_rounds": 1, "fixed_gamma_tilde": 0.5}),
-    ("perfedavg", {}), ("kmeans_cluster", {"warmup_rounds": 1, "clusters": 2}),
-])
+@pytest.mark.parametrize(
+    "name, params",
+    [
+        ("dcpfl", {}),
+        ("dcpfl_nola", {"warmup_rounds": 1}),
+        ("dcpfl_nodc", {"warmup_rounds": 1, "fixed_gamma_tilde": 0.5}),
+        ("perfedavg", {}),
+        ("kmeans_cluster", {"warmup_rounds": 1, "clusters": 2}),
+    ],
+)
 def test_two_round_smoke_runs(name, params):
     rows = run(tiny(rounds=2, algorithm={"name": name, "params": params}, **E2E), "smoke")
     assert len(rows) == 2 and all(r["round_time_s"] > 0 for r in rows)
@@ -603,12 +695,27 @@ def test_two_round_smoke_runs(name, params):
 
 
 def test_nola_sends_every_layer_and_nodc_keeps_its_groups():
-    rows = run(tiny(rounds=6, algorithm={"name": "dcpfl_nola", "params": {
-        "warmup_rounds": 1, "low_ratio": 10.0}}, **E2E), "nola")
+    rows = run(
+        tiny(
+            rounds=6,
+            algorithm={"name": "dcpfl_nola", "params": {"warmup_rounds": 1, "low_ratio": 10.0}},
+            **E2E,
+        ),
+        "nola",
+    )
     # low_ratio 10 would make every layer "low" -- NoLA ignores Eq. 6 altogether
     assert all(r["bytes_down"] == rows[0]["bytes_down"] for r in rows if r["groups"] == 1)
-    rows = run(tiny(rounds=4, algorithm={"name": "dcpfl_nodc", "params": {
-        "warmup_rounds": 1, "fixed_gamma_tilde": 0.5}}, **E2E), "nodc")
+    rows = run(
+        tiny(
+            rounds=4,
+            algorithm={
+                "name": "dcpfl_nodc",
+                "params": {"warmup_rounds": 1, "fixed_gamma_tilde": 0.5},
+            },
+            **E2E,
+        ),
+        "nodc",
+    )
     assert len({r["groups"] for r in rows[1:]}) == 1 and rows[-1]["gamma_tilde"] == 0.5
     assert all(r["trial"] == 0 for r in rows)
 
@@ -678,8 +785,13 @@ def test_kmeans_clusters_fixed_after_warmup():
     with pytest.raises(ValueError):
         kmeans_labels(weights, 7, 20, seed=3)
     layout = model_layout(_two_layer_model())
-    server = KMeansClusterServer(layout, np.zeros(14, np.float32), {c: 10 for c in range(6)},
-                                 1.0, {"warmup_rounds": 1, "clusters": 2})
+    server = KMeansClusterServer(
+        layout,
+        np.zeros(14, np.float32),
+        {c: 10 for c in range(6)},
+        1.0,
+        {"warmup_rounds": 1, "clusters": 2},
+    )
     server.select(0, np.random.default_rng(0))
     assert [t.weights.sum() for t in server.configure_fit(0, list(range(6)))] == [0.0] * 6
     stats = server.aggregate_fit(0, [_fake(c, weights[c]) for c in range(6)])
@@ -689,8 +801,9 @@ def test_kmeans_clusters_fixed_after_warmup():
     np.testing.assert_allclose(tasks[5].weights, blob_b.mean(0), rtol=1e-6)
     server.aggregate_fit(1, [_fake(c, weights[c] + 1) for c in range(6)])
     assert server.labels == {0: 0, 1: 0, 2: 0, 3: 1, 4: 1, 5: 1}  # fixed thereafter
-    np.testing.assert_allclose(server.configure_evaluate(1, [4])[0].weights,
-                               blob_b.mean(0) + 1, rtol=1e-6)
+    np.testing.assert_allclose(
+        server.configure_evaluate(1, [4])[0].weights, blob_b.mean(0) + 1, rtol=1e-6
+    )
 
 
 # --------------------------------------------------------------------------- convergence
@@ -699,14 +812,25 @@ def test_kmeans_clusters_fixed_after_warmup():
 def test_convergence_definition_hand_numbers():
     acc = [0.1, 0.5, 0.8, 0.9, 0.95, 0.96, 0.95, 0.96, 0.95, 0.96]
     assert final_accuracy(acc) == pytest.approx(0.956)
-    np.testing.assert_allclose(trailing_mean(acc, 5),
-                               pd.Series(acc).rolling(5, min_periods=1).mean())
+    np.testing.assert_allclose(
+        trailing_mean(acc, 5), pd.Series(acc).rolling(5, min_periods=1).mean()
+    )
     # trailing means: ..., 0.912 (index 6), 0.944 (7), 0.954 (8): first stays >= 0.946 at 8
     assert convergence_round(acc) == 8
     assert convergence_round([0.5] * 4) == 0
-    rows = [{"mean_accuracy": a, "dl_time_s": 1.0, "ul_time_s": 2.0, "client_time_s": 0.5,
-             "elapsed_s": 4.0 * (k + 1), "bytes_up": 10, "bytes_down": 10,
-             "comm_round": float(k % 2 == 0)} for k, a in enumerate(acc)]
+    rows = [
+        {
+            "mean_accuracy": a,
+            "dl_time_s": 1.0,
+            "ul_time_s": 2.0,
+            "client_time_s": 0.5,
+            "elapsed_s": 4.0 * (k + 1),
+            "bytes_up": 10,
+            "bytes_down": 10,
+            "comm_round": float(k % 2 == 0),
+        }
+        for k, a in enumerate(acc)
+    ]
     c = to_convergence(rows)
     assert c["convergence_round"] == 8 and c["training_rounds"] == 9
     assert c["comm_rounds"] == 5  # rounds 0, 2, 4, 6, 8 sent model weights

@@ -14,21 +14,35 @@ from mecsim.emulation.ops import Download
 from mecsim.scenario import scenario_from_dict
 from mecsim.store.session import run_in_folder
 
-PERSONALISED = {"kapc", "kapc_bls", "dcpfl", "dcpfl_nola", "dcpfl_nodc", "kmeans_cluster",
-                "phsfl", "hsfl"}
+PERSONALISED = {
+    "kapc",
+    "kapc_bls",
+    "dcpfl",
+    "dcpfl_nola",
+    "dcpfl_nodc",
+    "kmeans_cluster",
+    "phsfl",
+    "hsfl",
+}
 
 
 def _scenario(algorithm: str, mode: str | None = None, **extra):
     downlink = {} if mode is None else {"mode": mode}
-    return scenario_from_dict({"algorithm": {"name": algorithm},
-                               "channel": {"model": "shannon", "downlink": downlink,
-                                           "interference": None},
-                               "topology": {"clients": 4}, **extra}, "s.yaml")
+    return scenario_from_dict(
+        {
+            "algorithm": {"name": algorithm},
+            "channel": {"model": "shannon", "downlink": downlink, "interference": None},
+            "topology": {"clients": 4},
+            **extra,
+        },
+        "s.yaml",
+    )
 
 
 def test_every_algorithm_declares_its_downloads():
-    declared = {name for name in algorithm_names()
-                if algorithm_classes(name)[0].personalised_downloads}
+    declared = {
+        name for name in algorithm_names() if algorithm_classes(name)[0].personalised_downloads
+    }
     assert declared == PERSONALISED
 
 
@@ -68,16 +82,30 @@ def test_note_for_personalised_downloads_on_the_full_band():
     assert "the 4 concurrent downloads each use the whole 50 MHz band" in note
     assert downlink_note(_scenario("fedavg", "full")) is None  # a broadcast: no assumption
     assert downlink_note(_scenario("kapc", "shared")) is None
-    fixed = scenario_from_dict({"algorithm": {"name": "kapc"}, "channel": {
-        "model": "fixed_rate", "uplink": {"rate_bps": 1e6}, "downlink": {"rate_bps": 1e6}}},
-        "s.yaml")
+    fixed = scenario_from_dict(
+        {
+            "algorithm": {"name": "kapc"},
+            "channel": {
+                "model": "fixed_rate",
+                "uplink": {"rate_bps": 1e6},
+                "downlink": {"rate_bps": 1e6},
+            },
+        },
+        "s.yaml",
+    )
     assert fixed.downlink_mode() is None and downlink_note(fixed) is None
 
 
 def test_note_printed_in_summary_and_report(tmp_path):
-    sc = _scenario("kapc", "full", rounds=1, seed=1,
-                   dataset={"train_size": 200, "test_size": 80},
-                   execution={"backend": "local"}, metrics={"enabled": False})
+    sc = _scenario(
+        "kapc",
+        "full",
+        rounds=1,
+        seed=1,
+        dataset={"train_size": 200, "test_size": 80},
+        execution={"backend": "local"},
+        metrics={"enabled": False},
+    )
     out = tmp_path / "kapc"
     run_in_folder(sc, out)
     note = downlink_note(sc)

@@ -36,13 +36,25 @@ from test_resume import assert_same_records  # noqa: E402
 from mecsim.store.session import run_in_folder
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "edge_golden"
-FILES = ("rounds.csv", "clients.csv", "rounds.parquet", "clients.parquet", "optraces.jsonl",
-         "summary.md")
+FILES = (
+    "rounds.csv",
+    "clients.csv",
+    "rounds.parquet",
+    "clients.parquet",
+    "optraces.jsonl",
+    "summary.md",
+)
 
-_SPLIT = dict(model={"name": "phsfl_cnn"},
-              dataset={"name": "mnist-embedded", "train_size": 200, "test_size": 80,
-                       "partition": {"method": "dirichlet", "alpha": 0.5}},
-              backhaul={"bandwidth_bps": 1e9, "latency_s": 0.005})
+_SPLIT = dict(
+    model={"name": "phsfl_cnn"},
+    dataset={
+        "name": "mnist-embedded",
+        "train_size": 200,
+        "test_size": 80,
+        "partition": {"method": "dirichlet", "alpha": 0.5},
+    },
+    backhaul={"bandwidth_bps": 1e9, "latency_s": 0.005},
+)
 _PARAMS = {"edge_rounds": 2, "finetune_steps": 2, "batches_per_epoch": 2}
 
 
@@ -50,21 +62,39 @@ def case(name: str, **execution):
     """The scenario of golden case ``name`` (``execution`` overrides its backend)."""
     ex = {"backend": "local", "hosts": 2, **execution}
     if name == "phsfl_2x2":  # 2 global rounds of 2 edge rounds, everyone selected
-        return tiny(rounds=4, topology={"clients": 4, "edge_servers": 2},
-                    algorithm={"name": "phsfl", "params": _PARAMS}, execution=ex, **_SPLIT)
+        return tiny(
+            rounds=4,
+            topology={"clients": 4, "edge_servers": 2},
+            algorithm={"name": "phsfl", "params": _PARAMS},
+            execution=ex,
+            **_SPLIT,
+        )
     if name == "phsfl_2x2_half":  # half of the clients per edge round: 3 global rounds
-        return tiny(rounds=6, seed=5,
-                    topology={"clients": 4, "edge_servers": 2, "participation": 0.5},
-                    algorithm={"name": "phsfl", "params": _PARAMS},
-                    evaluation={"every": 2, "clients": "all"}, execution=ex, **_SPLIT)
+        return tiny(
+            rounds=6,
+            seed=5,
+            topology={"clients": 4, "edge_servers": 2, "participation": 0.5},
+            algorithm={"name": "phsfl", "params": _PARAMS},
+            evaluation={"every": 2, "clients": "all"},
+            execution=ex,
+            **_SPLIT,
+        )
     if name == "hsfl_2x2":
-        return tiny(rounds=4, topology={"clients": 4, "edge_servers": 2},
-                    algorithm={"name": "hsfl", "params": _PARAMS}, execution=ex, **_SPLIT)
+        return tiny(
+            rounds=4,
+            topology={"clients": 4, "edge_servers": 2},
+            algorithm={"name": "hsfl", "params": _PARAMS},
+            execution=ex,
+            **_SPLIT,
+        )
     if name == "fedavg_flat":
         return tiny(rounds=3, execution=ex)
     if name == "fedavg_2es":  # a flat algorithm on a hierarchical topology
-        return tiny(rounds=3, topology={"clients": 4, "edge_servers": 2,
-                                        "participation": 0.75}, execution=ex)
+        return tiny(
+            rounds=3,
+            topology={"clients": 4, "edge_servers": 2, "participation": 0.75},
+            execution=ex,
+        )
     raise KeyError(name)
 
 
@@ -93,16 +123,19 @@ def test_records_agree_with_the_golden_ones(name: str, tmp_path: Path) -> None:
 
 
 def test_a_second_run_of_a_case_equals_the_first_bit_for_bit(
-        tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     """What the exact comparisons below rest on: the same case run twice in-process on one
     machine gives the same records (host columns aside)."""
-    assert_same_records(reference("phsfl_2x2_half", tmp_path_factory),
-                        _run("phsfl_2x2_half", tmp_path / "again"))
+    assert_same_records(
+        reference("phsfl_2x2_half", tmp_path_factory), _run("phsfl_2x2_half", tmp_path / "again")
+    )
 
 
 @pytest.mark.parametrize("stop_at", [1, 3])
 def test_a_run_stopped_mid_global_round_resumes_with_its_edge_models(
-        stop_at: int, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    stop_at: int, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     """Stopped after an odd round (inside a global round of 2 edge rounds, where the next
     round starts from each edge server's own model, not from the global one) and resumed
     from its checkpoint: the records equal those of the uninterrupted run. The checkpoint
@@ -123,8 +156,7 @@ def test_only_a_hierarchical_algorithm_has_edge_servers_of_its_own() -> None:
 
     phsfl = prepare(case("phsfl_2x2"), "p", None).executor
     assert sorted(phsfl.edges) == [0, 1]
-    assert [sorted(e.algorithm.client_samples) for e in phsfl.edges.values()] == [[0, 1],
-                                                                                 [2, 3]]
+    assert [sorted(e.algorithm.client_samples) for e in phsfl.edges.values()] == [[0, 1], [2, 3]]
     assert prepare(case("fedavg_2es"), "f", None).executor.edges == {}
 
 
@@ -132,16 +164,17 @@ def test_only_a_hierarchical_algorithm_has_edge_servers_of_its_own() -> None:
 @pytest.mark.own_ray
 @pytest.mark.slow
 def test_a_killed_edge_server_actor_is_recreated_and_the_records_unchanged(
-        tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     """A hierarchical run under Ray, one edge-server actor kill -9'ed after round 1 (its
     edge model mid-global-round) and the central one after round 4: the run recovers
     from its checkpoints and its records equal those of the in-process run."""
     from test_faults import run_killing_actors
 
-    out = run_killing_actors(case("phsfl_2x2_half"), tmp_path,
-                             [(1, "EdgeServerActor"), (4, "CentralServerActor")])
-    assert_same_records(reference("phsfl_2x2_half", tmp_path_factory), out,
-                        ignore=("faults",))
+    out = run_killing_actors(
+        case("phsfl_2x2_half"), tmp_path, [(1, "EdgeServerActor"), (4, "CentralServerActor")]
+    )
+    assert_same_records(reference("phsfl_2x2_half", tmp_path_factory), out, ignore=("faults",))
 
 
 @pytest.mark.ray

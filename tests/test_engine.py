@@ -23,8 +23,14 @@ def approx(x: float) -> object:
     return pytest.approx(x, rel=1e-9, abs=1e-12)
 
 
-def spec(cid: int, up: float | RateSchedule = 8e6, down: float | RateSchedule = 8e6,
-         overhead_s: float = 0.0, flops_per_s: float = 1e9, server: int = 0) -> ClientSpec:
+def spec(
+    cid: int,
+    up: float | RateSchedule = 8e6,
+    down: float | RateSchedule = 8e6,
+    overhead_s: float = 0.0,
+    flops_per_s: float = 1e9,
+    server: int = 0,
+) -> ClientSpec:
     return ClientSpec(cid, up, down, overhead_s, flops_per_s, server)
 
 
@@ -148,8 +154,13 @@ def test_deadline_drops_late_client() -> None:
 
 
 def test_deadline_all_dropped() -> None:
-    r = time_round({1: (Upload(1_000_000),)}, {1: spec(1, up=1e6)}, SERVER,
-                   NetworkSpec(deadline_s=2.0), aggregate_s=0.1)
+    r = time_round(
+        {1: (Upload(1_000_000),)},
+        {1: spec(1, up=1e6)},
+        SERVER,
+        NetworkSpec(deadline_s=2.0),
+        aggregate_s=0.1,
+    )
     assert r.critical_client is None and r.dropped == (1,)
     assert r.round_time_s == approx(2.1) and r.idle_s == approx(2.0)
     assert r.server_s == approx(0.1) and r.upload_s == 0.0
@@ -169,8 +180,13 @@ def test_rate_schedule_transfer_time() -> None:
     # a gap of zero rate: 1e6 in [0,1), nothing in [1,2), then 1e6 at 1e6 bps -> 3 s
     assert RateSchedule((0.0, 1.0, 2.0), (1e6, 0.0, 1e6)).transfer_time_s(2e6, 0.0) == approx(3)
     assert math.isinf(RateSchedule((0.0, 1.0), (1e6, 0.0)).transfer_time_s(2e6, 0.0))
-    for bad in [((), ()), ((0.5,), (1.0,)), ((0.0, 2.0, 1.0), (1, 1, 1)), ((0.0,), (-1.0,)),
-                ((0.0, 1.0), (1.0,))]:
+    for bad in [
+        ((), ()),
+        ((0.5,), (1.0,)),
+        ((0.0, 2.0, 1.0), (1, 1, 1)),
+        ((0.0,), (-1.0,)),
+        ((0.0, 1.0), (1.0,)),
+    ]:
         with pytest.raises(ValueError):
             RateSchedule(*bad)
 
@@ -183,8 +199,9 @@ def test_dedicated_download_with_schedule() -> None:
     assert t.download_s == approx(1.25) and t.finish_s == approx(1.75)
     # a rate that drops to 0 forever: the client never finishes and is dropped
     dead = RateSchedule((0.0, 1.0), (1e6, 0.0))
-    r = time_round({1: (Download(1_000_000),)}, {1: spec(1, down=dead)}, SERVER,
-                   NetworkSpec(deadline_s=3.0))
+    r = time_round(
+        {1: (Download(1_000_000),)}, {1: spec(1, down=dead)}, SERVER, NetworkSpec(deadline_s=3.0)
+    )
     assert math.isinf(r.clients[0].finish_s) and r.dropped == (1,) and r.round_time_s == 3.0
 
 
@@ -208,11 +225,16 @@ def test_empty_round() -> None:
 def test_shared_medium_rejects_schedule() -> None:
     sched = RateSchedule((0.0,), (1e6,))
     with pytest.raises(ValueError, match="client 5"):
-        time_round({5: (Upload(10),)}, {5: spec(5, up=sched)}, SERVER,
-                   NetworkSpec(uplink_shared=True))
+        time_round(
+            {5: (Upload(10),)}, {5: spec(5, up=sched)}, SERVER, NetworkSpec(uplink_shared=True)
+        )
     with pytest.raises(ValueError, match="client 6"):
-        time_round({6: (Download(10),)}, {6: spec(6, down=sched)}, SERVER,
-                   NetworkSpec(downlink_shared=True))
+        time_round(
+            {6: (Download(10),)},
+            {6: spec(6, down=sched)},
+            SERVER,
+            NetworkSpec(downlink_shared=True),
+        )
     # dedicated is fine
     r = time_round({5: (Upload(125_000),)}, {5: spec(5, up=sched)}, SERVER, NetworkSpec())
     assert r.clients[0].finish_s == approx(1.0)

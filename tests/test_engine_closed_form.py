@@ -44,8 +44,15 @@ def _random_round(rng: np.random.Generator):
         rate = lambda: 0.0 if rng.random() < 0.05 else float(rng.uniform(1e5, 1e8))  # noqa: E731
         fps = 0.0 if rng.random() < 0.03 else float(rng.uniform(1e8, 3e10))
         lat = lambda: 0.0 if rng.random() < 0.5 else float(rng.uniform(0.0, 0.3))  # noqa: E731
-        specs[cid] = ClientSpec(cid, rate(), rate(), float(rng.choice([0.0, rng.uniform(0, 0.2)])),
-                                fps, uplink_latency_s=lat(), downlink_latency_s=lat())
+        specs[cid] = ClientSpec(
+            cid,
+            rate(),
+            rate(),
+            float(rng.choice([0.0, rng.uniform(0, 0.2)])),
+            fps,
+            uplink_latency_s=lat(),
+            downlink_latency_s=lat(),
+        )
     deadline = None if rng.random() < 0.4 else float(rng.uniform(0.1, 30.0))
     return traces, specs, NetworkSpec(deadline_s=deadline), float(rng.uniform(0, 1))
 
@@ -95,8 +102,9 @@ def test_closed_form_declines_what_it_does_not_cover():
     sched = {1: ClientSpec(1, RateSchedule((0.0,), (1e6,)), 1e6, 0.01, 1e9), 2: specs[2]}
     assert _closed_form_timelines(both, sched, NetworkSpec()) is None
     for foreign in (Backhaul(10), SlowUpload(10)):
-        assert _closed_form_timelines({1: trace + (foreign,), 2: trace}, specs,
-                                      NetworkSpec()) is None
+        assert (
+            _closed_form_timelines({1: trace + (foreign,), 2: trace}, specs, NetworkSpec()) is None
+        )
 
 
 def test_time_round_uses_simpy_only_for_what_the_fast_paths_do_not_cover(monkeypatch):
@@ -123,7 +131,6 @@ def test_time_round_uses_simpy_only_for_what_the_fast_paths_do_not_cover(monkeyp
 
 def test_closed_form_checks_client_ids_and_method():
     with pytest.raises(ValueError, match="client_id"):
-        time_round({1: (Upload(10),)}, {1: ClientSpec(2, 1e6, 1e6, 0, 1e9)}, SERVERS,
-                   NetworkSpec())
+        time_round({1: (Upload(10),)}, {1: ClientSpec(2, 1e6, 1e6, 0, 1e9)}, SERVERS, NetworkSpec())
     with pytest.raises(ValueError, match="method"):
         time_round({}, {}, SERVERS, NetworkSpec(), method="fast")

@@ -64,12 +64,22 @@ def _random_round(rng: np.random.Generator, quantized: bool = False):
     def flops() -> float:
         return 0.0 if rng.random() < 0.1 else pick(1e6, 5e10, [1e9, 2e9, 3e9])
 
-    servers = [ServerSpec(0.0 if rng.random() < 0.03 else pick(1e9, 1e11, [1e9, 2e9, 4e9]),
-                          float(rng.choice([0.0, 0.01, 0.25])), pick(1e8, 1e10, [1e6, 8e6]),
-                          pick(0.0, 0.01, [0.0, 0.5]))
-               for _ in range(n_es)]
-    backhaul = {es: [Backhaul(int(rng.integers(0, 10_000_000)), d)
-                     for d in ("down", "up")[:int(rng.integers(0, 3))]] for es in range(n_es)}
+    servers = [
+        ServerSpec(
+            0.0 if rng.random() < 0.03 else pick(1e9, 1e11, [1e9, 2e9, 4e9]),
+            float(rng.choice([0.0, 0.01, 0.25])),
+            pick(1e8, 1e10, [1e6, 8e6]),
+            pick(0.0, 0.01, [0.0, 0.5]),
+        )
+        for _ in range(n_es)
+    ]
+    backhaul = {
+        es: [
+            Backhaul(int(rng.integers(0, 10_000_000)), d)
+            for d in ("down", "up")[: int(rng.integers(0, 3))]
+        ]
+        for es in range(n_es)
+    }
     traces, specs, common = {}, {}, None
     for cid in ids:
         es = int(rng.integers(n_es))
@@ -77,8 +87,9 @@ def _random_round(rng: np.random.Generator, quantized: bool = False):
             ops = list(common)
         elif structured:  # download, compute, [server], upload, [server]: one order
             ops = [Download(nbytes())] if rng.random() < 0.9 else []
-            ops += [Compute(flops(), int(rng.integers(0, 20)))
-                    for _ in range(int(rng.integers(0, 3)))]
+            ops += [
+                Compute(flops(), int(rng.integers(0, 20))) for _ in range(int(rng.integers(0, 3)))
+            ]
             if server_first and rng.random() < 0.5:
                 ops.append(ServerCompute(flops(), 1))
             if rng.random() < 0.9:
@@ -89,11 +100,17 @@ def _random_round(rng: np.random.Generator, quantized: bool = False):
             ops = []
             for _ in range(int(rng.integers(0, 10))):
                 kind = int(rng.integers(4))
-                ops.append(Download(nbytes()) if kind == 0 else Upload(nbytes()) if kind == 2
-                           else Compute(flops(), int(rng.integers(0, 20))) if kind == 1
-                           else ServerCompute(flops(), int(rng.integers(0, 3))))
+                ops.append(
+                    Download(nbytes())
+                    if kind == 0
+                    else Upload(nbytes())
+                    if kind == 2
+                    else Compute(flops(), int(rng.integers(0, 20)))
+                    if kind == 1
+                    else ServerCompute(flops(), int(rng.integers(0, 3)))
+                )
         common = common or list(ops)
-        mine = backhaul[es][:int(rng.integers(0, len(backhaul[es]) + 1))]
+        mine = backhaul[es][: int(rng.integers(0, len(backhaul[es]) + 1))]
         for op in mine:  # down first, up last
             ops.insert(0 if op.direction == "down" else len(ops), op)
         traces[cid] = tuple(ops)
@@ -105,20 +122,29 @@ def _random_round(rng: np.random.Generator, quantized: bool = False):
                 return _schedule(rng, quantized)
             return 0.0 if rng.random() < 0.04 else pick(1e5, 5e7, [1e6, 2e6, 4e6])
 
-        specs[cid] = ClientSpec(cid, rate(up_shared), rate(down_shared),
-                                float(rng.choice([0.0, 0.25, 0.5] if quantized else
-                                                 [0.0, rng.uniform(0, 0.1)])),
-                                0.0 if rng.random() < 0.02 else pick(1e8, 3e10, [1e9, 2e9, 4e9]),
-                                es)
+        specs[cid] = ClientSpec(
+            cid,
+            rate(up_shared),
+            rate(down_shared),
+            float(rng.choice([0.0, 0.25, 0.5] if quantized else [0.0, rng.uniform(0, 0.1)])),
+            0.0 if rng.random() < 0.02 else pick(1e8, 3e10, [1e9, 2e9, 4e9]),
+            es,
+        )
     deadline = None if rng.random() < 0.4 else float(rng.uniform(0.1, 60.0))
-    return traces, specs, servers, NetworkSpec(up_shared, down_shared, deadline), float(
-        rng.uniform(0, 1))
+    return (
+        traces,
+        specs,
+        servers,
+        NetworkSpec(up_shared, down_shared, deadline),
+        float(rng.uniform(0, 1)),
+    )
 
 
 def test_fast_paths_equal_simpy_on_random_rounds():
     rng = np.random.default_rng(20261123)
-    seen = dict.fromkeys(("media", "stuck", "dropped", "schedule", "backhaul", "server",
-                          "shared"), 0)
+    seen = dict.fromkeys(
+        ("media", "stuck", "dropped", "schedule", "backhaul", "server", "shared"), 0
+    )
     for _ in range(1500):
         traces, specs, servers, net, agg = _random_round(rng)
         ref = time_round(traces, specs, servers, net, agg, method="simpy")
@@ -136,8 +162,11 @@ def test_fast_paths_equal_simpy_on_random_rounds():
         seen["backhaul"] += any(isinstance(op, Backhaul) for op in ops)
         seen["server"] += any(isinstance(op, ServerCompute) for op in ops)
         seen["shared"] += net.uplink_shared or net.downlink_shared
-        seen["schedule"] += any(isinstance(s.uplink_rate_bps, RateSchedule) or isinstance(
-            s.downlink_rate_bps, RateSchedule) for s in specs.values())
+        seen["schedule"] += any(
+            isinstance(s.uplink_rate_bps, RateSchedule)
+            or isinstance(s.downlink_rate_bps, RateSchedule)
+            for s in specs.values()
+        )
     # the random rounds did reach every case, and each fast path took a good share
     assert min(seen.values()) > 100, seen
 
@@ -150,8 +179,14 @@ def _assert_close(got: RoundTiming, ref: RoundTiming) -> None:
     assert len(got.clients) == len(ref.clients)
     for a, b in zip(got.clients, ref.clients, strict=True):
         assert (a.client_id, a.completed) == (b.client_id, b.completed)
-        for f in ("finish_s", "download_s", "compute_s", "upload_s", "server_compute_s",
-                  "backhaul_s"):
+        for f in (
+            "finish_s",
+            "download_s",
+            "compute_s",
+            "upload_s",
+            "server_compute_s",
+            "backhaul_s",
+        ):
             assert _close(getattr(a, f), getattr(b, f)), (f, a, b)
     assert got.dropped == ref.dropped
     assert _close(got.round_time_s, ref.round_time_s) and _close(got.wait_s, ref.wait_s)
@@ -197,8 +232,14 @@ def test_dead_client_on_a_shared_medium(method: str) -> None:
     # share of the medium, so client 2's 8 Mbit at 8 Mbps take 2 s, not 1 s.
     traces = {1: (Upload(1_000_000),), 2: (Upload(1_000_000),)}
     specs = {1: ClientSpec(1, 0.0, 8e6, 0.0, 1e9), 2: ClientSpec(2, 8e6, 8e6, 0.0, 1e9)}
-    r = time_round(traces, specs, [ServerSpec(1e9)], NetworkSpec(uplink_shared=True),
-                   aggregate_s=0.5, method=method)
+    r = time_round(
+        traces,
+        specs,
+        [ServerSpec(1e9)],
+        NetworkSpec(uplink_shared=True),
+        aggregate_s=0.5,
+        method=method,
+    )
     one, two = r.clients
     assert math.isinf(one.finish_s) and math.isinf(one.upload_s) and not one.completed
     assert two.finish_s == 2.0 and two.completed
@@ -211,8 +252,10 @@ def test_shared_fedavg_round_by_hand(method: str) -> None:
     # computes 1 s, client 2 3 s. Client 1 uploads 8 Mbit alone from 3 s to 5 s (at 8 Mbps
     # until client 2 arrives at 5 s: done exactly then); client 2 uploads 4 Mbit alone:
     # 5 s + 0.5 s = 5.5 s.
-    traces = {1: (Download(1_000_000), Compute(1e9, 0), Upload(1_000_000)),
-              2: (Download(1_000_000), Compute(3e9, 0), Upload(500_000))}
+    traces = {
+        1: (Download(1_000_000), Compute(1e9, 0), Upload(1_000_000)),
+        2: (Download(1_000_000), Compute(3e9, 0), Upload(500_000)),
+    }
     specs = {c: ClientSpec(c, 8e6, 8e6, 0.0, 1e9) for c in (1, 2)}
     r = time_round(traces, specs, [ServerSpec(1e9)], NetworkSpec(True, True), method=method)
     one, two = r.clients
@@ -226,8 +269,13 @@ def _split_learning_round(batches: int):
     for c in range(6):
         ops = [Backhaul(3_000_000, "down"), Download(6656)]
         for b in range(batches):
-            ops += [Compute(4.4e7, 1), Upload(884_832 + 7 * c + b), ServerCompute(2e9, 1),
-                    Download(884_736), Compute(4.4e7, 0)]
+            ops += [
+                Compute(4.4e7, 1),
+                Upload(884_832 + 7 * c + b),
+                ServerCompute(2e9, 1),
+                Download(884_736),
+                Compute(4.4e7, 0),
+            ]
         ops += [Upload(6656), Backhaul(3_000_000, "up")]
         traces[c] = tuple(ops)
         specs[c] = ClientSpec(c, 2e6 + 1e5 * c, 5e6 + 3e5 * c, 0.02, 1.4e10, c // 3)
@@ -245,8 +293,9 @@ def test_paths_taken() -> None:
     many = {c: fedavg[1] for c in range(100)}
     many_specs = {c: ClientSpec(c, 1e6 + c, 2e6 + c, 0.01, 1e9) for c in many}
     assert engine_path(many, many_specs, servers, NetworkSpec(True, True)) == "media"
-    sched = {c: ClientSpec(c, RateSchedule((0.0, 1.0), (1e6, 2e6 + c)), 1e6, 0.01, 1e9)
-             for c in many}
+    sched = {
+        c: ClientSpec(c, RateSchedule((0.0, 1.0), (1e6, 2e6 + c)), 1e6, 0.01, 1e9) for c in many
+    }
     assert engine_path(many, sched, servers, NetworkSpec()) == "media"
     split = _split_learning_round(3)
     assert engine_path(*split) == "events"
@@ -269,10 +318,13 @@ def test_rounds_with_link_latency_are_timed_as_simpy_does() -> None:
     from mecsim.emulation.engine import ClientSpec, NetworkSpec, ServerSpec, time_round
     from mecsim.emulation.ops import Compute, Download, Upload
 
-    traces = {c: (Download(100_000 * (c + 1)), Compute(1e8, 3), Upload(50_000))
-              for c in range(6)}
-    specs = {c: ClientSpec(c, 1e6 + c, 2e6, 0.01, 1e9, 0, uplink_latency_s=0.02 * c,
-                           downlink_latency_s=0.005) for c in range(6)}
+    traces = {c: (Download(100_000 * (c + 1)), Compute(1e8, 3), Upload(50_000)) for c in range(6)}
+    specs = {
+        c: ClientSpec(
+            c, 1e6 + c, 2e6, 0.01, 1e9, 0, uplink_latency_s=0.02 * c, downlink_latency_s=0.005
+        )
+        for c in range(6)
+    }
     for shared in (False, True):
         net = NetworkSpec(uplink_shared=shared, downlink_shared=shared)
         ref = time_round(traces, specs, [ServerSpec(1e9)], net, method="simpy")

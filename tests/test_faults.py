@@ -29,8 +29,13 @@ from mecsim.store.reader import read_csv_exact
 from mecsim.store.runfolder import prepare_resume
 from mecsim.store.session import run_in_folder
 
-UNIT = {"flops_per_s": 1e9, "step_overhead_s": 0.0, "ram_bytes": 2**32,
-        "flops_source": "test", "step_overhead_source": "test"}
+UNIT = {
+    "flops_per_s": 1e9,
+    "step_overhead_s": 0.0,
+    "ram_bytes": 2**32,
+    "flops_source": "test",
+    "step_overhead_source": "test",
+}
 FIXED = {"model": "fixed_rate", "uplink": {"rate_bps": 1e6}, "downlink": {"rate_bps": 2e6}}
 
 
@@ -65,8 +70,7 @@ def test_outage_intervals_cut_a_rate_to_zero() -> None:
 def test_crash_and_dropout_traces() -> None:
     trace = (Download(100), Compute(1e9, 10), Compute(3e9, 30), Upload(50))
     # 60 % of 4 GFLOPs = 2.4 GFLOPs: the first Compute whole, 1.4 of the second's 3
-    assert faults.crash_trace(trace, 0.6) == (Download(100), Compute(1e9, 10),
-                                              Compute(1.4e9, 14))
+    assert faults.crash_trace(trace, 0.6) == (Download(100), Compute(1e9, 10), Compute(1.4e9, 14))
     assert faults.dropout_trace(trace) == trace[:3]
     assert faults.outage_trace(0) == (Download(1),)
 
@@ -81,8 +85,9 @@ def test_fault_draws_are_seeded_and_kinds_independent() -> None:
     sc2 = tiny(faults={"crash_prob": 0.5, "dropout_prob": 0.0, "outage_prob": 0.3})
     c = faults.draw_round(sc2.faults, 3, 7, list(range(50)))
     assert c.outage == a.outage and c.crash_at == a.crash_at and not c.dropout
-    f = faults.slowdown_factors(tiny(faults={"straggler": {"fraction": 0.25,
-                                                           "slowdown": [2, 3]}}).faults, 0, 40)
+    f = faults.slowdown_factors(
+        tiny(faults={"straggler": {"fraction": 0.25, "slowdown": [2, 3]}}).faults, 0, 40
+    )
     assert (f > 1).sum() == 10 and ((f == 1) | ((f >= 2) & (f <= 3))).all()
 
 
@@ -90,10 +95,16 @@ def test_fault_draws_are_seeded_and_kinds_independent() -> None:
 
 
 def test_stragglers_and_a_link_outage_by_hand(tmp_path: Path) -> None:
-    rounds, clients = _faulted(tmp_path, {
-        "straggler": {"fraction": 1.0, "slowdown": 3.0},
-        "link_outages": [{"start_s": 1.0, "duration_s": 2.0, "clients": [0],
-                          "direction": "downlink"}]}, rounds=1)
+    rounds, clients = _faulted(
+        tmp_path,
+        {
+            "straggler": {"fraction": 1.0, "slowdown": 3.0},
+            "link_outages": [
+                {"start_s": 1.0, "duration_s": 2.0, "clients": [0], "direction": "downlink"}
+            ],
+        },
+        rounds=1,
+    )
     for c in clients.itertuples():
         # bits / rate; client 0's download pauses 2 s in [1, 3)
         down_s = 8 * c.bytes_down / 2e6 + (2.0 if c.client_id == 0 else 0.0)
@@ -123,12 +134,12 @@ def test_crashes_lose_the_work_and_change_nothing(tmp_path: Path) -> None:
 def test_a_crashed_clients_private_state_is_put_back(tmp_path: Path) -> None:
     # local training keeps each client's model in its private state: after crashed rounds
     # it is the initial model, so accuracy is the same in every round
-    rounds, clients = _faulted(tmp_path, {"crash_prob": 1.0}, rounds=2,
-                               algorithm={"name": "local"})
+    rounds, clients = _faulted(tmp_path, {"crash_prob": 1.0}, rounds=2, algorithm={"name": "local"})
     acc = clients.pivot(index="client_id", columns="round", values="accuracy")
     assert (acc[0] == acc[1]).all()
-    _, kept = _faulted(tmp_path / "dropout", {"dropout_prob": 1.0}, rounds=2,
-                       algorithm={"name": "local"})
+    _, kept = _faulted(
+        tmp_path / "dropout", {"dropout_prob": 1.0}, rounds=2, algorithm={"name": "local"}
+    )
     acc = kept.pivot(index="client_id", columns="round", values="accuracy")
     assert (acc[0] != acc[1]).any()  # a drop-out trained: its model moved on
 
@@ -140,7 +151,8 @@ def test_dropouts_train_but_do_not_upload(tmp_path: Path) -> None:
     assert (clients["bytes_up"] == 0).all() and (clients["upload_s"] == 0).all()
     assert clients["compute_s"].tolist() == clean["compute_s"].tolist()
     assert clients["finish_s"].tolist() == pytest.approx(
-        (clean["download_s"] + clean["compute_s"]).tolist(), rel=1e-12)
+        (clean["download_s"] + clean["compute_s"]).tolist(), rel=1e-12
+    )
     assert rounds["dropped_out"].iloc[0] == 4 and rounds["completed"].iloc[0] == 0
 
 
@@ -152,40 +164,53 @@ def test_outages_never_complete_and_round_times_stay_finite(tmp_path: Path) -> N
     # a trace that holds client 1's link at 0 b/s for ever, no deadline
     trace = tmp_path / "trace.csv"
     trace.write_text("time_s,client_id,uplink_mbps,downlink_mbps\n0,*,1,2\n0,1,0,0\n")
-    rounds, clients = _faulted(tmp_path / "t", {}, rounds=1,
-                               channel={"model": "trace", "path": str(trace)})
+    rounds, clients = _faulted(
+        tmp_path / "t", {}, rounds=1, channel={"model": "trace", "path": str(trace)}
+    )
     status = clients.set_index("client_id")["status"]
     assert status[1] == "outage" and (status.drop(1) == "completed").all()
     assert math.isfinite(rounds["round_time_s"].iloc[0])
     done = clients[clients["status"] == "completed"]
     assert rounds["round_time_s"].iloc[0] == approx(
-        done["finish_s"].max() + rounds["server_time_s"].iloc[0])
+        done["finish_s"].max() + rounds["server_time_s"].iloc[0]
+    )
 
 
 def test_wait_for_a_fraction_drops_the_slowest(tmp_path: Path) -> None:
     slow = {**UNIT, "flops_per_s": 1e6}
     rounds, clients = _faulted(
-        tmp_path, {"wait_for_fraction": 0.5}, rounds=1,
-        devices={"clients": [{"profile": "unit", "count": 2}, {"profile": "slow"}],
-                 "profiles": {"unit": UNIT, "slow": slow}})
+        tmp_path,
+        {"wait_for_fraction": 0.5},
+        rounds=1,
+        devices={
+            "clients": [{"profile": "unit", "count": 2}, {"profile": "slow"}],
+            "profiles": {"unit": UNIT, "slow": slow},
+        },
+    )
     status = clients.set_index("client_id")["status"].to_dict()
-    assert status == {0: "completed", 1: "completed", 2: "dropped_deadline",
-                      3: "dropped_deadline"}
+    assert status == {0: "completed", 1: "completed", 2: "dropped_deadline", 3: "dropped_deadline"}
     fast = clients[clients["client_id"] < 2]
     r = rounds.iloc[0]
-    assert r["round_time_s"] == approx(fast["finish_s"].max() + r["aggregate_time_s"]
-                                       if "aggregate_time_s" in r else
-                                       fast["finish_s"].max() + r["server_time_s"])
+    assert r["round_time_s"] == approx(
+        fast["finish_s"].max() + r["aggregate_time_s"]
+        if "aggregate_time_s" in r
+        else fast["finish_s"].max() + r["server_time_s"]
+    )
     assert r["dropped_deadline"] == 2
 
 
 def test_a_faulted_run_replays_exactly_and_resumes_exactly(tmp_path: Path) -> None:
-    cfg = {"crash_prob": 0.25, "dropout_prob": 0.25, "outage_prob": 0.2,
-           "straggler": {"fraction": 0.5, "slowdown": [1.5, 4.0]},
-           "link_outages": [{"start_s": 5.0, "duration_s": 30.0, "clients": [2]}],
-           "wait_for_fraction": 0.75}
-    sc = tiny(rounds=5, faults=cfg, channel=FIXED, topology={"clients": 8},
-              algorithm={"name": "kapc"})
+    cfg = {
+        "crash_prob": 0.25,
+        "dropout_prob": 0.25,
+        "outage_prob": 0.2,
+        "straggler": {"fraction": 0.5, "slowdown": [1.5, 4.0]},
+        "link_outages": [{"start_s": 5.0, "duration_s": 30.0, "clients": [2]}],
+        "wait_for_fraction": 0.75,
+    }
+    sc = tiny(
+        rounds=5, faults=cfg, channel=FIXED, topology={"clients": 8}, algorithm={"name": "kapc"}
+    )
     full = tmp_path / "full" / "r"
     run_in_folder(sc, full)
     clients = read_csv_exact(full / "clients.csv")
@@ -210,8 +235,9 @@ def test_a_faulted_run_replays_exactly_and_resumes_exactly(tmp_path: Path) -> No
 
 
 def _result(cid: int, weights: np.ndarray, n: int, extra=None) -> ClientResult:
-    return ClientResult(cid, weights, weights.nbytes, n, 0.0, (), 0.0, 1, 0,
-                        extra=dict(extra or {}))
+    return ClientResult(
+        cid, weights, weights.nbytes, n, 0.0, (), 0.0, 1, 0, extra=dict(extra or {})
+    )
 
 
 def test_updates_with_nan_or_inf_are_rejected_not_averaged() -> None:
@@ -224,8 +250,15 @@ def test_updates_with_nan_or_inf_are_rejected_not_averaged() -> None:
     bad[17] = np.nan
     worse = w0.copy()
     worse[3] = np.inf
-    report = server.aggregate(0, [_result(0, a, 10), _result(1, b, 30), _result(2, bad, 5),
-                                  _result(3, worse, 5, {"loss": 1.0})])
+    report = server.aggregate(
+        0,
+        [
+            _result(0, a, 10),
+            _result(1, b, 30),
+            _result(2, bad, 5),
+            _result(3, worse, 5, {"loss": 1.0}),
+        ],
+    )
     assert report.rejected == (2, 3)
     # FedAvg's mean of the two kept: n-weighted sum in float64, divided once, then float32
     kept = (10 * a.astype(np.float64) + 30 * b.astype(np.float64)) / 40
@@ -246,8 +279,7 @@ def test_a_diverging_run_is_flagged_and_its_model_untouched(tmp_path: Path, caps
     path = tmp_path / "lr.yaml"
     data = tiny(rounds=2, training={"lr": 1000.0}).model_dump(mode="json")
     path.write_text(__import__("json").dumps(data))
-    code = main(["run", str(path), "--out", str(tmp_path / "runs"), "--run-id", "d",
-                 "--no-plots"])
+    code = main(["run", str(path), "--out", str(tmp_path / "runs"), "--run-id", "d", "--no-plots"])
     out = capsys.readouterr().err
     assert code == 0
     assert "round 1: 4 update(s) with NaN or inf rejected" in out
@@ -291,9 +323,22 @@ def run_killing_actors(sc, tmp_path: Path, plan: list[tuple[int, str]]) -> Path:
     path = tmp_path / "s.yaml"
     path.write_text(__import__("json").dumps(data))
     out = tmp_path / "runs" / "r"
-    proc = subprocess.Popen([sys.executable, "-m", "mecsim", "run", str(path), "--run-id",
-                             "r", "--quiet", "--no-plots"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mecsim",
+            "run",
+            str(path),
+            "--run-id",
+            "r",
+            "--quiet",
+            "--no-plots",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     plan, kills = list(plan), len(plan)
     killed: list[int] = []
     deadline = time.monotonic() + 300

@@ -17,8 +17,9 @@ from mecsim.emulation.ops import Compute, Download, Upload
 def test_weighted_average_hand_numbers():
     out = weighted_average([np.array([1.0, 2.0]), np.array([3.0, 4.0])], [1, 3])
     np.testing.assert_allclose(out, [2.5, 3.5])
-    out = weighted_average([np.array([0.0, 9.0]), np.array([3.0, 0.0]),
-                            np.array([6.0, 3.0])], [100, 200, 700])
+    out = weighted_average(
+        [np.array([0.0, 9.0]), np.array([3.0, 0.0]), np.array([6.0, 3.0])], [100, 200, 700]
+    )
     np.testing.assert_allclose(out, [0.6 + 4.2, 0.9 + 2.1])
     with pytest.raises(ValueError):
         weighted_average([], [])
@@ -47,8 +48,7 @@ def test_fedavg_server_aggregates_by_sample_count_and_counts_flops():
 
 
 def test_selection_is_seeded_and_sized():
-    server = FedAvgServer(_layout(), np.zeros(2, np.float32), {i: 1 for i in range(20)},
-                          0.25, {})
+    server = FedAvgServer(_layout(), np.zeros(2, np.float32), {i: 1 for i in range(20)}, 0.25, {})
     a = server.select(0, np.random.default_rng(5))
     b = server.select(0, np.random.default_rng(5))
     assert a == b and len(a) == 5 and len(set(a)) == 5 and a == sorted(a)
@@ -59,9 +59,20 @@ def _context(model, state=None) -> ClientContext:
     g = torch.Generator().manual_seed(0)
     x = torch.randn(40, 1, 28, 28, generator=g)
     y = torch.randint(0, 10, (40,), generator=g)
-    return ClientContext(0, model, layout, x, y, x[:10], y[:10], {} if state is None else state,
-                         TrainConfig(epochs=1, batch_size=10, lr=0.1),
-                         torch.Generator().manual_seed(1), StepCosts(), get_flat(model, layout))
+    return ClientContext(
+        0,
+        model,
+        layout,
+        x,
+        y,
+        x[:10],
+        y[:10],
+        {} if state is None else state,
+        TrainConfig(epochs=1, batch_size=10, lr=0.1),
+        torch.Generator().manual_seed(1),
+        StepCosts(),
+        get_flat(model, layout),
+    )
 
 
 def test_fedavg_client_trace_and_bytes():

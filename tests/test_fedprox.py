@@ -29,9 +29,20 @@ def _context(model, state=None, epochs=2, lr=0.5) -> ClientContext:
     g = torch.Generator().manual_seed(0)
     x = torch.randn(6, 1, 28, 28, generator=g)
     y = torch.randint(0, 10, (6,), generator=g)
-    return ClientContext(0, model, layout, x, y, x[:3], y[:3], {} if state is None else state,
-                         TrainConfig(epochs=epochs, batch_size=6, lr=lr),
-                         torch.Generator().manual_seed(1), StepCosts(), get_flat(model, layout))
+    return ClientContext(
+        0,
+        model,
+        layout,
+        x,
+        y,
+        x[:3],
+        y[:3],
+        {} if state is None else state,
+        TrainConfig(epochs=epochs, batch_size=6, lr=lr),
+        torch.Generator().manual_seed(1),
+        StepCosts(),
+        get_flat(model, layout),
+    )
 
 
 def test_proximal_term_and_its_gradient():
@@ -40,7 +51,7 @@ def test_proximal_term_and_its_gradient():
     loss = proximal_term(model, anchors, mu=0.4)
     loss.backward()
     w = torch.cat([model.weight.detach().flatten(), model.bias.detach()])
-    assert float(loss.detach()) == pytest.approx(0.2 * float((w ** 2).sum()))
+    assert float(loss.detach()) == pytest.approx(0.2 * float((w**2).sum()))
     grad = torch.cat([model.weight.grad.flatten(), model.bias.grad])
     torch.testing.assert_close(grad, 0.4 * w)  # mu (w - w^t)
 
@@ -56,12 +67,14 @@ def test_two_full_batch_steps_match_a_hand_written_fedprox():
     for _ in range(2):
         opt.zero_grad()
         loss = nn.functional.cross_entropy(ref(ctx.x_train), ctx.y_train)
-        loss = loss + 0.15 * sum(((p - a) ** 2).sum() for p, a in zip(ref.parameters(), anchors,
-                                                                        strict=True))
+        loss = loss + 0.15 * sum(
+            ((p - a) ** 2).sum() for p, a in zip(ref.parameters(), anchors, strict=True)
+        )
         loss.backward()
         opt.step()
-    np.testing.assert_allclose(get_flat(model, ctx.layout), get_flat(ref, ctx.layout),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        get_flat(model, ctx.layout), get_flat(ref, ctx.layout), rtol=1e-5, atol=1e-6
+    )
     # mu = 0 is FedAvg, to the bit
     a, b = _model(), _model()
     ra = FedProxClient({"mu": 0.0}).fit(_context(a), ClientTask(0, global_w, 0))
@@ -90,15 +103,18 @@ def test_local_evaluation_uses_the_clients_own_trained_model():
 def test_server_is_fedavg_and_parameters_are_validated():
     layout = model_layout(nn.Linear(1, 1))
     server = FedProxServer(layout, np.zeros(2, np.float32), {0: 10, 1: 30}, 1.0, {"mu": 0.1})
-    results = [ClientResult(c, np.asarray(w, np.float32), 8, n, 0.0, (), 0.0, 0, 0)
-               for c, w, n in ((0, [4, 0], 10), (1, [0, 8], 30))]
+    results = [
+        ClientResult(c, np.asarray(w, np.float32), 8, n, 0.0, (), 0.0, 0, 0)
+        for c, w, n in ((0, [4, 0], 10), (1, [0, 8], 30))
+    ]
     assert server.aggregate_fit(0, results).flops == 8
     np.testing.assert_allclose(server.weights, [1.0, 6.0])  # FedAvg's weighted mean
     with pytest.raises(ScenarioError, match="params.mu"):
         scenario_from_dict({**TINY, "algorithm": {"name": "fedprox", "params": {"mu": -1}}}, "x")
     with pytest.raises(ScenarioError, match="params.eval_model"):
-        scenario_from_dict({**TINY, "algorithm": {"name": "fedprox",
-                                                  "params": {"eval_model": "best"}}}, "x")
+        scenario_from_dict(
+            {**TINY, "algorithm": {"name": "fedprox", "params": {"eval_model": "best"}}}, "x"
+        )
 
 
 def test_two_round_run_moves_full_models():

@@ -63,9 +63,13 @@ def _hand_server(cls=KapcServer, **params) -> KapcServer:
     model = _hand_model()
     layout = model_layout(model)
     init = np.zeros(layout.size, np.float32)
-    server = cls(layout, init, {0: 10, 1: 10, 2: 10}, 1.0,
-                 {"lam": 1.0, "beta": 0.5, "lr_relation": 0.1, "relation_init": "uniform",
-                  **params})
+    server = cls(
+        layout,
+        init,
+        {0: 10, 1: 10, 2: 10},
+        1.0,
+        {"lam": 1.0, "beta": 0.5, "lr_relation": 0.1, "relation_init": "uniform", **params},
+    )
     server.relations = server.initial_relations()
     server.aggregate_fit(-1, [_upload(c, w, [0, 1]) for c, w in HAND_W.items()])
     return server
@@ -118,8 +122,10 @@ def test_relation_gradient_matches_finite_differences_of_the_objective():
         up, down = r.copy(), r.copy()
         up[idx] += eps
         down[idx] -= eps
-        fd = (relation_objective(up, grams, 2, 0.7, 0.3, 6)
-              - relation_objective(down, grams, 2, 0.7, 0.3, 6)) / (2 * eps)
+        fd = (
+            relation_objective(up, grams, 2, 0.7, 0.3, 6)
+            - relation_objective(down, grams, 2, 0.7, 0.3, 6)
+        ) / (2 * eps)
         assert grad[idx] == pytest.approx(fd, rel=1e-6, abs=1e-6)
 
 
@@ -129,11 +135,13 @@ def test_server_round_updates_the_cube_and_sends_the_weighted_sums():
     # layer 0: w = (3, 0, 0). Client 0: e = 1 - 3, grad (-12, 0, 0) -> (23, 5, 5) / 33;
     # clients 1 and 2: e = 1, grad (6, 0, 0) -> (-4/15, 1/3, 1/3) -> clamp -> (0, 1/2, 1/2)
     # layer 1: w = (1,0), (0,1), (1,1); from 1/3: (6, 3, 4)/13, (3, 6, 4)/13, (6, 6, 7)/19
-    expected = np.array([
-        [[23 / 33, 5 / 33, 5 / 33], [6 / 13, 3 / 13, 4 / 13]],
-        [[0, 0.5, 0.5], [3 / 13, 6 / 13, 4 / 13]],
-        [[0, 0.5, 0.5], [6 / 19, 6 / 19, 7 / 19]],
-    ])
+    expected = np.array(
+        [
+            [[23 / 33, 5 / 33, 5 / 33], [6 / 13, 3 / 13, 4 / 13]],
+            [[0, 0.5, 0.5], [3 / 13, 6 / 13, 4 / 13]],
+            [[0, 0.5, 0.5], [6 / 19, 6 / 19, 7 / 19]],
+        ]
+    )
     np.testing.assert_allclose(server.relations, expected)
     # s_i = sum_j r_ij^l w_j^l, sent as the concatenated layers
     np.testing.assert_allclose(tasks[0].weights, [69 / 33, 10 / 13, 7 / 13], rtol=1e-6)
@@ -144,8 +152,9 @@ def test_server_round_updates_the_cube_and_sends_the_weighted_sums():
     # analytic FLOPs: Gram 3*4*3 + steps 3*2*(18+21) + normalisation 3*2*(18+9)
     # + s_i 2*3*(3 clients * 3 elements) = 36 + 234 + 162 + 54
     stats = server.aggregate_fit(0, [])
-    assert stats.flops == 486.0 == kapc_server_flops(3, 3, np.array([1, 2]), 1,
-                                                    np.ones((3, 2), bool))
+    assert (
+        stats.flops == 486.0 == kapc_server_flops(3, 3, np.array([1, 2]), 1, np.ones((3, 2), bool))
+    )
     assert stats.metrics["kapc_layers_down_mean"] == 2.0
     assert math.isnan(stats.metrics["kapc_layers_up_mean"])  # nothing uploaded
 
@@ -156,8 +165,9 @@ def test_selected_slice_is_written_back_and_rows_renormalised():
     server.configure_fit(0, [0, 2])
     # slice of client 0, layer 0 over (0, 2): (0.5, 0.2) -> (5/7, 2/7) written back; the
     # full row (5/7, 0.3, 2/7) is renormalised by its sum 1.3
-    np.testing.assert_allclose(server.relations[0, 0], np.array([5 / 7, 0.3, 2 / 7]) / 1.3,
-                               rtol=1e-9)
+    np.testing.assert_allclose(
+        server.relations[0, 0], np.array([5 / 7, 0.3, 2 / 7]) / 1.3, rtol=1e-9
+    )
     np.testing.assert_allclose(server.relations[1], 1 / 3)  # not selected: untouched
 
 
@@ -206,9 +216,20 @@ def _context(model, state=None, epochs=1, batch=8, lr=0.1, n=8) -> ClientContext
     g = torch.Generator().manual_seed(0)
     x = torch.randn(n, 1, 28, 28, generator=g)
     y = torch.randint(0, 10, (n,), generator=g)
-    return ClientContext(0, model, layout, x, y, x, y, {} if state is None else state,
-                         TrainConfig(epochs=epochs, batch_size=batch, lr=lr),
-                         torch.Generator().manual_seed(1), StepCosts(), get_flat(model, layout))
+    return ClientContext(
+        0,
+        model,
+        layout,
+        x,
+        y,
+        x,
+        y,
+        {} if state is None else state,
+        TrainConfig(epochs=epochs, batch_size=batch, lr=lr),
+        torch.Generator().manual_seed(1),
+        StepCosts(),
+        get_flat(model, layout),
+    )
 
 
 def test_client_step_adds_the_coaching_gradient_to_received_layers_only():
@@ -255,8 +276,9 @@ def test_bytes_follow_the_layer_selection_exactly():
     np.testing.assert_array_equal(stored[:642560], result.weights)
     np.testing.assert_array_equal(stored[642560:], view.extract(ctx.init_weights)[642560:])
     # nothing received: no coaching term, no download op, a zero-byte task
-    empty = KapcClient({}).fit(_context(model, {}, batch=4),
-                               ClientTask(0, np.zeros(0, np.float32), 0, {"layers": []}))
+    empty = KapcClient({}).fit(
+        _context(model, {}, batch=4), ClientTask(0, np.zeros(0, np.float32), 0, {"layers": []})
+    )
     assert [type(op) for op in empty.trace] == [Compute, Upload]
 
 
@@ -285,8 +307,16 @@ def test_bls_server_filters_by_self_relationship_after_the_first_download():
 # ---------------------------------------------------------------- BLS, client side
 
 
-CONSTS = BlsConstants(n_cols=np.array([4, 9]), out_dim=np.array([3, 10]), classes=10,
-                      samples=8, rho=1.0, input_bound=2.0, delta=2 / math.e, loss_range=4.0)
+CONSTS = BlsConstants(
+    n_cols=np.array([4, 9]),
+    out_dim=np.array([3, 10]),
+    classes=10,
+    samples=8,
+    rho=1.0,
+    input_bound=2.0,
+    delta=2 / math.e,
+    loss_range=4.0,
+)
 
 
 def test_m_and_the_criterion_by_hand():
@@ -302,24 +332,29 @@ def test_m_and_the_criterion_by_hand():
     # / sqrt m * c 2^L B^1 B^2 M) = 1 * 3 / (2 * 10 * 4 * 8 * 1) = 3/640
     with_conf = BlsConstants(**{**CONSTS.__dict__, "confidence_term": True})
     assert math.exp(criterion_log_lhs(1, tau, b, tau, b, with_conf)) == pytest.approx(
-        0.075 / 4 + 3 / 640)
+        0.075 / 4 + 3 / 640
+    )
     wide = BlsConstants(**{**with_conf.__dict__, "loss_range": 1000.0})  # 750/640 > 1
     assert criterion_log_lhs(1, tau, b, tau, b, wide) == pytest.approx(
-        math.log(0.075 / 4 + 750 / 640))
+        math.log(0.075 / 4 + 750 / 640)
+    )
     with pytest.raises(ValueError, match="outside"):
         criterion_log_lhs(3, tau, b, tau, b, CONSTS)
     zero = np.zeros(2)  # no regulariser bound known yet: read as "not satisfied"
     assert criterion_log_lhs(1, zero, b, zero, b, CONSTS) == math.inf
 
 
-@pytest.mark.parametrize(("start", "holding", "expected"), [
-    (3, {1, 2, 3}, 1),  # holds: go down while it still holds
-    (4, {1, 2, 3}, 5),  # fails at 4 and 5: up to L
-    (4, {3, 4, 5}, 3),  # holds at 4 and 3, not at 2: the last one that holds
-    (1, {3, 4}, 3),  # fails: up until it holds
-    (5, set(), 5),
-    (0, {1}, 1),  # Omega is clamped into [1, L]
-])
+@pytest.mark.parametrize(
+    ("start", "holding", "expected"),
+    [
+        (3, {1, 2, 3}, 1),  # holds: go down while it still holds
+        (4, {1, 2, 3}, 5),  # fails at 4 and 5: up to L
+        (4, {3, 4, 5}, 3),  # holds at 4 and 3, not at 2: the last one that holds
+        (1, {3, 4}, 3),  # fails: up until it holds
+        (5, set(), 5),
+        (0, {1}, 1),  # Omega is clamped into [1, L]
+    ],
+)
 def test_omega_search_on_hand_inputs(start, holding, expected):
     calls: list[int] = []
 
@@ -331,11 +366,14 @@ def test_omega_search_on_hand_inputs(start, holding, expected):
     assert all(1 <= om <= 5 for om in calls)
 
 
-@pytest.mark.parametrize(("start", "holding", "expected"), [
-    (4, {3, 4, 5}, 2),  # as written: down until it fails -> the first failing Omega
-    (3, {1, 2, 3}, 1),  # never fails on the way down: stops at 1
-    (1, {3, 4}, 3),  # the upward loop is the same
-])
+@pytest.mark.parametrize(
+    ("start", "holding", "expected"),
+    [
+        (4, {3, 4, 5}, 2),  # as written: down until it fails -> the first failing Omega
+        (3, {1, 2, 3}, 1),  # never fails on the way down: stops at 1
+        (1, {3, 4}, 3),  # the upward loop is the same
+    ],
+)
 def test_omega_search_as_written(start, holding, expected):
     assert search_omega(start, lambda om: om in holding, 5, as_written=True) == expected
 
@@ -458,8 +496,14 @@ def test_eq20_layers_beyond_omega_are_not_sent_and_coach_towards_own_weights():
     server = _hand_server(KapcBlsServer, lr_relation=1e-12, mu=1.0)
     server.configure_fit(0, [0, 1, 2])  # first selections: everything
     # client 0 uploaded Omega = 1 of 2 layers last time; clients 1, 2 both layers
-    server.aggregate_fit(0, [_upload(0, [3.0], [0]), _upload(1, [0.0, 0.0, 1.0], [0, 1]),
-                             _upload(2, [0.0, 1.0, 1.0], [0, 1])])
+    server.aggregate_fit(
+        0,
+        [
+            _upload(0, [3.0], [0]),
+            _upload(1, [0.0, 0.0, 1.0], [0, 1]),
+            _upload(2, [0.0, 1.0, 1.0], [0, 1]),
+        ],
+    )
     assert server.omega_of == {0: 1, 1: 2, 2: 2}
     tasks = server.configure_fit(1, [0, 1, 2])
     assert tasks[0].config["layers"] == [0] and tasks[0].download_nbytes == 4
@@ -494,13 +538,13 @@ def test_client_coaches_own_layers_towards_its_start_of_round_weights():
         loss = nn.functional.cross_entropy(ref(ctx.x_train[idx]), ctx.y_train[idx])
         first = torch.cat([ref[1].weight.flatten(), ref[1].bias])
         loss = loss + 2.0 * ((first - torch.from_numpy(s0)) ** 2).sum()
-        loss = loss + 2.0 * sum(((q - q0) ** 2).sum() for q, q0 in zip(ref[3].parameters(),
-                                                                         start, strict=True))
+        loss = loss + 2.0 * sum(
+            ((q - q0) ** 2).sum() for q, q0 in zip(ref[3].parameters(), start, strict=True)
+        )
         loss.backward()
         opt.step()
     expected = torch.cat([q.detach().flatten() for q in ref.parameters()]).numpy()
-    np.testing.assert_allclose(view.extract(ctx.state["weights"]), expected, rtol=1e-5,
-                               atol=1e-6)
+    np.testing.assert_allclose(view.extract(ctx.state["weights"]), expected, rtol=1e-5, atol=1e-6)
 
 
 # ---------------------------------------------------------------- omega policy
@@ -522,14 +566,23 @@ CONSTS_5 = BlsConstants(n_cols=np.full(5, 4), out_dim=np.full(5, 3), classes=10,
 
 
 def test_run_notes_label_the_policy_and_warn_when_omega_stays_one():
-    rows = [{"kapc_omega_repeat_mean": math.nan, "kapc_layers_filtered_mean": 0.0,
-             "kapc_self_relation_max": 0.12},
-            {"kapc_omega_repeat_mean": 1.0, "kapc_layers_filtered_mean": 0.0,
-             "kapc_self_relation_max": 0.13}]
+    rows = [
+        {
+            "kapc_omega_repeat_mean": math.nan,
+            "kapc_layers_filtered_mean": 0.0,
+            "kapc_self_relation_max": 0.12,
+        },
+        {
+            "kapc_omega_repeat_mean": 1.0,
+            "kapc_layers_filtered_mean": 0.0,
+            "kapc_self_relation_max": 0.13,
+        },
+    ]
     notes = run_notes("kapc_bls", {"omega_policy": "printed"}, rows)
     assert notes[0].startswith("KAPC+BLS uploads: omega_policy printed")
-    assert any(n.startswith("Warning: Omega stayed 1 on every repeat selection (1 rounds")
-               for n in notes)
+    assert any(
+        n.startswith("Warning: Omega stayed 1 on every repeat selection (1 rounds") for n in notes
+    )
     assert any("held back no layer" in n and "0.130" in n for n in notes)
     rows[1]["kapc_omega_repeat_mean"] = 2.0
     rows[1]["kapc_layers_filtered_mean"] = 0.5

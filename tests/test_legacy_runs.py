@@ -53,7 +53,8 @@ def test_a_legacy_checkpoint_names_agents_types_and_decodes_to_this_version_s() 
 
 
 def test_a_legacy_interrupted_run_resumes_to_the_records_of_a_fresh_run(
-        interrupted: Path, tmp_path: Path) -> None:
+    interrupted: Path, tmp_path: Path
+) -> None:
     target = prepare_resume(interrupted)
     assert target.rounds_done == 2  # its newest checkpoint
     outcome = run_in_folder(None, resume=target)
@@ -66,8 +67,7 @@ def test_a_legacy_interrupted_run_resumes_to_the_records_of_a_fresh_run(
 
 
 def test_mecsim_run_resume_continues_a_legacy_folder(interrupted: Path, capsys) -> None:
-    assert main(["run", "--resume", str(interrupted), "--quiet", "--no-plots",
-                 "--no-metrics"]) == 0
+    assert main(["run", "--resume", str(interrupted), "--quiet", "--no-plots", "--no-metrics"]) == 0
     assert json.loads((interrupted / "run.json").read_text())["rounds_done"] == 4
 
 

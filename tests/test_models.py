@@ -32,7 +32,11 @@ def test_2nn_layers_and_sizes():
     assert layout.size == sum(per_layer)
     bn_slots = [s for s in layout.slots if s.layer == 1]
     assert [s.name.rsplit(".", 1)[1] for s in bn_slots] == [
-        "weight", "bias", "running_mean", "running_var"]
+        "weight",
+        "bias",
+        "running_mean",
+        "running_var",
+    ]
     assert [s.is_param for s in bn_slots] == [True, True, False, False]
 
 
@@ -50,8 +54,9 @@ def test_flat_roundtrip_and_layer_masks():
     numel = layout.layer_numel()
     assert mask.sum() == numel[0] + numel[2]
     assert layout.nbytes_of_layers([0, 2]) == 4 * (numel[0] + numel[2])
-    assert layout.nbytes_of_layers(np.array([True, False, True, False, False])) == \
-        layout.nbytes_of_layers([0, 2])
+    assert layout.nbytes_of_layers(
+        np.array([True, False, True, False, False])
+    ) == layout.nbytes_of_layers([0, 2])
     with pytest.raises(ValueError, match="shape"):
         set_flat(other, layout, flat[:-1])
 
@@ -85,8 +90,10 @@ def test_flat_storage_keeps_the_values_and_trains_the_same(name):
     assert np.array_equal(storage.numpy(), trained)  # read straight from the storage
     set_flat(flat, layout, before)  # loaded through the storage
     assert np.array_equal(storage.numpy(), before)
-    assert torch.equal(flat.state_dict()[layout.slots[0].name].reshape(-1),
-                       torch.from_numpy(before[:layout.slots[0].numel]))
+    assert torch.equal(
+        flat.state_dict()[layout.slots[0].name].reshape(-1),
+        torch.from_numpy(before[: layout.slots[0].numel]),
+    )
 
 
 def test_flat_storage_falls_back_when_a_tensor_is_rebound_or_not_float32():
@@ -98,7 +105,7 @@ def test_flat_storage_falls_back_when_a_tensor_is_rebound_or_not_float32():
     module = model.get_submodule(first.name.rpartition(".")[0])
     module.weight.data = torch.full(first.shape, 7.0)  # no longer a view of the storage
     got = get_flat(model, layout)
-    assert (got[:first.numel] == 7.0).all()
+    assert (got[: first.numel] == 7.0).all()
     zeros = np.zeros(layout.size, dtype=np.float32)
     set_flat(model, layout, zeros)
     assert (module.weight == 0).all()
@@ -125,9 +132,16 @@ def test_get_flat_into_a_given_array(stored):
         assert not bad.any()
 
 
-@pytest.mark.parametrize("name,shape", [("mlp_2nn", (1, 28, 28)), ("mtfl_cnn", (3, 32, 32)),
-                                        ("kapc_cnn", (1, 28, 28)), ("phsfl_cnn", (1, 28, 28)),
-                                        ("resnet18", (3, 32, 32))])
+@pytest.mark.parametrize(
+    "name,shape",
+    [
+        ("mlp_2nn", (1, 28, 28)),
+        ("mtfl_cnn", (3, 32, 32)),
+        ("kapc_cnn", (1, 28, 28)),
+        ("phsfl_cnn", (1, 28, 28)),
+        ("resnet18", (3, 32, 32)),
+    ],
+)
 def test_every_model_runs_forward(name, shape):
     model = build_model(name, shape, 10)
     assert set(MODELS) >= {name}

@@ -89,40 +89,56 @@ def test_exporter_serves_every_family_with_the_runs_numbers(scraped):
         assert expected in names, f"{name} not served"
     info = [k for k in s if k[0] == "mecsim_run_info"]
     assert len(info) == 1 and dict(info[0][1]) == {
-        "scenario": "tiny", "model": "mlp_2nn", "dataset": "mnist-embedded", "clients": "4",
-        "backend": "local"}
+        "scenario": "tiny",
+        "model": "mlp_2nn",
+        "dataset": "mnist-embedded",
+        "clients": "4",
+        "backend": "local",
+    }
     assert s[("mecsim_rounds_planned", ())] == 2
     assert s[("mecsim_rounds_total", ())] == 2
     assert s[("mecsim_emulated_seconds_total", ())] == pytest.approx(rows[-1]["elapsed_s"])
     # the phase totals are the per-round split summed (backhaul: 0 until rows carry it)
-    for phase, col in (("download", "dl_time_s"), ("client", "client_time_s"),
-                       ("upload", "ul_time_s"), ("server", "server_time_s"),
-                       ("idle", "idle_time_s"), ("backhaul", "backhaul_time_s")):
-        assert s[("mecsim_emulated_phase_seconds_total", (("phase", phase),))] == \
-            pytest.approx(sum(r.get(col, 0.0) for r in rows))
+    for phase, col in (
+        ("download", "dl_time_s"),
+        ("client", "client_time_s"),
+        ("upload", "ul_time_s"),
+        ("server", "server_time_s"),
+        ("idle", "idle_time_s"),
+        ("backhaul", "backhaul_time_s"),
+    ):
+        assert s[("mecsim_emulated_phase_seconds_total", (("phase", phase),))] == pytest.approx(
+            sum(r.get(col, 0.0) for r in rows)
+        )
         assert s[("mecsim_round_phase_seconds", (("phase", phase),))] == rows[-1].get(col, 0.0)
-    assert s[("mecsim_transferred_bytes_total", (("direction", "down"),))] == \
-        sum(r["bytes_down"] for r in rows)
-    assert s[("mecsim_flops_total", (("side", "client"),))] == \
-        pytest.approx(1e9 * sum(r["client_gflops"] for r in rows))
-    assert s[("mecsim_server_resident_memory_bytes", ())] == \
-        pytest.approx(rows[-1]["server_rss_mb"] * 2**20)
-    assert s[("mecsim_client_step_memory_bytes", ())] == \
-        pytest.approx(rows[-1]["client_peak_mb"] * 2**20)
+    assert s[("mecsim_transferred_bytes_total", (("direction", "down"),))] == sum(
+        r["bytes_down"] for r in rows
+    )
+    assert s[("mecsim_flops_total", (("side", "client"),))] == pytest.approx(
+        1e9 * sum(r["client_gflops"] for r in rows)
+    )
+    assert s[("mecsim_server_resident_memory_bytes", ())] == pytest.approx(
+        rows[-1]["server_rss_mb"] * 2**20
+    )
+    assert s[("mecsim_client_step_memory_bytes", ())] == pytest.approx(
+        rows[-1]["client_peak_mb"] * 2**20
+    )
     for stat in ("mean", "min", "max"):
-        assert s[("mecsim_user_accuracy_ratio", (("stat", stat),))] == \
-            pytest.approx(rows[-1][f"{stat}_accuracy"])
+        assert s[("mecsim_user_accuracy_ratio", (("stat", stat),))] == pytest.approx(
+            rows[-1][f"{stat}_accuracy"]
+        )
     assert s[("mecsim_train_loss", ())] == pytest.approx(rows[-1]["train_loss"])
     assert s[("mecsim_test_loss", ())] == pytest.approx(rows[-1]["mean_test_loss"])
     for status in ("selected", "completed", "dropped"):
         assert s[("mecsim_round_clients", (("status", status),))] == rows[-1][status]
-        assert s[("mecsim_clients_total", (("status", status),))] == \
-            sum(r[status] for r in rows)
-    assert s[("mecsim_host_wall_seconds_total", ())] == \
-        pytest.approx(sum(r["host_wall_s"] for r in rows))
+        assert s[("mecsim_clients_total", (("status", status),))] == sum(r[status] for r in rows)
+    assert s[("mecsim_host_wall_seconds_total", ())] == pytest.approx(
+        sum(r["host_wall_s"] for r in rows)
+    )
     for part in ("compute", "radio", "idle"):  # joules of the selected clients, summed
-        assert s[("mecsim_client_energy_joules_total", (("part", part),))] == \
-            pytest.approx(sum(r[f"energy_{part}_j"] for r in rows))
+        assert s[("mecsim_client_energy_joules_total", (("part", part),))] == pytest.approx(
+            sum(r[f"energy_{part}_j"] for r in rows)
+        )
     assert s[("mecsim_round_energy_joules", ())] == pytest.approx(rows[-1]["energy_j"])
     assert rows[-1]["energy_j"] > 0
 
@@ -141,24 +157,29 @@ def test_channel_histograms_count_every_selected_client_round(scraped):
             key_le = (("direction", direction), ("le", str(float(le))))
             got = s.get(("mecsim_channel_rate_bytes_per_second_bucket", key_le))
             if got is None:  # the client library prints le with repr(); find it by value
-                got = next(v for (n, ls), v in s.items()
-                           if n == "mecsim_channel_rate_bytes_per_second_bucket"
-                           and dict(ls)["direction"] == direction
-                           and dict(ls)["le"] != "+Inf" and float(dict(ls)["le"]) == le)
+                got = next(
+                    v
+                    for (n, ls), v in s.items()
+                    if n == "mecsim_channel_rate_bytes_per_second_bucket"
+                    and dict(ls)["direction"] == direction
+                    and dict(ls)["le"] != "+Inf"
+                    and float(dict(ls)["le"]) == le
+                )
             assert got == (rates <= le).sum()
         assert s[("mecsim_channel_snr_decibels_count", lab)] == 8
-    assert s[("mecsim_client_phase_seconds_sum", (("phase", "upload"),))] == \
-        pytest.approx(sum(c["upload_s"] for c in selected))
+    assert s[("mecsim_client_phase_seconds_sum", (("phase", "upload"),))] == pytest.approx(
+        sum(c["upload_s"] for c in selected)
+    )
     # no per-client series: no sample carries a client label
-    assert all("client" not in dict(labels) and "client_id" not in dict(labels)
-               for _, labels in s)
+    assert all("client" not in dict(labels) and "client_id" not in dict(labels) for _, labels in s)
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason=NO_PROMTOOL)
 def test_promtool_check_metrics_passes_on_a_real_scrape(scraped):
     page, _, _ = scraped
-    proc = subprocess.run(["promtool", "check", "metrics"], input=page, text=True,
-                          capture_output=True, timeout=60)
+    proc = subprocess.run(
+        ["promtool", "check", "metrics"], input=page, text=True, capture_output=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.strip() == "" and proc.stderr.strip() == ""  # not even a lint warning
 
@@ -202,8 +223,7 @@ SELECTOR = re.compile(r"([A-Za-z_:][A-Za-z0-9_:]*)\s*\{([^}]*)\}")
 
 def test_three_dashboards_with_run_and_algorithm_variables():
     dashes = _dashboards()
-    assert set(dashes) == {"mecsim-overview.json", "mecsim-algorithms.json",
-                           "mecsim-network.json"}
+    assert set(dashes) == {"mecsim-overview.json", "mecsim-algorithms.json", "mecsim-network.json"}
     assert len({d["uid"] for d in dashes.values()}) == 3
     for name, d in dashes.items():
         variables = {v["name"]: v for v in d["templating"]["list"]}
@@ -241,8 +261,9 @@ def test_every_dashboard_query_names_only_exported_metrics_and_filters_by_run(sc
             for metric, matchers in selectors:
                 assert metric in exported, f"{name}: {metric} is not exported ({expr!r})"
                 if metric != "mecsim_run_info":
-                    assert 'run=~"$run"' in matchers and 'algorithm=~"$algorithm"' in matchers, \
+                    assert 'run=~"$run"' in matchers and 'algorithm=~"$algorithm"' in matchers, (
                         f"{name}: {metric} not filtered by the run/algorithm variables"
+                    )
             for token in re.findall(r"\bmecsim_\w+", expr):
                 assert token in exported, f"{name}: {token} is not exported ({expr!r})"
 
@@ -264,22 +285,30 @@ def test_provisioning_points_grafana_at_the_dashboards_and_a_prometheus():
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason=NO_PROMTOOL)
 def test_example_prometheus_config_is_valid():
-    proc = subprocess.run(["promtool", "check", "config", str(DASHBOARDS / "prometheus.yml")],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        ["promtool", "check", "config", str(DASHBOARDS / "prometheus.yml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def _load_builder():
     pin = re.search(r'SDK_PIN = "([^"]+)"', (DASHBOARDS / "build.py").read_text()).group(1)
-    pytest.importorskip("grafana_foundation_sdk",
-                        reason=f"grafana-foundation-sdk not installed (pip install "
-                        f"'grafana-foundation-sdk=={pin}') - it builds the dashboards")
+    pytest.importorskip(
+        "grafana_foundation_sdk",
+        reason=f"grafana-foundation-sdk not installed (pip install "
+        f"'grafana-foundation-sdk=={pin}') - it builds the dashboards",
+    )
     installed = importlib.metadata.version("grafana-foundation-sdk")
     if installed != pin:
-        pytest.skip(f"grafana-foundation-sdk {installed} installed; the dashboards are "
-                    f"built with {pin}")
-    spec = importlib.util.spec_from_file_location("mecsim_dashboards_build",
-                                                  DASHBOARDS / "build.py")
+        pytest.skip(
+            f"grafana-foundation-sdk {installed} installed; the dashboards are built with {pin}"
+        )
+    spec = importlib.util.spec_from_file_location(
+        "mecsim_dashboards_build", DASHBOARDS / "build.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -289,8 +318,9 @@ def test_dashboard_json_is_what_the_foundation_sdk_builds():
     build = _load_builder()
     assert set(build.DASHBOARDS) == {p.name for p in DASHBOARD_FILES}
     for name, make in build.DASHBOARDS.items():
-        assert (DASHBOARDS / name).read_text() == build.render(make), \
+        assert (DASHBOARDS / name).read_text() == build.render(make), (
             f"{name} differs from the build: run python dashboards/build.py"
+        )
 
 
 def test_dashboard_json_round_trips_through_the_sdk_model():
@@ -345,13 +375,20 @@ class _WaitForScrape(RunObserver):
         _wait(lambda: self.rounds_seen() == 0, 30, "Prometheus to scrape the run's start")
 
     def on_round_end(self, info, row, client_rows, traces) -> None:
-        _wait(lambda: self.rounds_seen() >= row["round"] + 1, 30,
-              f"Prometheus to scrape round {row['round']}")
+        _wait(
+            lambda: self.rounds_seen() >= row["round"] + 1,
+            30,
+            f"Prometheus to scrape round {row['round']}",
+        )
 
 
 def _substitute(expr: str, run_id: str, algorithm: str, range_s: int) -> str:
-    return (expr.replace("$__rate_interval", "1m").replace("$__range", f"{range_s}s")
-            .replace("$run", run_id).replace("$algorithm", algorithm))
+    return (
+        expr.replace("$__rate_interval", "1m")
+        .replace("$__range", f"{range_s}s")
+        .replace("$run", run_id)
+        .replace("$algorithm", algorithm)
+    )
 
 
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason=NO_PROMETHEUS)
@@ -360,35 +397,59 @@ def test_real_prometheus_scrapes_a_run_and_every_dashboard_query_returns_data(tm
     exporter.start()
     port = _free_port()
     config = tmp_path / "prometheus.yml"
-    config.write_text(yaml.safe_dump({
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "scrape_configs": [{"job_name": "mecsim",
-                            "static_configs": [{"targets": [f"127.0.0.1:{exporter.port}"]}]}],
-    }))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                "scrape_configs": [
+                    {
+                        "job_name": "mecsim",
+                        "static_configs": [{"targets": [f"127.0.0.1:{exporter.port}"]}],
+                    }
+                ],
+            }
+        )
+    )
     log = (tmp_path / "prometheus.log").open("w")
     prom = subprocess.Popen(
-        ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-        stdout=log, stderr=subprocess.STDOUT)
+        [
+            "prometheus",
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     api = f"http://127.0.0.1:{port}/api/v1"
     try:
-        _wait(lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready",
-                                             timeout=2).status == 200
-              or prom.poll() is not None, 60, "Prometheus to be ready")
+        _wait(
+            lambda: (
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=2).status == 200
+                or prom.poll() is not None
+            ),
+            60,
+            "Prometheus to be ready",
+        )
         assert prom.poll() is None, (tmp_path / "prometheus.log").read_text()
         start = time.time() - 2
         waiter = _WaitForScrape(api, "e2e")
         up = urllib.parse.quote('up{job="mecsim"}')
-        _wait(lambda: [r["value"][1] for r in _get(f"{api}/query?query={up}")["data"]["result"]]
-              == ["1"], 30, "the first scrape of the exporter")
+        _wait(
+            lambda: (
+                [r["value"][1] for r in _get(f"{api}/query?query={up}")["data"]["result"]] == ["1"]
+            ),
+            30,
+            "the first scrape of the exporter",
+        )
         rows = run(tiny(rounds=3), "e2e", None, [exporter, waiter])
         end = time.time() + 1
         targets = _get(f"{api}/targets")["data"]["activeTargets"]
         assert [t["labels"]["job"] for t in targets] == ["mecsim"]
 
         def query_range(expr: str) -> list[dict]:
-            params = urllib.parse.urlencode({"query": expr, "start": start, "end": end,
-                                             "step": 1})
+            params = urllib.parse.urlencode({"query": expr, "start": start, "end": end, "step": 1})
             body = _get(f"{api}/query_range?{params}", timeout=30)
             assert body["status"] == "success", (expr, body)
             return body["data"]["result"]
@@ -412,8 +473,7 @@ def test_real_prometheus_scrapes_a_run_and_every_dashboard_query_returns_data(tm
                 m = re.fullmatch(r"label_values\((.*),\s*(\w+)\)", query)
                 assert m, query
                 selector = _substitute(m.group(1), "e2e", "fedavg", 0)
-                params = urllib.parse.urlencode({"match[]": selector, "start": start,
-                                                 "end": end})
+                params = urllib.parse.urlencode({"match[]": selector, "start": start, "end": end})
                 values = _get(f"{api}/label/{m.group(2)}/values?{params}")["data"]
                 checked += 1
                 if {"run": "e2e", "algorithm": "fedavg"}[m.group(2)] not in values:

@@ -47,18 +47,21 @@ def _tiny_bn_layout():
 # --------------------------------------------------------------------------- private values
 
 
-@pytest.mark.parametrize("private,names", [
-    ("usyb", {"3.weight", "3.bias", "3.running_mean", "3.running_var"}),
-    ("yb", {"3.weight", "3.bias"}),
-    ("us", {"3.running_mean", "3.running_var"}),
-    ("none", set()),
-])
+@pytest.mark.parametrize(
+    "private,names",
+    [
+        ("usyb", {"3.weight", "3.bias", "3.running_mean", "3.running_var"}),
+        ("yb", {"3.weight", "3.bias"}),
+        ("us", {"3.running_mean", "3.running_var"}),
+        ("none", set()),
+    ],
+)
 def test_private_mask_covers_exactly_the_chosen_bn_tensors(private, names):
     layout = model_layout(build_model("mlp_2nn", (1, 28, 28), 10))
     mask = private_mask(layout, private)
     assert mask.sum() == 200 * len(names)
-    covered = {s.name for s in layout.slots if mask[s.offset:s.offset + s.numel].all()}
-    partly = {s.name for s in layout.slots if mask[s.offset:s.offset + s.numel].any()}
+    covered = {s.name for s in layout.slots if mask[s.offset : s.offset + s.numel].all()}
+    partly = {s.name for s in layout.slots if mask[s.offset : s.offset + s.numel].any()}
     assert covered == partly == names
 
 
@@ -69,15 +72,27 @@ def test_private_bn_values_need_a_bn_layer():
     assert private_mask(layout, "none").sum() == 0
 
 
-def _ctx(model, layout, init, cid: int, state: dict, optimizer: str = "sgd",
-         n: int = 30) -> ClientContext:
+def _ctx(
+    model, layout, init, cid: int, state: dict, optimizer: str = "sgd", n: int = 30
+) -> ClientContext:
     g = torch.Generator().manual_seed(100 + cid)
     x = torch.randn(n, 1, 4, 4, generator=g) + cid  # clients differ
     y = torch.randint(0, 10, (n,), generator=g)
     lr = 0.01 if optimizer == "adam" else 0.1
-    return ClientContext(cid, model, layout, x, y, x[:10], y[:10], state,
-                         TrainConfig(epochs=1, batch_size=10, optimizer=optimizer, lr=lr),
-                         torch.Generator().manual_seed(cid), StepCosts(), init)
+    return ClientContext(
+        cid,
+        model,
+        layout,
+        x,
+        y,
+        x[:10],
+        y[:10],
+        state,
+        TrainConfig(epochs=1, batch_size=10, optimizer=optimizer, lr=lr),
+        torch.Generator().manual_seed(cid),
+        StepCosts(),
+        init,
+    )
 
 
 @pytest.mark.parametrize("private", ["usyb", "yb", "us", "none"])
@@ -114,8 +129,7 @@ def test_private_values_stay_on_the_client_and_the_rest_is_averaged(private, str
             trained[cid] = get_flat(model, layout)
             # the upload is the federated values only (+ moments): no private value in it
             assert result.weights.size == wire.numel
-            np.testing.assert_array_equal(result.weights[:int((~priv).sum())],
-                                          trained[cid][~priv])
+            np.testing.assert_array_equal(result.weights[: int((~priv).sum())], trained[cid][~priv])
             np.testing.assert_array_equal(states[cid]["private"], trained[cid][priv])
             results.append(result)
         server.aggregate_fit(rnd, results)
@@ -152,8 +166,9 @@ def test_fl_none_equals_fedavg_of_the_full_model():
 def _result(cid, payload, n):
     from mecsim.agents.algorithms import ClientResult
 
-    return ClientResult(cid, np.asarray(payload, np.float32), 4 * len(payload), n, 0.0, (),
-                        0.0, 0, 0)
+    return ClientResult(
+        cid, np.asarray(payload, np.float32), 4 * len(payload), n, 0.0, (), 0.0, 0, 0
+    )
 
 
 # --------------------------------------------------------------------------- FedAvg-Adam
@@ -162,8 +177,9 @@ def _result(cid, payload, n):
 def test_fedavg_adam_averages_model_moments_and_step_by_samples():
     layout = _tiny_bn_layout()
     init = np.array([0.5, -0.5, 1.0, 0.0, 0.0, 1.0], np.float32)
-    server = MTFLServer(layout, init, {0: 1, 1: 3}, 1.0,
-                        {"private": "yb", "strategy": "fedavg_adam"})
+    server = MTFLServer(
+        layout, init, {0: 1, 1: 3}, 1.0, {"private": "yb", "strategy": "fedavg_adam"}
+    )
     # yb: federated = 0.weight, 0.bias, running_mean, running_var; moments: 0.weight, 0.bias
     assert server.wire.numel == 4 + 2 + 2 + 1
     (t0,) = server.configure_fit(0, [0])
@@ -244,8 +260,16 @@ def test_unknown_private_setting_is_reported_with_its_field():
 
 def test_fedadam_step_hand_numbers():
     # Delta = avg - w; m = .9 m + .1 Delta; v = .99 v + .01 Delta^2; w + .1 m/(sqrt v + .001)
-    w, m, v = fedadam_step(np.array([1.0, -2.0, 0.0]), np.array([1.5, -2.0, -0.3]),
-                           np.zeros(3), np.zeros(3), 0.1, 0.9, 0.99, 1e-3)
+    w, m, v = fedadam_step(
+        np.array([1.0, -2.0, 0.0]),
+        np.array([1.5, -2.0, -0.3]),
+        np.zeros(3),
+        np.zeros(3),
+        0.1,
+        0.9,
+        0.99,
+        1e-3,
+    )
     np.testing.assert_allclose(m, [0.05, 0.0, -0.03], rtol=1e-12)
     np.testing.assert_allclose(v, [0.0025, 0.0, 0.0009], rtol=1e-12)
     # 1 + .1*.05/(.05+.001) = 1.0980392...; 0 - .1*.03/(.03+.001) = -0.0967741...
@@ -261,10 +285,21 @@ def test_fedadam_step_hand_numbers():
 def test_fedadam_server_steps_only_federated_values_and_counts_flops(stats):
     layout = _tiny_bn_layout()
     init = np.array([1.0, -2.0, 1.0, 0.0, 0.0, 1.0], np.float32)
-    server = MTFLServer(layout, init, {0: 1, 1: 1}, 1.0,
-                        {"private": "yb", "strategy": "fedadam", "server_lr": 0.1,
-                         "server_beta1": 0.9, "server_beta2": 0.99, "server_eps": 1e-3,
-                         "fedadam_stats": stats})
+    server = MTFLServer(
+        layout,
+        init,
+        {0: 1, 1: 1},
+        1.0,
+        {
+            "private": "yb",
+            "strategy": "fedadam",
+            "server_lr": 0.1,
+            "server_beta1": 0.9,
+            "server_beta2": 0.99,
+            "server_eps": 1e-3,
+            "fedadam_stats": stats,
+        },
+    )
     # uploads of the 4 federated values (0.weight, 0.bias, running mean, running var)
     # whose average is [1.5, -2, -0.3, 1]
     a = [1.0, -2.0, -0.6, 1.0]
@@ -296,8 +331,11 @@ def test_fedavg_adam_moves_about_three_times_the_bytes_of_fedavg():
     assert fedavg_adam / fedavg == 599_231 / 200_010  # = 2.99601
     # MTFL(yb): gamma, beta and their moments stay home
     assert WireFormat.build(layout, "yb", "fedavg").nbytes == 4 * (N_2NN - 400)
-    assert WireFormat.build(layout, "yb", "fedavg_adam").nbytes == \
-        4 * ((N_2NN - 400) + 2 * (n_params - 400) + 1) == 2_392_124
+    assert (
+        WireFormat.build(layout, "yb", "fedavg_adam").nbytes
+        == 4 * ((N_2NN - 400) + 2 * (n_params - 400) + 1)
+        == 2_392_124
+    )
 
 
 # --------------------------------------------------------------------------- data, noise
@@ -380,8 +418,12 @@ def test_noisy_clients_train_on_noise_and_are_left_out_of_clean_accuracy():
 
 
 def test_rounds_to_target_counts_from_one_and_skips_unevaluated_rounds():
-    rows = [{"round": 0, "mean_accuracy": 0.5}, {"round": 1, "mean_accuracy": float("nan")},
-            {"round": 2, "mean_accuracy": 0.97}, {"round": 3, "mean_accuracy": 0.99}]
+    rows = [
+        {"round": 0, "mean_accuracy": 0.5},
+        {"round": 1, "mean_accuracy": float("nan")},
+        {"round": 2, "mean_accuracy": 0.97},
+        {"round": 3, "mean_accuracy": 0.99},
+    ]
     assert rounds_to_target(rows, 0.97) == 3
     assert rounds_to_target(rows, 0.5) == 1
     assert rounds_to_target(rows, 0.995) is None  # the paper's "X"
@@ -392,14 +434,20 @@ def test_rounds_to_target_counts_from_one_and_skips_unevaluated_rounds():
 
 
 def test_times_to_targets_give_rounds_and_emulated_seconds_or_x():
-    rows = [{"round": 0, "mean_accuracy": 0.5, "elapsed_s": 10.0},
-            {"round": 1, "mean_accuracy": float("nan"), "elapsed_s": 25.0},
-            {"round": 2, "mean_accuracy": 0.97, "elapsed_s": 31.5}]
+    rows = [
+        {"round": 0, "mean_accuracy": 0.5, "elapsed_s": 10.0},
+        {"round": 1, "mean_accuracy": float("nan"), "elapsed_s": 25.0},
+        {"round": 2, "mean_accuracy": 0.97, "elapsed_s": 31.5},
+    ]
     assert times_to_targets(rows, [0.5, 0.9, 0.98]) == [
-        (0.5, 1, 10.0), (0.9, 3, 31.5), (0.98, None, None)]
+        (0.5, 1, 10.0),
+        (0.9, 3, 31.5),
+        (0.98, None, None),
+    ]
     assert target_lines(rows, [0.9, 0.98]) == [
         "Rounds to 90 % mean user accuracy: 3 (31.5 s emulated).",
-        "Rounds to 98 % mean user accuracy: X (not reached in 3 rounds)."]
+        "Rounds to 98 % mean user accuracy: X (not reached in 3 rounds).",
+    ]
     # MTFL records mean_clean_accuracy in every run: without noisy clients it equals
     # mean_accuracy, and the targets are read (and labelled) as usual
     for r in rows:
@@ -410,7 +458,8 @@ def test_times_to_targets_give_rounds_and_emulated_seconds_or_x():
         r["mean_clean_accuracy"] = clean
     assert times_to_targets(rows, [0.95, 0.97]) == [(0.95, 1, 10.0), (0.97, None, None)]
     assert target_lines(rows, [0.95])[0].startswith(
-        "Rounds to 95 % mean user accuracy of the non-noisy clients: 1 ")
+        "Rounds to 95 % mean user accuracy of the non-noisy clients: 1 "
+    )
     assert target_lines(rows, []) == []
 
 
@@ -421,14 +470,29 @@ def test_run_reports_rounds_to_its_targets(tmp_path, capsys):
 
     path = tmp_path / "tiny.yaml"
     path.write_text(tiny(rounds=3).model_dump_json())
-    code = main(["run", str(path), "--out", str(tmp_path / "runs"), "--run-id", "t",
-                 "--target", "0.05", "--target", "1.0", "--no-plots"])
+    code = main(
+        [
+            "run",
+            str(path),
+            "--out",
+            str(tmp_path / "runs"),
+            "--run-id",
+            "t",
+            "--target",
+            "0.05",
+            "--target",
+            "1.0",
+            "--no-plots",
+        ]
+    )
     assert code == 0
     printed = capsys.readouterr().out
     rounds = pd.read_csv(tmp_path / "runs" / "t" / "rounds.csv")
     first = int(rounds.index[rounds["mean_accuracy"] >= 0.05][0])  # the records decide
-    line = (f"Rounds to 5 % mean user accuracy: {first + 1} "
-            f"({rounds['elapsed_s'][first]:.1f} s emulated).")
+    line = (
+        f"Rounds to 5 % mean user accuracy: {first + 1} "
+        f"({rounds['elapsed_s'][first]:.1f} s emulated)."
+    )
     summary = (tmp_path / "runs" / "t" / "summary.md").read_text()
     assert line in printed and line in summary
     assert "Rounds to 100 % mean user accuracy: X (not reached in 3 rounds)." in summary
@@ -484,8 +548,7 @@ def test_testbed_access_point_calibration_reproduces_the_fitted_figures():
     sc = load_scenario(ROOT / "scenarios" / "mtfl-rpi-testbed.yaml")
     model = build_model("mlp_2nn", (1, 28, 28), 10)
     opt = make_optimizer("sgd", model.parameters(), 0.1)
-    _, cost = measured_step(model, opt, torch.zeros(20, 1, 28, 28), torch.arange(20) % 10,
-                            None)
+    _, cost = measured_step(model, opt, torch.zeros(20, 1, 28, 28), torch.arange(20) % 10, None)
     # FlopCounterMode's 17,584,000 + SGD's update, 2 FLOPs for each of 199,610 parameters
     assert cost.optimizer_flops == 2 * 199_610
     assert cost.flops == 17_584_000 + 2 * 199_610
@@ -505,6 +568,14 @@ def test_testbed_access_point_calibration_reproduces_the_fitted_figures():
 def test_mtfl_cnn_is_the_authors_unpadded_model():
     model = build_model("mtfl_cnn", (3, 32, 32), 10)
     layout = model_layout(model)
-    assert layout.size == (3 * 9 * 32 + 32) + 4 * 32 + (32 * 9 * 64 + 64) + 4 * 64 \
-        + (2304 * 512 + 512) + (512 * 10 + 10) == 1_205_066
+    assert (
+        layout.size
+        == (3 * 9 * 32 + 32)
+        + 4 * 32
+        + (32 * 9 * 64 + 64)
+        + 4 * 64
+        + (2304 * 512 + 512)
+        + (512 * 10 + 10)
+        == 1_205_066
+    )
     set_flat(model, layout, get_flat(model, layout))

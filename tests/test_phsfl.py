@@ -55,7 +55,13 @@ def test_phsfl_cnn_is_cut_after_the_first_maxpool_as_in_the_paper():
     parts = split_model(build_model("phsfl_cnn", MNIST, 10), cut_layer=3)
     assert [type(m).__name__ for m in parts.client] == ["Conv2d", "ReLU", "MaxPool2d"]
     assert [type(m).__name__ for m in parts.body] == [
-        "Conv2d", "ReLU", "MaxPool2d", "Flatten", "Linear", "ReLU"]
+        "Conv2d",
+        "ReLU",
+        "MaxPool2d",
+        "Flatten",
+        "Linear",
+        "ReLU",
+    ]
     (head,) = parts.head
     assert isinstance(head, nn.Linear) and (head.in_features, head.out_features) == (256, 10)
     masks = part_masks(model_layout(build_model("phsfl_cnn", MNIST, 10)), 3)
@@ -124,14 +130,19 @@ def _ctx(n_train: int = 40, n_test: int = 20, seed: int = 0) -> ClientContext:
     layout = model_layout(model)
     g = torch.Generator().manual_seed(seed)
     return ClientContext(
-        client_id=0, model=model, layout=layout,
+        client_id=0,
+        model=model,
+        layout=layout,
         x_train=torch.randn(n_train, *MNIST, generator=g),
         y_train=torch.randint(0, 10, (n_train,), generator=g),
         x_test=torch.randn(n_test, *MNIST, generator=g),
         y_test=torch.randint(0, 10, (n_test,), generator=g),
-        state={}, train=TrainConfig(epochs=1, batch_size=32, lr=0.05),
-        generator=torch.Generator().manual_seed(seed + 1), costs=StepCosts(),
-        init_weights=get_flat(model, layout))
+        state={},
+        train=TrainConfig(epochs=1, batch_size=32, lr=0.05),
+        generator=torch.Generator().manual_seed(seed + 1),
+        costs=StepCosts(),
+        init_weights=get_flat(model, layout),
+    )
 
 
 def _task(ctx: ClientContext, **config) -> ClientTask:
@@ -188,13 +199,17 @@ def test_per_batch_op_trace_and_bytes_are_activation_shape_times_dtype():
     assert second[0].flops == approx(conv_fwd / 4)
     assert second[1].nbytes == act8 + 8 * 4 and second[3].nbytes == act8
     assert first[2].flops > 0 and second[2].flops == approx(first[2].flops / 4)
-    assert r.trace[12:] == (Upload(CLIENT_NUMEL * 4, "client_model"),
-                            Backhaul(MODEL_NUMEL * 4, "up", "edge_model"))
+    assert r.trace[12:] == (
+        Upload(CLIENT_NUMEL * 4, "client_model"),
+        Backhaul(MODEL_NUMEL * 4, "up", "edge_model"),
+    )
     assert r.upload_nbytes == CLIENT_NUMEL * 4 and r.steps == 2 and r.num_samples == 40
-    assert r.extra == {"activation_bytes": act32 + act8, "index_bytes": 160,
-                       "gradient_bytes": act32 + act8}
-    assert r.flops == approx(first[0].flops + first[4].flops + second[0].flops
-                             + second[4].flops)
+    assert r.extra == {
+        "activation_bytes": act32 + act8,
+        "index_bytes": 160,
+        "gradient_bytes": act32 + act8,
+    }
+    assert r.flops == approx(first[0].flops + first[4].flops + second[0].flops + second[4].flops)
 
 
 def test_default_epoch_is_the_papers_n_5_batches():
@@ -206,8 +221,7 @@ def test_default_epoch_is_the_papers_n_5_batches():
 
 def test_eq17_fine_tuning_is_charged_after_the_global_round():
     ctx = _ctx(n_train=40)
-    task = _task(ctx, backhaul_up_nbytes=MODEL_NUMEL * 4,
-                 finetune_backhaul_nbytes=MODEL_NUMEL * 4)
+    task = _task(ctx, backhaul_up_nbytes=MODEL_NUMEL * 4, finetune_backhaul_nbytes=MODEL_NUMEL * 4)
     r = PHSFLClient({"finetune_steps": 3, "batches_per_epoch": 1}).fit(ctx, task)
     act32 = 32 * 64 * 12 * 12 * 4
     conv_fwd = 2 * 32 * 64 * 24 * 24 * 25
@@ -221,7 +235,7 @@ def test_eq17_fine_tuning_is_charged_after_the_global_round():
     steps = tail[2:]
     assert len(steps) == 9
     for k in range(3):
-        fwd, up, es = steps[3 * k:3 * k + 3]
+        fwd, up, es = steps[3 * k : 3 * k + 3]
         assert fwd == Compute(conv_fwd, 1, "finetune_forward")  # forward only, no backward
         assert up == Upload(act32 + 32 * 4, "finetune_activations")
         assert es.what == "finetune_head" and es.batches == 1
@@ -274,31 +288,40 @@ def test_server_aggregates_per_edge_server_then_centrally():
     params = {"edge_rounds": 2, "cut_layer": 2}
     server = PHSFLServer(layout, np.zeros(4, np.float32), samples, 1.0, params)
     server.edge_server_of = {0: 0, 1: 0, 2: 1, 3: 1}
-    edges = {0: PHSFLEdge(0, layout, {0: 1, 1: 3}, params),
-             1: PHSFLEdge(1, layout, {2: 4, 3: 4}, params)}
+    edges = {
+        0: PHSFLEdge(0, layout, {0: 1, 1: 3}, params),
+        1: PHSFLEdge(1, layout, {2: 4, 3: 4}, params),
+    }
 
     def plan(rnd, selected):
         tasks = server.configure_fit(rnd, selected)
         assert all(t.weights is None for t in tasks)  # the ES fills in its model
         down = server.configure_edges(rnd)
         for b, edge in edges.items():
-            edge.configure_fit(rnd, [t for t in tasks if t.config["edge_server"] == b],
-                               down.get(b))
+            edge.configure_fit(rnd, [t for t in tasks if t.config["edge_server"] == b], down.get(b))
         return tasks
 
     def aggregate(rnd, results):
-        reports = {b: edge.aggregate_fit(rnd, [r for r in results
-                                                if server.edge_server_of[r.client_id] == b])
-                   for b, edge in edges.items()}
+        reports = {
+            b: edge.aggregate_fit(
+                rnd, [r for r in results if server.edge_server_of[r.client_id] == b]
+            )
+            for b, edge in edges.items()
+        }
         return server.aggregate_edges(rnd, results, reports), reports
 
     tasks = plan(0, [0, 1, 2, 3])
     assert [t.download_nbytes for t in tasks] == [8] * 4  # the client part only
-    assert tasks[0].config == {"edge_server": 0, "backhaul_down_nbytes": 16,
-                               "backhaul_up_nbytes": 0, "finetune_backhaul_nbytes": 0}
+    assert tasks[0].config == {
+        "edge_server": 0,
+        "backhaul_down_nbytes": 16,
+        "backhaul_up_nbytes": 0,
+        "finetune_backhaul_nbytes": 0,
+    }
     assert tasks[0].weights.tolist() == [0.0] * 4  # Eq. 8: the ES starts from w
-    stats, reports = aggregate(0, [_result(0, 0, 1), _result(1, 4, 3),
-                                   _result(2, 1, 4), _result(3, 3, 4)])
+    stats, reports = aggregate(
+        0, [_result(0, 0, 1), _result(1, 4, 3), _result(2, 1, 4), _result(3, 3, 4)]
+    )
     assert edges[0].model.tolist() == [3.0] * 4  # 0.25 * 0 + 0.75 * 4
     assert edges[1].model.tolist() == [2.0] * 4
     assert reports[0].model is None  # w_b goes up only after the last edge round
@@ -310,8 +333,9 @@ def test_server_aggregates_per_edge_server_then_centrally():
     assert tasks[0].weights.tolist() == [3.0] * 4 and tasks[3].weights.tolist() == [2.0] * 4
     assert tasks[3].config["backhaul_up_nbytes"] == 16
     assert tasks[3].config["finetune_backhaul_nbytes"] == 16  # the global model is made now
-    stats, reports = aggregate(1, [_result(0, 2, 1), _result(1, 6, 3),
-                                   _result(2, 0, 4), _result(3, 4, 4)])
+    stats, reports = aggregate(
+        1, [_result(0, 2, 1), _result(1, 6, 3), _result(2, 0, 4), _result(3, 4, 4)]
+    )
     # ES 0: 0.25 * 2 + 0.75 * 6 = 5 over 4 samples; ES 1: 2 over 8 samples
     assert reports[0].model.tolist() == [5.0] * 4 and reports[1].model.tolist() == [2.0] * 4
     assert server.weights.tolist() == [(4 * 5 + 8 * 2) / 12] * 4 == [3.0] * 4
@@ -330,10 +354,16 @@ def test_a_checkpoint_from_before_the_edge_split_restores_the_edge_models():
     from mecsim.agents.state import encode
 
     layout = model_layout(nn.Sequential(nn.Linear(1, 1), nn.ReLU(), nn.Linear(1, 1)))
-    kwargs = dict(algorithm="phsfl", layout=layout, init_weights=np.zeros(4, np.float32),
-                  client_samples={0: 1, 1: 3}, fraction=1.0,
-                  params={"edge_rounds": 2, "cut_layer": 2}, seed=0,
-                  edge_server_of={0: 0, 1: 1})
+    kwargs = dict(
+        algorithm="phsfl",
+        layout=layout,
+        init_weights=np.zeros(4, np.float32),
+        client_samples={0: 1, 1: 3},
+        fraction=1.0,
+        params={"edge_rounds": 2, "cut_layer": 2},
+        seed=0,
+        edge_server_of={0: 0, 1: 1},
+    )
     central = CentralServer(**kwargs)
     old = central.algorithm.state_dict()
     old["edge_models"] = {0: np.full(4, 5.0, np.float32), 1: np.full(4, 6.0, np.float32)}
@@ -350,8 +380,14 @@ def test_a_checkpoint_from_before_the_edge_split_restores_the_edge_models():
 
 
 def _spec(cid: int, es: int) -> ClientSpec:
-    return ClientSpec(cid, uplink_rate_bps=8e6, downlink_rate_bps=8e6, step_overhead_s=0.0,
-                      flops_per_s=1e9, edge_server=es)
+    return ClientSpec(
+        cid,
+        uplink_rate_bps=8e6,
+        downlink_rate_bps=8e6,
+        step_overhead_s=0.0,
+        flops_per_s=1e9,
+        edge_server=es,
+    )
 
 
 def _sl_trace(upload_bytes: int) -> tuple:
@@ -371,7 +407,11 @@ def test_edge_server_cpu_is_shared_by_its_clients_worked_by_hand():
     assert (c2.finish_s, c2.server_compute_s) == (approx(7.0), approx(3.0))
     assert shared.round_time_s == approx(7.0) and shared.critical_client == 2
     assert (shared.download_s, shared.client_s, shared.upload_s, shared.server_s) == (
-        approx(1.0), approx(1.0), approx(2.0), approx(3.0))
+        approx(1.0),
+        approx(1.0),
+        approx(2.0),
+        approx(3.0),
+    )
     assert shared.idle_s == approx(0.0)
     apart = time_round(traces, {1: _spec(1, 0), 2: _spec(2, 1)}, servers, NetworkSpec())
     assert [c.finish_s for c in apart.clients] == [approx(5.0), approx(6.0)]
@@ -381,9 +421,11 @@ def test_backhaul_is_one_transfer_per_edge_server_after_its_last_client():
     # ES 0: clients 1 (1 s) and 2 (3 s) then the edge model up: 0.5 s + 8 Mbit / 8 Mbit/s,
     # from 3 s to 4.5 s for both. ES 1: client 3 waits for the global model (0.5 + 2 s).
     server = ServerSpec(1e9, backhaul_bps=8e6, backhaul_latency_s=0.5)
-    traces = {1: (Compute(1e9, 0), Backhaul(1_000_000, "up")),
-              2: (Compute(3e9, 0), Backhaul(1_000_000, "up")),
-              3: (Backhaul(2_000_000, "down"), Compute(1e9, 0))}
+    traces = {
+        1: (Compute(1e9, 0), Backhaul(1_000_000, "up")),
+        2: (Compute(3e9, 0), Backhaul(1_000_000, "up")),
+        3: (Backhaul(2_000_000, "down"), Compute(1e9, 0)),
+    }
     specs = {1: _spec(1, 0), 2: _spec(2, 0), 3: _spec(3, 1)}
     t = time_round(traces, specs, [server, server], NetworkSpec())
     c1, c2, c3 = t.clients
@@ -392,7 +434,11 @@ def test_backhaul_is_one_transfer_per_edge_server_after_its_last_client():
     assert (c3.finish_s, c3.backhaul_s) == (approx(3.5), approx(2.5))
     assert t.critical_client == 2  # of the two released together, the one that did not wait
     assert (t.round_time_s, t.backhaul_s, t.client_s, t.idle_s) == (
-        approx(4.5), approx(1.5), approx(3.0), approx(0.0))
+        approx(4.5),
+        approx(1.5),
+        approx(3.0),
+        approx(0.0),
+    )
     bad = {**traces, 2: (Compute(3e9, 0), Backhaul(5, "up"))}
     with pytest.raises(ValueError, match="one transfer"):
         time_round(bad, specs, [server, server], NetworkSpec())
@@ -406,11 +452,14 @@ def test_backhaul_is_one_transfer_per_edge_server_after_its_last_client():
 
 @pytest.mark.parametrize("algorithm", ["phsfl", "hsfl"])
 def test_two_round_run_records_split_traffic_and_backhaul(algorithm, tmp_path):
-    sc = tiny(rounds=2, model={"name": "phsfl_cnn"},
-              topology={"clients": 4, "edge_servers": 2},
-              backhaul={"bandwidth_bps": 1e9, "latency_s": 0.005},
-              algorithm={"name": algorithm, "params": {"edge_rounds": 2, "finetune_steps": 2}},
-              training={"epochs": 1, "batch_size": 32, "lr": 0.01})
+    sc = tiny(
+        rounds=2,
+        model={"name": "phsfl_cnn"},
+        topology={"clients": 4, "edge_servers": 2},
+        backhaul={"bandwidth_bps": 1e9, "latency_s": 0.005},
+        algorithm={"name": algorithm, "params": {"edge_rounds": 2, "finetune_steps": 2}},
+        training={"epochs": 1, "batch_size": 32, "lr": 0.01},
+    )
     rows = run_in_folder(sc, tmp_path / "run").rows
     model_bytes, client_bytes = MODEL_NUMEL * 4, CLIENT_NUMEL * 4
     act32 = 32 * 64 * 12 * 12 * 4  # one batch of 32 (every client holds about 100 samples)
@@ -430,8 +479,9 @@ def test_two_round_run_records_split_traffic_and_backhaul(algorithm, tmp_path):
         finetune_up = 4 * 2 * (act32 + 32 * 4) if last else 0
         assert r["finetune_bytes"] == finetune_up + (4 * client_bytes if last else 0)
         assert (r["finetune_es_gflops"] > 0) is last
-        assert r["bytes_up"] == (r["activation_bytes"] + r["index_bytes"] + 4 * client_bytes
-                                 + finetune_up)
+        assert r["bytes_up"] == (
+            r["activation_bytes"] + r["index_bytes"] + 4 * client_bytes + finetune_up
+        )
         assert r["bytes_down"] == r["gradient_bytes"] + (8 if last else 4) * client_bytes
         assert 0 <= r["mean_global_accuracy"] <= 1 and 0 <= r["mean_accuracy"] <= 1
     assert [r["edge_round"] for r in rows] == [0, 1]

@@ -32,18 +32,37 @@ ROOT = Path(__file__).resolve().parents[1]
 def _run(name: str, round_s: float, n: int = 6, energy: bool = True) -> RunRecords:
     acc = np.linspace(0.5, 0.9, n)
     acc[-2] = 0.95  # the best round is the 5th (record index 4)
-    df = pd.DataFrame({"run_id": name, "round": np.arange(n), "algorithm": name,
-                       "round_time_s": round_s, "dl_time_s": 0.2 * round_s,
-                       "client_time_s": 0.5 * round_s, "ul_time_s": 0.3 * round_s,
-                       "server_time_s": 0.0, "idle_time_s": 0.0,
-                       "elapsed_s": round_s * np.arange(1, n + 1), "bytes_up": 1e6,
-                       "bytes_down": 1e6, "client_gflops": 1.0, "server_gflops": 0.1,
-                       "server_rss_mb": 10.0, "client_peak_mb": 1.0, "mean_accuracy": acc,
-                       "min_accuracy": acc - 0.1, "max_accuracy": acc + 0.05,
-                       "host_wall_s": 0.1})
+    df = pd.DataFrame(
+        {
+            "run_id": name,
+            "round": np.arange(n),
+            "algorithm": name,
+            "round_time_s": round_s,
+            "dl_time_s": 0.2 * round_s,
+            "client_time_s": 0.5 * round_s,
+            "ul_time_s": 0.3 * round_s,
+            "server_time_s": 0.0,
+            "idle_time_s": 0.0,
+            "elapsed_s": round_s * np.arange(1, n + 1),
+            "bytes_up": 1e6,
+            "bytes_down": 1e6,
+            "client_gflops": 1.0,
+            "server_gflops": 0.1,
+            "server_rss_mb": 10.0,
+            "client_peak_mb": 1.0,
+            "mean_accuracy": acc,
+            "min_accuracy": acc - 0.1,
+            "max_accuracy": acc + 0.05,
+            "host_wall_s": 0.1,
+        }
+    )
     if energy:
-        df = df.assign(energy_j=10.0 * round_s, energy_compute_j=5.0 * round_s,
-                       energy_radio_j=1.0 * round_s, energy_idle_j=4.0 * round_s)
+        df = df.assign(
+            energy_j=10.0 * round_s,
+            energy_compute_j=5.0 * round_s,
+            energy_radio_j=1.0 * round_s,
+            energy_idle_j=4.0 * round_s,
+        )
     return RunRecords(Path(name), name, name, df)
 
 
@@ -60,8 +79,7 @@ def test_rounds_counted_from_one_in_everything_a_person_reads():
     assert t.accuracy["best_round"].iloc[0] == 5
     # 0.5, 0.58, 0.66: the target 0.6 is first reached at record index 2 -> 3 rounds
     assert t.accuracy["rounds_to_target"].iloc[0] == 3
-    assert target_lines(rows, [0.6]) == ["Rounds to 60 % mean user accuracy: 3 (6.0 s "
-                                         "emulated)."]
+    assert target_lines(rows, [0.6]) == ["Rounds to 60 % mean user accuracy: 3 (6.0 s emulated)."]
     assert list(round_numbers(r.rounds)) == [1, 2, 3, 4, 5, 6]
     # a replay's notes and repr speak of rounds from 1 too (inexact_from_round is the
     # records' index, like the `round` column)
@@ -71,21 +89,44 @@ def test_rounds_counted_from_one_in_everything_a_person_reads():
 
 def test_dcpfl_benchmark_prints_rounds_from_one(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # as when the script runs
-    spec = importlib.util.spec_from_file_location("dcpfl_table",
-                                                  ROOT / "benchmarks" / "dcpfl_table.py")
+    spec = importlib.util.spec_from_file_location(
+        "dcpfl_table", ROOT / "benchmarks" / "dcpfl_table.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    t = pd.DataFrame([{"method": "DC-PFL", "key": "dcpfl", "seed": 0, "final_accuracy": 0.9,
-                       "best_accuracy": 0.92, "convergence_round": 18.0, "comm_rounds": 19.0,
-                       "comm_time_s": 110.0, "compute_time_s": 2.0, "total_time_s": 112.0,
-                       "target_target_round": 9.0, "target_total_time_s": 50.0,
-                       "target_bytes_total": 3 * 2**20}])
+    t = pd.DataFrame(
+        [
+            {
+                "method": "DC-PFL",
+                "key": "dcpfl",
+                "seed": 0,
+                "final_accuracy": 0.9,
+                "best_accuracy": 0.92,
+                "convergence_round": 18.0,
+                "comm_rounds": 19.0,
+                "comm_time_s": 110.0,
+                "compute_time_s": 2.0,
+                "total_time_s": 112.0,
+                "target_target_round": 9.0,
+                "target_total_time_s": 50.0,
+                "target_bytes_total": 3 * 2**20,
+            }
+        ]
+    )
     md = mod.markdown(t, 0.85, [], 1)
     assert "| DC-PFL | 0.900 | 0.920 | 19.0 | 19.0 | 110 | 112 | 10.0 | 50 | 3 |" in md
-    df = pd.DataFrame({"round": [13, 14, 15], "trial": [0, 0, 1], "split_accepted": [0, 0, 1],
-                       "groups": [1, 1, 22], "gamma_tilde": [1.0, 1.0, 0.8],
-                       "bytes_down": [1, 1, 2], "round_time_s": [1.0, 1.0, 2.0],
-                       "curvature_radius": [float("nan"), float("nan"), float("nan")]})
+    df = pd.DataFrame(
+        {
+            "round": [13, 14, 15],
+            "trial": [0, 0, 1],
+            "split_accepted": [0, 0, 1],
+            "groups": [1, 1, 22],
+            "gamma_tilde": [1.0, 1.0, 0.8],
+            "bytes_down": [1, 1, 2],
+            "round_time_s": [1.0, 1.0, 2.0],
+            "curvature_radius": [float("nan"), float("nan"), float("nan")],
+        }
+    )
     first = mod.dcpfl_structure(df, 1, 1).splitlines()[0]
     assert first.startswith("round 16: split kept")
     df["curvature_radius"] = [0.5, 2.0, float("nan")]  # r rose from its first value
@@ -101,8 +142,9 @@ def test_log_time_axis_only_beyond_10x():
     fig = accuracy_figure([_run("a", 1.0), _run("b", 50.0)], "time")
     assert fig.axes[0].get_xscale() == "log"
     assert "log scale" in fig.axes[0].get_xlabel()
-    assert accuracy_figure([_run("a", 1.0), _run("b", 5.0)], "time").axes[0].get_xscale() \
-        == "linear"
+    assert (
+        accuracy_figure([_run("a", 1.0), _run("b", 5.0)], "time").axes[0].get_xscale() == "linear"
+    )
 
 
 def test_legend_outside_for_many_runs_inside_for_few():
@@ -142,16 +184,23 @@ def _sweep_frame(x: str, xs: list, ys: list) -> pd.DataFrame:
     rows = []
     for xv, yv in zip(xs, ys, strict=True):
         row = dict.fromkeys(METRIC_COLUMNS, math.nan)
-        row.update(run_id="r", algorithm="fedavg", exact=True, source="replay",
-                   time_to_target_s=yv, round_time_mean_s=yv)
+        row.update(
+            run_id="r",
+            algorithm="fedavg",
+            exact=True,
+            source="replay",
+            time_to_target_s=yv,
+            round_time_mean_s=yv,
+        )
         row[x] = xv
         rows.append(row)
     return pd.DataFrame(rows, columns=HEAD_COLUMNS + [x] + METRIC_COLUMNS)
 
 
 def test_sweep_figure_labels_units_zero_based_and_every_point():
-    frame = _sweep_frame("channel.uplink.bandwidth_hz", [1e6, 5e6, 20e6, 50e6],
-                         [40.0, 20.0, float("nan"), 5.0])
+    frame = _sweep_frame(
+        "channel.uplink.bandwidth_hz", [1e6, 5e6, 20e6, 50e6], [40.0, 20.0, float("nan"), 5.0]
+    )
     ax = sweep_figure(frame, "channel.uplink.bandwidth_hz", "time_to_target_s").axes[0]
     assert ax.get_xlabel() == "uplink bandwidth (MHz)"
     assert ax.get_ylabel() == "emulated time to the target accuracy (s)"
@@ -174,15 +223,18 @@ def test_sweep_figure_null_grid_value_is_a_category():
     assert ax.get_ylabel() == "mean round time (s)"
 
 
-@pytest.mark.parametrize("path,text", [
-    ("channel.uplink.loss_rate", "uplink packet-loss rate (%)"),
-    ("channel.downlink.latency_s", "downlink latency (ms)"),
-    ("backhaul.latency_s", "backhaul latency (ms)"),
-    ("channel.snr_offset_db", "SNR offset (dB)"),
-    ("devices.clients.0.profile", "device profile of client group 0"),
-    ("energy_mean_j", "client energy a round (all selected clients) (J)"),
-    ("something_new_s", "something new (s)"),
-])
+@pytest.mark.parametrize(
+    "path,text",
+    [
+        ("channel.uplink.loss_rate", "uplink packet-loss rate (%)"),
+        ("channel.downlink.latency_s", "downlink latency (ms)"),
+        ("backhaul.latency_s", "backhaul latency (ms)"),
+        ("channel.snr_offset_db", "SNR offset (dB)"),
+        ("devices.clients.0.profile", "device profile of client group 0"),
+        ("energy_mean_j", "client energy a round (all selected clients) (J)"),
+        ("something_new_s", "something new (s)"),
+    ],
+)
 def test_human_labels(path, text):
     from mecsim.analysis.labels import axis
 

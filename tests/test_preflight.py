@@ -17,8 +17,13 @@ from mecsim.run import preflight
 from mecsim.run.preflight import Findings
 from mecsim.scenario import ScenarioError
 
-MODELS = [("mlp_2nn", (1, 28, 28)), ("mtfl_cnn", (3, 32, 32)), ("kapc_cnn", (1, 28, 28)),
-          ("phsfl_cnn", (3, 32, 32)), ("resnet18", (3, 32, 32))]
+MODELS = [
+    ("mlp_2nn", (1, 28, 28)),
+    ("mtfl_cnn", (3, 32, 32)),
+    ("kapc_cnn", (1, 28, 28)),
+    ("phsfl_cnn", (3, 32, 32)),
+    ("resnet18", (3, 32, 32)),
+]
 
 
 @pytest.mark.parametrize("name,shape", MODELS, ids=[m for m, _ in MODELS])
@@ -33,8 +38,9 @@ def test_step_cost_on_meta_equals_a_real_measured_step(name, shape, optimizer, m
         torch.manual_seed(0)
         model = build_model(name, shape, 10)
         opt = make_optimizer(optimizer, model.parameters(), 0.01, momentum, 0.0)
-        _, real = measured_step(model, opt, torch.rand((batch, *shape)),
-                                torch.arange(batch) % 10, None)
+        _, real = measured_step(
+            model, opt, torch.rand((batch, *shape)), torch.arange(batch) % 10, None
+        )
         meta = step_cost_on_meta(name, shape, 10, optimizer, batch, 0.01, momentum)
         assert meta.memory_bytes == real.memory_bytes
         assert meta.flops == real.flops
@@ -135,15 +141,25 @@ def test_outputs(tmp_path):
     assert problems(dir=str(tmp_path / "runs"), run_id="taken")[0][0] == "outputs.run_id"
     assert problems(dir=str(tmp_path / "runs"), run_id="free") == []
     found = Findings()  # resuming: the folder must exist
-    preflight.check_outputs(tiny(outputs={"dir": str(tmp_path / "runs")}),
-                            tmp_path / "runs" / "taken", found, resume=True)
-    preflight.check_outputs(tiny(outputs={"dir": str(tmp_path / "runs")}),
-                            tmp_path / "runs" / "gone", found, resume=True)
+    preflight.check_outputs(
+        tiny(outputs={"dir": str(tmp_path / "runs")}),
+        tmp_path / "runs" / "taken",
+        found,
+        resume=True,
+    )
+    preflight.check_outputs(
+        tiny(outputs={"dir": str(tmp_path / "runs")}),
+        tmp_path / "runs" / "gone",
+        found,
+        resume=True,
+    )
     assert [p.message for p in found.problems] == [
-        f"there is no run folder {tmp_path / 'runs' / 'gone'} to resume"]
+        f"there is no run folder {tmp_path / 'runs' / 'gone'} to resume"
+    ]
     found = Findings()
-    preflight.check_outputs(tiny(outputs={"dir": str(tmp_path / "runs")}),
-                            tmp_path / "elsewhere" / "x", found)
+    preflight.check_outputs(
+        tiny(outputs={"dir": str(tmp_path / "runs")}), tmp_path / "elsewhere" / "x", found
+    )
     assert "would not be directly inside outputs.dir" in found.problems[0].message
     if os.geteuid() != 0:
         locked = tmp_path / "locked"
@@ -173,14 +189,16 @@ def test_memory_against_this_machine_counts_the_host_processes(monkeypatch):
     msg = problems("ray", 3)
     assert len(msg) == 1 and "in each of 3 host processes" in msg[0]
     found = Findings()  # a remote cluster's hosts are not on this machine
-    preflight.check_model_and_memory(tiny(execution={"backend": "ray", "hosts": 3}), None,
-                                     "ray", None, "10.0.0.1:6379", found)
+    preflight.check_model_and_memory(
+        tiny(execution={"backend": "ray", "hosts": 3}), None, "ray", None, "10.0.0.1:6379", found
+    )
     assert found.problems == []
 
 
 def test_check_raises_one_line_per_problem_naming_the_source(tmp_path):
-    sc = tiny(training={"batch_size": 1}, channel={"model": "trace",
-                                                   "path": str(tmp_path / "no.csv")})
+    sc = tiny(
+        training={"batch_size": 1}, channel={"model": "trace", "path": str(tmp_path / "no.csv")}
+    )
     with pytest.raises(ScenarioError) as info:
         preflight.check(sc, "s.yaml")
     lines = str(info.value).splitlines()

@@ -87,8 +87,9 @@ def test_ray_started_by_mecsim_listens_on_loopback_only():
     if ray.is_initialized():  # another test's instance: not one mecsim started
         ray.shutdown()
     probe = _ListenProbe()
-    rows = run(tiny(rounds=1, execution={"backend": "ray", "hosts": 2}), "ray-loopback", None,
-               [probe])
+    rows = run(
+        tiny(rounds=1, execution={"backend": "ray", "hosts": 2}), "ray-loopback", None, [probe]
+    )
     assert len(rows) == 1
     names = {name for _, _, name in probe.listeners}
     assert {"gcs_server", "raylet"} <= names, probe.listeners  # the probe saw Ray itself
@@ -137,20 +138,43 @@ def test_attach_to_a_token_authenticated_head_with_the_readme_recipe():
     auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
     clean_env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
     port = _free_port()
-    head_cmd = [str(RAY_CLI), "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
-                "--port", str(port), "--temp-dir", str(work / "ray"), "--num-cpus", "2",
-                "--include-dashboard", "false", "--disable-usage-stats",
-                "--node-manager-port", str(_free_port()),
-                "--object-manager-port", str(_free_port()),
-                "--dashboard-agent-listen-port", str(_free_port()),
-                "--dashboard-agent-grpc-port", str(_free_port()),
-                "--metrics-export-port", str(_free_port()),
-                "--runtime-env-agent-port", str(_free_port())]
+    head_cmd = [
+        str(RAY_CLI),
+        "start",
+        "--head",
+        "--block",
+        "--node-ip-address",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--temp-dir",
+        str(work / "ray"),
+        "--num-cpus",
+        "2",
+        "--include-dashboard",
+        "false",
+        "--disable-usage-stats",
+        "--node-manager-port",
+        str(_free_port()),
+        "--object-manager-port",
+        str(_free_port()),
+        "--dashboard-agent-listen-port",
+        str(_free_port()),
+        "--dashboard-agent-grpc-port",
+        str(_free_port()),
+        "--metrics-export-port",
+        str(_free_port()),
+        "--runtime-env-agent-port",
+        str(_free_port()),
+    ]
     # a head on loopback (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 keeps Ray from replacing
     # 127.0.0.1 by the machine's network address), with token authentication
-    head = subprocess.Popen(head_cmd, env={**clean_env, **auth,
-                                           "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"},
-                            stdout=(work / "head.log").open("w"), stderr=subprocess.STDOUT)
+    head = subprocess.Popen(
+        head_cmd,
+        env={**clean_env, **auth, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"},
+        stdout=(work / "head.log").open("w"),
+        stderr=subprocess.STDOUT,
+    )
     pids: set[int] = set()
     try:
         deadline = time.monotonic() + 120
@@ -162,15 +186,35 @@ def test_attach_to_a_token_authenticated_head_with_the_readme_recipe():
                 time.sleep(0.5)
         assert head.poll() is None, (work / "head.log").read_text()[-3000:]
         scenario = work / "tiny.yaml"
-        scenario.write_text(yaml.safe_dump({**TINY, "name": "attach", "rounds": 2,
-                                            "execution": {"backend": "ray", "hosts": 2}}))
+        scenario.write_text(
+            yaml.safe_dump(
+                {**TINY, "name": "attach", "rounds": 2, "execution": {"backend": "ray", "hosts": 2}}
+            )
+        )
 
         def mecsim_run(env: dict[str, str], run_id: str) -> subprocess.CompletedProcess:
             return subprocess.run(
-                [sys.executable, "-m", "mecsim", "run", str(scenario), "--ray-address",
-                 f"127.0.0.1:{port}", "--out", str(work / "runs"), "--run-id", run_id,
-                 "--quiet", "--no-plots"],
-                env=env, capture_output=True, text=True, timeout=300, cwd=work)
+                [
+                    sys.executable,
+                    "-m",
+                    "mecsim",
+                    "run",
+                    str(scenario),
+                    "--ray-address",
+                    f"127.0.0.1:{port}",
+                    "--out",
+                    str(work / "runs"),
+                    "--run-id",
+                    run_id,
+                    "--quiet",
+                    "--no-plots",
+                ],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+                cwd=work,
+            )
 
         ok = mecsim_run({**clean_env, **auth}, "with-token")
         pids = {p.pid for p in psutil.Process(head.pid).children(recursive=True)}
@@ -178,14 +222,13 @@ def test_attach_to_a_token_authenticated_head_with_the_readme_recipe():
         rounds = (work / "runs" / "with-token" / "rounds.csv").read_text().splitlines()
         assert len(rounds) == 3  # header + 2 rounds
         # (Ray retries a refused connection for ~20 s; 2 attempts show the same refusal)
-        refused = mecsim_run({**clean_env, "RAY_gcs_server_port_wait_time_s": "2"},
-                             "without-token")
-        lines = [ln for ln in refused.stderr.splitlines() if ln.strip()
-                 and "WARNING" not in ln]
+        refused = mecsim_run({**clean_env, "RAY_gcs_server_port_wait_time_s": "2"}, "without-token")
+        lines = [ln for ln in refused.stderr.splitlines() if ln.strip() and "WARNING" not in ln]
         assert refused.returncode == 2, refused.stderr[-3000:]
         assert "Traceback" not in refused.stderr
-        assert any("execution.ray_address" in ln and "RAY_AUTH_MODE=token" in ln
-                   for ln in lines), lines
+        assert any("execution.ray_address" in ln and "RAY_AUTH_MODE=token" in ln for ln in lines), (
+            lines
+        )
         assert not (work / "runs" / "without-token").exists()
     finally:
         try:

@@ -45,8 +45,12 @@ def runs(tmp_path_factory):
     deadline_s = float((finish[-2] + finish[-1]) / 2)
     late = apply_overrides(scenario, {"deadline_s": deadline_s})
     run_in_folder(late, base_dir / "late")
-    return {"base": load_run(base_dir / "base"), "late": load_run(base_dir / "late"),
-            "deadline_s": deadline_s, "dir": base_dir}
+    return {
+        "base": load_run(base_dir / "base"),
+        "late": load_run(base_dir / "late"),
+        "deadline_s": deadline_s,
+        "dir": base_dir,
+    }
 
 
 def _csv(run: RecordedRun) -> pd.DataFrame:
@@ -87,8 +91,11 @@ def test_exact_replay_through_the_simpy_model(channel, tmp_path):
         (tmp_path / "rates.csv").write_text(TRACE_CSV)
         cfg = {"model": "trace", "path": str(tmp_path / "rates.csv")}
     else:
-        cfg = {"model": "fixed_rate", "uplink": {"rate_bps": 4e6, "shared": True},
-               "downlink": {"rate_bps": 2e7, "shared": True}}
+        cfg = {
+            "model": "fixed_rate",
+            "uplink": {"rate_bps": 4e6, "shared": True},
+            "downlink": {"rate_bps": 2e7, "shared": True},
+        }
     out = tmp_path / "run"
     run_in_folder(tiny(rounds=2, channel=cfg), out)
     recorded = load_run(out)
@@ -100,10 +107,12 @@ def test_exact_replay_through_the_simpy_model(channel, tmp_path):
 
 def test_round_time_is_monotone_in_uplink_bandwidth(runs):
     bandwidths = [0.5e6, 1e6, 2e6, 5e6, 10e6, 20e6, 50e6, 200e6]
-    times = np.array([replay(runs["base"], {BW: b}).rounds["round_time_s"].to_numpy()
-                      for b in bandwidths])
-    uploads = np.array([replay(runs["base"], {BW: b}).rounds["ul_time_s"].to_numpy()
-                        for b in bandwidths])
+    times = np.array(
+        [replay(runs["base"], {BW: b}).rounds["round_time_s"].to_numpy() for b in bandwidths]
+    )
+    uploads = np.array(
+        [replay(runs["base"], {BW: b}).rounds["ul_time_s"].to_numpy() for b in bandwidths]
+    )
     assert np.all(np.diff(times, axis=0) <= 0)  # every round, every step up in bandwidth
     assert np.all(times[0] > times[-1]) and np.all(uploads[0] > uploads[-1])
     # the recorded per-client range [10, 30] MHz lies between 5 and 50 MHz for everyone
@@ -127,8 +136,7 @@ def test_override_that_changes_deadline_drops_is_detected(runs):
 
 
 def test_retrain_reruns_with_training_and_says_so(runs):
-    r = replay(runs["base"], {"deadline_s": runs["deadline_s"]}, retrain=True,
-               backend="local")
+    r = replay(runs["base"], {"deadline_s": runs["deadline_s"]}, retrain=True, backend="local")
     assert r.source == "retrained" and r.exact
     assert any("retrained" in n for n in r.notes)
     # base + this deadline is exactly the recorded "late" scenario: same rounds, same accuracy
@@ -156,11 +164,18 @@ def test_overrides_are_checked(runs):
         replay(runs["base"], {"training.lr": 0.1})
     with pytest.raises(OverrideError, match="unknown device profile 'pi9'"):
         replay(runs["base"], {"devices.clients.0.profile": "pi9"})
-    small = {"flops_per_s": 1e9, "step_overhead_s": 0.01, "ram_bytes": 1_000_000,
-             "flops_source": "test", "step_overhead_source": "test"}
+    small = {
+        "flops_per_s": 1e9,
+        "step_overhead_s": 0.01,
+        "ram_bytes": 1_000_000,
+        "flops_source": "test",
+        "step_overhead_source": "test",
+    }
     with pytest.raises(ReplayInfeasible, match="'small' has 1 MiB of RAM"):
-        replay(runs["base"], {"devices.profiles": {"small": small},
-                              "devices.clients.0.profile": "small"})
+        replay(
+            runs["base"],
+            {"devices.profiles": {"small": small}, "devices.clients.0.profile": "small"},
+        )
 
 
 def test_device_override_changes_compute_time(runs):
@@ -228,7 +243,8 @@ def test_sweep_of_a_scenario_records_it_once(tmp_path):
     assert recorded.name.startswith("tiny-") and (recorded / "optraces.jsonl").exists()
     assert df["exact"].all() and df["run_id"].nunique() == 1
     assert df["total_time_s"].tolist() == [
-        replay(recorded, {BW: b}).rounds["elapsed_s"].iloc[-1] for b in (1e6, 20e6)]
+        replay(recorded, {BW: b}).rounds["elapsed_s"].iloc[-1] for b in (1e6, 20e6)
+    ]
     stamp = (recorded / "rounds.csv").stat().st_mtime_ns
     again = sweep(tiny(rounds=2), {BW: [1e6, 20e6]}, record_dir=tmp_path)
     pd.testing.assert_frame_equal(df, again)
@@ -246,8 +262,13 @@ def test_sweep_in_a_process_pool_gives_the_same_frame(runs):
 
 
 def test_sweep_marks_infeasible_points(runs):
-    small = {"flops_per_s": 1e9, "step_overhead_s": 0.01, "ram_bytes": 1_000_000,
-             "flops_source": "test", "step_overhead_source": "test"}
+    small = {
+        "flops_per_s": 1e9,
+        "step_overhead_s": 0.01,
+        "ram_bytes": 1_000_000,
+        "flops_source": "test",
+        "step_overhead_source": "test",
+    }
     df = sweep(runs["base"], {"devices.profiles": [{}, {"rpi4": small}]})
     assert df["feasible"].tolist() == [True, False]
     assert "infeasible" in df.iloc[1]["notes"] and math.isnan(df.iloc[1]["total_time_s"])
@@ -255,15 +276,22 @@ def test_sweep_marks_infeasible_points(runs):
 
 def test_grid_and_value_parsing():
     assert grid_points({"a": [1, 2], "b": ["x", "y"]}) == [
-        {"a": 1, "b": "x"}, {"a": 1, "b": "y"}, {"a": 2, "b": "x"}, {"a": 2, "b": "y"}]
+        {"a": 1, "b": "x"},
+        {"a": 1, "b": "y"},
+        {"a": 2, "b": "x"},
+        {"a": 2, "b": "y"},
+    ]
     assert parse_values("5e6,10e6,20") == [5e6, 10e6, 20]
     assert parse_values("1e6:5e6:5") == [1e6, 2e6, 3e6, 4e6, 5e6]
     assert parse_values("[10e6,30e6],5e6") == [[10e6, 30e6], 5e6]
     assert parse_values("null,30.5,true") == [None, 30.5, True]
-    assert parse_values("{unit: noise, uplink_mean: 2e0}") == [{"unit": "noise",
-                                                                "uplink_mean": 2.0}]
+    assert parse_values("{unit: noise, uplink_mean: 2e0}") == [
+        {"unit": "noise", "uplink_mean": 2.0}
+    ]
     assert parse_set("devices.clients.0.profile=rpi2b,rpi4") == (
-        "devices.clients.0.profile", ["rpi2b", "rpi4"])
+        "devices.clients.0.profile",
+        ["rpi2b", "rpi4"],
+    )
     for bad in ("channel.uplink.bandwidth_hz", "=1", "a=[1,2", "a=1,,2"):
         with pytest.raises(OverrideError):
             parse_set(bad)
@@ -273,8 +301,18 @@ def test_grid_and_value_parsing():
 
 def test_cli_writes_csv_and_plot(runs, tmp_path, capsys):
     out = tmp_path / "sweep"
-    code = main(["sweep", str(runs["base"].run_dir), str(runs["late"].run_dir),
-                 "--set", f"{BW}=1e6,5e6,20e6", "--out", str(out), "--quiet"])
+    code = main(
+        [
+            "sweep",
+            str(runs["base"].run_dir),
+            str(runs["late"].run_dir),
+            "--set",
+            f"{BW}=1e6,5e6,20e6",
+            "--out",
+            str(out),
+            "--quiet",
+        ]
+    )
     assert code == 0
     df = pd.read_csv(out / "sweep.csv")
     assert len(df) == 6 and list(df.columns) == HEAD_COLUMNS + [BW] + METRIC_COLUMNS
@@ -284,13 +322,34 @@ def test_cli_writes_csv_and_plot(runs, tmp_path, capsys):
 
 
 def test_cli_errors_are_one_line_and_exit_2(runs, tmp_path, capsys):
-    code = main(["sweep", str(runs["base"].run_dir), "--set", "channel.uplinkk.rate=1",
-                 "--out", str(tmp_path / "x"), "--quiet"])
+    code = main(
+        [
+            "sweep",
+            str(runs["base"].run_dir),
+            "--set",
+            "channel.uplinkk.rate=1",
+            "--out",
+            str(tmp_path / "x"),
+            "--quiet",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 2 and "Traceback" not in out
     assert "'uplinkk' is not a field of channel" in out and "uplink, downlink" in out
     assert not (tmp_path / "x").exists()
     assert main(["sweep", str(tmp_path), "--set", f"{BW}=1e6", "--quiet"]) == 2
     assert "no scenario.yaml" in capsys.readouterr().out
-    assert main(["sweep", str(runs["base"].run_dir), "--set", f"{BW}=1e6", "--metric",
-                 "time_to_target_s", "--quiet"]) == 2
+    assert (
+        main(
+            [
+                "sweep",
+                str(runs["base"].run_dir),
+                "--set",
+                f"{BW}=1e6",
+                "--metric",
+                "time_to_target_s",
+                "--quiet",
+            ]
+        )
+        == 2
+    )

@@ -50,26 +50,50 @@ def _write_run(path: Path, run_id: str, algorithm: str, table, client_acc) -> Pa
         w = csv.DictWriter(f, fieldnames=ROUND_COLUMNS, restval="")
         w.writeheader()
         for i, (t, dl, cl, ul, sv, idle, el, up, down, cg, sg, rss, peak, acc) in enumerate(table):
-            w.writerow({"run_id": run_id, "round": i, "algorithm": algorithm, "selected": 2,
-                        "completed": 2, "dropped": 0, "round_time_s": t, "dl_time_s": dl,
-                        "client_time_s": cl, "ul_time_s": ul, "server_time_s": sv,
-                        "idle_time_s": idle, "elapsed_s": el, "bytes_up": up * MiB,
-                        "bytes_down": down * MiB, "client_gflops": cg, "server_gflops": sg,
-                        "server_rss_mb": rss, "client_peak_mb": peak,
-                        # run A: 5 J per emulated second of the round; run B: none
-                        # (records without energy)
-                        "energy_j": 5 * t if algorithm == "fedavg" else "",
-                        "mean_accuracy": "" if math.isnan(acc) else acc,
-                        "min_accuracy": "" if math.isnan(acc) else acc - 0.1,
-                        "max_accuracy": "" if math.isnan(acc) else acc + 0.1,
-                        "host_wall_s": 0.1})
+            w.writerow(
+                {
+                    "run_id": run_id,
+                    "round": i,
+                    "algorithm": algorithm,
+                    "selected": 2,
+                    "completed": 2,
+                    "dropped": 0,
+                    "round_time_s": t,
+                    "dl_time_s": dl,
+                    "client_time_s": cl,
+                    "ul_time_s": ul,
+                    "server_time_s": sv,
+                    "idle_time_s": idle,
+                    "elapsed_s": el,
+                    "bytes_up": up * MiB,
+                    "bytes_down": down * MiB,
+                    "client_gflops": cg,
+                    "server_gflops": sg,
+                    "server_rss_mb": rss,
+                    "client_peak_mb": peak,
+                    # run A: 5 J per emulated second of the round; run B: none
+                    # (records without energy)
+                    "energy_j": 5 * t if algorithm == "fedavg" else "",
+                    "mean_accuracy": "" if math.isnan(acc) else acc,
+                    "min_accuracy": "" if math.isnan(acc) else acc - 0.1,
+                    "max_accuracy": "" if math.isnan(acc) else acc + 0.1,
+                    "host_wall_s": 0.1,
+                }
+            )
     with (path / "clients.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=CLIENT_COLUMNS, restval="")
         w.writeheader()
         last = len(table) - 1
         for cid, acc in enumerate(client_acc):
-            w.writerow({"run_id": run_id, "round": last, "client_id": cid, "selected": True,
-                        "accuracy": acc})
+            w.writerow(
+                {
+                    "run_id": run_id,
+                    "round": last,
+                    "client_id": cid,
+                    "selected": True,
+                    "accuracy": acc,
+                }
+            )
     (path / "scenario.yaml").write_text(f"name: hand\nrounds: {len(table) + 1}\n")
     return path
 
@@ -98,9 +122,16 @@ def test_tables_from_hand_made_records(two_runs):
 
     k6 = t.kapc_cost.set_index("run")
     assert k6.loc["a"].to_dict() == {
-        "method": "fedavg", "u_comm_mib": 2.0, "d_comm_mib": 2.0, "c_comp_gflops": 3.0,
-        "s_comp_gflops": 0.5, "client_energy_j": 50.0, "server_mem_mb": 120.0,
-        "client_step_mem_mib": 12.0, "best_mean_acc": 0.8}
+        "method": "fedavg",
+        "u_comm_mib": 2.0,
+        "d_comm_mib": 2.0,
+        "c_comp_gflops": 3.0,
+        "s_comp_gflops": 0.5,
+        "client_energy_j": 50.0,
+        "server_mem_mb": 120.0,
+        "client_step_mem_mib": 12.0,
+        "best_mean_acc": 0.8,
+    }
     assert math.isnan(k6.loc["b", "client_energy_j"])
 
     dc = t.dcpfl.set_index("run")
@@ -156,8 +187,10 @@ def test_tables_from_hand_made_records(two_runs):
 
 
 def test_convergence_means_staying_near_the_final_accuracy():
-    rows = [{"round": i, "algorithm": "x", "mean_accuracy": a, "elapsed_s": i + 1.0}
-            for i, a in enumerate([0.5, 0.81, 0.7, 0.795, 0.80])]
+    rows = [
+        {"round": i, "algorithm": "x", "mean_accuracy": a, "elapsed_s": i + 1.0}
+        for i, a in enumerate([0.5, 0.81, 0.7, 0.795, 0.80])
+    ]
     r = from_rows("x", rows)
     assert convergence_round(r, 0.01, window=1) == 3  # 0.81 reached it, then accuracy fell
     assert convergence_round(r, 0.2, window=1) == 1
@@ -180,29 +213,48 @@ def test_default_window_is_five_evaluated_rounds(two_runs):
     assert dc.loc["a", "comm_rounds"] == 4
     assert dc.loc["a", "comm_time_s"] == 17.0  # (2+3) + (2+3) + (1+2) + (2+2)
     assert dc.loc["a", "total_time_s"] == 40.0
-    assert "Final Acc.: the mean over the last 5 evaluated rounds" in \
-        build_tables(runs).markdown()
+    assert "Final Acc.: the mean over the last 5 evaluated rounds" in build_tables(runs).markdown()
 
 
 def test_backhaul_appears_when_a_run_has_it_and_counts_as_communication():
-    rows = [{"round": i, "algorithm": "hier", "round_time_s": 10.0, "dl_time_s": 1.0,
-             "client_time_s": 5.0, "ul_time_s": 2.0, "server_time_s": 0.0,
-             "backhaul_time_s": 2.0, "idle_time_s": 0.0, "elapsed_s": 10.0 * (i + 1),
-             "bytes_up": 1, "bytes_down": 1, "client_gflops": 1.0, "server_gflops": 0.0,
-             "server_rss_mb": 1.0, "client_peak_mb": 1.0, "mean_accuracy": 0.5}
-            for i in range(2)]
+    rows = [
+        {
+            "round": i,
+            "algorithm": "hier",
+            "round_time_s": 10.0,
+            "dl_time_s": 1.0,
+            "client_time_s": 5.0,
+            "ul_time_s": 2.0,
+            "server_time_s": 0.0,
+            "backhaul_time_s": 2.0,
+            "idle_time_s": 0.0,
+            "elapsed_s": 10.0 * (i + 1),
+            "bytes_up": 1,
+            "bytes_down": 1,
+            "client_gflops": 1.0,
+            "server_gflops": 0.0,
+            "server_rss_mb": 1.0,
+            "client_peak_mb": 1.0,
+            "mean_accuracy": 0.5,
+        }
+        for i in range(2)
+    ]
     t = build_tables([from_rows("h", rows)])
     assert t.kapc_time["backhaul_pct"].tolist() == [20.0]
     assert t.mtfl_time["backhaul_pct"].tolist() == [20.0]
     assert t.dcpfl["comm_time_s"].tolist() == [5.0]  # converged at round 1: 1 + 2 + 2
-    assert "| hier | 10.00 | 2.00 (20.00) | 1.00 (10.00) | 5.00 (50.00) | 0.00 (0.00) " \
+    assert (
+        "| hier | 10.00 | 2.00 (20.00) | 1.00 (10.00) | 5.00 (50.00) | 0.00 (0.00) "
         "| 2.00 (20.00) |" in t.markdown().splitlines()
+    )
 
 
 def test_report_command_writes_markdown_csv_and_plots(two_runs, tmp_path, capsys):
     out = tmp_path / "rep"
-    assert main(["report", *map(str, two_runs), "--target", "0.7", "--window", "1",
-                 "--out", str(out)]) == 0
+    assert (
+        main(["report", *map(str, two_runs), "--target", "0.7", "--window", "1", "--out", str(out)])
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "| fedavg (a) | 10.00 | 2.50 (25.00) |" in printed
     assert "(fedavg, 4 rounds of 5)" in printed  # interrupted run: 4 of the scenario's 5
@@ -211,8 +263,15 @@ def test_report_command_writes_markdown_csv_and_plots(two_runs, tmp_path, capsys
     assert dc["total_time_s"].tolist() == [30.0, 4.0]
     assert pd.read_csv(out / "kapc_table5_time.csv")["u_comm_pct"].tolist() == [25.0, 0.0]
     assert pd.read_csv(out / "mtfl_table4_time.csv").columns.tolist() == [
-        "method", "run", "round_time_s", "down_pct", "client_pct", "up_pct", "server_pct",
-        "idle_pct"]
+        "method",
+        "run",
+        "round_time_s",
+        "down_pct",
+        "client_pct",
+        "up_pct",
+        "server_pct",
+        "idle_pct",
+    ]
     assert pd.read_csv(out / "accuracy.csv")["rounds_to_target"].tolist()[0] == 2
     for name in PLOT_NAMES:
         _assert_png(out / name)
@@ -276,15 +335,29 @@ def test_run_summary_adds_backhaul_and_idle_only_when_present():
     """summary.md / the printed table of one run (mecsim.store.summary), from hand-made rows."""
     from mecsim.store.summary import summarise, table_rows
 
-    row = {"round_time_s": 10.0, "ul_time_s": 2.0, "dl_time_s": 1.0, "client_time_s": 5.0,
-           "server_time_s": 0.0, "idle_time_s": 0.0, "elapsed_s": 10.0, "bytes_up": MiB,
-           "bytes_down": MiB, "client_gflops": 1.0, "server_gflops": 0.0,
-           "server_rss_mb": 1.0, "client_peak_mb": 1.0, "mean_accuracy": 0.5,
-           "host_wall_s": 0.1}
+    row = {
+        "round_time_s": 10.0,
+        "ul_time_s": 2.0,
+        "dl_time_s": 1.0,
+        "client_time_s": 5.0,
+        "server_time_s": 0.0,
+        "idle_time_s": 0.0,
+        "elapsed_s": 10.0,
+        "bytes_up": MiB,
+        "bytes_down": MiB,
+        "client_gflops": 1.0,
+        "server_gflops": 0.0,
+        "server_rss_mb": 1.0,
+        "client_peak_mb": 1.0,
+        "mean_accuracy": 0.5,
+        "host_wall_s": 0.1,
+    }
     header, cells, _, _ = table_rows(summarise([row]))
     assert "Backhaul (s/%)" not in header and "Idle (s/%)" not in header
-    hier = [{**row, "backhaul_time_s": 2.0}, {**row, "backhaul_time_s": 1.0,
-                                               "idle_time_s": 1.0, "elapsed_s": 20.0}]
+    hier = [
+        {**row, "backhaul_time_s": 2.0},
+        {**row, "backhaul_time_s": 1.0, "idle_time_s": 1.0, "elapsed_s": 20.0},
+    ]
     header, cells, _, _ = table_rows(summarise(hier))
     assert header[-2:] == ["Backhaul (s/%)", "Idle (s/%)"]
     assert cells[-2:] == ["1.50 (15.00)", "0.50 (5.00)"]

@@ -31,8 +31,13 @@ from mecsim.store.runfolder import RunFolderError, prepare_resume, run_status
 from mecsim.store.session import run_in_folder
 
 # columns that measure this machine, not the emulated testbed
-HOST_COLUMNS = {"host_wall_s", "host_train_wall_s", "host_aggregate_s", "server_rss_mb",
-                "host_train_s"}
+HOST_COLUMNS = {
+    "host_wall_s",
+    "host_train_wall_s",
+    "host_aggregate_s",
+    "server_rss_mb",
+    "host_train_s",
+}
 
 
 def is_host_column(name: str) -> bool:
@@ -62,15 +67,15 @@ def assert_same_records(a: Path, b: Path, ignore: tuple[str, ...] = ()) -> None:
     for name in ("rounds", "clients"):
         x, y = read_csv_exact(a / f"{name}.csv"), read_csv_exact(b / f"{name}.csv")
         assert list(x.columns) == list(y.columns)
-        cols = [c for c in x.columns
-                if not is_host_column(c) and c != "run_id" and c not in ignore]
+        cols = [c for c in x.columns if not is_host_column(c) and c != "run_id" and c not in ignore]
         pd.testing.assert_frame_equal(x[cols], y[cols], check_exact=True)
         if (a / f"{name}.parquet").exists() or (b / f"{name}.parquet").exists():
             px, py = pd.read_parquet(a / f"{name}.parquet"), pd.read_parquet(b / f"{name}.parquet")
             pd.testing.assert_frame_equal(px[cols], py[cols], check_exact=True)
     assert (a / "optraces.jsonl").read_text() == (b / "optraces.jsonl").read_text()
-    assert _masked_summary((a / "summary.md").read_text()) == \
-        _masked_summary((b / "summary.md").read_text())
+    assert _masked_summary((a / "summary.md").read_text()) == _masked_summary(
+        (b / "summary.md").read_text()
+    )
 
 
 def _masked_summary(text: str) -> list[str]:
@@ -99,8 +104,11 @@ def _algorithm_scenario(name: str, rounds: int):
     elif name.startswith("dcpfl"):
         from test_dcpfl import E2E, FAST
 
-        params = dict(FAST) if name != "dcpfl_nodc" else {
-            k: v for k, v in FAST.items() if k != "gamma_step"}
+        params = (
+            dict(FAST)
+            if name != "dcpfl_nodc"
+            else {k: v for k, v in FAST.items() if k != "gamma_step"}
+        )
         extra = dict(E2E)
     elif name == "kmeans_cluster":
         params = {"warmup_rounds": 2, "clusters": 2}
@@ -215,9 +223,15 @@ SUBPROCESS_TIMEOUT_S = 240
 
 
 def _scenario_file(tmp_path: Path, algorithm: dict, rounds: int = 5) -> Path:
-    data = tiny(rounds=rounds, algorithm=algorithm,
-                **({"training": {"optimizer": "adam", "lr": 0.001, "batch_size": 16}}
-                   if algorithm.get("name") == "mtfl" else {})).model_dump(mode="json")
+    data = tiny(
+        rounds=rounds,
+        algorithm=algorithm,
+        **(
+            {"training": {"optimizer": "adam", "lr": 0.001, "batch_size": 16}}
+            if algorithm.get("name") == "mtfl"
+            else {}
+        ),
+    ).model_dump(mode="json")
     data["outputs"]["dir"] = str(tmp_path / "runs")
     path = tmp_path / f"{algorithm['name']}.yaml"
     path.write_text(json.dumps(data))
@@ -225,15 +239,21 @@ def _scenario_file(tmp_path: Path, algorithm: dict, rounds: int = 5) -> Path:
 
 
 def _mecsim(*args: str, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mecsim", *args], capture_output=True,
-                          text=True, timeout=SUBPROCESS_TIMEOUT_S,
-                          env={**os.environ, **(env or {})}, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "mecsim", *args],
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+        env={**os.environ, **(env or {})},
+        **kw,
+    )
 
 
 def _reference(tmp_path: Path, scenario: Path) -> Path:
     ref_dir = tmp_path / "ref"
-    done = _mecsim("run", str(scenario), "--run-id", "r", "--out", str(ref_dir), "--quiet",
-                   "--no-plots")
+    done = _mecsim(
+        "run", str(scenario), "--run-id", "r", "--out", str(ref_dir), "--quiet", "--no-plots"
+    )
     assert done.returncode == 0, done.stderr
     return ref_dir / "r"
 
@@ -241,12 +261,16 @@ def _reference(tmp_path: Path, scenario: Path) -> Path:
 KILL_POINTS = (("round-start:0", 0), ("round-end:2", 3), ("finish", 5))
 
 
-@pytest.mark.parametrize(("algorithm", "points"), [
-    ({"name": "fedavg"}, KILL_POINTS),
-    # the points before any checkpoint and after the last round do not depend on the
-    # algorithm; mid-run, the private patches and Adam moments must come back exactly
-    ({"name": "mtfl", "params": {"strategy": "fedavg_adam"}}, KILL_POINTS[1:2]),
-], ids=["fedavg", "mtfl-adam"])
+@pytest.mark.parametrize(
+    ("algorithm", "points"),
+    [
+        ({"name": "fedavg"}, KILL_POINTS),
+        # the points before any checkpoint and after the last round do not depend on the
+        # algorithm; mid-run, the private patches and Adam moments must come back exactly
+        ({"name": "mtfl", "params": {"strategy": "fedavg_adam"}}, KILL_POINTS[1:2]),
+    ],
+    ids=["fedavg", "mtfl-adam"],
+)
 @pytest.mark.slow
 def test_kill_9_then_resume(algorithm: dict, points, tmp_path: Path) -> None:
     scenario = _scenario_file(tmp_path, algorithm)
@@ -254,8 +278,15 @@ def test_kill_9_then_resume(algorithm: dict, points, tmp_path: Path) -> None:
     for point, rows_left in points:
         run_id = point.replace(":", "-")
         out = tmp_path / "runs" / run_id
-        killed = _mecsim("run", str(scenario), "--run-id", run_id, "--quiet", "--no-plots",
-                         env={"MECSIM_KILL_AT": point})
+        killed = _mecsim(
+            "run",
+            str(scenario),
+            "--run-id",
+            run_id,
+            "--quiet",
+            "--no-plots",
+            env={"MECSIM_KILL_AT": point},
+        )
         assert killed.returncode == -signal.SIGKILL, killed.stderr
         assert run_status(out)["status"] == "interrupted"  # "running", but nobody holds it
         assert len(pd.read_csv(out / "rounds.csv")) == rows_left  # header always there
@@ -272,9 +303,22 @@ def test_kill_9_then_resume(algorithm: dict, points, tmp_path: Path) -> None:
 def test_sigterm_keeps_the_rounds_says_how_to_resume_and_exits_143(tmp_path: Path) -> None:
     scenario = _scenario_file(tmp_path, {"name": "fedavg"}, rounds=40)
     out = tmp_path / "runs" / "t"
-    proc = subprocess.Popen([sys.executable, "-m", "mecsim", "run", str(scenario),
-                             "--run-id", "t", "--quiet", "--no-plots"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mecsim",
+            "run",
+            str(scenario),
+            "--run-id",
+            "t",
+            "--quiet",
+            "--no-plots",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + SUBPROCESS_TIMEOUT_S
     while time.monotonic() < deadline:
         rounds = out / "rounds.csv"
@@ -330,8 +374,7 @@ def test_a_checkpoint_writes_only_what_changed(tmp_path: Path) -> None:
     # 800,040-byte models and a small index, and the folder keeps the blobs the two
     # newest checkpoints refer to: the global model, the 4 clients' models, and the
     # previous versions of the 2 that trained last
-    sc = tiny(rounds=4, topology={"clients": 4, "participation": 0.5},
-              algorithm={"name": "local"})
+    sc = tiny(rounds=4, topology={"clients": 4, "participation": 0.5}, algorithm={"name": "local"})
     out = tmp_path / "r"
     run_in_folder(sc, out)
     model_bytes = json.loads((out / "run.json").read_text())["model_bytes"]
@@ -363,8 +406,12 @@ def test_a_run_killed_twice_resumes_twice_with_other_settings(tmp_path: Path) ->
     with pytest.raises(SimulatedKill):
         run_in_folder(sc, out, observers=[StopAfter(1)])
     target = prepare_resume(out)
-    other = tiny(rounds=5, metrics={"enabled": False, "port": 9999},
-                 execution={"backend": "local", "hosts": 3}, checkpoint={"keep": 3})
+    other = tiny(
+        rounds=5,
+        metrics={"enabled": False, "port": 9999},
+        execution={"backend": "local", "hosts": 3},
+        checkpoint={"keep": 3},
+    )
     target.scenario = other  # other metrics, execution and checkpoint settings
     try:
         with pytest.raises(SimulatedKill):
@@ -378,5 +425,7 @@ def test_a_run_killed_twice_resumes_twice_with_other_settings(tmp_path: Path) ->
     finally:
         target.lock.release()
     assert_same_records(full, out)
-    assert [r["from_round"] for r in json.loads((out / "run.json").read_text())["resumes"]] \
-        == [1, 3]
+    assert [r["from_round"] for r in json.loads((out / "run.json").read_text())["resumes"]] == [
+        1,
+        3,
+    ]

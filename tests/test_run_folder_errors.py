@@ -32,8 +32,9 @@ def _scenario(tmp_path: Path, **changes) -> Path:
 @contextlib.contextmanager
 def _tmpfs(where: Path, options: str) -> Iterator[Path]:
     where.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True, text=True
+    )
     if proc.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip() or 'not root'})")
     try:
@@ -62,8 +63,9 @@ def test_a_full_disk(tmp_path: Path, capsys) -> None:
             while True:
                 f.write(b"\0" * 4096)
                 f.flush()
-        code, lines = _run([str(_scenario(tmp_path)), "--out", str(full / "runs"),
-                            "--run-id", "r"], capsys)
+        code, lines = _run(
+            [str(_scenario(tmp_path)), "--out", str(full / "runs"), "--run-id", "r"], capsys
+        )
         assert code == 2, lines
         problems = [line for line in lines if "warning" not in line]
         assert len(problems) == 1 and "no space left on the device" in problems[0]
@@ -79,8 +81,9 @@ def test_a_pseudo_file_system(tmp_path: Path, capsys) -> None:
 
 def test_a_file_where_the_folder_should_be(tmp_path: Path, capsys) -> None:
     (tmp_path / "taken").write_text("")
-    code, lines = _run([str(_scenario(tmp_path)), "--out", str(tmp_path / "taken" / "runs")],
-                       capsys)
+    code, lines = _run(
+        [str(_scenario(tmp_path)), "--out", str(tmp_path / "taken" / "runs")], capsys
+    )
     assert code == 2 and len(lines) == 1 and "taken" in lines[0], lines
     assert (tmp_path / "taken").read_text() == ""
 

@@ -43,22 +43,35 @@ def _write(tmp_path: Path, text: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("training:\n  lr: -0.1\n", "bad.yaml: training.lr: Input should be greater than 0"),
-    ("topology:\n  clients: 10\n  participaton: 0.5\n",
-     "bad.yaml: topology.participaton: Extra inputs are not permitted"),
-    ("channel:\n  model: shannon\n  interference:\n    uplink_mean: 1\n",
-     "bad.yaml: channel.interference.unit: Field required"),
-    ("algorithm:\n  name: fedavg\n  params:\n    mu: 0.1\n",
-     "bad.yaml: algorithm.params.mu: Extra inputs are not permitted"),
-    ("algorithm:\n  name: fedsgd\n", "bad.yaml: algorithm.name: unknown algorithm 'fedsgd'"),
-    ("devices:\n  clients:\n    - profile: rpi9\n",
-     "bad.yaml: devices.clients.0.profile: unknown device profile 'rpi9'"),
-    ("topology:\n  clients: 4\ndevices:\n  clients:\n    - {profile: rpi4, count: 3}\n",
-     "bad.yaml: devices.clients: the groups cover 3 clients but topology.clients is 4"),
-    ("rounds: [1\n", "bad.yaml: line 2, column 1: invalid YAML"),
-    ("- just\n- a list\n", "bad.yaml: the top level must be a mapping"),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("training:\n  lr: -0.1\n", "bad.yaml: training.lr: Input should be greater than 0"),
+        (
+            "topology:\n  clients: 10\n  participaton: 0.5\n",
+            "bad.yaml: topology.participaton: Extra inputs are not permitted",
+        ),
+        (
+            "channel:\n  model: shannon\n  interference:\n    uplink_mean: 1\n",
+            "bad.yaml: channel.interference.unit: Field required",
+        ),
+        (
+            "algorithm:\n  name: fedavg\n  params:\n    mu: 0.1\n",
+            "bad.yaml: algorithm.params.mu: Extra inputs are not permitted",
+        ),
+        ("algorithm:\n  name: fedsgd\n", "bad.yaml: algorithm.name: unknown algorithm 'fedsgd'"),
+        (
+            "devices:\n  clients:\n    - profile: rpi9\n",
+            "bad.yaml: devices.clients.0.profile: unknown device profile 'rpi9'",
+        ),
+        (
+            "topology:\n  clients: 4\ndevices:\n  clients:\n    - {profile: rpi4, count: 3}\n",
+            "bad.yaml: devices.clients: the groups cover 3 clients but topology.clients is 4",
+        ),
+        ("rounds: [1\n", "bad.yaml: line 2, column 1: invalid YAML"),
+        ("- just\n- a list\n", "bad.yaml: the top level must be a mapping"),
+    ],
+)
 def test_errors_name_the_file_and_the_field(tmp_path, text, expected):
     with pytest.raises(ScenarioError) as info:
         load_scenario(_write(tmp_path, text))
@@ -70,8 +83,7 @@ def test_missing_file_is_one_clear_line(tmp_path):
         load_scenario(tmp_path / "nope.yaml")
 
 
-def test_cli_bad_scenario_exits_2_with_one_line_and_writes_nothing(tmp_path, capsys,
-                                                                   monkeypatch):
+def test_cli_bad_scenario_exits_2_with_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     path = _write(tmp_path, "rounds: 0\n")
     code = main(["run", str(path), "--out", str(tmp_path / "runs")])

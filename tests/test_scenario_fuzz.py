@@ -39,18 +39,49 @@ ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted((ROOT / "scenarios").glob("*.yaml")) + [default_scenario_path()]
 SEEDS = {p.stem: yaml.safe_load(p.read_text()) for p in SHIPPED}
 
-NASTY_TEXT = ["", " ", "/", "/etc/passwd", "/dev/zero", "/proc/self/mem", "..", "../../x",
-              "~", "[/]", "[bold]x[/]", "a" * 300, "0.0.0.0", "::", "localhost",
-              "no-such-host.invalid", "\u202e", "ünïcödé", "x" * 5, "1e23", ".inf", "null",
-              "${HOME}", "%s%n", "C:\\x", "auto", "ray://localhost:1"]
-garbage = st.deferred(lambda: st.one_of(
-    st.none(), st.booleans(),
-    st.integers(), st.sampled_from([0, -1, 1, 2**31, 2**32, 2**63, 2**64, 10**30, -(10**30)]),
-    st.floats(allow_nan=True, allow_infinity=True),
-    st.sampled_from([float("nan"), float("inf"), float("-inf"), 1e308, -1e308, 5e-324, -0.0]),
-    st.text(max_size=20), st.sampled_from(NASTY_TEXT),
-    st.lists(garbage, max_size=3), st.dictionaries(st.text(max_size=8), garbage, max_size=3),
-))
+NASTY_TEXT = [
+    "",
+    " ",
+    "/",
+    "/etc/passwd",
+    "/dev/zero",
+    "/proc/self/mem",
+    "..",
+    "../../x",
+    "~",
+    "[/]",
+    "[bold]x[/]",
+    "a" * 300,
+    "0.0.0.0",
+    "::",
+    "localhost",
+    "no-such-host.invalid",
+    "\u202e",
+    "ünïcödé",
+    "x" * 5,
+    "1e23",
+    ".inf",
+    "null",
+    "${HOME}",
+    "%s%n",
+    "C:\\x",
+    "auto",
+    "ray://localhost:1",
+]
+garbage = st.deferred(
+    lambda: st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(),
+        st.sampled_from([0, -1, 1, 2**31, 2**32, 2**63, 2**64, 10**30, -(10**30)]),
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.sampled_from([float("nan"), float("inf"), float("-inf"), 1e308, -1e308, 5e-324, -0.0]),
+        st.text(max_size=20),
+        st.sampled_from(NASTY_TEXT),
+        st.lists(garbage, max_size=3),
+        st.dictionaries(st.text(max_size=8), garbage, max_size=3),
+    )
+)
 
 
 def _paths(node: Any, prefix: tuple = ()) -> list[tuple]:
@@ -88,8 +119,7 @@ def mutants(draw) -> tuple[str, bytes]:
             break
         path = draw(st.sampled_from(paths))
         parent, key = _parent(data, path), path[-1]
-        kind = draw(st.sampled_from(["replace", "replace", "replace", "delete", "nest",
-                                     "rename"]))
+        kind = draw(st.sampled_from(["replace", "replace", "replace", "delete", "nest", "rename"]))
         if kind == "replace":
             parent[key] = draw(garbage)
         elif kind == "delete":
@@ -97,11 +127,9 @@ def mutants(draw) -> tuple[str, bytes]:
         elif kind == "nest":
             parent[key] = _nested(draw(st.integers(2, 200)), parent[key])
         elif isinstance(parent, dict):  # rename: a misspelt or new key
-            parent[draw(st.sampled_from(["", "x", f"{key}s", f"{key}_", "<<"]))] = \
-                parent.pop(key)
+            parent[draw(st.sampled_from(["", "x", f"{key}s", f"{key}_", "<<"]))] = parent.pop(key)
     text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True).encode()
-    text_kind = draw(st.sampled_from(["none", "none", "duplicate", "bytes", "truncate",
-                                      "deep"]))
+    text_kind = draw(st.sampled_from(["none", "none", "duplicate", "bytes", "truncate", "deep"]))
     lines = text.splitlines(keepends=True)
     if text_kind == "duplicate" and lines:  # a key written twice (the same line again)
         i = draw(st.integers(0, len(lines) - 1))
@@ -129,9 +157,12 @@ def _check(code: int, err: str, path: Path) -> None:
     lines = [ln for ln in err.splitlines() if ln.strip() and ": warning: " not in ln]
     assert lines, "exit 2 without saying why"
     part = r"""(?:[\w<>-]+|'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")"""  # a name or a quoted key
-    named = re.compile(re.escape(str(path)) + r"( \(with command-line overrides\))?: "
-                       rf"(line \d+|{part}(\.{part})*: |\(top level\): |empty scenario|"
-                       r"the top level|invalid YAML|the file is larger|cannot read)", re.ASCII)
+    named = re.compile(
+        re.escape(str(path)) + r"( \(with command-line overrides\))?: "
+        rf"(line \d+|{part}(\.{part})*: |\(top level\): |empty scenario|"
+        r"the top level|invalid YAML|the file is larger|cannot read)",
+        re.ASCII,
+    )
     for line in lines:
         assert named.match(line), f"a line that names no field: {line!r}"
 
@@ -163,12 +194,19 @@ def no_training(monkeypatch):
 EXAMPLES = int(os.environ.get("MECSIM_FUZZ_EXAMPLES", "40"))
 
 
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=EXAMPLES == 40, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                 HealthCheck.data_too_large])
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=EXAMPLES == 40,
+    database=None,
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+    ],
+)
 @given(mutant=mutants())
-def test_mutated_shipped_scenarios_are_accepted_or_refused_cleanly(mutant, no_training,
-                                                                   capsys):
+def test_mutated_shipped_scenarios_are_accepted_or_refused_cleanly(mutant, no_training, capsys):
     _, text = mutant
     cwd = os.getcwd()
     with tempfile.TemporaryDirectory(prefix="mecsim-fuzz-") as tmp:
@@ -191,13 +229,15 @@ def test_mutated_shipped_scenarios_are_accepted_or_refused_cleanly(mutant, no_tr
 
 
 @pytest.mark.slow
-def test_every_shipped_scenario_passes_validate_and_the_run_preflight(no_training, capsys,
-                                                                      tmp_path, monkeypatch):
+def test_every_shipped_scenario_passes_validate_and_the_run_preflight(
+    no_training, capsys, tmp_path, monkeypatch
+):
     """The seeds themselves are accepted (with a free metrics port)."""
     monkeypatch.chdir(tmp_path)
     for path in SHIPPED:
         assert main(["validate", str(path)]) == 0, capsys.readouterr().err
-        assert main(["run", str(path), "--quiet", "--no-plots", "--metrics-port", "0"]) == 0, \
+        assert main(["run", str(path), "--quiet", "--no-plots", "--metrics-port", "0"]) == 0, (
             capsys.readouterr().err
+        )
     assert len(no_training) == len(SHIPPED)
     assert not any(tmp_path.iterdir())

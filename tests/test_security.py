@@ -39,8 +39,7 @@ FORBIDDEN = {
     "marshal": {"load", "loads"},
     "dill": {"load", "loads"},
     "shelve": {"open"},
-    "yaml": {"load", "load_all", "unsafe_load", "unsafe_load_all", "full_load",
-             "full_load_all"},
+    "yaml": {"load", "load_all", "unsafe_load", "unsafe_load_all", "full_load", "full_load_all"},
 }
 FORBIDDEN_BUILTINS = {"eval", "exec"}
 
@@ -68,8 +67,11 @@ def unsafe_calls(source: str, filename: str = "<src>") -> list[str]:
                 what = f"{module}.{f.attr}"
             elif module == "torch" and f.attr == "load":
                 weights_only = [k for k in node.keywords if k.arg == "weights_only"]
-                if not (weights_only and isinstance(weights_only[0].value, ast.Constant)
-                        and weights_only[0].value.value is True):
+                if not (
+                    weights_only
+                    and isinstance(weights_only[0].value, ast.Constant)
+                    and weights_only[0].value.value is True
+                ):
                     what = "torch.load without weights_only=True"
         elif isinstance(f, ast.Name):
             target = functions.get(f.id)

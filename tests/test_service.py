@@ -33,8 +33,7 @@ from service_support import TOKEN, ServeProcess, same_records, tiny_yaml, wait_f
 from mecsim.interfaces.cli import main
 from mecsim.interfaces.service.client import Client
 
-pytestmark = [pytest.mark.ray, pytest.mark.own_ray, pytest.mark.slow,
-              pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.ray, pytest.mark.own_ray, pytest.mark.slow, pytest.mark.timeout(300)]
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 NO_PROMETHEUS = "no `prometheus` binary on PATH (Debian: apt-get install prometheus)"
 
@@ -46,8 +45,9 @@ def server(tmp_path_factory):
     token_file = base / "token"
     token_file.write_text(TOKEN + "\n")
     token_file.chmod(0o600)
-    srv = ServeProcess(base / "state", "--metrics-retention", "600", "--token-file",
-                       str(token_file)).start()
+    srv = ServeProcess(
+        base / "state", "--metrics-retention", "600", "--token-file", str(token_file)
+    ).start()
     try:
         srv.wait_ready(AUTH)
         yield srv
@@ -81,8 +81,19 @@ def finished(server, client, tmp_path_factory):
 
 def _reference_run(scenario: Path, out: Path, **extra: str) -> Path:
     """``mecsim run`` of the same file (in-process backend: the records are the same)."""
-    args = ["run", str(scenario), "--backend", "local", "--no-metrics", "--no-plots",
-            "--quiet", "--out", str(out), "--run-id", "reference"]
+    args = [
+        "run",
+        str(scenario),
+        "--backend",
+        "local",
+        "--no-metrics",
+        "--no-plots",
+        "--quiet",
+        "--out",
+        str(out),
+        "--run-id",
+        "reference",
+    ]
     for k, v in extra.items():
         args += [f"--{k}", v]
     assert main(args) == 0
@@ -92,8 +103,7 @@ def _reference_run(scenario: Path, out: Path, **extra: str) -> Path:
 # ----------------------------------------------------------------------------- a run
 
 
-def test_a_run_through_the_service_equals_mecsim_run(server, client, http, finished,
-                                                     tmp_path):
+def test_a_run_through_the_service_equals_mecsim_run(server, client, http, finished, tmp_path):
     run_id, scenario = finished
     run = client.get(run_id)
     assert (run["status"], run["rounds_done"], run["rounds_planned"]) == ("finished", 3, 3)
@@ -109,8 +119,9 @@ def test_a_run_through_the_service_equals_mecsim_run(server, client, http, finis
     assert run["emulated_s"] == pytest.approx(rounds["elapsed_s"].iloc[-1])
     # the same table in every format
     as_json = pd.DataFrame(http.get(f"/runs/{run_id}/rounds").json())
-    as_csv = pd.read_csv(io.StringIO(http.get(f"/runs/{run_id}/rounds",
-                                              headers={"Accept": "text/csv"}).text))
+    as_csv = pd.read_csv(
+        io.StringIO(http.get(f"/runs/{run_id}/rounds", headers={"Accept": "text/csv"}).text)
+    )
     pd.testing.assert_frame_equal(client.rounds(run_id), rounds)
     pd.testing.assert_frame_equal(as_csv, rounds)
     assert as_json["mean_accuracy"].tolist() == pytest.approx(rounds["mean_accuracy"].tolist())
@@ -119,7 +130,8 @@ def test_a_run_through_the_service_equals_mecsim_run(server, client, http, finis
     resolved = yaml.safe_load(client.scenario(run_id))
     assert resolved["execution"]["backend"] == "ray" and resolved["rounds"] == 3
     assert (reference / "run.json").exists() and json.loads((fetched / "run.json").read_text())[
-        "backend"] == "ray"  # it ran on the service's Ray
+        "backend"
+    ] == "ray"  # it ran on the service's Ray
     for name in run["plots"]:
         png = http.get(f"/runs/{run_id}/plots/{name}.png", timeout=30)
         assert png.status_code == 200 and png.content[:4] == b"\x89PNG"
@@ -134,8 +146,7 @@ def test_cli_verbs(server, http, finished, tmp_path, monkeypatch, capsys):
     run_id, scenario = finished
     monkeypatch.setenv("MECSIM_SERVER", server.url)
     monkeypatch.setenv("MECSIM_TOKEN", TOKEN)
-    assert main(["submit", str(scenario), "--rounds", "2", "--set", "seed=11",
-                 "--follow"]) == 0
+    assert main(["submit", str(scenario), "--rounds", "2", "--set", "seed=11", "--follow"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("submitted tiny-") and out[1].startswith("round 1/2  acc ")
     assert out[2].startswith("round 2/2") and out[-1].endswith("finished after 2 of 2 rounds")
@@ -144,8 +155,9 @@ def test_cli_verbs(server, http, finished, tmp_path, monkeypatch, capsys):
     page = out[0].split()[-1]
     assert page == f"{server.url.rstrip('/')}/ui/runs/{new_id}"
     assert "<html" in http.get(page).text.lower()
-    sent = http.get(f"/runs/{new_id}", headers={"Accept": "text/html,*/*;q=0.8"},
-                    follow_redirects=False)
+    sent = http.get(
+        f"/runs/{new_id}", headers={"Accept": "text/html,*/*;q=0.8"}, follow_redirects=False
+    )
     assert sent.status_code == 303 and sent.headers["location"] == f"/ui/runs/{new_id}"
     assert http.get(f"/runs/{new_id}").json()["id"] == new_id
     assert main(["runs", "--json"]) == 0
@@ -158,11 +170,22 @@ def test_cli_verbs(server, http, finished, tmp_path, monkeypatch, capsys):
     assert main(["status", new_id]) == 0
     assert "rounds 2 / 2" in capsys.readouterr().out
     assert main(["fetch", run_id, "-o", str(tmp_path / "got")]) == 0
-    fetched = {p.relative_to(tmp_path / "got").as_posix()
-               for p in (tmp_path / "got").rglob("*") if p.is_file()}
+    fetched = {
+        p.relative_to(tmp_path / "got").as_posix()
+        for p in (tmp_path / "got").rglob("*")
+        if p.is_file()
+    }
     assert f"fetched {len(fetched)} files" in capsys.readouterr().out
-    assert {"rounds.csv", "clients.csv", "rounds.parquet", "summary.md", "run.json",
-            "scenario.yaml", "optraces.jsonl", "plots/accuracy_vs_round.png"} <= fetched
+    assert {
+        "rounds.csv",
+        "clients.csv",
+        "rounds.parquet",
+        "summary.md",
+        "run.json",
+        "scenario.yaml",
+        "optraces.jsonl",
+        "plots/accuracy_vs_round.png",
+    } <= fetched
     assert not any(f.startswith(("checkpoints/", ".")) for f in fetched)  # records only
     assert main(["report", str(tmp_path / "got"), "--out", str(tmp_path / "rep")]) == 0
     assert "| fedavg | 3 |" in (tmp_path / "rep" / "tables.md").read_text()
@@ -172,8 +195,9 @@ def test_cli_verbs(server, http, finished, tmp_path, monkeypatch, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text(tiny_yaml(training={"lr": -1}))
     assert main(["submit", str(bad)]) == 2
-    assert capsys.readouterr().err.strip() == (f"{bad}: training.lr: Input should be "
-                                               "greater than 0")
+    assert capsys.readouterr().err.strip() == (
+        f"{bad}: training.lr: Input should be greater than 0"
+    )
     assert main(["status", "no-such-run"]) == 2
     monkeypatch.delenv("MECSIM_TOKEN")
     assert main(["runs"]) == 2
@@ -188,11 +212,13 @@ def test_sweep_over_a_finished_run(server, client, http, finished, tmp_path):
     import mecsim
 
     frame = client.sweep([run_id], ["channel.uplink.bandwidth_hz=5e6,20e6"])
-    local = mecsim.sweep(client.fetch(run_id, tmp_path / "run"),
-                         {"channel.uplink.bandwidth_hz": [5e6, 20e6]})
+    local = mecsim.sweep(
+        client.fetch(run_id, tmp_path / "run"), {"channel.uplink.bandwidth_hz": [5e6, 20e6]}
+    )
     assert len(frame) == 2 and frame["exact"].all()
     assert frame["round_time_mean_s"].tolist() == pytest.approx(
-        local["round_time_mean_s"].tolist(), rel=1e-12)
+        local["round_time_mean_s"].tolist(), rel=1e-12
+    )
     assert frame["round_time_mean_s"].iloc[0] > frame["round_time_mean_s"].iloc[1]
     png = http.get(f"/sweeps/{frame.attrs['sweep_id']}/plot.png", timeout=30)
     assert png.status_code == 200 and png.content[:4] == b"\x89PNG"
@@ -259,10 +285,10 @@ def test_50_concurrent_pollers_and_scrapers_while_a_run_trains(server, client):
 
     async def main_loop() -> None:
         limits = httpx.Limits(max_connections=50, max_keepalive_connections=50)
-        async with httpx.AsyncClient(base_url=server.url, timeout=30, limits=limits,
-                                     headers=AUTH) as h:
-            await asyncio.wait_for(asyncio.gather(*(poller(i, h) for i in range(50))),
-                                   timeout=180)
+        async with httpx.AsyncClient(
+            base_url=server.url, timeout=30, limits=limits, headers=AUTH
+        ) as h:
+            await asyncio.wait_for(asyncio.gather(*(poller(i, h) for i in range(50))), timeout=180)
 
     asyncio.run(main_loop())
     assert not failures, failures[:5]
@@ -270,8 +296,12 @@ def test_50_concurrent_pollers_and_scrapers_while_a_run_trains(server, client):
     assert any(0 < n < 16 for s in seen for n in s)  # some poll saw the run mid-way
     assert client.wait(run_id, timeout_s=60)["status"] == "finished"
     assert running_pages, "no scrape saw the run's series"
-    samples = {s.name for f in text_string_to_metric_families(running_pages[-1])
-               for s in f.samples if s.labels.get("run") == run_id}
+    samples = {
+        s.name
+        for f in text_string_to_metric_families(running_pages[-1])
+        for s in f.samples
+        if s.labels.get("run") == run_id
+    }
     assert {"mecsim_rounds_total", "mecsim_round_duration_seconds"} <= samples
 
 
@@ -286,29 +316,47 @@ def _prom_get(api: str, path: str, **params) -> dict:
 
 
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason=NO_PROMETHEUS)
-def test_prometheus_scrapes_the_service_across_two_runs_without_a_gap(server, client,
-                                                                      tmp_path):
+def test_prometheus_scrapes_the_service_across_two_runs_without_a_gap(server, client, tmp_path):
     from test_monitoring import _dashboards, _exprs, _substitute, _variable_queries
 
     host_port = urllib.parse.urlparse(server.url).netloc
     port = _free_port()
     config = tmp_path / "prometheus.yml"
-    config.write_text(yaml.safe_dump({
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "scrape_configs": [{"job_name": "mecsim-service",
-                            "static_configs": [{"targets": [host_port]}]}]}))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                "scrape_configs": [
+                    {"job_name": "mecsim-service", "static_configs": [{"targets": [host_port]}]}
+                ],
+            }
+        )
+    )
     log = (tmp_path / "prometheus.log").open("w")
     prom = subprocess.Popen(
-        ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-        stdout=log, stderr=subprocess.STDOUT)
+        [
+            "prometheus",
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     api = f"http://127.0.0.1:{port}/api/v1"
     try:
         # until its storage is up Prometheus answers 503 "Service Unavailable" (not JSON)
-        wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/-/ready", timeout=5).status_code
-                 == 200, 60, "Prometheus to be ready")
-        wait_for(lambda: _prom_get(api, "query", query='up{job="mecsim-service"}')["result"],
-                 60, "Prometheus's first scrape of the service")
+        wait_for(
+            lambda: httpx.get(f"http://127.0.0.1:{port}/-/ready", timeout=5).status_code == 200,
+            60,
+            "Prometheus to be ready",
+        )
+        wait_for(
+            lambda: _prom_get(api, "query", query='up{job="mecsim-service"}')["result"],
+            60,
+            "Prometheus's first scrape of the service",
+        )
         t0 = time.time()
         ids = []
         for seed in (21, 22):  # two consecutive runs, one after the other
@@ -316,22 +364,26 @@ def test_prometheus_scrapes_the_service_across_two_runs_without_a_gap(server, cl
             assert client.wait(ids[-1], timeout_s=120)["status"] == "finished"
 
         def scraped(run_id: str) -> bool:  # no series yet until a scrape has seen the run
-            result = _prom_get(api, "query",
-                               query=f'mecsim_rounds_total{{run="{run_id}"}}')["result"]
+            result = _prom_get(api, "query", query=f'mecsim_rounds_total{{run="{run_id}"}}')[
+                "result"
+            ]
             return bool(result) and float(result[0]["value"][1]) == 2
 
         wait_for(lambda: all(scraped(i) for i in ids), 30, "the last rounds to be scraped")
         time.sleep(2)
         t1 = time.time()
         span = int(t1 - t0)
-        (up,) = _prom_get(api, "query_range", query='up{job="mecsim-service"}', start=t0,
-                          end=t1, step=1)["result"]
+        (up,) = _prom_get(
+            api, "query_range", query='up{job="mecsim-service"}', start=t0, end=t1, step=1
+        )["result"]
         assert {v for _, v in up["values"]} == {"1"} and len(up["values"]) >= span - 1
-        (scrapes,) = _prom_get(api, "query", query=f'count_over_time(up{{job='
-                               f'"mecsim-service"}}[{span}s])', time=t1)["result"]
+        (scrapes,) = _prom_get(
+            api, "query", query=f'count_over_time(up{{job="mecsim-service"}}[{span}s])', time=t1
+        )["result"]
         assert float(scrapes["value"][1]) >= 0.8 * span  # a scrape every second: no gap
-        (low,) = _prom_get(api, "query", query=f'min_over_time(up{{job="mecsim-service"}}'
-                           f'[{span}s])', time=t1)["result"]
+        (low,) = _prom_get(
+            api, "query", query=f'min_over_time(up{{job="mecsim-service"}}[{span}s])', time=t1
+        )["result"]
         assert low["value"][1] == "1"
         runs = _prom_get(api, "label/run/values", **{"match[]": "mecsim_run_info"})
         assert set(ids) <= set(runs)  # the dashboards' Run variable lists both
@@ -340,8 +392,9 @@ def test_prometheus_scrapes_the_service_across_two_runs_without_a_gap(server, cl
             for name, dash in _dashboards().items():
                 for expr in _exprs(dash):
                     promql = _substitute(expr, run_id, "fedavg", span + 60)
-                    result = _prom_get(api, "query_range", query=promql, start=t0, end=t1,
-                                       step=1)["result"]
+                    result = _prom_get(api, "query_range", query=promql, start=t0, end=t1, step=1)[
+                        "result"
+                    ]
                     checked += 1
                     if not any(math.isfinite(float(v)) for s in result for _, v in s["values"]):
                         failures.append(f"{name}: {promql}")
@@ -350,11 +403,19 @@ def test_prometheus_scrapes_the_service_across_two_runs_without_a_gap(server, cl
         assert checked >= 80 and not failures, "\n".join(failures)
         page = httpx.get(f"{server.url}/metrics", timeout=30).text  # no token needed
         names = {f.name for f in text_string_to_metric_families(page)}
-        assert {"mecsim_service_runs", "mecsim_service_queue_length",
-                "mecsim_service_uptime_seconds"} <= names
+        assert {
+            "mecsim_service_runs",
+            "mecsim_service_queue_length",
+            "mecsim_service_uptime_seconds",
+        } <= names
         if shutil.which("promtool"):
-            check = subprocess.run(["promtool", "check", "metrics"], input=page, text=True,
-                                   capture_output=True, timeout=60)
+            check = subprocess.run(
+                ["promtool", "check", "metrics"],
+                input=page,
+                text=True,
+                capture_output=True,
+                timeout=60,
+            )
             assert check.returncode == 0 and not check.stdout.strip(), check.stdout
     finally:
         prom.terminate()
@@ -398,8 +459,13 @@ def test_web_page_in_headless_chromium(server, http, finished, tmp_path):
     run_id, scenario = finished
     options = webdriver.ChromeOptions()
     options.binary_location = shutil.which("chromium")
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                f"--user-data-dir={tmp_path / 'profile'}"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={tmp_path / 'profile'}",
+    ):
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
@@ -421,8 +487,12 @@ def test_web_page_in_headless_chromium(server, http, finished, tmp_path):
         plots = driver.find_elements(By.CSS_SELECTOR, "img.plot")
         assert len(plots) >= 4
         for img in plots:  # every figure loaded and decoded
-            assert driver.execute_script(
-                "return arguments[0].complete && arguments[0].naturalWidth", img) > 100
+            assert (
+                driver.execute_script(
+                    "return arguments[0].complete && arguments[0].naturalWidth", img
+                )
+                > 100
+            )
         logs += driver.get_log("browser")
         # the form: submit a scenario file, land on the new run's page, cancel it there
         driver.get(f"{server.url}/ui/submit")
@@ -431,12 +501,16 @@ def test_web_page_in_headless_chromium(server, http, finished, tmp_path):
         driver.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
         wait.until(ec.url_contains("/ui/runs/tiny-"))
         new_id = driver.current_url.rsplit("/", 1)[1]
-        cancel = wait.until(ec.element_to_be_clickable(
-            (By.XPATH, "//form[contains(@action, '/cancel')]//button")))
+        cancel = wait.until(
+            ec.element_to_be_clickable((By.XPATH, "//form[contains(@action, '/cancel')]//button"))
+        )
         logs += driver.get_log("browser")
         cancel.click()
-        wait_for(lambda: http.get(f"/runs/{new_id}").json()["status"] == "cancelled", 120,
-                 "the run cancelled from the page")
+        wait_for(
+            lambda: http.get(f"/runs/{new_id}").json()["status"] == "cancelled",
+            120,
+            "the run cancelled from the page",
+        )
         driver.get(f"{server.url}/ui/runs/{new_id}")
         assert driver.find_element(By.CSS_SELECTOR, "#run td.status").text == "cancelled"
         # a bad file: the problems are listed on the form's page
@@ -448,9 +522,11 @@ def test_web_page_in_headless_chromium(server, http, finished, tmp_path):
         problems = wait.until(ec.presence_of_element_located((By.ID, "problems")))
         assert problems.text == "training.lr: Input should be greater than 0"
         # the form answered 422: Chromium logs that as a failed resource, nothing else
-        logs += [e for e in driver.get_log("browser")
-                 if not ("/ui/runs - Failed to load resource" in e["message"]
-                         and "422" in e["message"])]
+        logs += [
+            e
+            for e in driver.get_log("browser")
+            if not ("/ui/runs - Failed to load resource" in e["message"] and "422" in e["message"])
+        ]
         errors = [e["message"] for e in logs if e["level"] == "SEVERE"]
         assert not errors, "\n".join(errors)
     finally:
@@ -495,7 +571,10 @@ def test_kill9_then_restart_keeps_history_and_finishes_every_run(server, client,
     with sqlite3.connect(server.state / "mecsim.sqlite") as db:
         status = dict(db.execute("SELECT id, status FROM runs").fetchall())
     assert {k: status[k] for k in (killed, *queued)} == {
-        killed: "running", queued[0]: "queued", queued[1]: "queued"}
+        killed: "running",
+        queued[0]: "queued",
+        queued[1]: "queued",
+    }
 
     # no token this time, and two workers: runs prepared and run side by side
     server.args = ("--metrics-retention", "600", "--workers", "2")
@@ -503,8 +582,9 @@ def test_kill9_then_restart_keeps_history_and_finishes_every_run(server, client,
     with Client(server.url) as c:
         # the history is kept: every earlier run and its records are still there
         after = {r["id"]: r for r in c.runs(limit=1000)}
-        assert {k: after[k]["status"] for k in before} == {k: v["status"]
-                                                            for k, v in before.items()}
+        assert {k: after[k]["status"] for k in before} == {
+            k: v["status"] for k, v in before.items()
+        }
         some = next(k for k, v in before.items() if v["status"] == "finished")
         assert len(c.rounds(some)) == before[some]["rounds_done"]
         for run_id in (killed, *queued):
@@ -515,8 +595,10 @@ def test_kill9_then_restart_keeps_history_and_finishes_every_run(server, client,
         assert views[killed]["history"][2]["note"] == "the server stopped while it ran"
         assert views[killed]["attempts"] == 2
         # FIFO: the interrupted run went first, then the queued ones in order
-        started = [[h["at"] for h in views[r]["history"] if h["status"] == "running"][-1]
-                   for r in (killed, *queued)]
+        started = [
+            [h["at"] for h in views[r]["history"] if h["status"] == "running"][-1]
+            for r in (killed, *queued)
+        ]
         assert started == sorted(started)
         # with two workers the first queued run ran while the interrupted one did
         ended = lambda r: [h["at"] for h in views[r]["history"]][-1]  # noqa: E731
@@ -534,8 +616,10 @@ def test_kill9_then_restart_keeps_history_and_finishes_every_run(server, client,
     resumed_from = resumes[0]["from_round"]
     assert resumed_from >= 1
     after_resume = pd.read_csv(killed_dir / "rounds.csv")
-    assert after_resume["host_wall_s"][:resumed_from].tolist() == \
-        before_kill["host_wall_s"][:resumed_from].tolist()
+    assert (
+        after_resume["host_wall_s"][:resumed_from].tolist()
+        == before_kill["host_wall_s"][:resumed_from].tolist()
+    )
     assert not list((server.state / "runs").glob(f"{killed}.attempt-*"))
 
 

@@ -52,11 +52,11 @@ def test_store_is_a_fifo_queue_with_cancel_and_recovery(tmp_path):
     first = store.claim_next()
     assert first.id == "r0" and first.status == "queued"  # the status it waited with
     assert store.get_run("r0").status == "running" and store.get_run("r0").attempts == 1
-    assert store.request_cancel("r1") == "cancelled"      # waiting: leaves the queue
-    assert store.request_cancel("r0") == "stopping"       # running: flagged
+    assert store.request_cancel("r1") == "cancelled"  # waiting: leaves the queue
+    assert store.request_cancel("r0") == "stopping"  # running: flagged
     assert store.cancel_requested("r0") and store.get_run("r0").status == "running"
     assert store.request_cancel("r1") == "ended" and store.request_cancel("nope") is None
-    assert store.claim_next().id == "r2"                  # r1 was skipped
+    assert store.claim_next().id == "r2"  # r1 was skipped
     assert store.claim_next() is None
     store.round_done("r2", 0, {"round": 0, "mean_accuracy": float("nan"), "host_wall_s": 2.0})
     store.round_done("r2", 1, {"round": 1, "mean_accuracy": 0.5, "host_wall_s": 4.0})
@@ -64,17 +64,20 @@ def test_store_is_a_fifo_queue_with_cancel_and_recovery(tmp_path):
     r2 = store.get_run("r2")
     assert (r2.best_accuracy, r2.emulated_s, r2.host_wall_s) == (0.5, None, 6.0)
     assert r2.eta_s == 0.0  # 2 of 2 rounds done
-    store.round_done("r2", 1, {"round": 1, "mean_accuracy": 0.25, "host_wall_s": 1.0,
-                               "elapsed_s": 9.5})  # a round recorded again replaces it
+    store.round_done(
+        "r2", 1, {"round": 1, "mean_accuracy": 0.25, "host_wall_s": 1.0, "elapsed_s": 9.5}
+    )  # a round recorded again replaces it
     r2 = store.get_run("r2")
     assert (r2.best_accuracy, r2.emulated_s, r2.host_wall_s) == (0.25, 9.5, 3.0)
     store.clear_rounds("r2", first=1)  # back to its first round (a resume's checkpoint)
     r2 = store.get_run("r2")
     assert (r2.rounds_done, r2.best_accuracy, r2.host_wall_s) == (1, None, 2.0)
-    store.round_done("r2", 1, {"round": 1, "mean_accuracy": 0.25, "host_wall_s": 1.0,
-                               "elapsed_s": 9.5})
-    assert store.rounds("r2", after=0) == [{"round": 1, "mean_accuracy": 0.25,
-                                            "host_wall_s": 1.0, "elapsed_s": 9.5}]
+    store.round_done(
+        "r2", 1, {"round": 1, "mean_accuracy": 0.25, "host_wall_s": 1.0, "elapsed_s": 9.5}
+    )
+    assert store.rounds("r2", after=0) == [
+        {"round": 1, "mean_accuracy": 0.25, "host_wall_s": 1.0, "elapsed_s": 9.5}
+    ]
     store.close()
     # a server that died: its running runs are interrupted, and wait first in the queue
     store = Store(tmp_path / "state")
@@ -88,8 +91,9 @@ def test_store_is_a_fifo_queue_with_cancel_and_recovery(tmp_path):
 
 
 @pytest.mark.parametrize("records", ["whole", "short", "unreadable"])
-def test_a_run_that_finished_as_the_server_died_is_kept_not_run_again(tmp_path, monkeypatch,
-                                                                      records):
+def test_a_run_that_finished_as_the_server_died_is_kept_not_run_again(
+    tmp_path, monkeypatch, records
+):
     """The server died after the run's records said "finished" but before the store
     heard: on restart the run is finished with its recorded rounds (the store given the
     ones it missed, the figures drawn), not started again from round 0 in a new folder.
@@ -121,8 +125,9 @@ def test_a_run_that_finished_as_the_server_died_is_kept_not_run_again(tmp_path, 
     assert again.status == "interrupted"
     worker = Worker(store)
     started = []
-    monkeypatch.setattr(worker, "_start", lambda r: (
-        started.append((r.id, store.get_run("r0").rounds_done)), [])[1])
+    monkeypatch.setattr(
+        worker, "_start", lambda r: (started.append((r.id, store.get_run("r0").rounds_done)), [])[1]
+    )
     worker._execute(again)
     view = store.get_run("r0")
     if records != "whole":
@@ -136,28 +141,36 @@ def test_a_run_that_finished_as_the_server_died_is_kept_not_run_again(tmp_path, 
     assert started == []
     assert view.status == "finished" and view.rounds_done == 3 and view.attempts == 2
     assert [h["status"] for h in view.history] == [
-        "queued", "running", "interrupted", "running", "finished"]
+        "queued",
+        "running",
+        "interrupted",
+        "running",
+        "finished",
+    ]
     # every value as the run produced it (through JSON, as the store keeps rows)
-    assert store.rounds("r0") == [json.loads(json.dumps({k: _json_safe(v)
-                                                         for k, v in r.items()}))
-                                  for r in rows]
+    assert store.rounds("r0") == [
+        json.loads(json.dumps({k: _json_safe(v) for k, v in r.items()})) for r in rows
+    ]
     assert {p: p.stat().st_mtime_ns for p in out.glob("*.csv")} == written  # not rewritten
     assert not list(out.parent.glob("r0.attempt-*"))
-    assert sorted(p.suffix for p in (out / "plots").iterdir()) and \
-        all(p.stat().st_size > 0 for p in (out / "plots").iterdir())
+    assert sorted(p.suffix for p in (out / "plots").iterdir()) and all(
+        p.stat().st_size > 0 for p in (out / "plots").iterdir()
+    )
     store.close()
 
 
 def _samples(page: str) -> dict[tuple, float]:
     """A text-format page's samples, {(name, sorted labels): value}, without the
     ``_created`` timestamps (when a series was made, not what it says)."""
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(page) for s in family.samples
-            if not s.name.endswith("_created")}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(page)
+        for s in family.samples
+        if not s.name.endswith("_created")
+    }
 
 
-def test_an_adopted_run_s_prometheus_series_are_rebuilt_from_its_records(tmp_path,
-                                                                         monkeypatch):
+def test_an_adopted_run_s_prometheus_series_are_rebuilt_from_its_records(tmp_path, monkeypatch):
     """A run that finished as the server died: the restarted server's /metrics shows it
     with every series the exporter that watched it had at its end (counters, gauges,
     histograms of the clients' rates and phases, the last checkpoint), rebuilt from the
@@ -187,8 +200,10 @@ def test_an_adopted_run_s_prometheus_series_are_rebuilt_from_its_records(tmp_pat
     got = _samples(series.render())
     assert len(series) == 1  # kept as a finished run's, for the retention
     assert got[("mecsim_rounds_total", (("algorithm", "fedavg"), ("run", "r0")))] == 3
-    assert any(name == "mecsim_channel_rate_bytes_per_second_count" and value > 0
-               for (name, _), value in got.items())
+    assert any(
+        name == "mecsim_channel_rate_bytes_per_second_count" and value > 0
+        for (name, _), value in got.items()
+    )
     key = ("mecsim_checkpoint_write_seconds", (("algorithm", "fedavg"), ("run", "r0")))
     assert got.pop(key) == pytest.approx(expected.pop(key), abs=1e-6)  # run.json: to the µs
     assert got == expected
@@ -196,7 +211,8 @@ def test_an_adopted_run_s_prometheus_series_are_rebuilt_from_its_records(tmp_pat
 
 
 def test_an_interrupted_run_whose_folder_another_process_holds_fails_untouched(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     """A folder still locked by another live process after LOCK_WAIT_S (a user's
     `mecsim run --resume` on it, say) is not renamed or run again: the run fails, saying
     so, and the folder and its records stay as they were."""
@@ -211,9 +227,9 @@ def test_an_interrupted_run_whose_folder_another_process_holds_fails_untouched(
     out = store.run_dir("r0")
     run_in_folder(Scenario.model_validate(yaml.safe_load(text)), out)
     write_meta(out, {**read_meta(out), "status": "interrupted"})  # as if cut short
+
     def files():  # but the lock file, which the other process's lock writes
-        return {p.name: p.read_bytes() for p in out.iterdir()
-                if p.is_file() and p.name != ".lock"}
+        return {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != ".lock"}
 
     before = files()
     store.close()
@@ -309,11 +325,15 @@ def test_serve_refuses_a_non_loopback_host_without_a_token(tmp_path, capsys):
 # ----------------------------------------------------------------------------- submissions
 
 
-def _submit(tmp_path: Path, text: str | dict | None, data_root: Path | None = None,
-            **kw: Any):
-    return prepare_submission(text, rounds=kw.get("rounds"), overrides=kw.get("set", {}),
-                              data_root=data_root, tmp_dir=tmp_path / "tmp",
-                              runs_dir=tmp_path / "runs")
+def _submit(tmp_path: Path, text: str | dict | None, data_root: Path | None = None, **kw: Any):
+    return prepare_submission(
+        text,
+        rounds=kw.get("rounds"),
+        overrides=kw.get("set", {}),
+        data_root=data_root,
+        tmp_dir=tmp_path / "tmp",
+        runs_dir=tmp_path / "runs",
+    )
 
 
 def test_submissions_are_validated_exactly_as_mecsim_validate(tmp_path, capsys):
@@ -326,8 +346,7 @@ def test_submissions_are_validated_exactly_as_mecsim_validate(tmp_path, capsys):
         _submit(tmp_path, bad.read_text())
     got = [f"{bad}: {p.field}: {p.msg}" for p in exc.value.problems]
     assert got == lines  # the same problems, field by field
-    assert {p.field for p in exc.value.problems} == {"rounds", "training.lr",
-                                                     "training.epochs"}
+    assert {p.field for p in exc.value.problems} == {"rounds", "training.lr", "training.epochs"}
     with pytest.raises(Rejected) as exc:
         _submit(tmp_path, "rounds: [unclosed")
     (problem,) = exc.value.problems
@@ -336,17 +355,28 @@ def test_submissions_are_validated_exactly_as_mecsim_validate(tmp_path, capsys):
 
 
 def test_overrides_and_service_fields(tmp_path):
-    run_id, sc = _submit(tmp_path, tiny_yaml(execution={"backend": "local",
-                                                        "ray_address": "10.0.0.1:6379"}),
-                         rounds=3, set={"channel.uplink.bandwidth_hz": 5e6, "seed": 9})
+    run_id, sc = _submit(
+        tmp_path,
+        tiny_yaml(execution={"backend": "local", "ray_address": "10.0.0.1:6379"}),
+        rounds=3,
+        set={"channel.uplink.bandwidth_hz": 5e6, "seed": 9},
+    )
     assert re.fullmatch(r"tiny-\d{8}-\d{6}-[0-9a-f]{6}", run_id)
     assert sc.rounds == 3 and sc.seed == 9 and sc.channel.uplink.bandwidth_hz == 5e6
     # runs use the service's Ray and write under its state folder, whatever was asked
     assert sc.execution.backend == "ray" and sc.execution.ray_address is None
     assert sc.outputs.dir == str(tmp_path / "runs") and sc.outputs.run_id == run_id
     with pytest.raises(Rejected) as exc:
-        _submit(tmp_path, tiny_yaml(), set={"outputs.dir": "/etc", "execution.backend":
-                                            "local", "nope.x": 1, "training.lr": 0})
+        _submit(
+            tmp_path,
+            tiny_yaml(),
+            set={
+                "outputs.dir": "/etc",
+                "execution.backend": "local",
+                "nope.x": 1,
+                "training.lr": 0,
+            },
+        )
     fields = [p.field for p in exc.value.problems]
     assert fields == ["outputs.dir", "execution.backend", "nope.x"]
     with pytest.raises(Rejected) as exc:
@@ -431,20 +461,35 @@ def test_one_page_serves_every_run_and_retention_drops_finished_ones():
         return found
 
     def rounds_by_run() -> dict[str, float]:
-        return {s.labels["run"]: s.value for s in families()["mecsim_rounds"]
-                if s.name == "mecsim_rounds_total"}
+        return {
+            s.labels["run"]: s.value
+            for s in families()["mecsim_rounds"]
+            if s.name == "mecsim_rounds_total"
+        }
 
     assert rounds_by_run() == {"run-a": 1.0, "run-b": 2.0}
     # the kept run's samples are exactly those its exporter had, histograms included
-    kept = sorted((s.name, sorted(s.labels.items()), s.value) for ss in families().values()
-                  for s in ss if s.labels.get("run") == "run-a")
-    own = sorted((s.name, sorted(s.labels.items()), s.value)
-                 for f in text_string_to_metric_families(own_page) for s in f.samples)
+    kept = sorted(
+        (s.name, sorted(s.labels.items()), s.value)
+        for ss in families().values()
+        for s in ss
+        if s.labels.get("run") == "run-a"
+    )
+    own = sorted(
+        (s.name, sorted(s.labels.items()), s.value)
+        for f in text_string_to_metric_families(own_page)
+        for s in f.samples
+    )
     assert kept == own and any(name.endswith("_bucket") for name, _, _ in kept)
     promtool = shutil.which("promtool")  # Debian's prometheus package ships it
     if promtool:  # Prometheus's own linter accepts the spliced page
-        check = subprocess.run([promtool, "check", "metrics"], input=series.render(),
-                               capture_output=True, text=True, timeout=60)
+        check = subprocess.run(
+            [promtool, "check", "metrics"],
+            input=series.render(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert check.returncode == 0 and not check.stdout.strip(), check.stdout + check.stderr
     live.rounds.labels(run="run-b", algorithm="local").inc()  # live runs render afresh
     assert rounds_by_run() == {"run-a": 1.0, "run-b": 3.0}
@@ -470,8 +515,14 @@ def api(tmp_path_factory):
     base = tmp_path_factory.mktemp("api")
     root = base / "data"
     root.mkdir()
-    config = ServiceConfig(state_dir=base / "state", token=TOKEN, data_root=root,
-                           max_body_bytes=64 * 1024, max_queued=3, start_workers=False)
+    config = ServiceConfig(
+        state_dir=base / "state",
+        token=TOKEN,
+        data_root=root,
+        max_body_bytes=64 * 1024,
+        max_queued=3,
+        start_workers=False,
+    )
     with ThreadServer(create_app(config)) as server:
         server.store = server.server.config.app.state.store
         yield server
@@ -489,12 +540,23 @@ def test_token_is_required_everywhere_but_health_and_metrics(api):
     with httpx.Client(base_url=api.url, timeout=30) as anon:
         assert anon.get("/healthz").status_code == 200
         assert anon.get("/metrics").status_code == 200
-        for method, path in [("GET", "/"), ("GET", "/runs"), ("GET", "/readyz"),
-                             ("GET", "/openapi.json"), ("GET", "/docs"),
-                             ("POST", "/runs"), ("GET", "/runs/x-1"),
-                             ("DELETE", "/runs/x-1"), ("GET", "/sweeps/x")]:
-            for headers in ({}, {"Authorization": "Bearer wrong-token-of-same-length!"},
-                            {"Authorization": TOKEN}, {"Authorization": f"Basic {TOKEN}"}):
+        for method, path in [
+            ("GET", "/"),
+            ("GET", "/runs"),
+            ("GET", "/readyz"),
+            ("GET", "/openapi.json"),
+            ("GET", "/docs"),
+            ("POST", "/runs"),
+            ("GET", "/runs/x-1"),
+            ("DELETE", "/runs/x-1"),
+            ("GET", "/sweeps/x"),
+        ]:
+            for headers in (
+                {},
+                {"Authorization": "Bearer wrong-token-of-same-length!"},
+                {"Authorization": TOKEN},
+                {"Authorization": f"Basic {TOKEN}"},
+            ):
                 r = anon.request(method, path, headers=headers, json={})
                 assert r.status_code == 401, (method, path, headers, r.status_code)
                 assert r.headers["www-authenticate"] == "Bearer"
@@ -503,16 +565,22 @@ def test_token_is_required_everywhere_but_health_and_metrics(api):
 
 def test_bad_scenario_is_422_per_field_and_nothing_is_queued(api, client):
     before = client.get("/runs").json()["total"]
-    r = client.post("/runs", json={"scenario": tiny_yaml(training={"lr": 0},
-                                                         topology={"clients": 0})})
+    r = client.post(
+        "/runs", json={"scenario": tiny_yaml(training={"lr": 0}, topology={"clients": 0})}
+    )
     assert r.status_code == 422
     assert {p["field"] for p in r.json()["detail"]} == {"training.lr", "topology.clients"}
-    r = client.post("/runs", json={"scenario": yaml.safe_load(tiny_yaml()),
-                                   "set": {"dataset.root": "/etc"}})
+    r = client.post(
+        "/runs", json={"scenario": yaml.safe_load(tiny_yaml()), "set": {"dataset.root": "/etc"}}
+    )
     assert r.status_code == 422 and r.json()["detail"][0]["field"] == "dataset.root"
     assert client.post("/runs", json={"scenario": 5}).status_code == 422
-    assert client.post("/runs", content=b"{not json",
-                       headers={"content-type": "application/json"}).status_code == 422
+    assert (
+        client.post(
+            "/runs", content=b"{not json", headers={"content-type": "application/json"}
+        ).status_code
+        == 422
+    )
     assert client.get("/runs").json()["total"] == before
     assert list((api.store.dir / "runs").iterdir()) == []
 
@@ -567,8 +635,9 @@ def test_body_bound_host_and_origin_checks(api, client):
     big = "#" + "x" * (70 * 1024) + "\nrounds: 2\n"
     r = client.post("/runs", json={"scenario": big})
     assert r.status_code == 413
-    chunks = (b'{"scenario": "' + b"y" * 8192 + b'"}' if i == 0 else b" " * 8192
-              for i in range(10))  # chunked: no Content-Length, 80 KiB sent
+    chunks = (
+        b'{"scenario": "' + b"y" * 8192 + b'"}' if i == 0 else b" " * 8192 for i in range(10)
+    )  # chunked: no Content-Length, 80 KiB sent
     r = client.post("/runs", content=chunks, headers={"content-type": "application/json"})
     assert r.status_code == 413
     # DNS rebinding: a foreign name resolving to 127.0.0.1 is refused
@@ -586,8 +655,11 @@ def test_body_bound_host_and_origin_checks(api, client):
 
 def test_metrics_of_an_idle_service(api):
     page = httpx.get(f"{api.url}/metrics", timeout=10).text
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for f in text_string_to_metric_families(page) for s in f.samples}
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(page)
+        for s in f.samples
+    }
     assert samples[("mecsim_service_ready", ())] == 0  # no workers in this fixture
     assert samples[("mecsim_service_workers", (("state", "idle"),))] == 1
     counts = api.store.counts()
@@ -599,8 +671,9 @@ def test_metrics_of_an_idle_service(api):
 
 
 def test_sweep_requests_are_checked(api, client):
-    r = client.post("/sweeps", json={"runs": ["nope-1"], "set": ["training.lr=0.1"],
-                                     "metric": "bogus"})
+    r = client.post(
+        "/sweeps", json={"runs": ["nope-1"], "set": ["training.lr=0.1"], "metric": "bogus"}
+    )
     assert r.status_code == 422
     fields = [p["field"] for p in r.json()["detail"]]
     assert fields == ["runs.0", "set.0", "metric"]
@@ -617,15 +690,22 @@ def test_schemathesis_finds_no_server_error(api):
         response_schema_conformance,
         status_code_conformance,
     )
+
     schema = schemathesis.openapi.from_url(f"{api.url}/openapi.json", headers=AUTH)
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) >= 14
     failures: list[str] = []
     calls = [0]
     for op in operations:
-        @settings(max_examples=12, deadline=None, database=None, derandomize=True,
-                  phases=[Phase.explicit, Phase.generate],
-                  suppress_health_check=list(HealthCheck))
+
+        @settings(
+            max_examples=12,
+            deadline=None,
+            database=None,
+            derandomize=True,
+            phases=[Phase.explicit, Phase.generate],
+            suppress_health_check=list(HealthCheck),
+        )
         @given(case=op.as_strategy())
         def check(case):
             if case.method == "POST" and case.path == "/runs" and isinstance(case.body, dict):
@@ -634,10 +714,15 @@ def test_schemathesis_finds_no_server_error(api):
             calls[0] += 1
             not_ready = case.path == "/readyz" and response.status_code == 503  # documented
             if response.status_code >= 500 and not not_ready:
-                failures.append(f"{case.method} {case.formatted_path}: "
-                                f"{response.status_code} {response.text[:200]}")
-            for check_fn in (status_code_conformance, content_type_conformance,
-                             response_schema_conformance):
+                failures.append(
+                    f"{case.method} {case.formatted_path}: "
+                    f"{response.status_code} {response.text[:200]}"
+                )
+            for check_fn in (
+                status_code_conformance,
+                content_type_conformance,
+                response_schema_conformance,
+            ):
                 try:
                     case.validate_response(response, checks=[check_fn])
                 except Exception as exc:  # noqa: BLE001 - schemathesis' failure groups
@@ -653,11 +738,22 @@ def test_schemathesis_finds_no_server_error(api):
 def test_openapi_lists_the_api(client):
     spec = client.get("/openapi.json").json()
     paths = set(spec["paths"])
-    assert {"/runs", "/runs/{run_id}", "/runs/{run_id}/rounds", "/runs/{run_id}/clients",
-            "/runs/{run_id}/summary", "/runs/{run_id}/plots/{name}.png",
-            "/runs/{run_id}/scenario", "/runs/{run_id}/events", "/sweeps",
-            "/sweeps/{sweep_id}", "/sweeps/{sweep_id}/plot.png", "/metrics", "/healthz",
-            "/readyz"} <= paths
+    assert {
+        "/runs",
+        "/runs/{run_id}",
+        "/runs/{run_id}/rounds",
+        "/runs/{run_id}/clients",
+        "/runs/{run_id}/summary",
+        "/runs/{run_id}/plots/{name}.png",
+        "/runs/{run_id}/scenario",
+        "/runs/{run_id}/events",
+        "/sweeps",
+        "/sweeps/{sweep_id}",
+        "/sweeps/{sweep_id}/plot.png",
+        "/metrics",
+        "/healthz",
+        "/readyz",
+    } <= paths
     assert spec["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
     assert "/" not in paths  # the web page is not part of the API
 
@@ -668,8 +764,9 @@ def test_client_reports_problems_by_field(api):
     with Client(api.url, token=TOKEN) as c:
         with pytest.raises(ScenarioRejected) as exc:
             c.submit(tiny_yaml(rounds=0))
-        assert exc.value.problems == [{"field": "rounds",
-                                       "msg": "Input should be greater than or equal to 1"}]
+        assert exc.value.problems == [
+            {"field": "rounds", "msg": "Input should be greater than or equal to 1"}
+        ]
         with pytest.raises(ServiceError) as err:
             c.get("nope-1")
         assert err.value.status == 404
@@ -697,9 +794,17 @@ def test_figures_drawn_in_a_child_process_equal_the_run_s_own(tmp_path):
     from mecsim.store.records import RecordsWriter
 
     own, child = tmp_path / "own", tmp_path / "child"
-    run(tiny(rounds=3, evaluation={"every": 2}), "figs", None,
-        [RecordsWriter(own), PlotWriter(own / "plots"), RecordsWriter(child),
-         ChildPlotWriter(child / "plots")])
+    run(
+        tiny(rounds=3, evaluation={"every": 2}),
+        "figs",
+        None,
+        [
+            RecordsWriter(own),
+            PlotWriter(own / "plots"),
+            RecordsWriter(child),
+            ChildPlotWriter(child / "plots"),
+        ],
+    )
     names = sorted(p.name for p in (own / "plots").glob("*.png"))
     assert "client_accuracy.png" in names and "accuracy_vs_round.png" in names
     assert sorted(p.name for p in (child / "plots").glob("*.png")) == names
@@ -722,14 +827,17 @@ def test_a_plot_child_dies_with_the_process_that_started_it(tmp_path):
         pytest.skip("PR_SET_PDEATHSIG is Linux's")
     child_code = (
         "import sys, time; import mecsim.interfaces.service.plotjob as p; "
-        "p.plot_run_folder = lambda *a: time.sleep(120) or []; sys.exit(p.main())")
+        "p.plot_run_folder = lambda *a: time.sleep(120) or []; sys.exit(p.main())"
+    )
     parent_code = (
         "import os, subprocess, sys, time; "
         f"c = subprocess.Popen([sys.executable, '-c', {child_code!r}, "
         f"{str(tmp_path)!r}, '3', str(os.getpid())]); "
-        "print(c.pid, flush=True); time.sleep(120)")
-    parent = subprocess.Popen([sys.executable, "-c", parent_code], stdout=subprocess.PIPE,
-                              text=True)
+        "print(c.pid, flush=True); time.sleep(120)"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", parent_code], stdout=subprocess.PIPE, text=True
+    )
     child = None
     try:
         child = psutil.Process(int(parent.stdout.readline()))

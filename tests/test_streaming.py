@@ -44,7 +44,7 @@ def test_weighted_sum_hand_numbers_and_parts_give_the_same_bits():
     for v, n in zip(vectors, counts, strict=True):
         whole.add(v, n)
     for lo in range(0, 50, 7):  # the same order, fed in parts of 7
-        for v, n in zip(vectors[lo:lo + 7], counts[lo:lo + 7], strict=True):
+        for v, n in zip(vectors[lo : lo + 7], counts[lo : lo + 7], strict=True):
             parts.add(v, n)
     assert whole.result().tobytes() == parts.result().tobytes()
     # against an independent formula: numpy's weighted mean in float64
@@ -56,7 +56,8 @@ def test_weighted_sum_hand_numbers_and_parts_give_the_same_bits():
 
 @pytest.mark.parametrize("block,threads", [(3, 1), (3, 3), (64, 2), (65_536, 2)])
 def test_add_many_gives_the_bits_of_adding_one_by_one_and_leaves_out_non_finite(
-        block, threads, monkeypatch):
+    block, threads, monkeypatch
+):
     """add_many (block by block, each vector read once, blocks shared among threads)
     equals add() of the same vectors in the same order, bit for bit; a vector with NaN or
     inf is left out, its position returned, and the sum is that of the others (to the
@@ -65,8 +66,9 @@ def test_add_many_gives_the_bits_of_adding_one_by_one_and_leaves_out_non_finite(
     monkeypatch.setattr(fedavg, "FOLD_BLOCK_ELEMENTS", block)
     monkeypatch.setattr(fedavg, "FOLD_THREADS", threads)
     rng = np.random.default_rng(3)
-    vectors = [rng.normal(size=1000).astype(np.float32) * 10.0 ** rng.integers(-3, 4)
-               for _ in range(12)]
+    vectors = [
+        rng.normal(size=1000).astype(np.float32) * 10.0 ** rng.integers(-3, 4) for _ in range(12)
+    ]
     counts = [int(n) for n in rng.integers(1, 2**20, size=12)]
     one, many = WeightedSum(), WeightedSum()
     for v, n in zip(vectors[:5], counts[:5], strict=True):
@@ -92,8 +94,9 @@ def _server() -> tuple[CentralServer, int]:
     model = build_model("mlp_2nn", (1, 28, 28), 10)
     layout = model_layout(model)
     samples = {c: 10 + c for c in range(9)}
-    return CentralServer("fedavg", layout, get_flat(model, layout), samples, 1.0, {},
-                         seed=0), layout.size
+    return CentralServer(
+        "fedavg", layout, get_flat(model, layout), samples, 1.0, {}, seed=0
+    ), layout.size
 
 
 def _results(size: int) -> list[ClientResult]:
@@ -103,9 +106,19 @@ def _results(size: int) -> list[ClientResult]:
         w = rng.normal(size=size).astype(np.float32)
         if c == 4:
             w[17] = np.nan  # a diverged client: rejected either way
-        out.append(ClientResult(client_id=c, weights=w, upload_nbytes=w.nbytes,
-                                num_samples=10 + c, train_loss=0.0, trace=[], flops=0.0,
-                                steps=1, peak_memory_bytes=0))
+        out.append(
+            ClientResult(
+                client_id=c,
+                weights=w,
+                upload_nbytes=w.nbytes,
+                num_samples=10 + c,
+                train_loss=0.0,
+                trace=[],
+                flops=0.0,
+                steps=1,
+                peak_memory_bytes=0,
+            )
+        )
     return out
 
 
@@ -117,8 +130,9 @@ def test_the_server_s_streamed_aggregate_equals_the_held_one_bit_for_bit():
     keep = frozenset(range(9)) - {7}  # client 7 dropped out: trained, not aggregated
     streamed.stream_begin(0)
     for lo in (0, 4, 8):
-        assert streamed.stream_fold(0, keep, results[lo:lo + 4]) == len(
-            keep.intersection(range(lo, lo + 4)) - {4})
+        assert streamed.stream_fold(0, keep, results[lo : lo + 4]) == len(
+            keep.intersection(range(lo, lo + 4)) - {4}
+        )
     assert all(r.weights is None for r in results)  # each upload let go once folded
     got = streamed.stream_end(0)
     assert got.rejected == report.rejected == (4,)
@@ -139,8 +153,9 @@ def test_which_scenarios_stream():
     assert not streams_aggregation(tiny(execution={"stream_aggregation": "off"}))
     assert not streams_aggregation(tiny(deadline_s=5.0))
     assert not streams_aggregation(tiny(faults={"wait_for_fraction": 0.5}))
-    assert not streams_aggregation(tiny(faults={"link_outages": [
-        {"start_s": 1.0, "duration_s": 2.0}]}))
+    assert not streams_aggregation(
+        tiny(faults={"link_outages": [{"start_s": 1.0, "duration_s": 2.0}]})
+    )
     assert streams_aggregation(tiny(faults={"crash_prob": 0.3, "dropout_prob": 0.3}))
     assert not streams_aggregation(tiny(algorithm={"name": "kapc"}))
     # k-means clustering subclasses FedAvg's server but aggregates per cluster itself
@@ -156,21 +171,28 @@ def _run(scenario, rounds: int):
             row, clients, _ = run_round(rs, rnd, elapsed)
             elapsed = row["elapsed_s"]
             rows.append((row, clients))
-        weights = rs.executor.server.algorithm.weights.copy() \
-            if isinstance(rs.executor, local.LocalExecutor) \
-            and not isinstance(rs.executor, ray_executor.RayExecutor) else None
+        weights = (
+            rs.executor.server.algorithm.weights.copy()
+            if isinstance(rs.executor, local.LocalExecutor)
+            and not isinstance(rs.executor, ray_executor.RayExecutor)
+            else None
+        )
         return rs.streams, rows, weights
     finally:
         rs.executor.close()
 
 
-_HOST = {"host_wall_s", "host_train_wall_s", "host_aggregate_s", "server_rss_mb",
-         "host_train_s"}
+_HOST = {"host_wall_s", "host_train_wall_s", "host_aggregate_s", "server_rss_mb", "host_train_s"}
 
 
 def _emulated(rows):
-    return [({k: v for k, v in r.items() if k not in _HOST},
-             [{k: v for k, v in c.items() if k not in _HOST} for c in cs]) for r, cs in rows]
+    return [
+        (
+            {k: v for k, v in r.items() if k not in _HOST},
+            [{k: v for k, v in c.items() if k not in _HOST} for c in cs],
+        )
+        for r, cs in rows
+    ]
 
 
 def _tasks(n: int):
@@ -181,8 +203,7 @@ def _tasks(n: int):
 
 def _many_clients(**over):
     # 12 clients in parts of 5 (5 + 5 + 2), crashes and drop-outs among them
-    return tiny(topology={"clients": 12}, faults={"crash_prob": 0.2, "dropout_prob": 0.2},
-                **over)
+    return tiny(topology={"clients": 12}, faults={"crash_prob": 0.2, "dropout_prob": 0.2}, **over)
 
 
 def test_a_streamed_run_gives_the_held_run_s_records_and_model(monkeypatch):
@@ -200,10 +221,11 @@ def test_a_streamed_run_gives_the_held_run_s_records_and_model(monkeypatch):
 def test_a_streamed_round_the_timing_contradicts_stops_the_run():
     # a deadline drops the slow clients: forced to stream anyway, the run must refuse to
     # finish an aggregate that holds them
-    base = tiny(rounds=1, devices={"clients": [{"profile": "rpi2b", "count": 2},
-                                               {"profile": "rpi5"}]},
-                channel={"model": "fixed_rate", "uplink": {"rate_bps": 1e8},
-                         "downlink": {"rate_bps": 1e8}})
+    base = tiny(
+        rounds=1,
+        devices={"clients": [{"profile": "rpi2b", "count": 2}, {"profile": "rpi5"}]},
+        channel={"model": "fixed_rate", "uplink": {"rate_bps": 1e8}, "downlink": {"rate_bps": 1e8}},
+    )
     _, ((free, _),), _ = _run(base, 1)
     data = base.model_dump(mode="json")
     data["deadline_s"] = free["round_time_s"] - free["server_time_s"] - 1e-6
@@ -227,8 +249,11 @@ def _shared_maps(executor) -> dict[str, Any]:
     for role, key in (("host", "hosts"), ("server", "server")):
         for pid in pids[key]:
             with open(f"/proc/{pid}/maps") as fh:
-                mine = {line.split()[5] for line in fh
-                        if shared_uploads.PREFIX in line and len(line.split()) > 5}
+                mine = {
+                    line.split()[5]
+                    for line in fh
+                    if shared_uploads.PREFIX in line and len(line.split()) > 5
+                }
             out[role] |= mine
             if role == "host":
                 out["each host"].append(mine)
@@ -244,18 +269,20 @@ def _shared_files(prefix: str | None) -> list[str]:
 def _held_in_process_rows():
     """The records the Ray runs below must give: the held run on two in-process hosts
     (records do not depend on the backend; computed once, not once per case)."""
-    held, rows, _ = _run(_many_clients(execution={"backend": "local", "hosts": 2,
-                                                  "stream_aggregation": "off"}), 3)
+    held, rows, _ = _run(
+        _many_clients(execution={"backend": "local", "hosts": 2, "stream_aggregation": "off"}), 3
+    )
     assert not held
     return _emulated(rows)
 
 
 @pytest.mark.ray
 @pytest.mark.slow
-@pytest.mark.parametrize("hold_uploads_bytes,shared", [
-    (actors.HOLD_UPLOADS_BYTES, True), (actors.HOLD_UPLOADS_BYTES, False), (0, True)])
-def test_a_streamed_ray_run_gives_the_held_run_s_records(monkeypatch, hold_uploads_bytes,
-                                                         shared):
+@pytest.mark.parametrize(
+    "hold_uploads_bytes,shared",
+    [(actors.HOLD_UPLOADS_BYTES, True), (actors.HOLD_UPLOADS_BYTES, False), (0, True)],
+)
+def test_a_streamed_ray_run_gives_the_held_run_s_records(monkeypatch, hold_uploads_bytes, shared):
     """Under Ray, streamed and held, with a host call's uploads written into the host's
     shared-memory file (the default on one node), handed over together through the
     object store, or each put in the object store as its client finishes (a call too
@@ -274,8 +301,9 @@ def test_a_streamed_ray_run_gives_the_held_run_s_records(monkeypatch, hold_uploa
     def watched(rs, rnd, elapsed):
         out = real_run_round(rs, rnd, elapsed)
         prefixes.append(rs.executor._uploads_prefix)
-        seen.append({**_shared_maps(rs.executor),
-                     "named": set(_shared_files(rs.executor._uploads_prefix))})
+        seen.append(
+            {**_shared_maps(rs.executor), "named": set(_shared_files(rs.executor._uploads_prefix))}
+        )
         if rnd == 0:  # actors restarted (as after a death): new files, the old ones gone
             old = rs.executor._uploads_prefix
             st = rs.executor.state()
@@ -311,11 +339,14 @@ def test_a_streamed_ray_run_gives_the_held_run_s_records(monkeypatch, hold_uploa
     assert all(_shared_files(p) == [] for p in prefixes)  # no file left when it ended
 
 
-@pytest.mark.parametrize("algorithm,in_place", [
-    ({"name": "fedavg"}, True),
-    ({"name": "fedprox", "params": {"mu": 0.01, "eval_model": "local"}}, False)])
-def test_a_host_actor_s_held_uploads_are_the_in_process_host_s(monkeypatch, algorithm,
-                                                                in_place):
+@pytest.mark.parametrize(
+    "algorithm,in_place",
+    [
+        ({"name": "fedavg"}, True),
+        ({"name": "fedprox", "params": {"mu": 0.01, "eval_model": "local"}}, False),
+    ],
+)
+def test_a_host_actor_s_held_uploads_are_the_in_process_host_s(monkeypatch, algorithm, in_place):
     """The host actor's class, run in this process: its held uploads (one UploadRows)
     are, bit for bit, what the in-process host hands over; FedAvg writes them straight
     into the buffer's rows (get_flat's ``out``), FedProx, which keeps its weights as its
@@ -325,8 +356,9 @@ def test_a_host_actor_s_held_uploads_are_the_in_process_host_s(monkeypatch, algo
     from mecsim.agents.algorithms import fedavg
     from mecsim.agents.host import ClientHost
 
-    prepared = prepare(tiny(topology={"clients": 6}, algorithm=algorithm), "t", None,
-                       backend="local", hosts=1)
+    prepared = prepare(
+        tiny(topology={"clients": 6}, algorithm=algorithm), "t", None, backend="local", hosts=1
+    )
     _, setup, pools, host_clients = prepared.executor._args
     _, tasks = prepared.executor.plan(0)
     plain = ClientHost(setup, pools, host_clients[0])
@@ -336,8 +368,11 @@ def test_a_host_actor_s_held_uploads_are_the_in_process_host_s(monkeypatch, algo
         gc.unfreeze()  # the actor's set-up froze this process's heap
     outs = []
     real_get_flat = fedavg.get_flat
-    monkeypatch.setattr(fedavg, "get_flat", lambda m, layout, out=None: (
-        outs.append(out), real_get_flat(m, layout, out=out))[1])
+    monkeypatch.setattr(
+        fedavg,
+        "get_flat",
+        lambda m, layout, out=None: (outs.append(out), real_get_flat(m, layout, out=out))[1],
+    )
     _, expected = plain.fit_split(0, tasks)
     outs.clear()
     _, held = actor.fit_split(0, tasks)
@@ -356,8 +391,10 @@ def test_a_host_actor_s_held_uploads_are_the_in_process_host_s(monkeypatch, algo
         assert all(np.array_equal(k, got[t.client_id]) for k, t in zip(kept, tasks, strict=True))
 
 
-@pytest.mark.parametrize("algorithm", [
-    {"name": "fedavg"}, {"name": "fedprox", "params": {"mu": 0.01, "eval_model": "local"}}])
+@pytest.mark.parametrize(
+    "algorithm",
+    [{"name": "fedavg"}, {"name": "fedprox", "params": {"mu": 0.01, "eval_model": "local"}}],
+)
 def test_a_host_actor_s_shared_uploads_are_the_in_process_host_s(tmp_path, algorithm):
     """With a shared slot, the host actor's uploads stay in its shared file (FedAvg
     writes them there, FedProx's are copied in) and only their place is returned: read
@@ -367,15 +404,15 @@ def test_a_host_actor_s_shared_uploads_are_the_in_process_host_s(tmp_path, algor
 
     from mecsim.agents.host import ClientHost
 
-    prepared = prepare(tiny(topology={"clients": 6}, algorithm=algorithm), "t", None,
-                       backend="local", hosts=1)
+    prepared = prepare(
+        tiny(topology={"clients": 6}, algorithm=algorithm), "t", None, backend="local", hosts=1
+    )
     _, setup, pools, host_clients = prepared.executor._args
     _, tasks = prepared.executor.plan(0)
     plain = ClientHost(setup, pools, host_clients[0])
     path = tmp_path / "uploads-0"
     try:
-        actor = actors.ClientHostActor(setup, pools, host_clients[0],
-                                          uploads_path=str(path))
+        actor = actors.ClientHostActor(setup, pools, host_clients[0], uploads_path=str(path))
     finally:
         gc.unfreeze()  # the actor's set-up froze this process's heap
     _, expected = plain.fit_split(0, tasks)
@@ -389,10 +426,10 @@ def test_a_host_actor_s_shared_uploads_are_the_in_process_host_s(tmp_path, algor
     _, later = plain.fit_split(1, tasks)
     _, second = actor.fit_split(1, tasks, shared_slot=0)
     assert second.offset == 0
-    assert {c: w.tobytes() for c, w in second.items()} == \
-        {c: w.tobytes() for c, w in later.items()}
-    assert {c: w.tobytes() for c, w in first.items()} == \
-        {c: w.tobytes() for c, w in expected.items()}  # slot 1 untouched
+    assert {c: w.tobytes() for c, w in second.items()} == {c: w.tobytes() for c, w in later.items()}
+    assert {c: w.tobytes() for c, w in first.items()} == {
+        c: w.tobytes() for c, w in expected.items()
+    }  # slot 1 untouched
     # without a slot, the object-store path (one array)
     _, plain_rows = actor.fit_split(2, tasks)
     assert isinstance(plain_rows, actors.UploadRows)
@@ -430,8 +467,11 @@ def test_the_global_model_on_the_shared_board_is_the_server_s_model(tmp_path, ca
     actor.algorithm.weights = plain.algorithm.weights = first * 0.5
     _, tasks1 = actor.plan_by_reference(1, on_board=True)
     assert tasks1[0].weights.offset == actor._board.slot_bytes
-    assert actors._resolve_weights(tasks1)[0].weights.tobytes() == \
-        plain.plan(1)[1][0].weights.tobytes() == (first * 0.5).tobytes()
+    assert (
+        actors._resolve_weights(tasks1)[0].weights.tobytes()
+        == plain.plan(1)[1][0].weights.tobytes()
+        == (first * 0.5).tobytes()
+    )
     assert resolved[0].weights.tobytes() == first.tobytes()  # slot 0 untouched
     # a model per task: not on the board
     own = [replace(t, weights=first.copy()) for t in plain.plan(2)[1]]
@@ -457,8 +497,9 @@ def test_a_host_without_a_usable_shared_file_uses_the_object_store(tmp_path, cap
     _, setup, pools, host_clients = prepared.executor._args
     _, tasks = prepared.executor.plan(0)
     try:
-        actor = actors.ClientHostActor(setup, pools, host_clients[0],
-                                          uploads_path=str(tmp_path / "missing" / "f"))
+        actor = actors.ClientHostActor(
+            setup, pools, host_clients[0], uploads_path=str(tmp_path / "missing" / "f")
+        )
     finally:
         gc.unfreeze()
     with caplog.at_level("WARNING"):
@@ -471,7 +512,6 @@ def test_shared_upload_files_slots_and_clean_up(tmp_path, monkeypatch):
     """Slots are disjoint and bounded; a driver's files go when it closes them, and a
     dead driver's are removed by the next one, a live one's kept."""
     import subprocess
-
 
     monkeypatch.setattr(shared_uploads, "SHM_DIR", tmp_path)
     arena = shared_uploads.UploadArena(tmp_path / "a", slot_bytes=1000)
@@ -511,7 +551,8 @@ def test_shared_upload_files_slots_and_clean_up(tmp_path, monkeypatch):
 
 
 def test_a_host_whose_shared_file_gets_no_memory_falls_back_to_the_object_store(
-        tmp_path, monkeypatch, caplog):
+    tmp_path, monkeypatch, caplog
+):
     """A full /dev/shm (a container's 64 MB): reserving the rows' memory fails with
     ENOSPC, and the host hands its uploads over through the object store instead of
     writing to pages nothing backs (SIGBUS)."""
@@ -522,8 +563,9 @@ def test_a_host_whose_shared_file_gets_no_memory_falls_back_to_the_object_store(
     _, setup, pools, host_clients = prepared.executor._args
     _, tasks = prepared.executor.plan(0)
     try:
-        actor = actors.ClientHostActor(setup, pools, host_clients[0],
-                                          uploads_path=str(tmp_path / "u"))
+        actor = actors.ClientHostActor(
+            setup, pools, host_clients[0], uploads_path=str(tmp_path / "u")
+        )
     finally:
         gc.unfreeze()
 
@@ -540,7 +582,8 @@ def test_a_host_whose_shared_file_gets_no_memory_falls_back_to_the_object_store(
 @pytest.mark.ray
 @pytest.mark.slow
 def test_rounds_planned_ahead_under_ray_give_the_in_process_records_and_resume_the_same(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     """The server plans the next round while the driver times the one that ends, only
     when nothing else reaches the server in between: not after a round that evaluates
     (every 3rd here) or is followed by a checkpoint (every 4th). The records are the
@@ -553,11 +596,14 @@ def test_rounds_planned_ahead_under_ray_give_the_in_process_records_and_resume_t
     from mecsim.store.runfolder import prepare_resume
 
     def scenario(backend: str, stream: str = "auto"):
-        return tiny(rounds=6, topology={"clients": 12, "participation": 0.5},
-                    faults={"crash_prob": 0.2, "dropout_prob": 0.2},
-                    evaluation={"every": 3}, checkpoint={"every": 4, "keep": 2},
-                    execution={"backend": backend, "hosts": 2,
-                               "stream_aggregation": stream})
+        return tiny(
+            rounds=6,
+            topology={"clients": 12, "participation": 0.5},
+            faults={"crash_prob": 0.2, "dropout_prob": 0.2},
+            evaluation={"every": 3},
+            checkpoint={"every": 4, "keep": 2},
+            execution={"backend": backend, "hosts": 2, "stream_aggregation": stream},
+        )
 
     ahead: list[int] = []
     real_plan_ahead = ray_executor.RayExecutor.plan_ahead

@@ -24,8 +24,13 @@ from mecsim.store.session import run_in_folder
 ROOT = Path(__file__).resolve().parent.parent
 
 # Columns that measure this machine rather than the emulated testbed.
-HOST_COLUMNS = {"host_wall_s", "host_train_wall_s", "host_aggregate_s", "server_rss_mb",
-                "host_train_s"}
+HOST_COLUMNS = {
+    "host_wall_s",
+    "host_train_wall_s",
+    "host_aggregate_s",
+    "server_rss_mb",
+    "host_train_s",
+}
 
 
 def _emulated(rows):
@@ -59,7 +64,8 @@ def test_records_are_complete_and_consistent(tmp_path):
     slowest = sel.groupby("round")["finish_s"].max().to_numpy()
     assert slowest == pytest.approx((rounds["round_time_s"] - rounds["server_time_s"]).to_numpy())
     assert rounds["mean_accuracy"].tolist() == pytest.approx(
-        clients.groupby("round")["accuracy"].mean().tolist())
+        clients.groupby("round")["accuracy"].mean().tolist()
+    )
     assert 0.2 < rows[-1]["mean_accuracy"] <= 1.0  # it learned something in 3 rounds
     # channel draws are recorded per client-round, within the scenario's ranges
     assert sel["distance_m"].between(100, 500).all()
@@ -88,10 +94,11 @@ def test_ray_backend_gives_the_same_records_as_in_process():
 
 def test_deadline_drops_late_clients_from_aggregation():
     # half the clients on a Pi 2B; the deadline falls between the fast and slow finishers
-    base = tiny(rounds=1, devices={"clients": [{"profile": "rpi2b", "count": 2},
-                                               {"profile": "rpi5"}]},
-                channel={"model": "fixed_rate", "uplink": {"rate_bps": 1e8},
-                         "downlink": {"rate_bps": 1e8}})
+    base = tiny(
+        rounds=1,
+        devices={"clients": [{"profile": "rpi2b", "count": 2}, {"profile": "rpi5"}]},
+        channel={"model": "fixed_rate", "uplink": {"rate_bps": 1e8}, "downlink": {"rate_bps": 1e8}},
+    )
     (free,) = run(base, "d")
     assert free["dropped"] == 0
     data = base.model_dump(mode="json")
@@ -105,15 +112,25 @@ def test_deadline_drops_late_clients_from_aggregation():
 def test_model_too_large_for_the_device_is_reported_before_anything_runs(tmp_path, capsys):
     path = tmp_path / "small-ram.yaml"
     data = tiny().model_dump(mode="json")
-    data["devices"] = {"clients": [{"profile": "tiny"}], "profiles": {"tiny": {
-        "flops_per_s": 1e9, "step_overhead_s": 0.01, "ram_bytes": 1_000_000,
-        "flops_source": "test", "step_overhead_source": "test"}}}
+    data["devices"] = {
+        "clients": [{"profile": "tiny"}],
+        "profiles": {
+            "tiny": {
+                "flops_per_s": 1e9,
+                "step_overhead_s": 0.01,
+                "ram_bytes": 1_000_000,
+                "flops_source": "test",
+                "step_overhead_source": "test",
+            }
+        },
+    }
     path.write_text(json.dumps(data))
     code = main(["run", str(path), "--out", str(tmp_path / "runs"), "--quiet"])
     err = capsys.readouterr().err
     assert code == 2
-    assert err.startswith(f"{path}: training.batch_size: a training step of mlp_2nn at batch 16 "
-                          "needs")
+    assert err.startswith(
+        f"{path}: training.batch_size: a training step of mlp_2nn at batch 16 needs"
+    )
     assert "more than the 1 MiB of RAM of device profile 'tiny'" in err
     assert not (tmp_path / "runs").exists()
 
@@ -149,12 +166,14 @@ def test_metrics_endpoint_is_updated_each_round():
     first, last = _samples(scrape.pages[0]), _samples(scrape.pages[-1])
     assert first[("mecsim_rounds_total", ())] == 1
     assert last[("mecsim_rounds_total", ())] == 2
-    assert last[("mecsim_transferred_bytes_total", (("direction", "up"),))] == \
-        sum(r["bytes_up"] for r in rows)
+    assert last[("mecsim_transferred_bytes_total", (("direction", "up"),))] == sum(
+        r["bytes_up"] for r in rows
+    )
     assert last[("mecsim_emulated_seconds_total", ())] == pytest.approx(rows[-1]["elapsed_s"])
     assert last[("mecsim_round_phase_seconds", (("phase", "upload"),))] == rows[-1]["ul_time_s"]
-    assert last[("mecsim_user_accuracy_ratio", (("stat", "mean"),))] == \
-        pytest.approx(rows[-1]["mean_accuracy"])
+    assert last[("mecsim_user_accuracy_ratio", (("stat", "mean"),))] == pytest.approx(
+        rows[-1]["mean_accuracy"]
+    )
     assert last[("mecsim_round_clients", (("status", "selected"),))] == 4
 
 
@@ -163,9 +182,13 @@ def test_metrics_endpoint_is_updated_each_round():
 _HEAVY_SCENARIOS = ("kapc-cifar10-system.yaml", "phsfl-mnist-4x25.yaml", "kapc-mnist-10.yaml")
 
 
-@pytest.mark.parametrize("path", [
-    pytest.param(p, id=p.name, marks=[pytest.mark.slow] if p.name in _HEAVY_SCENARIOS else [])
-    for p in sorted((ROOT / "scenarios").glob("*.yaml"))])
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param(p, id=p.name, marks=[pytest.mark.slow] if p.name in _HEAVY_SCENARIOS else [])
+        for p in sorted((ROOT / "scenarios").glob("*.yaml"))
+    ],
+)
 def test_every_scenario_runs_two_seeded_rounds(path, tmp_path):
     data = load_scenario(path).model_dump(mode="json")
     data.update(rounds=2)
@@ -184,8 +207,9 @@ def test_every_scenario_runs_two_seeded_rounds(path, tmp_path):
 @pytest.mark.ray
 @pytest.mark.slow
 def test_cli_default_run_with_ray(tmp_path, capsys):
-    code = main(["run", "--rounds", "2", "--out", str(tmp_path), "--run-id", "cli",
-                 "--metrics-port", "0"])
+    code = main(
+        ["run", "--rounds", "2", "--out", str(tmp_path), "--run-id", "cli", "--metrics-port", "0"]
+    )
     out = capsys.readouterr().out
     assert code == 0
     assert "Average time per round" in out and "Communication and computation" in out

@@ -38,13 +38,16 @@ def test_step_flops_of_a_two_layer_mlp():
     assert cost.flops == forward + forward + 2 * b * h * o + 2 * 124
 
 
-@pytest.mark.parametrize("name,kwargs,per_param", [
-    ("sgd", {}, 2),                      # p -= lr * g
-    ("sgd", {"momentum": 0.9}, 4),       # b = mu * b + g; p -= lr * b
-    ("sgd", {"momentum": 0.9, "weight_decay": 1e-4}, 6),  # g += wd * p
-    ("adam", {}, 13),                    # m: 3, v: 4, denominator: 3, update: 3
-    ("adam", {"weight_decay": 1e-4}, 15),
-])
+@pytest.mark.parametrize(
+    "name,kwargs,per_param",
+    [
+        ("sgd", {}, 2),  # p -= lr * g
+        ("sgd", {"momentum": 0.9}, 4),  # b = mu * b + g; p -= lr * b
+        ("sgd", {"momentum": 0.9, "weight_decay": 1e-4}, 6),  # g += wd * p
+        ("adam", {}, 13),  # m: 3, v: 4, denominator: 3, update: 3
+        ("adam", {"weight_decay": 1e-4}, 15),
+    ],
+)
 def test_optimizer_step_flops_per_parameter(name, kwargs, per_param):
     model = _mlp(7, 11, 3)  # 124 parameters
     opt = make_optimizer(name, model.parameters(), 0.1, **kwargs)
@@ -67,10 +70,12 @@ def test_optimizer_flops_count_only_stepped_parameters_and_known_optimizers():
 def test_step_memory_counts_optimizer_state_exactly():
     model_sgd, model_adam = _mlp(7, 11, 3), _mlp(7, 11, 3)
     x, y = torch.randn(5, 7), torch.randint(0, 3, (5,))
-    _, sgd = measured_step(model_sgd, make_optimizer("sgd", model_sgd.parameters(), 0.1),
-                           x, y, None)
-    _, adam = measured_step(model_adam, make_optimizer("adam", model_adam.parameters(), 0.1),
-                            x, y, None)
+    _, sgd = measured_step(
+        model_sgd, make_optimizer("sgd", model_sgd.parameters(), 0.1), x, y, None
+    )
+    _, adam = measured_step(
+        model_adam, make_optimizer("adam", model_adam.parameters(), 0.1), x, y, None
+    )
     n_params = sum(p.numel() for p in model_sgd.parameters())
     n_tensors = len(list(model_sgd.parameters()))
     # Adam keeps exp_avg and exp_avg_sq (float32 each) and a float32 step per tensor
@@ -84,9 +89,16 @@ def test_train_epochs_counts_steps_and_reuses_measured_costs():
     model = _mlp(7, 11, 3)
     x, y = torch.randn(50, 7), torch.randint(0, 3, (50,))
     costs = StepCosts()
-    stats = train_epochs(model, make_optimizer("sgd", model.parameters(), 0.1), x, y,
-                         epochs=2, batch_size=16, generator=torch.Generator().manual_seed(1),
-                         costs=costs)
+    stats = train_epochs(
+        model,
+        make_optimizer("sgd", model.parameters(), 0.1),
+        x,
+        y,
+        epochs=2,
+        batch_size=16,
+        generator=torch.Generator().manual_seed(1),
+        costs=costs,
+    )
     # 50 samples at batch 16: 16, 16, 16, 2 -> 4 steps an epoch
     assert stats.steps == 8
     full, last = costs.get(16), costs.get(2)
@@ -96,9 +108,16 @@ def test_train_epochs_counts_steps_and_reuses_measured_costs():
     assert stats.optimizer_flops == 8 * 2 * 124  # 8 SGD steps over 124 parameters
 
 
-@pytest.mark.parametrize("kwargs,direct", [
-    ({}, True), ({"momentum": 0.9}, False), ({"weight_decay": 1e-3}, False),
-    ({"foreach": True}, False), ({"maximize": True}, False)])
+@pytest.mark.parametrize(
+    "kwargs,direct",
+    [
+        ({}, True),
+        ({"momentum": 0.9}, False),
+        ({"weight_decay": 1e-3}, False),
+        ({"foreach": True}, False),
+        ({"maximize": True}, False),
+    ],
+)
 def test_optimizer_step_equals_the_optimizers_own_step_bit_for_bit(kwargs, direct):
     """optimizer_step steps plain SGD itself (p -= lr * grad, what torch.optim.SGD's
     single-tensor step does) and any other optimiser through optimizer.step(): either
@@ -142,18 +161,35 @@ def test_a_stateless_sgd_is_reused_from_client_to_client_with_the_same_bits():
     for i, (x, y) in enumerate(data):
         opt = model_optimizer(model, "sgd", 0.05)
         assert opt is first and not opt.state
-        train_epochs(model, opt, x, y, epochs=2, batch_size=16,
-                     generator=torch.Generator().manual_seed(i), costs=costs_a)
-        train_epochs(fresh, torch.optim.SGD(fresh.parameters(), lr=0.05), x, y, epochs=2,
-                     batch_size=16, generator=torch.Generator().manual_seed(i), costs=costs_b)
+        train_epochs(
+            model,
+            opt,
+            x,
+            y,
+            epochs=2,
+            batch_size=16,
+            generator=torch.Generator().manual_seed(i),
+            costs=costs_a,
+        )
+        train_epochs(
+            fresh,
+            torch.optim.SGD(fresh.parameters(), lr=0.05),
+            x,
+            y,
+            epochs=2,
+            batch_size=16,
+            generator=torch.Generator().manual_seed(i),
+            costs=costs_b,
+        )
     for a, b in zip(model.parameters(), fresh.parameters(), strict=True):
         assert torch.equal(a, b)
-    assert model_optimizer(model, "sgd", 0.01) is not first          # another lr
+    assert model_optimizer(model, "sgd", 0.01) is not first  # another lr
     other = model_optimizer(model, "sgd", 0.01)
     assert other.param_groups[0]["lr"] == 0.01
-    for kwargs in ({"momentum": 0.9}, {"weight_decay": 1e-4}):        # state: always new
-        assert model_optimizer(model, "sgd", 0.01, **kwargs) is not \
-            model_optimizer(model, "sgd", 0.01, **kwargs)
+    for kwargs in ({"momentum": 0.9}, {"weight_decay": 1e-4}):  # state: always new
+        assert model_optimizer(model, "sgd", 0.01, **kwargs) is not model_optimizer(
+            model, "sgd", 0.01, **kwargs
+        )
     adam = model_optimizer(model, "adam", 0.01)
     assert isinstance(adam, torch.optim.Adam) and adam is not model_optimizer(model, "adam", 0.01)
     assert model_optimizer(_mlp(7, 11, 3), "sgd", 0.01) is not other  # another model
@@ -187,8 +223,9 @@ def test_pi2b_calibration_reproduces_the_mtfl_testbed_training_time():
     # FlopCounterMode (no input gradient for the first layer) it lands within 5 %.
     model = build_model("mlp_2nn", (1, 28, 28), 10)
     opt = make_optimizer("sgd", model.parameters(), 0.01)
-    _, cost = measured_step(model, opt, torch.randn(20, 1, 28, 28),
-                            torch.randint(0, 10, (20,)), None)
+    _, cost = measured_step(
+        model, opt, torch.randn(20, 1, 28, 28), torch.randint(0, 10, (20,)), None
+    )
     pi2b = builtin_profiles()["rpi2b"]
     t = pi2b.compute_time_s(300 * cost.flops, 300)
     assert t == pytest.approx(26.4, rel=0.05)

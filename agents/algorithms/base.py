@@ -144,17 +144,25 @@ class EdgeAlgorithm:
     Params: ClassVar[type[BaseModel]] = NoParams  # the server side's
     #: attributes set from the construction arguments (the scenario): not checkpointed
     static_attributes: ClassVar[tuple[str, ...]] = (
-        "edge_server", "layout", "params", "client_samples")
+        "edge_server",
+        "layout",
+        "params",
+        "client_samples",
+    )
 
-    def __init__(self, edge_server: int, layout: ModelLayout,
-                 client_samples: dict[int, int], params: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        edge_server: int,
+        layout: ModelLayout,
+        client_samples: dict[int, int],
+        params: dict[str, Any],
+    ) -> None:
         self.edge_server = edge_server
         self.layout = layout
         self.client_samples = dict(client_samples)  # of this edge server's clients
         self.params = self.Params(**params)
 
-    def configure_fit(self, rnd: int, tasks: list[ClientTask],
-                      downlink: Any) -> list[ClientTask]:
+    def configure_fit(self, rnd: int, tasks: list[ClientTask], downlink: Any) -> list[ClientTask]:
         """This edge server's clients' tasks, as the central server planned them, with
         what the edge server sends them filled in; ``downlink`` is what the central
         server sent this edge server for the round (``ServerAlgorithm.configure_edges``)."""
@@ -218,9 +226,14 @@ class ServerAlgorithm:
     #: clients train, instead of holding them all (``execution.stream_aggregation``)
     streams_aggregation: ClassVar[bool] = False
 
-    def __init__(self, layout: ModelLayout, init_weights: np.ndarray,
-                 client_samples: dict[int, int], fraction: float,
-                 params: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        layout: ModelLayout,
+        init_weights: np.ndarray,
+        client_samples: dict[int, int],
+        fraction: float,
+        params: dict[str, Any],
+    ) -> None:
         self.layout = layout
         self.weights = init_weights.copy()  # the global model
         self.client_samples = dict(client_samples)
@@ -234,7 +247,13 @@ class ServerAlgorithm:
 
     #: attributes set from the construction arguments (the scenario): not checkpointed
     static_attributes: ClassVar[tuple[str, ...]] = (
-        "layout", "params", "client_samples", "fraction", "edge_server_of", "seed")
+        "layout",
+        "params",
+        "client_samples",
+        "fraction",
+        "edge_server_of",
+        "seed",
+    )
 
     def state_dict(self) -> dict[str, Any]:
         """Everything the server keeps between rounds, for a checkpoint.
@@ -252,9 +271,16 @@ class ServerAlgorithm:
             setattr(self, key, value)
 
     @classmethod
-    def check_scenario(cls, params: Any, *, train: TrainConfig, model: nn.Module,
-                       layout: ModelLayout, clients: int,
-                       participation: float) -> list[tuple[str, str]]:
+    def check_scenario(
+        cls,
+        params: Any,
+        *,
+        train: TrainConfig,
+        model: nn.Module,
+        layout: ModelLayout,
+        clients: int,
+        participation: float,
+    ) -> list[tuple[str, str]]:
         """What this algorithm cannot run with in the rest of the scenario, found before
         anything starts (``mecsim validate`` and the pre-flight of ``mecsim run``):
         ``(field, message)`` pairs, the field a dotted scenario path. ``params`` is the
@@ -326,8 +352,9 @@ class ServerAlgorithm:
         None)."""
         return {}
 
-    def aggregate_edges(self, rnd: int, results: list[ClientResult],
-                        reports: dict[int, EdgeReport]) -> AggregateStats:
+    def aggregate_edges(
+        self, rnd: int, results: list[ClientResult], reports: dict[int, EdgeReport]
+    ) -> AggregateStats:
         """The central server's aggregation, from every edge server's report; ``results``
         are the aggregated clients' results without their uploads (counts, op-traces)."""
         raise NotImplementedError
@@ -378,9 +405,18 @@ def local_sgd(ctx: ClientContext, extra_loss=None, cost_key: str = "") -> TrainS
     """Train ``ctx.model`` in place with the scenario's optimiser for E epochs."""
     t = ctx.train
     opt = model_optimizer(ctx.model, t.optimizer, t.lr, t.momentum, t.weight_decay)
-    return train_epochs(ctx.model, opt, ctx.x_train, ctx.y_train, epochs=t.epochs,
-                        batch_size=t.batch_size, generator=ctx.generator, costs=ctx.costs,
-                        extra_loss=extra_loss, cost_key=cost_key)
+    return train_epochs(
+        ctx.model,
+        opt,
+        ctx.x_train,
+        ctx.y_train,
+        epochs=t.epochs,
+        batch_size=t.batch_size,
+        generator=ctx.generator,
+        costs=ctx.costs,
+        extra_loss=extra_loss,
+        cost_key=cost_key,
+    )
 
 
 def standard_trace(download_nbytes: int, stats: TrainStats, upload_nbytes: int) -> OpTrace:
@@ -394,16 +430,29 @@ def standard_trace(download_nbytes: int, stats: TrainStats, upload_nbytes: int) 
     return tuple(ops)
 
 
-def trained_result(ctx: ClientContext, stats: TrainStats, *, weights: np.ndarray | None,
-                   upload_nbytes: int, download_nbytes: int, started_at: float,
-                   extra: dict[str, Any] | None = None) -> ClientResult:
+def trained_result(
+    ctx: ClientContext,
+    stats: TrainStats,
+    *,
+    weights: np.ndarray | None,
+    upload_nbytes: int,
+    download_nbytes: int,
+    started_at: float,
+    extra: dict[str, Any] | None = None,
+) -> ClientResult:
     """The result of a classic FL client round: ``stats`` of its local training, the
     standard receive-train-send op-trace, and the host time since ``started_at``
     (a ``time.perf_counter()`` reading)."""
     return ClientResult(
-        client_id=ctx.client_id, weights=weights, upload_nbytes=upload_nbytes,
-        num_samples=int(ctx.y_train.shape[0]), train_loss=stats.mean_loss,
-        trace=standard_trace(download_nbytes, stats, upload_nbytes), flops=stats.flops,
-        steps=stats.steps, peak_memory_bytes=stats.peak_memory_bytes,
-        host_seconds=time.perf_counter() - started_at, extra=dict(extra or {}),
+        client_id=ctx.client_id,
+        weights=weights,
+        upload_nbytes=upload_nbytes,
+        num_samples=int(ctx.y_train.shape[0]),
+        train_loss=stats.mean_loss,
+        trace=standard_trace(download_nbytes, stats, upload_nbytes),
+        flops=stats.flops,
+        steps=stats.steps,
+        peak_memory_bytes=stats.peak_memory_bytes,
+        host_seconds=time.perf_counter() - started_at,
+        extra=dict(extra or {}),
     )

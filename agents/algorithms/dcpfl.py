@@ -136,8 +136,11 @@ def scale_rows(rows: np.ndarray, layout: ModelLayout, scaling: str) -> np.ndarra
     rows = rows.astype(np.result_type(rows.dtype, np.float32), copy=False)
     if rows.shape[1] != layout.size:
         raise ValueError(f"rows must have {layout.size} columns, got {rows.shape[1]}")
-    groups = ([[slice(0, layout.size)]] if scaling.endswith("model")
-              else [layout.layer_slices(layer) for layer in range(layout.num_layers)])
+    groups = (
+        [[slice(0, layout.size)]]
+        if scaling.endswith("model")
+        else [layout.layer_slices(layer) for layer in range(layout.num_layers)]
+    )
     out = np.zeros_like(rows)
     for slices in groups:
         los = np.min([rows[:, s].min(axis=1) for s in slices], axis=0)
@@ -151,8 +154,9 @@ def scale_rows(rows: np.ndarray, layout: ModelLayout, scaling: str) -> np.ndarra
     return out
 
 
-def model_discrepancy(w_i: np.ndarray, w_j: np.ndarray, layout: ModelLayout,
-                      scaling: str = "shared_model") -> float:
+def model_discrepancy(
+    w_i: np.ndarray, w_j: np.ndarray, layout: ModelLayout, scaling: str = "shared_model"
+) -> float:
     """Eq. 3: ``|S(w_i) - S(w_j)|_1 / dim(w)``."""
     if w_i.shape != (layout.size,) or w_j.shape != (layout.size,):
         raise ValueError(f"weights must have shape ({layout.size},)")
@@ -160,8 +164,9 @@ def model_discrepancy(w_i: np.ndarray, w_j: np.ndarray, layout: ModelLayout,
     return float(np.abs(s[0] - s[1]).sum(dtype=np.float64) / layout.size)
 
 
-def discrepancy_matrix(weights: np.ndarray, layout: ModelLayout,
-                       scaling: str = "shared_model") -> np.ndarray:
+def discrepancy_matrix(
+    weights: np.ndarray, layout: ModelLayout, scaling: str = "shared_model"
+) -> np.ndarray:
     """Eq. 3 for every pair of rows of ``weights`` (clients x dim): symmetric, zero diagonal.
     With a ``shared_*`` scaling, the min and max are taken over all the rows."""
     weights = np.asarray(weights)
@@ -172,13 +177,15 @@ def discrepancy_matrix(weights: np.ndarray, layout: ModelLayout,
     out = np.zeros((n, n))
     for i in range(n):
         for j in range(i + 1, n):
-            out[i, j] = out[j, i] = (np.abs(scaled[i] - scaled[j]).sum(dtype=np.float64)
-                                     / layout.size)
+            out[i, j] = out[j, i] = (
+                np.abs(scaled[i] - scaled[j]).sum(dtype=np.float64) / layout.size
+            )
     return out
 
 
-def layer_discrepancy(members: np.ndarray, group_model: np.ndarray, layout: ModelLayout,
-                      scaling: str = "shared_model") -> np.ndarray:
+def layer_discrepancy(
+    members: np.ndarray, group_model: np.ndarray, layout: ModelLayout, scaling: str = "shared_model"
+) -> np.ndarray:
     """Eq. 5: ``D_{g,l} = 1/m sum_i |S(w_{l,i}) - S(w^g_l)|_1 / dim(w_l)``, one per layer.
     With a ``shared_*`` scaling, the min and max are taken over the members and the group
     model together."""
@@ -188,13 +195,18 @@ def layer_discrepancy(members: np.ndarray, group_model: np.ndarray, layout: Mode
     scaled = scale_rows(np.vstack([members, group_model[None]]), layout, scaling)
     diff = np.abs(scaled[:-1] - scaled[-1]).sum(axis=0, dtype=np.float64)  # over members
     numel = layout.layer_numel()
-    out = np.array([sum(diff[s].sum() for s in layout.layer_slices(layer))
-                    for layer in range(layout.num_layers)])
+    out = np.array(
+        [
+            sum(diff[s].sum() for s in layout.layer_slices(layer))
+            for layer in range(layout.num_layers)
+        ]
+    )
     return out / numel / len(members)
 
 
-def layer_intervals(layer_disc: np.ndarray, tau_rounds: int, alpha: int,
-                    low_ratio: float = 0.1) -> np.ndarray:
+def layer_intervals(
+    layer_disc: np.ndarray, tau_rounds: int, alpha: int, low_ratio: float = 0.1
+) -> np.ndarray:
     """Eq. 6: ``alpha * tau`` for a layer with ``D_{g,l} < low_ratio * D_g``, else ``tau``;
     ``D_g`` is the mean of the group's layer discrepancies."""
     d = np.asarray(layer_disc, dtype=np.float64)
@@ -250,8 +262,9 @@ def groups_at(z: np.ndarray, gamma_global: float, gamma_tilde: float) -> np.ndar
     return canonical(fcluster(z, t=gamma_tilde * gamma_global, criterion="distance"))
 
 
-def next_split(z: np.ndarray, gamma_global: float, gamma_tilde: float, step: float,
-               current: np.ndarray) -> tuple[np.ndarray, float] | None:
+def next_split(
+    z: np.ndarray, gamma_global: float, gamma_tilde: float, step: float, current: np.ndarray
+) -> tuple[np.ndarray, float] | None:
     """The first structure below ``gamma_tilde`` (steps of ``step``) that differs from
     ``current``: (labels, new gamma_tilde), or None when no smaller threshold splits more."""
     if step <= 0:
@@ -300,7 +313,7 @@ def rdp_ended(radii: Sequence[float], observe_rounds: int) -> bool:
     r = np.asarray(radii, dtype=np.float64)
     if len(r) < observe_rounds + 1:
         return False
-    tail = r[-(observe_rounds + 1):]
+    tail = r[-(observe_rounds + 1) :]
     if np.any(np.isnan(tail)):
         return False
     return bool(np.all(tail[0] < tail[1:]))
@@ -317,11 +330,12 @@ def rdp_end_unseen(radii: Sequence[float], loss_window: int, observe_rounds: int
     r = np.asarray(radii, dtype=np.float64)
     ref = len(r) - 1 - observe_rounds
     clean_from = max(loss_window + 1, 2)
-    return not bool(np.isfinite(r[clean_from:max(ref, clean_from)]).any())
+    return not bool(np.isfinite(r[clean_from : max(ref, clean_from)]).any())
 
 
-def rdp_detections(rows: Sequence[dict], loss_window: int, observe_rounds: int
-                   ) -> list[tuple[int, bool]]:
+def rdp_detections(
+    rows: Sequence[dict], loss_window: int, observe_rounds: int
+) -> list[tuple[int, bool]]:
     """(round index, unseen minimum) of every RDP-end detection in a run's round rows,
     rebuilt from the recorded ``trial``, ``split_accepted`` and ``curvature_radius``
     columns: a detection is the round before a trial round; a loss history restarts after
@@ -354,14 +368,17 @@ class DCPFLParams(NoParams):
 
     warmup_rounds: int = Field(5, ge=1, description="T_start: global rounds averaging Eq. 3")
     scaling: Literal["layer", "shared_model", "model", "shared_layer"] = Field(
-        "layer", description="S of Eq. 3/5: layer (the literal reading: S normalises each "
+        "layer",
+        description="S of Eq. 3/5: layer (the literal reading: S normalises each "
         "tensor, a layer of each model with its own min and max), shared_model (one min/max "
         "over the whole models compared: the documented alternative, whose discrepancies "
         "follow the label skew more closely), model (each model with its own min/max) or "
-        "shared_layer (one min/max per layer over the models compared)")
+        "shared_layer (one min/max per layer over the models compared)",
+    )
     dynamic: bool = Field(True, description="dynamic clustering (False: NoDC)")
-    fixed_gamma_tilde: float = Field(0.8, ge=0, le=1,
-                                     description="gamma_tilde when dynamic is False (NoDC)")
+    fixed_gamma_tilde: float = Field(
+        0.8, ge=0, le=1, description="gamma_tilde when dynamic is False (NoDC)"
+    )
     gamma_step: float = Field(0.2, gt=0, le=1, description="lambda: decrease of gamma_tilde")
     loss_window: int = Field(5, ge=1, description="s: rounds in the loss smoothing window")
     observe_rounds: int = Field(3, ge=1, description="t_obv: rounds r(t) must not decrease")
@@ -371,12 +388,18 @@ class DCPFLParams(NoParams):
     alpha: int = Field(3, ge=1, description="low-discrepancy layers every alpha * tau rounds")
     low_ratio: float = Field(0.1, gt=0, description="low-discrepancy: D_gl < low_ratio * D_g")
     trial_loss: Literal["train", "heldout"] = Field(
-        "train", description="what a trial round compares: the training loss after local "
+        "train",
+        description="what a trial round compares: the training loss after local "
         "SGD (train, Sec. III-C as printed; it always favours smaller groups) or the loss "
         "on a held-out part of each client's training data that it never trains on "
-        "(heldout)")
-    heldout_fraction: float = Field(0.2, gt=0, lt=1, description="share of each client's "
-                                    "training data held out with trial_loss: heldout")
+        "(heldout)",
+    )
+    heldout_fraction: float = Field(
+        0.2,
+        gt=0,
+        lt=1,
+        description="share of each client's training data held out with trial_loss: heldout",
+    )
 
 
 class NoLAParams(DCPFLParams):
@@ -389,8 +412,9 @@ class NoDCParams(DCPFLParams):
     @model_validator(mode="after")
     def _static(self) -> NoDCParams:
         if self.dynamic:
-            raise ValueError("dcpfl_nodc is DC-PFL without dynamic clustering; "
-                             "use dcpfl for dynamic: true")
+            raise ValueError(
+                "dcpfl_nodc is DC-PFL without dynamic clustering; use dcpfl for dynamic: true"
+            )
         return self
 
 
@@ -402,23 +426,41 @@ class DCPFLServer(ServerAlgorithm):
     personalised_downloads = True  # see ServerAlgorithm
     Params = DCPFLParams
     params: DCPFLParams
-    round_metrics = ("comm_round", "groups", "gamma_tilde", "trial", "split_accepted",
-                     "layers_aggregated", "smoothed_loss", "curvature_radius",
-                     "rdp_detected", "rdp_earliest", "la_updates", "la_low_layers",
-                     "la_min_ratio")
+    round_metrics = (
+        "comm_round",
+        "groups",
+        "gamma_tilde",
+        "trial",
+        "split_accepted",
+        "layers_aggregated",
+        "smoothed_loss",
+        "curvature_radius",
+        "rdp_detected",
+        "rdp_earliest",
+        "la_updates",
+        "la_low_layers",
+        "la_min_ratio",
+    )
 
     @classmethod
     def check_scenario(cls, params, *, train, model, layout, clients, participation):
         if participation < 1.0:
-            return [("topology.participation", f"{cls.name} needs every client in every "
-                     f"round (topology.participation: 1), got {participation:g}")]
+            return [
+                (
+                    "topology.participation",
+                    f"{cls.name} needs every client in every "
+                    f"round (topology.participation: 1), got {participation:g}",
+                )
+            ]
         return []
 
     def __init__(self, layout, init_weights, client_samples, fraction, params) -> None:
         super().__init__(layout, init_weights, client_samples, fraction, params)
         if fraction < 1.0:
-            raise ValueError(f"{self.name} needs every client in every round "
-                             f"(topology.participation = 1), got {fraction}")
+            raise ValueError(
+                f"{self.name} needs every client in every round "
+                f"(topology.participation = 1), got {fraction}"
+            )
         p = self.params
         self.ids = sorted(self.client_samples)
         self.index = {cid: k for k, cid in enumerate(self.ids)}
@@ -451,6 +493,7 @@ class DCPFLServer(ServerAlgorithm):
         """Warnings: the layer-wise aggregation never acted (no layer under the
         low-discrepancy threshold at any Eq. 5-6 update); the end of an RDP detected at the
         earliest round the rule could fire (rounds counted from 1)."""
+
         def col(key: str) -> np.ndarray:
             return np.array([float(r.get(key, math.nan)) for r in rows], dtype=float)
 
@@ -459,21 +502,25 @@ class DCPFLServer(ServerAlgorithm):
         n_updates = int(np.nansum(updates))
         if params.layerwise and n_updates > 0 and np.nansum(low) == 0:
             smallest = np.nanmin(ratio) if np.isfinite(ratio).any() else math.nan
-            notes.append(f"Warning: the layer-wise aggregation never acted: at none of the "
-                         f"{n_updates} layer-interval updates (Eq. 5-6) did a layer's "
-                         f"discrepancy fall under {params.low_ratio:g} x the group's mean "
-                         f"(smallest ratio {smallest:.3f}; scaling {params.scaling}), so "
-                         f"every layer was aggregated every tau rounds, as in NoLA.")
+            notes.append(
+                f"Warning: the layer-wise aggregation never acted: at none of the "
+                f"{n_updates} layer-interval updates (Eq. 5-6) did a layer's "
+                f"discrepancy fall under {params.low_ratio:g} x the group's mean "
+                f"(smallest ratio {smallest:.3f}; scaling {params.scaling}), so "
+                f"every layer was aggregated every tau rounds, as in NoLA."
+            )
         found = rdp_detections(rows, params.loss_window, params.observe_rounds)
         at = [int(rows[k]["round"]) + 1 for k, unseen in found if unseen]
         if at:
-            notes.append(f"Warning: {len(at)} of {len(found)} ends of a rapid-decrease period "
-                         f"were detected without a minimum of r(t) ever being seen (round"
-                         f"{'s' if len(at) > 1 else ''} {', '.join(map(str, at))}): r rose from "
-                         f"the first round it was defined. r(t) = (1 + l'^2)^1.5 / l'' is "
-                         f"about 1 / l'' once |l'| << 1 and rises as the loss flattens, so "
-                         f"'r not decreasing for t_obv rounds' fires on the clock, not at a "
-                         f"knee of the loss curve (docs/dcpfl.md).")
+            notes.append(
+                f"Warning: {len(at)} of {len(found)} ends of a rapid-decrease period "
+                f"were detected without a minimum of r(t) ever being seen (round"
+                f"{'s' if len(at) > 1 else ''} {', '.join(map(str, at))}): r rose from "
+                f"the first round it was defined. r(t) = (1 + l'^2)^1.5 / l'' is "
+                f"about 1 / l'' once |l'| << 1 and rises as the loss flattens, so "
+                f"'r not decreasing for t_obv rounds' fires on the clock, not at a "
+                f"knee of the loss curve (docs/dcpfl.md)."
+            )
         return notes
 
     # ------------------------------------------------------------------ helpers
@@ -481,8 +528,9 @@ class DCPFLServer(ServerAlgorithm):
         return [self.ids[k] for k in np.flatnonzero(labels == g)]
 
     def _view_average(self, members: list[int]) -> np.ndarray:
-        return weighted_average([self.view[self.index[c]] for c in members],
-                                [self.client_samples[c] for c in members])
+        return weighted_average(
+            [self.view[self.index[c]] for c in members], [self.client_samples[c] for c in members]
+        )
 
     def _layers(self, mask: np.ndarray) -> list[int]:
         return [int(x) for x in np.flatnonzero(mask)]
@@ -517,21 +565,31 @@ class DCPFLServer(ServerAlgorithm):
                 down = self.pending.get(g, ~self.all_layers)
                 up = layers_due(rnd, self.formed[g], self.intervals[g])
                 cfg.update(download_layers=self._layers(down), upload_layers=self._layers(up))
-                tasks.append(ClientTask(c, self.group_models[g] if down.any() else None,
-                                        self.layout.nbytes_of_layers(down), cfg))
+                tasks.append(
+                    ClientTask(
+                        c,
+                        self.group_models[g] if down.any() else None,
+                        self.layout.nbytes_of_layers(down),
+                        cfg,
+                    )
+                )
         self.outcome = None
-        self._comm_round = any(t.download_nbytes > 0 or t.config.get("upload_layers")
-                               for t in tasks)
+        self._comm_round = any(
+            t.download_nbytes > 0 or t.config.get("upload_layers") for t in tasks
+        )
         return tasks
 
     def _configure_trial(self, selected: list[int]) -> list[ClientTask]:
         assert self.trial is not None  # called only with a trial scheduled
         new_labels, _ = self.trial
         full = self.layout.nbytes
-        old_models = {int(g): self._view_average(self._members(self.labels, g))
-                      for g in np.unique(self.labels)}
-        new_models = {int(g): self._view_average(self._members(new_labels, g))
-                      for g in np.unique(new_labels)}
+        old_models = {
+            int(g): self._view_average(self._members(self.labels, g))
+            for g in np.unique(self.labels)
+        }
+        new_models = {
+            int(g): self._view_average(self._members(new_labels, g)) for g in np.unique(new_labels)
+        }
         tasks = []
         for c in selected:
             k = self.index[c]
@@ -544,9 +602,12 @@ class DCPFLServer(ServerAlgorithm):
                 cfg.update(trial_weights=None, old_nbytes=0, new_nbytes=0, upload_layers=[])
                 tasks.append(ClientTask(c, None, 0, cfg))
                 continue
-            cfg.update(trial_weights=None if same else new_models[g1],
-                       old_nbytes=full, new_nbytes=0 if same else full,
-                       upload_layers=self._layers(self.all_layers))
+            cfg.update(
+                trial_weights=None if same else new_models[g1],
+                old_nbytes=full,
+                new_nbytes=0 if same else full,
+                upload_layers=self._layers(self.all_layers),
+            )
             tasks.append(ClientTask(c, old_models[g0], full * (1 if same else 2), cfg))
         return tasks
 
@@ -562,15 +623,21 @@ class DCPFLServer(ServerAlgorithm):
             if down is None or not down.any():
                 tasks.append(ClientTask(c, None, 0, {**cfg, "layers": []}))
             else:
-                tasks.append(ClientTask(c, self.group_models[g], 0,
-                                        {**cfg, "layers": self._layers(down)}))
+                tasks.append(
+                    ClientTask(c, self.group_models[g], 0, {**cfg, "layers": self._layers(down)})
+                )
         return tasks
 
     # ------------------------------------------------------------------ aggregate
     def aggregate_fit(self, rnd: int, results: list[ClientResult]) -> AggregateStats:
-        metrics = {"comm_round": float(self._comm_round), "trial": 0.0,
-                   "split_accepted": math.nan, "layers_aggregated": 0.0,
-                   "rdp_detected": 0.0, "rdp_earliest": math.nan}
+        metrics = {
+            "comm_round": float(self._comm_round),
+            "trial": 0.0,
+            "split_accepted": math.nan,
+            "layers_aggregated": 0.0,
+            "rdp_detected": 0.0,
+            "rdp_earliest": math.nan,
+        }
         self._la = []
         if self.trial is not None:
             flops = self._aggregate_trial(rnd, results, metrics)
@@ -582,17 +649,21 @@ class DCPFLServer(ServerAlgorithm):
         detected, earliest = self._maybe_schedule_trial(rnd)
         if detected:
             metrics.update(rdp_detected=1.0, rdp_earliest=float(earliest))
-        metrics.update(la_updates=float(len(self._la)),
-                       la_low_layers=float(sum(low for low, _ in self._la))
-                       if self._la else math.nan,
-                       la_min_ratio=min(ratio for _, ratio in self._la)
-                       if self._la else math.nan)
-        metrics.update(groups=float(len(np.unique(self.labels))),
-                       gamma_tilde=self.gamma_tilde,
-                       smoothed_loss=(float(smoothed_losses(self.losses,
-                                                            self.params.loss_window)[-1])
-                                      if self.losses else math.nan),
-                       curvature_radius=self.radii[-1] if self.radii else math.nan)
+        metrics.update(
+            la_updates=float(len(self._la)),
+            la_low_layers=float(sum(low for low, _ in self._la)) if self._la else math.nan,
+            la_min_ratio=min(ratio for _, ratio in self._la) if self._la else math.nan,
+        )
+        metrics.update(
+            groups=float(len(np.unique(self.labels))),
+            gamma_tilde=self.gamma_tilde,
+            smoothed_loss=(
+                float(smoothed_losses(self.losses, self.params.loss_window)[-1])
+                if self.losses
+                else math.nan
+            ),
+            curvature_radius=self.radii[-1] if self.radii else math.nan,
+        )
         return AggregateStats(flops=flops, metrics=metrics)
 
     def _store(self, result: ClientResult, weights: np.ndarray, mask: np.ndarray) -> None:
@@ -614,16 +685,21 @@ class DCPFLServer(ServerAlgorithm):
         if uploads:
             for r in uploads:
                 self._store(r, r.weights, self.all_layers)
-            self.weights = weighted_average([r.weights for r in uploads],
-                                            [r.num_samples for r in uploads])
+            self.weights = weighted_average(
+                [r.weights for r in uploads], [r.num_samples for r in uploads]
+            )
             idx = [self.index[r.client_id] for r in uploads]
-            disc = discrepancy_matrix(np.stack([r.weights for r in uploads]), self.layout,
-                                      self.params.scaling)
+            disc = discrepancy_matrix(
+                np.stack([r.weights for r in uploads]), self.layout, self.params.scaling
+            )
             self.disc_sum[np.ix_(idx, idx)] += disc
             self.disc_count[np.ix_(idx, idx)] += 1
             m = len(uploads)
-            flops = (aggregation_flops(d, m) + SCALE_OPS_PER_ELEMENT * d * m
-                     + L1_OPS_PER_ELEMENT * d * m * (m - 1) / 2)
+            flops = (
+                aggregation_flops(d, m)
+                + SCALE_OPS_PER_ELEMENT * d * m
+                + L1_OPS_PER_ELEMENT * d * m * (m - 1) / 2
+            )
             metrics["layers_aggregated"] = float(self.layout.num_layers)
         self.group_models = {0: self.weights.copy()}
         self.pending = {0: self.all_layers.copy()}
@@ -635,18 +711,23 @@ class DCPFLServer(ServerAlgorithm):
     def _form_groups(self, rnd: int, uploads: list[ClientResult]) -> float:
         """End of the warm-up: Eq. 3 averaged over T_start rounds -> group graph -> groups."""
         if np.any(self.disc_count + np.eye(len(self.ids)) == 0):
-            raise RuntimeError(f"{self.name}: some client pairs never uploaded together in the "
-                               f"warm-up, so their discrepancy (Eq. 3) is unknown")
-        self.discrepancy = np.where(self.disc_count > 0,
-                                    self.disc_sum / np.maximum(self.disc_count, 1), 0.0)
+            raise RuntimeError(
+                f"{self.name}: some client pairs never uploaded together in the "
+                f"warm-up, so their discrepancy (Eq. 3) is unknown"
+            )
+        self.discrepancy = np.where(
+            self.disc_count > 0, self.disc_sum / np.maximum(self.disc_count, 1), 0.0
+        )
         self.z, self.gamma_global = group_graph(self.discrepancy)
         self.gamma_tilde = 1.0 if self.params.dynamic else self.params.fixed_gamma_tilde
         labels = groups_at(self.z, self.gamma_global, self.gamma_tilde)
-        return self._sync_structure(rnd, labels, cast("dict[int, np.ndarray]",
-                                                      {r.client_id: r.weights for r in uploads}))
+        return self._sync_structure(
+            rnd, labels, cast("dict[int, np.ndarray]", {r.client_id: r.weights for r in uploads})
+        )
 
-    def _sync_structure(self, rnd: int, labels: np.ndarray,
-                        full_uploads: dict[int, np.ndarray]) -> float:
+    def _sync_structure(
+        self, rnd: int, labels: np.ndarray, full_uploads: dict[int, np.ndarray]
+    ) -> float:
         """Adopt ``labels``; every group's model is the average of its members' full uploads
         (their server view when missing), its layer intervals come from Eq. 5-6, and its
         aggregation schedule starts next round."""
@@ -671,15 +752,21 @@ class DCPFLServer(ServerAlgorithm):
         if not p.layerwise or not member_weights:
             self.intervals[g] = np.full(self.layout.num_layers, p.tau_rounds, dtype=np.int64)
             return 0.0
-        disc = layer_discrepancy(np.stack(member_weights), self.group_models[g], self.layout,
-                                 p.scaling)
+        disc = layer_discrepancy(
+            np.stack(member_weights), self.group_models[g], self.layout, p.scaling
+        )
         self.intervals[g] = layer_intervals(disc, p.tau_rounds, p.alpha, p.low_ratio)
         mean = float(disc.mean())
-        self._la.append((int(np.sum(self.intervals[g] > p.tau_rounds)),
-                         float(disc.min() / mean) if mean > 0 else math.nan))
+        self._la.append(
+            (
+                int(np.sum(self.intervals[g] > p.tau_rounds)),
+                float(disc.min() / mean) if mean > 0 else math.nan,
+            )
+        )
         m, d = len(member_weights), self.layout.size
-        return float((SCALE_OPS_PER_ELEMENT + L1_OPS_PER_ELEMENT) * d * m
-                     + SCALE_OPS_PER_ELEMENT * d)
+        return float(
+            (SCALE_OPS_PER_ELEMENT + L1_OPS_PER_ELEMENT) * d * m + SCALE_OPS_PER_ELEMENT * d
+        )
 
     def _aggregate_groups(self, rnd: int, results, metrics) -> float:
         by_group: dict[int, list[ClientResult]] = {}
@@ -693,15 +780,17 @@ class DCPFLServer(ServerAlgorithm):
             for r in rs:
                 self._store(r, cast(np.ndarray, r.weights), due)  # rs: the uploads
             elem = self.layout.mask(due)
-            avg = weighted_average([cast(np.ndarray, r.weights)[elem] for r in rs],
-                                   [r.num_samples for r in rs])
+            avg = weighted_average(
+                [cast(np.ndarray, r.weights)[elem] for r in rs], [r.num_samples for r in rs]
+            )
             self.group_models[g][elem] = avg
             self.pending[g] = due
             flops += aggregation_flops(int(elem.sum()), len(rs))
             metrics["layers_aggregated"] += float(due.sum())
             if due.all():  # a full synchronisation: refresh Eq. 5-6
-                flops += self._update_intervals(g, cast("list[np.ndarray]",
-                                                        [r.weights for r in rs]))
+                flops += self._update_intervals(
+                    g, cast("list[np.ndarray]", [r.weights for r in rs])
+                )
         return flops
 
     def _aggregate_trial(self, rnd: int, results, metrics) -> float:
@@ -715,12 +804,16 @@ class DCPFLServer(ServerAlgorithm):
         for r in results:
             if r.weights is None:  # alone in both structures: nothing uploaded
                 continue
-            w = r.weights if accept or r.extra.get("weights_old") is None \
+            w = (
+                r.weights
+                if accept or r.extra.get("weights_old") is None
                 else r.extra["weights_old"]
+            )
             uploads[r.client_id] = w
             self._store(r, w, self.all_layers)
-        metrics.update(trial=1.0, split_accepted=float(accept),
-                       layers_aggregated=float(self.layout.num_layers))
+        metrics.update(
+            trial=1.0, split_accepted=float(accept), layers_aggregated=float(self.layout.num_layers)
+        )
         if accept:
             self.gamma_tilde = new_gamma
             self.losses, self.radii = [], []  # a new RDP starts
@@ -735,14 +828,18 @@ class DCPFLServer(ServerAlgorithm):
         """Schedule a trial for the next round when the RDP has ended; (detected, whether
         no minimum of r was seen before the detection: :func:`rdp_end_unseen`)."""
         p = self.params
-        if (not self.dynamic_active or self.z is None or self.trial is not None
-                or rnd + 1 < self.hold_until or rnd + 1 < p.warmup_rounds):
+        if (
+            not self.dynamic_active
+            or self.z is None
+            or self.trial is not None
+            or rnd + 1 < self.hold_until
+            or rnd + 1 < p.warmup_rounds
+        ):
             return False, False
         if not rdp_ended(self.radii, p.observe_rounds):
             return False, False
         earliest = rdp_end_unseen(self.radii, p.loss_window, p.observe_rounds)
-        cand = next_split(self.z, self.gamma_global, self.gamma_tilde, p.gamma_step,
-                          self.labels)
+        cand = next_split(self.z, self.gamma_global, self.gamma_tilde, p.gamma_step, self.labels)
         if cand is None:
             self.dynamic_active = False
         else:
@@ -779,8 +876,9 @@ def train_loss(ctx: ClientContext) -> tuple[float, float]:
     return loss, cost.flops
 
 
-def _merge(local: np.ndarray, group: np.ndarray | None, layout: ModelLayout,
-           layers: list[int] | None) -> np.ndarray:
+def _merge(
+    local: np.ndarray, group: np.ndarray | None, layout: ModelLayout, layers: list[int] | None
+) -> np.ndarray:
     """The local model with ``layers`` (all if None) taken from the group model."""
     if group is None or (layers is not None and len(layers) == 0):
         return local
@@ -807,13 +905,22 @@ class DCPFLClient(ClientAlgorithm):
         own = ctx.state.get("weights")
         return ctx.init_weights.copy() if own is None else own
 
-    def _result(self, ctx, weights, up, loss_extra, trace, flops, steps, peak, mean_loss,
-                start) -> ClientResult:
+    def _result(
+        self, ctx, weights, up, loss_extra, trace, flops, steps, peak, mean_loss, start
+    ) -> ClientResult:
         return ClientResult(
-            client_id=ctx.client_id, weights=weights if up else None, upload_nbytes=up,
-            num_samples=int(ctx.y_train.shape[0]), train_loss=mean_loss, trace=tuple(trace),
-            flops=flops, steps=steps, peak_memory_bytes=peak,
-            host_seconds=time.perf_counter() - start, extra=loss_extra)
+            client_id=ctx.client_id,
+            weights=weights if up else None,
+            upload_nbytes=up,
+            num_samples=int(ctx.y_train.shape[0]),
+            train_loss=mean_loss,
+            trace=tuple(trace),
+            flops=flops,
+            steps=steps,
+            peak_memory_bytes=peak,
+            host_seconds=time.perf_counter() - start,
+            extra=loss_extra,
+        )
 
     def _split(self, ctx: ClientContext) -> tuple[ClientContext, ClientContext | None]:
         """(the context it trains on, the held-out context its trial losses are measured
@@ -831,8 +938,10 @@ class DCPFLClient(ClientAlgorithm):
         mask[held] = False
         keep = torch.from_numpy(np.flatnonzero(mask))
         idx = torch.from_numpy(np.asarray(held))
-        return (dataclasses.replace(ctx, x_train=ctx.x_train[keep], y_train=ctx.y_train[keep]),
-                dataclasses.replace(ctx, x_train=ctx.x_train[idx], y_train=ctx.y_train[idx]))
+        return (
+            dataclasses.replace(ctx, x_train=ctx.x_train[keep], y_train=ctx.y_train[keep]),
+            dataclasses.replace(ctx, x_train=ctx.x_train[idx], y_train=ctx.y_train[idx]),
+        )
 
     def fit(self, ctx: ClientContext, task: ClientTask) -> ClientResult:
         start = time.perf_counter()
@@ -861,11 +970,27 @@ class DCPFLClient(ClientAlgorithm):
         up = ctx.layout.nbytes_of_layers(up_layers) if up_layers else 0
         if up:
             trace.append(Upload(up, "layers"))
-        return self._result(ctx, weights, up, {"loss": loss}, trace, flops, stats.steps,
-                            stats.peak_memory_bytes, stats.mean_loss, start)
+        return self._result(
+            ctx,
+            weights,
+            up,
+            {"loss": loss},
+            trace,
+            flops,
+            stats.steps,
+            stats.peak_memory_bytes,
+            stats.mean_loss,
+            start,
+        )
 
-    def _fit_trial(self, ctx: ClientContext, task: ClientTask, local: np.ndarray,
-                   start: float, held: ClientContext | None = None) -> ClientResult:
+    def _fit_trial(
+        self,
+        ctx: ClientContext,
+        task: ClientTask,
+        local: np.ndarray,
+        start: float,
+        held: ClientContext | None = None,
+    ) -> ClientResult:
         """Download the old and the new group model, train each, report both losses (on
         the training data, or on ``held`` with trial_loss: heldout), wait for the server's
         decision, then upload the model trained from the structure it chose (a client
@@ -898,8 +1023,11 @@ class DCPFLClient(ClientAlgorithm):
         trace.append(Upload(LOSS_REPORT_NBYTES * 2, "loss"))
         up = ctx.layout.nbytes if cfg.get("upload_layers") else 0
         if up:  # the server decides once every client's losses are in; then the upload
-            trace += [Barrier("trial_decision"), Download(DECISION_NBYTES, "trial_decision"),
-                      Upload(up, "model")]
+            trace += [
+                Barrier("trial_decision"),
+                Download(DECISION_NBYTES, "trial_decision"),
+                Upload(up, "model"),
+            ]
         new = trained[-1]
         old = trained[0] if len(trained) == 2 else None
         ctx.state["weights"] = new

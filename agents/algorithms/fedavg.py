@@ -37,8 +37,9 @@ from mecsim.agents.algorithms.base import (
 from mecsim.agents.models import get_flat, set_flat
 
 
-def weighted_average(vectors: Sequence[np.ndarray],
-                     weights: Sequence[float] | np.ndarray) -> np.ndarray:
+def weighted_average(
+    vectors: Sequence[np.ndarray], weights: Sequence[float] | np.ndarray
+) -> np.ndarray:
     """sum_k w_k v_k / sum_k w_k, accumulated in float64, in the given order."""
     if len(vectors) == 0:
         raise ValueError("nothing to average")
@@ -135,8 +136,7 @@ class WeightedSum:
         return bad
 
     @staticmethod
-    def _add_blocks(total: np.ndarray, vectors: list[np.ndarray],
-                    weights: Sequence[float]) -> bool:
+    def _add_blocks(total: np.ndarray, vectors: list[np.ndarray], weights: Sequence[float]) -> bool:
         """total += sum_k w_k v_k, block by block, each product in float64 as in
         :meth:`add`; True when the result is finite. The blocks are shared among
         :data:`FOLD_THREADS` threads (numpy lets go of the GIL while it computes): each
@@ -147,11 +147,12 @@ class WeightedSum:
             finite = True
             product = np.empty(min(FOLD_BLOCK_ELEMENTS, total.size), dtype=np.float64)
             for start in mine:
-                block = total[start:start + FOLD_BLOCK_ELEMENTS]
-                out = product[:block.size]
+                block = total[start : start + FOLD_BLOCK_ELEMENTS]
+                out = product[: block.size]
                 for v, w in zip(vectors, weights, strict=True):
-                    np.multiply(v[start:start + FOLD_BLOCK_ELEMENTS], w, out=out,
-                                dtype=np.float64)
+                    np.multiply(
+                        v[start : start + FOLD_BLOCK_ELEMENTS], w, out=out, dtype=np.float64
+                    )
                     block += out
                 finite = finite and bool(np.isfinite(block).all())
             return finite
@@ -190,19 +191,23 @@ class FedAvgServer(ServerAlgorithm):
 
     def fold(self, acc: WeightedSum, results: list[ClientResult]) -> None:
         uploads = [r for r in results if r.weights is not None]
-        bad = acc.add_many(cast("list[np.ndarray]", [r.weights for r in uploads]),
-                           [r.num_samples for r in uploads])
+        bad = acc.add_many(
+            cast("list[np.ndarray]", [r.weights for r in uploads]), [r.num_samples for r in uploads]
+        )
         if bad:
-            raise ValueError(f"non-finite uploads of clients {[uploads[i].client_id for i in bad]}"
-                             " reached the aggregation")
+            raise ValueError(
+                f"non-finite uploads of clients {[uploads[i].client_id for i in bad]}"
+                " reached the aggregation"
+            )
 
     def fold_finite(self, acc: WeightedSum, results: list[ClientResult]) -> list[int]:
         """:meth:`fold`, reading each upload once: the finiteness of the weights is checked
         by :meth:`WeightedSum.add_many` while it adds them."""
         rejected = [r.client_id for r in results if not all_finite(r.extra)]
         uploads = [r for r in results if r.weights is not None and r.client_id not in rejected]
-        bad = acc.add_many(cast("list[np.ndarray]", [r.weights for r in uploads]),
-                           [r.num_samples for r in uploads])
+        bad = acc.add_many(
+            cast("list[np.ndarray]", [r.weights for r in uploads]), [r.num_samples for r in uploads]
+        )
         return sorted(rejected + [uploads[i].client_id for i in bad])
 
     def end_aggregate(self, rnd: int, acc: WeightedSum) -> AggregateStats:
@@ -230,8 +235,14 @@ class FedAvgClient(ClientAlgorithm):
         out = ctx.upload_row() if type(self).fit is FedAvgClient.fit else None
         weights = get_flat(ctx.model, ctx.layout, out=out)
         up = ctx.layout.nbytes
-        return trained_result(ctx, stats, weights=weights, upload_nbytes=up,
-                              download_nbytes=task.download_nbytes, started_at=start)
+        return trained_result(
+            ctx,
+            stats,
+            weights=weights,
+            upload_nbytes=up,
+            download_nbytes=task.download_nbytes,
+            started_at=start,
+        )
 
 
 #: registered as ``fedavg`` (:data:`mecsim.registry.ALGORITHMS`)

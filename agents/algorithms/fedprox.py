@@ -33,13 +33,17 @@ from mecsim.agents.training import LossTerm
 class FedProxParams(NoParams):
     mu: float = Field(0.01, ge=0, description="proximal weight mu (FedProx Eq. 2)")
     eval_model: Literal["global", "local"] = Field(
-        "global", description="evaluate the global model, or each client's last trained one")
+        "global", description="evaluate the global model, or each client's last trained one"
+    )
 
 
 def proximal_term(model, anchors, mu: float):
     """mu/2 * sum ||w - w^t||^2 over the model's parameters (FedProx Eq. 2)."""
-    return mu / 2.0 * sum((p - a).pow(2).sum() for p, a in zip(model.parameters(), anchors,
-                                                                 strict=True))
+    return (
+        mu
+        / 2.0
+        * sum((p - a).pow(2).sum() for p, a in zip(model.parameters(), anchors, strict=True))
+    )
 
 
 class FedProxServer(FedAvgServer):

@@ -101,63 +101,103 @@ class KapcParams(NoParams):
     """Hyper-parameters of ``kapc`` (``algorithm.params``)."""
 
     lam: float = Field(1.0, ge=0, description="lambda: weight of the coaching loss (A. Eq. 5)")
-    beta: float = Field(0.01, ge=0, description="beta: weight of the equal-share prior on R; "
-                        "the papers fix beta / (2 lambda) = 0.005 for alpha = 0.1")
+    beta: float = Field(
+        0.01,
+        ge=0,
+        description="beta: weight of the equal-share prior on R; "
+        "the papers fix beta / (2 lambda) = 0.005 for alpha = 0.1",
+    )
     lr_relation: float = Field(0.01, gt=0, description="eta_r: learning rate of R (A. Eq. 11)")
     relation_steps: int = Field(1, ge=1, description="E_r: gradient steps on R per round")
     normalise: Literal["clamp", "softmax"] = Field(
-        "clamp", description="row normalisation of R: clamp negatives to 0 and divide by the "
-        "sum (uniform if 0), or softmax(r / temperature)")
+        "clamp",
+        description="row normalisation of R: clamp negatives to 0 and divide by the "
+        "sum (uniform if 0), or softmax(r / temperature)",
+    )
     temperature: float = Field(1.0, gt=0, description="softmax temperature (normalise: softmax)")
     relation_init: Literal["random", "uniform"] = Field(
-        "random", description="initial relation cube: random (A. Algorithm 1 line 2, "
+        "random",
+        description="initial relation cube: random (A. Algorithm 1 line 2, "
         "'initializes ... the relationship cube randomly': U(0, 1) per entry, normalised by "
-        "row, from the scenario seed) or uniform (every entry 1/N)")
+        "row, from the scenario seed) or uniform (every entry 1/N)",
+    )
     layer_grouping: Literal["conv_bn", "module"] = Field(
-        "conv_bn", description="what a layer of R, mu and Omega is: conv_bn (a BatchNorm "
+        "conv_bn",
+        description="what a layer of R, mu and Omega is: conv_bn (a BatchNorm "
         "belongs to the Conv/Linear before it: ResNet18 has 21 layers, as the KAPC+BLS "
-        "paper's Fig. 8 implies) or module (every parameterised module, BatchNorm alone: 41)")
+        "paper's Fig. 8 implies) or module (every parameterised module, BatchNorm alone: 41)",
+    )
 
 
 class KapcBlsParams(KapcParams):
     """Hyper-parameters of ``kapc_bls``: KAPC's, plus the layer-selection constants."""
 
-    mu: float = Field(0.7, ge=0, le=1, description="self-relationship threshold: layer l of "
-                      "s_i is not sent when r_ii^l > mu (T. Algorithm 3; Table 6 uses 0.7)")
+    mu: float = Field(
+        0.7,
+        ge=0,
+        le=1,
+        description="self-relationship threshold: layer l of "
+        "s_i is not sent when r_ii^l > mu (T. Algorithm 3; Table 6 uses 0.7)",
+    )
     first_download_full: bool = Field(
-        True, description="a client selected for the first time receives every layer of s_i "
-        "(T. Sec. 5.2.3: 'the full-layered regularizer is distributed')")
+        True,
+        description="a client selected for the first time receives every layer of s_i "
+        "(T. Sec. 5.2.3: 'the full-layered regularizer is distributed')",
+    )
     class_count: Literal["model", "client"] = Field(
-        "model", description="c_i of Eq. 23/29: the model's output width (default), or the "
-        "number of distinct labels in the client's training data")
+        "model",
+        description="c_i of Eq. 23/29: the model's output width (default), or the "
+        "number of distinct labels in the client's training data",
+    )
     confidence_term: bool = Field(
-        False, description="keep the second term of Eq. 28 (the paper drops it: Eq. 29)")
-    rho: float = Field(1.0, gt=0, description="Lipschitz constant rho of the loss (Eq. 23, "
-                       "used only with confidence_term)")
+        False, description="keep the second term of Eq. 28 (the paper drops it: Eq. 29)"
+    )
+    rho: float = Field(
+        1.0,
+        gt=0,
+        description="Lipschitz constant rho of the loss (Eq. 23, used only with confidence_term)",
+    )
     delta: float = Field(0.05, gt=0, lt=1, description="confidence delta (Eq. 23)")
-    loss_range: float = Field(math.log(10.0), gt=0, description="b - a, the range of the "
-                              "loss (Eq. 23); default ln 10, the cross-entropy of a uniform "
-                              "10-class prediction")
+    loss_range: float = Field(
+        math.log(10.0),
+        gt=0,
+        description="b - a, the range of the "
+        "loss (Eq. 23); default ln 10, the cross-entropy of a uniform "
+        "10-class prediction",
+    )
     input_bound: float | None = Field(
-        None, gt=0, description="A_i with ||x|| <= A_i (Eq. 23); default: the largest L2 norm "
-        "of the client's (normalised) training inputs")
+        None,
+        gt=0,
+        description="A_i with ||x|| <= A_i (Eq. 23); default: the largest L2 norm "
+        "of the client's (normalised) training inputs",
+    )
     omega_policy: Literal["withhold_last", "printed"] = Field(
-        "withhold_last", description="how a repeat selection's Omega is chosen: printed (T. "
+        "withhold_last",
+        description="how a repeat selection's Omega is chosen: printed (T. "
         "Algorithm 4 with Eq. 29 as printed, which holds at every Omega < L on every model "
         "we tried, so Omega collapses to 1) or withhold_last (upload all but the last "
         "omega_withheld layers: the behaviour the paper reports in Fig. 8, not derived "
-        "from Eq. 29); a first selection uploads L - 1 layers under both")
-    omega_withheld: int = Field(2, ge=0, description="layers left out of a repeat "
-                                "selection's upload under omega_policy withhold_last (Fig. 8: "
-                                "19 of ResNet18's 21)")
+        "from Eq. 29); a first selection uploads L - 1 layers under both",
+    )
+    omega_withheld: int = Field(
+        2,
+        ge=0,
+        description="layers left out of a repeat "
+        "selection's upload under omega_policy withhold_last (Fig. 8: "
+        "19 of ResNet18's 21)",
+    )
     omega_search: Literal["last_holding", "as_written"] = Field(
-        "last_holding", description="(omega_policy printed) Algorithm 4's downward search "
+        "last_holding",
+        description="(omega_policy printed) Algorithm 4's downward search "
         "returns the smallest Omega that still satisfies Eq. 29 (last_holding), or, as "
-        "written, the first that does not")
+        "written, the first that does not",
+    )
     unselected_target: Literal["own_weights", "none"] = Field(
-        "own_weights", description="T. Eq. 20: layers l > Omega_i (not uploaded at the "
+        "own_weights",
+        description="T. Eq. 20: layers l > Omega_i (not uploaded at the "
         "client's last selection) are not sent; the client coaches them towards its own "
-        "start-of-round weights (own_weights, Eq. 20 as printed) or not at all (none)")
+        "start-of-round weights (own_weights, Eq. 20 as printed) or not at all (none)",
+    )
 
 
 # =========================================================================== layer view
@@ -197,7 +237,7 @@ class ParamView:
         return np.asarray(flat, dtype=np.float32)[self.index]
 
     def layer(self, p: np.ndarray, layer: int) -> np.ndarray:
-        return p[self.bounds[layer]:self.bounds[layer + 1]]
+        return p[self.bounds[layer] : self.bounds[layer + 1]]
 
     def select(self, p: np.ndarray, layers: Sequence[int]) -> np.ndarray:
         """The elements of the given layers of P, concatenated in layer order (what is sent)."""
@@ -214,11 +254,12 @@ class ParamView:
         out, at, numel = {}, 0, self.numel()
         for layer in sorted(layers):
             n = int(numel[int(layer)])
-            out[int(layer)] = compact[at:at + n]
+            out[int(layer)] = compact[at : at + n]
             at += n
         if at != len(compact):
-            raise ValueError(f"{len(compact)} elements received for layers {sorted(layers)}, "
-                             f"which hold {at}")
+            raise ValueError(
+                f"{len(compact)} elements received for layers {sorted(layers)}, which hold {at}"
+            )
         return out
 
 
@@ -239,8 +280,12 @@ def layer_groups(layout: ModelLayout, grouping: str = "conv_bn") -> np.ndarray:
     groups = np.zeros(layout.num_layers, dtype=np.int64)
     g = -1
     for m, kind in enumerate(layout.layer_kinds):
-        merge = (grouping == "conv_bn" and m > 0 and kind.startswith("BatchNorm")
-                 and layout.layer_kinds[m - 1].startswith(("Conv", "Linear")))
+        merge = (
+            grouping == "conv_bn"
+            and m > 0
+            and kind.startswith("BatchNorm")
+            and layout.layer_kinds[m - 1].startswith(("Conv", "Linear"))
+        )
         if not merge:
             g += 1
         groups[m] = g
@@ -266,8 +311,10 @@ def param_view(layout: ModelLayout, grouping: str = "module") -> ParamView:
             continue
         layer = int(group_of[s.layer])
         if layer < last_layer:
-            raise ValueError(f"parameters of layer {layer} ({s.name}) come after layer "
-                             f"{last_layer}: layers must be contiguous in the flat state")
+            raise ValueError(
+                f"parameters of layer {layer} ({s.name}) come after layer "
+                f"{last_layer}: layers must be contiguous in the flat state"
+            )
         last_layer = layer
         index.append(np.arange(s.offset, s.offset + s.numel))
         slots.append((s.name, s.shape, at, layer))
@@ -286,8 +333,7 @@ def param_view(layout: ModelLayout, grouping: str = "module") -> ParamView:
 # =========================================================================== relation cube
 
 
-def normalise_rows(r: np.ndarray, method: str = "clamp", temperature: float = 1.0
-                   ) -> np.ndarray:
+def normalise_rows(r: np.ndarray, method: str = "clamp", temperature: float = 1.0) -> np.ndarray:
     """Normalise the last axis of ``r`` (one row = one client's relation to the others on
     one layer). ``clamp``: negatives -> 0, divide by the sum, uniform if the sum is 0.
     ``softmax``: softmax(r / temperature)."""
@@ -305,8 +351,9 @@ def normalise_rows(r: np.ndarray, method: str = "clamp", temperature: float = 1.
         return np.where(total > 0, pos / np.where(total > 0, total, 1.0), uniform)
 
 
-def relation_objective(r_i: np.ndarray, grams: np.ndarray, i: int, lam: float, beta: float,
-                       n_clients: int) -> float:
+def relation_objective(
+    r_i: np.ndarray, grams: np.ndarray, i: int, lam: float, beta: float, n_clients: int
+) -> float:
     """f(r_i) of A. Eq. 10: lam * sum_l ||sum_j r_ij^l w_j^l - w_i^l||^2 + beta/2 ||r_i - 1/N||^2,
     from the Gram matrices G^l_jk = <w_j^l, w_k^l> (r_i: L x K, grams: L x K x K; ``i``:
     client i's position in the slice)."""
@@ -317,21 +364,31 @@ def relation_objective(r_i: np.ndarray, grams: np.ndarray, i: int, lam: float, b
     return float(lam * coach + beta / 2.0 * np.sum((r_i - 1.0 / n_clients) ** 2))
 
 
-def relation_gradient(r_i: np.ndarray, grams: np.ndarray, i: int, lam: float, beta: float,
-                      n_clients: int) -> np.ndarray:
+def relation_gradient(
+    r_i: np.ndarray, grams: np.ndarray, i: int, lam: float, beta: float, n_clients: int
+) -> np.ndarray:
     """Gradient of f(r_i) (A. Eq. 11-12): 2 lam (G^l r_i^l - G^l[:, i]) + beta (r_i^l - 1/N)."""
     g_r = np.einsum("ljk,lk->lj", grams, r_i)
     return 2.0 * lam * (g_r - grams[:, :, i]) + beta * (r_i - 1.0 / n_clients)
 
 
-def update_relations(r_slice: np.ndarray, grams: np.ndarray, *, lam: float, beta: float,
-                     lr: float, steps: int, n_clients: int) -> np.ndarray:
+def update_relations(
+    r_slice: np.ndarray,
+    grams: np.ndarray,
+    *,
+    lam: float,
+    beta: float,
+    lr: float,
+    steps: int,
+    n_clients: int,
+) -> np.ndarray:
     """E_r steps of A. Eq. 11 on every r_i of a normalised slice (K x L x K); slice row a
     belongs to the client at position a of the slice. Not normalised afterwards."""
     r = np.array(r_slice, dtype=np.float64)
     for _ in range(steps):
-        grads = np.stack([relation_gradient(r[a], grams, a, lam, beta, n_clients)
-                          for a in range(r.shape[0])])
+        grads = np.stack(
+            [relation_gradient(r[a], grams, a, lam, beta, n_clients) for a in range(r.shape[0])]
+        )
         r = r - lr * grads  # all r_i from the same W^k: Jacobi order, as Eq. 9 stacks them
     return r
 
@@ -341,15 +398,17 @@ def self_relation_filter(self_relation: np.ndarray, mu: float) -> np.ndarray:
     return ~(np.asarray(self_relation) > mu)
 
 
-def personalised_regulariser(r_i: np.ndarray, layer_stacks: Sequence[np.ndarray],
-                             layers: Sequence[int]) -> list[np.ndarray]:
+def personalised_regulariser(
+    r_i: np.ndarray, layer_stacks: Sequence[np.ndarray], layers: Sequence[int]
+) -> list[np.ndarray]:
     """s_i^l = sum_j r_ij^l w_j^l (A. Eq. 14, T. Eq. 15/34) for the given layers;
     ``layer_stacks[l]`` is the K x n_l matrix of the slice's parameters of layer l."""
     return [r_i[layer] @ layer_stacks[layer] for layer in layers]
 
 
-def kapc_server_flops(k: int, n_clients: int, layer_numel: np.ndarray, steps: int,
-                      sent: np.ndarray) -> float:
+def kapc_server_flops(
+    k: int, n_clients: int, layer_numel: np.ndarray, steps: int, sent: np.ndarray
+) -> float:
     """Analytic server FLOPs of one round (see the module docstring).
 
     ``layer_numel``: n_l per layer; ``sent``: K x L booleans, layer l of s_i sent to the
@@ -366,8 +425,9 @@ def kapc_server_flops(k: int, n_clients: int, layer_numel: np.ndarray, steps: in
 # =========================================================================== coaching loss
 
 
-def coaching_pairs(model: nn.Module, view: ParamView, received: dict[int, np.ndarray]
-                   ) -> list[tuple[nn.Parameter, torch.Tensor]]:
+def coaching_pairs(
+    model: nn.Module, view: ParamView, received: dict[int, np.ndarray]
+) -> list[tuple[nn.Parameter, torch.Tensor]]:
     """(parameter, its target s) for every parameter tensor of the received layers."""
     params = dict(model.named_parameters())
     pairs = []
@@ -376,14 +436,14 @@ def coaching_pairs(model: nn.Module, view: ParamView, received: dict[int, np.nda
             continue
         start = at - int(view.bounds[layer])
         n = int(np.prod(shape)) if shape else 1
-        target = torch.from_numpy(np.array(received[layer][start:start + n],
-                                           dtype=np.float32)).view(shape)
+        target = torch.from_numpy(
+            np.array(received[layer][start : start + n], dtype=np.float32)
+        ).view(shape)
         pairs.append((params[name], target))
     return pairs
 
 
-def coaching_loss(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], lam: float
-                  ) -> torch.Tensor:
+def coaching_loss(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], lam: float) -> torch.Tensor:
     """lam * sum_l f_s(s_i^l, w_i^l), f_s = squared L2 distance (A. Eq. 15; T. Eq. 16)."""
     # cast: a tensor, pairs being never empty (sum's start 0 is for mypy a possible int)
     return cast(torch.Tensor, lam * sum((p - t).pow(2).sum() for p, t in pairs))
@@ -394,8 +454,12 @@ def coaching_loss(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], lam: float
 
 def layer_norms(p: np.ndarray, view: ParamView) -> np.ndarray:
     """B^l = ||w^l||_F (T. Eq. 30) for every layer."""
-    return np.array([float(np.linalg.norm(view.layer(p, layer).astype(np.float64)))
-                     for layer in range(view.num_layers)])
+    return np.array(
+        [
+            float(np.linalg.norm(view.layer(p, layer).astype(np.float64)))
+            for layer in range(view.num_layers)
+        ]
+    )
 
 
 def log_m(tau: np.ndarray, b: np.ndarray, n_cols: np.ndarray, omega: int) -> float:
@@ -429,8 +493,14 @@ class BlsConstants:
     confidence_term: bool = False
 
 
-def criterion_log_lhs(omega: int, tau_hat: np.ndarray, b_hat: np.ndarray, tau: np.ndarray,
-                      b: np.ndarray, k: BlsConstants) -> float:
+def criterion_log_lhs(
+    omega: int,
+    tau_hat: np.ndarray,
+    b_hat: np.ndarray,
+    tau: np.ndarray,
+    b: np.ndarray,
+    k: BlsConstants,
+) -> float:
     """log of the left side of T. Eq. 29 divided by its right side, so that the layer
     selection criterion holds iff the result is < 0:
 
@@ -450,20 +520,31 @@ def criterion_log_lhs(omega: int, tau_hat: np.ndarray, b_hat: np.ndarray, tau: n
     log_m_full = log_m(tau, b, k.n_cols, n_layers)
     if log_m_full == -np.inf:  # no regulariser bound known (tau = 0): (29) is undefined;
         return math.inf  # we read it as "not satisfied", so more layers go up
-    main = (math.log(n_layers * k.out_dim[omega - 1]) + log_m(tau_hat, b_hat, k.n_cols, omega)
-            - math.log(omega * k.classes) - (n_layers - omega) * math.log(2.0) - log_m_full
-            - float(log_b[omega:].sum()))
+    main = (
+        math.log(n_layers * k.out_dim[omega - 1])
+        + log_m(tau_hat, b_hat, k.n_cols, omega)
+        - math.log(omega * k.classes)
+        - (n_layers - omega) * math.log(2.0)
+        - log_m_full
+        - float(log_b[omega:].sum())
+    )
     if not k.confidence_term or omega == n_layers:
         return float(main)
     gap = 3.0 * k.loss_range * math.sqrt(math.log(2.0 / k.delta) / (2.0 * k.samples))
     lip = 2.0 * math.sqrt(2.0) * k.rho * k.input_bound / math.sqrt(k.samples)
-    second = (math.log((n_layers - omega) * gap) - math.log(omega * lip * k.classes)
-              - n_layers * math.log(2.0) - float(log_b.sum()) - log_m_full)
+    second = (
+        math.log((n_layers - omega) * gap)
+        - math.log(omega * lip * k.classes)
+        - n_layers * math.log(2.0)
+        - float(log_b.sum())
+        - log_m_full
+    )
     return float(np.logaddexp(main, second))
 
 
-def search_omega(omega_prev: int, holds: Callable[[int], bool], n_layers: int,
-                 as_written: bool = False) -> int:
+def search_omega(
+    omega_prev: int, holds: Callable[[int], bool], n_layers: int, as_written: bool = False
+) -> int:
     """T. Algorithm 4 lines 15-24: start from last round's Omega; if the criterion holds,
     decrease Omega while it still holds; otherwise increase Omega until it holds.
 
@@ -513,8 +594,14 @@ class BlsClientState:
             self.tau_full = np.zeros(self.n_layers)
 
 
-def algorithm4(state: BlsClientState, b_now: np.ndarray, tau_now: np.ndarray,
-               k: BlsConstants, as_written: bool = False, withheld: int | None = None) -> int:
+def algorithm4(
+    state: BlsClientState,
+    b_now: np.ndarray,
+    tau_now: np.ndarray,
+    k: BlsConstants,
+    as_written: bool = False,
+    withheld: int | None = None,
+) -> int:
     """T. Algorithm 4 (with Algorithm 6 line 7): the number of leading layers to upload.
 
     ``withheld`` (``omega_policy: withhold_last``): a repeat selection uploads L - withheld
@@ -563,12 +650,21 @@ class KapcServer(ServerAlgorithm):
     Params: ClassVar[type[KapcParams]] = KapcParams
     params: KapcParams
     round_metrics: ClassVar[tuple[str, ...]] = (
-        "kapc_layers_down_mean", "kapc_layers_up_mean", "kapc_self_relation_mean",
-        "kapc_self_relation_max", "kapc_plan_host_s")
+        "kapc_layers_down_mean",
+        "kapc_layers_up_mean",
+        "kapc_self_relation_mean",
+        "kapc_self_relation_max",
+        "kapc_plan_host_s",
+    )
 
-    def __init__(self, layout: ModelLayout, init_weights: np.ndarray,
-                 client_samples: dict[int, int], fraction: float,
-                 params: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        layout: ModelLayout,
+        init_weights: np.ndarray,
+        client_samples: dict[int, int],
+        fraction: float,
+        params: dict[str, Any],
+    ) -> None:
         super().__init__(layout, init_weights, client_samples, fraction, params)
         self.view = param_view(layout, self.params.layer_grouping)
         self.ids = sorted(client_samples)
@@ -599,8 +695,9 @@ class KapcServer(ServerAlgorithm):
 
     def layer_stack(self, selected: Sequence[int], layer: int) -> np.ndarray:
         """X^l: the K x n_l float64 matrix of the selected clients' layer l (T. Eq. 33)."""
-        return np.stack([self.view.layer(self.params_of(c), layer) for c in selected]
-                        ).astype(np.float64)
+        return np.stack([self.view.layer(self.params_of(c), layer) for c in selected]).astype(
+            np.float64
+        )
 
     def grams(self, selected: Sequence[int]) -> np.ndarray:
         """G^l = X^l X^l^T for every layer (L x K x K)."""
@@ -633,8 +730,9 @@ class KapcServer(ServerAlgorithm):
         grams = self.grams(selected)
         block = np.ix_(pos, np.arange(n_layers), pos)
         r = self.normalise(self.relations[block])  # T. Alg. 5 line 6
-        r = update_relations(r, grams, lam=p.lam, beta=p.beta, lr=p.lr_relation,
-                             steps=p.relation_steps, n_clients=n)  # lines 8-10
+        r = update_relations(
+            r, grams, lam=p.lam, beta=p.beta, lr=p.lr_relation, steps=p.relation_steps, n_clients=n
+        )  # lines 8-10
         self.relations[block] = r  # line 12
         self.relations[pos] = self.normalise(self.relations[pos])
         coeffs = self.normalise(r)  # normalised before s_i = r_i W (T. Sec. 4.3)
@@ -660,16 +758,19 @@ class KapcServer(ServerAlgorithm):
             self.times_selected[cid] += 1
         self._planned = {
             "flops": kapc_server_flops(k, n, self.view.numel(), p.relation_steps, sent),
-            "metrics": {"kapc_layers_down_mean": float(sent.sum(1).mean()),
-                        "kapc_self_relation_mean": float(self_rel.mean()),
-                        "kapc_self_relation_max": float(self_rel.max()),
-                        "kapc_plan_host_s": time.perf_counter() - start,
-                        **self.plan_metrics(selected, self_rel, sent)},
+            "metrics": {
+                "kapc_layers_down_mean": float(sent.sum(1).mean()),
+                "kapc_self_relation_mean": float(self_rel.mean()),
+                "kapc_self_relation_max": float(self_rel.max()),
+                "kapc_plan_host_s": time.perf_counter() - start,
+                **self.plan_metrics(selected, self_rel, sent),
+            },
         }
         return tasks
 
-    def plan_metrics(self, selected: list[int], self_rel: np.ndarray, sent: np.ndarray
-                     ) -> dict[str, float]:
+    def plan_metrics(
+        self, selected: list[int], self_rel: np.ndarray, sent: np.ndarray
+    ) -> dict[str, float]:
         """Extra per-round figures of the plan (BLS adds its own)."""
         return {}
 
@@ -687,7 +788,7 @@ class KapcServer(ServerAlgorithm):
             if mine is None:
                 mine = self.client_params[r.client_id] = self.init_params.copy()
             for layer, values in self.view.split(np.asarray(r.weights), layers).items():
-                mine[self.view.bounds[layer]:self.view.bounds[layer + 1]] = values
+                mine[self.view.bounds[layer] : self.view.bounds[layer + 1]] = values
             uploaded.append(len(layers))
             self.stored(r)
         planned, self._planned = self._planned, {"flops": 0.0, "metrics": {}}
@@ -713,12 +814,20 @@ class KapcBlsServer(KapcServer):
     Params = KapcBlsParams
     params: KapcBlsParams
     round_metrics = KapcServer.round_metrics + (
-        "kapc_omega_repeat_mean", "kapc_omega_first_mean", "kapc_layers_filtered_mean",
-        "kapc_layers_own_mean")
+        "kapc_omega_repeat_mean",
+        "kapc_omega_first_mean",
+        "kapc_layers_filtered_mean",
+        "kapc_layers_own_mean",
+    )
 
-    def __init__(self, layout: ModelLayout, init_weights: np.ndarray,
-                 client_samples: dict[int, int], fraction: float,
-                 params: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        layout: ModelLayout,
+        init_weights: np.ndarray,
+        client_samples: dict[int, int],
+        fraction: float,
+        params: dict[str, Any],
+    ) -> None:
         super().__init__(layout, init_weights, client_samples, fraction, params)
         # Omega_i of each client's last stored upload (T. Eq. 20); absent: never uploaded
         self.omega_of: dict[int, int] = {}
@@ -742,12 +851,15 @@ class KapcBlsServer(KapcServer):
             return []
         return np.flatnonzero(~self.eq20_layers(cid)).tolist()
 
-    def plan_metrics(self, selected: list[int], self_rel: np.ndarray, sent: np.ndarray
-                     ) -> dict[str, float]:
+    def plan_metrics(
+        self, selected: list[int], self_rel: np.ndarray, sent: np.ndarray
+    ) -> dict[str, float]:
         eq20 = np.stack([self.eq20_layers(c) for c in selected])
         filtered = ~self_relation_filter(self_rel, self.params.mu) & eq20
-        return {"kapc_layers_filtered_mean": float(filtered.sum(1).mean()),
-                "kapc_layers_own_mean": float((~eq20).sum(1).mean())}
+        return {
+            "kapc_layers_filtered_mean": float(filtered.sum(1).mean()),
+            "kapc_layers_own_mean": float((~eq20).sum(1).mean()),
+        }
 
     def stored(self, result: ClientResult) -> None:
         self.omega_of[result.client_id] = len(result.extra["layers"])
@@ -756,42 +868,55 @@ class KapcBlsServer(KapcServer):
     def run_notes(cls, rows: list[dict[str, Any]], params: KapcBlsParams) -> list[str]:
         """The upload policy (every upload figure of the run depends on it), a warning
         when Omega was 1 on every repeat selection, and when the mu filter never acted."""
+
         def finite(key: str) -> np.ndarray:
             values = np.array([float(r.get(key, math.nan)) for r in rows], dtype=float)
             return values[np.isfinite(values)]
 
         if params.omega_policy == "printed":
-            policy = (f"omega_policy printed: Omega from T. Eq. 29 as printed "
-                      f"(omega_search {params.omega_search})")
+            policy = (
+                f"omega_policy printed: Omega from T. Eq. 29 as printed "
+                f"(omega_search {params.omega_search})"
+            )
         else:
-            policy = (f"omega_policy withhold_last: a repeat selection uploads all but the "
-                      f"last {params.omega_withheld} layers (the KAPC+BLS paper's Fig. 8, "
-                      f"not derived from Eq. 29)")
-        notes = [f"KAPC+BLS uploads: {policy}; a first selection uploads L - 1 layers "
-                 f"(docs/kapc.md)."]
+            policy = (
+                f"omega_policy withhold_last: a repeat selection uploads all but the "
+                f"last {params.omega_withheld} layers (the KAPC+BLS paper's Fig. 8, "
+                f"not derived from Eq. 29)"
+            )
+        notes = [
+            f"KAPC+BLS uploads: {policy}; a first selection uploads L - 1 layers (docs/kapc.md)."
+        ]
         repeat = finite("kapc_omega_repeat_mean")
         if len(repeat) and repeat.max() <= 1.0:
-            notes.append(f"Warning: Omega stayed 1 on every repeat selection ({len(repeat)} "
-                         f"rounds with repeat selections): after its first selection each "
-                         f"client uploaded only its first layer, so the server's copies of "
-                         f"the others stay as first uploaded. Eq. 29 as printed holds at "
-                         f"every Omega < L (docs/kapc.md); omega_policy withhold_last "
-                         f"reproduces the paper's Fig. 8.")
+            notes.append(
+                f"Warning: Omega stayed 1 on every repeat selection ({len(repeat)} "
+                f"rounds with repeat selections): after its first selection each "
+                f"client uploaded only its first layer, so the server's copies of "
+                f"the others stay as first uploaded. Eq. 29 as printed holds at "
+                f"every Omega < L (docs/kapc.md); omega_policy withhold_last "
+                f"reproduces the paper's Fig. 8."
+            )
         filtered, top = finite("kapc_layers_filtered_mean"), finite("kapc_self_relation_max")
         if len(filtered) and filtered.max() == 0.0:
             largest = f" (the largest r_ii^l was {top.max():.3f})" if len(top) else ""
-            notes.append(f"Warning: the self-relationship filter held back no layer: no "
-                         f"r_ii^l exceeded mu = {params.mu:g}{largest}, so the downloads "
-                         f"are KAPC's except for Eq. 20; a mu sweep (Table 3) shows nothing "
-                         f"in such a run.")
+            notes.append(
+                f"Warning: the self-relationship filter held back no layer: no "
+                f"r_ii^l exceeded mu = {params.mu:g}{largest}, so the downloads "
+                f"are KAPC's except for Eq. 20; a mu sweep (Table 3) shows nothing "
+                f"in such a run."
+            )
         return notes
 
     def upload_metrics(self, results: list[ClientResult]) -> dict[str, float]:
         """Mean Omega of the uploads from first and from repeat selections."""
         out = {}
         for key, repeat in (("kapc_omega_first_mean", False), ("kapc_omega_repeat_mean", True)):
-            omegas = [len(r.extra["layers"]) for r in results if r.weights is not None
-                      and bool(r.extra.get("repeat_selection")) == repeat]
+            omegas = [
+                len(r.extra["layers"])
+                for r in results
+                if r.weights is not None and bool(r.extra.get("repeat_selection")) == repeat
+            ]
             out[key] = float(np.mean(omegas)) if omegas else float("nan")
         return out
 
@@ -826,8 +951,9 @@ class KapcClient(ClientAlgorithm):
         own = ctx.state.get("weights")
         return ctx.init_weights if own is None else own
 
-    def upload_layers(self, ctx: ClientContext, view: ParamView, p: np.ndarray,
-                      received: dict[int, np.ndarray]) -> list[int]:
+    def upload_layers(
+        self, ctx: ClientContext, view: ParamView, p: np.ndarray, received: dict[int, np.ndarray]
+    ) -> list[int]:
         """Which layers to upload (KAPC: all of them)."""
         return list(range(view.num_layers))
 
@@ -842,8 +968,13 @@ class KapcClient(ClientAlgorithm):
         # T. Eq. 20: layers beyond the client's Omega are coached towards its own
         # start-of-round weights (sent by nobody: the client has them)
         start_p = view.extract(own)
-        targets = {**{int(layer): view.layer(start_p, int(layer)).copy()
-                      for layer in task.config.get("own_layers", [])}, **received}
+        targets = {
+            **{
+                int(layer): view.layer(start_p, int(layer)).copy()
+                for layer in task.config.get("own_layers", [])
+            },
+            **received,
+        }
         pairs = coaching_pairs(ctx.model, view, targets)
         lam = self.params.lam
         extra = (lambda model: coaching_loss(pairs, lam)) if pairs else None
@@ -856,10 +987,15 @@ class KapcClient(ClientAlgorithm):
         up_layers = self.upload_layers(ctx, view, p, received)
         upload = view.select(p, up_layers)
         up = upload.size * BYTES_PER_ELEMENT
-        return trained_result(ctx, stats, weights=upload, upload_nbytes=up,
-                              download_nbytes=task.download_nbytes, started_at=start,
-                              extra={"layers": up_layers, "received_layers": layers,
-                                     "repeat_selection": repeat})
+        return trained_result(
+            ctx,
+            stats,
+            weights=upload,
+            upload_nbytes=up,
+            download_nbytes=task.download_nbytes,
+            started_at=start,
+            extra={"layers": up_layers, "received_layers": layers, "repeat_selection": repeat},
+        )
 
     def evaluate(self, ctx: ClientContext, task: ClientTask) -> EvalResult:
         set_flat(ctx.model, ctx.layout, self._own(ctx))
@@ -885,23 +1021,41 @@ class KapcBlsClient(KapcClient):
             if bound is None:
                 bound = float(ctx.x_train.flatten(1).norm(dim=1).max())
                 ctx.state["bls_input_bound"] = bound
-        return BlsConstants(view.in_cols, view.out_dim, classes, int(ctx.y_train.shape[0]),
-                            p.rho, bound, p.delta, p.loss_range, p.confidence_term)
+        return BlsConstants(
+            view.in_cols,
+            view.out_dim,
+            classes,
+            int(ctx.y_train.shape[0]),
+            p.rho,
+            bound,
+            p.delta,
+            p.loss_range,
+            p.confidence_term,
+        )
 
-    def upload_layers(self, ctx: ClientContext, view: ParamView, p: np.ndarray,
-                      received: dict[int, np.ndarray]) -> list[int]:
+    def upload_layers(
+        self, ctx: ClientContext, view: ParamView, p: np.ndarray, received: dict[int, np.ndarray]
+    ) -> list[int]:
         b_now = layer_norms(p, view)  # Eq. 30
         tau_now = np.full(view.num_layers, np.nan)
         for layer, s in received.items():  # Eq. 31, for the layers received
-            tau_now[layer] = float(np.linalg.norm(
-                view.layer(p, layer).astype(np.float64) - s.astype(np.float64)))
+            tau_now[layer] = float(
+                np.linalg.norm(view.layer(p, layer).astype(np.float64) - s.astype(np.float64))
+            )
         state = ctx.state.get("bls")
         if state is None:
             state = ctx.state["bls"] = BlsClientState(view.num_layers)
-        withheld = (self.params.omega_withheld if self.params.omega_policy == "withhold_last"
-                    else None)
-        omega = algorithm4(state, b_now, tau_now, self.constants(ctx, view),
-                           self.params.omega_search == "as_written", withheld)
+        withheld = (
+            self.params.omega_withheld if self.params.omega_policy == "withhold_last" else None
+        )
+        omega = algorithm4(
+            state,
+            b_now,
+            tau_now,
+            self.constants(ctx, view),
+            self.params.omega_search == "as_written",
+            withheld,
+        )
         return list(range(omega))
 
 

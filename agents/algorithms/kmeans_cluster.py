@@ -49,8 +49,7 @@ def kmeans_labels(weights: np.ndarray, k: int, iterations: int, seed: int) -> np
         raise ValueError(f"clusters={k} must be between 1 and the {len(weights)} clients")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "one of the clusters is empty": handled below
-        _, raw = kmeans2(weights, k, iter=iterations, minit="++",
-                         seed=np.random.default_rng(seed))
+        _, raw = kmeans2(weights, k, iter=iterations, minit="++", seed=np.random.default_rng(seed))
     first: dict[int, int] = {}
     return np.array([first.setdefault(int(x), len(first)) for x in raw], dtype=np.int64)
 
@@ -66,19 +65,31 @@ class KMeansClusterServer(FedAvgServer):
     def check_scenario(cls, params, *, train, model, layout, clients, participation):
         problems = []
         if participation < 1.0:
-            problems.append(("topology.participation", f"{cls.name} clusters every client at "
-                             "the end of the warm-up and needs topology.participation: 1, "
-                             f"got {participation:g}"))
+            problems.append(
+                (
+                    "topology.participation",
+                    f"{cls.name} clusters every client at "
+                    "the end of the warm-up and needs topology.participation: 1, "
+                    f"got {participation:g}",
+                )
+            )
         if params.clusters > clients:
-            problems.append(("algorithm.params.clusters", f"k-means with {params.clusters} "
-                             f"clusters needs at least as many clients, got {clients}"))
+            problems.append(
+                (
+                    "algorithm.params.clusters",
+                    f"k-means with {params.clusters} "
+                    f"clusters needs at least as many clients, got {clients}",
+                )
+            )
         return problems
 
     def __init__(self, layout, init_weights, client_samples, fraction, params) -> None:
         super().__init__(layout, init_weights, client_samples, fraction, params)
         if fraction < 1.0:
-            raise ValueError(f"{self.name} clusters every client at the end of the warm-up "
-                             f"and needs topology.participation = 1, got {fraction}")
+            raise ValueError(
+                f"{self.name} clusters every client at the end of the warm-up "
+                f"and needs topology.participation = 1, got {fraction}"
+            )
         self.labels: dict[int, int] | None = None
         self.cluster_models: dict[int, np.ndarray] = {}
         self._seed = 0
@@ -106,19 +117,25 @@ class KMeansClusterServer(FedAvgServer):
             stats = super().aggregate_fit(rnd, results)
             if rnd == self.params.warmup_rounds - 1:
                 p = self.params
-                labels = kmeans_labels(np.stack(cast("list[np.ndarray]",
-                                                     [r.weights for r in uploads])),
-                                       p.clusters, p.kmeans_iterations, self._seed)
-                self.labels = {r.client_id: int(g) for r, g in zip(uploads, labels,
-                                                                    strict=True)}
+                labels = kmeans_labels(
+                    np.stack(cast("list[np.ndarray]", [r.weights for r in uploads])),
+                    p.clusters,
+                    p.kmeans_iterations,
+                    self._seed,
+                )
+                self.labels = {r.client_id: int(g) for r, g in zip(uploads, labels, strict=True)}
                 missing = set(self.client_samples) - set(self.labels)
                 if missing:
-                    raise RuntimeError(f"{self.name}: clients {sorted(missing)} sent no model "
-                                       f"in the last warm-up round and cannot be clustered")
+                    raise RuntimeError(
+                        f"{self.name}: clients {sorted(missing)} sent no model "
+                        f"in the last warm-up round and cannot be clustered"
+                    )
                 self._average_clusters(uploads)
                 # k-means: each iteration compares every client with every centroid
-                flops = stats.flops + 3.0 * self.layout.size * len(uploads) * p.clusters \
-                    * p.kmeans_iterations
+                flops = (
+                    stats.flops
+                    + 3.0 * self.layout.size * len(uploads) * p.clusters * p.kmeans_iterations
+                )
             return AggregateStats(flops=flops, metrics={"groups": float(self._groups())})
         self._average_clusters(uploads)
         return AggregateStats(flops=flops, metrics={"groups": float(self._groups())})
@@ -129,9 +146,9 @@ class KMeansClusterServer(FedAvgServer):
         for r in uploads:
             by_cluster.setdefault(self.labels[r.client_id], []).append(r)
         for g, rs in by_cluster.items():
-            self.cluster_models[g] = weighted_average(cast("list[np.ndarray]",
-                                                           [r.weights for r in rs]),
-                                                      [r.num_samples for r in rs])
+            self.cluster_models[g] = weighted_average(
+                cast("list[np.ndarray]", [r.weights for r in rs]), [r.num_samples for r in rs]
+            )
 
     def _groups(self) -> int:
         return 1 if self.labels is None else len(set(self.labels.values()))

@@ -47,8 +47,9 @@ class LocalClient(ClientAlgorithm):
         self._load_own(ctx)
         stats = local_sgd(ctx, cost_key=self.name)
         ctx.state["weights"] = get_flat(ctx.model, ctx.layout)
-        return trained_result(ctx, stats, weights=None, upload_nbytes=0, download_nbytes=0,
-                              started_at=start)
+        return trained_result(
+            ctx, stats, weights=None, upload_nbytes=0, download_nbytes=0, started_at=start
+        )
 
     def evaluate(self, ctx: ClientContext, task: ClientTask) -> EvalResult:
         self._load_own(ctx)

@@ -121,11 +121,14 @@ FEDADAM_FLOPS_PER_ELEMENT = 13
 
 class MTFLParams(NoParams):
     private: PrivateValues = Field(
-        "yb", description="private BatchNorm values: usyb, yb (gamma, beta), us (mu, sigma), "
-        "none (= FL)")
+        "yb",
+        description="private BatchNorm values: usyb, yb (gamma, beta), us (mu, sigma), none (= FL)",
+    )
     strategy: Strategy = Field(
-        "fedavg", description="fedavg (SGD, average), fedadam (SGD, server Adam), "
-        "fedavg_adam (client Adam, model and moments averaged); MTFL Table 1")
+        "fedavg",
+        description="fedavg (SGD, average), fedadam (SGD, server Adam), "
+        "fedavg_adam (client Adam, model and moments averaged); MTFL Table 1",
+    )
     server_lr: float = Field(0.01, gt=0, description="FedAdam server learning rate eta")
     # FedAdam defaults: the authors' example (README of their code: beta1 0.9, beta2 0.999,
     # epsilon 1e-4, server lr 0.01 with client lr 0.3)
@@ -133,14 +136,23 @@ class MTFLParams(NoParams):
     server_beta2: float = Field(0.999, ge=0, lt=1, description="FedAdam server beta2")
     server_eps: float = Field(1e-4, gt=0, description="FedAdam adaptivity tau (epsilon)")
     fedadam_stats: Literal["average", "adam"] = Field(
-        "average", description="FedAdam: federated BN running statistics are averaged "
-        "(default) or Adam-stepped like the parameters (the authors' code)")
+        "average",
+        description="FedAdam: federated BN running statistics are averaged "
+        "(default) or Adam-stepped like the parameters (the authors' code)",
+    )
     noisy_fraction: float = Field(
-        0.0, ge=0, le=1, description="fraction of clients with Gaussian noise on their "
-        "training images (Table 3: 0.2)")
+        0.0,
+        ge=0,
+        le=1,
+        description="fraction of clients with Gaussian noise on their "
+        "training images (Table 3: 0.2)",
+    )
     noise_std: float = Field(
-        3.0, ge=0, description="noise std in units of the input's dynamic range (pixel "
-        "intensity for 8-bit images): 3.0 MNIST, 0.2 CIFAR-10 in the paper")
+        3.0,
+        ge=0,
+        description="noise std in units of the input's dynamic range (pixel "
+        "intensity for 8-bit images): 3.0 MNIST, 0.2 CIFAR-10 in the paper",
+    )
     noise_seed: int = Field(0, ge=0, description="seed of the noisy-client choice and noise")
 
 
@@ -150,17 +162,20 @@ class MTFLParams(NoParams):
 def private_mask(layout: ModelLayout, private: str) -> np.ndarray:
     """Boolean element mask of the values ``private`` keeps on the client."""
     if private not in PRIVATE_BN_TENSORS:
-        raise ValueError(f"mtfl: unknown private setting {private!r}; "
-                         f"known: {', '.join(PRIVATE_BN_TENSORS)}")
+        raise ValueError(
+            f"mtfl: unknown private setting {private!r}; known: {', '.join(PRIVATE_BN_TENSORS)}"
+        )
     suffixes = PRIVATE_BN_TENSORS[private]
     mask = np.zeros(layout.size, dtype=bool)
     bn_layers = {i for i, kind in enumerate(layout.layer_kinds) if kind.startswith("BatchNorm")}
     if suffixes and not bn_layers:
-        raise ValueError(f"mtfl: private={private!r} keeps BatchNorm values private, but the "
-                         "model has no BatchNorm layer")
+        raise ValueError(
+            f"mtfl: private={private!r} keeps BatchNorm values private, but the "
+            "model has no BatchNorm layer"
+        )
     for s in layout.slots:
         if s.layer in bn_layers and s.name.rsplit(".", 1)[-1] in suffixes:
-            mask[s.offset:s.offset + s.numel] = True
+            mask[s.offset : s.offset + s.numel] = True
     return mask
 
 
@@ -169,7 +184,7 @@ def param_mask(layout: ModelLayout) -> np.ndarray:
     mask = np.zeros(layout.size, dtype=bool)
     for s in layout.slots:
         if s.is_param:
-            mask[s.offset:s.offset + s.numel] = True
+            mask[s.offset : s.offset + s.numel] = True
     return mask
 
 
@@ -206,39 +221,48 @@ class WireFormat:
     def nbytes(self) -> int:
         return BYTES_PER_ELEMENT * self.numel
 
-    def pack(self, shared_values: np.ndarray, m: np.ndarray | None = None,
-             v: np.ndarray | None = None, step: float = 0.0) -> np.ndarray:
+    def pack(
+        self,
+        shared_values: np.ndarray,
+        m: np.ndarray | None = None,
+        v: np.ndarray | None = None,
+        step: float = 0.0,
+    ) -> np.ndarray:
         """One float32 vector; ``m``, ``v`` hold the moments of the ``moments`` elements."""
         parts = [np.asarray(shared_values, np.float32)]
         if self.with_optimiser:
             n_mom = int(self.moments.sum())
             if m is None or v is None or len(m) != n_mom or len(v) != n_mom:
                 raise ValueError(f"FedAvg-Adam payload needs m and v of {n_mom} elements")
-            parts += [np.asarray(m, np.float32), np.asarray(v, np.float32),
-                      np.array([step], np.float32)]
+            parts += [
+                np.asarray(m, np.float32),
+                np.asarray(v, np.float32),
+                np.array([step], np.float32),
+            ]
         out = np.concatenate(parts)
         if out.shape != (self.numel,):
             raise ValueError(f"payload has {out.size} elements, the wire format {self.numel}")
         return out
 
-    def unpack(self, payload: np.ndarray
-               ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, float]:
+    def unpack(
+        self, payload: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, float]:
         """(federated values, m, v, step) of a payload made by :meth:`pack`."""
         payload = np.asarray(payload)
         if payload.shape != (self.numel,):
-            raise ValueError(f"mtfl payload has shape {payload.shape}, expected "
-                             f"({self.numel},)")
+            raise ValueError(f"mtfl payload has shape {payload.shape}, expected ({self.numel},)")
         n_sh = int(self.shared.sum())
         if not self.with_optimiser:
             return payload, None, None, 0.0
         n_mom = int(self.moments.sum())
-        m = payload[n_sh:n_sh + n_mom]
-        v = payload[n_sh + n_mom:n_sh + 2 * n_mom]
+        m = payload[n_sh : n_sh + n_mom]
+        v = payload[n_sh + n_mom : n_sh + 2 * n_mom]
         return payload[:n_sh], m, v, float(payload[-1])
 
 
-def patched_model(wire: WireFormat, shared_values: np.ndarray,
-                  private_values: np.ndarray) -> np.ndarray:
+def patched_model(
+    wire: WireFormat, shared_values: np.ndarray, private_values: np.ndarray
+) -> np.ndarray:
     """M_k: the federated values with the client's patches applied (Algorithm 1, Line 8)."""
     full = np.empty(wire.shared.size, dtype=np.float32)
     full[wire.shared] = shared_values
@@ -246,9 +270,16 @@ def patched_model(wire: WireFormat, shared_values: np.ndarray,
     return full
 
 
-def fedadam_step(weights: np.ndarray, average: np.ndarray, m: np.ndarray, v: np.ndarray,
-                 lr: float, beta1: float, beta2: float, eps: float
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def fedadam_step(
+    weights: np.ndarray,
+    average: np.ndarray,
+    m: np.ndarray,
+    v: np.ndarray,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """FedAdam's server update (no bias correction): returns (weights, m, v), new arrays.
 
     Delta = average - weights;  m = b1 m + (1-b1) Delta;  v = b2 v + (1-b2) Delta^2;
@@ -313,10 +344,15 @@ class MTFLServer(ServerAlgorithm):
         problems = []
         wanted = CLIENT_OPTIMISER[params.strategy]
         if train.optimizer != wanted:
-            problems.append(("training.optimizer", f"mtfl strategy {params.strategy!r} trains "
-                             f"with {wanted} on the clients (MTFL Table 1), but "
-                             f"training.optimizer is {train.optimizer!r}; set "
-                             f"training.optimizer: {wanted}"))
+            problems.append(
+                (
+                    "training.optimizer",
+                    f"mtfl strategy {params.strategy!r} trains "
+                    f"with {wanted} on the clients (MTFL Table 1), but "
+                    f"training.optimizer is {train.optimizer!r}; set "
+                    f"training.optimizer: {wanted}",
+                )
+            )
         try:
             private_mask(layout, params.private)
         except ValueError as exc:
@@ -335,27 +371,31 @@ class MTFLServer(ServerAlgorithm):
         # FedAdam: which federated values take the Adam step (positions in the federated
         # vector), and the server optimiser's moments over them
         params_only = p.fedadam_stats == "average"
-        self.adam_stepped = param_mask(layout)[self.wire.shared] if params_only \
-            else np.ones(n_sh, bool)
+        self.adam_stepped = (
+            param_mask(layout)[self.wire.shared] if params_only else np.ones(n_sh, bool)
+        )
         self.server_m = np.zeros(int(self.adam_stepped.sum()), np.float64)
         self.server_v = np.zeros(int(self.adam_stepped.sum()), np.float64)
         self.noisy = noisy_clients(list(self.client_samples), p.noisy_fraction, p.noise_seed)
 
     def _payload(self) -> np.ndarray:
-        return self.wire.pack(self.weights[self.wire.shared], self.adam_m, self.adam_v,
-                              self.adam_step)
+        return self.wire.pack(
+            self.weights[self.wire.shared], self.adam_m, self.adam_v, self.adam_step
+        )
 
     def configure_fit(self, rnd: int, selected: list[int]) -> list[ClientTask]:
         payload = self._payload()
-        return [ClientTask(c, payload, self.wire.nbytes, {"noisy": c in self.noisy})
-                for c in selected]
+        return [
+            ClientTask(c, payload, self.wire.nbytes, {"noisy": c in self.noisy}) for c in selected
+        ]
 
     def aggregate_fit(self, rnd: int, results: list[ClientResult]) -> AggregateStats:
         uploads = [r for r in results if r.weights is not None]
         if not uploads:
             return AggregateStats(flops=0.0)
-        average = weighted_average(cast("list[np.ndarray]", [r.weights for r in uploads]),
-                                   [r.num_samples for r in uploads])
+        average = weighted_average(
+            cast("list[np.ndarray]", [r.weights for r in uploads]), [r.num_samples for r in uploads]
+        )
         shared_avg, m, v, step = self.wire.unpack(average)
         flops = aggregation_flops(self.wire.numel, len(uploads))
         p = self.params
@@ -363,8 +403,15 @@ class MTFLServer(ServerAlgorithm):
             stepped = self.adam_stepped
             federated = self.weights[self.wire.shared]
             new, self.server_m, self.server_v = fedadam_step(
-                federated[stepped], shared_avg[stepped], self.server_m, self.server_v,
-                p.server_lr, p.server_beta1, p.server_beta2, p.server_eps)
+                federated[stepped],
+                shared_avg[stepped],
+                self.server_m,
+                self.server_v,
+                p.server_lr,
+                p.server_beta1,
+                p.server_beta2,
+                p.server_eps,
+            )
             federated[stepped] = new
             federated[~stepped] = shared_avg[~stepped]  # running statistics: averaged
             self.weights[self.wire.shared] = federated
@@ -404,8 +451,9 @@ class MTFLClient(ClientAlgorithm):
             self._wire = WireFormat.build(layout, self.params.private, self.params.strategy)
         return self._wire
 
-    def _apply_patches(self, ctx: ClientContext, wire: WireFormat,
-                       shared_values: np.ndarray) -> None:
+    def _apply_patches(
+        self, ctx: ClientContext, wire: WireFormat, shared_values: np.ndarray
+    ) -> None:
         own = ctx.state.get("private")
         if own is None:
             own = ctx.init_weights[wire.private]
@@ -419,22 +467,31 @@ class MTFLClient(ClientAlgorithm):
             raise ValueError(
                 f"mtfl: strategy {p.strategy!r} trains with {wanted} on the clients (MTFL "
                 f"Table 1), but training.optimizer is {t.optimizer!r}; set "
-                f"training.optimizer: {wanted}")
+                f"training.optimizer: {wanted}"
+            )
         wire = self.wire(ctx.layout)
         # cast: the server sends every client its payload (unpack checks its shape)
         shared_values, m, v, step = wire.unpack(cast(np.ndarray, task.weights))
         self._apply_patches(ctx, wire, shared_values)
         x_train = ctx.x_train
         if task.config.get("noisy") and p.noise_std > 0:
-            x_train = add_input_noise(x_train, p.noise_std,
-                                      _noise_generator(p.noise_seed, ctx.client_id))
-        opt = make_optimizer(t.optimizer, ctx.model.parameters(), t.lr, t.momentum,
-                             t.weight_decay)
+            x_train = add_input_noise(
+                x_train, p.noise_std, _noise_generator(p.noise_seed, ctx.client_id)
+            )
+        opt = make_optimizer(t.optimizer, ctx.model.parameters(), t.lr, t.momentum, t.weight_decay)
         if wire.with_optimiser:
             self._load_adam(ctx, wire, opt, m, v, step)
-        stats = train_epochs(ctx.model, opt, x_train, ctx.y_train, epochs=t.epochs,
-                             batch_size=t.batch_size, generator=ctx.generator,
-                             costs=ctx.costs, cost_key=self.name)
+        stats = train_epochs(
+            ctx.model,
+            opt,
+            x_train,
+            ctx.y_train,
+            epochs=t.epochs,
+            batch_size=t.batch_size,
+            generator=ctx.generator,
+            costs=ctx.costs,
+            cost_key=self.name,
+        )
         trained = get_flat(ctx.model, ctx.layout)
         ctx.state["private"] = trained[wire.private].copy()  # Lines 12-13
         m_new = v_new = None
@@ -443,8 +500,14 @@ class MTFLClient(ClientAlgorithm):
             m_new, v_new, step_new = self._store_adam(ctx, wire, opt)
         payload = wire.pack(trained[wire.shared], m_new, v_new, step_new)  # Lines 15-16
         up = BYTES_PER_ELEMENT * payload.size
-        return trained_result(ctx, stats, weights=payload, upload_nbytes=up,
-                              download_nbytes=task.download_nbytes, started_at=start)
+        return trained_result(
+            ctx,
+            stats,
+            weights=payload,
+            upload_nbytes=up,
+            download_nbytes=task.download_nbytes,
+            started_at=start,
+        )
 
     # FedAvg-Adam: Adam state <-> flat moment vectors --------------------------------
 
@@ -472,8 +535,7 @@ class MTFLClient(ClientAlgorithm):
                 "exp_avg_sq": torch.from_numpy(v_full[sl].reshape(s.shape).copy()),
             }
 
-    def _store_adam(self, ctx, wire: WireFormat, opt
-                    ) -> tuple[np.ndarray, np.ndarray, float]:
+    def _store_adam(self, ctx, wire: WireFormat, opt) -> tuple[np.ndarray, np.ndarray, float]:
         """(federated m, federated v, federated step); private ones go to ctx.state."""
         size = ctx.layout.size
         m_full, v_full = np.zeros(size, np.float32), np.zeros(size, np.float32)

@@ -69,8 +69,9 @@ def pair_batches(num_batches: int) -> list[tuple[int, int]]:
     return [(k, (k + 1) % num_batches) for k in range(0, num_batches, 2)]
 
 
-def fo_maml_epochs(ctx: ClientContext, inner_lr: float, outer_lr: float,
-                   cost_key: str) -> TrainStats:
+def fo_maml_epochs(
+    ctx: ClientContext, inner_lr: float, outer_lr: float, cost_key: str
+) -> TrainStats:
     """First-order MAML on ``ctx.model`` in place; FLOPs from the measured step costs."""
     model, t = ctx.model, ctx.train
     params = [p for p in model.parameters() if p.requires_grad]
@@ -82,7 +83,7 @@ def fo_maml_epochs(ctx: ClientContext, inner_lr: float, outer_lr: float,
     steps, flops, opt_flops, loss_sum, peak = 0, 0.0, 0.0, 0.0, 0
     for _ in range(t.epochs):
         order = torch.randperm(n, generator=ctx.generator)
-        batches = [order[s:s + t.batch_size] for s in range(0, n, t.batch_size)]
+        batches = [order[s : s + t.batch_size] for s in range(0, n, t.batch_size)]
         for a, b in pair_batches(len(batches)):
             if has_bn and min(len(batches[a]), len(batches[b])) < 2:
                 continue  # BatchNorm cannot train on a single sample
@@ -108,8 +109,11 @@ def fo_maml_epochs(ctx: ClientContext, inner_lr: float, outer_lr: float,
             if cost_b is None:  # + the outer SGD update (optimizer_step_flops)
                 update = optimizer_step_flops(outer)
                 # cast: cost_b None, so counter is the FlopCounterMode
-                cost_b = StepCost(float(cast(FlopCounterMode, counter).get_total_flops()) + update,
-                                  cost.memory_bytes, update)
+                cost_b = StepCost(
+                    float(cast(FlopCounterMode, counter).get_total_flops()) + update,
+                    cost.memory_bytes,
+                    update,
+                )
                 ctx.costs.put(len(yb), cost_b, outer_key)
             with torch.no_grad():
                 for p, p0 in zip(params, start, strict=True):
@@ -139,8 +143,14 @@ class PerFedAvgClient(ClientAlgorithm):
         stats = fo_maml_epochs(ctx, alpha, beta, cost_key=self.name)
         weights = get_flat(ctx.model, ctx.layout)
         up = ctx.layout.nbytes
-        return trained_result(ctx, stats, weights=weights, upload_nbytes=up,
-                              download_nbytes=task.download_nbytes, started_at=start)
+        return trained_result(
+            ctx,
+            stats,
+            weights=weights,
+            upload_nbytes=up,
+            download_nbytes=task.download_nbytes,
+            started_at=start,
+        )
 
     def evaluate(self, ctx: ClientContext, task: ClientTask) -> tuple[float, float]:
         """One personalisation step from the global model on one training batch, then test."""

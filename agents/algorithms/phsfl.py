@@ -102,17 +102,27 @@ INDEX_DTYPE = torch.int32  # the batch indices N sent with the activations (Step
 class PHSFLParams(NoParams):
     """PHSFL / HSFL hyper-parameters (``algorithm.params``); kappa_0 is ``training.epochs``."""
 
-    edge_rounds: int = Field(3, ge=1, description="kappa_1: edge rounds per global round "
-                                                  "(one mecsim round = one edge round)")
-    cut_layer: int = Field(3, ge=1, description="leading modules of the nn.Sequential model "
-                                                "on the client (phsfl_cnn: 3 = conv-ReLU-"
-                                                "maxpool, Section V-A)")
-    batches_per_epoch: int | None = Field(5, ge=1, description="mini-batches per local "
-                                          "epoch, each a fresh draw (the paper's N = 5, "
-                                          "Section V-A); null: one pass over the data")
+    edge_rounds: int = Field(
+        3,
+        ge=1,
+        description="kappa_1: edge rounds per global round (one mecsim round = one edge round)",
+    )
+    cut_layer: int = Field(
+        3,
+        ge=1,
+        description="leading modules of the nn.Sequential model "
+        "on the client (phsfl_cnn: 3 = conv-ReLU-"
+        "maxpool, Section V-A)",
+    )
+    batches_per_epoch: int | None = Field(
+        5,
+        ge=1,
+        description="mini-batches per local "
+        "epoch, each a fresh draw (the paper's N = 5, "
+        "Section V-A); null: one pass over the data",
+    )
     finetune_steps: int = Field(10, ge=0, description="K: head fine-tuning SGD steps")
-    finetune_lr: float | None = Field(None, gt=0, description="eta~ of Eq. 17; null: "
-                                                              "training.lr")
+    finetune_lr: float | None = Field(None, gt=0, description="eta~ of Eq. 17; null: training.lr")
 
 
 # --------------------------------------------------------------------------- model split
@@ -146,19 +156,26 @@ def split_model(model: nn.Module, cut_layer: int) -> SplitParts:
     """Cut ``model`` after its first ``cut_layer`` modules; the head is its last
     parameterised module. Raises ValueError when that is not a valid split."""
     if not isinstance(model, nn.Sequential):
-        raise ValueError(f"PHSFL/HSFL split an nn.Sequential model at cut_layer; "
-                         f"{type(model).__name__} is not one")
+        raise ValueError(
+            f"PHSFL/HSFL split an nn.Sequential model at cut_layer; "
+            f"{type(model).__name__} is not one"
+        )
     mods = list(model)
     stateful = [i for i, m in enumerate(mods) if _has_state(m)]
     if not stateful:
         raise ValueError("the model has no parameters to split")
     head_at = stateful[-1]
     if not 1 <= cut_layer <= head_at or not any(i < cut_layer for i in stateful):
-        raise ValueError(f"cut_layer={cut_layer} must leave a parameterised module on the "
-                         f"client and the head (module {head_at}) on the server: choose "
-                         f"{stateful[0] + 1}..{head_at}")
-    return SplitParts(nn.Sequential(*mods[:cut_layer]), nn.Sequential(*mods[cut_layer:head_at]),
-                      nn.Sequential(*mods[head_at:]))
+        raise ValueError(
+            f"cut_layer={cut_layer} must leave a parameterised module on the "
+            f"client and the head (module {head_at}) on the server: choose "
+            f"{stateful[0] + 1}..{head_at}"
+        )
+    return SplitParts(
+        nn.Sequential(*mods[:cut_layer]),
+        nn.Sequential(*mods[cut_layer:head_at]),
+        nn.Sequential(*mods[head_at:]),
+    )
 
 
 @dataclass(frozen=True)
@@ -177,18 +194,21 @@ def part_masks(layout: ModelLayout, cut_layer: int) -> PartMasks:
     for name in layout.layer_names:
         top = name.split(".")[0]
         if not top.isdigit():
-            raise ValueError(f"PHSFL/HSFL need an nn.Sequential model; layer {name!r} is not "
-                             "indexed by position")
+            raise ValueError(
+                f"PHSFL/HSFL need an nn.Sequential model; layer {name!r} is not indexed by position"
+            )
         module_of_layer.append(int(top))
     head_module = module_of_layer[-1]
     if not 1 <= cut_layer <= head_module or min(module_of_layer) >= cut_layer:
-        raise ValueError(f"cut_layer={cut_layer} must leave a parameterised module on the "
-                         f"client and the head (module {head_module}) on the server")
+        raise ValueError(
+            f"cut_layer={cut_layer} must leave a parameterised module on the "
+            f"client and the head (module {head_module}) on the server"
+        )
     client, body, head = (np.zeros(layout.size, dtype=bool) for _ in range(3))
     for s in layout.slots:
         m = module_of_layer[s.layer]
         part = client if m < cut_layer else head if m == head_module else body
-        part[s.offset:s.offset + s.numel] = True
+        part[s.offset : s.offset + s.numel] = True
     return PartMasks(client, body, head)
 
 
@@ -226,8 +246,9 @@ def round_position(rnd: int, edge_rounds: int) -> tuple[int, int]:
 # --------------------------------------------------------------------------- split training
 
 
-def batch_plan(n: int, batch_size: int, epochs: int, batches_per_epoch: int | None,
-               generator: torch.Generator) -> list[torch.Tensor]:
+def batch_plan(
+    n: int, batch_size: int, epochs: int, batches_per_epoch: int | None, generator: torch.Generator
+) -> list[torch.Tensor]:
     """Index batches of ``epochs`` local epochs over ``n`` samples.
 
     ``batches_per_epoch=None``: each epoch is a shuffled pass (the last batch may be
@@ -264,9 +285,11 @@ class _Meter:
     def phase(self, name: str) -> Iterator[None]:
         counter = FlopCounterMode(display=False)
         if name == "client_forward":
+
             def pack(t: torch.Tensor) -> torch.Tensor:
                 self.saved_bytes += tensor_nbytes(t)
                 return t
+
             hooks: Any = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
         else:
             hooks = nullcontext()
@@ -275,9 +298,14 @@ class _Meter:
         self.flops[name] = float(counter.get_total_flops())
 
 
-def split_step(parts: SplitParts, client_opt: torch.optim.Optimizer,
-               server_opt: torch.optim.Optimizer | None, xb: torch.Tensor, yb: torch.Tensor,
-               meter: _Meter | None = None) -> SplitStep:
+def split_step(
+    parts: SplitParts,
+    client_opt: torch.optim.Optimizer,
+    server_opt: torch.optim.Optimizer | None,
+    xb: torch.Tensor,
+    yb: torch.Tensor,
+    meter: _Meter | None = None,
+) -> SplitStep:
     """One split-learning SGD step, Steps 3.2-3.8; ``server_opt`` None: nothing on the
     server side trains (all frozen)."""
     phase: Callable[[str], Any] = meter.phase if meter else (lambda _name: nullcontext())
@@ -300,14 +328,23 @@ def split_step(parts: SplitParts, client_opt: torch.optim.Optimizer,
     return SplitStep(float(loss.detach()), smashed.detach(), grad)
 
 
-def _optimizer(ctx: ClientContext,
-               params: list[torch.nn.Parameter]) -> torch.optim.Optimizer | None:
+def _optimizer(
+    ctx: ClientContext, params: list[torch.nn.Parameter]
+) -> torch.optim.Optimizer | None:
     t = ctx.train
     return make_optimizer(t.optimizer, params, t.lr, t.momentum, t.weight_decay) if params else None
 
 
-def finetune_head(parts: SplitParts, x: torch.Tensor, y: torch.Tensor, steps: int, lr: float,
-                  batch_size: int, generator: torch.Generator, chunk: int = 512) -> float:
+def finetune_head(
+    parts: SplitParts,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    steps: int,
+    lr: float,
+    batch_size: int,
+    generator: torch.Generator,
+    chunk: int = 512,
+) -> float:
     """Eq. 17: K SGD steps on the head only, client part and body fixed. Mean loss.
 
     Each step takes min(batch_size, n) samples drawn uniformly without replacement. The
@@ -322,15 +359,16 @@ def finetune_head(parts: SplitParts, x: torch.Tensor, y: torch.Tensor, steps: in
     parts.client.eval()
     parts.body.eval()
     with torch.no_grad():
-        features = torch.cat([parts.body(parts.client(x[i:i + chunk]))
-                              for i in range(0, n, chunk)])
+        features = torch.cat(
+            [parts.body(parts.client(x[i : i + chunk])) for i in range(0, n, chunk)]
+        )
     parts.set_trainable(client=False, body=False, head=True)
     parts.head.train()
     opt = torch.optim.SGD(parts.head.parameters(), lr=lr)
     total = 0.0
     try:
         for _ in range(steps):
-            idx = torch.randperm(n, generator=generator)[:min(batch_size, n)]
+            idx = torch.randperm(n, generator=generator)[: min(batch_size, n)]
             opt.zero_grad(set_to_none=True)
             loss = nn.functional.cross_entropy(parts.head(features[idx]), y[idx])
             loss.backward()
@@ -350,18 +388,24 @@ class PHSFLEdge(EdgeAlgorithm):
     Params = PHSFLParams
     params: PHSFLParams
 
-    def __init__(self, edge_server: int, layout: ModelLayout,
-                 client_samples: dict[int, int], params: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        edge_server: int,
+        layout: ModelLayout,
+        client_samples: dict[int, int],
+        params: dict[str, Any],
+    ) -> None:
         super().__init__(edge_server, layout, client_samples, params)
         self.model: np.ndarray | None = None  # w_b
 
-    def configure_fit(self, rnd: int, tasks: list[ClientTask],
-                      downlink: Any) -> list[ClientTask]:
+    def configure_fit(self, rnd: int, tasks: list[ClientTask], downlink: Any) -> list[ClientTask]:
         if downlink is not None:  # Eq. 8: the ES starts the global round from w
             self.model = downlink
         if tasks and self.model is None:
-            raise RuntimeError(f"edge server {self.edge_server} has no model in round "
-                               f"{rnd + 1}: the central server sent none")
+            raise RuntimeError(
+                f"edge server {self.edge_server} has no model in round "
+                f"{rnd + 1}: the central server sent none"
+            )
         for task in tasks:  # Step 2.3: w_b0 to the client; w_b1 copied by the ES (3.1)
             task.weights = self.model
         return tasks
@@ -372,8 +416,9 @@ class PHSFLEdge(EdgeAlgorithm):
         rs = [r for r in sorted(results, key=lambda r: r.client_id) if r.weights is not None]
         flops = 0.0
         if rs:  # Eqs. 14-15; an ES none of whose clients returned keeps w_b
-            self.model = edge_aggregate(cast("list[np.ndarray]", [r.weights for r in rs]),
-                                        [r.num_samples for r in rs])
+            self.model = edge_aggregate(
+                cast("list[np.ndarray]", [r.weights for r in rs]), [r.num_samples for r in rs]
+            )
             flops += aggregation_flops(self.layout.size, len(rs))
         # Step 5: after the last edge round w_b goes up to the CS
         return EdgeReport(flops, len(rs), self.model if t1 == k1 - 1 else None)
@@ -386,18 +431,31 @@ class PHSFLServer(ServerAlgorithm):
     params: PHSFLParams
     Edge = PHSFLEdge
     round_metrics = (
-        "global_round", "edge_round", "activation_bytes", "index_bytes", "gradient_bytes",
-        "model_bytes_client_es", "model_bytes_es_cs", "es_gflops",
-        "finetune_bytes", "finetune_es_gflops",
-        "mean_global_accuracy", "mean_global_test_loss",
+        "global_round",
+        "edge_round",
+        "activation_bytes",
+        "index_bytes",
+        "gradient_bytes",
+        "model_bytes_client_es",
+        "model_bytes_es_cs",
+        "es_gflops",
+        "finetune_bytes",
+        "finetune_es_gflops",
+        "mean_global_accuracy",
+        "mean_global_test_loss",
     )
 
     @classmethod
     def check_scenario(cls, params, *, train, model, layout, clients, participation):
         if not isinstance(model, nn.Sequential):
-            return [("model", f"{cls.name} splits an nn.Sequential model at cut_layer; "
-                              f"{type(model).__name__} is not one (use mlp_2nn, mtfl_cnn, "
-                              "kapc_cnn or phsfl_cnn)")]
+            return [
+                (
+                    "model",
+                    f"{cls.name} splits an nn.Sequential model at cut_layer; "
+                    f"{type(model).__name__} is not one (use mlp_2nn, mtfl_cnn, "
+                    "kapc_cnn or phsfl_cnn)",
+                )
+            ]
         try:
             split_model(model, params.cut_layer)
             part_masks(layout, params.cut_layer)
@@ -405,9 +463,14 @@ class PHSFLServer(ServerAlgorithm):
             return [("algorithm.params.cut_layer", str(exc))]
         return []
 
-    def __init__(self, layout: ModelLayout, init_weights: np.ndarray,
-                 client_samples: dict[int, int], fraction: float,
-                 params: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        layout: ModelLayout,
+        init_weights: np.ndarray,
+        client_samples: dict[int, int],
+        fraction: float,
+        params: dict[str, Any],
+    ) -> None:
         super().__init__(layout, init_weights, client_samples, fraction, params)
         self.masks = part_masks(layout, self.params.cut_layer)
         self.client_part_nbytes = int(self.masks.client.sum()) * BYTES_PER_ELEMENT
@@ -423,12 +486,14 @@ class PHSFLServer(ServerAlgorithm):
         tasks = []
         for u in selected:
             b = self.edge_server_of[u]
-            config = {"edge_server": b,
-                      "backhaul_down_nbytes": model_nbytes if t1 == 0 else 0,
-                      "backhaul_up_nbytes": model_nbytes if t1 == k1 - 1 else 0,
-                      # the global model exists after this round: Eq. 17's fine-tuning
-                      # (Section III-B) follows it and is timed with it
-                      "finetune_backhaul_nbytes": model_nbytes if t1 == k1 - 1 else 0}
+            config = {
+                "edge_server": b,
+                "backhaul_down_nbytes": model_nbytes if t1 == 0 else 0,
+                "backhaul_up_nbytes": model_nbytes if t1 == k1 - 1 else 0,
+                # the global model exists after this round: Eq. 17's fine-tuning
+                # (Section III-B) follows it and is timed with it
+                "finetune_backhaul_nbytes": model_nbytes if t1 == k1 - 1 else 0,
+            }
             tasks.append(ClientTask(u, None, self.client_part_nbytes, config))
         return tasks
 
@@ -437,8 +502,9 @@ class PHSFLServer(ServerAlgorithm):
         _, t1 = round_position(rnd, self.params.edge_rounds)
         return {b: self.weights for b in self._servers()} if t1 == 0 else {}
 
-    def aggregate_edges(self, rnd: int, results: list[ClientResult],
-                        reports: dict[int, EdgeReport]) -> AggregateStats:
+    def aggregate_edges(
+        self, rnd: int, results: list[ClientResult], reports: dict[int, EdgeReport]
+    ) -> AggregateStats:
         k1 = self.params.edge_rounds
         t2, t1 = round_position(rnd, k1)
         flops = 0.0
@@ -448,18 +514,26 @@ class PHSFLServer(ServerAlgorithm):
             servers = self._servers()
             missing = [b for b in servers if b not in reports or reports[b].model is None]
             if missing:
-                raise RuntimeError(f"{self.name}: no edge model from edge server(s) "
-                                   f"{missing} at the end of global round {t2}")
-            served = {b: sum(n for u, n in self.client_samples.items()
-                             if self.edge_server_of[u] == b) for b in servers}
+                raise RuntimeError(
+                    f"{self.name}: no edge model from edge server(s) "
+                    f"{missing} at the end of global round {t2}"
+                )
+            served = {
+                b: sum(n for u, n in self.client_samples.items() if self.edge_server_of[u] == b)
+                for b in servers
+            }
             # cast: every edge server's model is there (missing, above)
-            self.weights = global_aggregate(cast("list[np.ndarray]",
-                                                 [reports[b].model for b in servers]),
-                                            [served[b] for b in servers])
+            self.weights = global_aggregate(
+                cast("list[np.ndarray]", [reports[b].model for b in servers]),
+                [served[b] for b in servers],
+            )
             flops += aggregation_flops(self.layout.size, len(servers))
         aggregating = sum(1 for rep in reports.values() if rep.aggregated)
-        metrics = {"global_round": float(t2), "edge_round": float(t1),
-                   **self._traffic(results, aggregating, t1)}
+        metrics = {
+            "global_round": float(t2),
+            "edge_round": float(t1),
+            **self._traffic(results, aggregating, t1),
+        }
         return AggregateStats(flops=flops, metrics=metrics)
 
     def legacy_edge_states(self, state: dict[str, Any]) -> dict[int, dict[str, Any]]:
@@ -468,8 +542,16 @@ class PHSFLServer(ServerAlgorithm):
 
     def _traffic(self, results: list[ClientResult], servers: int, t1: int) -> dict[str, float]:
         """Bytes and ES FLOPs of the aggregated clients' edge round (round_metrics)."""
-        out = dict.fromkeys(("activation_bytes", "index_bytes", "gradient_bytes",
-                             "model_bytes_client_es", "finetune_bytes"), 0.0)
+        out = dict.fromkeys(
+            (
+                "activation_bytes",
+                "index_bytes",
+                "gradient_bytes",
+                "model_bytes_client_es",
+                "finetune_bytes",
+            ),
+            0.0,
+        )
         es_flops = finetune_flops = 0.0
         finetune_backhaul = 0
         for r in results:
@@ -526,21 +608,26 @@ class PHSFLClient(ClientAlgorithm):
             ops.append(Backhaul(int(cfg["backhaul_down_nbytes"]), "down", "global_model"))
         ops.append(Download(task.download_nbytes, "client_model"))
         n = int(ctx.y_train.shape[0])
-        batches = batch_plan(n, ctx.train.batch_size, ctx.train.epochs, p.batches_per_epoch,
-                             ctx.generator)
+        batches = batch_plan(
+            n, ctx.train.batch_size, ctx.train.epochs, p.batches_per_epoch, ctx.generator
+        )
         loss_sum, client_flops, peak = 0.0, 0.0, 0
         sent = dict.fromkeys(("activation_bytes", "index_bytes", "gradient_bytes"), 0)
         try:
             for idx in batches:
                 step, cost = self._step(ctx, parts, client_opt, server_opt, idx)
                 idx_nbytes = tensor_nbytes(idx.to(INDEX_DTYPE))
-                act_nbytes, grad_nbytes = (tensor_nbytes(step.activations),
-                                           tensor_nbytes(step.gradient))
-                ops += [Compute(cost["client_forward"], 1, "client_forward"),
-                        Upload(act_nbytes + idx_nbytes, "activations"),
-                        ServerCompute(cost["server"], 1, "es_train"),
-                        Download(grad_nbytes, "gradients"),
-                        Compute(cost["client_backward"], 0, "client_backward")]
+                act_nbytes, grad_nbytes = (
+                    tensor_nbytes(step.activations),
+                    tensor_nbytes(step.gradient),
+                )
+                ops += [
+                    Compute(cost["client_forward"], 1, "client_forward"),
+                    Upload(act_nbytes + idx_nbytes, "activations"),
+                    ServerCompute(cost["server"], 1, "es_train"),
+                    Download(grad_nbytes, "gradients"),
+                    Compute(cost["client_backward"], 0, "client_backward"),
+                ]
                 sent["activation_bytes"] += act_nbytes
                 sent["index_bytes"] += idx_nbytes
                 sent["gradient_bytes"] += grad_nbytes
@@ -554,19 +641,28 @@ class PHSFLClient(ClientAlgorithm):
         if cfg.get("backhaul_up_nbytes"):
             ops.append(Backhaul(int(cfg["backhaul_up_nbytes"]), "up", "edge_model"))
         if cfg.get("finetune_backhaul_nbytes") and p.finetune_steps > 0 and n > 0:
-            finetune = self._finetune_ops(ctx, parts, int(cfg["finetune_backhaul_nbytes"]),
-                                          task.download_nbytes)
+            finetune = self._finetune_ops(
+                ctx, parts, int(cfg["finetune_backhaul_nbytes"]), task.download_nbytes
+            )
             ops += finetune
             client_flops += sum(op.flops for op in finetune if isinstance(op, Compute))
         return ClientResult(
-            client_id=ctx.client_id, weights=get_flat(ctx.model, ctx.layout), upload_nbytes=up,
-            num_samples=n, train_loss=loss_sum / max(len(batches), 1), trace=tuple(ops),
-            flops=client_flops, steps=len(batches), peak_memory_bytes=peak,
-            host_seconds=time.perf_counter() - start, extra=dict(sent),
+            client_id=ctx.client_id,
+            weights=get_flat(ctx.model, ctx.layout),
+            upload_nbytes=up,
+            num_samples=n,
+            train_loss=loss_sum / max(len(batches), 1),
+            trace=tuple(ops),
+            flops=client_flops,
+            steps=len(batches),
+            peak_memory_bytes=peak,
+            host_seconds=time.perf_counter() - start,
+            extra=dict(sent),
         )
 
-    def _finetune_ops(self, ctx: ClientContext, parts: SplitParts, model_nbytes: int,
-                      client_part_nbytes: int) -> list[Op]:
+    def _finetune_ops(
+        self, ctx: ClientContext, parts: SplitParts, model_nbytes: int, client_part_nbytes: int
+    ) -> list[Op]:
         """The op-trace of Eq. 17's fine-tuning (Section III-B) after the global round:
         the CS sends w* to the ES (``Backhaul``), the ES sends the client part down, then
         per step k < K the client's forward pass on its mini-batch, the upload of its
@@ -600,23 +696,34 @@ class PHSFLClient(ClientAlgorithm):
             for k, key in keys.items():
                 ctx.costs.put(bsz, cached[k], key)
         idx_nbytes = bsz * torch.tensor([], dtype=INDEX_DTYPE).element_size()
-        ops: list[Op] = [Backhaul(model_nbytes, "down", "finetune_global_model"),
-                         Download(client_part_nbytes, "finetune_client_model")]
+        ops: list[Op] = [
+            Backhaul(model_nbytes, "down", "finetune_global_model"),
+            Download(client_part_nbytes, "finetune_client_model"),
+        ]
         for _ in range(p.finetune_steps):
-            ops += [Compute(cached["client"].flops, 1, "finetune_forward"),
-                    Upload(act_nbytes + idx_nbytes, "finetune_activations"),
-                    ServerCompute(cached["server"].flops, 1, "finetune_head")]
+            ops += [
+                Compute(cached["client"].flops, 1, "finetune_forward"),
+                Upload(act_nbytes + idx_nbytes, "finetune_activations"),
+                ServerCompute(cached["server"].flops, 1, "finetune_head"),
+            ]
         return ops
 
-    def _step(self, ctx: ClientContext, parts: SplitParts, client_opt: torch.optim.Optimizer,
-              server_opt: torch.optim.Optimizer | None,
-              idx: torch.Tensor) -> tuple[SplitStep, dict[str, float]]:
+    def _step(
+        self,
+        ctx: ClientContext,
+        parts: SplitParts,
+        client_opt: torch.optim.Optimizer,
+        server_opt: torch.optim.Optimizer | None,
+        idx: torch.Tensor,
+    ) -> tuple[SplitStep, dict[str, float]]:
         """A split step; its FLOPs and client memory measured on the first step of each
         batch size (they depend only on shapes) and reused from ``ctx.costs`` after."""
         xb, yb = ctx.x_train[idx], ctx.y_train[idx]
         bsz = int(idx.numel())
-        keys = {k: f"{self.name}/cut{self.params.cut_layer}/{k}"
-                for k in ("client_forward", "server", "client_backward")}
+        keys = {
+            k: f"{self.name}/cut{self.params.cut_layer}/{k}"
+            for k in ("client_forward", "server", "client_backward")
+        }
         cached = {k: c for k, key in keys.items() if (c := ctx.costs.get(bsz, key)) is not None}
         if len(cached) == len(keys):
             step = split_step(parts, client_opt, server_opt, xb, yb)
@@ -626,17 +733,27 @@ class PHSFLClient(ClientAlgorithm):
         meter = _Meter()
         step = split_step(parts, client_opt, server_opt, xb, yb, meter)
         client_params = list(parts.client.parameters())
-        memory = (2 * sum(tensor_nbytes(q) for q in client_params)  # weights + gradients
-                  + sum(tensor_nbytes(v) for s in client_opt.state.values()
-                        for v in s.values() if torch.is_tensor(v))
-                  + tensor_nbytes(xb) + meter.saved_bytes + tensor_nbytes(step.gradient))
+        memory = (
+            2 * sum(tensor_nbytes(q) for q in client_params)  # weights + gradients
+            + sum(
+                tensor_nbytes(v)
+                for s in client_opt.state.values()
+                for v in s.values()
+                if torch.is_tensor(v)
+            )
+            + tensor_nbytes(xb)
+            + meter.saved_bytes
+            + tensor_nbytes(step.gradient)
+        )
         for k, key in keys.items():
-            ctx.costs.put(bsz, StepCost(meter.flops[k], memory if k == "client_forward" else 0),
-                          key)
+            ctx.costs.put(
+                bsz, StepCost(meter.flops[k], memory if k == "client_forward" else 0), key
+            )
         return step, {**meter.flops, "client_memory_bytes": float(memory)}
 
-    def evaluate(self, ctx: ClientContext, task: ClientTask
-                 ) -> tuple[float, float, dict[str, float]]:
+    def evaluate(
+        self, ctx: ClientContext, task: ClientTask
+    ) -> tuple[float, float, dict[str, float]]:
         """Personalised (acc, loss) after K head steps from the global model (Eq. 17),
         with the global model's own figures as extras."""
         p = self.params
@@ -644,8 +761,15 @@ class PHSFLClient(ClientAlgorithm):
         global_acc, global_loss = evaluate(ctx.model, ctx.x_test, ctx.y_test)
         if p.finetune_steps > 0:
             parts = split_model(ctx.model, p.cut_layer)
-            finetune_head(parts, ctx.x_train, ctx.y_train, p.finetune_steps,
-                          p.finetune_lr or ctx.train.lr, ctx.train.batch_size, ctx.generator)
+            finetune_head(
+                parts,
+                ctx.x_train,
+                ctx.y_train,
+                p.finetune_steps,
+                p.finetune_lr or ctx.train.lr,
+                ctx.train.batch_size,
+                ctx.generator,
+            )
             acc, loss = evaluate(ctx.model, ctx.x_test, ctx.y_test)
         else:
             acc, loss = global_acc, global_loss

@@ -69,8 +69,9 @@ def trailing_mean(values: Sequence[float] | np.ndarray, window: int) -> np.ndarr
     return (c[k] - c[lo]) / (k - lo)
 
 
-def convergence_round(accuracy: Sequence[float], window: int = WINDOW_ROUNDS,
-                      tol: float = TOLERANCE) -> int:
+def convergence_round(
+    accuracy: Sequence[float], window: int = WINDOW_ROUNDS, tol: float = TOLERANCE
+) -> int:
     """The round index R of the module docstring (an index into ``accuracy``)."""
     if tol < 0:
         raise ValueError("tol must be >= 0")
@@ -102,8 +103,12 @@ def _upto(rows: Sequence[Mapping[str, Any]], last: int) -> dict[str, float]:
     return {
         "training_rounds": float(len(upto)),
         "comm_rounds": float(sum(_is_comm_round(r) for r in upto)),
-        "comm_time_s": float(sum(_seconds(r, "dl_time_s") + _seconds(r, "ul_time_s")
-                                 + _seconds(r, "backhaul_time_s") for r in upto)),
+        "comm_time_s": float(
+            sum(
+                _seconds(r, "dl_time_s") + _seconds(r, "ul_time_s") + _seconds(r, "backhaul_time_s")
+                for r in upto
+            )
+        ),
         "compute_time_s": float(sum(_seconds(r, "client_time_s") for r in upto)),
         "total_time_s": float(upto[-1]["elapsed_s"]),
         "bytes_total": float(sum(float(r["bytes_up"]) + float(r["bytes_down"]) for r in upto)),
@@ -115,8 +120,15 @@ def to_target(rows: Sequence[Mapping[str, Any]], target: float) -> dict[str, flo
     index (``target_round``), the rounds, communication rounds, communication, computation
     and total emulated time, and bytes (up + down) until then; NaN everywhere when the
     run never reaches it."""
-    keys = ("target_round", "training_rounds", "comm_rounds", "comm_time_s",
-            "compute_time_s", "total_time_s", "bytes_total")
+    keys = (
+        "target_round",
+        "training_rounds",
+        "comm_rounds",
+        "comm_time_s",
+        "compute_time_s",
+        "total_time_s",
+        "bytes_total",
+    )
     for k, r in enumerate(rows):
         a = float(r["mean_accuracy"])
         if math.isfinite(a) and a >= target:
@@ -133,8 +145,9 @@ def common_target(final_accuracies: Sequence[float], step: float = 0.01) -> floa
     return math.floor(min(finite) / step + 1e-9) * step
 
 
-def to_convergence(rows: Sequence[Mapping[str, Any]], window: int = WINDOW_ROUNDS,
-                   tol: float = TOLERANCE) -> dict[str, float]:
+def to_convergence(
+    rows: Sequence[Mapping[str, Any]], window: int = WINDOW_ROUNDS, tol: float = TOLERANCE
+) -> dict[str, float]:
     """The table's columns for one run's round rows (see the module docstring), with the
     best trailing-mean accuracy of the run (``best_accuracy``): above the final one when
     the run's accuracy fell back after a peak."""

@@ -77,18 +77,31 @@ _METRICS: dict[str, Axis] = {
     "energy_total_j": Axis("client energy, whole run", "kJ", 1e-3),
     "dropped": Axis("client-rounds dropped at the deadline"),
 }
-_SUFFIX_UNITS = (("_dbm_per_hz", "dBm/Hz", 1.0), ("_dbm", "dBm", 1.0), ("_db", "dB", 1.0),
-                 ("_hz", "Hz", 1.0), ("_bps", "bit/s", 1.0), ("_bytes", "bytes", 1.0),
-                 ("_mb", "MB", 1.0), ("_j", "J", 1.0), ("_w", "W", 1.0), ("_m", "m", 1.0),
-                 ("_s", "s", 1.0))
+_SUFFIX_UNITS = (
+    ("_dbm_per_hz", "dBm/Hz", 1.0),
+    ("_dbm", "dBm", 1.0),
+    ("_db", "dB", 1.0),
+    ("_hz", "Hz", 1.0),
+    ("_bps", "bit/s", 1.0),
+    ("_bytes", "bytes", 1.0),
+    ("_mb", "MB", 1.0),
+    ("_j", "J", 1.0),
+    ("_w", "W", 1.0),
+    ("_m", "m", 1.0),
+    ("_s", "s", 1.0),
+)
 
 
 def _generic(name: str) -> Axis:
     for suffix, unit, scale in _SUFFIX_UNITS:
         if name.endswith(suffix):
             words = name[: -len(suffix)]
-            return Axis(re.sub(r"[._]+", " ", words).strip(), unit, scale,
-                        zero_based=unit not in ("dB", "dBm", "dBm/Hz"))
+            return Axis(
+                re.sub(r"[._]+", " ", words).strip(),
+                unit,
+                scale,
+                zero_based=unit not in ("dB", "dBm", "dBm/Hz"),
+            )
     return Axis(re.sub(r"[._]+", " ", name).strip())
 
 

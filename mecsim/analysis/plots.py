@@ -40,13 +40,27 @@ from mecsim.analysis.tables import RunRecords, evaluated, from_rows, label_runs
 from mecsim.run.observers import RunInfo, RunObserver
 
 MiB = 1024 * 1024
-PLOT_NAMES = ("accuracy_vs_round.png", "accuracy_vs_time.png", "time_split.png",
-              "bytes_per_round.png", "energy_per_round.png", "client_accuracy.png")
-_PHASES = (("download", "dl_time_s"), ("client", "client_time_s"), ("upload", "ul_time_s"),
-           ("backhaul", "backhaul_time_s"), ("server", "server_time_s"),
-           ("idle", "idle_time_s"))
-_ENERGY_PARTS = (("compute", "energy_compute_j"), ("radio", "energy_radio_j"),
-                 ("idle", "energy_idle_j"))
+PLOT_NAMES = (
+    "accuracy_vs_round.png",
+    "accuracy_vs_time.png",
+    "time_split.png",
+    "bytes_per_round.png",
+    "energy_per_round.png",
+    "client_accuracy.png",
+)
+_PHASES = (
+    ("download", "dl_time_s"),
+    ("client", "client_time_s"),
+    ("upload", "ul_time_s"),
+    ("backhaul", "backhaul_time_s"),
+    ("server", "server_time_s"),
+    ("idle", "idle_time_s"),
+)
+_ENERGY_PARTS = (
+    ("compute", "energy_compute_j"),
+    ("radio", "energy_radio_j"),
+    ("idle", "energy_idle_j"),
+)
 #: More legend entries than this go outside the axes (right of the data).
 LEGEND_INSIDE_MAX = 6
 #: A time axis is logarithmic when the runs' total emulated times differ by more than this.
@@ -108,12 +122,23 @@ def accuracy_figure(runs: Sequence[RunRecords], x: str, target: float | None = N
         if ev.empty:
             continue
         xs = round_numbers(ev) if x == "round" else ev["elapsed_s"].to_numpy()
-        ax.plot(xs, 100 * ev["mean_accuracy"].to_numpy(), marker="o", markersize=3,
-                color=color, label=r.label)
+        ax.plot(
+            xs,
+            100 * ev["mean_accuracy"].to_numpy(),
+            marker="o",
+            markersize=3,
+            color=color,
+            label=r.label,
+        )
         if "min_accuracy" in ev and "max_accuracy" in ev:
-            ax.fill_between(xs, 100 * ev["min_accuracy"].to_numpy(),
-                            100 * ev["max_accuracy"].to_numpy(), color=color, alpha=0.15,
-                            linewidth=0)
+            ax.fill_between(
+                xs,
+                100 * ev["min_accuracy"].to_numpy(),
+                100 * ev["max_accuracy"].to_numpy(),
+                color=color,
+                alpha=0.15,
+                linewidth=0,
+            )
     if target is not None:
         ax.axhline(100 * target, color="grey", linestyle=":", label=f"target {100 * target:g} %")
     if x == "round":
@@ -135,8 +160,11 @@ def accuracy_figure(runs: Sequence[RunRecords], x: str, target: float | None = N
 
 def time_split_figure(runs: Sequence[RunRecords]) -> Figure:
     """Stacked seconds per round by phase, one panel per run, one y scale."""
-    phases = [(name, col) for name, col in _PHASES
-              if any(col in r.rounds and (r.rounds[col].fillna(0) > 0).any() for r in runs)]
+    phases = [
+        (name, col)
+        for name, col in _PHASES
+        if any(col in r.rounds and (r.rounds[col].fillna(0) > 0).any() for r in runs)
+    ]
     fig = _figure(7.0, max(3.0, 2.6 * len(runs)))
     # one y scale for every panel, so the runs' round times compare at a glance
     axes = fig.subplots(len(runs), 1, sharex=True, sharey=True, squeeze=False)[:, 0]
@@ -145,8 +173,11 @@ def time_split_figure(runs: Sequence[RunRecords]) -> Figure:
         rounds = round_numbers(r.rounds)
         bottom = np.zeros(len(rounds))
         for name, col in phases:
-            values = r.rounds[col].fillna(0).to_numpy(dtype=float) if col in r.rounds \
+            values = (
+                r.rounds[col].fillna(0).to_numpy(dtype=float)
+                if col in r.rounds
                 else np.zeros(len(rounds))
+            )
             ax.bar(rounds, values, bottom=bottom, color=colors[name], label=name, width=0.8)
             bottom += values
         ax.set_ylabel("emulated s")
@@ -154,8 +185,9 @@ def time_split_figure(runs: Sequence[RunRecords]) -> Figure:
         ax.set_title(f"{r.label}: {mean_s:.4g} s a round on average", fontsize="medium")
         ax.grid(axis="y", alpha=0.3)
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", fontsize="small",
-               ncols=max(1, len(phases)))
+    fig.legend(
+        handles, labels, loc="outside lower center", fontsize="small", ncols=max(1, len(phases))
+    )
     axes[-1].set_xlabel("round")
     axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[-1].set_xlim(left=0.5)  # rounds start at 1: no tick at 0
@@ -166,6 +198,7 @@ def time_split_figure(runs: Sequence[RunRecords]) -> Figure:
 def energy_figure(runs: Sequence[RunRecords]) -> Figure | None:
     """Stacked joules per round by part, one panel per run, one y scale; None when no run
     recorded energy (older records, or device profiles without power figures)."""
+
     def has_energy(r: RunRecords) -> bool:
         return "energy_j" in r.rounds and bool(r.rounds["energy_j"].notna().any())
 
@@ -173,28 +206,48 @@ def energy_figure(runs: Sequence[RunRecords]) -> Figure | None:
         return None
     fig = _figure(7.0, max(3.0, 2.6 * len(runs)))
     axes = fig.subplots(len(runs), 1, sharex=True, sharey=True, squeeze=False)[:, 0]
-    colors = dict(zip([n for n, _ in _ENERGY_PARTS], ("tab:red", "tab:purple", "tab:gray"),
-                      strict=True))
+    colors = dict(
+        zip([n for n, _ in _ENERGY_PARTS], ("tab:red", "tab:purple", "tab:gray"), strict=True)
+    )
     for ax, r in zip(axes, runs, strict=True):
         rounds = round_numbers(r.rounds)
         bottom = np.zeros(len(rounds))
         for name, col in _ENERGY_PARTS:
-            values = r.rounds[col].to_numpy(dtype=float) if col in r.rounds \
+            values = (
+                r.rounds[col].to_numpy(dtype=float)
+                if col in r.rounds
                 else np.full(len(rounds), np.nan)
-            ax.bar(rounds, np.nan_to_num(values), bottom=bottom, color=colors[name],
-                   label=name, width=0.8)
+            )
+            ax.bar(
+                rounds,
+                np.nan_to_num(values),
+                bottom=bottom,
+                color=colors[name],
+                label=name,
+                width=0.8,
+            )
             bottom += np.nan_to_num(values)
         if not has_energy(r):
-            ax.text(0.5, 0.5, "no energy figures (device profiles without power)",
-                    transform=ax.transAxes, ha="center", va="center", fontsize="small")
+            ax.text(
+                0.5,
+                0.5,
+                "no energy figures (device profiles without power)",
+                transform=ax.transAxes,
+                ha="center",
+                va="center",
+                fontsize="small",
+            )
         ax.set_ylabel("J per round")
         mean_j = float(np.sum(bottom) / max(len(rounds), 1))
-        ax.set_title(f"{r.label}: {mean_j:.4g} J a round on average" if has_energy(r)
-                     else r.label, fontsize="medium")
+        ax.set_title(
+            f"{r.label}: {mean_j:.4g} J a round on average" if has_energy(r) else r.label,
+            fontsize="medium",
+        )
         ax.grid(axis="y", alpha=0.3)
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", fontsize="small",
-               ncols=len(_ENERGY_PARTS))
+    fig.legend(
+        handles, labels, loc="outside lower center", fontsize="small", ncols=len(_ENERGY_PARTS)
+    )
     axes[-1].set_xlabel("round")
     axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[-1].set_xlim(left=0.5)  # rounds start at 1: no tick at 0
@@ -207,10 +260,23 @@ def bytes_figure(runs: Sequence[RunRecords]) -> Figure:
     ax = fig.add_subplot()
     for r, color in zip(runs, _colors(len(runs)), strict=True):
         rounds = round_numbers(r.rounds)
-        ax.plot(rounds, r.rounds["bytes_up"].to_numpy(dtype=float) / MiB, color=color,
-                marker="^", markersize=4, label=f"{r.label} up")
-        ax.plot(rounds, r.rounds["bytes_down"].to_numpy(dtype=float) / MiB, color=color,
-                marker="v", markersize=4, linestyle="--", label=f"{r.label} down")
+        ax.plot(
+            rounds,
+            r.rounds["bytes_up"].to_numpy(dtype=float) / MiB,
+            color=color,
+            marker="^",
+            markersize=4,
+            label=f"{r.label} up",
+        )
+        ax.plot(
+            rounds,
+            r.rounds["bytes_down"].to_numpy(dtype=float) / MiB,
+            color=color,
+            marker="v",
+            markersize=4,
+            linestyle="--",
+            label=f"{r.label} down",
+        )
     ax.set_xlabel("round")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlim(left=0.5)  # rounds start at 1: no tick at 0
@@ -233,8 +299,12 @@ def last_client_accuracies(r: RunRecords) -> tuple[int | None, np.ndarray]:
 
 
 def _client_accuracy(runs: Sequence[RunRecords], path: Path) -> Path | None:
-    data = [(r, rnd, acc) for r in runs for rnd, acc in [last_client_accuracies(r)]
-            if rnd is not None and acc.size]
+    data = [
+        (r, rnd, acc)
+        for r in runs
+        for rnd, acc in [last_client_accuracies(r)]
+        if rnd is not None and acc.size
+    ]
     if not data:
         return None
     fig = _figure(max(5.0, 1.6 * len(data) + 2), 4.2)
@@ -242,19 +312,28 @@ def _client_accuracy(runs: Sequence[RunRecords], path: Path) -> Path | None:
     ax.boxplot([100 * acc for _, _, acc in data], widths=0.5, showfliers=False)
     rng = np.random.default_rng(0)  # jitter only; fixed so the figure is reproducible
     for i, (_, _, acc) in enumerate(data, start=1):
-        ax.scatter(i + rng.uniform(-0.15, 0.15, acc.size), 100 * acc, s=10, alpha=0.6,
-                   color="tab:blue", zorder=3)
-    ax.set_xticks(range(1, len(data) + 1),
-                  [f"{r.label}\nround {rnd + 1}, {acc.size} clients" for r, rnd, acc in data],
-                  fontsize="small")
+        ax.scatter(
+            i + rng.uniform(-0.15, 0.15, acc.size),
+            100 * acc,
+            s=10,
+            alpha=0.6,
+            color="tab:blue",
+            zorder=3,
+        )
+    ax.set_xticks(
+        range(1, len(data) + 1),
+        [f"{r.label}\nround {rnd + 1}, {acc.size} clients" for r, rnd, acc in data],
+        fontsize="small",
+    )
     ax.set_ylabel("user accuracy (%)")
     ax.set_title("Per-client accuracy, last evaluated round")
     ax.grid(axis="y", alpha=0.3)
     return _save(fig, path)
 
 
-def write_plots(runs: Sequence[RunRecords], out_dir: str | Path,
-                target: float | None = None) -> list[Path]:
+def write_plots(
+    runs: Sequence[RunRecords], out_dir: str | Path, target: float | None = None
+) -> list[Path]:
     """Write the figures for ``runs`` into ``out_dir``; returns the files written.
 
     ``energy_per_round.png`` is skipped when no run has energy figures and
@@ -308,18 +387,26 @@ class PlotWriter(RunObserver):
                 last = evaluated[evaluated["round"] == evaluated["round"].max()]
                 self._last_eval = last.to_dict("records")
 
-    def on_run_stopped(self, info: RunInfo, rounds: list[dict[str, Any]], status: str,
-                       message: str) -> None:
+    def on_run_stopped(
+        self, info: RunInfo, rounds: list[dict[str, Any]], status: str, message: str
+    ) -> None:
         self.on_run_end(info, rounds)
 
     def on_run_end(self, info: RunInfo, rounds: list[dict[str, Any]]) -> None:
         if not rounds:
             return
         try:
-            r = from_rows(info.run_id, rounds, self._last_eval, path=self.out_dir,
-                          planned_rounds=info.scenario.rounds)
+            r = from_rows(
+                info.run_id,
+                rounds,
+                self._last_eval,
+                path=self.out_dir,
+                planned_rounds=info.scenario.rounds,
+            )
             label_runs([r])
             self.written = write_plots([r], self.out_dir)
         except Exception as exc:  # noqa: BLE001 - the records are written; say why, go on
-            print(f"mecsim: plots not written to {self.out_dir}: "
-                  f"{type(exc).__name__}: {exc}", file=sys.stderr)
+            print(
+                f"mecsim: plots not written to {self.out_dir}: {type(exc).__name__}: {exc}",
+                file=sys.stderr,
+            )

@@ -63,7 +63,6 @@ from mecsim.store.session import BadRun, run_in_folder
 MiB = 1024 * 1024
 
 
-
 class RunLoadError(ValueError):
     """A run directory that cannot be replayed; ``str()`` says which file and why."""
 
@@ -110,12 +109,10 @@ class RecordedRun:
         return self.scenario.algorithm.name
 
     def __repr__(self) -> str:
-        return (f"RecordedRun({self.run_id!r}, algorithm={self.algorithm!r}, "
-                f"rounds={len(self.rounds)}, run_dir={str(self.run_dir)!r})")
-
-
-
-
+        return (
+            f"RecordedRun({self.run_id!r}, algorithm={self.algorithm!r}, "
+            f"rounds={len(self.rounds)}, run_dir={str(self.run_dir)!r})"
+        )
 
 
 def _read_csv(path: Path) -> pd.DataFrame:
@@ -139,8 +136,10 @@ def load_run(run_dir: str | Path) -> RecordedRun:
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise RunLoadError(f"{run_dir}: not a directory (expected a run directory "
-                           "written by `mecsim run`, e.g. runs/<run-id>/)")
+        raise RunLoadError(
+            f"{run_dir}: not a directory (expected a run directory "
+            "written by `mecsim run`, e.g. runs/<run-id>/)"
+        )
     if not (run_dir / "scenario.yaml").exists():
         raise RunLoadError(f"{run_dir}: no scenario.yaml; is this a run directory?")
     try:
@@ -149,8 +148,10 @@ def load_run(run_dir: str | Path) -> RecordedRun:
         raise RunLoadError(str(exc)) from None
     traces_path = run_dir / "optraces.jsonl"
     if not traces_path.exists():
-        raise RunLoadError(f"{traces_path}: missing; the run did not keep its op-traces "
-                           "(outputs.save_optraces: false), so it cannot be replayed")
+        raise RunLoadError(
+            f"{traces_path}: missing; the run did not keep its op-traces "
+            "(outputs.save_optraces: false), so it cannot be replayed"
+        )
     rounds_df = _read_csv(run_dir / "rounds.csv")
     clients_df = _read_csv(run_dir / "clients.csv")
 
@@ -181,23 +182,26 @@ def load_run(run_dir: str | Path) -> RecordedRun:
         not_timed_in = ~_true(sel["completed"])
     dropped_by_round = sel[not_timed_in].groupby("round")["client_id"]
     dropped = {int(r): frozenset(int(c) for c in ids) for r, ids in dropped_by_round}
-    finish = {int(r): dict(zip(g["client_id"].astype(int), g["finish_s"].astype(float),
-                               strict=True))
-              for r, g in sel.groupby("round")}
+    finish = {
+        int(r): dict(zip(g["client_id"].astype(int), g["finish_s"].astype(float), strict=True))
+        for r, g in sel.groupby("round")
+    }
 
     rounds = []
     for r in range(n_rounds):
         rec = records[r]
-        traces = {int(cid): tuple(op_from_dict(d) for d in ops)
-                  for cid, ops in rec["clients"].items()}
+        traces = {
+            int(cid): tuple(op_from_dict(d) for d in ops) for cid, ops in rec["clients"].items()
+        }
         if "selected" in rec:  # the selection order the run drew the channel in
             traces = {int(cid): traces[int(cid)] for cid in rec["selected"]}
         up = sum(trace_bytes(t)[0] for t in traces.values())
         down = sum(trace_bytes(t)[1] for t in traces.values())
         failed = {int(c): str(st) for c, st in rec.get("failed", {}).items()}
         outage = frozenset(int(c) for c in rec.get("outage", []))
-        rounds.append(RecordedRound(r, traces, float(rec["aggregate_flops"]), up, down,
-                                    failed, outage))
+        rounds.append(
+            RecordedRound(r, traces, float(rec["aggregate_flops"]), up, down, failed, outage)
+        )
     meta_path = run_dir / "run.json"
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
     step_mem = meta.get("step_memory_bytes")
@@ -232,12 +236,20 @@ class ReplayResult:
 
     def __repr__(self) -> str:
         # rounds a person reads are counted from 1 (inexact_from_round is a record index)
-        where = "exact" if self.exact else (
-            f"inexact from round {self.inexact_from_round + 1}"
-            if self.inexact_from_round is not None else "inexact")
+        where = (
+            "exact"
+            if self.exact
+            else (
+                f"inexact from round {self.inexact_from_round + 1}"
+                if self.inexact_from_round is not None
+                else "inexact"
+            )
+        )
         total = self.rounds["round_time_s"].sum() if len(self.rounds) else 0.0
-        return (f"ReplayResult({self.run_id!r}, {self.source}, {where}, "
-                f"overrides={self.overrides}, rounds={len(self.rounds)}, total={total:.6g} s)")
+        return (
+            f"ReplayResult({self.run_id!r}, {self.source}, {where}, "
+            f"overrides={self.overrides}, rounds={len(self.rounds)}, total={total:.6g} s)"
+        )
 
 
 def timing_aware(algorithm: str) -> bool:
@@ -257,7 +269,8 @@ def check_feasible(run: RecordedRun, scenario: Scenario) -> None:
         if run.step_memory_bytes > ram:
             raise ReplayInfeasible(
                 f"the run's model needs {run.step_memory_bytes / MiB:.1f} MiB per training "
-                f"step, but device profile {name!r} has {ram / MiB:.0f} MiB of RAM")
+                f"step, but device profile {name!r} has {ram / MiB:.0f} MiB of RAM"
+            )
 
 
 @dataclass(frozen=True)
@@ -285,18 +298,36 @@ def retime(run: RecordedRun, scenario: Scenario) -> _Timed:
         selected = list(rec.traces)
         # the run's emulated faults: its stragglers and link outages are the scenario's,
         # its crashes and drop-outs are what the records say
-        emulated = emulate_round(network, scenario.faults, slowdown, rec.round, selected,
-                                 elapsed_s, rec.outage, rec.failed, records=False)
+        emulated = emulate_round(
+            network,
+            scenario.faults,
+            slowdown,
+            rec.round,
+            selected,
+            elapsed_s,
+            rec.outage,
+            rec.failed,
+            records=False,
+        )
         t = emulated.time(rec.traces, server.compute_time_s(rec.aggregate_flops, 0))
-        links = _links(emulated.specs, selected) if faults.active(scenario.faults) else \
-            network.round_links
+        links = (
+            _links(emulated.specs, selected)
+            if faults.active(scenario.faults)
+            else network.round_links
+        )
         energy = _round_energy(network, rec, selected, t, links)
-        rows.append({
-            "round": rec.round, "selected": len(selected),
-            "completed": len(selected) - len(t.dropped), "dropped": len(t.dropped),
-            **timing_columns(t, elapsed_s),
-            "bytes_up": rec.bytes_up, "bytes_down": rec.bytes_down, **energy,
-        })
+        rows.append(
+            {
+                "round": rec.round,
+                "selected": len(selected),
+                "completed": len(selected) - len(t.dropped),
+                "dropped": len(t.dropped),
+                **timing_columns(t, elapsed_s),
+                "bytes_up": rec.bytes_up,
+                "bytes_down": rec.bytes_down,
+                **energy,
+            }
+        )
         elapsed_s = rows[-1]["elapsed_s"]
         dropped.append(frozenset(t.dropped))
         finish.append({c.client_id: c.finish_s for c in t.clients})
@@ -306,25 +337,36 @@ def retime(run: RecordedRun, scenario: Scenario) -> _Timed:
 def _links(specs, selected: list[int]) -> tuple[np.ndarray, np.ndarray]:
     """(rates, latencies) arrays as ``NetworkModel.round_links`` has them, from the round's
     client specs after the emulated faults changed them (a rate schedule: NaN)."""
+
     def rate(r) -> float:
         return float("nan") if isinstance(r, RateSchedule) else float(r)
 
-    rates = np.array([(rate(specs[c].uplink_rate_bps), rate(specs[c].downlink_rate_bps))
-                      for c in selected], dtype=float).reshape(-1, 2)
-    lat = np.array([(specs[c].uplink_latency_s, specs[c].downlink_latency_s)
-                    for c in selected], dtype=float).reshape(-1, 2)
+    rates = np.array(
+        [(rate(specs[c].uplink_rate_bps), rate(specs[c].downlink_rate_bps)) for c in selected],
+        dtype=float,
+    ).reshape(-1, 2)
+    lat = np.array(
+        [(specs[c].uplink_latency_s, specs[c].downlink_latency_s) for c in selected], dtype=float
+    ).reshape(-1, 2)
     return rates, lat
 
 
-def _round_energy(network: NetworkModel, rec: RecordedRound, selected: list[int],
-                  t, links) -> dict[str, float]:
+def _round_energy(
+    network: NetworkModel, rec: RecordedRound, selected: list[int], t, links
+) -> dict[str, float]:
     """The round's client energy (mecsim.emulation.energy), vectorised over its clients."""
     bits, n_ops = rec.transfer_arrays
-    times = np.array([(c.download_s, c.compute_s, c.upload_s, c.server_compute_s,
-                       c.backhaul_s, c.finish_s) for c in t.clients], dtype=float)
+    times = np.array(
+        [
+            (c.download_s, c.compute_s, c.upload_s, c.server_compute_s, c.backhaul_s, c.finish_s)
+            for c in t.clients
+        ],
+        dtype=float,
+    )
     rates, lat = links  # of the round just drawn, in selection order
-    return round_energy_arrays(network.power_w[selected], times, bits, n_ops, rates, lat,
-                               t.round_time_s)
+    return round_energy_arrays(
+        network.power_w[selected], times, bits, n_ops, rates, lat, t.round_time_s
+    )
 
 
 def _rounds_list(rounds: list[int]) -> str:
@@ -338,11 +380,15 @@ def _first_divergence(run: RecordedRun, timed: _Timed, aware: bool) -> tuple[int
     for r in range(len(run.rounds)):
         rec, rep = run.dropped[r], timed.dropped[r]
         if rec != rep:
-            return r, (f"round {r + 1}: the replay drops clients {sorted(rep)} at the deadline, "
-                       f"the recorded run dropped {sorted(rec)}")
+            return r, (
+                f"round {r + 1}: the replay drops clients {sorted(rep)} at the deadline, "
+                f"the recorded run dropped {sorted(rec)}"
+            )
         if aware and timed.finish_s[r] != run.finish_s[r]:
-            return r, (f"round {r + 1}: client timelines differ from the recorded ones and the "
-                       "algorithm decides from emulated time (uses_emulated_time)")
+            return r, (
+                f"round {r + 1}: client timelines differ from the recorded ones and the "
+                "algorithm decides from emulated time (uses_emulated_time)"
+            )
     return None, ""
 
 
@@ -351,9 +397,15 @@ def _overrides_id(overrides: Mapping[str, Any]) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:8]
 
 
-def replay(run: RecordedRun | str | Path, overrides: Mapping[str, Any] | None = None, *,
-           retrain: bool = False, backend: str | None = None,
-           retrain_dir: str | Path | None = None, progress: bool = False) -> ReplayResult:
+def replay(
+    run: RecordedRun | str | Path,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    retrain: bool = False,
+    backend: str | None = None,
+    retrain_dir: str | Path | None = None,
+    progress: bool = False,
+) -> ReplayResult:
     """Replay ``run`` (a :class:`RecordedRun` or a run directory) under ``overrides``.
 
     ``overrides`` maps dotted scenario paths to values, e.g.
@@ -375,15 +427,18 @@ def replay(run: RecordedRun | str | Path, overrides: Mapping[str, Any] | None = 
             f"override {', '.join(map(repr, untimed))} changes what the clients execute, so "
             "replaying the recorded op-traces cannot answer it; pass retrain=True (--retrain) "
             "to re-run with training, or override only channel.*, devices.*, deadline_s, "
-            "backhaul.*")
+            "backhaul.*"
+        )
     check_feasible(run, scenario)
 
     notes: list[str] = []
     recorded_drops = [r for r, d in enumerate(run.dropped) if d]
     aware = timing_aware(run.algorithm)
     if recorded_drops:
-        notes.append(f"the recorded run dropped clients at the deadline in rounds "
-                     f"{_rounds_list(recorded_drops)}: its training depended on timing")
+        notes.append(
+            f"the recorded run dropped clients at the deadline in rounds "
+            f"{_rounds_list(recorded_drops)}: its training depended on timing"
+        )
     if aware:
         notes.append(f"algorithm {run.algorithm!r} decides from emulated time")
     timing_dependent = bool(recorded_drops) or aware
@@ -398,33 +453,49 @@ def replay(run: RecordedRun | str | Path, overrides: Mapping[str, Any] | None = 
 
     if first is not None and retrain:
         notes.append(f"not exact as a replay ({why}); retrained")
-        return _retrain(run, scenario, overrides, backend, retrain_dir, progress,
-                        timing_dependent, notes)
+        return _retrain(
+            run, scenario, overrides, backend, retrain_dir, progress, timing_dependent, notes
+        )
 
     assert timed is not None
-    acc = [a if first is None or r < first else math.nan
-           for r, a in enumerate(run.mean_accuracy)]
+    acc = [a if first is None or r < first else math.nan for r, a in enumerate(run.mean_accuracy)]
     frame = pd.DataFrame(timed.rows, columns=REPLAY_COLUMNS[:-1])
     frame["mean_accuracy"] = acc
     if first is None:
         if recorded_drops:
             notes.append("the replay drops the same clients in every round, so it is exact")
     else:
-        notes.append(f"not exact from round {first + 1} on ({why}): the aggregated models, "
-                     "accuracy (not reported from there) and possibly later op-traces would "
-                     "differ; round times from there on re-time the recorded op-traces. "
-                     "Use retrain=True (--retrain) to re-run with training")
+        notes.append(
+            f"not exact from round {first + 1} on ({why}): the aggregated models, "
+            "accuracy (not reported from there) and possibly later op-traces would "
+            "differ; round times from there on re-time the recorded op-traces. "
+            "Use retrain=True (--retrain) to re-run with training"
+        )
     return ReplayResult(
-        run_id=run.run_id, algorithm=run.algorithm, overrides=overrides, scenario=scenario,
-        rounds=frame, source="replay", exact=first is None, inexact_from_round=first,
+        run_id=run.run_id,
+        algorithm=run.algorithm,
+        overrides=overrides,
+        scenario=scenario,
+        rounds=frame,
+        source="replay",
+        exact=first is None,
+        inexact_from_round=first,
         timing_dependent=timing_dependent,
-        dropped_ids=tuple(tuple(sorted(d)) for d in timed.dropped), notes=tuple(notes),
+        dropped_ids=tuple(tuple(sorted(d)) for d in timed.dropped),
+        notes=tuple(notes),
     )
 
 
-def _retrain(run: RecordedRun, scenario: Scenario, overrides: dict[str, Any],
-             backend: str | None, retrain_dir: str | Path | None, progress: bool,
-             timing_dependent: bool, notes: list[str]) -> ReplayResult:
+def _retrain(
+    run: RecordedRun,
+    scenario: Scenario,
+    overrides: dict[str, Any],
+    backend: str | None,
+    retrain_dir: str | Path | None,
+    progress: bool,
+    timing_dependent: bool,
+    notes: list[str],
+) -> ReplayResult:
     """Run the overridden scenario with training, for the rounds the run recorded: into
     ``retrain_dir/<run id>-retrain-<hash of the overrides>/`` as ``mecsim run`` does when
     a folder is given (its records reused when that point was retrained before), else
@@ -442,30 +513,49 @@ def _retrain(run: RecordedRun, scenario: Scenario, overrides: dict[str, Any],
             out_dir = Path(retrain_dir) / run_id
             if out_dir.exists():  # the same point retrained before: reuse its records
                 notes.append(f"records reused from {out_dir}")
-                return _result_from_records(load_run(out_dir), run, overrides,
-                                            timing_dependent, notes)
+                return _result_from_records(
+                    load_run(out_dir), run, overrides, timing_dependent, notes
+                )
             notes.append(f"records in {out_dir}")
-            rows = run_in_folder(scenario, out_dir, observers=observers,
-                                 backend=backend).rows
+            rows = run_in_folder(scenario, out_dir, observers=observers, backend=backend).rows
     except (ScenarioInfeasible, BadRun) as exc:
         raise ReplayInfeasible(str(exc)) from None
     frame = pd.DataFrame(rows).reindex(columns=REPLAY_COLUMNS)
     return ReplayResult(
-        run_id=run.run_id, algorithm=run.algorithm, overrides=overrides, scenario=scenario,
-        rounds=frame.reset_index(drop=True), source="retrained", exact=True,
-        inexact_from_round=None, timing_dependent=timing_dependent, notes=tuple(notes),
+        run_id=run.run_id,
+        algorithm=run.algorithm,
+        overrides=overrides,
+        scenario=scenario,
+        rounds=frame.reset_index(drop=True),
+        source="retrained",
+        exact=True,
+        inexact_from_round=None,
+        timing_dependent=timing_dependent,
+        notes=tuple(notes),
     )
 
 
-def _result_from_records(rec: RecordedRun, run: RecordedRun, overrides: dict[str, Any],
-                         timing_dependent: bool, notes: list[str]) -> ReplayResult:
+def _result_from_records(
+    rec: RecordedRun,
+    run: RecordedRun,
+    overrides: dict[str, Any],
+    timing_dependent: bool,
+    notes: list[str],
+) -> ReplayResult:
     # records of an older mecsim may lack columns (energy): NaN there
     assert rec.run_dir is not None  # loaded from its folder
     frame = _read_csv(rec.run_dir / "rounds.csv").reindex(columns=REPLAY_COLUMNS)
     return ReplayResult(
-        run_id=run.run_id, algorithm=run.algorithm, overrides=overrides,
-        scenario=rec.scenario, rounds=frame, source="retrained", exact=True,
-        inexact_from_round=None, timing_dependent=timing_dependent, notes=tuple(notes),
+        run_id=run.run_id,
+        algorithm=run.algorithm,
+        overrides=overrides,
+        scenario=rec.scenario,
+        rounds=frame,
+        source="retrained",
+        exact=True,
+        inexact_from_round=None,
+        timing_dependent=timing_dependent,
+        notes=tuple(notes),
     )
 
 
@@ -474,7 +564,7 @@ def recorded_frame(run: RecordedRun) -> pd.DataFrame:
     if run.run_dir is None:
         raise RunLoadError(f"{run.run_id}: no run directory")
     frame = _read_csv(run.run_dir / "rounds.csv").reindex(columns=REPLAY_COLUMNS)
-    return frame.iloc[:len(run.rounds)]
+    return frame.iloc[: len(run.rounds)]
 
 
 def reproduces(run: RecordedRun) -> bool:

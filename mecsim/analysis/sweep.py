@@ -54,13 +54,36 @@ from mecsim.store.session import run_in_folder
 # Columns of a sweep's DataFrame; the grid's paths come after "algorithm".
 HEAD_COLUMNS = ["run_id", "algorithm"]
 METRIC_COLUMNS = [
-    "source", "exact", "inexact_from_round", "feasible", "rounds",
-    "round_time_mean_s", "round_time_median_s", "round_time_p95_s", "round_time_min_s",
-    "round_time_max_s", "dl_time_mean_s", "client_time_mean_s", "ul_time_mean_s",
-    "server_time_mean_s", "backhaul_time_mean_s", "idle_time_mean_s", "total_time_s",
-    "target_accuracy", "rounds_to_target", "time_to_target_s", "final_accuracy", "bytes_up",
-    "bytes_down", "energy_mean_j", "energy_compute_mean_j", "energy_radio_mean_j",
-    "energy_idle_mean_j", "energy_total_j", "dropped", "notes",
+    "source",
+    "exact",
+    "inexact_from_round",
+    "feasible",
+    "rounds",
+    "round_time_mean_s",
+    "round_time_median_s",
+    "round_time_p95_s",
+    "round_time_min_s",
+    "round_time_max_s",
+    "dl_time_mean_s",
+    "client_time_mean_s",
+    "ul_time_mean_s",
+    "server_time_mean_s",
+    "backhaul_time_mean_s",
+    "idle_time_mean_s",
+    "total_time_s",
+    "target_accuracy",
+    "rounds_to_target",
+    "time_to_target_s",
+    "final_accuracy",
+    "bytes_up",
+    "bytes_down",
+    "energy_mean_j",
+    "energy_compute_mean_j",
+    "energy_radio_mean_j",
+    "energy_idle_mean_j",
+    "energy_total_j",
+    "dropped",
+    "notes",
 ]
 # A process pool costs ~50 ms to start and replaying costs ~10 us per client-round (both
 # measured on 2 shared cores, FedAvg runs; see benchmarks/sweep.py): below this many
@@ -78,12 +101,19 @@ def grid_points(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
         if len(values) == 0:
             raise OverrideError(f"grid[{path!r}] has no values")
     paths = list(grid)
-    return [dict(zip(paths, combo, strict=True))
-            for combo in itertools.product(*(grid[p] for p in paths))]
+    return [
+        dict(zip(paths, combo, strict=True))
+        for combo in itertools.product(*(grid[p] for p in paths))
+    ]
 
 
-def record(scenario: Scenario | str | Path, record_dir: str | Path | None = None, *,
-           backend: str | None = None, progress: bool = False) -> RecordedRun:
+def record(
+    scenario: Scenario | str | Path,
+    record_dir: str | Path | None = None,
+    *,
+    backend: str | None = None,
+    progress: bool = False,
+) -> RecordedRun:
     """Run a scenario once with training, recording its op-traces, and load the run.
 
     The record goes to ``record_dir/<name>-<hash of the resolved scenario>/`` (default: a
@@ -113,8 +143,13 @@ def record(scenario: Scenario | str | Path, record_dir: str | Path | None = None
     return load_run(out_dir)
 
 
-def as_runs(runs: RunLike | Sequence[RunLike], *, record_dir: str | Path | None = None,
-            backend: str | None = None, progress: bool = False) -> list[RecordedRun]:
+def as_runs(
+    runs: RunLike | Sequence[RunLike],
+    *,
+    record_dir: str | Path | None = None,
+    backend: str | None = None,
+    progress: bool = False,
+) -> list[RecordedRun]:
     """Recorded runs from run directories, scenario files / objects (trained once), or runs."""
     items = list(runs) if isinstance(runs, (list, tuple)) else [runs]
     out = []
@@ -149,20 +184,28 @@ def summarise(result: ReplayResult, target_accuracy: float | None = None) -> dic
             rounds_to = int(reached[0]) + 1
             time_to = float(rounds["elapsed_s"].iloc[reached[0]])
         elif not result.exact:
-            where = (f"round {result.inexact_from_round + 1}"
-                     if result.inexact_from_round is not None else "the first round")
-            notes.append(f"target accuracy {target_accuracy} not reached before {where}, "
-                         "where the replay stops being exact")
+            where = (
+                f"round {result.inexact_from_round + 1}"
+                if result.inexact_from_round is not None
+                else "the first round"
+            )
+            notes.append(
+                f"target accuracy {target_accuracy} not reached before {where}, "
+                "where the replay stops being exact"
+            )
         else:
             notes.append(f"target accuracy {target_accuracy} not reached in {len(acc)} rounds")
     return {
-        "source": result.source, "exact": result.exact,
-        "inexact_from_round": result.inexact_from_round, "feasible": True,
+        "source": result.source,
+        "exact": result.exact,
+        "inexact_from_round": result.inexact_from_round,
+        "feasible": True,
         "rounds": len(rounds),
         "round_time_mean_s": float(np.mean(times)),
         "round_time_median_s": float(np.median(times)),
         "round_time_p95_s": float(np.percentile(times, 95)),
-        "round_time_min_s": float(np.min(times)), "round_time_max_s": float(np.max(times)),
+        "round_time_min_s": float(np.min(times)),
+        "round_time_max_s": float(np.max(times)),
         "dl_time_mean_s": float(rounds["dl_time_s"].mean()),
         "client_time_mean_s": float(rounds["client_time_s"].mean()),
         "ul_time_mean_s": float(rounds["ul_time_s"].mean()),
@@ -171,23 +214,31 @@ def summarise(result: ReplayResult, target_accuracy: float | None = None) -> dic
         "idle_time_mean_s": float(rounds["idle_time_s"].mean()),
         "total_time_s": float(rounds["elapsed_s"].iloc[-1]),
         "target_accuracy": math.nan if target_accuracy is None else float(target_accuracy),
-        "rounds_to_target": rounds_to, "time_to_target_s": time_to,
+        "rounds_to_target": rounds_to,
+        "time_to_target_s": time_to,
         "final_accuracy": float(acc[-1]),
-        "bytes_up": int(rounds["bytes_up"].sum()), "bytes_down": int(rounds["bytes_down"].sum()),
+        "bytes_up": int(rounds["bytes_up"].sum()),
+        "bytes_down": int(rounds["bytes_down"].sum()),
         # joules of all selected clients: mean per round, its parts, and the whole run
         "energy_mean_j": float(rounds["energy_j"].mean(skipna=False)),
         "energy_compute_mean_j": float(rounds["energy_compute_j"].mean(skipna=False)),
         "energy_radio_mean_j": float(rounds["energy_radio_j"].mean(skipna=False)),
         "energy_idle_mean_j": float(rounds["energy_idle_j"].mean(skipna=False)),
         "energy_total_j": float(rounds["energy_j"].sum(min_count=len(rounds))),
-        "dropped": int(rounds["dropped"].sum()), "notes": " | ".join(notes),
+        "dropped": int(rounds["dropped"].sum()),
+        "notes": " | ".join(notes),
     }
 
 
 def _infeasible_row(message: str) -> dict[str, Any]:
     row: dict[str, Any] = dict.fromkeys(METRIC_COLUMNS, math.nan)
-    row.update(source="replay", exact=False, inexact_from_round=None, feasible=False,
-               notes=f"infeasible: {message}")
+    row.update(
+        source="replay",
+        exact=False,
+        inexact_from_round=None,
+        feasible=False,
+        notes=f"infeasible: {message}",
+    )
     return row
 
 
@@ -204,18 +255,33 @@ def baseline_mismatch(run: RecordedRun) -> int | None:
     return None
 
 
-def _point(run: RecordedRun, point: dict[str, Any], target: float | None,
-           mismatch: int | None) -> dict[str, Any]:
+def _point(
+    run: RecordedRun, point: dict[str, Any], target: float | None, mismatch: int | None
+) -> dict[str, Any]:
     try:
         row = summarise(replay(run, point), target)
     except ReplayInfeasible as exc:
         return _infeasible_row(str(exc))
     if mismatch is not None:
-        row.update(exact=False, inexact_from_round=mismatch if row["exact"] else min(
-            mismatch, row["inexact_from_round"]))
-        row["notes"] = " | ".join(filter(None, [row["notes"], (
-            f"the replay with no override does not reproduce the recorded round {mismatch + 1} "
-            "(recorded by another version of the timing model?)")]))
+        row.update(
+            exact=False,
+            inexact_from_round=mismatch
+            if row["exact"]
+            else min(mismatch, row["inexact_from_round"]),
+        )
+        row["notes"] = " | ".join(
+            filter(
+                None,
+                [
+                    row["notes"],
+                    (
+                        "the replay with no override does not reproduce the recorded "
+                        f"round {mismatch + 1} (recorded by another version of the "
+                        "timing model?)"
+                    ),
+                ],
+            )
+        )
     return row
 
 
@@ -240,9 +306,14 @@ def _auto_workers(client_rounds: int, n_tasks: int) -> int:
     return max(1, min(cores or 1, n_tasks))
 
 
-def _replay_all(runs: list[RecordedRun], tasks: list[tuple[int, dict[str, Any]]],
-                target: float | None, mismatch: list[int | None], workers: int,
-                tick: Callable[[int], None]) -> list[dict[str, Any]]:
+def _replay_all(
+    runs: list[RecordedRun],
+    tasks: list[tuple[int, dict[str, Any]]],
+    target: float | None,
+    mismatch: list[int | None],
+    workers: int,
+    tick: Callable[[int], None],
+) -> list[dict[str, Any]]:
     """Summary rows of every (run index, point) task, in task order."""
     rows: list[dict[str, Any] | None] = [None] * len(tasks)
     full = [(i, r, p, target, mismatch[r]) for i, (r, p) in enumerate(tasks)]
@@ -252,8 +323,9 @@ def _replay_all(runs: list[RecordedRun], tasks: list[tuple[int, dict[str, Any]]]
         n_chunks = min(len(full), 4 * workers)
         chunks = [full[k::n_chunks] for k in range(n_chunks)]
         ctx = multiprocessing.get_context("fork")
-        with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
-                                 initargs=(runs,)) as pool:
+        with ProcessPoolExecutor(
+            workers, mp_context=ctx, initializer=_init_worker, initargs=(runs,)
+        ) as pool:
             for done in pool.map(_work, chunks):
                 for i, row in done:
                     rows[i] = row
@@ -265,11 +337,18 @@ def _replay_all(runs: list[RecordedRun], tasks: list[tuple[int, dict[str, Any]]]
     return [row for row in rows if row is not None]
 
 
-def sweep(runs: RunLike | Sequence[RunLike], grid: Mapping[str, Sequence[Any]] | None = None,
-          *, target_accuracy: float | None = None, retrain: bool = False,
-          workers: int | None = None, progress: bool = False, backend: str | None = None,
-          record_dir: str | Path | None = None,
-          retrain_dir: str | Path | None = None) -> pd.DataFrame:
+def sweep(
+    runs: RunLike | Sequence[RunLike],
+    grid: Mapping[str, Sequence[Any]] | None = None,
+    *,
+    target_accuracy: float | None = None,
+    retrain: bool = False,
+    workers: int | None = None,
+    progress: bool = False,
+    backend: str | None = None,
+    record_dir: str | Path | None = None,
+    retrain_dir: str | Path | None = None,
+) -> pd.DataFrame:
     """Replay each run at every point of ``grid``; one DataFrame row per (run, point).
 
     ``runs``: a run directory, a scenario (file or object: trained once and recorded in
@@ -294,15 +373,19 @@ def sweep(runs: RunLike | Sequence[RunLike], grid: Mapping[str, Sequence[Any]] |
         raise OverrideError(
             f"grid path {', '.join(map(repr, untimed))} changes what the clients execute, so "
             "replaying the recorded op-traces cannot answer it; pass retrain=True (--retrain) "
-            "or sweep only channel.*, devices.*, deadline_s, backhaul.*")
+            "or sweep only channel.*, devices.*, deadline_s, backhaul.*"
+        )
     for run in recorded:
         for point in points:
             apply_overrides(run.scenario, point, f"{run.run_dir or run.run_id}/scenario.yaml")
 
     tasks = [(r, p) for r in range(len(recorded)) for p in points]
     size = [sum(len(rec.traces) for rec in run.rounds) for run in recorded]
-    n_workers = workers if workers is not None else _auto_workers(
-        sum(size[r] for r, _ in tasks), len(tasks))
+    n_workers = (
+        workers
+        if workers is not None
+        else _auto_workers(sum(size[r] for r, _ in tasks), len(tasks))
+    )
     bar = _Progress(len(tasks) + len(recorded), progress)
     try:
         mismatch = []
@@ -310,23 +393,31 @@ def sweep(runs: RunLike | Sequence[RunLike], grid: Mapping[str, Sequence[Any]] |
             mismatch.append(baseline_mismatch(run))
             bar.tick(1)
             if mismatch[-1] is not None:
-                warnings.warn(f"{run.run_id}: a replay with no override does not reproduce the "
-                              f"recorded round {mismatch[-1] + 1}; its points are marked not "
-                              "exact",
-                              RuntimeWarning, stacklevel=2)
+                warnings.warn(
+                    f"{run.run_id}: a replay with no override does not reproduce the "
+                    f"recorded round {mismatch[-1] + 1}; its points are marked not "
+                    "exact",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
         if untimed:  # every point needs training
             rows = [dict.fromkeys(METRIC_COLUMNS) for _ in tasks]
             redo = list(range(len(tasks)))
         else:
             rows = _replay_all(recorded, tasks, target_accuracy, mismatch, n_workers, bar.tick)
-            redo = [i for i, row in enumerate(rows) if retrain and row["feasible"]
-                    and not row["exact"]]
+            redo = [
+                i for i, row in enumerate(rows) if retrain and row["feasible"] and not row["exact"]
+            ]
         for i in redo:
             r, point = tasks[i]
             bar.describe(f"retraining {recorded[r].run_id} at {point}")
             try:
-                rows[i] = summarise(replay(recorded[r], point, retrain=True, backend=backend,
-                                           retrain_dir=retrain_dir), target_accuracy)
+                rows[i] = summarise(
+                    replay(
+                        recorded[r], point, retrain=True, backend=backend, retrain_dir=retrain_dir
+                    ),
+                    target_accuracy,
+                )
             except ReplayInfeasible as exc:
                 rows[i] = _infeasible_row(str(exc))
             if untimed:
@@ -359,9 +450,13 @@ class _Progress:
                 TimeElapsedColumn,
             )
 
-            self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                                     MofNCompleteColumn(), TimeElapsedColumn(),
-                                     console=Console(stderr=True))
+            self.progress = Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=Console(stderr=True),
+            )
             self.progress.start()
             self.task = self.progress.add_task("replaying", total=total)
 
@@ -382,12 +477,17 @@ class _Progress:
 
 
 def _numeric(values: Sequence[Any]) -> bool:
-    return all(isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
-               and not (isinstance(v, float) and math.isnan(v)) for v in values)
+    return all(
+        isinstance(v, (int, float, np.integer, np.floating))
+        and not isinstance(v, bool)
+        and not (isinstance(v, float) and math.isnan(v))
+        for v in values
+    )
 
 
-def plot_sweep(frame: pd.DataFrame, x: str, metric: str, path: str | Path,
-               title: str | None = None) -> Path:
+def plot_sweep(
+    frame: pd.DataFrame, x: str, metric: str, path: str | Path, title: str | None = None
+) -> Path:
     """Write :func:`sweep_figure` as a PNG to ``path``."""
     fig = sweep_figure(frame, x, metric, title)  # selects the Agg backend first
     import matplotlib.pyplot as plt
@@ -414,61 +514,86 @@ def sweep_figure(frame: pd.DataFrame, x: str, metric: str, title: str | None = N
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-
     if x not in frame.columns or metric not in frame.columns:
         raise KeyError(f"plot needs columns {x!r} and {metric!r}")
-    grid_cols = [c for c in frame.columns[len(HEAD_COLUMNS):]
-                 if c not in METRIC_COLUMNS and c != x]
+    grid_cols = [
+        c for c in frame.columns[len(HEAD_COLUMNS) :] if c not in METRIC_COLUMNS and c != x
+    ]
     x_axis, y_axis = axis(x), axis(metric)
     xs_all = list(frame[x])
     numeric = _numeric(xs_all)
     categories = list(dict.fromkeys(value_text(v) for v in xs_all))
     groups = list(frame.groupby(["algorithm", "run_id", *grid_cols], sort=False, dropna=False))
     wide = len(groups) > 6
-    fig, ax = plt.subplots(figsize=(9.5 if wide else 7, 4.5), dpi=120,
-                           layout="constrained")
+    fig, ax = plt.subplots(figsize=(9.5 if wide else 7, 4.5), dpi=120, layout="constrained")
     missing_drawn = inexact_drawn = False
     for keys, group in groups:
         keys = keys if isinstance(keys, tuple) else (keys,)
         label = f"{keys[0]} ({keys[1]})" + "".join(
-            f", {setting_text(c, v)}" for c, v in zip(grid_cols, keys[2:], strict=True))
-        xs = (group[x].to_numpy(dtype=float) * x_axis.scale if numeric
-              else np.array([categories.index(value_text(v)) for v in group[x]], float))
-        ys = pd.to_numeric(group[metric], errors="coerce").to_numpy(dtype=float) \
-            * y_axis.scale
+            f", {setting_text(c, v)}" for c, v in zip(grid_cols, keys[2:], strict=True)
+        )
+        xs = (
+            group[x].to_numpy(dtype=float) * x_axis.scale
+            if numeric
+            else np.array([categories.index(value_text(v)) for v in group[x]], float)
+        )
+        ys = pd.to_numeric(group[metric], errors="coerce").to_numpy(dtype=float) * y_axis.scale
         # categories (profile names, null) have no order to join: markers only
         style = "o" if not numeric else "o-" if len(group) < 30 else "-"
         (line,) = ax.plot(xs, ys, style, label=label, markersize=4)
         missing = np.isnan(ys)
         if missing.any():  # shown on the x axis, not dropped
-            ax.plot(xs[missing], np.zeros(missing.sum()), "v", markersize=8,
-                    markerfacecolor="none", markeredgecolor=line.get_color(),
-                    clip_on=False, zorder=4)
+            ax.plot(
+                xs[missing],
+                np.zeros(missing.sum()),
+                "v",
+                markersize=8,
+                markerfacecolor="none",
+                markeredgecolor=line.get_color(),
+                clip_on=False,
+                zorder=4,
+            )
             missing_drawn = True
         inexact = ~group["exact"].fillna(False).astype(bool).to_numpy()
         if inexact.any():
-            ax.plot(xs[inexact], np.where(np.isnan(ys[inexact]), 0.0, ys[inexact]), "x",
-                    color="red", markersize=8, clip_on=False, zorder=5)
+            ax.plot(
+                xs[inexact],
+                np.where(np.isnan(ys[inexact]), 0.0, ys[inexact]),
+                "x",
+                color="red",
+                markersize=8,
+                clip_on=False,
+                zorder=5,
+            )
             inexact_drawn = True
     if numeric:
-        lo, hi = float(np.min(np.asarray(xs_all, float))), float(np.max(np.asarray(xs_all,
-                                                                                    float)))
+        lo, hi = float(np.min(np.asarray(xs_all, float))), float(np.max(np.asarray(xs_all, float)))
         if lo > 0 and hi / lo >= 20:
             ax.set_xscale("log")
     else:
-        ax.set_xticks(range(len(categories)), categories,
-                      rotation=20 if max(map(len, categories)) > 6 else 0)
+        ax.set_xticks(
+            range(len(categories)), categories, rotation=20 if max(map(len, categories)) > 6 else 0
+        )
     ax.set_xlabel(x_axis.text)
     ax.set_ylabel(y_axis.text)
     if y_axis.zero_based:
-        top = np.nanmax(pd.to_numeric(frame[metric], errors="coerce").to_numpy(float)
-                        * y_axis.scale) if frame[metric].notna().any() else 1.0
+        top = (
+            np.nanmax(pd.to_numeric(frame[metric], errors="coerce").to_numpy(float) * y_axis.scale)
+            if frame[metric].notna().any()
+            else 1.0
+        )
         ax.set_ylim(bottom=0, top=max(top * 1.08, 1e-12) if np.isfinite(top) else None)
     ax.set_title(title or f"{y_axis.label} vs {x_axis.label}")
     ax.grid(True, alpha=0.3)
     if missing_drawn:
-        ax.plot([], [], "v", markerfacecolor="none", markeredgecolor="black",
-                label="no value (target not reached, infeasible; see notes)")
+        ax.plot(
+            [],
+            [],
+            "v",
+            markerfacecolor="none",
+            markeredgecolor="black",
+            label="no value (target not reached, infeasible; see notes)",
+        )
     if inexact_drawn:
         ax.plot([], [], "x", color="red", label="not exact (see notes)")
     if wide:

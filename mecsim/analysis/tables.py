@@ -53,13 +53,32 @@ from mecsim.store.summary import run_notes
 MiB = 1024 * 1024
 
 #: (label in tables, round-row column); optional phases appear only when present.
-PHASES = (("U-Comm", "ul_time_s"), ("D-Comm", "dl_time_s"), ("Client", "client_time_s"),
-          ("Server", "server_time_s"), ("Backhaul", "backhaul_time_s"), ("Idle", "idle_time_s"))
+PHASES = (
+    ("U-Comm", "ul_time_s"),
+    ("D-Comm", "dl_time_s"),
+    ("Client", "client_time_s"),
+    ("Server", "server_time_s"),
+    ("Backhaul", "backhaul_time_s"),
+    ("Idle", "idle_time_s"),
+)
 OPTIONAL_PHASES = ("backhaul_time_s", "idle_time_s")
-REQUIRED_COLUMNS = ("round", "algorithm", "round_time_s", "dl_time_s", "client_time_s",
-                    "ul_time_s", "server_time_s", "elapsed_s", "bytes_up", "bytes_down",
-                    "client_gflops", "server_gflops", "server_rss_mb", "client_peak_mb",
-                    "mean_accuracy")
+REQUIRED_COLUMNS = (
+    "round",
+    "algorithm",
+    "round_time_s",
+    "dl_time_s",
+    "client_time_s",
+    "ul_time_s",
+    "server_time_s",
+    "elapsed_s",
+    "bytes_up",
+    "bytes_down",
+    "client_gflops",
+    "server_gflops",
+    "server_rss_mb",
+    "client_peak_mb",
+    "mean_accuracy",
+)
 
 
 class ReportError(Exception):
@@ -84,9 +103,14 @@ class RunRecords:
             self.label = self.algorithm
 
 
-def from_rows(run_id: str, rounds: Sequence[dict[str, Any]],
-              clients: Sequence[dict[str, Any]] | None = None, *, path: Path | str = ".",
-              planned_rounds: int | None = None) -> RunRecords:
+def from_rows(
+    run_id: str,
+    rounds: Sequence[dict[str, Any]],
+    clients: Sequence[dict[str, Any]] | None = None,
+    *,
+    path: Path | str = ".",
+    planned_rounds: int | None = None,
+) -> RunRecords:
     """A :class:`RunRecords` from in-memory rows (what a run's observers see)."""
     if not rounds:
         raise ReportError(f"{path}: no rounds recorded")
@@ -132,8 +156,9 @@ def load_run(path: str | Path) -> RunRecords:
         notes = _scenario_notes(scenario_file, rounds)
     run_id = str(rounds["run_id"].iloc[0]) if "run_id" in rounds.columns else path.name
     algorithms = sorted(set(rounds["algorithm"].astype(str)))
-    return RunRecords(path, run_id, "+".join(algorithms), rounds, clients, planned,
-                      extra={"notes": notes})
+    return RunRecords(
+        path, run_id, "+".join(algorithms), rounds, clients, planned, extra={"notes": notes}
+    )
 
 
 def _scenario_notes(scenario_file: Path, rounds: pd.DataFrame) -> list[str]:
@@ -162,7 +187,8 @@ def _phases(runs: Sequence[RunRecords]) -> list[tuple[str, str]]:
     out = []
     for name, col in PHASES:
         if col in OPTIONAL_PHASES and not any(
-                col in r.rounds.columns and (r.rounds[col].fillna(0) > 0).any() for r in runs):
+            col in r.rounds.columns and (r.rounds[col].fillna(0) > 0).any() for r in runs
+        ):
             continue
         out.append((name, col))
     return out
@@ -184,8 +210,9 @@ def evaluated(r: RunRecords) -> pd.DataFrame:
     return r.rounds[r.rounds["mean_accuracy"].notna()]
 
 
-def convergence_round(r: RunRecords, tolerance: float = convergence.TOLERANCE,
-                      window: int = convergence.WINDOW_ROUNDS) -> int | None:
+def convergence_round(
+    r: RunRecords, tolerance: float = convergence.TOLERANCE, window: int = convergence.WINDOW_ROUNDS
+) -> int | None:
     """Index (records' ``round``) of the convergence round; None if nothing was evaluated.
 
     :func:`mecsim.analysis.convergence.convergence_round`: the earliest evaluated round from which
@@ -217,8 +244,12 @@ def kapc_time_table(runs: Sequence[RunRecords]) -> pd.DataFrame:
     rows = []
     for r in runs:
         t = float(r.rounds["round_time_s"].mean())
-        row: dict[str, Any] = {"method": r.algorithm, "run": r.run_id,
-                               "rounds": len(r.rounds), "time_s": t}
+        row: dict[str, Any] = {
+            "method": r.algorithm,
+            "run": r.run_id,
+            "rounds": len(r.rounds),
+            "time_s": t,
+        }
         for name, col in phases:
             s = float(_col(r.rounds, col).mean())
             key = name.lower().replace("-", "_")
@@ -233,27 +264,36 @@ def kapc_cost_table(runs: Sequence[RunRecords]) -> pd.DataFrame:
     for r in runs:
         df = r.rounds
         ev = evaluated(r)
-        rows.append({
-            "method": r.algorithm, "run": r.run_id,
-            "u_comm_mib": float(df["bytes_up"].mean()) / MiB,
-            "d_comm_mib": float(df["bytes_down"].mean()) / MiB,
-            "c_comp_gflops": float(df["client_gflops"].mean()),
-            "s_comp_gflops": float(df["server_gflops"].mean()),
-            # joules of all selected clients per round (NaN in records without energy)
-            "client_energy_j": float(df["energy_j"].mean(skipna=False))
-            if "energy_j" in df.columns else math.nan,
-            "server_mem_mb": float(df["server_rss_mb"].max()),
-            "client_step_mem_mib": float(df["client_peak_mb"].max()),
-            "best_mean_acc": float(ev["mean_accuracy"].max()) if not ev.empty else math.nan,
-        })
+        rows.append(
+            {
+                "method": r.algorithm,
+                "run": r.run_id,
+                "u_comm_mib": float(df["bytes_up"].mean()) / MiB,
+                "d_comm_mib": float(df["bytes_down"].mean()) / MiB,
+                "c_comp_gflops": float(df["client_gflops"].mean()),
+                "s_comp_gflops": float(df["server_gflops"].mean()),
+                # joules of all selected clients per round (NaN in records without energy)
+                "client_energy_j": float(df["energy_j"].mean(skipna=False))
+                if "energy_j" in df.columns
+                else math.nan,
+                "server_mem_mb": float(df["server_rss_mb"].max()),
+                "client_step_mem_mib": float(df["client_peak_mb"].max()),
+                "best_mean_acc": float(ev["mean_accuracy"].max()) if not ev.empty else math.nan,
+            }
+        )
     return pd.DataFrame(rows)
 
 
 def mtfl_time_table(runs: Sequence[RunRecords]) -> pd.DataFrame:
     """MTFL Table 4 shape: average round time (s) and the % in Down / Client / Up / Server."""
-    order = [("Down", "dl_time_s"), ("Client", "client_time_s"), ("Up", "ul_time_s"),
-             ("Server", "server_time_s"), ("Backhaul", "backhaul_time_s"),
-             ("Idle", "idle_time_s")]
+    order = [
+        ("Down", "dl_time_s"),
+        ("Client", "client_time_s"),
+        ("Up", "ul_time_s"),
+        ("Server", "server_time_s"),
+        ("Backhaul", "backhaul_time_s"),
+        ("Idle", "idle_time_s"),
+    ]
     shown = {col for _, col in _phases(runs)}
     rows = []
     for r in runs:
@@ -266,9 +306,12 @@ def mtfl_time_table(runs: Sequence[RunRecords]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def dcpfl_table(runs: Sequence[RunRecords], tolerance: float = convergence.TOLERANCE,
-                window: int = convergence.WINDOW_ROUNDS,
-                target: float | None = None) -> pd.DataFrame:
+def dcpfl_table(
+    runs: Sequence[RunRecords],
+    tolerance: float = convergence.TOLERANCE,
+    window: int = convergence.WINDOW_ROUNDS,
+    target: float | None = None,
+) -> pd.DataFrame:
     """DC-PFL Tables I-II shape, at the convergence round (:mod:`mecsim.analysis.convergence`), and
     to a common target accuracy (``target``, or :func:`mecsim.analysis.convergence.common_target`
     of the runs' final accuracies): rounds, emulated seconds and MiB until each run first
@@ -277,16 +320,30 @@ def dcpfl_table(runs: Sequence[RunRecords], tolerance: float = convergence.TOLER
     for r in runs:
         base = {"method": r.algorithm, "run": r.run_id}
         if evaluated(r).empty:
-            rows.append({**base, "final_acc": math.nan, "best_acc": math.nan,
-                         "convergence_round": math.nan, "comm_rounds": 0, "comm_time_s": 0.0,
-                         "total_time_s": float(r.rounds["elapsed_s"].iloc[-1])})
+            rows.append(
+                {
+                    **base,
+                    "final_acc": math.nan,
+                    "best_acc": math.nan,
+                    "convergence_round": math.nan,
+                    "comm_rounds": 0,
+                    "comm_time_s": 0.0,
+                    "total_time_s": float(r.rounds["elapsed_s"].iloc[-1]),
+                }
+            )
             continue
         conv = convergence.to_convergence(r.rounds.to_dict("records"), window, tolerance)
-        rows.append({**base, "final_acc": conv["final_accuracy"],
-                     "best_acc": conv["best_accuracy"],
-                     "convergence_round": int(conv["convergence_round"]) + 1,
-                     "comm_rounds": int(conv["comm_rounds"]),
-                     "comm_time_s": conv["comm_time_s"], "total_time_s": conv["total_time_s"]})
+        rows.append(
+            {
+                **base,
+                "final_acc": conv["final_accuracy"],
+                "best_acc": conv["best_accuracy"],
+                "convergence_round": int(conv["convergence_round"]) + 1,
+                "comm_rounds": int(conv["comm_rounds"]),
+                "comm_time_s": conv["comm_time_s"],
+                "total_time_s": conv["total_time_s"],
+            }
+        )
     out = pd.DataFrame(rows)
     base = out["total_time_s"].iloc[0]
     out["total_time_ratio"] = out["total_time_s"] / base if base > 0 else math.nan
@@ -310,19 +367,28 @@ def accuracy_table(runs: Sequence[RunRecords], target: float | None = None) -> p
     rows = []
     for r in runs:
         ev = evaluated(r)
-        row: dict[str, Any] = {"method": r.algorithm, "run": r.run_id,
-                               "rounds": len(r.rounds), "evaluated_rounds": len(ev)}
+        row: dict[str, Any] = {
+            "method": r.algorithm,
+            "run": r.run_id,
+            "rounds": len(r.rounds),
+            "evaluated_rounds": len(ev),
+        }
         if ev.empty:
             row.update(best_mean_acc=math.nan, best_round=math.nan, final_acc=math.nan)
         else:
             best = ev.loc[ev["mean_accuracy"].astype(float).idxmax()]
-            row.update(best_mean_acc=float(best["mean_accuracy"]),
-                       best_round=int(best["round"]) + 1,
-                       final_acc=float(ev["mean_accuracy"].iloc[-1]))
+            row.update(
+                best_mean_acc=float(best["mean_accuracy"]),
+                best_round=int(best["round"]) + 1,
+                final_acc=float(ev["mean_accuracy"].iloc[-1]),
+            )
         if target is not None:
             n, t = rounds_to_target(r, target)
-            row.update(target=target, rounds_to_target=n if n is not None else math.nan,
-                       time_to_target_s=t if t is not None else math.nan)
+            row.update(
+                target=target,
+                rounds_to_target=n if n is not None else math.nan,
+                time_to_target_s=t if t is not None else math.nan,
+            )
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -362,9 +428,13 @@ class Tables:
     window: int = convergence.WINDOW_ROUNDS
     notes: list[str] = field(default_factory=list)  # assumptions to print under the tables
 
-    CSV_NAMES = {"kapc_time": "kapc_table5_time.csv", "kapc_cost": "kapc_table6_cost.csv",
-                 "mtfl_time": "mtfl_table4_time.csv", "dcpfl": "dcpfl_tables_1_2.csv",
-                 "accuracy": "accuracy.csv"}
+    CSV_NAMES = {
+        "kapc_time": "kapc_table5_time.csv",
+        "kapc_cost": "kapc_table6_cost.csv",
+        "mtfl_time": "mtfl_table4_time.csv",
+        "dcpfl": "dcpfl_tables_1_2.csv",
+        "accuracy": "accuracy.csv",
+    }
 
     def write_csv(self, out_dir: Path) -> list[Path]:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -384,58 +454,97 @@ class Tables:
         names = [c[:-2] for c in t5.columns if c.endswith("_s") and c != "time_s"]
         label = {k.lower().replace("-", "_"): k for k, _ in PHASES}
         header = ["method", "Time (s)"] + [f"{label[k]} (s/%)" for k in names]
-        rows = [[_method(r, n), _num(r["time_s"], ".2f")]
-                + [f"{_num(r[k + '_s'], '.2f')} ({_num(r[k + '_pct'], '.2f')})" for k in names]
-                for _, r in t5.iterrows()]
-        parts.append("## Average time per round (KAPC Table 5 shape; emulated, critical path)"
-                     "\n\n" + _md(header, rows))
+        rows = [
+            [_method(r, n), _num(r["time_s"], ".2f")]
+            + [f"{_num(r[k + '_s'], '.2f')} ({_num(r[k + '_pct'], '.2f')})" for k in names]
+            for _, r in t5.iterrows()
+        ]
+        parts.append(
+            "## Average time per round (KAPC Table 5 shape; emulated, critical path)"
+            "\n\n" + _md(header, rows)
+        )
 
         # KAPC Table 6
         t6 = self.kapc_cost
-        header = ["method", "U-Comm (MiB)", "D-Comm (MiB)", "C-Comp (GFLOPs)", "S-Comp (GFLOPs)",
-                  "Client energy (J)", "Server mem (MB)", "Client step mem (MiB)",
-                  "Best mean acc (%)"]
-        rows = [[_method(r, n), _num(r["u_comm_mib"], ".2f"), _num(r["d_comm_mib"], ".2f"),
-                 _num(r["c_comp_gflops"], ".2f"), _num(r["s_comp_gflops"], ".3f"),
-                 _num(r["client_energy_j"], ".1f"),
-                 _num(r["server_mem_mb"], ".1f"), _num(r["client_step_mem_mib"], ".2f"),
-                 _num(100 * r["best_mean_acc"], ".2f")] for _, r in t6.iterrows()]
-        parts.append("## Communication and computation per round (KAPC Table 6 shape)\n\n"
-                     + _md(header, rows)
-                     + "\n\nClient energy: joules of all selected clients per round "
-                     "(compute, radio and idle; docs/devices.md).")
+        header = [
+            "method",
+            "U-Comm (MiB)",
+            "D-Comm (MiB)",
+            "C-Comp (GFLOPs)",
+            "S-Comp (GFLOPs)",
+            "Client energy (J)",
+            "Server mem (MB)",
+            "Client step mem (MiB)",
+            "Best mean acc (%)",
+        ]
+        rows = [
+            [
+                _method(r, n),
+                _num(r["u_comm_mib"], ".2f"),
+                _num(r["d_comm_mib"], ".2f"),
+                _num(r["c_comp_gflops"], ".2f"),
+                _num(r["s_comp_gflops"], ".3f"),
+                _num(r["client_energy_j"], ".1f"),
+                _num(r["server_mem_mb"], ".1f"),
+                _num(r["client_step_mem_mib"], ".2f"),
+                _num(100 * r["best_mean_acc"], ".2f"),
+            ]
+            for _, r in t6.iterrows()
+        ]
+        parts.append(
+            "## Communication and computation per round (KAPC Table 6 shape)\n\n"
+            + _md(header, rows)
+            + "\n\nClient energy: joules of all selected clients per round "
+            "(compute, radio and idle; docs/devices.md)."
+        )
 
         # MTFL Table 4
         t4 = self.mtfl_time
         pct = [c for c in t4.columns if c.endswith("_pct")]
-        header = ["Learning scheme", "Round time (s)"] + [f"{c[:-4].capitalize()} (%)"
-                                                          for c in pct]
-        rows = [[_method(r, n), _num(r["round_time_s"], ".2f")]
-                + [_num(r[c], ".1f") for c in pct] for _, r in t4.iterrows()]
+        header = ["Learning scheme", "Round time (s)"] + [f"{c[:-4].capitalize()} (%)" for c in pct]
+        rows = [
+            [_method(r, n), _num(r["round_time_s"], ".2f")] + [_num(r[c], ".1f") for c in pct]
+            for _, r in t4.iterrows()
+        ]
         parts.append("## Round time and its split (MTFL Table 4 shape)\n\n" + _md(header, rows))
 
         # DC-PFL Tables I-II
         d = self.dcpfl
         pp = 100 * self.tolerance
         goal = d["target"].iloc[0] if "target" in d and len(d) else math.nan
-        header = ["Method", "Final Acc.", "Best Acc.", "Comm. rounds", "Comm. time (s)",
-                  "Total time (s)", "Converged at round"]
+        header = [
+            "Method",
+            "Final Acc.",
+            "Best Acc.",
+            "Comm. rounds",
+            "Comm. time (s)",
+            "Total time (s)",
+            "Converged at round",
+        ]
         if math.isfinite(goal):
-            header += [f"Round to {100 * goal:g} %", f"Time to {100 * goal:g} % (s)",
-                       f"MiB to {100 * goal:g} %"]
+            header += [
+                f"Round to {100 * goal:g} %",
+                f"Time to {100 * goal:g} % (s)",
+                f"MiB to {100 * goal:g} %",
+            ]
         rows = []
         for _, r in d.iterrows():
             comm = r["comm_rounds"] > 0
-            cells = [_method(r, n), _num(r["final_acc"], ".3f"), _num(r["best_acc"], ".3f"),
-                     str(int(r["comm_rounds"])) if comm else "-",
-                     _num(r["comm_time_s"], ".1f") if comm else "-",
-                     f"{_num(r['total_time_s'], '.1f')} "
-                     f"(×{_num(r['total_time_ratio'], '.2f')})",
-                     _num(r["convergence_round"], ".0f")]
+            cells = [
+                _method(r, n),
+                _num(r["final_acc"], ".3f"),
+                _num(r["best_acc"], ".3f"),
+                str(int(r["comm_rounds"])) if comm else "-",
+                _num(r["comm_time_s"], ".1f") if comm else "-",
+                f"{_num(r['total_time_s'], '.1f')} (×{_num(r['total_time_ratio'], '.2f')})",
+                _num(r["convergence_round"], ".0f"),
+            ]
             if math.isfinite(goal):
-                cells += [_num(r["target_round"], ".0f", "X"),
-                          _num(r["target_time_s"], ".1f", "X"),
-                          _num(r["target_mib"], ".1f", "X")]
+                cells += [
+                    _num(r["target_round"], ".0f", "X"),
+                    _num(r["target_time_s"], ".1f", "X"),
+                    _num(r["target_mib"], ".1f", "X"),
+                ]
             rows.append(cells)
         parts.append(
             "## Accuracy and time to convergence (DC-PFL Tables I-II shape)\n\n"
@@ -450,7 +559,8 @@ class Tables:
             "it, its emulated time and the MiB sent and received until then, the same target "
             "for every run (given with --target, else the highest whole point every run's "
             "final accuracy reaches): the fair comparison, since 'converged' compares each "
-            "run only with its own end.")
+            "run only with its own end."
+        )
 
         # Accuracy
         a = self.accuracy
@@ -459,27 +569,48 @@ class Tables:
             header += [f"Rounds to {100 * self.target:g} %", "Time to target (s)"]
         rows = []
         for _, r in a.iterrows():
-            cells = [_method(r, n), str(int(r["rounds"])), _num(100 * r["best_mean_acc"], ".2f"),
-                     _num(r["best_round"], ".0f"), _num(100 * r["final_acc"], ".2f")]
+            cells = [
+                _method(r, n),
+                str(int(r["rounds"])),
+                _num(100 * r["best_mean_acc"], ".2f"),
+                _num(r["best_round"], ".0f"),
+                _num(100 * r["final_acc"], ".2f"),
+            ]
             if self.target is not None:
-                cells += [_num(r["rounds_to_target"], ".0f", "X"),
-                          _num(r["time_to_target_s"], ".1f", "X")]
+                cells += [
+                    _num(r["rounds_to_target"], ".0f", "X"),
+                    _num(r["time_to_target_s"], ".1f", "X"),
+                ]
             rows.append(cells)
         parts.append("## User accuracy\n\n" + _md(header, rows))
         if self.notes:
-            parts.append("## Assumptions and warnings\n\n"
-                         + "\n".join(f"- {note}" for note in self.notes))
+            parts.append(
+                "## Assumptions and warnings\n\n" + "\n".join(f"- {note}" for note in self.notes)
+            )
         return "\n\n".join(parts) + "\n"
 
 
-def build_tables(runs: Sequence[RunRecords], target: float | None = None,
-                 tolerance: float = convergence.TOLERANCE,
-                 window: int = convergence.WINDOW_ROUNDS) -> Tables:
+def build_tables(
+    runs: Sequence[RunRecords],
+    target: float | None = None,
+    tolerance: float = convergence.TOLERANCE,
+    window: int = convergence.WINDOW_ROUNDS,
+) -> Tables:
     if not runs:
         raise ReportError("no runs given")
-    notes = [note if len(runs) == 1 else f"{r.label}: {note}"
-             for r in runs for note in r.extra.get("notes", [])]
-    return Tables(kapc_time_table(runs), kapc_cost_table(runs), mtfl_time_table(runs),
-                  dcpfl_table(runs, tolerance, window, target), accuracy_table(runs, target),
-                  target,
-                  tolerance, window, notes)
+    notes = [
+        note if len(runs) == 1 else f"{r.label}: {note}"
+        for r in runs
+        for note in r.extra.get("notes", [])
+    ]
+    return Tables(
+        kapc_time_table(runs),
+        kapc_cost_table(runs),
+        mtfl_time_table(runs),
+        dcpfl_table(runs, tolerance, window, target),
+        accuracy_table(runs, target),
+        target,
+        tolerance,
+        window,
+        notes,
+    )

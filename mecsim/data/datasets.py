@@ -24,8 +24,14 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 
-DATASETS = ("mnist-embedded", "mnist-embedded-3x32", "mnist", "fashion-mnist", "cifar10",
-            "cifar100")
+DATASETS = (
+    "mnist-embedded",
+    "mnist-embedded-3x32",
+    "mnist",
+    "fashion-mnist",
+    "cifar10",
+    "cifar100",
+)
 
 
 EMBEDDED_DIR = Path(__file__).resolve().parent / "_data"
@@ -45,8 +51,10 @@ NORM_STATS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
 _IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 
 
-_NO_DOWNLOAD = ("datasets cannot be downloaded at run time; put the files on disk and point "
-                "`dataset.root` at them")
+_NO_DOWNLOAD = (
+    "datasets cannot be downloaded at run time; put the files on disk and point "
+    "`dataset.root` at them"
+)
 
 
 #: Input shape (C, H, W) and number of classes of each dataset, known without its files.
@@ -108,8 +116,9 @@ def read_idx(path: str | Path) -> np.ndarray:
     dtype = np.dtype(_IDX_DTYPES[raw[2]])
     expected = int(np.prod(dims)) * dtype.itemsize
     if len(raw) - header != expected:
-        raise DatasetError(f"{path}: IDX body has {len(raw) - header} bytes, dims {dims} "
-                         f"need {expected}")
+        raise DatasetError(
+            f"{path}: IDX body has {len(raw) - header} bytes, dims {dims} need {expected}"
+        )
     return np.frombuffer(raw, dtype, offset=header).reshape(dims).astype(dtype.newbyteorder("="))
 
 
@@ -125,8 +134,12 @@ def _idx_pair(images: Path, labels: Path, name: str, num_classes: int) -> ArrayD
 @lru_cache(maxsize=1)
 def load_embedded_mnist() -> ArrayDataset:
     """The embedded official MNIST test set: 10,000 images (1 x 28 x 28), cached, read-only."""
-    ds = _idx_pair(EMBEDDED_DIR / "t10k-images-idx3-ubyte.gz",
-                   EMBEDDED_DIR / "t10k-labels-idx1-ubyte.gz", "mnist-embedded", 10)
+    ds = _idx_pair(
+        EMBEDDED_DIR / "t10k-images-idx3-ubyte.gz",
+        EMBEDDED_DIR / "t10k-labels-idx1-ubyte.gz",
+        "mnist-embedded",
+        10,
+    )
     ds.images.flags.writeable = False
     ds.labels.flags.writeable = False
     return ds
@@ -134,8 +147,9 @@ def load_embedded_mnist() -> ArrayDataset:
 
 def _missing(name: str, paths: list[Path]) -> FileNotFoundError:
     listed = ", ".join(str(p) for p in paths)
-    return FileNotFoundError(f"dataset {name!r}: expected file(s) not found: {listed}; "
-                             f"{_NO_DOWNLOAD}")
+    return FileNotFoundError(
+        f"dataset {name!r}: expected file(s) not found: {listed}; {_NO_DOWNLOAD}"
+    )
 
 
 def _load_idx_dataset(name: str, root: Path) -> tuple[ArrayDataset, ArrayDataset]:
@@ -167,15 +181,23 @@ class _CifarUnpickler(pickle.Unpickler):
     lists, tuples, strings, bytes and numbers need no name lookup.
     """
 
-    ALLOWED = frozenset({
-        ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-        ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
-        ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
-        ("numpy", "ndarray"), ("numpy", "dtype"),
-        ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "bytearray"),
-        # bytes in protocol-2 pickles written by Python 3: _codecs.encode(text, "latin1")
-        ("_codecs", "encode"),
-    })
+    ALLOWED = frozenset(
+        {
+            ("numpy.core.multiarray", "_reconstruct"),
+            ("numpy._core.multiarray", "_reconstruct"),
+            ("numpy.core.multiarray", "scalar"),
+            ("numpy._core.multiarray", "scalar"),
+            ("numpy.core.numeric", "_frombuffer"),
+            ("numpy._core.numeric", "_frombuffer"),
+            ("numpy", "ndarray"),
+            ("numpy", "dtype"),
+            ("builtins", "set"),
+            ("builtins", "frozenset"),
+            ("builtins", "bytearray"),
+            # bytes in protocol-2 pickles written by Python 3: _codecs.encode(text, "latin1")
+            ("_codecs", "encode"),
+        }
+    )
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) not in self.ALLOWED:
@@ -195,33 +217,40 @@ def _unpickle(path: Path) -> dict[Any, Any]:
     except OSError as exc:
         raise DatasetError(f"{path}: cannot read ({exc.strerror})") from None
     except RefusedPickle:
-        raise DatasetError(f"{path}: refused: the pickle asks to import a callable that a "
-                           "CIFAR batch never contains (nothing was run)") from None
+        raise DatasetError(
+            f"{path}: refused: the pickle asks to import a callable that a "
+            "CIFAR batch never contains (nothing was run)"
+        ) from None
     except Exception as exc:  # a corrupt pickle raises anything; the file's bytes stay unsaid
-        raise DatasetError(f"{path}: not a CIFAR python batch (unpickling failed: "
-                           f"{type(exc).__name__})") from None
+        raise DatasetError(
+            f"{path}: not a CIFAR python batch (unpickling failed: {type(exc).__name__})"
+        ) from None
     if not isinstance(d, dict):
-        raise DatasetError(f"{path}: not a CIFAR python batch (a {type(d).__name__}, "
-                           "not a dict)")
+        raise DatasetError(f"{path}: not a CIFAR python batch (a {type(d).__name__}, not a dict)")
     return {(k.decode() if isinstance(k, bytes) else k): v for k, v in d.items()}
 
 
-def _cifar_arrays(parts: list[dict[Any, Any]], paths: list[Path], key: str,
-                  num_classes: int) -> tuple[np.ndarray, np.ndarray]:
+def _cifar_arrays(
+    parts: list[dict[Any, Any]], paths: list[Path], key: str, num_classes: int
+) -> tuple[np.ndarray, np.ndarray]:
     xs, ys = [], []
     for d, path in zip(parts, paths, strict=True):
         data, labels = d.get("data"), d.get(key)
-        if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 \
-                or data.shape[1] != 3 * 32 * 32:
+        if (
+            not isinstance(data, np.ndarray)
+            or data.dtype != np.uint8
+            or data.ndim != 2
+            or data.shape[1] != 3 * 32 * 32
+        ):
             raise DatasetError(f"{path}: 'data' is not a uint8 array of N x 3072 pixels")
         try:
             y = np.asarray(labels, dtype=np.int64)
         except (TypeError, ValueError, OverflowError):
             raise DatasetError(f"{path}: {key!r} is not a list of integer labels") from None
-        if y.shape != (data.shape[0],) or (y.size and not 0 <= y.min() <= y.max()
-                                           < num_classes):
-            raise DatasetError(f"{path}: {key!r} must be {data.shape[0]} labels in "
-                               f"[0, {num_classes})")
+        if y.shape != (data.shape[0],) or (y.size and not 0 <= y.min() <= y.max() < num_classes):
+            raise DatasetError(
+                f"{path}: {key!r} must be {data.shape[0]} labels in [0, {num_classes})"
+            )
         xs.append(data.reshape(-1, 3, 32, 32))
         ys.append(y)
     return np.concatenate(xs), np.concatenate(ys)
@@ -229,9 +258,15 @@ def _cifar_arrays(parts: list[dict[Any, Any]], paths: list[Path], key: str,
 
 def _load_cifar(name: str, root: Path) -> tuple[ArrayDataset, ArrayDataset]:
     folder, splits, key, ncls = (
-        ("cifar-10-batches-py", ([f"data_batch_{i}" for i in range(1, 6)], ["test_batch"]),
-         "labels", 10) if name == "cifar10"
-        else ("cifar-100-python", (["train"], ["test"]), "fine_labels", 100))
+        (
+            "cifar-10-batches-py",
+            ([f"data_batch_{i}" for i in range(1, 6)], ["test_batch"]),
+            "labels",
+            10,
+        )
+        if name == "cifar10"
+        else ("cifar-100-python", (["train"], ["test"]), "fine_labels", 100)
+    )
     base = root if (root / splits[1][0]).is_file() else root / folder
     out = []
     for files in splits:
@@ -248,8 +283,9 @@ def _take(ds: ArrayDataset, idx: np.ndarray) -> ArrayDataset:
     return ArrayDataset(ds.images[idx], ds.labels[idx], ds.num_classes, ds.name)
 
 
-def _subsample(ds: ArrayDataset, size: int | None, rng: np.random.Generator | None,
-               what: str) -> ArrayDataset:
+def _subsample(
+    ds: ArrayDataset, size: int | None, rng: np.random.Generator | None, what: str
+) -> ArrayDataset:
     if size is None or size == len(ds):
         return ds
     if not 0 < size <= len(ds):
@@ -259,9 +295,13 @@ def _subsample(ds: ArrayDataset, size: int | None, rng: np.random.Generator | No
     return _take(ds, np.sort(rng.choice(len(ds), size, replace=False)))
 
 
-def load_dataset(name: str, root: str | Path | None = None, train_size: int | None = None,
-                 test_size: int | None = None,
-                 rng: np.random.Generator | None = None) -> DataPools:
+def load_dataset(
+    name: str,
+    root: str | Path | None = None,
+    train_size: int | None = None,
+    test_size: int | None = None,
+    rng: np.random.Generator | None = None,
+) -> DataPools:
     """Load train/test pools for ``name`` (one of :data:`DATASETS`).
 
     ``"mnist-embedded"`` splits the 10,000 embedded images by a seeded shuffle into a train
@@ -276,13 +316,16 @@ def load_dataset(name: str, root: str | Path | None = None, train_size: int | No
         n_tr = 8000 if train_size is None else train_size
         n_te = 2000 if test_size is None else test_size
         if n_tr < 1 or n_te < 1 or n_tr + n_te > len(full):
-            raise ValueError(f"mnist-embedded: train_size + test_size = {n_tr} + {n_te} must be "
-                             f"positive and at most the {len(full)} embedded images")
+            raise ValueError(
+                f"mnist-embedded: train_size + test_size = {n_tr} + {n_te} must be "
+                f"positive and at most the {len(full)} embedded images"
+            )
         if rng is None:
             raise ValueError("mnist-embedded: splitting the embedded set needs an rng")
         perm = rng.permutation(len(full))
-        return DataPools(_take(full, np.sort(perm[:n_tr])),
-                         _take(full, np.sort(perm[n_tr:n_tr + n_te])))
+        return DataPools(
+            _take(full, np.sort(perm[:n_tr])), _take(full, np.sort(perm[n_tr : n_tr + n_te]))
+        )
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; choose one of {DATASETS}")
     if root is None:
@@ -290,18 +333,22 @@ def load_dataset(name: str, root: str | Path | None = None, train_size: int | No
     root = Path(root).expanduser()
     loader = _load_cifar if name.startswith("cifar") else _load_idx_dataset
     train, test = loader(name, root)
-    return DataPools(_subsample(train, train_size, rng, "train"),
-                     _subsample(test, test_size, rng, "test"))
+    return DataPools(
+        _subsample(train, train_size, rng, "train"), _subsample(test, test_size, rng, "test")
+    )
 
 
 def _as_3x32(pools: DataPools) -> DataPools:
     """A stand-in for CIFAR-shaped input (3 x 32 x 32) when CIFAR files are absent: each
     MNIST image zero-padded by 2 pixels on every side (28 -> 32, as LeNet-5 fed MNIST)
     and repeated over 3 channels. Same images and labels, so the same split and partition."""
+
     def widen(ds: ArrayDataset) -> ArrayDataset:
         x = np.pad(ds.images, ((0, 0), (0, 0), (2, 2), (2, 2)))
-        return ArrayDataset(np.repeat(x, 3, axis=1), ds.labels, ds.num_classes,
-                            "mnist-embedded-3x32")
+        return ArrayDataset(
+            np.repeat(x, 3, axis=1), ds.labels, ds.num_classes, "mnist-embedded-3x32"
+        )
+
     return DataPools(widen(pools.train), widen(pools.test))
 
 

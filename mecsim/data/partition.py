@@ -23,9 +23,12 @@ class Partition:
 
     def label_histograms(self, pools: DataPools) -> tuple[np.ndarray, np.ndarray]:
         """(n_clients x num_classes) label counts of each client's train and test indices."""
+
         def hist(parts: tuple[np.ndarray, ...], ds: ArrayDataset) -> np.ndarray:
-            return np.array([np.bincount(ds.labels[p], minlength=ds.num_classes) for p in parts],
-                            dtype=np.int64).reshape(len(parts), ds.num_classes)
+            return np.array(
+                [np.bincount(ds.labels[p], minlength=ds.num_classes) for p in parts], dtype=np.int64
+            ).reshape(len(parts), ds.num_classes)
+
         return hist(self.train, pools.train), hist(self.test, pools.test)
 
 
@@ -36,13 +39,16 @@ def _finish(train: list[np.ndarray], test: list[np.ndarray]) -> Partition:
 
 def _check(pools: DataPools, n_clients: int, need: int = 1) -> None:
     if n_clients < 1 or len(pools.train) < n_clients * need:
-        raise ValueError(f"cannot split {len(pools.train)} train samples among "
-                         f"{n_clients} clients")
+        raise ValueError(f"cannot split {len(pools.train)} train samples among {n_clients} clients")
 
 
-def partition_iid(pools: DataPools, n_clients: int, rng: np.random.Generator,
-                  samples_per_client: int | None = None,
-                  test_samples_per_client: int | None = None) -> Partition:
+def partition_iid(
+    pools: DataPools,
+    n_clients: int,
+    rng: np.random.Generator,
+    samples_per_client: int | None = None,
+    test_samples_per_client: int | None = None,
+) -> Partition:
     """Shuffle each pool and split it into ``n_clients`` parts whose sizes differ by <= 1.
 
     With ``samples_per_client``, each client instead draws that many train samples (and
@@ -54,19 +60,24 @@ def partition_iid(pools: DataPools, n_clients: int, rng: np.random.Generator,
         test_n = test_samples_per_client or 1
         for ds, k in ((pools.train, samples_per_client), (pools.test, test_n)):
             if k > len(ds):
-                raise ValueError(f"samples_per_client {k} exceeds the pool's {len(ds)} "
-                                 "samples")
+                raise ValueError(f"samples_per_client {k} exceeds the pool's {len(ds)} samples")
         draw: Callable[[ArrayDataset, int], list[np.ndarray]] = lambda ds, k: [  # noqa: E731
-            rng.choice(len(ds), k, replace=False) for _ in range(n_clients)]
+            rng.choice(len(ds), k, replace=False) for _ in range(n_clients)
+        ]
         return _finish(draw(pools.train, samples_per_client), draw(pools.test, test_n))
     _check(pools, n_clients)
     split = lambda n: np.array_split(rng.permutation(n), n_clients)  # noqa: E731
     return _finish(split(len(pools.train)), split(len(pools.test)))
 
 
-def partition_dirichlet(pools: DataPools, n_clients: int, rng: np.random.Generator,
-                        alpha: float = 0.3, min_samples: int = 1,
-                        max_tries: int = 100) -> Partition:
+def partition_dirichlet(
+    pools: DataPools,
+    n_clients: int,
+    rng: np.random.Generator,
+    alpha: float = 0.3,
+    min_samples: int = 1,
+    max_tries: int = 100,
+) -> Partition:
     """Label-skew by Dirichlet proportions (Hsu et al. 2019; KAPC uses alpha in {0.1, 0.3}).
 
     For each class c, q_c ~ Dir(alpha * 1_n); the shuffled train indices of c are cut at
@@ -89,27 +100,35 @@ def partition_dirichlet(pools: DataPools, n_clients: int, rng: np.random.Generat
             ite = rng.permutation(np.flatnonzero(yte == c))
             frac = np.cumsum(q)[:-1]
             cut_tr = np.minimum(np.floor(frac * len(itr)).astype(np.int64), len(itr))
-            cut_te = (cut_tr * len(ite) // len(itr) if len(itr)
-                      else np.minimum(np.floor(frac * len(ite)).astype(np.int64), len(ite)))
+            cut_te = (
+                cut_tr * len(ite) // len(itr)
+                if len(itr)
+                else np.minimum(np.floor(frac * len(ite)).astype(np.int64), len(ite))
+            )
             pairs = zip(np.split(itr, cut_tr), np.split(ite, cut_te), strict=True)
             for k, (a, b) in enumerate(pairs):
                 train[k].append(a)
                 test[k].append(b)
         if min(sum(len(a) for a in parts) for parts in train) >= min_samples:
             return _finish([np.concatenate(p) for p in train], [np.concatenate(p) for p in test])
-    raise ValueError(f"dirichlet(alpha={alpha}): no draw in {max_tries} tries gave every one of "
-                     f"{n_clients} clients >= {min_samples} train samples")
+    raise ValueError(
+        f"dirichlet(alpha={alpha}): no draw in {max_tries} tries gave every one of "
+        f"{n_clients} clients >= {min_samples} train samples"
+    )
 
 
-def partition_shards(pools: DataPools, n_clients: int, rng: np.random.Generator,
-                     shards_per_client: int = 2) -> Partition:
+def partition_shards(
+    pools: DataPools, n_clients: int, rng: np.random.Generator, shards_per_client: int = 2
+) -> Partition:
     """Shards (McMahan et al.; MTFL Sec. 4.1): sort each pool by label (stable), split it
     into ``n_clients * shards_per_client`` near-equal shards and give each client
     ``shards_per_client`` random shard ids, the SAME ids in the train and test pools."""
     n_shards = n_clients * shards_per_client
     _check(pools, n_clients, shards_per_client)
-    shards = [np.array_split(np.argsort(ds.labels, kind="stable"), n_shards)
-              for ds in (pools.train, pools.test)]
+    shards = [
+        np.array_split(np.argsort(ds.labels, kind="stable"), n_shards)
+        for ds in (pools.train, pools.test)
+    ]
     assign = rng.permutation(n_shards).reshape(n_clients, shards_per_client)
     return _finish(*([np.concatenate([s[i] for i in row]) for row in assign] for s in shards))
 
@@ -123,8 +142,11 @@ def _largest_remainder(p: np.ndarray, total: int) -> np.ndarray:
 
 
 def partition_primary_secondary(
-    pools: DataPools, n_clients: int, rng: np.random.Generator,
-    samples_per_client: int | None = None, test_samples_per_client: int | None = None,
+    pools: DataPools,
+    n_clients: int,
+    rng: np.random.Generator,
+    samples_per_client: int | None = None,
+    test_samples_per_client: int | None = None,
     primary_range: tuple[float, float] = (0.4, 0.6),
     secondary_range: tuple[float, float] = (0.2, 0.4),
 ) -> Partition:
@@ -160,8 +182,9 @@ def partition_primary_secondary(
         parts: list[list[np.ndarray]] = [[] for _ in range(n_clients)]
         for c in range(ncls):
             idx = rng.permutation(np.flatnonzero(ds.labels == c))
-            for k, chunk in enumerate(np.split(idx[: counts[:, c].sum()],
-                                               np.cumsum(counts[:, c])[:-1])):
+            for k, chunk in enumerate(
+                np.split(idx[: counts[:, c].sum()], np.cumsum(counts[:, c])[:-1])
+            ):
                 parts[k].append(chunk)
         out.append([np.concatenate(p) for p in parts])
     return _finish(out[0], out[1])
@@ -175,17 +198,20 @@ PARTITIONERS: dict[str, Callable[..., Partition]] = {
 }
 
 
-def partition(pools: DataPools, n_clients: int, method: str, rng: np.random.Generator,
-              **params: Any) -> Partition:
+def partition(
+    pools: DataPools, n_clients: int, method: str, rng: np.random.Generator, **params: Any
+) -> Partition:
     """Dispatch to ``partition_<method>`` (see :data:`PARTITIONERS`) with ``params``."""
     if method not in PARTITIONERS:
-        raise ValueError(f"unknown partition method {method!r}; choose one of "
-                         f"{sorted(PARTITIONERS)}")
+        raise ValueError(
+            f"unknown partition method {method!r}; choose one of {sorted(PARTITIONERS)}"
+        )
     return PARTITIONERS[method](pools, n_clients, rng, **params)
 
 
-def heterogeneity_dkl(train_hist: np.ndarray, eps: float = 1e-6,
-                      paper_normaliser: bool = False) -> float:
+def heterogeneity_dkl(
+    train_hist: np.ndarray, eps: float = 1e-6, paper_normaliser: bool = False
+) -> float:
     """D̄_KL of DC-PFL (Eq. 1-2): the symmetrised KL ``(KL(P_i||P_j) + KL(P_j||P_i)) / 2``
     between the label distributions of clients i and j (natural log), averaged over all
     client pairs i < j, as the paper's text says ("the average ... among all client pairs").
@@ -213,7 +239,7 @@ def heterogeneity_dkl(train_hist: np.ndarray, eps: float = 1e-6,
     block = max(1, (1 << 20) // n)
     total = 0.0
     for lo in range(0, n, block):
-        kl = self_term[lo:lo + block, None] - p[lo:lo + block] @ logp.T  # KL(P_i || P_j)
+        kl = self_term[lo : lo + block, None] - p[lo : lo + block] @ logp.T  # KL(P_i || P_j)
         rows = np.arange(kl.shape[0])
         kl[rows, lo + rows] = 0.0
         total += float(kl.sum())

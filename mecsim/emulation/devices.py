@@ -44,8 +44,10 @@ class DeviceProfile:
         return batches * self.step_overhead_s + flops / self.flops_per_s
 
     def __repr__(self) -> str:
-        return (f"DeviceProfile({self.name!r}, flops_per_s={self.flops_per_s:.3g}, "
-                f"step_overhead_s={self.step_overhead_s}, ram_bytes={self.ram_bytes})")
+        return (
+            f"DeviceProfile({self.name!r}, flops_per_s={self.flops_per_s:.3g}, "
+            f"step_overhead_s={self.step_overhead_s}, ram_bytes={self.ram_bytes})"
+        )
 
 
 POWER_FIELDS = ("active_power_w", "idle_power_w", "radio_tx_power_w", "radio_rx_power_w")
@@ -56,9 +58,12 @@ def builtin_profiles() -> dict[str, DeviceProfile]:
     text = resources.files("mecsim.emulation").joinpath("profiles/devices.yaml").read_text()
     profiles = {}
     for name, fields in yaml.safe_load(text).items():
-        fields = dict(fields, flops_per_s=float(fields["flops_per_s"]),
-                      step_overhead_s=float(fields["step_overhead_s"]),
-                      ram_bytes=int(fields["ram_bytes"]))
+        fields = dict(
+            fields,
+            flops_per_s=float(fields["flops_per_s"]),
+            step_overhead_s=float(fields["step_overhead_s"]),
+            ram_bytes=int(fields["ram_bytes"]),
+        )
         for key in POWER_FIELDS:
             if fields.get(key) is not None:
                 fields[key] = float(fields[key])

@@ -45,8 +45,13 @@ ENERGY_KEYS = ("energy_j", "energy_compute_j", "energy_radio_j", "energy_idle_j"
 _PARTS = ("compute", "radio", "idle")
 
 
-def _air_time_s(trace: OpTrace, op_type: type[Download] | type[Upload],
-                rate: float | RateSchedule, latency_s: float, elapsed_s: float) -> float:
+def _air_time_s(
+    trace: OpTrace,
+    op_type: type[Download] | type[Upload],
+    rate: float | RateSchedule,
+    latency_s: float,
+    elapsed_s: float,
+) -> float:
     ops = [op for op in trace if isinstance(op, op_type) and op.nbytes > 0]
     if not ops:
         return 0.0
@@ -57,33 +62,55 @@ def _air_time_s(trace: OpTrace, op_type: type[Download] | type[Upload],
     return sum(8.0 * op.nbytes for op in ops) / rate
 
 
-def client_energy(profile: DeviceProfile, timeline: ClientTimeline, trace: OpTrace,
-                  spec: ClientSpec, round_time_s: float) -> dict[str, float]:
+def client_energy(
+    profile: DeviceProfile,
+    timeline: ClientTimeline,
+    trace: OpTrace,
+    spec: ClientSpec,
+    round_time_s: float,
+) -> dict[str, float]:
     """The :data:`ENERGY_KEYS` of one selected client's round (see the module docstring)."""
     nan = dict.fromkeys(ENERGY_KEYS, math.nan)
-    powers = (profile.active_power_w, profile.idle_power_w, profile.radio_tx_power_w,
-              profile.radio_rx_power_w)
+    powers = (
+        profile.active_power_w,
+        profile.idle_power_w,
+        profile.radio_tx_power_w,
+        profile.radio_rx_power_w,
+    )
     if any(p is None for p in powers):
         return nan
     p_active, p_idle, p_tx, p_rx = (float(p) for p in cast("tuple[float, ...]", powers))
-    window_s = round_time_s if not math.isfinite(timeline.finish_s) else max(
-        round_time_s, timeline.finish_s)
+    window_s = (
+        round_time_s
+        if not math.isfinite(timeline.finish_s)
+        else max(round_time_s, timeline.finish_s)
+    )
     if not math.isfinite(window_s):
         return nan
     compute_s = timeline.compute_s
     if not math.isfinite(compute_s):  # stuck computing: until the round ends
-        others = (timeline.download_s, timeline.upload_s, timeline.server_compute_s,
-                  timeline.backhaul_s)
+        others = (
+            timeline.download_s,
+            timeline.upload_s,
+            timeline.server_compute_s,
+            timeline.backhaul_s,
+        )
         compute_s = max(0.0, window_s - sum(t for t in others if math.isfinite(t)))
-    air_up = _air_time_s(trace, Upload, spec.uplink_rate_bps, spec.uplink_latency_s,
-                         timeline.upload_s)
-    air_down = _air_time_s(trace, Download, spec.downlink_rate_bps, spec.downlink_latency_s,
-                           timeline.download_s)
+    air_up = _air_time_s(
+        trace, Upload, spec.uplink_rate_bps, spec.uplink_latency_s, timeline.upload_s
+    )
+    air_down = _air_time_s(
+        trace, Download, spec.downlink_rate_bps, spec.downlink_latency_s, timeline.download_s
+    )
     e_compute = p_active * compute_s
     e_radio = p_tx * air_up + p_rx * air_down
     e_idle = p_idle * max(0.0, window_s - compute_s)
-    return {"energy_j": e_compute + e_radio + e_idle, "energy_compute_j": e_compute,
-            "energy_radio_j": e_radio, "energy_idle_j": e_idle}
+    return {
+        "energy_j": e_compute + e_radio + e_idle,
+        "energy_compute_j": e_compute,
+        "energy_radio_j": e_radio,
+        "energy_idle_j": e_idle,
+    }
 
 
 def round_energy(client_rows: Iterable[Mapping[str, Any]]) -> dict[str, float]:
@@ -97,9 +124,15 @@ def energy_parts() -> tuple[str, ...]:
     return _PARTS
 
 
-def round_energy_arrays(power_w: np.ndarray, times_s: np.ndarray, bits: np.ndarray,
-                        n_ops: np.ndarray, rates_bps: np.ndarray, latency_s: np.ndarray,
-                        round_time_s: float) -> dict[str, float]:
+def round_energy_arrays(
+    power_w: np.ndarray,
+    times_s: np.ndarray,
+    bits: np.ndarray,
+    n_ops: np.ndarray,
+    rates_bps: np.ndarray,
+    latency_s: np.ndarray,
+    round_time_s: float,
+) -> dict[str, float]:
     """:func:`round_energy` of :func:`client_energy` for a whole round at once, in numpy
     (what replays and sweeps use: no per-client Python work beyond building the arrays).
 
@@ -111,8 +144,12 @@ def round_energy_arrays(power_w: np.ndarray, times_s: np.ndarray, bits: np.ndarr
     if len(times_s) == 0:
         return dict.fromkeys(ENERGY_KEYS, 0.0)
     p_active, p_idle, p_tx, p_rx = power_w.T
-    if (math.isfinite(round_time_s) and np.isfinite(times_s).all()
-            and np.isfinite(power_w).all() and (rates_bps > 0).all()):
+    if (
+        math.isfinite(round_time_s)
+        and np.isfinite(times_s).all()
+        and np.isfinite(power_w).all()
+        and (rates_bps > 0).all()
+    ):
         # the common case: every client finished over constant, working links (the same
         # arithmetic as below, without the branches; n = 0 transfers have 0 bits)
         compute_s, finish_s = times_s[:, 1], times_s[:, 5]
@@ -120,24 +157,26 @@ def round_energy_arrays(power_w: np.ndarray, times_s: np.ndarray, bits: np.ndarr
         e_compute = p_active * compute_s
         e_radio = p_tx * (bits[:, 0] / rates_bps[:, 0]) + p_rx * (bits[:, 1] / rates_bps[:, 1])
         e_idle = p_idle * np.maximum(0.0, window_s - compute_s)
-        return {key: float(sum(values.tolist())) for key, values in zip(
-            ENERGY_KEYS, (e_compute + e_radio + e_idle, e_compute, e_radio, e_idle),
-            strict=True)}
+        return {
+            key: float(sum(values.tolist()))
+            for key, values in zip(
+                ENERGY_KEYS, (e_compute + e_radio + e_idle, e_compute, e_radio, e_idle), strict=True
+            )
+        }
     download_s, compute_s, upload_s, server_s, backhaul_s, finish_s = times_s.T
     with np.errstate(invalid="ignore", divide="ignore"):
-        window_s = np.where(np.isfinite(finish_s), np.maximum(round_time_s, finish_s),
-                            round_time_s)
-        others = np.where(np.isfinite(download_s), download_s, 0.0) \
-            + np.where(np.isfinite(upload_s), upload_s, 0.0) \
-            + np.where(np.isfinite(server_s), server_s, 0.0) \
+        window_s = np.where(np.isfinite(finish_s), np.maximum(round_time_s, finish_s), round_time_s)
+        others = (
+            np.where(np.isfinite(download_s), download_s, 0.0)
+            + np.where(np.isfinite(upload_s), upload_s, 0.0)
+            + np.where(np.isfinite(server_s), server_s, 0.0)
             + np.where(np.isfinite(backhaul_s), backhaul_s, 0.0)
-        compute_s = np.where(np.isfinite(compute_s), compute_s,
-                             np.maximum(0.0, window_s - others))
+        )
+        compute_s = np.where(np.isfinite(compute_s), compute_s, np.maximum(0.0, window_s - others))
         air = []
         for k, elapsed_s in ((0, upload_s), (1, download_s)):
             rate, lat, n = rates_bps[:, k], latency_s[:, k], n_ops[:, k]
-            schedule = np.where(np.isfinite(elapsed_s),
-                                np.maximum(0.0, elapsed_s - n * lat), 0.0)
+            schedule = np.where(np.isfinite(elapsed_s), np.maximum(0.0, elapsed_s - n * lat), 0.0)
             constant = np.where(rate > 0, bits[:, k] / rate, 0.0)
             air.append(np.where(n == 0, 0.0, np.where(np.isnan(rate), schedule, constant)))
         e_compute = p_active * compute_s
@@ -161,13 +200,18 @@ def transfer_arrays(traces: Iterable[OpTrace]) -> tuple[np.ndarray, np.ndarray]:
         down = [op for op in trace if isinstance(op, Download) and op.nbytes > 0]
         bits.append((sum(8.0 * op.nbytes for op in up), sum(8.0 * op.nbytes for op in down)))
         n_ops.append((len(up), len(down)))
-    return (np.array(bits, dtype=float).reshape(-1, 2),
-            np.array(n_ops, dtype=float).reshape(-1, 2))
+    return (np.array(bits, dtype=float).reshape(-1, 2), np.array(n_ops, dtype=float).reshape(-1, 2))
 
 
 def power_array(profiles: Iterable[DeviceProfile]) -> np.ndarray:
     """(active, idle, tx, rx) watts of each profile, NaN where it has none: shape (n, 4)."""
-    return np.array([[math.nan if w is None else float(w)
-                      for w in (p.active_power_w, p.idle_power_w, p.radio_tx_power_w,
-                                p.radio_rx_power_w)] for p in profiles],
-                    dtype=float).reshape(-1, 4)
+    return np.array(
+        [
+            [
+                math.nan if w is None else float(w)
+                for w in (p.active_power_w, p.idle_power_w, p.radio_tx_power_w, p.radio_rx_power_w)
+            ]
+            for p in profiles
+        ],
+        dtype=float,
+    ).reshape(-1, 4)

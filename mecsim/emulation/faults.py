@@ -48,8 +48,14 @@ if TYPE_CHECKING:
 
 _FAULT_STREAM = 7  # the scenario seed's stream for fault draws
 
-STATUSES = ("completed", "dropped_deadline", "crashed", "dropped_out", "outage",
-            "rejected_nonfinite")
+STATUSES = (
+    "completed",
+    "dropped_deadline",
+    "crashed",
+    "dropped_out",
+    "outage",
+    "rejected_nonfinite",
+)
 
 
 @dataclass(frozen=True)
@@ -71,10 +77,14 @@ class RoundFaults:
 def active(cfg: FaultsConfig | None) -> bool:
     """Does this ``faults`` configuration inject anything?"""
     return cfg is not None and (
-        cfg.crash_prob > 0 or cfg.dropout_prob > 0 or cfg.outage_prob > 0
+        cfg.crash_prob > 0
+        or cfg.dropout_prob > 0
+        or cfg.outage_prob > 0
         or (cfg.straggler is not None and cfg.straggler.fraction > 0)
-        or bool(cfg.link_outages) or bool(cfg.edge_server_outages)
-        or cfg.wait_for_fraction < 1)
+        or bool(cfg.link_outages)
+        or bool(cfg.edge_server_outages)
+        or cfg.wait_for_fraction < 1
+    )
 
 
 def draw_round(cfg: FaultsConfig | None, seed: int, rnd: int, selected: list[int]) -> RoundFaults:
@@ -105,8 +115,7 @@ def slowdown_factors(cfg: FaultsConfig | None, seed: int, n_clients: int) -> np.
     if st is None or st.fraction <= 0:
         return factors
     rng = np.random.default_rng([seed, _FAULT_STREAM, 0])
-    lo, hi = (st.slowdown, st.slowdown) if isinstance(st.slowdown, (int, float)) \
-        else st.slowdown
+    lo, hi = (st.slowdown, st.slowdown) if isinstance(st.slowdown, (int, float)) else st.slowdown
     k = int(round(st.fraction * n_clients))
     who = rng.choice(n_clients, size=k, replace=False) if k else np.array([], dtype=int)
     draws = rng.uniform(lo, hi, size=k)
@@ -114,8 +123,9 @@ def slowdown_factors(cfg: FaultsConfig | None, seed: int, n_clients: int) -> np.
     return factors
 
 
-def _down_intervals(cfg: FaultsConfig, cid: int, edge_server: int, direction: str,
-                    round_start_s: float) -> list[tuple[float, float]]:
+def _down_intervals(
+    cfg: FaultsConfig, cid: int, edge_server: int, direction: str, round_start_s: float
+) -> list[tuple[float, float]]:
     """Outage intervals of one link, in seconds since the round started (may be < 0)."""
     out = []
     o: LinkOutage | EdgeServerOutage
@@ -128,8 +138,9 @@ def _down_intervals(cfg: FaultsConfig, cid: int, edge_server: int, direction: st
     return [(a, b) for a, b in out if b > 0]
 
 
-def with_outages(rate: float | RateSchedule, intervals: Iterable[tuple[float, float]]
-                 ) -> float | RateSchedule:
+def with_outages(
+    rate: float | RateSchedule, intervals: Iterable[tuple[float, float]]
+) -> float | RateSchedule:
     """``rate`` (b/s, or a schedule from t=0) with 0 b/s during each interval [a, b)."""
     cuts = sorted((max(a, 0.0), b) for a, b in intervals if b > max(a, 0.0))
     if not cuts:
@@ -152,9 +163,13 @@ def with_outages(rate: float | RateSchedule, intervals: Iterable[tuple[float, fl
     return RateSchedule(tuple(out_t), tuple(out_r))
 
 
-def apply_to_specs(specs: Mapping[int, ClientSpec], cfg: FaultsConfig | None,
-                   factors: np.ndarray, round_start_s: float,
-                   outage: Iterable[int] = ()) -> dict[int, ClientSpec]:
+def apply_to_specs(
+    specs: Mapping[int, ClientSpec],
+    cfg: FaultsConfig | None,
+    factors: np.ndarray,
+    round_start_s: float,
+    outage: Iterable[int] = (),
+) -> dict[int, ClientSpec]:
     """The round's client specs with stragglers slowed down, and links at 0 b/s for the
     clients in ``outage`` (whole round) and during the configured outage intervals."""
     if cfg is None:
@@ -167,13 +182,19 @@ def apply_to_specs(specs: Mapping[int, ClientSpec], cfg: FaultsConfig | None,
         if cid in down_all:
             up, down = 0.0, 0.0
         else:
-            up = with_outages(up, _down_intervals(cfg, cid, spec.edge_server, "uplink",
-                                                  round_start_s))
-            down = with_outages(down, _down_intervals(cfg, cid, spec.edge_server, "downlink",
-                                                      round_start_s))
+            up = with_outages(
+                up, _down_intervals(cfg, cid, spec.edge_server, "uplink", round_start_s)
+            )
+            down = with_outages(
+                down, _down_intervals(cfg, cid, spec.edge_server, "downlink", round_start_s)
+            )
         out[cid] = dataclasses.replace(
-            spec, uplink_rate_bps=up, downlink_rate_bps=down,
-            step_overhead_s=spec.step_overhead_s * f, flops_per_s=spec.flops_per_s / f)
+            spec,
+            uplink_rate_bps=up,
+            downlink_rate_bps=down,
+            step_overhead_s=spec.step_overhead_s * f,
+            flops_per_s=spec.flops_per_s / f,
+        )
     return out
 
 

@@ -41,8 +41,14 @@ _ROUND_STREAM = 3
 _TRANSPORT_STREAM = 4
 
 #: Per client-round transport columns added to the channel records.
-TRANSPORT_KEYS = ("uplink_latency_s", "downlink_latency_s", "uplink_goodput_bps",
-                  "downlink_goodput_bps", "backhaul_latency_s", "backhaul_goodput_bps")
+TRANSPORT_KEYS = (
+    "uplink_latency_s",
+    "downlink_latency_s",
+    "uplink_goodput_bps",
+    "downlink_goodput_bps",
+    "backhaul_latency_s",
+    "backhaul_goodput_bps",
+)
 
 
 def device_profiles(scenario: Scenario) -> dict[str, DeviceProfile]:
@@ -54,8 +60,11 @@ def device_profiles(scenario: Scenario) -> dict[str, DeviceProfile]:
 
 
 def _range(value: float | tuple[float, float]) -> tuple[float, float]:
-    return (float(value), float(value)) if isinstance(value, (int, float)) else cast(
-        "tuple[float, float]", tuple(value))
+    return (
+        (float(value), float(value))
+        if isinstance(value, (int, float))
+        else cast("tuple[float, float]", tuple(value))
+    )
 
 
 def build_channel(cfg: ChannelConfig) -> ShannonChannel | FixedRateChannel | TraceChannel:
@@ -88,26 +97,21 @@ def build_channel(cfg: ChannelConfig) -> ShannonChannel | FixedRateChannel | Tra
     raise TypeError(f"unknown channel config {type(cfg).__name__}")
 
 
-
-
-
-
 def downlink_note(scenario: Scenario) -> str | None:
     """The sentence printed under a run's tables when personalised downloads each use the
     whole band (``downlink.mode: full``); None when the assumption does not arise."""
-    if scenario.downlink_mode() != "full" or not personalised_downloads(
-            scenario.algorithm.name):
+    if scenario.downlink_mode() != "full" or not personalised_downloads(scenario.algorithm.name):
         return None
     cfg = cast(ShannonChannelConfig, scenario.channel)  # downlink_mode() is None for others
     k = scenario.clients_per_round()
     mhz = cfg.downlink.bandwidth_hz / 1e6
-    return (f"Downlink: {scenario.algorithm.name} sends each client its own model and "
-            f"channel.downlink.mode is full, so the {k} concurrent downloads each use the "
-            f"whole {mhz:g} MHz band (the KAPC paper's assumption; K times the spectrum and "
-            "power of one transmitter). downlink.mode auto or shared time-shares the band "
-            "(docs/channel.md).")
-
-
+    return (
+        f"Downlink: {scenario.algorithm.name} sends each client its own model and "
+        f"channel.downlink.mode is full, so the {k} concurrent downloads each use the "
+        f"whole {mhz:g} MHz band (the KAPC paper's assumption; K times the spectrum and "
+        "power of one transmitter). downlink.mode auto or shared time-shares the band "
+        "(docs/channel.md)."
+    )
 
 
 def transport_of(cfg: ChannelConfig) -> tuple[LinkTransport, LinkTransport]:
@@ -120,7 +124,7 @@ def schedule_from(times_s: ArrayLike, rates_bps: ArrayLike, start_s: float) -> R
     times = np.asarray(times_s, dtype=float)
     rates = np.asarray(rates_bps, dtype=float)
     k = int(np.searchsorted(times, start_s, side="right")) - 1
-    rel_times = (0.0, *(float(t - start_s) for t in times[k + 1:]))
+    rel_times = (0.0, *(float(t - start_s) for t in times[k + 1 :]))
     return RateSchedule(rel_times, tuple(float(r) for r in rates[k:]))
 
 
@@ -132,7 +136,8 @@ class NetworkModel:
         self.channel = build_channel(scenario.channel)
         seed = scenario.seed
         self.radio = self.channel.draw_clients(
-            scenario.topology.clients, np.random.default_rng([seed, _CLIENTS_STREAM]))
+            scenario.topology.clients, np.random.default_rng([seed, _CLIENTS_STREAM])
+        )
         self.devices = [profiles[name] for name in scenario.client_profiles()]
         # (active, idle, tx, rx) W per client, for vectorised energy (mecsim.emulation.energy)
         self.power_w = power_array(self.devices)
@@ -140,34 +145,44 @@ class NetworkModel:
         self.server_profile = server
         self.uplink, self.downlink = transport_of(scenario.channel)
         up_shared, down_shared = scenario.channel.shared_media(scenario.algorithm.name)
-        self.network = NetworkSpec(uplink_shared=up_shared, downlink_shared=down_shared,
-                                   deadline_s=scenario.deadline_s)
+        self.network = NetworkSpec(
+            uplink_shared=up_shared, downlink_shared=down_shared, deadline_s=scenario.deadline_s
+        )
 
-    def _backhaul(self, rng: np.random.Generator) -> tuple[list[ServerSpec], np.ndarray,
-                                                           np.ndarray]:
+    def _backhaul(
+        self, rng: np.random.Generator
+    ) -> tuple[list[ServerSpec], np.ndarray, np.ndarray]:
         """This round's edge servers: each one's backhaul latency (jittered) and goodput."""
         bh = self.scenario.backhaul  # each edge server's wired link to the central server
         n = self.scenario.topology.edge_servers
         lat = jittered_latency_s(bh.latency_s, bh.jitter_s, rng.uniform(-1.0, 1.0, size=n))
-        bps = mathis_goodput_bps(np.full(n, bh.bandwidth_bps), 2.0 * lat, bh.loss_rate,
-                                 bh.mss_bytes)
+        bps = mathis_goodput_bps(
+            np.full(n, bh.bandwidth_bps), 2.0 * lat, bh.loss_rate, bh.mss_bytes
+        )
         server = self.server_profile
-        servers = [ServerSpec(server.flops_per_s, server.step_overhead_s,
-                              backhaul_bps=float(bps[k]), backhaul_latency_s=float(lat[k]))
-                   for k in range(n)]
+        servers = [
+            ServerSpec(
+                server.flops_per_s,
+                server.step_overhead_s,
+                backhaul_bps=float(bps[k]),
+                backhaul_latency_s=float(lat[k]),
+            )
+            for k in range(n)
+        ]
         return servers, lat, bps
 
-    def round(self, rnd: int, selected: list[int], elapsed_s: float = 0.0, *,
-              records: bool = True) -> tuple[dict[int, ClientSpec], list[ServerSpec],
-                                             NetworkSpec, dict[int, dict[str, Any]]]:
+    def round(
+        self, rnd: int, selected: list[int], elapsed_s: float = 0.0, *, records: bool = True
+    ) -> tuple[dict[int, ClientSpec], list[ServerSpec], NetworkSpec, dict[int, dict[str, Any]]]:
         """(client specs by id, server specs, network spec, channel records by id).
 
         ``records=False`` skips building the channel records (an empty dict is returned):
         a replay, which re-draws the same channel, does not need them.
         """
         rng = np.random.default_rng([self.scenario.seed, _ROUND_STREAM, rnd])
-        ch = self.channel.draw_round(self.radio, np.asarray(selected, dtype=np.int64), rng,
-                                     time_s=elapsed_s)
+        ch = self.channel.draw_round(
+            self.radio, np.asarray(selected, dtype=np.int64), rng, time_s=elapsed_s
+        )
         # latency jitter: (uplink, downlink) per selected client in selection order, then
         # one per edge server's backhaul
         t_rng = np.random.default_rng([self.scenario.seed, _TRANSPORT_STREAM, rnd])
@@ -178,13 +193,13 @@ class NetworkModel:
         # the Mathis bound alone (rate inf): applied to constant rates and to every segment
         # of a trace schedule
         up_cap = mathis_goodput_bps(np.inf, rtt, self.uplink.loss_rate, self.uplink.mss_bytes)
-        down_cap = mathis_goodput_bps(np.inf, rtt, self.downlink.loss_rate,
-                                      self.downlink.mss_bytes)
+        down_cap = mathis_goodput_bps(np.inf, rtt, self.downlink.loss_rate, self.downlink.mss_bytes)
         up_good = np.minimum(ch.uplink_rate_bps, up_cap)
         down_good = np.minimum(ch.downlink_rate_bps, down_cap)
         servers, bh_lat, bh_bps = self._backhaul(t_rng)
         rows: dict[int, dict[str, Any]] = (
-            {int(r["client_id"]): r for r in ch.records()} if records else {})
+            {int(r["client_id"]): r for r in ch.records()} if records else {}
+        )
         specs: dict[int, ClientSpec] = {}
         for i, cid in enumerate(selected):
             up: float | RateSchedule = float(up_good[i])
@@ -195,22 +210,37 @@ class NetworkModel:
                 down = schedule_from(dt, np.minimum(dr, down_cap[i]), elapsed_s)
             dev = self.devices[cid]
             es = self.scenario.edge_server_of(cid)
-            specs[cid] = ClientSpec(cid, up, down, dev.step_overhead_s, dev.flops_per_s, es,
-                                    uplink_latency_s=float(up_lat[i]),
-                                    downlink_latency_s=float(down_lat[i]))
+            specs[cid] = ClientSpec(
+                cid,
+                up,
+                down,
+                dev.step_overhead_s,
+                dev.flops_per_s,
+                es,
+                uplink_latency_s=float(up_lat[i]),
+                downlink_latency_s=float(down_lat[i]),
+            )
             if records:
                 rows[int(cid)].update(
-                    uplink_latency_s=float(up_lat[i]), downlink_latency_s=float(down_lat[i]),
+                    uplink_latency_s=float(up_lat[i]),
+                    downlink_latency_s=float(down_lat[i]),
                     uplink_goodput_bps=float(up_good[i]),
                     downlink_goodput_bps=float(down_good[i]),
-                    backhaul_latency_s=float(bh_lat[es]), backhaul_goodput_bps=float(bh_bps[es]))
+                    backhaul_latency_s=float(bh_lat[es]),
+                    backhaul_goodput_bps=float(bh_bps[es]),
+                )
         for rec in rows.values():
             rec.pop("client_id", None)
         # the round's links as arrays in selection order (goodput NaN where a rate schedule
         # applies), for vectorised energy in replays: (up, down) rates and latencies
         schedule = isinstance(self.channel, TraceChannel)
         self.round_links = (
-            np.column_stack([np.full(len(selected), np.nan) if schedule else up_good,
-                             np.full(len(selected), np.nan) if schedule else down_good]),
-            np.column_stack([up_lat, down_lat]))
+            np.column_stack(
+                [
+                    np.full(len(selected), np.nan) if schedule else up_good,
+                    np.full(len(selected), np.nan) if schedule else down_good,
+                ]
+            ),
+            np.column_stack([up_lat, down_lat]),
+        )
         return specs, servers, self.network, rows

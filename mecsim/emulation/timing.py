@@ -32,22 +32,42 @@ class EmulatedRound:
     def time(self, traces: Mapping[int, OpTrace], aggregate_s: float = 0.0) -> RoundTiming:
         """The round's timelines and critical path; ``aggregate_s`` is the server's
         aggregation time (0 before it is known)."""
-        return time_round(traces, self.specs, self.servers, self.network,
-                          aggregate_s=aggregate_s, failed=self.failed,
-                          wait_for=self.wait_for)
+        return time_round(
+            traces,
+            self.specs,
+            self.servers,
+            self.network,
+            aggregate_s=aggregate_s,
+            failed=self.failed,
+            wait_for=self.wait_for,
+        )
 
 
-def emulate_round(network: NetworkModel, faults_cfg: Any, slowdown: np.ndarray, rnd: int,
-                  selected: list[int], elapsed_s: float, outage: Collection[int],
-                  failed: Collection[int], *, records: bool = True) -> EmulatedRound:
+def emulate_round(
+    network: NetworkModel,
+    faults_cfg: Any,
+    slowdown: np.ndarray,
+    rnd: int,
+    selected: list[int],
+    elapsed_s: float,
+    outage: Collection[int],
+    failed: Collection[int],
+    *,
+    records: bool = True,
+) -> EmulatedRound:
     """Round ``rnd``'s network (:meth:`NetworkModel.round`: the channel drawn from the
     scenario seed and the round) with the scenario's emulated faults applied: stragglers'
     slow-down, link and edge-server outages, the clients whose link is down all round
     (``outage``) and those that failed (``failed``: crashed or dropped out), and the
     ``wait_for_fraction`` cut-off. ``records=False`` skips the channel's per-client
     records (a replay re-draws the same channel and does not need them)."""
-    specs, servers, net, channel_rows = network.round(rnd, selected, elapsed_s,
-                                                      records=records)
+    specs, servers, net, channel_rows = network.round(rnd, selected, elapsed_s, records=records)
     specs = faults.apply_to_specs(specs, faults_cfg, slowdown, elapsed_s, outage)
-    return EmulatedRound(specs, servers, net, frozenset(failed),
-                         faults.wait_for_count(faults_cfg, len(selected)), channel_rows)
+    return EmulatedRound(
+        specs,
+        servers,
+        net,
+        frozenset(failed),
+        faults.wait_for_count(faults_cfg, len(selected)),
+        channel_rows,
+    )

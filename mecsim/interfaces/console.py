@@ -24,8 +24,9 @@ def _min_width(header: str, cells: list[str]) -> int:
     return max([*(len(w) for w in header.split()), *(len(c) for c in cells), 1])
 
 
-def fitting_tables(title: str, header: list[str], rows: list[list[str]],
-                   width: int | None) -> list[Table]:
+def fitting_tables(
+    title: str, header: list[str], rows: list[list[str]], width: int | None
+) -> list[Table]:
     """``rows`` under ``header`` (the first column, the row's name, repeated in every part)
     as one table, or as several when ``width`` (the terminal's) cannot hold every column;
     no cell is ever cut or wrapped."""
@@ -43,8 +44,9 @@ def fitting_tables(title: str, header: list[str], rows: list[list[str]],
     for k, cols in enumerate(parts):
         widths = {j: least[j] for j in [0, *cols]}
         # room left: headers unwrapped where it allows, first come first served
-        spare = None if width is None else width - 1 - sum(
-            w + _COLUMN_EXTRA for w in widths.values())
+        spare = (
+            None if width is None else width - 1 - sum(w + _COLUMN_EXTRA for w in widths.values())
+        )
         for j in widths:
             grow = len(header[j]) - widths[j]
             if grow > 0 and (spare is None or grow <= spare):
@@ -61,35 +63,53 @@ def fitting_tables(title: str, header: list[str], rows: list[list[str]],
     return tables
 
 
-def summary_table(algorithm: str, rows: list[dict[str, Any]],
-                  width: int | None = None) -> list[Table]:
+def summary_table(
+    algorithm: str, rows: list[dict[str, Any]], width: int | None = None
+) -> list[Table]:
     """The two tables ``mecsim run`` prints at the end (the KAPC papers' Tables 5 and 6),
     fitted to a terminal ``width`` columns wide (None: one table each)."""
     th, tc, ch, cc = table_rows(summarise(rows))
-    return [*fitting_tables("Average time per round (emulated, critical path)",
-                            ["method", *th], [[algorithm, *tc]], width),
-            *fitting_tables("Communication and computation per round",
-                            ["method", *ch], [[algorithm, *cc]], width)]
+    return [
+        *fitting_tables(
+            "Average time per round (emulated, critical path)",
+            ["method", *th],
+            [[algorithm, *tc]],
+            width,
+        ),
+        *fitting_tables(
+            "Communication and computation per round", ["method", *ch], [[algorithm, *cc]], width
+        ),
+    ]
 
 
-
-def list_table(title: str, header: list[str], rows: list[list[str]], width: int | None,
-               keep: int = 1, right: frozenset[int] = frozenset()) -> Table:
+def list_table(
+    title: str,
+    header: list[str],
+    rows: list[list[str]],
+    width: int | None,
+    keep: int = 1,
+    right: frozenset[int] = frozenset(),
+) -> Table:
     """A list (one line per item, e.g. ``mecsim runs``) fitted to ``width``: the first
     ``keep`` columns (the item's id) always whole, the others dropped from the right until
     what is left fits; no value is ever cut or wrapped. Columns in ``right`` (numbers)
     are right-aligned."""
     least = [_min_width(h, [r[j] for r in rows]) for j, h in enumerate(header)]
     cols = list(range(len(header)))
-    while width is not None and len(cols) > keep and \
-            1 + sum(least[j] + _COLUMN_EXTRA for j in cols) > width:
+    while (
+        width is not None
+        and len(cols) > keep
+        and 1 + sum(least[j] + _COLUMN_EXTRA for j in cols) > width
+    ):
         cols.pop()
     dropped = len(header) - len(cols)
-    table = Table(title=title + (f" ({dropped} of its columns need a wider terminal)"
-                                 if dropped else ""))
+    table = Table(
+        title=title + (f" ({dropped} of its columns need a wider terminal)" if dropped else "")
+    )
     for j in cols:
-        table.add_column(header[j], no_wrap=True, min_width=least[j],
-                         justify="right" if j in right else "left")
+        table.add_column(
+            header[j], no_wrap=True, min_width=least[j], justify="right" if j in right else "left"
+        )
     for r in rows:
         table.add_row(*(r[j] for j in cols))
     return table

@@ -44,13 +44,26 @@ MiB = 1024 * 1024
 
 #: Critical-path phases of a round: (``phase`` label, round-row column). ``backhaul`` is
 #: 0 until the round rows carry ``backhaul_time_s`` (hierarchical scenarios).
-PHASES = (("download", "dl_time_s"), ("client", "client_time_s"), ("upload", "ul_time_s"),
-          ("backhaul", "backhaul_time_s"), ("server", "server_time_s"),
-          ("idle", "idle_time_s"))
+PHASES = (
+    ("download", "dl_time_s"),
+    ("client", "client_time_s"),
+    ("upload", "ul_time_s"),
+    ("backhaul", "backhaul_time_s"),
+    ("server", "server_time_s"),
+    ("idle", "idle_time_s"),
+)
 #: Client counts of a round by ``status`` label: the round-row column of each. ``dropped``
 #: is every selected client not aggregated; the others split it by cause.
-CLIENT_STATUSES = ("selected", "completed", "dropped", "dropped_deadline", "crashed",
-                   "dropped_out", "outage", "rejected")
+CLIENT_STATUSES = (
+    "selected",
+    "completed",
+    "dropped",
+    "dropped_deadline",
+    "crashed",
+    "dropped_out",
+    "outage",
+    "rejected",
+)
 
 #: Buckets of the per-client channel-rate histogram: 10^3 .. 10^10 bytes/s in half
 #: decades (8 kbit/s .. 80 Gbit/s).
@@ -62,55 +75,86 @@ CLIENT_SECONDS_BUCKETS = tuple(10 ** (k / 2) for k in range(-6, 9))
 
 # name (as exposed; counters with their _total) -> (type, help)
 METRICS: dict[str, tuple[str, str]] = {
-    "mecsim_run_info": ("gauge", "Always 1; labels describe the run (scenario, model, dataset, "
-                                 "clients, backend)"),
+    "mecsim_run_info": (
+        "gauge",
+        "Always 1; labels describe the run (scenario, model, dataset, clients, backend)",
+    ),
     "mecsim_rounds_planned": ("gauge", "Rounds the scenario asks for"),
     "mecsim_rounds_total": ("counter", "Rounds completed"),
     "mecsim_round_duration_seconds": ("gauge", "Emulated duration of the last round"),
-    "mecsim_round_phase_seconds": ("gauge", "Emulated critical-path time of the last round "
-                                            "by phase"),
+    "mecsim_round_phase_seconds": (
+        "gauge",
+        "Emulated critical-path time of the last round by phase",
+    ),
     "mecsim_emulated_seconds_total": ("counter", "Emulated time elapsed since the run started"),
-    "mecsim_emulated_phase_seconds_total": ("counter", "Emulated critical-path time by phase, "
-                                                       "summed over rounds"),
-    "mecsim_transferred_bytes_total": ("counter", "Bytes sent over the air (up: clients to "
-                                                  "server, down: server to clients)"),
-    "mecsim_flops_total": ("counter", "Floating-point operations (client: local training of "
-                                      "all selected clients; server: aggregation)"),
-    "mecsim_server_resident_memory_bytes": ("gauge", "Resident memory of the edge-server "
-                                                     "process after the last aggregation"),
-    "mecsim_client_step_memory_bytes": ("gauge", "Peak modelled memory of a client training "
-                                                 "step in the last round"),
-    "mecsim_user_accuracy_ratio": ("gauge", "User accuracy over the clients evaluated in the "
-                                            "last evaluated round (0-1), by stat"),
+    "mecsim_emulated_phase_seconds_total": (
+        "counter",
+        "Emulated critical-path time by phase, summed over rounds",
+    ),
+    "mecsim_transferred_bytes_total": (
+        "counter",
+        "Bytes sent over the air (up: clients to server, down: server to clients)",
+    ),
+    "mecsim_flops_total": (
+        "counter",
+        "Floating-point operations (client: local training of "
+        "all selected clients; server: aggregation)",
+    ),
+    "mecsim_server_resident_memory_bytes": (
+        "gauge",
+        "Resident memory of the edge-server process after the last aggregation",
+    ),
+    "mecsim_client_step_memory_bytes": (
+        "gauge",
+        "Peak modelled memory of a client training step in the last round",
+    ),
+    "mecsim_user_accuracy_ratio": (
+        "gauge",
+        "User accuracy over the clients evaluated in the last evaluated round (0-1), by stat",
+    ),
     "mecsim_train_loss": ("gauge", "Mean training loss of the last round's clients"),
     "mecsim_test_loss": ("gauge", "Mean test loss of the last evaluated round"),
     "mecsim_round_clients": ("gauge", "Clients in the last round by status"),
     "mecsim_clients_total": ("counter", "Client-rounds by status, summed over rounds"),
-    "mecsim_actor_failures_total": ("counter", "Ray actors (client hosts, edge server) that "
-                                               "died and were re-created from the last "
-                                               "checkpoint"),
+    "mecsim_actor_failures_total": (
+        "counter",
+        "Ray actors (client hosts, edge server) that "
+        "died and were re-created from the last "
+        "checkpoint",
+    ),
     "mecsim_checkpoint_bytes": ("gauge", "Size of the last checkpoint written"),
-    "mecsim_checkpoint_write_seconds": ("gauge", "Host seconds the last checkpoint took to "
-                                                 "write"),
+    "mecsim_checkpoint_write_seconds": ("gauge", "Host seconds the last checkpoint took to write"),
     "mecsim_host_round_wall_seconds": ("gauge", "Host wall-clock seconds of the last round"),
     "mecsim_host_wall_seconds_total": ("counter", "Host wall-clock seconds spent in rounds"),
-    "mecsim_channel_rate_bytes_per_second": ("histogram", "Per-client link rate drawn for "
-                                                          "each client-round, by direction"),
-    "mecsim_channel_snr_decibels": ("histogram", "Per-client effective SNR of each "
-                                                 "client-round, by direction (Shannon "
-                                                 "channels only)"),
-    "mecsim_client_phase_seconds": ("histogram", "Emulated time of each selected "
-                                                 "client-round by phase (download, compute, "
-                                                 "upload)"),
-    "mecsim_client_energy_joules_total": ("counter", "Energy of the selected clients' devices "
-                                                     "summed over rounds, by part (compute, "
-                                                     "radio, idle), from the device profiles"),
-    "mecsim_round_energy_joules": ("gauge", "Energy of the last round's selected clients, "
-                                            "all parts"),
+    "mecsim_channel_rate_bytes_per_second": (
+        "histogram",
+        "Per-client link rate drawn for each client-round, by direction",
+    ),
+    "mecsim_channel_snr_decibels": (
+        "histogram",
+        "Per-client effective SNR of each client-round, by direction (Shannon channels only)",
+    ),
+    "mecsim_client_phase_seconds": (
+        "histogram",
+        "Emulated time of each selected client-round by phase (download, compute, upload)",
+    ),
+    "mecsim_client_energy_joules_total": (
+        "counter",
+        "Energy of the selected clients' devices "
+        "summed over rounds, by part (compute, "
+        "radio, idle), from the device profiles",
+    ),
+    "mecsim_round_energy_joules": (
+        "gauge",
+        "Energy of the last round's selected clients, all parts",
+    ),
 }
 #: Parts of a client-round's energy: (``part`` label, round-row column).
-ENERGY_PARTS = (("compute", "energy_compute_j"), ("radio", "energy_radio_j"),
-                ("idle", "energy_idle_j"))
+ENERGY_PARTS = (
+    ("compute", "energy_compute_j"),
+    ("radio", "energy_radio_j"),
+    ("idle", "energy_idle_j"),
+)
 
 
 def _family(name: str) -> str:
@@ -137,8 +181,14 @@ class MetricsExporter(RunObserver):
     here (a service serves that registry for all its runs; one exporter per registry).
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 9464, linger_s: float = 0.0,
-                 *, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 9464,
+        linger_s: float = 0.0,
+        *,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
         if not 0 <= linger_s < math.inf:
             raise ValueError(f"linger_s must be a finite number of seconds >= 0, got {linger_s}")
         self.host = host
@@ -156,8 +206,7 @@ class MetricsExporter(RunObserver):
             self._families.append(family)
             return family
 
-        self.info = make("mecsim_run_info",
-                         ("scenario", "model", "dataset", "clients", "backend"))
+        self.info = make("mecsim_run_info", ("scenario", "model", "dataset", "clients", "backend"))
         self.rounds_planned = make("mecsim_rounds_planned")
         self.rounds = make("mecsim_rounds_total")
         self.round_time = make("mecsim_round_duration_seconds")
@@ -178,11 +227,13 @@ class MetricsExporter(RunObserver):
         self.checkpoint_seconds = make("mecsim_checkpoint_write_seconds")
         self.host_wall = make("mecsim_host_round_wall_seconds")
         self.host_total = make("mecsim_host_wall_seconds_total")
-        self.rate = make("mecsim_channel_rate_bytes_per_second", ("direction",),
-                         buckets=RATE_BUCKETS)
+        self.rate = make(
+            "mecsim_channel_rate_bytes_per_second", ("direction",), buckets=RATE_BUCKETS
+        )
         self.snr = make("mecsim_channel_snr_decibels", ("direction",), buckets=SNR_BUCKETS)
-        self.client_phase = make("mecsim_client_phase_seconds", ("phase",),
-                                 buckets=CLIENT_SECONDS_BUCKETS)
+        self.client_phase = make(
+            "mecsim_client_phase_seconds", ("phase",), buckets=CLIENT_SECONDS_BUCKETS
+        )
         self.energy = make("mecsim_client_energy_joules_total", ("part",))
         self.round_energy = make("mecsim_round_energy_joules")
         self._server: WSGIServer | None = None
@@ -195,8 +246,9 @@ class MetricsExporter(RunObserver):
 
         Does nothing for an exporter on a registry served by someone else."""
         if self.serves and self._server is None:
-            self._server, self._thread = start_http_server(self.port, addr=self.host,
-                                                           registry=self.registry)
+            self._server, self._thread = start_http_server(
+                self.port, addr=self.host, registry=self.registry
+            )
             self.port = self._server.server_port
 
     @property
@@ -215,9 +267,14 @@ class MetricsExporter(RunObserver):
         self.start()
         sc = info.scenario
         lab = {"run": info.run_id, "algorithm": sc.algorithm.name}
-        self.info.labels(**lab, scenario=sc.name, model=sc.model.name, dataset=sc.dataset.name,
-                         clients=str(sc.topology.clients),
-                         backend=str(info.extra.get("backend", ""))).set(1)
+        self.info.labels(
+            **lab,
+            scenario=sc.name,
+            model=sc.model.name,
+            dataset=sc.dataset.name,
+            clients=str(sc.topology.clients),
+            backend=str(info.extra.get("backend", "")),
+        ).set(1)
         self.rounds_planned.labels(**lab).set(sc.rounds)
         # families whose value is a sum start at 0, so rate()/increase() see the first round
         self.rounds.labels(**lab)
@@ -244,11 +301,16 @@ class MetricsExporter(RunObserver):
         for row in rounds:
             self._count(info, row)
             self.actor_failures.labels(run=info.run_id, algorithm=row["algorithm"]).inc(
-                _number(row.get("faults")))
+                _number(row.get("faults"))
+            )
 
-    def on_run_replay(self, info: RunInfo, rounds: list[dict[str, Any]],
-                      client_rows: dict[int, list[dict[str, Any]]],
-                      checkpoint: dict[str, Any] | None = None) -> None:
+    def on_run_replay(
+        self,
+        info: RunInfo,
+        rounds: list[dict[str, Any]],
+        client_rows: dict[int, list[dict[str, Any]]],
+        checkpoint: dict[str, Any] | None = None,
+    ) -> None:
         """A finished run's series rebuilt from its records, as the exporter that watched
         it had them at its end: for a service that adopts a run which finished while the
         service died (``client_rows``: each round's rows of ``clients.csv``;
@@ -257,11 +319,15 @@ class MetricsExporter(RunObserver):
         for row in rounds:
             self.on_round_end(info, row, client_rows.get(int(row["round"]), []), None)
             self.actor_failures.labels(run=info.run_id, algorithm=row["algorithm"]).inc(
-                _number(row.get("faults")))
+                _number(row.get("faults"))
+            )
         if checkpoint:
-            self.on_checkpoint(info, int(checkpoint.get("rounds_done", 0)),
-                               int(checkpoint.get("bytes", 0)),
-                               float(checkpoint.get("seconds", 0.0)))
+            self.on_checkpoint(
+                info,
+                int(checkpoint.get("rounds_done", 0)),
+                int(checkpoint.get("bytes", 0)),
+                float(checkpoint.get("seconds", 0.0)),
+            )
 
     def _count(self, info, row: dict[str, Any]) -> None:
         """The counters' increments of one round."""
@@ -282,8 +348,7 @@ class MetricsExporter(RunObserver):
                 self.energy.labels(**lab, part=part).inc(_number(row.get(key)))
 
     def on_fault(self, info, rnd: int, message: str) -> None:
-        self.actor_failures.labels(run=info.run_id,
-                                   algorithm=info.scenario.algorithm.name).inc()
+        self.actor_failures.labels(run=info.run_id, algorithm=info.scenario.algorithm.name).inc()
 
     def on_checkpoint(self, info, rounds_done: int, nbytes: int, seconds: float) -> None:
         lab = {"run": info.run_id, "algorithm": info.scenario.algorithm.name}
@@ -321,8 +386,11 @@ class MetricsExporter(RunObserver):
                 snr = c.get(f"{key}_snr_db")
                 if _finite(snr):
                     self.snr.labels(**lab, direction=direction).observe(float(snr))
-            for phase, key in (("download", "download_s"), ("compute", "compute_s"),
-                               ("upload", "upload_s")):
+            for phase, key in (
+                ("download", "download_s"),
+                ("compute", "compute_s"),
+                ("upload", "upload_s"),
+            ):
                 if _finite(c.get(key)):
                     self.client_phase.labels(**lab, phase=phase).observe(float(c[key]))
 
@@ -331,7 +399,10 @@ class MetricsExporter(RunObserver):
 
     def on_run_end(self, info, rounds) -> None:
         if self.linger_s > 0 and self._server is not None:
-            print(f"mecsim: run finished; serving {self.url} for {self.linger_s:g} s more "
-                  "(--metrics-linger)", file=sys.stderr)
+            print(
+                f"mecsim: run finished; serving {self.url} for {self.linger_s:g} s more "
+                "(--metrics-linger)",
+                file=sys.stderr,
+            )
             time.sleep(self.linger_s)
         self.close()

@@ -67,16 +67,30 @@ class Checkpoints(Protocol):
 MAX_RECOVERIES = 3
 
 
-_SAME_COLUMNS = ("selected", "completed", "bytes_up", "bytes_down", "client_gflops",
-                 "elapsed_s", "mean_accuracy", "train_loss")
+_SAME_COLUMNS = (
+    "selected",
+    "completed",
+    "bytes_up",
+    "bytes_down",
+    "client_gflops",
+    "elapsed_s",
+    "mean_accuracy",
+    "train_loss",
+)
 
 
 class _Loop:
     """The rounds of one run, with checkpoints and recovery from actor deaths."""
 
-    def __init__(self, rs: RunSetup, observers, store: Checkpoints | None,
-                 start: Checkpoint | None, prior_rows: list[dict[str, Any]],
-                 should_stop: Callable[[], bool | str] | None) -> None:
+    def __init__(
+        self,
+        rs: RunSetup,
+        observers,
+        store: Checkpoints | None,
+        start: Checkpoint | None,
+        prior_rows: list[dict[str, Any]],
+        should_stop: Callable[[], bool | str] | None,
+    ) -> None:
         self.rs, self.observers, self.store = rs, list(observers), store
         self.should_stop = should_stop
         self.rows = list(prior_rows)
@@ -93,8 +107,15 @@ class _Loop:
     def _checkpoint(self) -> None:
         assert self.store is not None
         st = self.rs.executor.state(self.store.blob_keys())
-        ckpt = Checkpoint(self.rnd, self.elapsed_s, st.server, st.clients, st.costs,
-                          blobs=st.blobs, edges=st.edges)
+        ckpt = Checkpoint(
+            self.rnd,
+            self.elapsed_s,
+            st.server,
+            st.clients,
+            st.costs,
+            blobs=st.blobs,
+            edges=st.edges,
+        )
         path = self.store.save(ckpt)
         self.base = Checkpoint(ckpt.rounds_done, ckpt.elapsed_s, None, {}, None, path)
         self._emit("on_checkpoint", self.rnd, self.store.last_bytes, self.store.last_seconds)
@@ -115,8 +136,9 @@ class _Loop:
                 ckpt = self.store.load(self.base.path)
             else:
                 ckpt = self.base
-            rs.executor.load_state(ExecutorState(ckpt.server, ckpt.clients, ckpt.costs,
-                                                 edges=ckpt.edges))
+            rs.executor.load_state(
+                ExecutorState(ckpt.server, ckpt.clients, ckpt.costs, edges=ckpt.edges)
+            )
             redo, elapsed = ckpt.rounds_done, ckpt.elapsed_s
         else:
             redo, elapsed = 0, 0.0
@@ -125,9 +147,13 @@ class _Loop:
             elapsed = row["elapsed_s"]
             recorded = self.rows[r] if r < len(self.rows) else None
             if recorded is not None and any(
-                    not _same(row[k], recorded.get(k)) for k in _SAME_COLUMNS):
-                print(f"mecsim: warning: round {r + 1}, re-executed after an actor died, "
-                      "differs from its record", file=sys.stderr)
+                not _same(row[k], recorded.get(k)) for k in _SAME_COLUMNS
+            ):
+                print(
+                    f"mecsim: warning: round {r + 1}, re-executed after an actor died, "
+                    "differs from its record",
+                    file=sys.stderr,
+                )
         self.elapsed_s = elapsed
 
     def run(self) -> str:
@@ -138,14 +164,17 @@ class _Loop:
             kill_point(f"round-start:{self.rnd}")
             try:
                 checkpoint_next = bool(self.every) and (self.rnd + 1) % self.every == 0
-                row, client_rows, traces = run_round(self.rs, self.rnd, self.elapsed_s,
-                                                     plan_next=not checkpoint_next)
+                row, client_rows, traces = run_round(
+                    self.rs, self.rnd, self.elapsed_s, plan_next=not checkpoint_next
+                )
             except ActorFailure as exc:
                 faults_in_round, recoveries = faults_in_round + 1, recoveries + 1
                 self._emit("on_fault", self.rnd, str(exc))
                 if recoveries > MAX_RECOVERIES:
-                    raise RunFailed(f"actors died {recoveries} times without a round "
-                                    f"finishing in between (last: {exc})") from exc
+                    raise RunFailed(
+                        f"actors died {recoveries} times without a round "
+                        f"finishing in between (last: {exc})"
+                    ) from exc
                 self._recover(exc)
                 continue
             row["faults"] = faults_in_round
@@ -165,8 +194,9 @@ class _Loop:
                         faults_in_round, recoveries = faults_in_round + 1, recoveries + 1
                         self._emit("on_fault", self.rnd - 1, str(exc))
                         if recoveries > MAX_RECOVERIES:
-                            raise RunFailed(f"actors died {recoveries} times while "
-                                            f"checkpointing (last: {exc})") from exc
+                            raise RunFailed(
+                                f"actors died {recoveries} times while checkpointing (last: {exc})"
+                            ) from exc
                         self._recover(exc)
             if self.should_stop is not None and self.rnd < sc.rounds:
                 stop = self.should_stop()
@@ -206,10 +236,17 @@ def _heap_frozen() -> Iterator[None]:
         gc.unfreeze()
 
 
-def run(scenario: Scenario, run_id: str, out_dir: Path | None = None,
-        observers: Sequence[RunObserver] = (), *, checkpoints: Checkpoints | None = None,
-        should_stop: Callable[[], bool | str] | None = None,
-        resume: ResumePoint | None = None, **prepare_kwargs: Any) -> list[dict[str, Any]]:
+def run(
+    scenario: Scenario,
+    run_id: str,
+    out_dir: Path | None = None,
+    observers: Sequence[RunObserver] = (),
+    *,
+    checkpoints: Checkpoints | None = None,
+    should_stop: Callable[[], bool | str] | None = None,
+    resume: ResumePoint | None = None,
+    **prepare_kwargs: Any,
+) -> list[dict[str, Any]]:
     """Run every round of ``scenario``; returns the round rows.
 
     With ``checkpoints``, a checkpoint is saved there after every ``checkpoint.every``
@@ -229,8 +266,9 @@ def run(scenario: Scenario, run_id: str, out_dir: Path | None = None,
     loop = _Loop(rs, observers, store, start, resume.rows if resume else [], should_stop)
     try:
         if start is not None:
-            rs.executor.load_state(ExecutorState(start.server, start.clients, start.costs,
-                                                 edges=start.edges))
+            rs.executor.load_state(
+                ExecutorState(start.server, start.clients, start.costs, edges=start.edges)
+            )
         rs.info.resumed_from = loop.rnd
         if resume is not None:
             loop._emit("on_run_resume", list(loop.rows))

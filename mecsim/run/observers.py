@@ -26,11 +26,15 @@ class RunObserver:
         records); by default the same as :meth:`on_run_start`."""
         self.on_run_start(info)
 
-    def on_round_end(self, info: RunInfo, round_row: dict[str, Any],
-                     client_rows: list[dict[str, Any]], traces: dict[str, Any]) -> None: ...
+    def on_round_end(
+        self,
+        info: RunInfo,
+        round_row: dict[str, Any],
+        client_rows: list[dict[str, Any]],
+        traces: dict[str, Any],
+    ) -> None: ...
 
-    def on_checkpoint(self, info: RunInfo, rounds_done: int, nbytes: int,
-                      seconds: float) -> None:
+    def on_checkpoint(self, info: RunInfo, rounds_done: int, nbytes: int, seconds: float) -> None:
         """A checkpoint after ``rounds_done`` rounds was written."""
 
     def on_fault(self, info: RunInfo, rnd: int, message: str) -> None:
@@ -43,8 +47,9 @@ class RunObserver:
     def on_run_end(self, info: RunInfo, rounds: list[dict[str, Any]]) -> None:
         """Every planned round is done."""
 
-    def on_run_stopped(self, info: RunInfo, rounds: list[dict[str, Any]], status: str,
-                       message: str) -> None:
+    def on_run_stopped(
+        self, info: RunInfo, rounds: list[dict[str, Any]], status: str, message: str
+    ) -> None:
         """The run stopped before its last round: ``status`` is ``interrupted`` (Ctrl-C,
         SIGTERM), ``cancelled`` (asked to stop) or ``failed`` (``message`` says why)."""
 

@@ -78,25 +78,43 @@ class Findings:
         self.warnings.append(Problem(where, " ".join(str(message).split())))
 
 
-def check(scenario: Scenario, source: str, *, run_dir: str | Path | None = None,
-          backend: str | None = None, hosts: int | None = None,
-          ray_address: str | None = None, resume: bool = False) -> list[str]:
+def check(
+    scenario: Scenario,
+    source: str,
+    *,
+    run_dir: str | Path | None = None,
+    backend: str | None = None,
+    hosts: int | None = None,
+    ray_address: str | None = None,
+    resume: bool = False,
+) -> list[str]:
     """Raise ScenarioError listing every problem (``source: field: message``), or return
     the warnings as lines. ``run_dir`` (the run's folder) is checked when given: directly
     inside ``outputs.dir`` and new — or, with ``resume=True``, existing (a run being
     continued). ``backend``, ``hosts`` and ``ray_address`` override the scenario's as in
     :func:`mecsim.run.setup.prepare`."""
-    found = find_problems(scenario, run_dir=run_dir, backend=backend, hosts=hosts,
-                          ray_address=ray_address, resume=resume)
+    found = find_problems(
+        scenario,
+        run_dir=run_dir,
+        backend=backend,
+        hosts=hosts,
+        ray_address=ray_address,
+        resume=resume,
+    )
     if found.problems:
-        raise ScenarioError("\n".join(f"{source}: {p.field}: {p.message}"
-                                      for p in found.problems))
+        raise ScenarioError("\n".join(f"{source}: {p.field}: {p.message}" for p in found.problems))
     return [f"{source}: warning: {w.field}: {w.message}" for w in found.warnings]
 
 
-def find_problems(scenario: Scenario, *, run_dir: str | Path | None = None,
-                  backend: str | None = None, hosts: int | None = None,
-                  ray_address: str | None = None, resume: bool = False) -> Findings:
+def find_problems(
+    scenario: Scenario,
+    *,
+    run_dir: str | Path | None = None,
+    backend: str | None = None,
+    hosts: int | None = None,
+    ray_address: str | None = None,
+    resume: bool = False,
+) -> Findings:
     # numeric warnings (overflow in a channel draw...) would be stray lines on stderr;
     # what they warn of is checked and reported as a problem instead
     with warnings.catch_warnings(), np.errstate(all="ignore"):
@@ -104,15 +122,20 @@ def find_problems(scenario: Scenario, *, run_dir: str | Path | None = None,
         return _find_problems(scenario, run_dir, backend, hosts, ray_address, resume)
 
 
-def _find_problems(scenario: Scenario, run_dir: str | Path | None, backend: str | None,
-                   hosts: int | None, ray_address: str | None, resume: bool) -> Findings:
+def _find_problems(
+    scenario: Scenario,
+    run_dir: str | Path | None,
+    backend: str | None,
+    hosts: int | None,
+    ray_address: str | None,
+    resume: bool,
+) -> Findings:
     found = Findings()
     backend = backend or scenario.execution.backend
     address = ray_address or scenario.execution.ray_address
     check_outputs(scenario, None if run_dir is None else Path(run_dir), found, resume)
     if scenario.metrics.enabled:
-        check_metrics(scenario.metrics.host, scenario.metrics.port, scenario.metrics.public,
-                      found)
+        check_metrics(scenario.metrics.host, scenario.metrics.port, scenario.metrics.public, found)
     if backend == "ray" and address:
         check_ray_address(address, found)
     pools = check_dataset(scenario, found)
@@ -128,8 +151,9 @@ def _find_problems(scenario: Scenario, run_dir: str | Path | None, backend: str 
 # ----------------------------------------------------------------------------- outputs
 
 
-def check_outputs(scenario: Scenario, run_dir: Path | None, found: Findings,
-                  resume: bool = False) -> None:
+def check_outputs(
+    scenario: Scenario, run_dir: Path | None, found: Findings, resume: bool = False
+) -> None:
     """``outputs.dir`` can hold run folders; the run folder (``run_dir``, or the
     scenario's own ``outputs.run_id`` under it) is directly inside it and new (or, when
     resuming, an existing folder)."""
@@ -138,17 +162,23 @@ def check_outputs(scenario: Scenario, run_dir: Path | None, found: Findings,
         run_dir = base / scenario.outputs.run_id
     if run_dir is not None:
         run_dir = run_dir.expanduser()
-        if os.path.abspath(run_dir.parent) != os.path.abspath(base) or \
-                run_dir.name in ("", ".", ".."):
-            found.problem("outputs.run_id", f"the run folder {run_dir} would not be directly "
-                          f"inside outputs.dir {base}")
+        if os.path.abspath(run_dir.parent) != os.path.abspath(base) or run_dir.name in (
+            "",
+            ".",
+            "..",
+        ):
+            found.problem(
+                "outputs.run_id",
+                f"the run folder {run_dir} would not be directly inside outputs.dir {base}",
+            )
             return
     existing = base
     while not os.path.lexists(existing) and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir():
-        found.problem("outputs.dir", f"{existing} is not a directory, so {base} cannot hold "
-                      "run folders")
+        found.problem(
+            "outputs.dir", f"{existing} is not a directory, so {base} cannot hold run folders"
+        )
     elif not os.access(existing, os.W_OK | os.X_OK):
         what = "create run folders in" if existing == base else f"create {base} under"
         found.problem("outputs.dir", f"no permission to {what} {existing}")
@@ -156,8 +186,10 @@ def check_outputs(scenario: Scenario, run_dir: Path | None, found: Findings,
         if not run_dir.is_dir():
             found.problem("outputs.run_id", f"there is no run folder {run_dir} to resume")
     elif run_dir is not None and os.path.lexists(run_dir):
-        found.problem("outputs.run_id", f"the run folder {run_dir} already exists; choose "
-                      "another run id (--run-id)")
+        found.problem(
+            "outputs.run_id",
+            f"the run folder {run_dir} already exists; choose another run id (--run-id)",
+        )
 
 
 def checkpoint_bytes(scenario: Scenario, layout: ModelLayout) -> int:
@@ -189,11 +221,14 @@ def check_disk(scenario: Scenario, layout: ModelLayout, found: Findings) -> None
         return  # check_outputs says what is wrong with the folder
     free = usage.free
     if usage.total and need > free:  # (a pseudo file system has no size: nothing to say)
-        found.warn("checkpoint", f"the run's checkpoints may take up to {need / GiB:,.2f} GiB "
-                   f"({scenario.checkpoint.keep} kept x the server's and each client's "
-                   f"state, {layout.nbytes / MiB:,.1f} MiB a model), but {existing} has "
-                   f"{free / GiB:,.2f} GiB free: keep fewer (checkpoint.keep), checkpoint "
-                   "less often (checkpoint.every) or write elsewhere (outputs.dir)")
+        found.warn(
+            "checkpoint",
+            f"the run's checkpoints may take up to {need / GiB:,.2f} GiB "
+            f"({scenario.checkpoint.keep} kept x the server's and each client's "
+            f"state, {layout.nbytes / MiB:,.1f} MiB a model), but {existing} has "
+            f"{free / GiB:,.2f} GiB free: keep fewer (checkpoint.keep), checkpoint "
+            "less often (checkpoint.every) or write elsewhere (outputs.dir)",
+        )
 
 
 # ----------------------------------------------------------------------------- network
@@ -215,18 +250,25 @@ def check_metrics(host: str, port: int, public: bool, found: Findings) -> None:
     try:
         infos = _resolve(host, port or None)
     except (OSError, UnicodeError) as exc:
-        found.problem("metrics.host", f"cannot resolve {host!r} "
-                      f"({getattr(exc, 'strerror', None) or exc})")
+        found.problem(
+            "metrics.host", f"cannot resolve {host!r} ({getattr(exc, 'strerror', None) or exc})"
+        )
         return
     addresses = sorted({info[4][0] for info in infos})
     if not all(_is_loopback(a) for a in addresses):
         if not public:
-            found.problem("metrics.host", f"{host} is not a loopback address, so /metrics "
-                          "would be reachable from other machines; set metrics.public: true "
-                          "(mecsim run --metrics-public) to allow it")
+            found.problem(
+                "metrics.host",
+                f"{host} is not a loopback address, so /metrics "
+                "would be reachable from other machines; set metrics.public: true "
+                "(mecsim run --metrics-public) to allow it",
+            )
         else:
-            found.warn("metrics.host", f"/metrics will be served on {host} "
-                       f"({', '.join(addresses)}), reachable from other machines")
+            found.warn(
+                "metrics.host",
+                f"/metrics will be served on {host} "
+                f"({', '.join(addresses)}), reachable from other machines",
+            )
     if port == 0:
         return  # any free port: chosen when the endpoint starts
     family, _, _, _, sockaddr = infos[0]
@@ -235,18 +277,23 @@ def check_metrics(host: str, port: int, public: bool, found: Findings) -> None:
         try:
             s.bind(sockaddr)
         except PermissionError:
-            found.problem("metrics.port", f"port {port} is privileged (below 1024) and this "
-                          "user may not listen on it; choose a port from 1024 up, or 0 for "
-                          "any free port")
+            found.problem(
+                "metrics.port",
+                f"port {port} is privileged (below 1024) and this "
+                "user may not listen on it; choose a port from 1024 up, or 0 for "
+                "any free port",
+            )
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
-                found.problem("metrics.port", f"port {port} on {host} is in use; choose "
-                              "another (--metrics-port), or 0 for any free port")
+                found.problem(
+                    "metrics.port",
+                    f"port {port} on {host} is in use; choose "
+                    "another (--metrics-port), or 0 for any free port",
+                )
             elif exc.errno == errno.EADDRNOTAVAIL:
                 found.problem("metrics.host", f"{host} is not an address of this machine")
             else:
-                found.problem("metrics.port", f"cannot listen on {host}:{port} "
-                              f"({exc.strerror})")
+                found.problem("metrics.port", f"cannot listen on {host}:{port} ({exc.strerror})")
 
 
 def check_ray_address(address: str, found: Findings) -> None:
@@ -256,14 +303,17 @@ def check_ray_address(address: str, found: Findings) -> None:
     host, sep, port_text = address.removeprefix("ray://").rpartition(":")
     host = host.strip("[]")
     if not sep or not host or not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
-        found.problem("execution.ray_address", f"{address!r} is not 'auto', HOST:PORT or "
-                      "ray://HOST:PORT")
+        found.problem(
+            "execution.ray_address", f"{address!r} is not 'auto', HOST:PORT or ray://HOST:PORT"
+        )
         return
     try:
         infos = _resolve(host, int(port_text))
     except (OSError, UnicodeError) as exc:
-        found.problem("execution.ray_address", f"cannot resolve {host!r} "
-                      f"({getattr(exc, 'strerror', None) or exc})")
+        found.problem(
+            "execution.ray_address",
+            f"cannot resolve {host!r} ({getattr(exc, 'strerror', None) or exc})",
+        )
         return
     family, _, _, _, sockaddr = infos[0]
     with socket.socket(family, socket.SOCK_STREAM) as s:
@@ -271,8 +321,11 @@ def check_ray_address(address: str, found: Findings) -> None:
         try:
             s.connect(sockaddr)
         except OSError as exc:
-            found.problem("execution.ray_address", f"nothing answers at {host}:{port_text} "
-                          f"({exc.strerror or 'timed out'}); is the Ray head running?")
+            found.problem(
+                "execution.ray_address",
+                f"nothing answers at {host}:{port_text} "
+                f"({exc.strerror or 'timed out'}); is the Ray head running?",
+            )
 
 
 # ----------------------------------------------------------------------------- data
@@ -284,9 +337,12 @@ def check_dataset(scenario: Scenario, found: Findings) -> DataPools | None:
     ds = scenario.dataset
     if ds.name not in EMBEDDED:
         if ds.root is None:
-            found.problem("dataset.root", f"dataset {ds.name} is read from files: set "
-                          "dataset.root to the directory holding them (nothing is "
-                          "downloaded)")
+            found.problem(
+                "dataset.root",
+                f"dataset {ds.name} is read from files: set "
+                "dataset.root to the directory holding them (nothing is "
+                "downloaded)",
+            )
             return None
         root = Path(ds.root).expanduser()
         if not root.exists():
@@ -307,9 +363,12 @@ def check_dataset(scenario: Scenario, found: Findings) -> DataPools | None:
         return None
     n = scenario.topology.clients
     if len(pools.train) < n:
-        found.problem("topology.clients", f"{n} clients, but the train pool has only "
-                      f"{len(pools.train)} samples (dataset.train_size): every client needs "
-                      "at least one")
+        found.problem(
+            "topology.clients",
+            f"{n} clients, but the train pool has only "
+            f"{len(pools.train)} samples (dataset.train_size): every client needs "
+            "at least one",
+        )
         return pools
     params = ds.partition.model_dump(exclude={"method"})
     try:
@@ -322,9 +381,14 @@ def check_dataset(scenario: Scenario, found: Findings) -> DataPools | None:
 # ----------------------------------------------------------------------------- model
 
 
-def check_model_and_memory(scenario: Scenario, pools: DataPools | None, backend: str,
-                           hosts: int | None, address: str | None, found: Findings
-                           ) -> tuple[nn.Module, ModelLayout, np.ndarray, TrainConfig] | None:
+def check_model_and_memory(
+    scenario: Scenario,
+    pools: DataPools | None,
+    backend: str,
+    hosts: int | None,
+    address: str | None,
+    found: Findings,
+) -> tuple[nn.Module, ModelLayout, np.ndarray, TrainConfig] | None:
     """Build the model for the data; check the batch and the step memory. Returns
     (model, layout, init_weights, train config) or None."""
     name, t = scenario.model.name, scenario.training
@@ -339,23 +403,30 @@ def check_model_and_memory(scenario: Scenario, pools: DataPools | None, backend:
     with untouched():  # leave the global torch RNG (a run's initial model) alone
         try:
             model = build_model(name, in_shape, num_classes)
-            has_bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm)
-                         for m in model.modules())
+            has_bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
             batch = max(t.batch_size, 2) if has_bn else t.batch_size
+
             def step_bytes_at(b: int) -> int:
-                return step_cost_on_meta(name, in_shape, num_classes, t.optimizer, b, t.lr,
-                                         t.momentum, t.weight_decay).memory_bytes
+                return step_cost_on_meta(
+                    name, in_shape, num_classes, t.optimizer, b, t.lr, t.momentum, t.weight_decay
+                ).memory_bytes
 
             step_bytes = step_bytes_at(batch)
         except (RuntimeError, ValueError, TypeError, OverflowError) as exc:
             shape = "x".join(str(s) for s in in_shape)
-            found.problem("model", f"{name} cannot train on {scenario.dataset.name}'s "
-                          f"{shape} images: {str(exc).splitlines()[0] if str(exc) else exc}")
+            found.problem(
+                "model",
+                f"{name} cannot train on {scenario.dataset.name}'s "
+                f"{shape} images: {str(exc).splitlines()[0] if str(exc) else exc}",
+            )
             return None
     layout = model_layout(model)
     if has_bn and t.batch_size < 2:
-        found.problem("training.batch_size", f"{name} has BatchNorm layers, which cannot "
-                      "train on a batch of 1: use a batch_size of 2 or more")
+        found.problem(
+            "training.batch_size",
+            f"{name} has BatchNorm layers, which cannot "
+            "train on a batch of 1: use a batch_size of 2 or more",
+        )
     need = f"a training step of {name} at batch {t.batch_size} needs {step_bytes / MiB:,.1f} MiB"
     profiles = device_profiles(scenario)
 
@@ -371,41 +442,60 @@ def check_model_and_memory(scenario: Scenario, pools: DataPools | None, backend:
     for profile in sorted(set(scenario.client_profiles())):
         ram = profiles[profile].ram_bytes
         if step_bytes > ram:
-            found.problem("training.batch_size", f"{need}, more than the {ram / MiB:,.0f} MiB "
-                          f"of RAM of device profile {profile!r} ({largest_batch(ram)})")
+            found.problem(
+                "training.batch_size",
+                f"{need}, more than the {ram / MiB:,.0f} MiB "
+                f"of RAM of device profile {profile!r} ({largest_batch(ram)})",
+            )
     if not (backend == "ray" and address):  # the hosts train on this machine
         n = scenario.topology.clients
-        workers = 1 if backend == "local" else \
-            max(1, min(hosts or scenario.execution.hosts or os.cpu_count() or 1, n))
+        workers = (
+            1
+            if backend == "local"
+            else max(1, min(hosts or scenario.execution.hosts or os.cpu_count() or 1, n))
+        )
         total = psutil.virtual_memory().total
         if step_bytes * workers > total:
             who = "one process" if workers == 1 else f"each of {workers} host processes"
-            found.problem("training.batch_size", f"{need} in {who}, more than this "
-                          f"machine's {total / MiB:,.0f} MiB of RAM")
+            found.problem(
+                "training.batch_size",
+                f"{need} in {who}, more than this machine's {total / MiB:,.0f} MiB of RAM",
+            )
     with untouched():
         init = get_flat(model, layout)
     return model, layout, init, train
 
 
-def check_algorithm(scenario: Scenario, model, layout, init_weights, train,
-                    found: Findings) -> None:
+def check_algorithm(
+    scenario: Scenario, model, layout, init_weights, train, found: Findings
+) -> None:
     """The algorithm's own cross-field checks, then its server and client sides built on
     the real layout (two stand-in clients: what a constructor checks does not depend on
     how many there are)."""
 
     server_cls, client_cls = algorithm_classes(scenario.algorithm.name)
     params = server_cls.Params(**scenario.algorithm.params)
-    own = server_cls.check_scenario(params, train=train, model=model, layout=layout,
-                                    clients=scenario.topology.clients,
-                                    participation=scenario.topology.participation)
+    own = server_cls.check_scenario(
+        params,
+        train=train,
+        model=model,
+        layout=layout,
+        clients=scenario.topology.clients,
+        participation=scenario.topology.participation,
+    )
     for where, message in own:
         found.problem(where, message)
     if own:
         return
     try:
         with untouched():
-            server_cls(layout, init_weights, {0: 1, 1: 1}, scenario.topology.participation,
-                       dict(scenario.algorithm.params))
+            server_cls(
+                layout,
+                init_weights,
+                {0: 1, 1: 1},
+                scenario.topology.participation,
+                dict(scenario.algorithm.params),
+            )
             client_cls(dict(scenario.algorithm.params))
     except ValueError as exc:
         found.problem("algorithm", str(exc))
@@ -438,8 +528,9 @@ def check_channel(scenario: Scenario, found: Findings) -> None:
         n = scenario.topology.clients
         # one draw of a round's channel for every client (vectorised; the run's own
         # draws come from other streams of the seed, from the same distributions)
-        ch = net.channel.draw_round(net.radio, np.arange(n),
-                                    np.random.default_rng(scenario.seed), time_s=0.0)
+        ch = net.channel.draw_round(
+            net.radio, np.arange(n), np.random.default_rng(scenario.seed), time_s=0.0
+        )
     except (ValueError, OSError, UnicodeDecodeError) as exc:
         found.problem(where, str(exc))
         return
@@ -447,5 +538,8 @@ def check_channel(scenario: Scenario, found: Findings) -> None:
         rates = np.asarray(getattr(ch, f"{direction}_rate_bps"), dtype=float)
         bad = np.flatnonzero(~np.isfinite(rates))
         if bad.size:
-            found.problem(where, f"the {direction} rate of client {int(bad[0])} is not a finite "
-                          f"number ({rates[bad[0]]}): check the channel's parameters")
+            found.problem(
+                where,
+                f"the {direction} rate of client {int(bad[0])} is not a finite "
+                f"number ({rates[bad[0]]}): check the channel's parameters",
+            )

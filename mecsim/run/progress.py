@@ -22,17 +22,24 @@ class ProgressBar(RunObserver):
     def __init__(self, console: Console) -> None:
         self.console = console
         self.progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
-            console=console, transient=False,
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
         )
         self.task: TaskID | None = None
 
     def on_run_start(self, info: RunInfo) -> None:
         self.progress.start()
-        self.task = self.progress.add_task(f"{info.scenario.algorithm.name} rounds",
-                                           total=info.scenario.rounds, status="",
-                                           completed=info.resumed_from)
+        self.task = self.progress.add_task(
+            f"{info.scenario.algorithm.name} rounds",
+            total=info.scenario.rounds,
+            status="",
+            completed=info.resumed_from,
+        )
 
     def _warn(self, text: str) -> None:
         # on stderr, literally (no rich markup); the live bar shows it above itself
@@ -42,8 +49,10 @@ class ProgressBar(RunObserver):
         rejected = int(row.get("rejected", 0) or 0)
         if rejected:
             ids = [c["client_id"] for c in client_rows if c.get("status") == "rejected_nonfinite"]
-            text = (f"round {int(row['round']) + 1}: {rejected} update(s) with NaN or inf "
-                    f"rejected (clients {', '.join(map(str, ids))})")
+            text = (
+                f"round {int(row['round']) + 1}: {rejected} update(s) with NaN or inf "
+                f"rejected (clients {', '.join(map(str, ids))})"
+            )
             if int(row.get("completed", 0) or 0) == 0:
                 text += "; no update was aggregated, the model is unchanged"
             self._warn(text)
@@ -52,13 +61,17 @@ class ProgressBar(RunObserver):
         if self.task is None:  # a round before the run started: nothing to advance
             return
         self.progress.update(
-            self.task, advance=1,
+            self.task,
+            advance=1,
             status=f"{acc_txt}  round {row['round_time_s']:.2f} s emulated, "
-                   f"{row['host_wall_s']:.2f} s host")
+            f"{row['host_wall_s']:.2f} s host",
+        )
 
     def on_fault(self, info, rnd: int, message: str) -> None:
-        self._warn(f"round {rnd + 1}: an actor died ({message}); re-creating the actors "
-                   "from the last checkpoint")
+        self._warn(
+            f"round {rnd + 1}: an actor died ({message}); re-creating the actors "
+            "from the last checkpoint"
+        )
 
     def on_run_end(self, info, rounds) -> None:
         self.progress.stop()

@@ -34,8 +34,9 @@ def _mean(values: list[float]) -> float:
     return float(np.mean(finite)) if finite else float("nan")
 
 
-def _status(cid: int, completed: set[int], rejected: set[int], rf: faults.RoundFaults,
-            finish_s: float) -> str:
+def _status(
+    cid: int, completed: set[int], rejected: set[int], rf: faults.RoundFaults, finish_s: float
+) -> str:
     if cid in rf.outage or (cid not in completed and np.isinf(finish_s)):
         return "outage"
     if cid in rf.crash_at:
@@ -47,8 +48,9 @@ def _status(cid: int, completed: set[int], rejected: set[int], rf: faults.RoundF
     return "rejected_nonfinite" if cid in rejected else "completed"
 
 
-def run_round(rs: RunSetup, rnd: int, elapsed_s: float, *, plan_next: bool = False
-              ) -> tuple[dict, list[dict], dict]:
+def run_round(
+    rs: RunSetup, rnd: int, elapsed_s: float, *, plan_next: bool = False
+) -> tuple[dict, list[dict], dict]:
     """One round; returns (round row, client rows, op-traces record).
 
     ``plan_next``: the run loop goes straight on to the next round (no checkpoint in
@@ -78,8 +80,9 @@ def run_round(rs: RunSetup, rnd: int, elapsed_s: float, *, plan_next: bool = Fal
         if t.client_id in rf.outage:
             traces[t.client_id] = faults.outage_trace(t.download_nbytes)
     traces = {cid: traces[cid] for cid in sorted(traces)}
-    emulated = emulate_round(rs.network, sc.faults, rs.slowdown, rnd, selected, elapsed_s,
-                             rf.outage, rf.failed)
+    emulated = emulate_round(
+        rs.network, sc.faults, rs.slowdown, rnd, selected, elapsed_s, rf.outage, rf.failed
+    )
     timing = emulated.time(traces)
     completed_ids = {c.client_id for c in timing.clients if c.completed}
     if fold is not None and completed_ids != fold:
@@ -87,7 +90,8 @@ def run_round(rs: RunSetup, rnd: int, elapsed_s: float, *, plan_next: bool = Fal
             f"round {rnd}: the aggregate was streamed for clients that the timing did not "
             f"complete ({sorted(fold - completed_ids)[:5]}) or without clients it did "
             f"({sorted(completed_ids - fold)[:5]}); set execution.stream_aggregation: off "
-            "and report this scenario")
+            "and report this scenario"
+        )
     agg = rs.executor.aggregate(rnd, [r for r in results if r.client_id in completed_ids])
     if plan_ahead and not rs.streams:
         rs.executor.plan_ahead(rnd + 1)
@@ -108,33 +112,54 @@ def run_round(rs: RunSetup, rnd: int, elapsed_s: float, *, plan_next: bool = Fal
     statuses: dict[int, str] = {}
     client_rows: list[dict[str, Any]] = []
     for cid in sorted(set(selected) | set(evals)):
-        row: dict[str, Any] = {"run_id": rs.info.run_id, "round": rnd, "client_id": cid,
-                               "device": rs.info.client_devices[cid],
-                               "edge_server": sc.edge_server_of(cid),
-                               "selected": cid in tl_by_id}
+        row: dict[str, Any] = {
+            "run_id": rs.info.run_id,
+            "round": rnd,
+            "client_id": cid,
+            "device": rs.info.client_devices[cid],
+            "edge_server": sc.edge_server_of(cid),
+            "selected": cid in tl_by_id,
+        }
         if cid in tl_by_id:
             tl = tl_by_id[cid]
             statuses[cid] = status = _status(cid, completed_ids, rejected, rf, tl.finish_s)
             up, down = trace_bytes(traces[cid])
-            row.update(status=status, completed=status == "completed",
-                       start_s=tl.start_s, finish_s=tl.finish_s,
-                       download_s=tl.download_s, compute_s=tl.compute_s,
-                       upload_s=tl.upload_s, server_compute_s=tl.server_compute_s,
-                       bytes_up=up, bytes_down=down)
+            row.update(
+                status=status,
+                completed=status == "completed",
+                start_s=tl.start_s,
+                finish_s=tl.finish_s,
+                download_s=tl.download_s,
+                compute_s=tl.compute_s,
+                upload_s=tl.upload_s,
+                server_compute_s=tl.server_compute_s,
+                bytes_up=up,
+                bytes_down=down,
+            )
             if cid in by_id:
                 r = by_id[cid]
                 flops, steps = r.flops, r.steps
                 if cid in rf.crash_at:  # the device did only the part before its crash
                     flops = trace_flops(traces[cid])[0]
                     steps = sum(op.batches for op in traces[cid] if isinstance(op, Compute))
-                row.update(gflops=flops / 1e9, steps=steps,
-                           num_samples=r.num_samples, train_loss=r.train_loss,
-                           peak_memory_mb=r.peak_memory_bytes / MiB,
-                           host_train_s=r.host_seconds)
+                row.update(
+                    gflops=flops / 1e9,
+                    steps=steps,
+                    num_samples=r.num_samples,
+                    train_loss=r.train_loss,
+                    peak_memory_mb=r.peak_memory_bytes / MiB,
+                    host_train_s=r.host_seconds,
+                )
             row.update(emulated.channel_rows.get(cid, {}))
-            row.update(client_energy(rs.network.devices[cid], tl, traces[cid],
-                                     emulated.specs[cid],
-                                     timing.round_time_s))
+            row.update(
+                client_energy(
+                    rs.network.devices[cid],
+                    tl,
+                    traces[cid],
+                    emulated.specs[cid],
+                    timing.round_time_s,
+                )
+            )
         if cid in evals:
             row["accuracy"], row["test_loss"] = evals[cid]
         client_rows.append(row)
@@ -146,17 +171,27 @@ def run_round(rs: RunSetup, rnd: int, elapsed_s: float, *, plan_next: bool = Fal
     up_total = sum(trace_bytes(t)[0] for t in traces.values())
     down_total = sum(trace_bytes(t)[1] for t in traces.values())
     round_row = {
-        "run_id": rs.info.run_id, "round": rnd, "algorithm": sc.algorithm.name,
-        "selected": len(selected), "completed": count("completed"),
+        "run_id": rs.info.run_id,
+        "round": rnd,
+        "algorithm": sc.algorithm.name,
+        "selected": len(selected),
+        "completed": count("completed"),
         "dropped": len(selected) - count("completed"),
-        "dropped_deadline": count("dropped_deadline"), "crashed": count("crashed"),
-        "dropped_out": count("dropped_out"), "outage": count("outage"),
-        "rejected": count("rejected_nonfinite"), "faults": 0,
+        "dropped_deadline": count("dropped_deadline"),
+        "crashed": count("crashed"),
+        "dropped_out": count("dropped_out"),
+        "outage": count("outage"),
+        "rejected": count("rejected_nonfinite"),
+        "faults": 0,
         **timing_columns(timing, elapsed_s),
-        "bytes_up": up_total, "bytes_down": down_total,
+        "bytes_up": up_total,
+        "bytes_down": down_total,
         **round_energy(c for c in client_rows if c.get("selected")),
-        "client_gflops": sum(trace_flops(traces[r.client_id])[0] if r.client_id in rf.crash_at
-                             else r.flops for r in results) / 1e9,
+        "client_gflops": sum(
+            trace_flops(traces[r.client_id])[0] if r.client_id in rf.crash_at else r.flops
+            for r in results
+        )
+        / 1e9,
         "server_gflops": agg.flops / 1e9,
         "server_rss_mb": agg.rss_bytes / MiB,
         "client_peak_mb": max((r.peak_memory_bytes for r in results), default=0) / MiB,
@@ -169,11 +204,15 @@ def run_round(rs: RunSetup, rnd: int, elapsed_s: float, *, plan_next: bool = Fal
         "host_train_wall_s": train_wall,
         "host_aggregate_s": agg.wall_s,
         **agg.metrics,
-        **{f"mean_{k}": _mean([e[k] for e in eval_extras.values()])
-           for k in sorted({k for e in eval_extras.values() for k in e})},
+        **{
+            f"mean_{k}": _mean([e[k] for e in eval_extras.values()])
+            for k in sorted({k for e in eval_extras.values() for k in e})
+        },
     }
     trace_record = {
-        "round": rnd, "aggregate_flops": agg.flops, "selected": list(selected),
+        "round": rnd,
+        "aggregate_flops": agg.flops,
+        "selected": list(selected),
         "clients": {str(cid): [op_to_dict(op) for op in tr] for cid, tr in traces.items()},
     }
     if rf.failed or rf.outage:  # what replay needs to re-time a faulted round the same way

@@ -26,35 +26,103 @@ TIMING = {
 }
 
 ROUND_COLUMNS = [
-    "run_id", "round", "algorithm", "selected", "completed", "dropped",
-    "dropped_deadline", "crashed", "dropped_out", "outage", "rejected", "faults",
-    *TIMING, "elapsed_s", "bytes_up", "bytes_down",
+    "run_id",
+    "round",
+    "algorithm",
+    "selected",
+    "completed",
+    "dropped",
+    "dropped_deadline",
+    "crashed",
+    "dropped_out",
+    "outage",
+    "rejected",
+    "faults",
+    *TIMING,
+    "elapsed_s",
+    "bytes_up",
+    "bytes_down",
     # joules, summed over the round's selected clients (mecsim.emulation.energy)
     *ENERGY_KEYS,
-    "client_gflops", "server_gflops",
-    "server_rss_mb", "client_peak_mb", "mean_accuracy", "min_accuracy", "max_accuracy",
-    "mean_test_loss", "train_loss", "host_wall_s", "host_train_wall_s", "host_aggregate_s",
+    "client_gflops",
+    "server_gflops",
+    "server_rss_mb",
+    "client_peak_mb",
+    "mean_accuracy",
+    "min_accuracy",
+    "max_accuracy",
+    "mean_test_loss",
+    "train_loss",
+    "host_wall_s",
+    "host_train_wall_s",
+    "host_aggregate_s",
 ]
 #: What a replay re-computes of a round (the timing, and what it is counted from), and
 #: the recorded accuracy beside it.
-REPLAY_COLUMNS = [c for c in ROUND_COLUMNS
-                  if c in ("round", "selected", "completed", "dropped", *TIMING, "elapsed_s",
-                           "bytes_up", "bytes_down", *ENERGY_KEYS, "mean_accuracy")]
+REPLAY_COLUMNS = [
+    c
+    for c in ROUND_COLUMNS
+    if c
+    in (
+        "round",
+        "selected",
+        "completed",
+        "dropped",
+        *TIMING,
+        "elapsed_s",
+        "bytes_up",
+        "bytes_down",
+        *ENERGY_KEYS,
+        "mean_accuracy",
+    )
+]
 CHANNEL_COLUMNS = [
-    "distance_m", "bandwidth_hz", "tx_power_dbm", "fading_gain", "ul_interference_w",
-    "dl_interference_w", "uplink_rate_bps", "downlink_rate_bps", "uplink_snr_db",
+    "distance_m",
+    "bandwidth_hz",
+    "tx_power_dbm",
+    "fading_gain",
+    "ul_interference_w",
+    "dl_interference_w",
+    "uplink_rate_bps",
+    "downlink_rate_bps",
+    "uplink_snr_db",
     "downlink_snr_db",
     # latency, jitter, loss (mecsim.emulation.network.TRANSPORT_KEYS): the latency drawn
     # for the client-round and the goodput the loss rate leaves of the link rate
-    "uplink_latency_s", "downlink_latency_s", "uplink_goodput_bps", "downlink_goodput_bps",
-    "backhaul_latency_s", "backhaul_goodput_bps",
+    "uplink_latency_s",
+    "downlink_latency_s",
+    "uplink_goodput_bps",
+    "downlink_goodput_bps",
+    "backhaul_latency_s",
+    "backhaul_goodput_bps",
 ]
 CLIENT_COLUMNS = [
-    "run_id", "round", "client_id", "device", "edge_server", "selected", "status", "completed",
-    "start_s", "finish_s", "download_s", "compute_s", "upload_s", "server_compute_s",
-    "bytes_up", "bytes_down", "gflops", "steps", "num_samples", "train_loss",
-    "peak_memory_mb", "host_train_s", "accuracy", "test_loss",
-    *ENERGY_KEYS, *CHANNEL_COLUMNS,
+    "run_id",
+    "round",
+    "client_id",
+    "device",
+    "edge_server",
+    "selected",
+    "status",
+    "completed",
+    "start_s",
+    "finish_s",
+    "download_s",
+    "compute_s",
+    "upload_s",
+    "server_compute_s",
+    "bytes_up",
+    "bytes_down",
+    "gflops",
+    "steps",
+    "num_samples",
+    "train_loss",
+    "peak_memory_mb",
+    "host_train_s",
+    "accuracy",
+    "test_loss",
+    *ENERGY_KEYS,
+    *CHANNEL_COLUMNS,
 ]
 
 

@@ -28,6 +28,7 @@ from mecsim.scenario import Scenario
 class RunFailed(Exception):
     """The run cannot go on (e.g. its actors keep dying); its finished rounds are kept."""
 
+
 MiB = 1024 * 1024
 
 
@@ -61,12 +62,17 @@ def streams_aggregation(scenario: Scenario) -> bool:
     """
     server_cls, _ = algorithm_classes(scenario.algorithm.name)
     f = scenario.faults
-    return (scenario.execution.stream_aggregation == "auto"
-            and server_cls.aggregates_in_parts() and server_cls.Edge is None
-            and scenario.deadline_s is None
-            and scenario.channel.model != "trace"
-            and (f is None or (f.wait_for_fraction >= 1 and not f.link_outages
-                               and not f.edge_server_outages)))
+    return (
+        scenario.execution.stream_aggregation == "auto"
+        and server_cls.aggregates_in_parts()
+        and server_cls.Edge is None
+        and scenario.deadline_s is None
+        and scenario.channel.model != "trace"
+        and (
+            f is None
+            or (f.wait_for_fraction >= 1 and not f.link_outages and not f.edge_server_outages)
+        )
+    )
 
 
 def _step_cost(model: torch.nn.Module, in_shape, num_classes: int, train: TrainConfig):
@@ -78,8 +84,15 @@ def _step_cost(model: torch.nn.Module, in_shape, num_classes: int, train: TrainC
     return cost
 
 
-def prepare(scenario: Scenario, run_id: str, out_dir, *, hosts: int | None = None,
-            backend: str | None = None, ray_address: str | None = None) -> RunSetup:
+def prepare(
+    scenario: Scenario,
+    run_id: str,
+    out_dir,
+    *,
+    hosts: int | None = None,
+    backend: str | None = None,
+    ray_address: str | None = None,
+) -> RunSetup:
     """Load data, partition, build the model and network, start hosts and the server."""
     seed = scenario.seed
     n = scenario.topology.clients
@@ -102,48 +115,84 @@ def prepare(scenario: Scenario, run_id: str, out_dir, *, hosts: int | None = Non
     profiles = device_profiles(scenario)
     client_devices = scenario.client_profiles()
     with torch_rng.untouched():  # a model (and a step) measured, not trained
-        cost = _step_cost(build_model(scenario.model.name, in_shape, num_classes), in_shape,
-                          num_classes, train)
+        cost = _step_cost(
+            build_model(scenario.model.name, in_shape, num_classes), in_shape, num_classes, train
+        )
     for name in sorted(set(client_devices)):
         ram = profiles[name].ram_bytes
         if cost.memory_bytes > ram:
             raise ScenarioInfeasible(
                 f"model {scenario.model.name} needs {cost.memory_bytes / MiB:.1f} MiB per "
                 f"training step at batch {t.batch_size}, but device profile {name!r} has "
-                f"{ram / MiB:.0f} MiB of RAM")
+                f"{ram / MiB:.0f} MiB of RAM"
+            )
 
     n_hosts = max(1, min(hosts or scenario.execution.hosts or os.cpu_count() or 1, n))
     host_clients: list[dict[int, tuple[np.ndarray, np.ndarray]]] = [{} for _ in range(n_hosts)]
     for cid in range(n):
         host_clients[cid % n_hosts][cid] = (parts.train[cid], parts.test[cid])
-    setup = HostSetup(scenario.model.name, in_shape, num_classes, scenario.algorithm.name,
-                      dict(scenario.algorithm.params), train, seed, init_weights)
+    setup = HostSetup(
+        scenario.model.name,
+        in_shape,
+        num_classes,
+        scenario.algorithm.name,
+        dict(scenario.algorithm.params),
+        train,
+        seed,
+        init_weights,
+    )
     server_kwargs = dict(
-        algorithm=scenario.algorithm.name, layout=layout, init_weights=init_weights,
+        algorithm=scenario.algorithm.name,
+        layout=layout,
+        init_weights=init_weights,
         client_samples={cid: len(parts.train[cid]) for cid in range(n)},
-        fraction=scenario.topology.participation, params=dict(scenario.algorithm.params),
-        seed=seed, edge_server_of={cid: scenario.edge_server_of(cid) for cid in range(n)},
+        fraction=scenario.topology.participation,
+        params=dict(scenario.algorithm.params),
+        seed=seed,
+        edge_server_of={cid: scenario.edge_server_of(cid) for cid in range(n)},
     )
     backend = backend or scenario.execution.backend
     executor: Executor
     if backend == "ray":
         try:
-            executor = RayExecutor(server_kwargs, setup, pools, host_clients,
-                                   ray_address or scenario.execution.ray_address)
+            executor = RayExecutor(
+                server_kwargs,
+                setup,
+                pools,
+                host_clients,
+                ray_address or scenario.execution.ray_address,
+            )
         except PlacementTimeout as exc:
             raise RunFailed(str(exc)) from None
     else:
         executor = LocalExecutor(server_kwargs, setup, pools, host_clients)
-    info = RunInfo(run_id, scenario, out_dir, layout.size, layout.nbytes, cost.memory_bytes,
-                   cost.flops, client_devices,
-                   extra={"hosts": n_hosts, "backend": backend,
-                          # the optimiser's element-wise update, part of step_flops
-                          "step_optimizer_flops": cost.optimizer_flops,
-                          "train_samples": [len(p) for p in parts.train],
-                          "test_samples": [len(p) for p in parts.test],
-                          # D-bar_KL of DC-PFL (Eq. 1-2) over the clients' train labels
-                          "label_dkl": heterogeneity_dkl(parts.label_histograms(pools)[0])})
+    info = RunInfo(
+        run_id,
+        scenario,
+        out_dir,
+        layout.size,
+        layout.nbytes,
+        cost.memory_bytes,
+        cost.flops,
+        client_devices,
+        extra={
+            "hosts": n_hosts,
+            "backend": backend,
+            # the optimiser's element-wise update, part of step_flops
+            "step_optimizer_flops": cost.optimizer_flops,
+            "train_samples": [len(p) for p in parts.train],
+            "test_samples": [len(p) for p in parts.test],
+            # D-bar_KL of DC-PFL (Eq. 1-2) over the clients' train labels
+            "label_dkl": heterogeneity_dkl(parts.label_histograms(pools)[0]),
+        },
+    )
     network = NetworkModel(scenario, profiles)
     slowdown = faults.slowdown_factors(scenario.faults, seed, n)
-    return RunSetup(info, executor, network, profiles[scenario.devices.edge_server], slowdown,
-                    streams_aggregation(scenario))
+    return RunSetup(
+        info,
+        executor,
+        network,
+        profiles[scenario.devices.edge_server],
+        slowdown,
+        streams_aggregation(scenario),
+    )

@@ -29,10 +29,6 @@ class ScenarioError(Exception):
     """A scenario that cannot be used; ``str()`` is one line per problem."""
 
 
-
-
-
-
 #: Parts of a dotted field path as _loc writes them: a name (an index after the first),
 #: or a quoted key.
 _QUOTED = r"""'(?:[^'\\]|\\.)*'"""
@@ -42,8 +38,6 @@ _FIRST = rf"(?:[A-Za-z_<>][\w<>-]*|{_QUOTED})"
 
 
 _PART = rf"(?:[\w<>-]+|{_QUOTED})"
-
-
 
 
 def scenario_from_dict(data: Any, source: str = "<scenario>") -> Scenario:
@@ -84,8 +78,11 @@ class _ScenarioLoader(yaml.SafeLoader):
         try:
             if self._depth > MAX_DEPTH:
                 raise yaml.composer.ComposerError(
-                    None, None, f"nested more than {MAX_DEPTH} levels deep",
-                    self.peek_event().start_mark)
+                    None,
+                    None,
+                    f"nested more than {MAX_DEPTH} levels deep",
+                    self.peek_event().start_mark,
+                )
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
@@ -103,8 +100,11 @@ class _ScenarioLoader(yaml.SafeLoader):
                     continue  # unhashable: the base class reports it
                 if seen is not None:
                     raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key {key!r} (first on line {seen + 1})",
-                        key_node.start_mark)
+                        None,
+                        None,
+                        f"duplicate key {key!r} (first on line {seen + 1})",
+                        key_node.start_mark,
+                    )
                 first_line[key] = key_node.start_mark.line
         return super().construct_mapping(node, deep=deep)
 
@@ -139,17 +139,22 @@ def read_scenario_text(path: str | Path) -> str:
         with path.open("rb") as fh:
             raw = fh.read(MAX_SCENARIO_BYTES + 1)
     except OSError as exc:
-        raise ScenarioError(f"{path}: cannot read scenario file "
-                            f"({exc.strerror or type(exc).__name__})") from None
+        raise ScenarioError(
+            f"{path}: cannot read scenario file ({exc.strerror or type(exc).__name__})"
+        ) from None
     if len(raw) > MAX_SCENARIO_BYTES:
-        raise ScenarioError(f"{path}: the file is larger than {MAX_SCENARIO_BYTES // 1024} KiB;"
-                            " a scenario is a few KiB of YAML")
+        raise ScenarioError(
+            f"{path}: the file is larger than {MAX_SCENARIO_BYTES // 1024} KiB;"
+            " a scenario is a few KiB of YAML"
+        )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = raw[:exc.start].count(b"\n") + 1
-        raise ScenarioError(f"{path}: line {line}: not valid UTF-8 text (byte "
-                            f"0x{raw[exc.start]:02x}); save the file as UTF-8") from None
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ScenarioError(
+            f"{path}: line {line}: not valid UTF-8 text (byte "
+            f"0x{raw[exc.start]:02x}); save the file as UTF-8"
+        ) from None
     return text.removeprefix("\ufeff")
 
 
@@ -157,8 +162,9 @@ def load_scenario(path: str | Path) -> Scenario:
     path = Path(path)
     data = parse_yaml(read_scenario_text(path), str(path))
     if data is None:
-        raise ScenarioError(f"{path}: empty scenario; run `mecsim run` without a file for "
-                            "the defaults")
+        raise ScenarioError(
+            f"{path}: empty scenario; run `mecsim run` without a file for the defaults"
+        )
     return scenario_from_dict(data, str(path))
 
 

@@ -48,25 +48,33 @@ def _step(node: Any, part: str, walked: str, path: str) -> Any:
     where = walked or "the top level"
     if isinstance(node, dict):
         if part not in node:
-            raise OverrideError(f"unknown override path {path!r}: {part!r} is not a field of "
-                                f"{where}; valid: {_keys_of(node)}")
+            raise OverrideError(
+                f"unknown override path {path!r}: {part!r} is not a field of "
+                f"{where}; valid: {_keys_of(node)}"
+            )
         return node[part]
     if isinstance(node, list):
         if not re.fullmatch(r"\d+", part) or int(part) >= len(node):
-            raise OverrideError(f"unknown override path {path!r}: {where} is a list; "
-                                f"use an index, valid: {_keys_of(node)}")
+            raise OverrideError(
+                f"unknown override path {path!r}: {where} is a list; "
+                f"use an index, valid: {_keys_of(node)}"
+            )
         return node[int(part)]
     if node is None:
-        raise OverrideError(f"override path {path!r}: {where} is null in this scenario; set "
-                            f"{where} whole, e.g. {where}={{key: value, ...}}")
+        raise OverrideError(
+            f"override path {path!r}: {where} is null in this scenario; set "
+            f"{where} whole, e.g. {where}={{key: value, ...}}"
+        )
     raise OverrideError(f"unknown override path {path!r}: {where} is a value, not a section")
 
 
 def check_path(data: dict[str, Any], path: str) -> None:
     """Raise OverrideError unless ``path`` names a field of the scenario ``data``."""
     if not path or any(not p for p in path.split(".")):
-        raise OverrideError(f"override path {path!r} is empty or has an empty part; "
-                            f"valid top-level fields: {_keys_of(data)}")
+        raise OverrideError(
+            f"override path {path!r} is empty or has an empty part; "
+            f"valid top-level fields: {_keys_of(data)}"
+        )
     node: Any = data
     walked = ""
     for part in path.split("."):
@@ -74,8 +82,9 @@ def check_path(data: dict[str, Any], path: str) -> None:
         walked = f"{walked}.{part}" if walked else part
 
 
-def apply_overrides(scenario: Scenario, overrides: Mapping[str, Any],
-                    source: str = "scenario") -> Scenario:
+def apply_overrides(
+    scenario: Scenario, overrides: Mapping[str, Any], source: str = "scenario"
+) -> Scenario:
     """A new scenario with each ``path: value`` of ``overrides`` set, validated again."""
     data = scenario.model_dump(mode="json")
     for path, value in overrides.items():
@@ -195,6 +204,8 @@ def parse_set(text: str) -> tuple[str, list[Any]]:
     """``path=v1,v2`` -> (path, [v1, v2])."""
     path, sep, values = text.partition("=")
     if not sep or not path.strip() or not values.strip():
-        raise OverrideError(f"--set {text!r}: expected path=value[,value...], e.g. "
-                            "channel.uplink.bandwidth_hz=5e6,10e6,20e6")
+        raise OverrideError(
+            f"--set {text!r}: expected path=value[,value...], e.g. "
+            "channel.uplink.bandwidth_hz=5e6,10e6,20e6"
+        )
     return path.strip(), parse_values(values)

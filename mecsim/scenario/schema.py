@@ -54,14 +54,17 @@ _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 def _safe_name(max_length: int):
     """A folder name: letters, digits, ``-_.``, not starting with ``.`` or ``-``, no
     ``..``, at most ``max_length`` characters (a run's records go to ``dir/<run id>``)."""
+
     def check(value: str) -> str:
-        if (not 1 <= len(value) <= max_length or not _NAME_RE.fullmatch(value)
-                or ".." in value):
+        if not 1 <= len(value) <= max_length or not _NAME_RE.fullmatch(value) or ".." in value:
             shown = value if len(value) <= 40 else value[:37] + "..."
-            raise ValueError(f"{shown!r} is not a safe name: use 1-{max_length} letters, "
-                             "digits, '-', '_' or '.', starting with a letter or digit, "
-                             "without '..'")
+            raise ValueError(
+                f"{shown!r} is not a safe name: use 1-{max_length} letters, "
+                "digits, '-', '_' or '.', starting with a letter or digit, "
+                "without '..'"
+            )
         return value
+
     return AfterValidator(check)
 
 
@@ -83,10 +86,10 @@ def _number(value: Any) -> float:
     return number
 
 
-def _range_type(*, gt: float | None = None, ge: float | None = None,
-                le: float | None = None):
+def _range_type(*, gt: float | None = None, ge: float | None = None, le: float | None = None):
     """A value drawn per client uniformly in ``[lo, hi]``, or fixed: a finite number or a
     pair ``[lo, hi]`` with ``lo <= hi``, every value within the bounds."""
+
     def check(value: Any) -> float | tuple[float, float]:
         single = not isinstance(value, (list, tuple))
         if not single and len(value) != 2:
@@ -112,10 +115,8 @@ def _range_type(*, gt: float | None = None, ge: float | None = None,
         number["minimum"] = ge
     if le is not None:
         number["maximum"] = le
-    schema = {"anyOf": [number, {"type": "array", "items": number, "minItems": 2,
-                                 "maxItems": 2}]}
-    return Annotated[float | tuple[float, float], BeforeValidator(check),
-                     WithJsonSchema(schema)]
+    schema = {"anyOf": [number, {"type": "array", "items": number, "minItems": 2, "maxItems": 2}]}
+    return Annotated[float | tuple[float, float], BeforeValidator(check), WithJsonSchema(schema)]
 
 
 class _Strict(BaseModel):
@@ -126,12 +127,17 @@ class _Strict(BaseModel):
 class IidPartition(_Strict):
     method: Literal["iid"] = "iid"
     samples_per_client: int | None = Field(
-        default=None, gt=0, description="null: split each pool into equal disjoint parts; N: each "
+        default=None,
+        gt=0,
+        description="null: split each pool into equal disjoint parts; N: each "
         "client draws N train samples uniformly from the pool (without replacement within "
-        "a client; clients may share samples), for more clients than the pool has samples")
+        "a client; clients may share samples), for more clients than the pool has samples",
+    )
     test_samples_per_client: int | None = Field(
-        default=None, gt=0, description="with samples_per_client: each client's test samples "
-        "(default: 1)")
+        default=None,
+        gt=0,
+        description="with samples_per_client: each client's test samples (default: 1)",
+    )
 
 
 class DirichletPartition(_Strict):
@@ -158,13 +164,16 @@ Partition = Annotated[
 
 
 class DatasetConfig(_Strict):
-    name: Literal["mnist-embedded", "mnist-embedded-3x32", "mnist", "fashion-mnist", "cifar10",
-                  "cifar100"] = Field(
+    name: Literal[
+        "mnist-embedded", "mnist-embedded-3x32", "mnist", "fashion-mnist", "cifar10", "cifar100"
+    ] = Field(
         default="mnist-embedded",
         description="mnist-embedded-3x32: the embedded MNIST padded to 32x32 and repeated "
-        "over 3 channels (a CIFAR-shaped stand-in; nothing is downloaded)")
-    root: str | None = Field(default=None, min_length=1,
-                             description="directory holding the dataset files")
+        "over 3 channels (a CIFAR-shaped stand-in; nothing is downloaded)",
+    )
+    root: str | None = Field(
+        default=None, min_length=1, description="directory holding the dataset files"
+    )
     train_size: int | None = Field(default=None, gt=0, description="train pool size (subsample)")
     test_size: int | None = Field(default=None, gt=0, description="test pool size (subsample)")
     partition: Partition = Field(default_factory=IidPartition)
@@ -203,14 +212,16 @@ class AlgorithmConfig(_Strict):
             server_cls.Params(**self.params)
         except ValidationError as exc:
             err = exc.errors()[0]
-            raise ValueError(f"params.{_loc(err['loc'])}: {err['msg']} "
-                             f"(algorithm {self.name})") from None
+            raise ValueError(
+                f"params.{_loc(err['loc'])}: {err['msg']} (algorithm {self.name})"
+            ) from None
         return self
 
 
 class TopologyConfig(_Strict):
-    clients: int = Field(default=10, ge=1, le=1_000_000,
-                         description="number of clients (virtual; not processes)")
+    clients: int = Field(
+        default=10, ge=1, le=1_000_000, description="number of clients (virtual; not processes)"
+    )
     edge_servers: int = Field(default=1, ge=1)
     participation: float = Field(
         default=1.0, gt=0, le=1, description="fraction of clients selected per round (C)"
@@ -225,13 +236,18 @@ class CustomProfile(_Strict):
     flops_source: str = Field(description="where flops_per_s comes from")
     step_overhead_source: str = Field(description="where step_overhead_s comes from")
     ram_source: str = ""
-    active_power_w: float | None = Field(default=None, gt=0, description="whole board, every core "
-                                         "busy (W); with idle_power_w: energy per round")
+    active_power_w: float | None = Field(
+        default=None,
+        gt=0,
+        description="whole board, every core busy (W); with idle_power_w: energy per round",
+    )
     idle_power_w: float | None = Field(default=None, ge=0, description="whole board, idle (W)")
-    radio_tx_power_w: float | None = Field(default=None, ge=0, description="the radio's extra draw "
-                                           "above idle while transmitting (W)")
-    radio_rx_power_w: float | None = Field(default=None, ge=0, description="the radio's extra draw "
-                                           "above idle while receiving (W)")
+    radio_tx_power_w: float | None = Field(
+        default=None, ge=0, description="the radio's extra draw above idle while transmitting (W)"
+    )
+    radio_rx_power_w: float | None = Field(
+        default=None, ge=0, description="the radio's extra draw above idle while receiving (W)"
+    )
     power_source: str = Field(default="", description="where active/idle_power_w come from")
     radio_power_source: str = Field(default="", description="where radio_*_power_w come from")
 
@@ -240,23 +256,31 @@ class CustomProfile(_Strict):
         board = (self.active_power_w, self.idle_power_w)
         radio = (self.radio_tx_power_w, self.radio_rx_power_w)
         for names, values, source, source_name in (
-                (("active_power_w", "idle_power_w"), board, self.power_source, "power_source"),
-                (("radio_tx_power_w", "radio_rx_power_w"), radio, self.radio_power_source,
-                 "radio_power_source")):
+            (("active_power_w", "idle_power_w"), board, self.power_source, "power_source"),
+            (
+                ("radio_tx_power_w", "radio_rx_power_w"),
+                radio,
+                self.radio_power_source,
+                "radio_power_source",
+            ),
+        ):
             given = [v is not None for v in values]
             if any(given) and not all(given):
                 missing = names[given.index(False)]
                 raise ValueError(f"{missing}: give {names[0]} and {names[1]} together")
             if any(given) and not source.strip():
-                raise ValueError(f"{source_name}: say where {names[0]} and {names[1]} come "
-                                 "from (a measurement, a datasheet, or 'estimate: ...')")
+                raise ValueError(
+                    f"{source_name}: say where {names[0]} and {names[1]} come "
+                    "from (a measurement, a datasheet, or 'estimate: ...')"
+                )
         return self
 
 
 class DeviceGroup(_Strict):
     profile: str
-    count: int | None = Field(default=None, ge=1,
-                              description="clients in this group; omit: the rest")
+    count: int | None = Field(
+        default=None, ge=1, description="clients in this group; omit: the rest"
+    )
 
 
 class DevicesConfig(_Strict):
@@ -305,15 +329,27 @@ class LinkTransport(_Strict):
     ``min(rate, 8*MSS/(RTT*sqrt(p)) * sqrt(3/2))`` (docs/channel.md).
     """
 
-    latency_s: float = Field(default=0.0, ge=0, description="one-way propagation + queueing delay "
-                             "added to every transfer (s)")
-    jitter_s: float = Field(default=0.0, ge=0, description="latency varies per client-round "
-                            "uniformly in [latency_s - jitter_s, latency_s + jitter_s], "
-                            "clipped at 0 (s)")
-    loss_rate: float = Field(default=0.0, ge=0, lt=1, description="packet-loss probability; > 0 "
-                             "limits TCP goodput to the Mathis et al. bound")
-    mss_bytes: int = Field(default=1460, gt=0, description="TCP maximum segment size for the "
-                           "Mathis bound (bytes)")
+    latency_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="one-way propagation + queueing delay added to every transfer (s)",
+    )
+    jitter_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="latency varies per client-round "
+        "uniformly in [latency_s - jitter_s, latency_s + jitter_s], "
+        "clipped at 0 (s)",
+    )
+    loss_rate: float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        description="packet-loss probability; > 0 limits TCP goodput to the Mathis et al. bound",
+    )
+    mss_bytes: int = Field(
+        default=1460, gt=0, description="TCP maximum segment size for the Mathis bound (bytes)"
+    )
 
 
 def personalised_downloads(algorithm: str) -> bool:
@@ -329,18 +365,23 @@ def _check_client_loss(uplink: LinkTransport, downlink: LinkTransport) -> None:
         return
     for name, link in (("uplink", uplink), ("downlink", downlink)):
         if link.loss_rate > 0:
-            raise ValueError(f"{name}.loss_rate: a loss rate needs a round-trip time for the "
-                             "Mathis bound (RTT = uplink.latency_s + downlink.latency_s); set "
-                             "a latency_s > 0")
+            raise ValueError(
+                f"{name}.loss_rate: a loss rate needs a round-trip time for the "
+                "Mathis bound (RTT = uplink.latency_s + downlink.latency_s); set "
+                "a latency_s > 0"
+            )
 
 
 class ShannonUplink(LinkTransport):
-    bandwidth_hz: PositiveRange = Field(default=(10e6, 30e6),
-                                        description="per-client, uniform in [lo, hi]")
-    tx_power_dbm: DecibelRange = Field(default=(23.0, 30.0),
-                                       description="per-client, uniform in [lo, hi]")
-    shared: bool = Field(default=False,
-                         description="uplinks of an edge server's clients share one medium")
+    bandwidth_hz: PositiveRange = Field(
+        default=(10e6, 30e6), description="per-client, uniform in [lo, hi]"
+    )
+    tx_power_dbm: DecibelRange = Field(
+        default=(23.0, 30.0), description="per-client, uniform in [lo, hi]"
+    )
+    shared: bool = Field(
+        default=False, description="uplinks of an edge server's clients share one medium"
+    )
 
 
 class ShannonDownlink(LinkTransport):
@@ -360,8 +401,9 @@ class ShannonChannelConfig(_Strict):
     uplink: ShannonUplink = Field(default_factory=ShannonUplink)
     downlink: ShannonDownlink = Field(default_factory=ShannonDownlink)
     interference: Interference | None = Field(default=None, description="null: no interference")
-    distance_m: PositiveRange = Field(default=(100.0, 500.0),
-                                      description="per-client, uniform in [lo, hi]")
+    distance_m: PositiveRange = Field(
+        default=(100.0, 500.0), description="per-client, uniform in [lo, hi]"
+    )
     path_loss_db: Decibels = -40.0
     reference_distance_m: PositiveFloat = 1.0
     path_loss_exponent: PositiveFloat = 4.0
@@ -411,12 +453,13 @@ class FixedRateChannelConfig(_Strict):
 
 class TraceChannelConfig(_Strict):
     model: Literal["trace"]
-    path: str = Field(min_length=1,
-                      description="CSV: time_s,client_id,uplink_mbps,downlink_mbps")
-    uplink: LinkTransport = Field(default_factory=LinkTransport,
-                                  description="latency, jitter, loss of the uplinks")
-    downlink: LinkTransport = Field(default_factory=LinkTransport,
-                                    description="latency, jitter, loss of the downlinks")
+    path: str = Field(min_length=1, description="CSV: time_s,client_id,uplink_mbps,downlink_mbps")
+    uplink: LinkTransport = Field(
+        default_factory=LinkTransport, description="latency, jitter, loss of the uplinks"
+    )
+    downlink: LinkTransport = Field(
+        default_factory=LinkTransport, description="latency, jitter, loss of the downlinks"
+    )
 
     @model_validator(mode="after")
     def _loss_needs_rtt(self) -> TraceChannelConfig:
@@ -438,14 +481,17 @@ class BackhaulConfig(LinkTransport):
     """Each edge server's wired link to the central server (RTT = 2 * latency)."""
 
     bandwidth_bps: float = Field(default=1e9, ge=1, description="at least 1 b/s")
-    latency_s: float = Field(default=0.005, ge=0,
-                             description="one-way latency of each transfer (s)")
+    latency_s: float = Field(
+        default=0.005, ge=0, description="one-way latency of each transfer (s)"
+    )
 
     @model_validator(mode="after")
     def _loss_needs_rtt(self) -> BackhaulConfig:
         if self.loss_rate > 0 and self.latency_s == 0:
-            raise ValueError("loss_rate: a loss rate needs a round-trip time for the Mathis "
-                             "bound (RTT = 2 * latency_s); set latency_s > 0")
+            raise ValueError(
+                "loss_rate: a loss rate needs a round-trip time for the Mathis "
+                "bound (RTT = 2 * latency_s); set latency_s > 0"
+            )
         return self
 
 
@@ -453,20 +499,25 @@ Fraction = Annotated[float, Field(gt=0, le=1)]
 
 
 class EvaluationConfig(_Strict):
-    every: int = Field(default=1, ge=1,
-                       description="evaluate user accuracy every N rounds (and last)")
+    every: int = Field(
+        default=1, ge=1, description="evaluate user accuracy every N rounds (and last)"
+    )
     clients: Literal["all", "selected"] = "all"
     target_accuracy: list[Fraction] = Field(
-        default_factory=list, description="target mean user accuracies (fractions, e.g. 0.97): "
+        default_factory=list,
+        description="target mean user accuracies (fractions, e.g. 0.97): "
         "the run's summary reports the rounds and emulated seconds until each is first "
-        "reached (MTFL Table 2's figure), or X")
+        "reached (MTFL Table 2's figure), or X",
+    )
 
 
 class OutputsConfig(_Strict):
     dir: str = Field(default="runs", min_length=1)
     run_id: RunId | None = Field(
-        default=None, description="default: <scenario name>-<timestamp>-<random suffix>; letters, "
-        "digits, '-', '_', '.'")
+        default=None,
+        description="default: <scenario name>-<timestamp>-<random suffix>; letters, "
+        "digits, '-', '_', '.'",
+    )
     table_format: Literal["parquet", "csv"] = "parquet"
     save_optraces: bool = True
 
@@ -475,9 +526,12 @@ class MetricsConfig(_Strict):
     enabled: bool = True
     host: str = Field(default="127.0.0.1", min_length=1)
     port: int = Field(default=9464, ge=0, le=65535, description="0 = any free port")
-    public: bool = Field(default=False, description="allow a host that is not a loopback address "
-                         "(/metrics reachable from other machines; mecsim run "
-                         "--metrics-public)")
+    public: bool = Field(
+        default=False,
+        description="allow a host that is not a loopback address "
+        "(/metrics reachable from other machines; mecsim run "
+        "--metrics-public)",
+    )
 
 
 class ExecutionConfig(_Strict):
@@ -487,16 +541,22 @@ class ExecutionConfig(_Strict):
     hosts: int | None = Field(default=None, ge=1, description="host actors; default one per core")
     ray_address: str | None = Field(default=None, description="attach to an existing Ray cluster")
     stream_aggregation: Literal["auto", "off"] = Field(
-        default="auto", description="auto: fold the uploads into the aggregate while the clients "
+        default="auto",
+        description="auto: fold the uploads into the aggregate while the clients "
         "train, when the round's aggregated clients are known before it is timed (no "
         "deadline, no wait_for_fraction, no link or edge-server outages, no rate traces) "
         "and the algorithm can (FedAvg, FedProx, Per-FedAvg); off: hold every upload "
-        "until the round is timed. The same bits either way")
+        "until the round is timed. The same bits either way",
+    )
 
 
 class CheckpointConfig(_Strict):
-    every: int = Field(default=1, ge=0, description="checkpoint after every N rounds (and after "
-                       "the last); 0: never (a killed run then resumes from its start)")
+    every: int = Field(
+        default=1,
+        ge=0,
+        description="checkpoint after every N rounds (and after "
+        "the last); 0: never (a killed run then resumes from its start)",
+    )
     keep: int = Field(default=2, ge=1, description="how many of the newest checkpoints to keep")
 
 
@@ -504,11 +564,15 @@ Probability = Annotated[float, Field(ge=0, le=1)]
 
 
 class StragglerConfig(_Strict):
-    fraction: Probability = Field(default=0.0, description="share of the clients that straggle "
-                                  "(drawn once per run)")
-    slowdown: SlowdownRange = Field(default=(2.0, 4.0), description="compute slow-down factor "
-                                    "(>= 1) of a straggler, uniform in [lo, hi], drawn once "
-                                    "per straggler")
+    fraction: Probability = Field(
+        default=0.0, description="share of the clients that straggle (drawn once per run)"
+    )
+    slowdown: SlowdownRange = Field(
+        default=(2.0, 4.0),
+        description="compute slow-down factor "
+        "(>= 1) of a straggler, uniform in [lo, hi], drawn once "
+        "per straggler",
+    )
 
 
 class LinkOutage(_Strict):
@@ -527,28 +591,38 @@ class EdgeServerOutage(_Strict):
 class FaultsConfig(_Strict):
     """Emulated faults, drawn from the scenario seed (see docs/reliability.md)."""
 
-    crash_prob: Probability = Field(default=0.0, description="per client-round: the device crashes "
-                                    "during local training; its work is lost")
-    dropout_prob: Probability = Field(default=0.0, description="per client-round: the client "
-                                      "trains, then leaves before uploading")
-    outage_prob: Probability = Field(default=0.0, description="per client-round: the client's "
-                                     "link is down for the whole round")
+    crash_prob: Probability = Field(
+        default=0.0,
+        description="per client-round: the device crashes during local training; its work is lost",
+    )
+    dropout_prob: Probability = Field(
+        default=0.0, description="per client-round: the client trains, then leaves before uploading"
+    )
+    outage_prob: Probability = Field(
+        default=0.0, description="per client-round: the client's link is down for the whole round"
+    )
     straggler: StragglerConfig | None = None
     link_outages: list[LinkOutage] = Field(default_factory=list)
     edge_server_outages: list[EdgeServerOutage] = Field(default_factory=list)
-    wait_for_fraction: Fraction = Field(default=1.0, description="aggregate once this fraction of "
-                                        "the selected clients has delivered (MTFL step 5); "
-                                        "later ones are dropped")
+    wait_for_fraction: Fraction = Field(
+        default=1.0,
+        description="aggregate once this fraction of "
+        "the selected clients has delivered (MTFL step 5); "
+        "later ones are dropped",
+    )
 
 
 class Scenario(_Strict):
     """A complete mecsim scenario. Every field has a default except where noted."""
 
-    name: SafeName = Field(default="scenario", description="letters, digits, '-', '_', '.'; "
-                           "the default run id starts with it")
+    name: SafeName = Field(
+        default="scenario",
+        description="letters, digits, '-', '_', '.'; the default run id starts with it",
+    )
     description: str = ""
-    seed: int = Field(default=0, ge=0, le=MAX_SEED, strict=True,
-                      description="an integer 0 .. 2^32 - 1")
+    seed: int = Field(
+        default=0, ge=0, le=MAX_SEED, strict=True, description="an integer 0 .. 2^32 - 1"
+    )
     rounds: int = Field(default=10, ge=1)
     dataset: DatasetConfig = Field(default_factory=DatasetConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -574,18 +648,24 @@ class Scenario(_Strict):
         o: EdgeServerOutage | LinkOutage
         for i, o in enumerate(f.edge_server_outages):
             if o.edge_server >= self.topology.edge_servers:
-                raise ValueError(f"faults.edge_server_outages.{i}.edge_server: no edge server "
-                                 f"{o.edge_server} (topology.edge_servers is "
-                                 f"{self.topology.edge_servers})")
+                raise ValueError(
+                    f"faults.edge_server_outages.{i}.edge_server: no edge server "
+                    f"{o.edge_server} (topology.edge_servers is "
+                    f"{self.topology.edge_servers})"
+                )
         for i, o in enumerate(f.link_outages):
             if o.clients != "all" and any(c >= self.topology.clients for c in o.clients):
-                raise ValueError(f"faults.link_outages.{i}.clients: client ids must be below "
-                                 f"topology.clients ({self.topology.clients})")
+                raise ValueError(
+                    f"faults.link_outages.{i}.clients: client ids must be below "
+                    f"topology.clients ({self.topology.clients})"
+                )
         if f.link_outages or f.edge_server_outages:
             if any(self.channel.shared_media(self.algorithm.name)):
-                raise ValueError("faults: outage intervals need dedicated links; this "
-                                 "channel shares a medium (a shared medium's rate cannot "
-                                 "vary in time yet)")
+                raise ValueError(
+                    "faults: outage intervals need dedicated links; this "
+                    "channel shares a medium (a shared medium's rate cannot "
+                    "vary in time yet)"
+                )
         return self
 
     @model_validator(mode="after")
@@ -598,14 +678,18 @@ class Scenario(_Strict):
                     f"known: {', '.join(sorted(known))}"
                 )
         if self.devices.edge_server not in known:
-            raise ValueError(f"devices.edge_server: unknown device profile "
-                             f"{self.devices.edge_server!r}")
+            raise ValueError(
+                f"devices.edge_server: unknown device profile {self.devices.edge_server!r}"
+            )
         counted = sum(g.count or 0 for g in self.devices.clients)
         open_groups = sum(g.count is None for g in self.devices.clients)
-        if counted > self.topology.clients or (open_groups == 0
-                                               and counted != self.topology.clients):
-            raise ValueError(f"devices.clients: the groups cover {counted} clients but "
-                             f"topology.clients is {self.topology.clients}")
+        if counted > self.topology.clients or (
+            open_groups == 0 and counted != self.topology.clients
+        ):
+            raise ValueError(
+                f"devices.clients: the groups cover {counted} clients but "
+                f"topology.clients is {self.topology.clients}"
+            )
         if open_groups > 1:
             raise ValueError("devices.clients: only one group may omit 'count'")
         if self.topology.edge_servers > self.topology.clients:
@@ -640,17 +724,35 @@ class Scenario(_Strict):
 def _is_tag(part: Any) -> bool:
     """pydantic puts union members into error locations ('shannon', 'float',
     'function-after[check(), str]'); they are not field names."""
-    return isinstance(part, str) and (part in _UNION_TAGS or part.startswith("function-")
-                                      or bool(re.fullmatch(r"[a-z_]+\[.*\]", part)))
+    return isinstance(part, str) and (
+        part in _UNION_TAGS
+        or part.startswith("function-")
+        or bool(re.fullmatch(r"[a-z_]+\[.*\]", part))
+    )
 
 
 def _loc(loc: tuple[Any, ...]) -> str:
     """A dotted path; a key that is not a plain name (an unknown key with spaces, dots,
     colons or invisible characters in it) is quoted, escapes and all."""
-    parts = [str(p) if re.fullmatch(r"[\w<>-]+", str(p), re.ASCII) else repr(str(p))
-             for p in loc if not _is_tag(p)]
+    parts = [
+        str(p) if re.fullmatch(r"[\w<>-]+", str(p), re.ASCII) else repr(str(p))
+        for p in loc
+        if not _is_tag(p)
+    ]
     return ".".join(parts) or "(top level)"
 
 
-_UNION_TAGS = {"shannon", "fixed_rate", "trace", "iid", "dirichlet", "shards",
-               "primary_secondary", "float", "int", "str", "bool", "none"}
+_UNION_TAGS = {
+    "shannon",
+    "fixed_rate",
+    "trace",
+    "iid",
+    "dirichlet",
+    "shards",
+    "primary_secondary",
+    "float",
+    "int",
+    "str",
+    "bool",
+    "none",
+}

@@ -44,14 +44,6 @@ class CheckpointError(Exception):
     """No usable checkpoint (or one that does not belong to the run)."""
 
 
-
-
-
-
-
-
-
-
 #: Scenario sections that do not change a run's results: a run may be resumed with other
 #: metrics, execution (hosts, backend, Ray address), outputs or checkpoint settings.
 _NOT_RESULTS = ("description", "metrics", "execution", "outputs", "checkpoint")
@@ -103,8 +95,11 @@ class CheckpointStore:
     def blob_keys(self) -> set[str]:
         """Digests of the blobs on disk."""
         if self._blobs is None:
-            self._blobs = {p.name[:-3] for p in self.blob_dir.glob("*.pt")} \
-                if self.blob_dir.is_dir() else set()
+            self._blobs = (
+                {p.name[:-3] for p in self.blob_dir.glob("*.pt")}
+                if self.blob_dir.is_dir()
+                else set()
+            )
         return set(self._blobs)
 
     def save(self, ckpt: Checkpoint) -> Path:
@@ -112,10 +107,18 @@ class CheckpointStore:
         self.blob_dir.mkdir(parents=True, exist_ok=True)
         known = self.blob_keys()
         refs = blob_keys([ckpt.server, ckpt.clients, ckpt.edges])
-        payload = {"format": FORMAT_VERSION, "run_id": self.run_id, "scenario": self.digest,
-                   "rounds_done": ckpt.rounds_done, "elapsed_s": ckpt.elapsed_s,
-                   "server": ckpt.server, "clients": ckpt.clients, "costs": ckpt.costs,
-                   "edges": ckpt.edges, "blobs": sorted(refs)}
+        payload = {
+            "format": FORMAT_VERSION,
+            "run_id": self.run_id,
+            "scenario": self.digest,
+            "rounds_done": ckpt.rounds_done,
+            "elapsed_s": ckpt.elapsed_s,
+            "server": ckpt.server,
+            "clients": ckpt.clients,
+            "costs": ckpt.costs,
+            "edges": ckpt.edges,
+            "blobs": sorted(refs),
+        }
         path = self.path(ckpt.rounds_done)
         written = 0
         with atomic_section():
@@ -124,8 +127,10 @@ class CheckpointStore:
                     written += _torch_save_atomic(tensor, self.blob_dir / f"{key}.pt")
                     known.add(key)
             if refs - known:
-                raise CheckpointError(f"checkpoint after round {ckpt.rounds_done} refers to "
-                                      f"{len(refs - known)} blob(s) nobody sent")
+                raise CheckpointError(
+                    f"checkpoint after round {ckpt.rounds_done} refers to "
+                    f"{len(refs - known)} blob(s) nobody sent"
+                )
             fsync_dir(self.blob_dir)
             written += _torch_save_atomic(payload, path)
             fsync_dir(self.dir)
@@ -138,7 +143,7 @@ class CheckpointStore:
 
     def prune(self, keep: int) -> None:
         """Keep only the ``keep`` newest checkpoints and the blobs they refer to."""
-        for old in self.all()[:-max(1, keep)]:
+        for old in self.all()[: -max(1, keep)]:
             old.unlink(missing_ok=True)
             self._refs.pop(old, None)
         self._prune_blobs()
@@ -163,19 +168,16 @@ class CheckpointStore:
         """Checkpoint files, oldest first."""
         if not self.dir.is_dir():
             return []
-        found = [(int(m.group(1)), p) for p in self.dir.iterdir()
-                 if (m := _NAME.match(p.name))]
+        found = [(int(m.group(1)), p) for p in self.dir.iterdir() if (m := _NAME.match(p.name))]
         return [p for _, p in sorted(found)]
 
     def load(self, path: Path) -> Checkpoint:
         try:
             payload = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:  # a truncated or foreign file: any unpickling error
-            raise CheckpointError(f"{path}: unreadable checkpoint ({type(exc).__name__})") \
-                from None
+            raise CheckpointError(f"{path}: unreadable checkpoint ({type(exc).__name__})") from None
         if not isinstance(payload, dict) or payload.get("format") != FORMAT_VERSION:
-            raise CheckpointError(f"{path}: not a mecsim checkpoint of format "
-                                  f"{FORMAT_VERSION}")
+            raise CheckpointError(f"{path}: not a mecsim checkpoint of format {FORMAT_VERSION}")
         if payload.get("run_id") != self.run_id or payload.get("scenario") != self.digest:
             raise CheckpointError(f"{path}: belongs to another run or scenario")
         m = _NAME.match(path.name)
@@ -187,16 +189,25 @@ class CheckpointStore:
             try:
                 tensor = torch.load(blob, map_location="cpu", weights_only=True)
             except Exception as exc:  # missing, truncated or foreign
-                raise CheckpointError(f"{path}: its blob {blob.name} is unreadable "
-                                      f"({type(exc).__name__})") from None
+                raise CheckpointError(
+                    f"{path}: its blob {blob.name} is unreadable ({type(exc).__name__})"
+                ) from None
             if not isinstance(tensor, torch.Tensor):
                 raise CheckpointError(f"{path}: its blob {blob.name} is not a tensor")
             return tensor
 
         server, clients, edges = resolve_blobs(
-            [payload["server"], payload["clients"], payload.get("edges", {})], load_blob)
-        return Checkpoint(int(payload["rounds_done"]), float(payload["elapsed_s"]),
-                          server, dict(clients), payload["costs"], path, edges=dict(edges))
+            [payload["server"], payload["clients"], payload.get("edges", {})], load_blob
+        )
+        return Checkpoint(
+            int(payload["rounds_done"]),
+            float(payload["elapsed_s"]),
+            server,
+            dict(clients),
+            payload["costs"],
+            path,
+            edges=dict(edges),
+        )
 
     def latest(self, warn: Callable[[str], None] | None = None) -> Checkpoint | None:
         """The newest readable checkpoint (an unreadable one is reported through

@@ -9,8 +9,7 @@ import pandas as pd
 
 # Floats must be read back exactly as written (repr). pandas < 3's default parser can be
 # 1 ulp off, so ask for round_trip there; pandas >= 3 is exact and deprecates the option.
-_EXACT_FLOATS = {"float_precision": "round_trip"} if int(pd.__version__.split(".")[0]) < 3 \
-    else {}
+_EXACT_FLOATS = {"float_precision": "round_trip"} if int(pd.__version__.split(".")[0]) < 3 else {}
 
 
 def read_csv_exact(path: str | Path) -> pd.DataFrame:

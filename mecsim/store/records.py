@@ -54,8 +54,10 @@ class _AppendCsv:
             with path.open(newline="") as f:
                 header = next(csv.reader(f))
             if header != columns:
-                raise RunFolderError(f"{path}: its columns differ from this mecsim's; the run "
-                                     "was written by another version and cannot be resumed")
+                raise RunFolderError(
+                    f"{path}: its columns differ from this mecsim's; the run "
+                    "was written by another version and cannot be resumed"
+                )
         self.file = path.open("w" if fresh else "a", newline="")
         self.writer = csv.DictWriter(self.file, fieldnames=columns, restval="")
         if fresh:
@@ -88,11 +90,15 @@ class RecordsWriter(RunObserver):
 
         sc = info.scenario
         server_cls, _ = algorithm_classes(sc.algorithm.name)
-        self.rounds = _AppendCsv(self.out_dir / "rounds.csv",
-                                 ROUND_COLUMNS + list(server_cls.round_metrics), append)
+        self.rounds = _AppendCsv(
+            self.out_dir / "rounds.csv", ROUND_COLUMNS + list(server_cls.round_metrics), append
+        )
         self.clients = _AppendCsv(self.out_dir / "clients.csv", CLIENT_COLUMNS, append)
-        self.traces = (self.out_dir / "optraces.jsonl").open("a" if append else "w") \
-            if sc.outputs.save_optraces else None
+        self.traces = (
+            (self.out_dir / "optraces.jsonl").open("a" if append else "w")
+            if sc.outputs.save_optraces
+            else None
+        )
         self._open = True
 
     def _write_meta(self, **changes: Any) -> None:
@@ -106,29 +112,53 @@ class RecordsWriter(RunObserver):
         sc = info.scenario
         atomic_write_text(self.out_dir / "scenario.yaml", resolved_yaml(sc))
         self._open_files(info, append=False)
-        self.meta = {"run_id": info.run_id, "status": "running", "rounds_done": 0,
-                     "rounds_planned": sc.rounds, "pid": os.getpid(),
-                     "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                     "num_params": info.num_params,
-                     "model_bytes": info.model_nbytes, "step_memory_bytes": info.step_memory_bytes,
-                     "step_flops": info.step_flops, "client_devices": info.client_devices,
-                     "resumes": [], "faults": [], **info.extra}
+        self.meta = {
+            "run_id": info.run_id,
+            "status": "running",
+            "rounds_done": 0,
+            "rounds_planned": sc.rounds,
+            "pid": os.getpid(),
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "num_params": info.num_params,
+            "model_bytes": info.model_nbytes,
+            "step_memory_bytes": info.step_memory_bytes,
+            "step_flops": info.step_flops,
+            "client_devices": info.client_devices,
+            "resumes": [],
+            "faults": [],
+            **info.extra,
+        }
         self._write_meta()
 
     def on_run_resume(self, info: RunInfo, rounds: list[dict[str, Any]]) -> None:
         self._open_files(info, append=True)
         self.meta = read_meta(self.out_dir) or {"run_id": info.run_id}
         resumes = list(self.meta.get("resumes", [])) + [
-            {"from_round": len(rounds), "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-             "pid": os.getpid()}]
+            {
+                "from_round": len(rounds),
+                "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "pid": os.getpid(),
+            }
+        ]
         self.meta.pop("error", None)
-        self._write_meta(status="running", rounds_done=len(rounds), pid=os.getpid(),
-                         rounds_planned=info.scenario.rounds, resumes=resumes,
-                         hosts=info.extra.get("hosts"), backend=info.extra.get("backend"))
+        self._write_meta(
+            status="running",
+            rounds_done=len(rounds),
+            pid=os.getpid(),
+            rounds_planned=info.scenario.rounds,
+            resumes=resumes,
+            hosts=info.extra.get("hosts"),
+            backend=info.extra.get("backend"),
+        )
 
     # -- each round ------------------------------------------------------------------
-    def on_round_end(self, info: RunInfo, round_row: dict[str, Any],
-                     client_rows: list[dict[str, Any]], traces: dict[str, Any]) -> None:
+    def on_round_end(
+        self,
+        info: RunInfo,
+        round_row: dict[str, Any],
+        client_rows: list[dict[str, Any]],
+        traces: dict[str, Any],
+    ) -> None:
         with atomic_section():  # an interrupt waits until the round is on disk
             self.clients.append(client_rows)
             self.rounds.append([round_row])
@@ -138,15 +168,19 @@ class RecordsWriter(RunObserver):
                 os.fsync(self.traces.fileno())
             self._write_meta(rounds_done=int(round_row["round"]) + 1)
 
-    def on_checkpoint(self, info: RunInfo, rounds_done: int, nbytes: int,
-                      seconds: float) -> None:
-        totals = dict(self.meta.get("checkpoint_totals") or {"count": 0, "bytes": 0,
-                                                             "seconds": 0.0})
-        totals = {"count": totals["count"] + 1, "bytes": totals["bytes"] + nbytes,
-                  "seconds": round(totals["seconds"] + seconds, 6)}
-        self._write_meta(checkpoint={"rounds_done": rounds_done, "bytes": nbytes,
-                                     "seconds": round(seconds, 6)},
-                         checkpoint_totals=totals)
+    def on_checkpoint(self, info: RunInfo, rounds_done: int, nbytes: int, seconds: float) -> None:
+        totals = dict(
+            self.meta.get("checkpoint_totals") or {"count": 0, "bytes": 0, "seconds": 0.0}
+        )
+        totals = {
+            "count": totals["count"] + 1,
+            "bytes": totals["bytes"] + nbytes,
+            "seconds": round(totals["seconds"] + seconds, 6),
+        }
+        self._write_meta(
+            checkpoint={"rounds_done": rounds_done, "bytes": nbytes, "seconds": round(seconds, 6)},
+            checkpoint_totals=totals,
+        )
 
     def on_fault(self, info: RunInfo, rnd: int, message: str) -> None:
         faults = list(self.meta.get("faults", [])) + [{"round": rnd, "error": message}]
@@ -184,8 +218,13 @@ class RecordsWriter(RunObserver):
             return
         self.summary = summarise(rows)
         targets = target_lines(rows, info.scenario.evaluation.target_accuracy)
-        text = markdown(info.run_id, info.scenario.algorithm.name, self.summary, targets,
-                        run_notes(info.scenario, rows))
+        text = markdown(
+            info.run_id,
+            info.scenario.algorithm.name,
+            self.summary,
+            targets,
+            run_notes(info.scenario, rows),
+        )
         if status_text:
             text = text.replace("\n\n", f"\n\n**Run {status_text}.**\n\n", 1)
         atomic_write_text(self.out_dir / "summary.md", text)
@@ -195,8 +234,9 @@ class RecordsWriter(RunObserver):
         self._finish_files(info, None)
         self._write_meta(status="finished", rounds_done=len(rounds))
 
-    def on_run_stopped(self, info: RunInfo, rounds: list[dict[str, Any]], status: str,
-                       message: str) -> None:
+    def on_run_stopped(
+        self, info: RunInfo, rounds: list[dict[str, Any]], status: str, message: str
+    ) -> None:
         self._close()
         if not self.meta:  # stopped before on_run_start wrote anything
             return
@@ -208,7 +248,3 @@ class RecordsWriter(RunObserver):
             if message:
                 changes["error"] = message
             self._write_meta(**changes)
-
-
-
-

@@ -72,8 +72,9 @@ class RunLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise RunFolderInUse(f"{self.path.parent}: in use by another mecsim process "
-                                 "(its lock is held)") from None
+            raise RunFolderInUse(
+                f"{self.path.parent}: in use by another mecsim process (its lock is held)"
+            ) from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self._fd = fd
@@ -126,8 +127,11 @@ def run_status(run_dir: Path) -> dict[str, Any]:
     status = meta.get("status")
     if status == "running" and not is_locked(run_dir):
         status = "interrupted"
-    return {"status": status, "rounds_done": meta.get("rounds_done"),
-            "rounds_planned": meta.get("rounds_planned")}
+    return {
+        "status": status,
+        "rounds_done": meta.get("rounds_done"),
+        "rounds_planned": meta.get("rounds_planned"),
+    }
 
 
 def status_line(status: str | None, done: int | None, planned: int | None) -> str:
@@ -200,10 +204,12 @@ def _cut_jsonl(path: Path, rounds_done: int) -> None:
     atomic_write_text(path, "".join(kept))
 
 
-
-
-def prepare_resume(run_dir: str | Path, warn: Callable[[str], None] | None = None, *,
-                   keep_finished_lock: bool = False) -> ResumeTarget:
+def prepare_resume(
+    run_dir: str | Path,
+    warn: Callable[[str], None] | None = None,
+    *,
+    keep_finished_lock: bool = False,
+) -> ResumeTarget:
     """Lock ``run_dir``, choose its checkpoint and cut its records back to it.
 
     Raises :class:`RunFolderError` for a folder that is not a run, is in use, or is
@@ -214,21 +220,26 @@ def prepare_resume(run_dir: str | Path, warn: Callable[[str], None] | None = Non
     if not run_dir.is_dir():
         raise RunFolderError(f"{run_dir}: not a run folder (no such directory)")
     if not (run_dir / "scenario.yaml").is_file() or not (run_dir / "run.json").is_file():
-        raise RunFolderError(f"{run_dir}: not a run folder written by `mecsim run` (needs "
-                             "scenario.yaml and run.json)")
+        raise RunFolderError(
+            f"{run_dir}: not a run folder written by `mecsim run` (needs "
+            "scenario.yaml and run.json)"
+        )
     lock = RunLock(run_dir).acquire()
     try:
         meta = read_meta(run_dir)
         if meta.get("status") == "finished":
-            raise RunFolderFinished(f"{run_dir}: the run is finished; nothing to resume",
-                                    lock if keep_finished_lock else None)
+            raise RunFolderFinished(
+                f"{run_dir}: the run is finished; nothing to resume",
+                lock if keep_finished_lock else None,
+            )
         try:
             scenario = load_scenario(run_dir / "scenario.yaml")
         except ScenarioError as exc:
             raise RunFolderError(f"{run_dir}: its scenario.yaml is not valid: {exc}") from None
         run_id = str(meta.get("run_id") or run_dir.name)
-        store = CheckpointStore(run_dir, run_id, scenario_digest(scenario),
-                                scenario.checkpoint.keep)
+        store = CheckpointStore(
+            run_dir, run_id, scenario_digest(scenario), scenario.checkpoint.keep
+        )
         try:
             ckpt = store.latest(warn)
         except CheckpointError as exc:  # pragma: no cover - latest() skips bad files
@@ -238,8 +249,10 @@ def prepare_resume(run_dir: str | Path, warn: Callable[[str], None] | None = Non
         if len(recorded) < done:
             # the checkpoint is ahead of the records (they were lost): start over
             if warn is not None:
-                warn(f"{run_dir}: rounds.csv holds {len(recorded)} rounds but the checkpoint "
-                     f"{done}; resuming from the start")
+                warn(
+                    f"{run_dir}: rounds.csv holds {len(recorded)} rounds but the checkpoint "
+                    f"{done}; resuming from the start"
+                )
             ckpt, done = None, 0
             _cut_csv(run_dir / "rounds.csv", 0)
         store.discard_after(done)

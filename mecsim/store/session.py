@@ -66,8 +66,10 @@ class Outcome:
 def new_run_id(scenario: Scenario) -> str:
     """The scenario's ``outputs.run_id``, or ``<name>-<timestamp>-<8 random hex digits>``:
     two runs of one scenario started in the same second get different folders."""
-    return scenario.outputs.run_id or \
-        f"{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(4)}"
+    return (
+        scenario.outputs.run_id
+        or f"{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(4)}"
+    )
 
 
 def _outermost_missing(run_dir: Path) -> Path:
@@ -81,23 +83,34 @@ def _outermost_missing(run_dir: Path) -> Path:
 
 def os_problem(path: Path | str, exc: OSError) -> str:
     """One line for an OS error while making or writing a run folder."""
-    reasons = {errno.ENOSPC: "no space left on the device",
-               errno.EDQUOT: "disk quota exceeded", errno.EROFS: "read-only file system",
-               errno.EACCES: "permission denied", errno.EPERM: "operation not permitted",
-               errno.ENOTDIR: "a part of the path is not a folder",
-               errno.ENAMETOOLONG: "the name is too long"}
+    reasons = {
+        errno.ENOSPC: "no space left on the device",
+        errno.EDQUOT: "disk quota exceeded",
+        errno.EROFS: "read-only file system",
+        errno.EACCES: "permission denied",
+        errno.EPERM: "operation not permitted",
+        errno.ENOTDIR: "a part of the path is not a folder",
+        errno.ENAMETOOLONG: "the name is too long",
+    }
     reason = reasons.get(exc.errno or 0) or exc.strerror or type(exc).__name__
     return f"{exc.filename or path}: cannot make or write the run folder ({reason})"
 
 
-def run_in_folder(scenario: Scenario | None, run_dir: str | Path | None = None, *,
-                  observers: Sequence[RunObserver] = (), source: str | None = None,
-                  resume: ResumeTarget | None = None,
-                  should_stop: Callable[[], bool | str] | None = None,
-                  backend: str | None = None, hosts: int | None = None,
-                  ray_address: str | None = None, serves_metrics: bool = False,
-                  on_folder_ready: Callable[[], None] | None = None,
-                  warn: Callable[[str], None] | None = None) -> Outcome:
+def run_in_folder(
+    scenario: Scenario | None,
+    run_dir: str | Path | None = None,
+    *,
+    observers: Sequence[RunObserver] = (),
+    source: str | None = None,
+    resume: ResumeTarget | None = None,
+    should_stop: Callable[[], bool | str] | None = None,
+    backend: str | None = None,
+    hosts: int | None = None,
+    ray_address: str | None = None,
+    serves_metrics: bool = False,
+    on_folder_ready: Callable[[], None] | None = None,
+    warn: Callable[[str], None] | None = None,
+) -> Outcome:
     """Run ``scenario`` into the new folder ``run_dir``, or continue ``resume``.
 
     ``source`` names the scenario in error lines (its file; default the folder's
@@ -131,16 +144,24 @@ def run_in_folder(scenario: Scenario | None, run_dir: str | Path | None = None, 
         data["outputs"].update(dir=str(folder.parent), run_id=folder.name)
         if not serves_metrics:
             data["metrics"]["enabled"] = False
-        warnings = preflight.check(scenario_from_dict(data, source), source, run_dir=folder,
-                                   backend=backend, hosts=hosts, ray_address=ray_address,
-                                   resume=resume is not None)
+        warnings = preflight.check(
+            scenario_from_dict(data, source),
+            source,
+            run_dir=folder,
+            backend=backend,
+            hosts=hosts,
+            ray_address=ray_address,
+            resume=resume is not None,
+        )
         for line in warnings:
             if warn is not None:
                 warn(line)
         if lock is None:
             if folder.exists():
-                raise BadRun(f"{folder} already exists; choose another run id (or "
-                             f"continue it: mecsim run --resume {folder})")
+                raise BadRun(
+                    f"{folder} already exists; choose another run id (or "
+                    f"continue it: mecsim run --resume {folder})"
+                )
             made = _outermost_missing(folder)
             try:
                 folder.mkdir(parents=True)
@@ -152,8 +173,9 @@ def run_in_folder(scenario: Scenario | None, run_dir: str | Path | None = None, 
                 on_folder_ready()
             except OSError as exc:
                 raise BadRun(os_problem(folder, exc)) from None
-        store = CheckpointStore(folder, folder.name, scenario_digest(scenario),
-                                scenario.checkpoint.keep)
+        store = CheckpointStore(
+            folder, folder.name, scenario_digest(scenario), scenario.checkpoint.keep
+        )
         stopped: list[str] = []
 
         def stop() -> bool | str:
@@ -164,10 +186,18 @@ def run_in_folder(scenario: Scenario | None, run_dir: str | Path | None = None, 
 
         records = RecordsWriter(folder)
         try:
-            rows = run(scenario, folder.name, folder, [records, *observers], checkpoints=store,
-                       should_stop=stop if should_stop is not None else None,
-                       resume=resume.point if resume is not None else None,
-                       hosts=hosts, backend=backend, ray_address=ray_address)
+            rows = run(
+                scenario,
+                folder.name,
+                folder,
+                [records, *observers],
+                checkpoints=store,
+                should_stop=stop if should_stop is not None else None,
+                resume=resume.point if resume is not None else None,
+                hosts=hosts,
+                backend=backend,
+                ray_address=ray_address,
+            )
         except ScenarioInfeasible as exc:
             raise BadRun(f"{source}: {exc}") from None
         except (FileNotFoundError, ValueError) as exc:  # data that cannot be read, at set-up
@@ -178,8 +208,9 @@ def run_in_folder(scenario: Scenario | None, run_dir: str | Path | None = None, 
             if made is not None and not records.meta:  # its first files could not be written
                 raise BadRun(os_problem(folder, exc)) from None
             raise
-        return Outcome(folder.name, folder, scenario, stopped[-1] if stopped else "finished",
-                       rows, warnings)
+        return Outcome(
+            folder.name, folder, scenario, stopped[-1] if stopped else "finished", rows, warnings
+        )
     except (BadRun, ScenarioError):
         if lock is not None:
             lock.release()

@@ -32,8 +32,14 @@ def summarise(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
         return avg(key) if all(key in r for r in rows) else float("nan")
 
     accs = [float(r["mean_accuracy"]) for r in rows if not math.isnan(float(r["mean_accuracy"]))]
-    best_round = max(range(n), key=lambda i: float(rows[i]["mean_accuracy"])
-                     if not math.isnan(float(rows[i]["mean_accuracy"])) else -1.0)
+    best_round = max(
+        range(n),
+        key=lambda i: (
+            float(rows[i]["mean_accuracy"])
+            if not math.isnan(float(rows[i]["mean_accuracy"]))
+            else -1.0
+        ),
+    )
     out = {
         "rounds": float(n),
         "round_time_s": avg("round_time_s"),
@@ -57,7 +63,8 @@ def summarise(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
         "best_mean_accuracy": max(accs) if accs else float("nan"),
         # counted from 1, as everything a person reads (the records' round index + 1)
         "best_round": float(int(rows[best_round].get("round", best_round)) + 1)
-        if accs else float("nan"),
+        if accs
+        else float("nan"),
         "final_mean_accuracy": accs[-1] if accs else float("nan"),
         "host_wall_s": avg("host_wall_s"),
     }
@@ -80,12 +87,25 @@ def table_rows(s: dict[str, float]) -> tuple[list[str], list[str], list[str], li
         if s.get(key, 0.0) > 0:  # phases most runs do not have are shown when present
             time_header.append(f"{name} (s/%)")
             time_cells.append(f"{s[key]:.2f} ({_share(s[key], t):.2f})")
-    cost_header = ["U-Comm (MiB)", "D-Comm (MiB)", "C-Comp (GFLOPs)", "S-Comp (GFLOPs)",
-                   "Client energy (J)", "Server mem (MB)", "Best mean acc (%)"]
+    cost_header = [
+        "U-Comm (MiB)",
+        "D-Comm (MiB)",
+        "C-Comp (GFLOPs)",
+        "S-Comp (GFLOPs)",
+        "Client energy (J)",
+        "Server mem (MB)",
+        "Best mean acc (%)",
+    ]
     energy = s.get("energy_j", float("nan"))
-    cost_cells = [f"{s['ul_mib']:.2f}", f"{s['dl_mib']:.2f}", f"{s['client_gflops']:.2f}",
-                  f"{s['server_gflops']:.3f}", "-" if math.isnan(energy) else f"{energy:.1f}",
-                  f"{s['server_rss_mb']:.1f}", f"{100 * s['best_mean_accuracy']:.2f}"]
+    cost_cells = [
+        f"{s['ul_mib']:.2f}",
+        f"{s['dl_mib']:.2f}",
+        f"{s['client_gflops']:.2f}",
+        f"{s['server_gflops']:.3f}",
+        "-" if math.isnan(energy) else f"{energy:.1f}",
+        f"{s['server_rss_mb']:.1f}",
+        f"{100 * s['best_mean_accuracy']:.2f}",
+    ]
     return time_header, time_cells, cost_header, cost_cells
 
 
@@ -104,8 +124,9 @@ def target_column(rows: Sequence[dict[str, Any]]) -> str:
     return "mean_accuracy"
 
 
-def times_to_targets(rows: Sequence[dict[str, Any]], targets: Sequence[float]
-                     ) -> list[tuple[float, int | None, float | None]]:
+def times_to_targets(
+    rows: Sequence[dict[str, Any]], targets: Sequence[float]
+) -> list[tuple[float, int | None, float | None]]:
     """(target, rounds counted from 1 or None, emulated seconds elapsed then or None)
     for each target: :func:`rounds_to_target` on :func:`target_column`."""
     column = target_column(rows)
@@ -123,8 +144,11 @@ def target_lines(rows: Sequence[dict[str, Any]], targets: Sequence[float]) -> li
     emulated).' or '... X (not reached in 100 rounds).'"""
     if not targets:
         return []
-    what = ("mean user accuracy of the non-noisy clients"
-            if target_column(rows) == "mean_clean_accuracy" else "mean user accuracy")
+    what = (
+        "mean user accuracy of the non-noisy clients"
+        if target_column(rows) == "mean_clean_accuracy"
+        else "mean user accuracy"
+    )
     lines = []
     for target, reached, elapsed in times_to_targets(rows, targets):
         head = f"Rounds to {100 * target:g} % {what}: "
@@ -147,7 +171,8 @@ def run_notes(scenario: Any, rows: Sequence[dict[str, Any]]) -> list[str]:
 
     note = downlink_note(scenario)
     return ([note] if note else []) + algorithm_notes(
-        scenario.algorithm.name, dict(scenario.algorithm.params), list(rows))
+        scenario.algorithm.name, dict(scenario.algorithm.params), list(rows)
+    )
 
 
 def energy_line(s: dict[str, float]) -> str | None:
@@ -156,22 +181,33 @@ def energy_line(s: dict[str, float]) -> str | None:
     total = s.get("energy_j", float("nan"))
     if math.isnan(total):
         return None
-    parts = ", ".join(f"{name} {_share(s[f'energy_{name}_j'], total):.0f} %"
-                      for name in ("compute", "radio", "idle"))
-    return (f"Client energy per round: {total:.1f} J ({parts}), all selected clients, from "
-            "the device profiles' power figures (docs/devices.md).")
+    parts = ", ".join(
+        f"{name} {_share(s[f'energy_{name}_j'], total):.0f} %"
+        for name in ("compute", "radio", "idle")
+    )
+    return (
+        f"Client energy per round: {total:.1f} J ({parts}), all selected clients, from "
+        "the device profiles' power figures (docs/devices.md)."
+    )
 
 
-def markdown(run_id: str, algorithm: str, s: dict[str, float],
-             target_text: Sequence[str] = (), notes: Sequence[str] = ()) -> str:
+def markdown(
+    run_id: str,
+    algorithm: str,
+    s: dict[str, float],
+    target_text: Sequence[str] = (),
+    notes: Sequence[str] = (),
+) -> str:
     th, tc, ch, cc = table_rows(s)
 
     def md(header: list[str], cells: list[str]) -> str:
-        return "\n".join([
-            "| method | " + " | ".join(header) + " |",
-            "|---" * (len(header) + 1) + "|",
-            f"| {algorithm} | " + " | ".join(cells) + " |",
-        ])
+        return "\n".join(
+            [
+                "| method | " + " | ".join(header) + " |",
+                "|---" * (len(header) + 1) + "|",
+                f"| {algorithm} | " + " | ".join(cells) + " |",
+            ]
+        )
 
     return (
         f"# Run {run_id}\n\n"
@@ -189,8 +225,9 @@ def markdown(run_id: str, algorithm: str, s: dict[str, float],
     )
 
 
-def rounds_to_target(rows: Sequence[dict[str, Any]], target: float,
-                     column: str = "mean_accuracy") -> int | None:
+def rounds_to_target(
+    rows: Sequence[dict[str, Any]], target: float, column: str = "mean_accuracy"
+) -> int | None:
     """Rounds needed to reach a target average user accuracy (the MTFL paper's Table 2 figure).
 
     The number of rounds, counted from 1 (``row["round"] + 1``), until ``column`` of a

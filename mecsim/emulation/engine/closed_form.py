@@ -27,7 +27,9 @@ _CLOSED_FORM_KIND: dict[type, int] = {Download: 0, Compute: 1, Upload: 2}
 
 
 def _closed_form_timelines(
-    traces: Mapping[int, OpTrace], clients: Mapping[int, ClientSpec], network: NetworkSpec,
+    traces: Mapping[int, OpTrace],
+    clients: Mapping[int, ClientSpec],
+    network: NetworkSpec,
 ) -> tuple[ClientTimeline, ...] | None:
     """Per-client timelines without SimPy, or None when the round needs the SimPy model.
 
@@ -49,7 +51,8 @@ def _closed_form_timelines(
         if spec.client_id != cid:
             raise ValueError(f"clients[{cid}] has client_id {spec.client_id}")
         if isinstance(spec.uplink_rate_bps, RateSchedule) or isinstance(
-                spec.downlink_rate_bps, RateSchedule):
+            spec.downlink_rate_bps, RateSchedule
+        ):
             return None
         groups.setdefault(tuple(map(type, traces[cid])), []).append(pos)
     if any(t not in _CLOSED_FORM_KIND for types in groups for t in types):
@@ -76,8 +79,9 @@ class _ConstantRates(Protocol):
     def downlink_rate_bps(self) -> float: ...
 
 
-def _advance_group(kinds: tuple[int, ...], rows: list[OpTrace],
-                   specs: list[ClientSpec]) -> tuple[np.ndarray, np.ndarray]:
+def _advance_group(
+    kinds: tuple[int, ...], rows: list[OpTrace], specs: list[ClientSpec]
+) -> tuple[np.ndarray, np.ndarray]:
     """(finish_s, per-kind seconds) of clients sharing one sequence of op kinds."""
     m = len(rows)
     rates = cast("list[_ConstantRates]", specs)  # _closed_form_timelines left out schedules
@@ -102,8 +106,7 @@ def _advance_group(kinds: tuple[int, ...], rows: list[OpTrace],
                 sent = cast("list[tuple[Download | Upload, ...]]", rows)  # column k: transfers
                 nbits = 8.0 * np.array([float(r[k].nbytes) for r in sent])
                 rate, lat_s = (down_bps, down_lat_s) if kind == 0 else (up_bps, up_lat_s)
-                delay_s = np.where(nbits > 0,
-                                   np.where(rate > 0, nbits / rate + lat_s, np.inf), 0.0)
+                delay_s = np.where(nbits > 0, np.where(rate > 0, nbits / rate + lat_s, np.inf), 0.0)
             blocked = np.isinf(delay_s) & ~stuck
             stuck_kind[blocked] = kind
             stuck |= blocked

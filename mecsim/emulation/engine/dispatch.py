@@ -76,15 +76,16 @@ def time_round(
         deadline_s = network.deadline_s
         if failed or wait_for is not None:
             failed = frozenset(failed)
-            finishes = sorted(t.finish_s for t in timelines
-                              if t.completed and t.client_id not in failed)
+            finishes = sorted(
+                t.finish_s for t in timelines if t.completed and t.client_id not in failed
+            )
             if wait_for is not None and 0 < wait_for < len(finishes):
                 cutoff_s = finishes[wait_for - 1]
                 deadline_s = cutoff_s if deadline_s is None else min(deadline_s, cutoff_s)
             timelines = tuple(
-                replace(t, completed=t.client_id not in failed
-                        and _made_it(t.finish_s, deadline_s))
-                for t in timelines)
+                replace(t, completed=t.client_id not in failed and _made_it(t.finish_s, deadline_s))
+                for t in timelines
+            )
         return _summarise(timelines, deadline_s, aggregate_s)
 
 
@@ -94,30 +95,42 @@ METHODS = ("auto", "closed_form", "media", "events", "simpy")
 _PATHS = METHODS[1:]
 
 
-def engine_path(traces: Mapping[int, OpTrace], clients: Mapping[int, ClientSpec],
-                servers: Sequence[ServerSpec], network: NetworkSpec) -> str:
+def engine_path(
+    traces: Mapping[int, OpTrace],
+    clients: Mapping[int, ClientSpec],
+    servers: Sequence[ServerSpec],
+    network: NetworkSpec,
+) -> str:
     """Which way :func:`time_round` (``method="auto"``) solves this round (it solves it)."""
     with _collector_paused():
         return _solve(traces, clients, servers, network, "auto")[0]
 
 
-def _solve(traces: Mapping[int, OpTrace], clients: Mapping[int, ClientSpec],
-           servers: Sequence[ServerSpec], network: NetworkSpec,
-           method: str) -> tuple[str, tuple[ClientTimeline, ...]]:
+def _solve(
+    traces: Mapping[int, OpTrace],
+    clients: Mapping[int, ClientSpec],
+    servers: Sequence[ServerSpec],
+    network: NetworkSpec,
+    method: str,
+) -> tuple[str, tuple[ClientTimeline, ...]]:
     """(path, timelines): the first path from ``method`` on that covers the round."""
 
     # the media and event paths do not model per-link latency yet: such rounds go to
     # the closed form (which does) or to SimPy
     latency = any(s.uplink_latency_s or s.downlink_latency_s for s in clients.values())
-    for path in _PATHS[0 if method == "auto" else _PATHS.index(method):]:
+    for path in _PATHS[0 if method == "auto" else _PATHS.index(method) :]:
         if latency and path in ("media", "events"):
             continue
         if path == "closed_form":
             timelines = _closed_form_timelines(traces, clients, network)
         elif path == "media":
             timelines = media.media_timelines(
-                traces, clients, servers, network,
-                min_group_size=media.WORTHWHILE_GROUP_SIZE if method == "auto" else 0)
+                traces,
+                clients,
+                servers,
+                network,
+                min_group_size=media.WORTHWHILE_GROUP_SIZE if method == "auto" else 0,
+            )
         elif path == "events":
             timelines = events.event_timelines(traces, clients, servers, network)
         else:
@@ -150,8 +163,9 @@ def _busy_s(t: ClientTimeline) -> float:
     return t.download_s + t.compute_s + t.upload_s + t.server_compute_s + t.backhaul_s
 
 
-def _summarise(timelines: tuple[ClientTimeline, ...], deadline_s: float | None,
-               aggregate_s: float) -> RoundTiming:
+def _summarise(
+    timelines: tuple[ClientTimeline, ...], deadline_s: float | None, aggregate_s: float
+) -> RoundTiming:
     """The round's makespan and critical-path breakdown from its client timelines."""
     done = [t for t in timelines if t.completed]
     dropped = tuple(t.client_id for t in timelines if not t.completed)
@@ -161,14 +175,28 @@ def _summarise(timelines: tuple[ClientTimeline, ...], deadline_s: float | None,
     wait_s = deadline_s if dropped and deadline_s is not None else crit.finish_s if crit else 0.0
     round_s = wait_s + aggregate_s
     parts = (
-        (crit.download_s, crit.compute_s, crit.upload_s, crit.server_compute_s + aggregate_s,
-         crit.backhaul_s)
-        if crit else (0.0, 0.0, 0.0, aggregate_s, 0.0)
+        (
+            crit.download_s,
+            crit.compute_s,
+            crit.upload_s,
+            crit.server_compute_s + aggregate_s,
+            crit.backhaul_s,
+        )
+        if crit
+        else (0.0, 0.0, 0.0, aggregate_s, 0.0)
     )
     idle_s = round_s - sum(parts) if math.isfinite(round_s) else 0.0
     return RoundTiming(
-        clients=timelines, critical_client=crit.client_id if crit else None,
-        wait_s=wait_s, aggregate_s=aggregate_s, round_time_s=round_s,
-        download_s=parts[0], client_s=parts[1], upload_s=parts[2], server_s=parts[3],
-        idle_s=max(0.0, idle_s), dropped=dropped, backhaul_s=parts[4],
+        clients=timelines,
+        critical_client=crit.client_id if crit else None,
+        wait_s=wait_s,
+        aggregate_s=aggregate_s,
+        round_time_s=round_s,
+        download_s=parts[0],
+        client_s=parts[1],
+        upload_s=parts[2],
+        server_s=parts[3],
+        idle_s=max(0.0, idle_s),
+        dropped=dropped,
+        backhaul_s=parts[4],
     )

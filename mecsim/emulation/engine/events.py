@@ -45,10 +45,10 @@ _INF = math.inf
 # Kinds of op: the column of each in a client's per-kind time list.
 _DOWN, _COMP, _UP, _SERVER, _BACKHAUL = 0, 1, 2, 3, 4
 # Op codes of the compiled traces: (code, kind, x, y)
-_FIXED = 0     # x = delay_s (> 0, maybe inf), y unused: the client's own link or CPU
+_FIXED = 0  # x = delay_s (> 0, maybe inf), y unused: the client's own link or CPU
 _SCHEDULE = 1  # x = nbits (> 0), y = RateSchedule: a dedicated link with a rate trace
-_SHARED = 2    # x = resource index, y = work / rate (s of solo service, maybe inf)
-_BARRIER = 3   # x = barrier index (edge server, k-th Backhaul op), y unused
+_SHARED = 2  # x = resource index, y = work / rate (s of solo service, maybe inf)
+_BARRIER = 3  # x = barrier index (edge server, k-th Backhaul op), y unused
 # What a queued event does: a client goes on, or a backhaul transfer ends
 _RESUME, _RELEASE = 0, 1
 
@@ -62,8 +62,12 @@ class _Unsupported(Exception):
     """An input the event-driven path leaves to the SimPy model."""
 
 
-def _compile(traces: Mapping[int, OpTrace], clients: Mapping[int, ClientSpec],
-             servers: Sequence[ServerSpec], network: NetworkSpec) -> _Compiled:
+def _compile(
+    traces: Mapping[int, OpTrace],
+    clients: Mapping[int, ClientSpec],
+    servers: Sequence[ServerSpec],
+    network: NetworkSpec,
+) -> _Compiled:
     """Per-client op lists, the processor-sharing resources and the backhaul barriers.
 
     Ops that take no time in the SimPy model (no bytes, no work) are left out: they add
@@ -97,7 +101,8 @@ def _compile(traces: Mapping[int, OpTrace], clients: Mapping[int, ClientSpec],
         down, up = spec.downlink_rate_bps, spec.uplink_rate_bps
         # the SimPy model refuses a RateSchedule on a shared medium (and says so)
         if (down_shared and isinstance(down, RateSchedule)) or (
-                up_shared and isinstance(up, RateSchedule)):
+            up_shared and isinstance(up, RateSchedule)
+        ):
             raise _Unsupported
         down_f = float(down) if down_shared else 0.0  # SharedLink keeps float(rate)
         up_f = float(up) if up_shared else 0.0
@@ -140,8 +145,9 @@ def _compile(traces: Mapping[int, OpTrace], clients: Mapping[int, ClientSpec],
                 work = op.batches * sv.step_overhead_s * sv.flops_per_s + max(op.flops, 0.0)
                 if work > 0:
                     rate = sv.flops_per_s
-                    prog.append((_SHARED, _SERVER, resource(("cpu", es)),
-                                 work / rate if rate > 0 else _INF))
+                    prog.append(
+                        (_SHARED, _SERVER, resource(("cpu", es)), work / rate if rate > 0 else _INF)
+                    )
                 elif work != work:
                     raise _Unsupported
             elif kind is Backhaul:  # EdgeBackhaul.transfer: one transfer per (server, k)
@@ -298,8 +304,9 @@ def event_timelines(
             if t_r != _INF:
                 r = res_timer.index(t_r)
                 if res_timer.count(t_r) > 1:
-                    r = min((k for k in range(n_res) if res_timer[k] == t_r),
-                            key=res_seq.__getitem__)
+                    r = min(
+                        (k for k in range(n_res) if res_timer[k] == t_r), key=res_seq.__getitem__
+                    )
         if queue and (queue[0][0] < t_r or (queue[0][0] == t_r and queue[0][1] < res_seq[r])):
             now, _, what, a = pop(queue)
             if what == _RESUME:
@@ -338,6 +345,9 @@ def event_timelines(
         sp, fin = spent[i], finish[i]
         if fin is None:  # stuck in an op that never ends (_Client.timeline)
             sp[current[i] if current[i] >= 0 else _COMP] = fin = _INF
-        out.append(ClientTimeline(cid, 0.0, fin, sp[0], sp[1], sp[2], sp[3],
-                                  _made_it(fin, deadline_s), sp[4]))
+        out.append(
+            ClientTimeline(
+                cid, 0.0, fin, sp[0], sp[1], sp[2], sp[3], _made_it(fin, deadline_s), sp[4]
+            )
+        )
     return tuple(out)

@@ -52,8 +52,7 @@ _DOWN, _COMP, _UP, _SERVER, _BACKHAUL = 0, 1, 2, 3, 4  # per-kind time columns
 # Clients per group from which this path beats the event-driven one (measured: at 32
 # clients of one FedAvg group on shared media 0.44 ms against 0.48 ms a round).
 WORTHWHILE_GROUP_SIZE = 32
-_KIND = {Download: _DOWN, Compute: _COMP, Upload: _UP, ServerCompute: _SERVER,
-         Backhaul: _BACKHAUL}
+_KIND = {Download: _DOWN, Compute: _COMP, Upload: _UP, ServerCompute: _SERVER, Backhaul: _BACKHAUL}
 # A shared resource: (medium or "cpu", edge server), or ("backhaul", edge server, k) for
 # the k-th Backhaul op of its clients
 _Resource = tuple[str, int] | tuple[str, int, int]
@@ -123,9 +122,16 @@ class _Group:
     blocked for ever in an op (``stuck_kind``); ``col`` is the next op to play.
     """
 
-    def __init__(self, positions: list[int], rows: list[OpTrace], specs: list[ClientSpec],
-                 types: tuple[type, ...], es: int, servers: Sequence[ServerSpec],
-                 network: NetworkSpec) -> None:
+    def __init__(
+        self,
+        positions: list[int],
+        rows: list[OpTrace],
+        specs: list[ClientSpec],
+        types: tuple[type, ...],
+        es: int,
+        servers: Sequence[ServerSpec],
+        network: NetworkSpec,
+    ) -> None:
         self.positions, self.rows, self.specs, self.types = positions, rows, specs, types
         m = len(rows)
         self.now_s, self.spent_s = np.zeros(m), np.zeros((m, 5))
@@ -163,8 +169,7 @@ class _Group:
 
     def _spec(self, attr: str) -> np.ndarray:
         if attr not in self._spec_cache:
-            self._spec_cache[attr] = np.array(list(map(attrgetter(attr), self.specs)),
-                                              dtype=float)
+            self._spec_cache[attr] = np.array(list(map(attrgetter(attr), self.specs)), dtype=float)
         return self._spec_cache[attr]
 
     def advance(self, upto: int) -> None:
@@ -178,7 +183,8 @@ class _Group:
                     fps = self._spec("flops_per_s")
                     flop_s = np.where(fps > 0, flops / fps, _INF)
                     delay_s = batches * self._spec("step_overhead_s") + np.where(
-                        flops > 0, flop_s, 0.0)
+                        flops > 0, flop_s, 0.0
+                    )
                     delay_s = np.where(delay_s > 0, delay_s, 0.0)
                 else:  # DedicatedLink.transfer
                     delay_s = self._transfer_s(t is Download, k)
@@ -193,9 +199,14 @@ class _Group:
             rate = np.array([float(r) for r in cast("list[float]", rates)])
             return np.where(nbits > 0, np.where(rate > 0, nbits / rate, _INF), 0.0)
         now = self.now_s.tolist()
-        return np.array([r.transfer_time_s(b, t) if b > 0 else 0.0
-                         for r, b, t in zip(cast("list[RateSchedule]", rates), nbits.tolist(),
-                                            now, strict=True)])
+        return np.array(
+            [
+                r.transfer_time_s(b, t) if b > 0 else 0.0
+                for r, b, t in zip(
+                    cast("list[RateSchedule]", rates), nbits.tolist(), now, strict=True
+                )
+            ]
+        )
 
     def _step(self, delay_s: np.ndarray, kind: int) -> None:
         blocked = np.isinf(delay_s) & ~self.stuck
@@ -210,8 +221,9 @@ class _Group:
         t = self.types[k]
         if t is ServerCompute:  # EdgeServerCPU.run
             sv = self.servers[self.es]
-            work = (self._column("batches", k) * sv.step_overhead_s * sv.flops_per_s
-                    + np.maximum(self._column("flops", k), 0.0))
+            work = self._column("batches", k) * sv.step_overhead_s * sv.flops_per_s + np.maximum(
+                self._column("flops", k), 0.0
+            )
             rate: float | np.ndarray = sv.flops_per_s
             return work > 0, (work / rate if rate > 0 else np.full(len(work), _INF))
         # SharedLink.transfer: float(rate) of each client
@@ -254,9 +266,18 @@ def media_timelines(
     if len(ids) < min_group_size * len(keyed):
         return None
     try:
-        groups = [_Group(positions, [traces[ids[p]] for p in positions],
-                         [clients[ids[p]] for p in positions], key[3], key[0], servers, network)
-                  for key, positions in keyed.items()]
+        groups = [
+            _Group(
+                positions,
+                [traces[ids[p]] for p in positions],
+                [clients[ids[p]] for p in positions],
+                key[3],
+                key[0],
+                servers,
+                network,
+            )
+            for key, positions in keyed.items()
+        ]
         backhaul_s = _backhaul_delays(groups, servers)
     except _Unsupported:
         return None
@@ -322,7 +343,7 @@ def _serve(visiting: list[tuple[_Group, int]]) -> None:
     depart[order] = processor_sharing(arrive[order].tolist(), solo[order].tolist())
     at = 0
     for g, k, idx, arr, _ in parts:
-        dep = depart[at:at + len(idx)]
+        dep = depart[at : at + len(idx)]
         at += len(idx)
         kind = _KIND[g.types[k]]
         never = np.isinf(dep)
@@ -351,8 +372,7 @@ def _barrier(visiting: list[tuple[_Group, int]], delay_s: float) -> None:
         g.col = k + 1
 
 
-def _backhaul_delays(groups: list[_Group],
-                     servers: Sequence[ServerSpec]) -> dict[_Resource, float]:
+def _backhaul_delays(groups: list[_Group], servers: Sequence[ServerSpec]) -> dict[_Resource, float]:
     """Each backhaul transfer's duration; its clients must all carry the same op."""
     ops: dict[_Resource, Op] = {}
     for g in groups:

@@ -113,13 +113,14 @@ class SharedLink:
     """A client's share of a medium: its transfers are served at ``rate_bps / n``, then
     arrive ``latency_s`` later (the latency does not hold the medium)."""
 
-    def __init__(self, medium: ProcessorSharing, rate_bps: float,
-                 latency_s: float = 0.0) -> None:
+    def __init__(self, medium: ProcessorSharing, rate_bps: float, latency_s: float = 0.0) -> None:
         self.medium, self.rate_bps, self.latency_s = medium, rate_bps, latency_s
 
     def __repr__(self) -> str:
-        return (f"SharedLink({self.medium.name!r}, rate_bps={self.rate_bps}, "
-                f"latency_s={self.latency_s})")
+        return (
+            f"SharedLink({self.medium.name!r}, rate_bps={self.rate_bps}, "
+            f"latency_s={self.latency_s})"
+        )
 
     def transfer(self, nbits: float) -> _Proc:
         if nbits > 0:
@@ -168,16 +169,19 @@ class EdgeBackhaul:
     ``latency + 8*nbytes/bandwidth`` and then releases them all.
     """
 
-    def __init__(self, env: simpy.Environment, index: int, spec: ServerSpec,
-                 expected: list[int]) -> None:
+    def __init__(
+        self, env: simpy.Environment, index: int, spec: ServerSpec, expected: list[int]
+    ) -> None:
         self.env, self.index, self.spec, self.expected = env, index, spec, expected
         self.arrived = [0] * len(expected)
         self.start_s = [math.nan] * len(expected)
         self.done = [env.event() for _ in expected]
 
     def __repr__(self) -> str:
-        return (f"EdgeBackhaul(server{self.index}, bandwidth_bps={self.spec.backhaul_bps}, "
-                f"latency_s={self.spec.backhaul_latency_s})")
+        return (
+            f"EdgeBackhaul(server{self.index}, bandwidth_bps={self.spec.backhaul_bps}, "
+            f"latency_s={self.spec.backhaul_latency_s})"
+        )
 
     def transfer(self, k: int, nbytes: int) -> _Proc:
         self.arrived[k] += 1
@@ -185,8 +189,11 @@ class EdgeBackhaul:
             self.start_s[k] = self.env.now
             bw = self.spec.backhaul_bps
             delay_s = self.spec.backhaul_latency_s + (8.0 * nbytes / bw if nbytes > 0 else 0.0)
-            self.env.timeout(delay_s).callbacks.append(cast(  # succeed's answer is unused
-                "Callable[[simpy.Event], None]", lambda _: self.done[k].succeed()))
+            self.env.timeout(delay_s).callbacks.append(
+                cast(  # succeed's answer is unused
+                    "Callable[[simpy.Event], None]", lambda _: self.done[k].succeed()
+                )
+            )
         yield self.done[k]
 
 
@@ -210,8 +217,12 @@ _Link = DedicatedLink | SharedLink
 
 
 _KIND: dict[type, str] = {
-    Download: "download", Compute: "compute", Upload: "upload", ServerCompute: "server",
-    Backhaul: "backhaul", Barrier: "barrier",
+    Download: "download",
+    Compute: "compute",
+    Upload: "upload",
+    ServerCompute: "server",
+    Backhaul: "backhaul",
+    Barrier: "barrier",
 }
 
 
@@ -219,8 +230,15 @@ class _Client:
     """One client's round as a SimPy process; records time spent per kind of op."""
 
     def __init__(
-        self, env: simpy.Environment, cid: int, trace: OpTrace, down: _Link, up: _Link,
-        device: Device, server: EdgeServerCPU | None, backhaul: EdgeBackhaul | None = None,
+        self,
+        env: simpy.Environment,
+        cid: int,
+        trace: OpTrace,
+        down: _Link,
+        up: _Link,
+        device: Device,
+        server: EdgeServerCPU | None,
+        backhaul: EdgeBackhaul | None = None,
         barrier: RoundBarrier | None = None,
     ) -> None:
         self.env, self.cid, self.trace = env, cid, trace
@@ -260,8 +278,15 @@ class _Client:
         if finish_s is None:  # stuck in an op that never ends
             spent[self.current or "compute"] = finish_s = math.inf
         return ClientTimeline(
-            self.cid, 0.0, finish_s, spent["download"], spent["compute"], spent["upload"],
-            spent["server"], _made_it(finish_s, deadline_s), spent["backhaul"],
+            self.cid,
+            0.0,
+            finish_s,
+            spent["download"],
+            spent["compute"],
+            spent["upload"],
+            spent["server"],
+            _made_it(finish_s, deadline_s),
+            spent["backhaul"],
         )
 
 
@@ -281,8 +306,10 @@ def _simulate(
         if not shared:
             return DedicatedLink(env, rate, latency_s)
         if isinstance(rate, RateSchedule):
-            raise ValueError(f"client {spec.client_id}: a shared {direction} medium needs a "
-                             "constant rate, not a RateSchedule")
+            raise ValueError(
+                f"client {spec.client_id}: a shared {direction} medium needs a "
+                "constant rate, not a RateSchedule"
+            )
         key = (direction, spec.edge_server)
         if key not in media:
             media[key] = ProcessorSharing(env, f"server{key[1]}.{direction}")
@@ -290,8 +317,9 @@ def _simulate(
 
     backhauls = _edge_backhauls(env, traces, clients, servers)
     barriers = [sum(isinstance(op, Barrier) for op in trace) for trace in traces.values()]
-    barrier = RoundBarrier(env, [sum(n > k for n in barriers) for k in range(max(barriers,
-                                                                               default=0))])
+    barrier = RoundBarrier(
+        env, [sum(n > k for n in barriers) for k in range(max(barriers, default=0))]
+    )
     procs: list[_Client] = []
     for cid, trace in traces.items():
         spec = clients[cid]
@@ -305,11 +333,15 @@ def _simulate(
                 cpus[es] = EdgeServerCPU(env, es, servers[es])
             server = cpus[es]
         client = _Client(
-            env, cid, tuple(trace),
+            env,
+            cid,
+            tuple(trace),
             link(spec, spec.downlink_rate_bps, network.downlink_shared, "downlink"),
             link(spec, spec.uplink_rate_bps, network.uplink_shared, "uplink"),
-            Device(env, spec.step_overhead_s, spec.flops_per_s), server,
-            backhauls.get(es), barrier,
+            Device(env, spec.step_overhead_s, spec.flops_per_s),
+            server,
+            backhauls.get(es),
+            barrier,
         )
         procs.append(client)
         env.process(client.run())
@@ -318,9 +350,12 @@ def _simulate(
     return tuple(c.timeline(network.deadline_s) for c in procs)
 
 
-def _edge_backhauls(env: simpy.Environment, traces: Mapping[int, OpTrace],
-                    clients: Mapping[int, ClientSpec],
-                    servers: Sequence[ServerSpec]) -> dict[int, EdgeBackhaul]:
+def _edge_backhauls(
+    env: simpy.Environment,
+    traces: Mapping[int, OpTrace],
+    clients: Mapping[int, ClientSpec],
+    servers: Sequence[ServerSpec],
+) -> dict[int, EdgeBackhaul]:
     """One :class:`EdgeBackhaul` per edge server whose clients carry Backhaul ops.
 
     Raises ValueError when the k-th Backhaul ops of one server's clients differ (they are
@@ -339,8 +374,10 @@ def _edge_backhauls(env: simpy.Environment, traces: Mapping[int, OpTrace],
         for k in range(depth):
             kth = {ops[k] for ops in per_client if len(ops) > k}
             if len(kth) > 1:
-                raise ValueError(f"edge server {es}: its clients' Backhaul op #{k} differ "
-                                 f"({sorted(map(repr, kth))}); it is one transfer")
+                raise ValueError(
+                    f"edge server {es}: its clients' Backhaul op #{k} differ "
+                    f"({sorted(map(repr, kth))}); it is one transfer"
+                )
         expected = [sum(len(ops) > k for ops in per_client) for k in range(depth)]
         out[es] = EdgeBackhaul(env, es, servers[es], expected)
     return out

@@ -126,8 +126,9 @@ class RoundTiming:
     backhaul_s: float = 0.0
 
 
-def _timelines(ids: list[int], finish_s: np.ndarray, spent_s: np.ndarray,
-               deadline_s: float | None) -> tuple[ClientTimeline, ...]:
+def _timelines(
+    ids: list[int], finish_s: np.ndarray, spent_s: np.ndarray, deadline_s: float | None
+) -> tuple[ClientTimeline, ...]:
     """Each client's ClientTimeline from its finish time and per-kind seconds (n x 3:
     download, compute, upload; or n x 5 with server and backhaul); ``completed`` as
     :func:`_made_it` says, computed for all clients at once."""
@@ -137,8 +138,20 @@ def _timelines(ids: list[int], finish_s: np.ndarray, spent_s: np.ndarray,
     cols = spent_s.T.tolist()
     zeros = itertools.repeat(0.0)
     server, backhaul = (cols[3], cols[4]) if len(cols) == 5 else (zeros, zeros)
-    return tuple(map(ClientTimeline, ids, itertools.repeat(0.0), finish_s.tolist(), cols[0],
-                     cols[1], cols[2], server, made_it.tolist(), backhaul))
+    return tuple(
+        map(
+            ClientTimeline,
+            ids,
+            itertools.repeat(0.0),
+            finish_s.tolist(),
+            cols[0],
+            cols[1],
+            cols[2],
+            server,
+            made_it.tolist(),
+            backhaul,
+        )
+    )
 
 
 def _made_it(finish_s: float, deadline_s: float | None) -> bool:

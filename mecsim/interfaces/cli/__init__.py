@@ -52,46 +52,79 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     run = sub.add_parser(
-        "run", help="run a scenario",
+        "run",
+        help="run a scenario",
         description="Run a scenario and write its records to OUT/<run-id>/. Without a file, "
         "runs the embedded default scenario (FedAvg, 10 clients, MNIST, ~1 minute).",
     )
     run.add_argument("scenario", nargs="?", help="scenario YAML (default: embedded)")
-    run.add_argument("--resume", metavar="RUN_DIR",
-                     help="continue a run that was killed or interrupted (e.g. runs/<run-id>) "
-                     "from its last checkpoint; its records end up equal to an uninterrupted "
-                     "run's. Takes no scenario file: the run's own scenario.yaml is used")
+    run.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue a run that was killed or interrupted (e.g. runs/<run-id>) "
+        "from its last checkpoint; its records end up equal to an uninterrupted "
+        "run's. Takes no scenario file: the run's own scenario.yaml is used",
+    )
     run.add_argument("--rounds", type=int, help="override the scenario's rounds")
     run.add_argument("--seed", type=int, help="override the scenario's seed")
     run.add_argument("--out", help="records directory (default: the scenario's outputs.dir)")
     run.add_argument("--run-id", help="name of the run's folder (default: name-timestamp)")
-    run.add_argument("--backend", choices=["ray", "local"],
-                     help="ray (default): host actors in Ray; local: in this process")
+    run.add_argument(
+        "--backend",
+        choices=["ray", "local"],
+        help="ray (default): host actors in Ray; local: in this process",
+    )
     run.add_argument("--hosts", type=int, help="host actors (default: one per core)")
-    run.add_argument("--ray-address", help="attach to an existing Ray cluster, e.g. auto or "
-                     "ray://head:10001")
-    run.add_argument("--metrics-port", type=int,
-                     help="port of the Prometheus /metrics endpoint (0: any free port)")
+    run.add_argument(
+        "--ray-address", help="attach to an existing Ray cluster, e.g. auto or ray://head:10001"
+    )
+    run.add_argument(
+        "--metrics-port",
+        type=int,
+        help="port of the Prometheus /metrics endpoint (0: any free port)",
+    )
     run.add_argument("--no-metrics", action="store_true", help="do not serve /metrics")
-    run.add_argument("--metrics-public", action="store_true",
-                     help="allow a metrics host that is not a loopback address (/metrics "
-                     "reachable from other machines; sets metrics.public)")
-    run.add_argument("--metrics-linger", type=_seconds, default=0.0, metavar="SECONDS",
-                     help="keep /metrics up this long after the last round, so Prometheus "
-                     "scrapes the final values of a short run (default 0)")
-    run.add_argument("--target", type=float, action="append", metavar="ACC",
-                     help="target mean user accuracy as a fraction (e.g. 0.97; repeat for "
-                     "several): the summary reports the rounds and emulated seconds to reach "
-                     "it (sets evaluation.target_accuracy)")
-    run.add_argument("--no-plots", action="store_true",
-                     help="do not write the PNG figures to <run dir>/plots at the end")
+    run.add_argument(
+        "--metrics-public",
+        action="store_true",
+        help="allow a metrics host that is not a loopback address (/metrics "
+        "reachable from other machines; sets metrics.public)",
+    )
+    run.add_argument(
+        "--metrics-linger",
+        type=_seconds,
+        default=0.0,
+        metavar="SECONDS",
+        help="keep /metrics up this long after the last round, so Prometheus "
+        "scrapes the final values of a short run (default 0)",
+    )
+    run.add_argument(
+        "--target",
+        type=float,
+        action="append",
+        metavar="ACC",
+        help="target mean user accuracy as a fraction (e.g. 0.97; repeat for "
+        "several): the summary reports the rounds and emulated seconds to reach "
+        "it (sets evaluation.target_accuracy)",
+    )
+    run.add_argument(
+        "--no-plots",
+        action="store_true",
+        help="do not write the PNG figures to <run dir>/plots at the end",
+    )
     run.add_argument("--quiet", action="store_true", help="no progress bar or tables")
 
-    val = sub.add_parser("validate", help="check scenario files",
-                         description="Validate scenario files; prints one line per problem.")
+    val = sub.add_parser(
+        "validate",
+        help="check scenario files",
+        description="Validate scenario files; prints one line per problem.",
+    )
     val.add_argument("files", nargs="+")
-    sch = sub.add_parser("schema", help="print the scenario JSON Schema",
-                         description="The JSON Schema of scenario files, for editors.")
+    sch = sub.add_parser(
+        "schema",
+        help="print the scenario JSON Schema",
+        description="The JSON Schema of scenario files, for editors.",
+    )
     sch.add_argument("-o", "--output", help="write to this file instead of stdout")
     sub.add_parser("devices", help="list device profiles with their sources")
     sub.add_parser("algorithms", help="list the algorithms")
@@ -112,7 +145,8 @@ def _handler(command: str) -> Callable[[argparse.Namespace, Console], int]:
         from mecsim.interfaces.cli import run as scenario_verbs
 
         handler: Callable[[argparse.Namespace, Console], int] = getattr(
-            scenario_verbs, f"cmd_{command}")
+            scenario_verbs, f"cmd_{command}"
+        )
         return handler
     return {"sweep": cmd_sweep, "report": cmd_report, **SERVICE_HANDLERS}[command]
 

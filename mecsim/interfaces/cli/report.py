@@ -45,8 +45,7 @@ def _fraction(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(
-            f"{text} is not a fraction in (0, 1]; e.g. 0.97 for 97 %")
+        raise argparse.ArgumentTypeError(f"{text} is not a fraction in (0, 1]; e.g. 0.97 for 97 %")
     return value
 
 
@@ -61,21 +60,39 @@ def _positive_int(text: str) -> int:
 
 
 def add_report_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("report", help="the papers' tables and figures from finished runs",
-                       description=DESCRIPTION, epilog=EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "report",
+        help="the papers' tables and figures from finished runs",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="a run's records folder")
-    p.add_argument("--out", help="where to write tables.md, the CSVs and the PNGs "
-                   "(default: RUN_DIR/report for one run, reports/<timestamp> for several)")
-    p.add_argument("--target", type=_fraction,
-                   help="target mean user accuracy as a fraction (e.g. 0.97): adds rounds "
-                   "and emulated time to reach it")
-    p.add_argument("--tolerance", type=_fraction, default=0.01,
-                   help="convergence: how far below the final accuracy the trailing mean may "
-                   "stay (default 0.01 = 1 percentage point)")
-    p.add_argument("--window", type=_positive_int, default=5,
-                   help="convergence: evaluated rounds in the final accuracy and the "
-                   "trailing mean (default 5; 1 = the last round alone)")
+    p.add_argument(
+        "--out",
+        help="where to write tables.md, the CSVs and the PNGs "
+        "(default: RUN_DIR/report for one run, reports/<timestamp> for several)",
+    )
+    p.add_argument(
+        "--target",
+        type=_fraction,
+        help="target mean user accuracy as a fraction (e.g. 0.97): adds rounds "
+        "and emulated time to reach it",
+    )
+    p.add_argument(
+        "--tolerance",
+        type=_fraction,
+        default=0.01,
+        help="convergence: how far below the final accuracy the trailing mean may "
+        "stay (default 0.01 = 1 percentage point)",
+    )
+    p.add_argument(
+        "--window",
+        type=_positive_int,
+        default=5,
+        help="convergence: evaluated rounds in the final accuracy and the "
+        "trailing mean (default 5; 1 = the last round alone)",
+    )
     p.add_argument("--no-plots", action="store_true", help="tables only")
     p.add_argument("--quiet", action="store_true", help="do not print the tables")
     return p
@@ -126,8 +143,11 @@ def cmd_report(args: argparse.Namespace, console=None) -> int:
     tables = build_tables(runs, args.target, args.tolerance, args.window)
     text = tables.markdown()
     out.mkdir(parents=True, exist_ok=True)
-    header = "# mecsim report\n\nRuns: " + ", ".join(
-        f"`{r.path}` ({r.algorithm}, {_rounds_text(r)})" for r in runs) + "\n\n"
+    header = (
+        "# mecsim report\n\nRuns: "
+        + ", ".join(f"`{r.path}` ({r.algorithm}, {_rounds_text(r)})" for r in runs)
+        + "\n\n"
+    )
     (out / "tables.md").write_text(header + text)
     written = tables.write_csv(out)
     if not args.no_plots:

@@ -69,15 +69,24 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     bar, figures, /metrics), its exit codes and its tables."""
     target = None
     if args.resume:
-        if (args.scenario or args.rounds is not None or args.seed is not None or args.run_id
-                or args.out or args.target):
-            _error("error: --resume continues a run as it was planned: give no scenario "
-                   "file, --rounds, --seed, --run-id, --out or --target with it (--hosts, "
-                   "--backend, --ray-address and the metrics options may differ)")
+        if (
+            args.scenario
+            or args.rounds is not None
+            or args.seed is not None
+            or args.run_id
+            or args.out
+            or args.target
+        ):
+            _error(
+                "error: --resume continues a run as it was planned: give no scenario "
+                "file, --rounds, --seed, --run-id, --out or --target with it (--hosts, "
+                "--backend, --ray-address and the metrics options may differ)"
+            )
             return EXIT_BAD_INPUT
         try:
-            target = prepare_resume(args.resume, warn=lambda m: print(f"warning: {m}",
-                                                                      file=sys.stderr))
+            target = prepare_resume(
+                args.resume, warn=lambda m: print(f"warning: {m}", file=sys.stderr)
+            )
         except RunFolderError as exc:
             _error(f"error: {exc}")
             return EXIT_BAD_INPUT
@@ -90,8 +99,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
             if args.metrics_port is not None:
                 data["metrics"]["port"] = args.metrics_port
             try:
-                target.scenario = scenario_from_dict(
-                    data, f"{path} (with command-line overrides)")
+                target.scenario = scenario_from_dict(data, f"{path} (with command-line overrides)")
             except ScenarioError:
                 target.lock.release()
                 raise
@@ -106,8 +114,9 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         observers.append(PlotWriter(out_dir / "plots"))
     exporter = None
     if scenario.metrics.enabled:
-        exporter = MetricsExporter(scenario.metrics.host, scenario.metrics.port,
-                                   linger_s=args.metrics_linger)
+        exporter = MetricsExporter(
+            scenario.metrics.host, scenario.metrics.port, linger_s=args.metrics_linger
+        )
         observers.append(exporter)
     progress = None if args.quiet else ProgressBar(console)
     if progress:
@@ -121,37 +130,59 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         try:
             exporter.start()
         except OSError as exc:
-            raise ScenarioError(f"{path}: metrics.port: cannot listen on "
-                                f"{scenario.metrics.host}:{scenario.metrics.port} "
-                                f"({exc.strerror or exc})") from None
+            raise ScenarioError(
+                f"{path}: metrics.port: cannot listen on "
+                f"{scenario.metrics.host}:{scenario.metrics.port} "
+                f"({exc.strerror or exc})"
+            ) from None
         if scenario.metrics.port == 0 or not args.quiet:
             print(f"metrics: {exporter.url}", file=sys.stderr)
         if not args.quiet:
-            what = (f"resuming after round {target.rounds_done} of {scenario.rounds}"
-                    if target is not None else f"{scenario.rounds} rounds")
-            console.print(f"[bold]mecsim[/] {escape(scenario.name)}: "
-                          f"{scenario.algorithm.name}, {scenario.topology.clients} clients, "
-                          f"{what} -> {escape(str(out_dir))}", highlight=False,
-                          soft_wrap=True)
+            what = (
+                f"resuming after round {target.rounds_done} of {scenario.rounds}"
+                if target is not None
+                else f"{scenario.rounds} rounds"
+            )
+            console.print(
+                f"[bold]mecsim[/] {escape(scenario.name)}: "
+                f"{scenario.algorithm.name}, {scenario.topology.clients} clients, "
+                f"{what} -> {escape(str(out_dir))}",
+                highlight=False,
+                soft_wrap=True,
+            )
 
     restore_signals = interrupts.install()
     try:
-        outcome = run_in_folder(scenario, out_dir, observers=observers, source=str(path),
-                                resume=target, backend=args.backend, hosts=args.hosts,
-                                ray_address=args.ray_address, serves_metrics=exporter is not None,
-                                on_folder_ready=start_metrics,
-                                warn=_error)
+        outcome = run_in_folder(
+            scenario,
+            out_dir,
+            observers=observers,
+            source=str(path),
+            resume=target,
+            backend=args.backend,
+            hosts=args.hosts,
+            ray_address=args.ray_address,
+            serves_metrics=exporter is not None,
+            on_folder_ready=start_metrics,
+            warn=_error,
+        )
     except BadRun as exc:
         _error(str(exc))
         return EXIT_BAD_INPUT
     except KeyboardInterrupt as exc:
         done = int(read_meta(out_dir).get("rounds_done") or 0)
-        print(f"interrupted after {done} of {scenario.rounds} rounds; the finished rounds "
-              f"are kept. Resume with: mecsim run --resume {out_dir}", file=sys.stderr)
+        print(
+            f"interrupted after {done} of {scenario.rounds} rounds; the finished rounds "
+            f"are kept. Resume with: mecsim run --resume {out_dir}",
+            file=sys.stderr,
+        )
         return 143 if isinstance(exc, Terminated) else 130
     except RunFailed as exc:
-        print(f"error: the run failed: {exc}. Its finished rounds are kept; resume with: "
-              f"mecsim run --resume {out_dir}", file=sys.stderr)
+        print(
+            f"error: the run failed: {exc}. Its finished rounds are kept; resume with: "
+            f"mecsim run --resume {out_dir}",
+            file=sys.stderr,
+        )
         return 1
     except ScenarioError:
         raise
@@ -161,9 +192,13 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
             log.write_text(traceback.format_exc())  # type: ignore[union-attr]
         except OSError:
             log = None
-        print(f"error: the run failed: {type(exc).__name__}: {exc}. Its finished rounds are "
-              f"kept" + (f"; the traceback is in {log}" if log else "") +
-              f". Resume with: mecsim run --resume {out_dir}", file=sys.stderr)
+        print(
+            f"error: the run failed: {type(exc).__name__}: {exc}. Its finished rounds are "
+            f"kept"
+            + (f"; the traceback is in {log}" if log else "")
+            + f". Resume with: mecsim run --resume {out_dir}",
+            file=sys.stderr,
+        )
         return 1
     finally:
         restore_signals()
@@ -178,9 +213,11 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         if rows:
             for table in summary_table(scenario.algorithm.name, rows, console.width):
                 console.print(table)
-            for line in [energy_line(summarise(rows)),
-                         *target_lines(rows, scenario.evaluation.target_accuracy),
-                         *run_notes(scenario, rows)]:
+            for line in [
+                energy_line(summarise(rows)),
+                *target_lines(rows, scenario.evaluation.target_accuracy),
+                *run_notes(scenario, rows),
+            ]:
                 if line:
                     console.print(Text(line))
         console.print(Text(f"records: {out_dir}/ (rounds.csv, clients.csv, summary.md, ...)"))
@@ -221,20 +258,36 @@ def cmd_schema(args: argparse.Namespace, console: Console) -> int:
 def cmd_devices(args: argparse.Namespace, console: Console) -> int:
     from rich.table import Table
 
-    table = Table(title="Device profiles (t = batches * step_overhead + FLOPs / FLOP/s; "
-                  "power: docs/devices.md)")
-    for col in ("name", "GFLOP/s", "step overhead (ms)", "RAM (GiB)",
-                "active / idle W", "radio tx / rx W", "source of GFLOP/s", "source of power"):
+    table = Table(
+        title="Device profiles (t = batches * step_overhead + FLOPs / FLOP/s; "
+        "power: docs/devices.md)"
+    )
+    for col in (
+        "name",
+        "GFLOP/s",
+        "step overhead (ms)",
+        "RAM (GiB)",
+        "active / idle W",
+        "radio tx / rx W",
+        "source of GFLOP/s",
+        "source of power",
+    ):
         table.add_column(col)
 
     def watts(a: float | None, b: float | None) -> str:
         return "-" if a is None or b is None else f"{a:g} / {b:g}"
 
     for p in builtin_profiles().values():
-        table.add_row(p.name, f"{p.flops_per_s / 1e9:.2f}", f"{1e3 * p.step_overhead_s:.0f}",
-                      f"{p.ram_bytes / 2**30:.0f}", watts(p.active_power_w, p.idle_power_w),
-                      watts(p.radio_tx_power_w, p.radio_rx_power_w), p.flops_source,
-                      p.power_source or "-")
+        table.add_row(
+            p.name,
+            f"{p.flops_per_s / 1e9:.2f}",
+            f"{1e3 * p.step_overhead_s:.0f}",
+            f"{p.ram_bytes / 2**30:.0f}",
+            watts(p.active_power_w, p.idle_power_w),
+            watts(p.radio_tx_power_w, p.radio_rx_power_w),
+            p.flops_source,
+            p.power_source or "-",
+        )
     console.print(table)
     return 0
 
@@ -246,5 +299,3 @@ def cmd_algorithms(args: argparse.Namespace, console: Console) -> int:
         doc = " ".join(module_doc.split("\n\n")[0].split())  # first paragraph
         console.print(f"[bold]{name}[/]: {doc}")
     return 0
-
-

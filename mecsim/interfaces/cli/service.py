@@ -56,61 +56,113 @@ def _positive(text: str) -> int:
 
 
 def _client_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--server", help="service URL (default: $MECSIM_SERVER, else "
-                   "http://127.0.0.1:8470); the token is read from $MECSIM_TOKEN")
+    p.add_argument(
+        "--server",
+        help="service URL (default: $MECSIM_SERVER, else "
+        "http://127.0.0.1:8470); the token is read from $MECSIM_TOKEN",
+    )
     p.add_argument("--json", action="store_true", help="print the API's JSON (for scripts)")
 
 
 def add_service_parsers(sub: argparse._SubParsersAction) -> None:
     serve = sub.add_parser(
-        "serve", help="run the testbed as a service (queued runs, one /metrics, a web page)",
+        "serve",
+        help="run the testbed as a service (queued runs, one /metrics, a web page)",
         description="Serve the mecsim API, web page and Prometheus /metrics. Runs are queued "
         "and executed --workers at a time on one Ray instance kept for the server's life; "
         "state (a SQLite database and every run's records) lives in --state. See "
-        "docs/service.md.")
-    serve.add_argument("--host", default="127.0.0.1",
-                       help="address to listen on (default 127.0.0.1; any other needs "
-                       "--token-file)")
+        "docs/service.md.",
+    )
+    serve.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1; any other needs --token-file)",
+    )
     serve.add_argument("--port", type=int, default=8470, help="port (default 8470; 0: any free)")
-    serve.add_argument("--state", default="mecsim-state",
-                       help="state folder: database and run records (default ./mecsim-state)")
-    serve.add_argument("--workers", type=_positive, default=1,
-                       help="runs executed at the same time (default 1)")
-    serve.add_argument("--ray-address", help="attach to this Ray cluster instead of starting "
-                       "one (e.g. auto, or HEAD:6379)")
-    serve.add_argument("--token-file", help="file holding the bearer token every request but "
-                       "/healthz and /metrics must carry")
-    serve.add_argument("--data-root", help="folder under which submitted scenarios may name "
-                       "dataset roots and trace files (default: they may name none)")
-    serve.add_argument("--max-queued", type=_positive, default=100,
-                       help="runs that may wait in the queue (default 100; 429 beyond)")
-    serve.add_argument("--max-body-kib", type=_positive, default=1024,
-                       help="largest request body in KiB (default 1024)")
-    serve.add_argument("--metrics-retention", type=_seconds, default=3600.0, metavar="SECONDS",
-                       help="keep a finished run's series on /metrics this long (default 3600)")
-    serve.add_argument("--shutdown-timeout", type=_seconds, default=60.0, metavar="SECONDS",
-                       help="on SIGTERM/Ctrl-C, wait this long for running runs to end their "
-                       "round (they resume at the next start; default 60)")
+    serve.add_argument(
+        "--state",
+        default="mecsim-state",
+        help="state folder: database and run records (default ./mecsim-state)",
+    )
+    serve.add_argument(
+        "--workers", type=_positive, default=1, help="runs executed at the same time (default 1)"
+    )
+    serve.add_argument(
+        "--ray-address",
+        help="attach to this Ray cluster instead of starting one (e.g. auto, or HEAD:6379)",
+    )
+    serve.add_argument(
+        "--token-file",
+        help="file holding the bearer token every request but /healthz and /metrics must carry",
+    )
+    serve.add_argument(
+        "--data-root",
+        help="folder under which submitted scenarios may name "
+        "dataset roots and trace files (default: they may name none)",
+    )
+    serve.add_argument(
+        "--max-queued",
+        type=_positive,
+        default=100,
+        help="runs that may wait in the queue (default 100; 429 beyond)",
+    )
+    serve.add_argument(
+        "--max-body-kib",
+        type=_positive,
+        default=1024,
+        help="largest request body in KiB (default 1024)",
+    )
+    serve.add_argument(
+        "--metrics-retention",
+        type=_seconds,
+        default=3600.0,
+        metavar="SECONDS",
+        help="keep a finished run's series on /metrics this long (default 3600)",
+    )
+    serve.add_argument(
+        "--shutdown-timeout",
+        type=_seconds,
+        default=60.0,
+        metavar="SECONDS",
+        help="on SIGTERM/Ctrl-C, wait this long for running runs to end their "
+        "round (they resume at the next start; default 60)",
+    )
 
-    submit = sub.add_parser("submit", help="queue a scenario on a mecsim service",
-                            description="Submit a scenario to a mecsim service.")
-    submit.add_argument("scenario", nargs="?", help="scenario YAML or JSON (default: the "
-                        "embedded default scenario)")
+    submit = sub.add_parser(
+        "submit",
+        help="queue a scenario on a mecsim service",
+        description="Submit a scenario to a mecsim service.",
+    )
+    submit.add_argument(
+        "scenario", nargs="?", help="scenario YAML or JSON (default: the embedded default scenario)"
+    )
     submit.add_argument("--rounds", type=_positive, help="override the scenario's rounds")
-    submit.add_argument("--set", dest="sets", action="append", default=[], metavar="PATH=VALUE",
-                        help="override a scenario field (repeat for several)")
+    submit.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="PATH=VALUE",
+        help="override a scenario field (repeat for several)",
+    )
     how = submit.add_mutually_exclusive_group()
     how.add_argument("--wait", action="store_true", help="wait until the run has ended")
-    how.add_argument("--follow", action="store_true",
-                     help="print each round as it finishes, until the run has ended")
+    how.add_argument(
+        "--follow",
+        action="store_true",
+        help="print each round as it finishes, until the run has ended",
+    )
     _client_options(submit)
 
-    runs = sub.add_parser("runs", help="list a service's runs", description="List runs, "
-                          "newest first.")
-    runs.add_argument("--status", action="append", choices=["queued", "running", "finished",
-                                                            "failed", "cancelled",
-                                                            "interrupted"],
-                      help="only runs with this status (repeat for several)")
+    runs = sub.add_parser(
+        "runs", help="list a service's runs", description="List runs, newest first."
+    )
+    runs.add_argument(
+        "--status",
+        action="append",
+        choices=["queued", "running", "finished", "failed", "cancelled", "interrupted"],
+        help="only runs with this status (repeat for several)",
+    )
     runs.add_argument("--limit", type=_positive, default=50, help="at most this many (50)")
     _client_options(runs)
 
@@ -118,15 +170,21 @@ def add_service_parsers(sub: argparse._SubParsersAction) -> None:
     status.add_argument("run_id", metavar="ID")
     _client_options(status)
 
-    cancel = sub.add_parser("cancel", help="cancel a service run",
-                            description="A queued run leaves the queue; a running run stops "
-                            "at the end of its current round and keeps its rounds.")
+    cancel = sub.add_parser(
+        "cancel",
+        help="cancel a service run",
+        description="A queued run leaves the queue; a running run stops "
+        "at the end of its current round and keeps its rounds.",
+    )
     cancel.add_argument("run_id", metavar="ID")
     _client_options(cancel)
 
-    fetch = sub.add_parser("fetch", help="download a service run's records",
-                           description="Download a run's records as a run folder that "
-                           "`mecsim report` and `mecsim sweep` accept.")
+    fetch = sub.add_parser(
+        "fetch",
+        help="download a service run's records",
+        description="Download a run's records as a run folder that "
+        "`mecsim report` and `mecsim sweep` accept.",
+    )
     fetch.add_argument("run_id", metavar="ID")
     fetch.add_argument("-o", "--out", help="folder to create (default runs/ID)")
     _client_options(fetch)
@@ -174,15 +232,22 @@ def cmd_serve(args: argparse.Namespace, console: Console) -> int:
         except OSError as exc:
             return _fail(f"--token-file {args.token_file}: cannot read ({exc.strerror})")
         if len(token) < 16 or any(c.isspace() for c in token):
-            return _fail(f"--token-file {args.token_file}: the token must be at least 16 "
-                         "characters without spaces (e.g. `python -c \"import secrets; "
-                         "print(secrets.token_urlsafe(32))\"`)")
+            return _fail(
+                f"--token-file {args.token_file}: the token must be at least 16 "
+                'characters without spaces (e.g. `python -c "import secrets; '
+                'print(secrets.token_urlsafe(32))"`)'
+            )
         if Path(args.token_file).stat().st_mode & 0o077:
-            print(f"mecsim serve: warning: {args.token_file} is readable by other users "
-                  "(chmod 600 it)", file=sys.stderr)
+            print(
+                f"mecsim serve: warning: {args.token_file} is readable by other users "
+                "(chmod 600 it)",
+                file=sys.stderr,
+            )
     if not is_loopback(args.host) and token is None:
-        return _fail(f"--host {args.host} is not a loopback address: give --token-file so "
-                     "that only holders of the token can use the service")
+        return _fail(
+            f"--host {args.host} is not a loopback address: give --token-file so "
+            "that only holders of the token can use the service"
+        )
     data_root = None
     if args.data_root:
         data_root = Path(args.data_root).expanduser()
@@ -202,13 +267,19 @@ def cmd_serve(args: argparse.Namespace, console: Console) -> int:
 
     import uvicorn
 
-    config = ServiceConfig(state_dir=Path(args.state), host=args.host,
-                           port=sock.getsockname()[1], workers=args.workers,
-                           ray_address=args.ray_address, token=token, data_root=data_root,
-                           max_body_bytes=args.max_body_kib * 1024,
-                           max_queued=args.max_queued,
-                           metrics_retention_s=args.metrics_retention,
-                           shutdown_timeout_s=args.shutdown_timeout)
+    config = ServiceConfig(
+        state_dir=Path(args.state),
+        host=args.host,
+        port=sock.getsockname()[1],
+        workers=args.workers,
+        ray_address=args.ray_address,
+        token=token,
+        data_root=data_root,
+        max_body_bytes=args.max_body_kib * 1024,
+        max_queued=args.max_queued,
+        metrics_retention_s=args.metrics_retention,
+        shutdown_timeout_s=args.shutdown_timeout,
+    )
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
     service_log = logging.getLogger("mecsim.interfaces.service")
@@ -216,14 +287,22 @@ def cmd_serve(args: argparse.Namespace, console: Console) -> int:
     service_log.setLevel(logging.INFO)
     app = create_app(config, store)
     shown = f"[{args.host}]" if ":" in args.host else args.host
-    print(f"mecsim serve: listening on http://{shown}:{config.port}/ (state {args.state}, "
-          f"{args.workers} worker{'s' if args.workers > 1 else ''}, pid {os.getpid()})",
-          flush=True)
+    print(
+        f"mecsim serve: listening on http://{shown}:{config.port}/ (state {args.state}, "
+        f"{args.workers} worker{'s' if args.workers > 1 else ''}, pid {os.getpid()})",
+        flush=True,
+    )
     # keep-alive well above any polling or scrape interval: a client reusing a connection
     # the server has just closed as idle would see the request fail
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on",
-                                           timeout_graceful_shutdown=5,
-                                           timeout_keep_alive=75))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            log_level="warning",
+            lifespan="on",
+            timeout_graceful_shutdown=5,
+            timeout_keep_alive=75,
+        )
+    )
     import gc
 
     # the app, torch, pandas... are loaded for good: keep the garbage collector's full
@@ -270,9 +349,11 @@ def _acc(value: Any) -> str:
 
 
 def _round_line(row: dict[str, Any], planned: int) -> str:
-    return (f"round {int(row['round']) + 1}/{planned}  acc {_acc(row.get('mean_accuracy'))}  "
-            f"{row.get('round_time_s', float('nan')):.2f} s emulated  "
-            f"{row.get('host_wall_s', float('nan')):.2f} s host")
+    return (
+        f"round {int(row['round']) + 1}/{planned}  acc {_acc(row.get('mean_accuracy'))}  "
+        f"{row.get('round_time_s', float('nan')):.2f} s emulated  "
+        f"{row.get('host_wall_s', float('nan')):.2f} s host"
+    )
 
 
 def _page(client: Client, run_id: str) -> str:
@@ -291,8 +372,7 @@ def cmd_submit(args: argparse.Namespace, console: Console) -> int:
         try:
             text = Path(args.scenario).read_text()
         except OSError as exc:
-            print(f"{args.scenario}: cannot read scenario file ({exc.strerror})",
-                  file=sys.stderr)
+            print(f"{args.scenario}: cannot read scenario file ({exc.strerror})", file=sys.stderr)
             return EXIT_BAD_INPUT
     overrides: dict[str, Any] = {}
     for s in args.sets:
@@ -331,8 +411,10 @@ def cmd_submit(args: argparse.Namespace, console: Console) -> int:
         _print_json(run)
     elif not args.json:
         tail = f": {run['error']}" if run.get("error") else ""
-        print(f"{run_id} {run['status']} after {run['rounds_done']} of "
-              f"{run['rounds_planned']} rounds{tail}")
+        print(
+            f"{run_id} {run['status']} after {run['rounds_done']} of "
+            f"{run['rounds_planned']} rounds{tail}"
+        )
     return _end_code(run["status"])
 
 
@@ -349,13 +431,21 @@ def cmd_runs(args: argparse.Namespace, console: Console) -> int:
     rows = []
     for r in runs:
         emulated = r.get("emulated_s")
-        rows.append([r["id"], r["status"], f"{r['rounds_done']}/{r['rounds_planned']}",
-                     r["algorithm"], _acc(r.get("best_accuracy")),
-                     f"{emulated:.1f}" if emulated is not None else "-",
-                     r["submitted_at"][:19].replace("T", " ")])
+        rows.append(
+            [
+                r["id"],
+                r["status"],
+                f"{r['rounds_done']}/{r['rounds_planned']}",
+                r["algorithm"],
+                _acc(r.get("best_accuracy")),
+                f"{emulated:.1f}" if emulated is not None else "-",
+                r["submitted_at"][:19].replace("T", " "),
+            ]
+        )
     # ids are copied into other commands: never cut; a narrow terminal gets fewer columns
-    console.print(list_table(f"runs at {client.url}", header, rows, console.width,
-                             right=frozenset({2, 4, 5})))
+    console.print(
+        list_table(f"runs at {client.url}", header, rows, console.width, right=frozenset({2, 4, 5}))
+    )
     return 0
 
 
@@ -369,17 +459,25 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
     if args.json:
         _print_json(run)
         return 0
-    print(f"{run['id']}: {run['status']}" + (" (stopping after this round)"
-                                              if run["cancel_requested"]
-                                              and run["status"] == "running" else ""))
+    print(
+        f"{run['id']}: {run['status']}"
+        + (
+            " (stopping after this round)"
+            if run["cancel_requested"] and run["status"] == "running"
+            else ""
+        )
+    )
     print(f"  scenario {run['name']}, algorithm {run['algorithm']}")
-    print(f"  rounds {run['rounds_done']} / {run['rounds_planned']}"
-          + (f", ETA {run['eta_s']:.0f} s" if run.get("eta_s") is not None else ""))
+    print(
+        f"  rounds {run['rounds_done']} / {run['rounds_planned']}"
+        + (f", ETA {run['eta_s']:.0f} s" if run.get("eta_s") is not None else "")
+    )
     if run.get("last_round"):
         print(f"  last: {_round_line(run['last_round'], run['rounds_planned'])}")
     if run.get("best_accuracy") is not None:
-        print(f"  best mean accuracy {_acc(run['best_accuracy'])}, "
-              f"{run['emulated_s']:.1f} s emulated")
+        print(
+            f"  best mean accuracy {_acc(run['best_accuracy'])}, {run['emulated_s']:.1f} s emulated"
+        )
     if run.get("error"):
         print(f"  error: {run['error']}")
     return 0
@@ -397,8 +495,10 @@ def cmd_cancel(args: argparse.Namespace, console: Console) -> int:
     elif run["status"] == "cancelled":
         print(f"{run['id']} cancelled")
     else:
-        print(f"{run['id']} stops at the end of its current round "
-              f"({run['rounds_done']} of {run['rounds_planned']} done)")
+        print(
+            f"{run['id']} stops at the end of its current round "
+            f"({run['rounds_done']} of {run['rounds_planned']} done)"
+        )
     return 0
 
 
@@ -416,13 +516,18 @@ def cmd_fetch(args: argparse.Namespace, console: Console) -> int:
             return _service_error(exc, args)
     files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
     if args.json:
-        _print_json({"id": run["id"], "status": run["status"], "dir": str(out),
-                     "files": files})
+        _print_json({"id": run["id"], "status": run["status"], "dir": str(out), "files": files})
         return 0
     note = "" if run["status"] == "finished" else f" (the run is {run['status']})"
     print(f"fetched {len(files)} files of {run['id']} to {out}/{note}")
     return 0
 
 
-HANDLERS = {"serve": cmd_serve, "submit": cmd_submit, "runs": cmd_runs, "status": cmd_status,
-            "cancel": cmd_cancel, "fetch": cmd_fetch}
+HANDLERS = {
+    "serve": cmd_serve,
+    "submit": cmd_submit,
+    "runs": cmd_runs,
+    "status": cmd_status,
+    "cancel": cmd_cancel,
+    "fetch": cmd_fetch,
+}

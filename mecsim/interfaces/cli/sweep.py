@@ -39,28 +39,53 @@ examples:
 
 
 def add_sweep_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    p = sub.add_parser("sweep", help="what-if sweeps: replay recorded runs over a grid",
-                       description=DESCRIPTION,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("runs", nargs="+", metavar="RUN",
-                   help="run directory (with optraces.jsonl) or scenario YAML")
-    p.add_argument("--set", dest="sets", action="append", default=[],
-                   metavar="PATH=V1,V2,...",
-                   help="a grid axis: a dotted scenario path and its values, comma-separated "
-                   "(lists in [..], mappings in {..}; null for none), or START:STOP:COUNT "
-                   "for evenly spaced numbers. Repeat for a grid over several paths.")
+    p = sub.add_parser(
+        "sweep",
+        help="what-if sweeps: replay recorded runs over a grid",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "runs",
+        nargs="+",
+        metavar="RUN",
+        help="run directory (with optraces.jsonl) or scenario YAML",
+    )
+    p.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="PATH=V1,V2,...",
+        help="a grid axis: a dotted scenario path and its values, comma-separated "
+        "(lists in [..], mappings in {..}; null for none), or START:STOP:COUNT "
+        "for evenly spaced numbers. Repeat for a grid over several paths.",
+    )
     p.add_argument("--out", help="output directory (default: sweeps/sweep-<timestamp>)")
-    p.add_argument("--metric", default=DEFAULT_METRIC,
-                   help=f"column plotted (default {DEFAULT_METRIC}; e.g. total_time_s, "
-                   "time_to_target_s, round_time_p95_s, ul_time_mean_s)")
-    p.add_argument("--target-accuracy", type=float,
-                   help="mean user accuracy for rounds_to_target / time_to_target_s")
-    p.add_argument("--workers", type=int,
-                   help="replay processes (default: one per core for large sweeps)")
-    p.add_argument("--retrain", action="store_true",
-                   help="re-run points whose replay is not exact with real training")
-    p.add_argument("--backend", choices=["ray", "local"],
-                   help="backend for training (recording a scenario, --retrain)")
+    p.add_argument(
+        "--metric",
+        default=DEFAULT_METRIC,
+        help=f"column plotted (default {DEFAULT_METRIC}; e.g. total_time_s, "
+        "time_to_target_s, round_time_p95_s, ul_time_mean_s)",
+    )
+    p.add_argument(
+        "--target-accuracy",
+        type=float,
+        help="mean user accuracy for rounds_to_target / time_to_target_s",
+    )
+    p.add_argument(
+        "--workers", type=int, help="replay processes (default: one per core for large sweeps)"
+    )
+    p.add_argument(
+        "--retrain",
+        action="store_true",
+        help="re-run points whose replay is not exact with real training",
+    )
+    p.add_argument(
+        "--backend",
+        choices=["ray", "local"],
+        help="backend for training (recording a scenario, --retrain)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar or table")
     return p
 
@@ -85,18 +110,24 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
         return fail("the same path is given to --set twice")
     if args.metric not in METRIC_COLUMNS or args.metric in ("source", "notes"):
         numeric = [c for c in METRIC_COLUMNS if c not in ("source", "notes")]
-        return fail(f"--metric {args.metric!r} is not a sweep column; one of: "
-                    f"{', '.join(numeric)}")
+        return fail(f"--metric {args.metric!r} is not a sweep column; one of: {', '.join(numeric)}")
     if args.metric in ("time_to_target_s", "rounds_to_target") and args.target_accuracy is None:
         return fail(f"--metric {args.metric} needs --target-accuracy")
     out = Path(args.out) if args.out else Path("sweeps") / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", RuntimeWarning)
-            frame = sweep(args.runs, grid, target_accuracy=args.target_accuracy,
-                          retrain=args.retrain, workers=args.workers,
-                          progress=not args.quiet, backend=args.backend,
-                          record_dir=out / "recorded", retrain_dir=out / "retrained")
+            frame = sweep(
+                args.runs,
+                grid,
+                target_accuracy=args.target_accuracy,
+                retrain=args.retrain,
+                workers=args.workers,
+                progress=not args.quiet,
+                backend=args.backend,
+                record_dir=out / "recorded",
+                retrain_dir=out / "retrained",
+            )
     except (OverrideError, RunLoadError, ScenarioError, ReplayInfeasible) as exc:
         return fail(str(exc))
     for w in caught:
@@ -113,10 +144,13 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
         _print_table(console, frame, list(grid), args.metric)
     inexact = frame[~frame["exact"].astype(bool)]
     if len(inexact):
-        console.print(f"[yellow]{len(inexact)} of {len(frame)} points are not exact[/] "
-                      "(the outcome depended on timing; see the notes column, or --retrain)")
-    console.print(f"wrote {csv_path}" + (f" and {png_path}" if png_path else
-                                         " (no --set: nothing to plot)"))
+        console.print(
+            f"[yellow]{len(inexact)} of {len(frame)} points are not exact[/] "
+            "(the outcome depended on timing; see the notes column, or --retrain)"
+        )
+    console.print(
+        f"wrote {csv_path}" + (f" and {png_path}" if png_path else " (no --set: nothing to plot)")
+    )
     return 0
 
 

@@ -40,17 +40,29 @@ from mecsim.scenario import resolved_yaml, scenario_from_dict
 from mecsim.store.summary import markdown, summarise, target_lines
 
 
-def queue_run(store: Store, config: ServiceConfig, worker: Worker, scenario: Any,
-              rounds: int | None, overrides: dict[str, Any]) -> Run:
+def queue_run(
+    store: Store,
+    config: ServiceConfig,
+    worker: Worker,
+    scenario: Any,
+    rounds: int | None,
+    overrides: dict[str, Any],
+) -> Run:
     """Validate a submission (as ``mecsim validate`` does, confined to the data root) and
     queue it: what ``POST /runs`` and the web form both do. Raises
     :class:`~mecsim.interfaces.service.submission.Rejected` or
     :class:`~mecsim.interfaces.service.store.QueueFull`."""
-    run_id, sc = prepare_submission(scenario, rounds=rounds, overrides=overrides,
-                                    data_root=config.data_root, tmp_dir=store.tmp_dir,
-                                    runs_dir=store.runs_dir)
-    run = store.add_run(run_id, sc.name, sc.algorithm.name, resolved_yaml(sc), sc.rounds,
-                        config.max_queued)
+    run_id, sc = prepare_submission(
+        scenario,
+        rounds=rounds,
+        overrides=overrides,
+        data_root=config.data_root,
+        tmp_dir=store.tmp_dir,
+        runs_dir=store.runs_dir,
+    )
+    run = store.add_run(
+        run_id, sc.name, sc.algorithm.name, resolved_yaml(sc), sc.rounds, config.max_queued
+    )
     worker.wake()
     return run
 
@@ -62,48 +74,77 @@ def get_run_or_404(store: Store, run_id: str) -> Run:
     return run
 
 
-def runs_router(store: Store, config: ServiceConfig, worker: Worker,
-                authorised: Callable[..., Any]) -> APIRouter:
+def runs_router(
+    store: Store, config: ServiceConfig, worker: Worker, authorised: Callable[..., Any]
+) -> APIRouter:
     """The ``/runs`` endpoints, behind ``authorised``."""
-    api = APIRouter(dependencies=[Depends(authorised)],
-                    responses={401: {"model": Message, "description": "missing or wrong "
-                                     "token (servers started with --token-file)"}})
+    api = APIRouter(
+        dependencies=[Depends(authorised)],
+        responses={
+            401: {
+                "model": Message,
+                "description": "missing or wrong token (servers started with --token-file)",
+            }
+        },
+    )
 
     def get_run_or_404_(run_id: str) -> Run:
         return get_run_or_404(store, run_id)
 
-    @api.post("/runs", status_code=201, response_model=Submitted,
-              responses={422: {"model": Problems, "description": "an invalid scenario: one "
-                               "entry per problem, naming the field; nothing is queued"},
-                         429: {"model": Message, "description": "the queue is full"},
-                         413: {"model": Message, "description": "body too large"}})
+    @api.post(
+        "/runs",
+        status_code=201,
+        response_model=Submitted,
+        responses={
+            422: {
+                "model": Problems,
+                "description": "an invalid scenario: one "
+                "entry per problem, naming the field; nothing is queued",
+            },
+            429: {"model": Message, "description": "the queue is full"},
+            413: {"model": Message, "description": "body too large"},
+        },
+    )
     def submit(body: RunRequest, request: Request) -> JSONResponse:
         """Queue a run of a scenario (validated as `mecsim validate` does)."""
         try:
             run = queue_run(store, config, worker, body.scenario, body.rounds, body.set)
         except Rejected as exc:
-            return JSONResponse({"detail": [{"field": p.field, "msg": p.msg}
-                                            for p in exc.problems]}, status_code=422)
+            return JSONResponse(
+                {"detail": [{"field": p.field, "msg": p.msg} for p in exc.problems]},
+                status_code=422,
+            )
         except QueueFull as exc:
-            return JSONResponse({"detail": str(exc)}, status_code=429,
-                                headers={"Retry-After": "30"})
+            return JSONResponse(
+                {"detail": str(exc)}, status_code=429, headers={"Retry-After": "30"}
+            )
         url = str(request.url_for("get_run", run_id=run.id))
-        return JSONResponse({"id": run.id, "url": url, "status": run.status},
-                            status_code=201, headers={"Location": url})
+        return JSONResponse(
+            {"id": run.id, "url": url, "status": run.status},
+            status_code=201,
+            headers={"Location": url},
+        )
 
     @api.get("/runs", response_model=RunList)
-    def list_runs(request: Request,
-                  status: Annotated[list[Literal[STATUSES]] | None,  # type: ignore[valid-type]
-                                    Query(description="only runs with these statuses")] = None,
-                  limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-                  offset: Annotated[int, Query(ge=0, le=10**9)] = 0) -> RunList:
+    def list_runs(
+        request: Request,
+        status: Annotated[
+            list[Literal[STATUSES]] | None,  # type: ignore[valid-type]
+            Query(description="only runs with these statuses"),
+        ] = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
+    ) -> RunList:
         """Runs, newest first."""
         runs, total = store.list_runs(list(status or []), limit, offset)
-        return RunList(runs=[run_view(store, r, request) for r in runs], total=total,
-                       limit=limit, offset=offset)
+        return RunList(
+            runs=[run_view(store, r, request) for r in runs],
+            total=total,
+            limit=limit,
+            offset=offset,
+        )
 
-    @api.get("/runs/{run_id}", response_model=RunView,
-             responses={404: {"model": Message}})
+    @api.get("/runs/{run_id}", response_model=RunView, responses={404: {"model": Message}})
     async def get_run(run_id: str, request: Request) -> Any:
         """A run's status, progress, last round's figures and ETA; a browser (``Accept:
         text/html``) is sent to the run's web page."""
@@ -112,11 +153,18 @@ def runs_router(store: Store, config: ServiceConfig, worker: Worker,
             return RedirectResponse(f"/ui/runs/{run.id}", status_code=303)
         return run_view(store, run, request)
 
-    @api.delete("/runs/{run_id}", response_model=RunView,
-                responses={404: {"model": Message},
-                           409: {"model": Message, "description": "the run has ended"},
-                           202: {"model": RunView, "description": "a running run: it stops "
-                                 "at the end of its current round"}})
+    @api.delete(
+        "/runs/{run_id}",
+        response_model=RunView,
+        responses={
+            404: {"model": Message},
+            409: {"model": Message, "description": "the run has ended"},
+            202: {
+                "model": RunView,
+                "description": "a running run: it stops at the end of its current round",
+            },
+        },
+    )
     def cancel_run(run_id: str, request: Request) -> JSONResponse:
         """Cancel: a waiting run leaves the queue; a running one stops after its round."""
         get_run_or_404_(run_id)
@@ -125,34 +173,56 @@ def runs_router(store: Store, config: ServiceConfig, worker: Worker,
         if outcome == "ended":
             raise HTTPException(409, f"run {run_id} is {run.status}")
         view = run_view(store, run, request)
-        return JSONResponse(json.loads(view.model_dump_json()),
-                            status_code=202 if outcome == "stopping" else 200)
+        return JSONResponse(
+            json.loads(view.model_dump_json()), status_code=202 if outcome == "stopping" else 200
+        )
 
-    @api.get("/runs/{run_id}/rounds", responses={
-        200: {"content": {"text/csv": {}, "application/vnd.apache.parquet": {}},
-              "description": "one row per round (rounds.csv)"},
-        404: {"model": Message}, 409: {"model": Message}})
-    def rounds(run_id: str, request: Request,
-               format: Literal["csv", "json", "parquet"] | None = None) -> Response:
+    @api.get(
+        "/runs/{run_id}/rounds",
+        responses={
+            200: {
+                "content": {"text/csv": {}, "application/vnd.apache.parquet": {}},
+                "description": "one row per round (rounds.csv)",
+            },
+            404: {"model": Message},
+            409: {"model": Message},
+        },
+    )
+    def rounds(
+        run_id: str, request: Request, format: Literal["csv", "json", "parquet"] | None = None
+    ) -> Response:
         """rounds.csv as CSV, JSON or Parquet (``?format=`` or ``Accept``)."""
         run = get_run_or_404_(run_id)
         frame = records_or_409(store, run, "rounds")
         return table_response(frame, table_format(request, format), "rounds")
 
-    @api.get("/runs/{run_id}/clients", responses={
-        200: {"content": {"text/csv": {}, "application/vnd.apache.parquet": {}},
-              "description": "one row per client-round (clients.csv)"},
-        404: {"model": Message}, 409: {"model": Message}})
-    def clients(run_id: str, request: Request,
-                format: Literal["csv", "json", "parquet"] | None = None) -> Response:
+    @api.get(
+        "/runs/{run_id}/clients",
+        responses={
+            200: {
+                "content": {"text/csv": {}, "application/vnd.apache.parquet": {}},
+                "description": "one row per client-round (clients.csv)",
+            },
+            404: {"model": Message},
+            409: {"model": Message},
+        },
+    )
+    def clients(
+        run_id: str, request: Request, format: Literal["csv", "json", "parquet"] | None = None
+    ) -> Response:
         """clients.csv as CSV, JSON or Parquet (``?format=`` or ``Accept``)."""
         run = get_run_or_404_(run_id)
         frame = records_or_409(store, run, "clients")
         return table_response(frame, table_format(request, format), "clients")
 
-    @api.get("/runs/{run_id}/summary", responses={
-        200: {"content": {"text/markdown": {}}}, 404: {"model": Message},
-        409: {"model": Message}})
+    @api.get(
+        "/runs/{run_id}/summary",
+        responses={
+            200: {"content": {"text/markdown": {}}},
+            404: {"model": Message},
+            409: {"model": Message},
+        },
+    )
     def summary(run_id: str) -> Response:
         """The run's summary tables (markdown); for a running run, over its rounds so far."""
         run = get_run_or_404_(run_id)
@@ -164,12 +234,18 @@ def runs_router(store: Store, config: ServiceConfig, worker: Worker,
             if not rows:
                 raise HTTPException(409, f"run {run.id} has no finished round yet")
             sc = scenario_from_dict(yaml.safe_load(run.scenario_yaml), run.id)
-            text = markdown(run.id, run.algorithm, summarise(rows),
-                            target_lines(rows, sc.evaluation.target_accuracy))
+            text = markdown(
+                run.id,
+                run.algorithm,
+                summarise(rows),
+                target_lines(rows, sc.evaluation.target_accuracy),
+            )
         return Response(text, media_type="text/markdown; charset=utf-8")
 
-    @api.get("/runs/{run_id}/plots/{name}.png", responses={
-        200: {"content": {"image/png": {}}}, 404: {"model": Message}})
+    @api.get(
+        "/runs/{run_id}/plots/{name}.png",
+        responses={200: {"content": {"image/png": {}}}, 404: {"model": Message}},
+    )
     def plot(run_id: str, name: str) -> FileResponse:
         """One of the run's figures (``plots`` in the run's status lists them)."""
         run = get_run_or_404_(run_id)
@@ -178,15 +254,19 @@ def runs_router(store: Store, config: ServiceConfig, worker: Worker,
             raise HTTPException(404, f"run {run.id} has no plot {name!r}")
         return FileResponse(path, media_type="image/png")
 
-    @api.get("/runs/{run_id}/scenario", responses={
-        200: {"content": {"application/yaml": {}}}, 404: {"model": Message}})
+    @api.get(
+        "/runs/{run_id}/scenario",
+        responses={200: {"content": {"application/yaml": {}}}, 404: {"model": Message}},
+    )
     def scenario(run_id: str) -> Response:
         """The resolved scenario the run executes (every default filled in), as YAML."""
         run = get_run_or_404_(run_id)
         return Response(run.scenario_yaml, media_type="application/yaml")
 
-    @api.get("/runs/{run_id}/events", responses={
-        200: {"content": {"text/event-stream": {}}}, 404: {"model": Message}})
+    @api.get(
+        "/runs/{run_id}/events",
+        responses={200: {"content": {"text/event-stream": {}}}, 404: {"model": Message}},
+    )
     async def events(run_id: str, request: Request) -> StreamingResponse:
         """Server-sent events: ``round`` per finished round (its row; ``id`` is the round),
         then ``end`` with the final status. ``Last-Event-ID`` resumes after that round."""
@@ -207,9 +287,11 @@ def runs_router(store: Store, config: ServiceConfig, worker: Worker,
                     yield f"id: {after}\nevent: round\ndata: {json.dumps(row)}\n\n"
                     idle = 0.0
                 if current is None or current.status in TERMINAL:
-                    end = {"status": current.status if current else "deleted",
-                           "rounds_done": current.rounds_done if current else 0,
-                           "error": current.error if current else None}
+                    end = {
+                        "status": current.status if current else "deleted",
+                        "rounds_done": current.rounds_done if current else 0,
+                        "error": current.error if current else None,
+                    }
                     yield f"event: end\ndata: {json.dumps(end)}\n\n"
                     return
                 if await request.is_disconnected():
@@ -220,11 +302,13 @@ def runs_router(store: Store, config: ServiceConfig, worker: Worker,
                     idle = 0.0
                     yield ": keep-alive\n\n"
 
-        return StreamingResponse(stream(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+        return StreamingResponse(
+            stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
 
-    @api.get("/runs/{run_id}/files", response_model=list[FileEntry],
-             responses={404: {"model": Message}})
+    @api.get(
+        "/runs/{run_id}/files", response_model=list[FileEntry], responses={404: {"model": Message}}
+    )
     def files(run_id: str) -> list[FileEntry]:
         """Every record file of the run's folder (what ``mecsim fetch`` downloads): not its
         checkpoints, lock or temporary files."""
@@ -232,11 +316,13 @@ def runs_router(store: Store, config: ServiceConfig, worker: Worker,
         base = store.run_dir(run.id)
         if not base.is_dir():
             return []
-        return [FileEntry(name=p.relative_to(base).as_posix(), bytes=p.stat().st_size)
-                for p in sorted(base.rglob("*")) if p.is_file() and record_file(base, p)]
+        return [
+            FileEntry(name=p.relative_to(base).as_posix(), bytes=p.stat().st_size)
+            for p in sorted(base.rglob("*"))
+            if p.is_file() and record_file(base, p)
+        ]
 
-    @api.get("/runs/{run_id}/files/{name:path}",
-             responses={404: {"model": Message}})
+    @api.get("/runs/{run_id}/files/{name:path}", responses={404: {"model": Message}})
     def file(run_id: str, name: str) -> FileResponse:
         """One file of the run's folder."""
         run = get_run_or_404_(run_id)

@@ -20,12 +20,19 @@ from mecsim.interfaces.service.sweeps import SweepRunner, check_sweep, new_sweep
 from mecsim.interfaces.service.views import json_safe, when
 
 
-def sweeps_router(store: Store, config: ServiceConfig, sweeps: SweepRunner,
-                  authorised: Callable[..., Any]) -> APIRouter:
+def sweeps_router(
+    store: Store, config: ServiceConfig, sweeps: SweepRunner, authorised: Callable[..., Any]
+) -> APIRouter:
     """The ``/sweeps`` endpoints, behind ``authorised``."""
-    api = APIRouter(dependencies=[Depends(authorised)],
-                    responses={401: {"model": Message, "description": "missing or wrong "
-                                     "token (servers started with --token-file)"}})
+    api = APIRouter(
+        dependencies=[Depends(authorised)],
+        responses={
+            401: {
+                "model": Message,
+                "description": "missing or wrong token (servers started with --token-file)",
+            }
+        },
+    )
 
     def sweep_view(sweep_id: str, request: Request) -> SweepView:
         entry = store.get_sweep(sweep_id) if re.match(ID_PATTERN, sweep_id) else None
@@ -35,42 +42,56 @@ def sweeps_router(store: Store, config: ServiceConfig, sweeps: SweepRunner,
         csv = store.sweep_dir(entry.id) / "sweep.csv"
         if entry.status == "finished" and csv.exists():
             frame = pd.read_csv(csv)
-            table = [{k: json_safe(v) for k, v in row.items()}
-                     for row in json.loads(frame.to_json(orient="records"))]
+            table = [
+                {k: json_safe(v) for k, v in row.items()}
+                for row in json.loads(frame.to_json(orient="records"))
+            ]
         req = entry.request
-        return SweepView(id=entry.id, url=str(request.url_for("get_sweep", sweep_id=entry.id)),
-                         status=entry.status,
-                         created_at=datetime.fromtimestamp(entry.created_at, timezone.utc),
-                         finished_at=when(entry.finished_at), runs=req["runs"],
-                         set=req["set"], metric=req["metric"],
-                         target_accuracy=req.get("target_accuracy"), error=entry.error,
-                         table=table)
+        return SweepView(
+            id=entry.id,
+            url=str(request.url_for("get_sweep", sweep_id=entry.id)),
+            status=entry.status,
+            created_at=datetime.fromtimestamp(entry.created_at, timezone.utc),
+            finished_at=when(entry.finished_at),
+            runs=req["runs"],
+            set=req["set"],
+            metric=req["metric"],
+            target_accuracy=req.get("target_accuracy"),
+            error=entry.error,
+            table=table,
+        )
 
-    @api.post("/sweeps", status_code=202, response_model=SweepView,
-              responses={422: {"model": Problems}})
+    @api.post(
+        "/sweeps", status_code=202, response_model=SweepView, responses={422: {"model": Problems}}
+    )
     def submit_sweep(body: SweepRequest, request: Request) -> JSONResponse:
         """Queue a what-if sweep (replay without training) over finished runs."""
         try:
-            check_sweep(store, body.runs, body.set, body.metric, body.target_accuracy,
-                        config.data_root)
+            check_sweep(
+                store, body.runs, body.set, body.metric, body.target_accuracy, config.data_root
+            )
         except Rejected as exc:
-            return JSONResponse({"detail": [{"field": p.field, "msg": p.msg}
-                                            for p in exc.problems]}, status_code=422)
+            return JSONResponse(
+                {"detail": [{"field": p.field, "msg": p.msg} for p in exc.problems]},
+                status_code=422,
+            )
         sweep_id = new_sweep_id()
         store.add_sweep(sweep_id, body.model_dump())
         sweeps.wake()
         view = sweep_view(sweep_id, request)
-        return JSONResponse(json.loads(view.model_dump_json()), status_code=202,
-                            headers={"Location": view.url})
+        return JSONResponse(
+            json.loads(view.model_dump_json()), status_code=202, headers={"Location": view.url}
+        )
 
-    @api.get("/sweeps/{sweep_id}", response_model=SweepView,
-             responses={404: {"model": Message}})
+    @api.get("/sweeps/{sweep_id}", response_model=SweepView, responses={404: {"model": Message}})
     def get_sweep(sweep_id: str, request: Request) -> SweepView:
         """A sweep's status and, once finished, its table (one row per run and point)."""
         return sweep_view(sweep_id, request)
 
-    @api.get("/sweeps/{sweep_id}/plot.png", responses={
-        200: {"content": {"image/png": {}}}, 404: {"model": Message}})
+    @api.get(
+        "/sweeps/{sweep_id}/plot.png",
+        responses={200: {"content": {"image/png": {}}}, 404: {"model": Message}},
+    )
     def sweep_plot(sweep_id: str) -> FileResponse:
         """The sweep's plot: its metric against the first grid path."""
         entry = store.get_sweep(sweep_id) if re.match(ID_PATTERN, sweep_id) else None

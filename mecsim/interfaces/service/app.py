@@ -57,12 +57,18 @@ def create_app(config: ServiceConfig, store: Store | None = None) -> FastAPI:
     """The service application; ``store`` defaults to one opened on ``config.state_dir``."""
     store = store or Store(config.state_dir)
     series = RunSeries(config.metrics_retention_s)
-    worker = Worker(store, workers=config.workers, ray_address=config.ray_address,
-                    exporter=series.exporter, on_finished=series.finished,
-                    shutdown_timeout_s=config.shutdown_timeout_s)
+    worker = Worker(
+        store,
+        workers=config.workers,
+        ray_address=config.ray_address,
+        exporter=series.exporter,
+        on_finished=series.finished,
+        shutdown_timeout_s=config.shutdown_timeout_s,
+    )
     sweeps = SweepRunner(store)
-    registry = service_registry(store, config.workers, lambda: len(worker.busy),
-                                lambda: worker.ready, lambda: len(series))
+    registry = service_registry(
+        store, config.workers, lambda: len(worker.busy), lambda: worker.ready, lambda: len(series)
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -85,10 +91,16 @@ def create_app(config: ServiceConfig, store: Store | None = None) -> FastAPI:
                 await run_in_threadpool(worker.stop)
                 await run_in_threadpool(sweeps.stop)
 
-    app = FastAPI(title="mecsim service", version=__version__, lifespan=lifespan,
-                  docs_url=None, redoc_url=None, openapi_url=None,
-                  description="Queued mecsim runs, their records, what-if sweeps and one "
-                  "Prometheus target. See docs/service.md.")
+    app = FastAPI(
+        title="mecsim service",
+        version=__version__,
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        description="Queued mecsim runs, their records, what-if sweeps and one "
+        "Prometheus target. See docs/service.md.",
+    )
     app.state.store = store
     app.state.worker = worker
     app.state.config = config
@@ -97,19 +109,29 @@ def create_app(config: ServiceConfig, store: Store | None = None) -> FastAPI:
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     authorised = bearer_auth(config.token)
 
-    service = APIRouter(dependencies=[Depends(authorised)],
-                        responses={401: {"model": Message, "description": "missing or wrong "
-                                         "token (servers started with --token-file)"}})
+    service = APIRouter(
+        dependencies=[Depends(authorised)],
+        responses={
+            401: {
+                "model": Message,
+                "description": "missing or wrong token (servers started with --token-file)",
+            }
+        },
+    )
 
     @service.get("/readyz", responses={503: {"model": Message}})
     def readyz() -> JSONResponse:
         """200 once the service's Ray is up and workers take runs; 503 before (or if Ray
         failed to start: the reason)."""
         if worker.ready:
-            return JSONResponse({"ready": True, "workers": config.workers,
-                                 "busy": len(worker.busy)})
-        reason = worker.ray_error or ("not taking runs (started without workers)"
-                                      if not config.start_workers else "starting Ray")
+            return JSONResponse(
+                {"ready": True, "workers": config.workers, "busy": len(worker.busy)}
+            )
+        reason = worker.ray_error or (
+            "not taking runs (started without workers)"
+            if not config.start_workers
+            else "starting Ray"
+        )
         return JSONResponse({"ready": False, "detail": reason}, status_code=503)
 
     @service.get("/openapi.json", include_in_schema=False)
@@ -129,8 +151,7 @@ def create_app(config: ServiceConfig, store: Store | None = None) -> FastAPI:
         """200 while the server answers (no token needed)."""
         return {"status": "ok"}
 
-    @app.get("/metrics",
-             responses={200: {"content": {"text/plain": {}}}})
+    @app.get("/metrics", responses={200: {"content": {"text/plain": {}}}})
     def metrics() -> Response:
         """Prometheus: every retained run's series and the service's (no token needed)."""
         page = series.render() + generate_latest(registry).decode()
@@ -143,6 +164,7 @@ def create_app(config: ServiceConfig, store: Store | None = None) -> FastAPI:
     app.include_router(runs_router(store, config, worker, authorised))
     app.include_router(sweeps_router(store, config, sweeps, authorised))
     app.include_router(service)
-    app.include_router(web_router(store, config, authorised, submit_form=submit_form),
-                       include_in_schema=False)
+    app.include_router(
+        web_router(store, config, authorised, submit_form=submit_form), include_in_schema=False
+    )
     return app

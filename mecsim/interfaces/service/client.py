@@ -47,8 +47,9 @@ class ScenarioRejected(ServiceError):
 class Client:
     """A connection to a ``mecsim serve``."""
 
-    def __init__(self, url: str | None = None, token: str | None = None,
-                 timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, url: str | None = None, token: str | None = None, timeout_s: float = 30.0
+    ) -> None:
         self.url = (url or os.environ.get("MECSIM_SERVER") or DEFAULT_URL).rstrip("/")
         token = token if token is not None else os.environ.get("MECSIM_TOKEN")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -69,33 +70,49 @@ class Client:
         try:
             resp = self._http.request(method, path, **kw)
         except httpx.TransportError as exc:
-            raise ServiceError(0, f"cannot reach the mecsim service at {self.url} "
-                               f"({type(exc).__name__}: {exc})") from None
+            raise ServiceError(
+                0, f"cannot reach the mecsim service at {self.url} ({type(exc).__name__}: {exc})"
+            ) from None
         if resp.status_code >= 400:
             try:
                 detail = resp.json().get("detail")
             except (ValueError, AttributeError):
                 detail = resp.text
-            if resp.status_code == 422 and isinstance(detail, list) and all(
-                    isinstance(p, dict) and "field" in p for p in detail):
+            if (
+                resp.status_code == 422
+                and isinstance(detail, list)
+                and all(isinstance(p, dict) and "field" in p for p in detail)
+            ):
                 raise ScenarioRejected(detail)
             if isinstance(detail, list):  # FastAPI's own request validation
-                detail = "; ".join(f"{'.'.join(map(str, d.get('loc', [])))}: {d.get('msg')}"
-                                   for d in detail if isinstance(d, dict))
-            raise ServiceError(resp.status_code, f"{method} {path}: HTTP {resp.status_code}: "
-                               f"{detail}")
+                detail = "; ".join(
+                    f"{'.'.join(map(str, d.get('loc', [])))}: {d.get('msg')}"
+                    for d in detail
+                    if isinstance(d, dict)
+                )
+            raise ServiceError(
+                resp.status_code, f"{method} {path}: HTTP {resp.status_code}: {detail}"
+            )
         return resp
 
     # ------------------------------------------------------------------ runs
 
-    def submit(self, scenario: str | Path | Mapping[str, Any] | None = None, *,
-               rounds: int | None = None, set: Mapping[str, Any] | None = None) -> str:
+    def submit(
+        self,
+        scenario: str | Path | Mapping[str, Any] | None = None,
+        *,
+        rounds: int | None = None,
+        set: Mapping[str, Any] | None = None,
+    ) -> str:
         """Queue a run; returns its id. ``scenario``: a file path, YAML/JSON text, a
         mapping, a :class:`~mecsim.scenario.Scenario`, or None (the default scenario)."""
         if hasattr(scenario, "model_dump"):
             scenario = scenario.model_dump(mode="json")  # type: ignore[union-attr]
-        elif isinstance(scenario, Path) or (isinstance(scenario, str) and "\n" not in scenario
-                                            and scenario.endswith((".yaml", ".yml", ".json"))):
+        elif isinstance(scenario, Path) or (
+            isinstance(scenario, str)
+            and "\n" not in scenario
+            and scenario.endswith((".yaml", ".yml", ".json"))
+        ):
             scenario = Path(scenario).read_text()
         body = {"scenario": scenario, "rounds": rounds, "set": dict(set or {})}
         return self._request("POST", "/runs", json=body).json()["id"]
@@ -104,16 +121,18 @@ class Client:
         """The run's status, progress, last round and ETA."""
         return self._request("GET", f"/runs/{run_id}").json()
 
-    def runs(self, status: str | Sequence[str] | None = None, limit: int = 100,
-             offset: int = 0) -> list[dict[str, Any]]:
+    def runs(
+        self, status: str | Sequence[str] | None = None, limit: int = 100, offset: int = 0
+    ) -> list[dict[str, Any]]:
         """Runs, newest first (``status``: one or several statuses)."""
         statuses = [status] if isinstance(status, str) else list(status or [])
         params: list[tuple[str, Any]] = [("status", s) for s in statuses]
         params += [("limit", limit), ("offset", offset)]
         return self._request("GET", "/runs", params=params).json()["runs"]
 
-    def wait(self, run_id: str, timeout_s: float | None = None,
-             poll_s: float = 0.5) -> dict[str, Any]:
+    def wait(
+        self, run_id: str, timeout_s: float | None = None, poll_s: float = 0.5
+    ) -> dict[str, Any]:
         """Poll until the run has ended (finished, failed or cancelled); its status."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
@@ -121,8 +140,7 @@ class Client:
             if run["status"] in ("finished", "failed", "cancelled"):
                 return run
             if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"run {run_id} is still {run['status']} after "
-                                   f"{timeout_s:g} s")
+                raise TimeoutError(f"run {run_id} is still {run['status']} after {timeout_s:g} s")
             time.sleep(poll_s)
 
     def cancel(self, run_id: str) -> dict[str, Any]:
@@ -133,12 +151,15 @@ class Client:
         """The run's server-sent events: ``("round", row)`` per round, then ``("end",
         {...})``."""
         try:
-            with self._http.stream("GET", f"/runs/{run_id}/events",
-                                   timeout=httpx.Timeout(30.0, read=None)) as resp:
+            with self._http.stream(
+                "GET", f"/runs/{run_id}/events", timeout=httpx.Timeout(30.0, read=None)
+            ) as resp:
                 if resp.status_code >= 400:
                     resp.read()
-                    raise ServiceError(resp.status_code, f"events of {run_id}: HTTP "
-                                       f"{resp.status_code}: {resp.text}")
+                    raise ServiceError(
+                        resp.status_code,
+                        f"events of {run_id}: HTTP {resp.status_code}: {resp.text}",
+                    )
                 event, data = "message", cast(list[str], [])
                 for line in resp.iter_lines():
                     if line == "":
@@ -152,8 +173,7 @@ class Client:
                     elif line.startswith("data:"):
                         data.append(line[5:].strip())
         except httpx.TransportError as exc:
-            raise ServiceError(0, f"events of {run_id}: {type(exc).__name__}: {exc}") \
-                from None
+            raise ServiceError(0, f"events of {run_id}: {type(exc).__name__}: {exc}") from None
 
     def _table(self, run_id: str, name: str):
         import pandas as pd
@@ -190,8 +210,7 @@ class Client:
         for f in files:
             target = (root / f["name"]).resolve()
             if not target.is_relative_to(root):
-                raise ServiceError(502, f"the service named a file outside the run: "
-                                   f"{f['name']!r}")
+                raise ServiceError(502, f"the service named a file outside the run: {f['name']!r}")
             target.parent.mkdir(parents=True, exist_ok=True)
             data = self._request("GET", f"/runs/{run_id}/files/{f['name']}").content
             target.write_bytes(data)
@@ -199,9 +218,15 @@ class Client:
 
     # ------------------------------------------------------------------ sweeps
 
-    def sweep(self, runs: Sequence[str], grid: Sequence[str] | Mapping[str, Sequence[Any]],
-              *, metric: str = "round_time_mean_s", target_accuracy: float | None = None,
-              timeout_s: float | None = 600.0):
+    def sweep(
+        self,
+        runs: Sequence[str],
+        grid: Sequence[str] | Mapping[str, Sequence[Any]],
+        *,
+        metric: str = "round_time_mean_s",
+        target_accuracy: float | None = None,
+        timeout_s: float | None = 600.0,
+    ):
         """A what-if sweep over finished runs; its table as a DataFrame.
 
         ``grid``: ``mecsim sweep --set`` strings (``"PATH=V1,V2"``) or a mapping of path to
@@ -209,14 +234,19 @@ class Client:
         import pandas as pd
 
         if isinstance(grid, Mapping):
+
             def text(v: Any) -> str:
                 return json.dumps(v) if isinstance(v, (list, dict)) else str(v)
 
             sets = [f"{p}={','.join(text(v) for v in vs)}" for p, vs in grid.items()]
         else:
             sets = list(grid)
-        body = {"runs": list(runs), "set": sets, "metric": metric,
-                "target_accuracy": target_accuracy}
+        body = {
+            "runs": list(runs),
+            "set": sets,
+            "metric": metric,
+            "target_accuracy": target_accuracy,
+        }
         view = self._request("POST", "/sweeps", json=body).json()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while view["status"] not in ("finished", "failed"):

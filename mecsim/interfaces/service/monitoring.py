@@ -23,22 +23,31 @@ from mecsim.interfaces.service.store import STATUSES, Store
 # name -> (type, help): the service's own families
 SERVICE_METRICS: dict[str, tuple[str, str]] = {
     "mecsim_service_runs": ("gauge", "Runs known to the service by status"),
-    "mecsim_service_queue_length": ("gauge", "Runs waiting for a worker (queued or "
-                                             "interrupted)"),
+    "mecsim_service_queue_length": ("gauge", "Runs waiting for a worker (queued or interrupted)"),
     "mecsim_service_workers": ("gauge", "Worker slots by state (busy: running a run)"),
-    "mecsim_service_ready": ("gauge", "1 when the service's Ray is up and runs are taken "
-                                      "from the queue"),
+    "mecsim_service_ready": (
+        "gauge",
+        "1 when the service's Ray is up and runs are taken from the queue",
+    ),
     "mecsim_service_uptime_seconds": ("gauge", "Seconds since the service started"),
-    "mecsim_service_retained_runs": ("gauge", "Finished runs whose series are still "
-                                              "served (dropped after the retention)"),
+    "mecsim_service_retained_runs": (
+        "gauge",
+        "Finished runs whose series are still served (dropped after the retention)",
+    ),
 }
 
 
 class ServiceCollector(Collector):
     """The service's series, computed when scraped."""
 
-    def __init__(self, store: Store, workers: int, busy: Callable[[], int],
-                 ready: Callable[[], bool], retained: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        store: Store,
+        workers: int,
+        busy: Callable[[], int],
+        ready: Callable[[], bool],
+        retained: Callable[[], int],
+    ) -> None:
         self.store = store
         self.workers = workers
         self.busy = busy
@@ -91,8 +100,7 @@ class RunSeries:
     family, in the exporter's order.
     """
 
-    def __init__(self, retention_s: float, clock: Callable[[], float] = time.monotonic
-                 ) -> None:
+    def __init__(self, retention_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         if not retention_s >= 0:
             raise ValueError(f"retention must be >= 0 seconds, got {retention_s}")
         self.retention_s = retention_s
@@ -101,8 +109,9 @@ class RunSeries:
         self._live: dict[str, MetricsExporter] = {}
         self._kept: dict[str, tuple[float, dict[str, str]]] = {}  # run -> (ended, lines)
         # the families' headers, in order: an exporter that observes nothing
-        self._headers = list(_split(generate_latest(MetricsExporter(
-            registry=CollectorRegistry()).registry).decode()))
+        self._headers = list(
+            _split(generate_latest(MetricsExporter(registry=CollectorRegistry()).registry).decode())
+        )
 
     def exporter(self, run_id: str) -> MetricsExporter:
         """A new exporter for ``run_id`` (a resumed run's replaces any kept series)."""
@@ -144,7 +153,7 @@ class RunSeries:
             kept = [lines for _, lines in self._kept.values()]
         pages = [_split(generate_latest(e.registry).decode()) for e in live] + kept
         headers = dict.fromkeys(self._headers)  # and any a page adds (a counter's
-        for page in pages:                      # "_created" family once it has a child)
+        for page in pages:  # "_created" family once it has a child)
             headers.update(dict.fromkeys(page))
         out: list[str] = []
         for header in headers:
@@ -163,9 +172,13 @@ def _split(page: str) -> dict[str, str]:
     return families
 
 
-def service_registry(store: Store, workers: int, busy: Callable[[], int],
-                     ready: Callable[[], bool], retained: Callable[[], int]
-                     ) -> CollectorRegistry:
+def service_registry(
+    store: Store,
+    workers: int,
+    busy: Callable[[], int],
+    ready: Callable[[], bool],
+    retained: Callable[[], int],
+) -> CollectorRegistry:
     """A registry with the service's own series (the runs' are :class:`RunSeries`)."""
     registry = CollectorRegistry()
     registry.register(ServiceCollector(store, workers, busy, ready, retained))

@@ -34,14 +34,14 @@ def plot_run_folder(run_dir: str | Path, planned_rounds: int | None) -> list[Pat
     into ``run_dir/plots``, as :class:`PlotWriter` does at a run's end."""
     import pandas as pd
 
-
     run_dir = Path(run_dir)
     # rounds.csv read directly: mecsim.store.records would import torch (its checkpoint writer)
     rounds = pd.read_csv(run_dir / "rounds.csv").to_dict("records")
     writer = PlotWriter(run_dir / "plots")
     writer.on_run_resume(None, rounds)  # the last evaluated round's client rows
-    r = from_rows(run_dir.name, rounds, writer._last_eval, path=writer.out_dir,
-                  planned_rounds=planned_rounds)
+    r = from_rows(
+        run_dir.name, rounds, writer._last_eval, path=writer.out_dir, planned_rounds=planned_rounds
+    )
     label_runs([r])
     return write_plots([r], writer.out_dir)
 
@@ -64,13 +64,21 @@ def draw_in_child(run_dir: Path, planned_rounds: int) -> list[Path]:
     """:func:`plot_run_folder` in a child process; the figures written (none, with the
     reason on stderr, when the child fails or takes over ``PLOT_TIMEOUT_S``)."""
     out_dir = Path(run_dir) / "plots"
-    cmd = [sys.executable, "-m", "mecsim.interfaces.service.plotjob", str(run_dir),
-           str(planned_rounds), str(os.getpid())]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mecsim.interfaces.service.plotjob",
+        str(run_dir),
+        str(planned_rounds),
+        str(os.getpid()),
+    ]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=PLOT_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        print(f"mecsim: plots not written to {out_dir}: drawing took over "
-              f"{PLOT_TIMEOUT_S:g} s", file=sys.stderr)
+        print(
+            f"mecsim: plots not written to {out_dir}: drawing took over {PLOT_TIMEOUT_S:g} s",
+            file=sys.stderr,
+        )
         return []
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]

@@ -18,17 +18,22 @@ PLOT_PATTERN = r"^[A-Za-z0-9_-]{1,100}$"
 #: A run's status (the service's store keeps the same six).
 RunStatus = Literal["queued", "running", "finished", "failed", "cancelled", "interrupted"]
 
+
 class RunRequest(BaseModel):
     """A scenario to run, with optional overrides."""
 
     model_config = ConfigDict(extra="forbid")
     scenario: str | dict[str, Any] | None = Field(
-        None, description="the scenario: YAML or JSON text, or a mapping; null: the embedded "
-        "default scenario (as `mecsim run` without a file)")
+        None,
+        description="the scenario: YAML or JSON text, or a mapping; null: the embedded "
+        "default scenario (as `mecsim run` without a file)",
+    )
     rounds: int | None = Field(None, ge=1, le=1_000_000, description="override the rounds")
     set: dict[str, Any] = Field(
-        default_factory=dict, description="dotted-path overrides, e.g. "
-        "{\"channel.uplink.bandwidth_hz\": 5e6, \"devices.clients.0.profile\": \"rpi2b\"}")
+        default_factory=dict,
+        description="dotted-path overrides, e.g. "
+        '{"channel.uplink.bandwidth_hz": 5e6, "devices.clients.0.profile": "rpi2b"}',
+    )
 
 
 class Problem(BaseModel):
@@ -67,12 +72,14 @@ class RunView(BaseModel):
     finished_at: datetime | None
     rounds_done: int
     rounds_planned: int
-    last_round: dict[str, Any] | None = Field(description="the last finished round's row "
-                                              "(as in rounds.csv)")
+    last_round: dict[str, Any] | None = Field(
+        description="the last finished round's row (as in rounds.csv)"
+    )
     best_accuracy: float | None = Field(description="best mean user accuracy so far")
     emulated_s: float | None = Field(description="emulated seconds elapsed")
-    eta_s: float | None = Field(description="host seconds left: mean host wall time per "
-                                "round x rounds left (running runs)")
+    eta_s: float | None = Field(
+        description="host seconds left: mean host wall time per round x rounds left (running runs)"
+    )
     error: str | None
     attempts: int
     cancel_requested: bool
@@ -97,8 +104,11 @@ class SweepRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     runs: list[Annotated[str, Field(pattern=ID_PATTERN)]] = Field(min_length=1, max_length=50)
-    set: list[str] = Field(default_factory=list, max_length=10,
-                           description="grid axes, each PATH=V1,V2,... or PATH=START:STOP:COUNT")
+    set: list[str] = Field(
+        default_factory=list,
+        max_length=10,
+        description="grid axes, each PATH=V1,V2,... or PATH=START:STOP:COUNT",
+    )
     metric: str = DEFAULT_METRIC
     target_accuracy: float | None = Field(None, gt=0, le=1)
 

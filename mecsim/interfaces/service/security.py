@@ -50,9 +50,10 @@ class BodyLimit:
                 except ValueError:
                     declared = -1
                 if declared > self.max_bytes or declared < 0:
-                    response = JSONResponse({"detail": too_large if declared > 0 else
-                                             "bad Content-Length"},
-                                            status_code=413 if declared > 0 else 400)
+                    response = JSONResponse(
+                        {"detail": too_large if declared > 0 else "bad Content-Length"},
+                        status_code=413 if declared > 0 else 400,
+                    )
                     return await response(scope, receive, send)
         received = 0
 
@@ -88,15 +89,21 @@ class SameSite:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         host = headers.get("host", "")
         if self.check_host and _host_of(host) not in LOOPBACK_NAMES:
-            response = JSONResponse({"detail": f"Host {host!r} is not a loopback name; this "
-                                     "service listens on loopback only"}, status_code=400)
+            response = JSONResponse(
+                {
+                    "detail": f"Host {host!r} is not a loopback name; this "
+                    "service listens on loopback only"
+                },
+                status_code=400,
+            )
             return await response(scope, receive, send)
         origin = headers.get("origin")
         if scope["method"] not in ("GET", "HEAD", "OPTIONS") and origin is not None:
             # the site, not the scheme: behind a TLS proxy the browser says https
             if urllib.parse.urlsplit(origin).netloc != host:
-                response = JSONResponse({"detail": f"cross-site request from {origin} "
-                                         "refused"}, status_code=403)
+                response = JSONResponse(
+                    {"detail": f"cross-site request from {origin} refused"}, status_code=403
+                )
                 return await response(scope, receive, send)
         return await self.app(scope, receive, send)
 
@@ -105,13 +112,15 @@ def bearer_auth(token: str | None) -> Callable[..., Awaitable[None]]:
     """The dependency that checks ``Authorization: Bearer <token>`` (constant-time
     compare); no check at all when the server has no token."""
 
-    async def authorised(creds: Annotated[HTTPAuthorizationCredentials | None,
-                                          Depends(BEARER)]) -> None:
+    async def authorised(
+        creds: Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)],
+    ) -> None:
         if token is None:
             return
         given = creds.credentials if creds is not None else ""
         if creds is None or not hmac.compare_digest(given.encode(), token.encode()):
-            raise HTTPException(401, "missing or wrong bearer token",
-                                headers={"WWW-Authenticate": "Bearer"})
+            raise HTTPException(
+                401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"}
+            )
 
     return authorised

@@ -124,8 +124,7 @@ class Run:
         """Host seconds left of a running run: mean host wall time per round x rounds left."""
         if self.status != "running" or self.rounds_done == 0:
             return None
-        return self.host_wall_s / self.rounds_done * max(0, self.rounds_planned
-                                                         - self.rounds_done)
+        return self.host_wall_s / self.rounds_done * max(0, self.rounds_planned - self.rounds_done)
 
 
 @dataclass
@@ -203,11 +202,15 @@ class Store:
         if self.dir.is_dir() and not db.exists():
             ours = {DB_NAME, LOCK_NAME, "runs", "sweeps", "tmp"}
             other = sorted(p.name for p in self.dir.iterdir() if p.name not in ours)
-            if other or any((self.dir / d).is_dir() and any((self.dir / d).iterdir())
-                            for d in ("runs", "sweeps")):
+            if other or any(
+                (self.dir / d).is_dir() and any((self.dir / d).iterdir())
+                for d in ("runs", "sweeps")
+            ):
                 shown = ", ".join(other[:3]) or "runs/ with files"
-                raise StateError(f"{self.dir}: not a mecsim state folder (it holds {shown} "
-                                 f"but no {DB_NAME}); give a new or empty folder")
+                raise StateError(
+                    f"{self.dir}: not a mecsim state folder (it holds {shown} "
+                    f"but no {DB_NAME}); give a new or empty folder"
+                )
 
     def _take_lock(self) -> None:
         path = self.dir / LOCK_NAME
@@ -218,8 +221,7 @@ class Store:
             f.seek(0)
             holder = f.read().strip() or "?"
             f.close()
-            raise StateError(f"{self.dir}: in use by another mecsim serve (pid {holder})") \
-                from None
+            raise StateError(f"{self.dir}: in use by another mecsim serve (pid {holder})") from None
         f.seek(0)
         f.truncate()
         f.write(str(os.getpid()))
@@ -230,23 +232,27 @@ class Store:
         db = self.dir / DB_NAME
         fresh = not db.exists() or db.stat().st_size == 0
         try:
-            conn = sqlite3.connect(db, check_same_thread=False, isolation_level=None,
-                                   timeout=30)
+            conn = sqlite3.connect(db, check_same_thread=False, isolation_level=None, timeout=30)
             conn.row_factory = sqlite3.Row
             if fresh:  # one transaction: a half-made database is never left behind
-                conn.executescript(f"BEGIN IMMEDIATE;\n{_SCHEMA}\n"
-                                   f"PRAGMA application_id = {APPLICATION_ID};\n"
-                                   f"PRAGMA user_version = {SCHEMA_VERSION};\nCOMMIT;")
+                conn.executescript(
+                    f"BEGIN IMMEDIATE;\n{_SCHEMA}\n"
+                    f"PRAGMA application_id = {APPLICATION_ID};\n"
+                    f"PRAGMA user_version = {SCHEMA_VERSION};\nCOMMIT;"
+                )
             app_id = conn.execute("PRAGMA application_id").fetchone()[0]
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if app_id != APPLICATION_ID:
                 conn.close()
-                raise StateError(f"{db}: a SQLite database of another application, not a "
-                                 "mecsim state database")
+                raise StateError(
+                    f"{db}: a SQLite database of another application, not a mecsim state database"
+                )
             if version > SCHEMA_VERSION:
                 conn.close()
-                raise StateError(f"{db}: made by a newer mecsim (schema {version}; this one "
-                                 f"reads {SCHEMA_VERSION})")
+                raise StateError(
+                    f"{db}: made by a newer mecsim (schema {version}; this one "
+                    f"reads {SCHEMA_VERSION})"
+                )
             check = conn.execute("PRAGMA quick_check").fetchone()[0]
             if check != "ok":
                 conn.close()
@@ -263,11 +269,13 @@ class Store:
         writer: a status request does not queue behind a round's commit and its fsync
         (which, on the writer's connection, blocked the API's event loop for as long)."""
         try:
-            conn = sqlite3.connect(self.dir / DB_NAME, check_same_thread=False,
-                                   isolation_level=None, timeout=30)
+            conn = sqlite3.connect(
+                self.dir / DB_NAME, check_same_thread=False, isolation_level=None, timeout=30
+            )
         except sqlite3.DatabaseError as exc:
-            raise StateError(f"{self.dir / DB_NAME}: not a usable mecsim state database "
-                             f"({exc})") from None
+            raise StateError(
+                f"{self.dir / DB_NAME}: not a usable mecsim state database ({exc})"
+            ) from None
         conn.row_factory = sqlite3.Row
         return conn
 
@@ -298,8 +306,9 @@ class Store:
             return self._reader.execute(sql, args).fetchall()
 
     @staticmethod
-    def _history(conn: sqlite3.Connection, run_id: str, status: str, now: float,
-                 note: str | None = None) -> str:
+    def _history(
+        conn: sqlite3.Connection, run_id: str, status: str, now: float, note: str | None = None
+    ) -> str:
         row = conn.execute("SELECT history FROM runs WHERE id = ?", (run_id,)).fetchone()
         hist = json.loads(row["history"]) if row else []
         entry: dict[str, Any] = {"status": status, "at": now}
@@ -313,21 +322,40 @@ class Store:
     def run_dir(self, run_id: str) -> Path:
         return self.runs_dir / run_id
 
-    def add_run(self, run_id: str, name: str, algorithm: str, scenario_yaml: str,
-                rounds_planned: int, max_waiting: int) -> Run:
+    def add_run(
+        self,
+        run_id: str,
+        name: str,
+        algorithm: str,
+        scenario_yaml: str,
+        rounds_planned: int,
+        max_waiting: int,
+    ) -> Run:
         """Queue a run; :class:`QueueFull` when ``max_waiting`` runs already wait."""
         now = time.time()
         with self._tx() as c:
-            waiting = c.execute(f"SELECT count(*) FROM runs WHERE status IN "
-                                f"({','.join('?' * len(WAITING))})", WAITING).fetchone()[0]
+            waiting = c.execute(
+                f"SELECT count(*) FROM runs WHERE status IN ({','.join('?' * len(WAITING))})",
+                WAITING,
+            ).fetchone()[0]
             if waiting >= max_waiting:
-                raise QueueFull(f"{waiting} runs are waiting (the service's bound is "
-                                f"{max_waiting}); submit again later")
+                raise QueueFull(
+                    f"{waiting} runs are waiting (the service's bound is "
+                    f"{max_waiting}); submit again later"
+                )
             c.execute(
                 "INSERT INTO runs (id, name, algorithm, status, submitted_at, rounds_planned,"
                 " scenario_yaml, history) VALUES (?, ?, ?, 'queued', ?, ?, ?, ?)",
-                (run_id, name, algorithm, now, rounds_planned, scenario_yaml,
-                 json.dumps([{"status": "queued", "at": now}])))
+                (
+                    run_id,
+                    name,
+                    algorithm,
+                    now,
+                    rounds_planned,
+                    scenario_yaml,
+                    json.dumps([{"status": "queued", "at": now}]),
+                ),
+            )
         run = self.get_run(run_id)
         assert run is not None
         return run
@@ -336,16 +364,18 @@ class Store:
         rows = self._query("SELECT * FROM runs WHERE id = ?", (run_id,))
         return _run(rows[0]) if rows else None
 
-    def list_runs(self, statuses: list[str] | None = None, limit: int = 100,
-                  offset: int = 0) -> tuple[list[Run], int]:
+    def list_runs(
+        self, statuses: list[str] | None = None, limit: int = 100, offset: int = 0
+    ) -> tuple[list[Run], int]:
         """Runs, newest first, and how many match in all."""
         where, args = "", cast(tuple[str, ...], ())
         if statuses:
             where = f"WHERE status IN ({','.join('?' * len(statuses))})"
             args = tuple(statuses)
         total = self._query(f"SELECT count(*) FROM runs {where}", args)[0][0]
-        rows = self._query(f"SELECT * FROM runs {where} ORDER BY seq DESC LIMIT ? OFFSET ?",
-                           (*args, limit, offset))
+        rows = self._query(
+            f"SELECT * FROM runs {where} ORDER BY seq DESC LIMIT ? OFFSET ?", (*args, limit, offset)
+        )
         return [_run(r) for r in rows], total
 
     def counts(self) -> dict[str, int]:
@@ -366,22 +396,28 @@ class Store:
         """
         now = time.time()
         with self._tx() as c:
-            row = c.execute(f"SELECT * FROM runs WHERE status IN "
-                            f"({','.join('?' * len(WAITING))}) ORDER BY seq LIMIT 1",
-                            WAITING).fetchone()
+            row = c.execute(
+                f"SELECT * FROM runs WHERE status IN "
+                f"({','.join('?' * len(WAITING))}) ORDER BY seq LIMIT 1",
+                WAITING,
+            ).fetchone()
             if row is None:
                 return None
             run = _run(row)
-            c.execute("UPDATE runs SET status = 'running', started_at = ?, finished_at = NULL,"
-                      " attempts = attempts + 1, history = ? WHERE id = ?",
-                      (now, self._history(c, run.id, "running", now), run.id))
+            c.execute(
+                "UPDATE runs SET status = 'running', started_at = ?, finished_at = NULL,"
+                " attempts = attempts + 1, history = ? WHERE id = ?",
+                (now, self._history(c, run.id, "running", now), run.id),
+            )
         return run
 
     def round_done(self, run_id: str, rnd: int, row: dict[str, Any]) -> None:
         """Record a finished round and the run's running figures (one transaction)."""
         with self._tx() as c:
-            c.execute("INSERT OR REPLACE INTO rounds (run_id, round, row) VALUES (?, ?, ?)",
-                      (run_id, rnd, _row_json(row)))
+            c.execute(
+                "INSERT OR REPLACE INTO rounds (run_id, round, row) VALUES (?, ?, ?)",
+                (run_id, rnd, _row_json(row)),
+            )
             self._refresh_figures(c, run_id)
 
     @staticmethod
@@ -393,7 +429,9 @@ class Store:
             " emulated_s = (SELECT json_extract(row, '$.elapsed_s') FROM rounds"
             "  WHERE run_id = :id ORDER BY round DESC LIMIT 1),"
             " host_wall_s = (SELECT coalesce(sum(json_extract(row, '$.host_wall_s')), 0)"
-            "  FROM rounds WHERE run_id = :id) WHERE id = :id", {"id": run_id})
+            "  FROM rounds WHERE run_id = :id) WHERE id = :id",
+            {"id": run_id},
+        )
 
     def replace_rounds(self, run_id: str, rows: list[dict[str, Any]]) -> None:
         """The run's rounds are ``rows`` (each with its ``round``), in one transaction:
@@ -413,27 +451,43 @@ class Store:
 
     def rounds(self, run_id: str, after: int = -1) -> list[dict[str, Any]]:
         """The run's round rows with ``round > after``, in order."""
-        rows = self._query("SELECT row FROM rounds WHERE run_id = ? AND round > ? "
-                           "ORDER BY round", (run_id, after))
+        rows = self._query(
+            "SELECT row FROM rounds WHERE run_id = ? AND round > ? ORDER BY round", (run_id, after)
+        )
         return [json.loads(r["row"]) for r in rows]
 
     def last_round(self, run_id: str) -> dict[str, Any] | None:
-        rows = self._query("SELECT row FROM rounds WHERE run_id = ? ORDER BY round DESC "
-                           "LIMIT 1", (run_id,))
+        rows = self._query(
+            "SELECT row FROM rounds WHERE run_id = ? ORDER BY round DESC LIMIT 1", (run_id,)
+        )
         return json.loads(rows[0]["row"]) if rows else None
 
-
-    def set_status(self, run_id: str, status: str, *, error: str | None = None,
-                   traceback: str | None = None, note: str | None = None) -> None:
+    def set_status(
+        self,
+        run_id: str,
+        status: str,
+        *,
+        error: str | None = None,
+        traceback: str | None = None,
+        note: str | None = None,
+    ) -> None:
         if status not in STATUSES:
             raise ValueError(f"unknown status {status!r}")
         now = time.time()
         done = now if status in TERMINAL else None
         with self._tx() as c:
-            c.execute("UPDATE runs SET status = ?, finished_at = ?, error = ?, traceback = ?,"
-                      " history = ? WHERE id = ?",
-                      (status, done, error, traceback,
-                       self._history(c, run_id, status, now, note), run_id))
+            c.execute(
+                "UPDATE runs SET status = ?, finished_at = ?, error = ?, traceback = ?,"
+                " history = ? WHERE id = ?",
+                (
+                    status,
+                    done,
+                    error,
+                    traceback,
+                    self._history(c, run_id, status, now, note),
+                    run_id,
+                ),
+            )
 
     def request_cancel(self, run_id: str) -> str | None:
         """Cancel: a waiting run is cancelled at once (returns ``"cancelled"``); a running
@@ -446,10 +500,15 @@ class Store:
                 return None
             status = row["status"]
             if status in WAITING:
-                c.execute("UPDATE runs SET status = 'cancelled', finished_at = ?, "
-                          "cancel_requested = 1, history = ? WHERE id = ?",
-                          (now, self._history(c, run_id, "cancelled", now,
-                                              f"cancelled while {status}"), run_id))
+                c.execute(
+                    "UPDATE runs SET status = 'cancelled', finished_at = ?, "
+                    "cancel_requested = 1, history = ? WHERE id = ?",
+                    (
+                        now,
+                        self._history(c, run_id, "cancelled", now, f"cancelled while {status}"),
+                        run_id,
+                    ),
+                )
                 return "cancelled"
             if status == "running":
                 c.execute("UPDATE runs SET cancel_requested = 1 WHERE id = ?", (run_id,))
@@ -466,9 +525,15 @@ class Store:
         with self._tx() as c:
             ids = [r["id"] for r in c.execute("SELECT id FROM runs WHERE status = 'running'")]
             for run_id in ids:
-                c.execute("UPDATE runs SET status = 'interrupted', history = ? WHERE id = ?",
-                          (self._history(c, run_id, "interrupted", now,
-                                         "the server stopped while it ran"), run_id))
+                c.execute(
+                    "UPDATE runs SET status = 'interrupted', history = ? WHERE id = ?",
+                    (
+                        self._history(
+                            c, run_id, "interrupted", now, "the server stopped while it ran"
+                        ),
+                        run_id,
+                    ),
+                )
         return ids
 
     # ------------------------------------------------------------------ sweeps
@@ -478,8 +543,10 @@ class Store:
 
     def add_sweep(self, sweep_id: str, request: dict[str, Any]) -> Sweep:
         with self._tx() as c:
-            c.execute("INSERT INTO sweeps (id, status, created_at, request) VALUES "
-                      "(?, 'queued', ?, ?)", (sweep_id, time.time(), json.dumps(request)))
+            c.execute(
+                "INSERT INTO sweeps (id, status, created_at, request) VALUES (?, 'queued', ?, ?)",
+                (sweep_id, time.time(), json.dumps(request)),
+            )
         sweep = self.get_sweep(sweep_id)
         assert sweep is not None
         return sweep
@@ -491,10 +558,13 @@ class Store:
     def set_sweep_status(self, sweep_id: str, status: str, error: str | None = None) -> None:
         done = time.time() if status in TERMINAL else None
         with self._tx() as c:
-            c.execute("UPDATE sweeps SET status = ?, finished_at = ?, error = ? WHERE id = ?",
-                      (status, done, error, sweep_id))
+            c.execute(
+                "UPDATE sweeps SET status = ?, finished_at = ?, error = ? WHERE id = ?",
+                (status, done, error, sweep_id),
+            )
 
     def waiting_sweeps(self) -> list[Sweep]:
-        rows = self._query("SELECT * FROM sweeps WHERE status IN ('queued', 'running') "
-                           "ORDER BY seq")
+        rows = self._query(
+            "SELECT * FROM sweeps WHERE status IN ('queued', 'running') ORDER BY seq"
+        )
         return [_sweep(r) for r in rows]

@@ -46,8 +46,7 @@ from mecsim.scenario.overrides import OverrideError, check_path
 #: Scenario fields that name files or folders to read: each must lie under --data-root.
 PATH_FIELDS = ("dataset.root", "channel.path")
 #: Scenario fields the service sets itself (see :func:`service_settings`).
-SERVICE_FIELDS = ("outputs.dir", "outputs.run_id", "execution.backend",
-                  "execution.ray_address")
+SERVICE_FIELDS = ("outputs.dir", "outputs.run_id", "execution.backend", "execution.ray_address")
 #: What a submission is called in problems (the file has no name on the server).
 SOURCE = "scenario"
 
@@ -76,8 +75,11 @@ def _problems(exc: ScenarioError, spool: Path) -> list[Problem]:
         line = line.replace(str(spool), SOURCE)
         rest = line.removeprefix(f"{SOURCE}:").strip()
         field, sep, msg = rest.partition(": ")
-        out.append(Problem(field.strip() or "(top level)", msg.strip()) if sep
-                   else Problem("(top level)", rest))
+        out.append(
+            Problem(field.strip() or "(top level)", msg.strip())
+            if sep
+            else Problem("(top level)", rest)
+        )
     return out
 
 
@@ -133,14 +135,24 @@ def confine(data: dict[str, Any], data_root: Path | None) -> list[Problem]:
         if value is None:
             continue
         if root is None:
-            problems.append(Problem(dotted, "this service reads no files named by submitted "
-                                    "scenarios (it was started without --data-root)"))
+            problems.append(
+                Problem(
+                    dotted,
+                    "this service reads no files named by submitted "
+                    "scenarios (it was started without --data-root)",
+                )
+            )
             continue
         path = Path(str(value)).expanduser()
         full = (path if path.is_absolute() else root / path).resolve()
         if not full.is_relative_to(root):
-            problems.append(Problem(dotted, f"{value!r} is outside the service's data root; "
-                                    "give a path under it (relative paths are taken from it)"))
+            problems.append(
+                Problem(
+                    dotted,
+                    f"{value!r} is outside the service's data root; "
+                    "give a path under it (relative paths are taken from it)",
+                )
+            )
             continue
         _put(data, dotted, str(full))
     return problems
@@ -169,9 +181,15 @@ def scenario_text(scenario: str | Mapping[str, Any] | None) -> str:
     return yaml.safe_dump(dict(scenario), sort_keys=False)
 
 
-def prepare_submission(scenario: str | Mapping[str, Any] | None, *, rounds: int | None,
-                       overrides: Mapping[str, Any], data_root: Path | None, tmp_dir: Path,
-                       runs_dir: Path) -> tuple[str, Scenario]:
+def prepare_submission(
+    scenario: str | Mapping[str, Any] | None,
+    *,
+    rounds: int | None,
+    overrides: Mapping[str, Any],
+    data_root: Path | None,
+    tmp_dir: Path,
+    runs_dir: Path,
+) -> tuple[str, Scenario]:
     """Validate, override, confine and place a submission: (run id, scenario to run)."""
 
     sc = _validate_text(scenario_text(scenario), tmp_dir)
@@ -181,13 +199,21 @@ def prepare_submission(scenario: str | Mapping[str, Any] | None, *, rounds: int 
         changes["rounds"] = rounds
     problems = []
     for path, value in changes.items():
-        if path in SERVICE_FIELDS or (path.split(".")[0] in ("execution", "outputs")
-                                      and path not in ("execution.hosts",
-                                                       "execution.stream_aggregation",
-                                                       "outputs.table_format",
-                                                       "outputs.save_optraces")):
-            problems.append(Problem(path, "set by the service (runs use its Ray and write "
-                                    "under its state folder)"))
+        if path in SERVICE_FIELDS or (
+            path.split(".")[0] in ("execution", "outputs")
+            and path
+            not in (
+                "execution.hosts",
+                "execution.stream_aggregation",
+                "outputs.table_format",
+                "outputs.save_optraces",
+            )
+        ):
+            problems.append(
+                Problem(
+                    path, "set by the service (runs use its Ray and write under its state folder)"
+                )
+            )
             continue
         try:
             check_path(data, path)
@@ -199,12 +225,12 @@ def prepare_submission(scenario: str | Mapping[str, Any] | None, *, rounds: int 
         raise Rejected(problems)
     if changes:  # the overridden scenario is checked again, field by field
         data = _validate_text(yaml.safe_dump(data, sort_keys=False), tmp_dir).model_dump(
-            mode="json")
+            mode="json"
+        )
     problems = confine(data, data_root)
     if problems:
         raise Rejected(problems)
     run_id = new_run_id(sc.name)
     service_settings(data, run_id, runs_dir)
-    final = _validate_text(resolved_yaml(Scenario.model_validate(data)), tmp_dir,
-                           preflight=True)
+    final = _validate_text(resolved_yaml(Scenario.model_validate(data)), tmp_dir, preflight=True)
     return run_id, final

@@ -30,8 +30,14 @@ def new_sweep_id() -> str:
     return f"sweep-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
 
 
-def check_sweep(store: Store, runs: list[str], sets: list[str], metric: str,
-                target_accuracy: float | None, data_root: Path | None) -> dict[str, list]:
+def check_sweep(
+    store: Store,
+    runs: list[str],
+    sets: list[str],
+    metric: str,
+    target_accuracy: float | None,
+    data_root: Path | None,
+) -> dict[str, list]:
     """The parsed grid of a valid request; :class:`Rejected` naming each problem."""
 
     problems: list[Problem] = []
@@ -42,8 +48,9 @@ def check_sweep(store: Store, runs: list[str], sets: list[str], metric: str,
         if run is None:
             problems.append(Problem(f"runs.{i}", f"no run {run_id!r}"))
         elif run.status != "finished":
-            problems.append(Problem(f"runs.{i}", f"run {run_id} is {run.status}; sweeps "
-                                    "replay finished runs"))
+            problems.append(
+                Problem(f"runs.{i}", f"run {run_id} is {run.status}; sweeps replay finished runs")
+            )
     grid: dict[str, list] = {}
     for i, text in enumerate(sets):
         try:
@@ -54,14 +61,20 @@ def check_sweep(store: Store, runs: list[str], sets: list[str], metric: str,
         if path in grid:
             problems.append(Problem(f"set.{i}", f"{path} is given twice"))
         elif not is_timing_path(path):
-            problems.append(Problem(f"set.{i}", f"{path} changes what the clients execute; "
-                                    "the service replays only channel.*, devices.*, "
-                                    "deadline_s, backhaul.* (no retraining)"))
+            problems.append(
+                Problem(
+                    f"set.{i}",
+                    f"{path} changes what the clients execute; "
+                    "the service replays only channel.*, devices.*, "
+                    "deadline_s, backhaul.* (no retraining)",
+                )
+            )
         grid[path] = values
     numeric = [c for c in METRIC_COLUMNS if c not in ("source", "notes")]
     if metric not in numeric:
-        problems.append(Problem("metric", f"{metric!r} is not a sweep column; one of: "
-                                f"{', '.join(numeric)}"))
+        problems.append(
+            Problem("metric", f"{metric!r} is not a sweep column; one of: {', '.join(numeric)}")
+        )
     if metric in ("time_to_target_s", "rounds_to_target") and target_accuracy is None:
         problems.append(Problem("target_accuracy", f"metric {metric} needs it"))
     if problems:
@@ -75,13 +88,15 @@ def check_sweep(store: Store, runs: list[str], sets: list[str], metric: str,
             try:
                 sc = apply_overrides(recorded.scenario, point, "scenario")
             except OverrideError as exc:
-                raise Rejected([Problem("set", line) for line in str(exc).splitlines()]) \
-                    from None
+                raise Rejected([Problem("set", line) for line in str(exc).splitlines()]) from None
             # a recorded run's own paths were confined when it was submitted
             before = recorded.scenario.model_dump(mode="json")
             after = sc.model_dump(mode="json")
-            bad = [p for p in confine(after, data_root)
-                   if _value(after, p.field) != _value(before, p.field)]
+            bad = [
+                p
+                for p in confine(after, data_root)
+                if _value(after, p.field) != _value(before, p.field)
+            ]
             if bad:
                 raise Rejected(bad)
     return grid
@@ -130,8 +145,12 @@ class SweepRunner:
         self.store.set_sweep_status(sweep_id, "running")
         try:
             grid = dict(parse_set(s) for s in req["set"])
-            frame = sweep([self.store.run_dir(r) for r in req["runs"]], grid,
-                          target_accuracy=req.get("target_accuracy"), workers=1)
+            frame = sweep(
+                [self.store.run_dir(r) for r in req["runs"]],
+                grid,
+                target_accuracy=req.get("target_accuracy"),
+                workers=1,
+            )
             out = self.store.sweep_dir(sweep_id)
             out.mkdir(parents=True, exist_ok=True)
             frame.to_csv(out / "sweep.csv", index=False)

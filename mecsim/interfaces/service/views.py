@@ -33,17 +33,33 @@ def plot_names(store: Store, run_id: str) -> list[str]:
 
 def run_view(store: Store, run: Run, request: Request) -> RunView:
     return RunView(
-        id=run.id, url=str(request.url_for("get_run", run_id=run.id)), name=run.name,
-        algorithm=run.algorithm, status=cast(RunStatus, run.status),
+        id=run.id,
+        url=str(request.url_for("get_run", run_id=run.id)),
+        name=run.name,
+        algorithm=run.algorithm,
+        status=cast(RunStatus, run.status),
         submitted_at=datetime.fromtimestamp(run.submitted_at, tz=timezone.utc),
-        started_at=when(run.started_at), finished_at=when(run.finished_at),
-        rounds_done=run.rounds_done, rounds_planned=run.rounds_planned,
-        last_round=store.last_round(run.id), best_accuracy=run.best_accuracy,
-        emulated_s=run.emulated_s, eta_s=run.eta_s, error=run.error, attempts=run.attempts,
-        cancel_requested=run.cancel_requested, plots=plot_names(store, run.id),
-        history=[HistoryEntry(status=h["status"], at=datetime.fromtimestamp(h["at"], timezone.utc),
-                              note=h.get("note"))
-                 for h in run.history])
+        started_at=when(run.started_at),
+        finished_at=when(run.finished_at),
+        rounds_done=run.rounds_done,
+        rounds_planned=run.rounds_planned,
+        last_round=store.last_round(run.id),
+        best_accuracy=run.best_accuracy,
+        emulated_s=run.emulated_s,
+        eta_s=run.eta_s,
+        error=run.error,
+        attempts=run.attempts,
+        cancel_requested=run.cancel_requested,
+        plots=plot_names(store, run.id),
+        history=[
+            HistoryEntry(
+                status=h["status"],
+                at=datetime.fromtimestamp(h["at"], timezone.utc),
+                note=h.get("note"),
+            )
+            for h in run.history
+        ],
+    )
 
 
 def read_records(store: Store, run: Run, name: str) -> pd.DataFrame | None:
@@ -84,8 +100,11 @@ def table_response(frame: pd.DataFrame, fmt: str, name: str) -> Response:
     if fmt == "parquet":
         buf = io.BytesIO()
         frame.to_parquet(buf, index=False)
-        return Response(buf.getvalue(), media_type="application/vnd.apache.parquet",
-                        headers={"Content-Disposition": f'attachment; filename="{name}.parquet"'})
+        return Response(
+            buf.getvalue(),
+            media_type="application/vnd.apache.parquet",
+            headers={"Content-Disposition": f'attachment; filename="{name}.parquet"'},
+        )
     return Response(frame.to_json(orient="records"), media_type="application/json")
 
 

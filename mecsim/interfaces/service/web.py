@@ -40,8 +40,11 @@ def _fmt_time(ts: float | None) -> str:
 
 
 def _row(run: Run) -> dict[str, Any]:
-    return {"run": run, "submitted": _fmt_time(run.submitted_at),
-            "percent": int(100 * run.rounds_done / max(1, run.rounds_planned))}
+    return {
+        "run": run,
+        "submitted": _fmt_time(run.submitted_at),
+        "percent": int(100 * run.rounds_done / max(1, run.rounds_planned)),
+    }
 
 
 def _summary_tables(store: Store, run: Run) -> list[dict[str, Any]]:
@@ -49,9 +52,10 @@ def _summary_tables(store: Store, run: Run) -> list[dict[str, Any]]:
     if frame is None or frame.empty:
         return []
     th, tc, ch, cc = table_rows(summarise(frame.to_dict("records")))
-    return [{"title": "Average time per round (emulated, critical path)", "header": th,
-             "cells": tc},
-            {"title": "Communication and computation per round", "header": ch, "cells": cc}]
+    return [
+        {"title": "Average time per round (emulated, critical path)", "header": th, "cells": tc},
+        {"title": "Communication and computation per round", "header": ch, "cells": cc},
+    ]
 
 
 def parse_set_lines(text: str) -> dict[str, Any]:
@@ -67,8 +71,9 @@ def parse_set_lines(text: str) -> dict[str, Any]:
             problems.append(Problem("set", str(exc)))
             continue
         if len(values) != 1:
-            problems.append(Problem(path, f"one value per run, got {len(values)} "
-                                    "(a list is written [a, b])"))
+            problems.append(
+                Problem(path, f"one value per run, got {len(values)} (a list is written [a, b])")
+            )
             continue
         out[path] = values[0]
     if problems:
@@ -76,8 +81,12 @@ def parse_set_lines(text: str) -> dict[str, Any]:
     return out
 
 
-def web_router(store: Store, config: Any, authorised: Callable,
-               submit_form: Callable[[str, int | None, dict[str, Any]], Run]) -> APIRouter:
+def web_router(
+    store: Store,
+    config: Any,
+    authorised: Callable,
+    submit_form: Callable[[str, int | None, dict[str, Any]], Run],
+) -> APIRouter:
     templates = Jinja2Templates(directory=str(TEMPLATES))
     router = APIRouter(dependencies=[Depends(authorised)])
 
@@ -88,29 +97,40 @@ def web_router(store: Store, config: Any, authorised: Callable,
     def index(request: Request):
         runs, total = store.list_runs(limit=200)
         active = any(r.status not in TERMINAL for r in runs)
-        return page(request, "index.html", rows=[_row(r) for r in runs], total=total,
-                    refresh=REFRESH_S if active else None, counts=store.counts())
+        return page(
+            request,
+            "index.html",
+            rows=[_row(r) for r in runs],
+            total=total,
+            refresh=REFRESH_S if active else None,
+            counts=store.counts(),
+        )
 
-    def submit_page(request: Request, problems: list[Problem] | None = None,
-                    status_code: int = 200, message: str | None = None):
-        return page(request, "submit.html", status_code, problems=problems or [],
-                    message=message)
+    def submit_page(
+        request: Request,
+        problems: list[Problem] | None = None,
+        status_code: int = 200,
+        message: str | None = None,
+    ):
+        return page(request, "submit.html", status_code, problems=problems or [], message=message)
 
     @router.get("/ui/submit", response_class=HTMLResponse)
     def submit_form_page(request: Request):
         return submit_page(request)
 
     @router.post("/ui/runs", response_class=HTMLResponse)
-    async def submit(request: Request, scenario: Annotated[UploadFile, File()],
-                     rounds: Annotated[str, Form()] = "",
-                     overrides: Annotated[str, Form()] = ""):
+    async def submit(
+        request: Request,
+        scenario: Annotated[UploadFile, File()],
+        rounds: Annotated[str, Form()] = "",
+        overrides: Annotated[str, Form()] = "",
+    ):
         text = (await scenario.read()).decode("utf-8", errors="replace")
         try:
             n = None
             if rounds.strip():
                 if not re.fullmatch(r"\d{1,7}", rounds.strip()) or int(rounds) < 1:
-                    raise Rejected([Problem("rounds", f"{rounds!r} is not a whole number "
-                                            ">= 1")])
+                    raise Rejected([Problem("rounds", f"{rounds!r} is not a whole number >= 1")])
                 n = int(rounds)
             run = submit_form(text, n, parse_set_lines(overrides))
         except Rejected as exc:
@@ -120,8 +140,7 @@ def web_router(store: Store, config: Any, authorised: Callable,
         return RedirectResponse(f"/ui/runs/{run.id}", status_code=303)
 
     def get_run(run_id: str) -> Run:
-        run = store.get_run(run_id) if re.fullmatch(r"[a-z0-9][a-z0-9-]{0,99}", run_id) \
-            else None
+        run = store.get_run(run_id) if re.fullmatch(r"[a-z0-9][a-z0-9-]{0,99}", run_id) else None
         if run is None:
             raise HTTPException(404, f"no run {run_id!r}")
         return run
@@ -129,15 +148,22 @@ def web_router(store: Store, config: Any, authorised: Callable,
     @router.get("/ui/runs/{run_id}", response_class=HTMLResponse)
     def run_page(run_id: str, request: Request):
         run = get_run(run_id)
-        return page(request, "run.html", run=run,
-                    percent=int(100 * run.rounds_done / max(1, run.rounds_planned)),
-                    tables=_summary_tables(store, run), plots=plot_names(store, run.id),
-                    history=[{**h, "at": _fmt_time(h["at"])} for h in run.history],
-                    times={"submitted": _fmt_time(run.submitted_at),
-                           "started": _fmt_time(run.started_at),
-                           "finished": _fmt_time(run.finished_at)},
-                    ended=run.status in TERMINAL,
-                    refresh=None if run.status in TERMINAL else REFRESH_S)
+        return page(
+            request,
+            "run.html",
+            run=run,
+            percent=int(100 * run.rounds_done / max(1, run.rounds_planned)),
+            tables=_summary_tables(store, run),
+            plots=plot_names(store, run.id),
+            history=[{**h, "at": _fmt_time(h["at"])} for h in run.history],
+            times={
+                "submitted": _fmt_time(run.submitted_at),
+                "started": _fmt_time(run.started_at),
+                "finished": _fmt_time(run.finished_at),
+            },
+            ended=run.status in TERMINAL,
+            refresh=None if run.status in TERMINAL else REFRESH_S,
+        )
 
     @router.post("/ui/runs/{run_id}/cancel")
     def cancel(run_id: str):

@@ -101,10 +101,16 @@ class _StoreRounds(RunObserver):
 class Worker:
     """Runs queued runs, ``workers`` at a time, on one Ray instance."""
 
-    def __init__(self, store: Store, *, workers: int = 1, ray_address: str | None = None,
-                 exporter: Callable[[str], RunObserver] | None = None,
-                 on_finished: Callable[[str], None] | None = None,
-                 shutdown_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        workers: int = 1,
+        ray_address: str | None = None,
+        exporter: Callable[[str], RunObserver] | None = None,
+        on_finished: Callable[[str], None] | None = None,
+        shutdown_timeout_s: float = 60.0,
+    ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         self.store = store
@@ -131,8 +137,7 @@ class Worker:
         return self._ready.is_set() and not self._stopping.is_set()
 
     def start(self) -> None:
-        self._supervisor = threading.Thread(target=self._supervise, name="mecsim-ray",
-                                            daemon=True)
+        self._supervisor = threading.Thread(target=self._supervise, name="mecsim-ray", daemon=True)
         self._supervisor.start()
 
     def wake(self) -> None:
@@ -147,9 +152,14 @@ class Worker:
         self.wake()
         running = sorted(self.busy.values())
         if running:
-            log.info("mecsim serve: stopping: waiting for %d running run(s) to end their "
-                     "round (%s), at most %.0f s (--shutdown-timeout); they resume at the "
-                     "next start", len(running), ", ".join(running), self.shutdown_timeout_s)
+            log.info(
+                "mecsim serve: stopping: waiting for %d running run(s) to end their "
+                "round (%s), at most %.0f s (--shutdown-timeout); they resume at the "
+                "next start",
+                len(running),
+                ", ".join(running),
+                self.shutdown_timeout_s,
+            )
         else:
             log.info("mecsim serve: stopping (no run is running)")
         started = time.monotonic()
@@ -157,12 +167,16 @@ class Worker:
             self._supervisor.join(self.shutdown_timeout_s + 30)
         left = sorted(self.busy.values())
         if left:
-            log.warning("mecsim serve: stopped waiting after %.0f s; still running: %s "
-                        "(marked interrupted at the next start)", time.monotonic() - started,
-                        ", ".join(left))
+            log.warning(
+                "mecsim serve: stopped waiting after %.0f s; still running: %s "
+                "(marked interrupted at the next start)",
+                time.monotonic() - started,
+                ", ".join(left),
+            )
         elif running:
-            log.info("mecsim serve: every run ended its round in %.1f s",
-                     time.monotonic() - started)
+            log.info(
+                "mecsim serve: every run ended its round in %.1f s", time.monotonic() - started
+            )
 
     def _supervise(self) -> None:
         try:
@@ -173,9 +187,12 @@ class Worker:
             self._stopped.set()
             return
         self._ready.set()
-        self._threads = [threading.Thread(target=self._loop, args=(slot,), daemon=True,
-                                          name=f"mecsim-worker-{slot}")
-                         for slot in range(self.workers)]
+        self._threads = [
+            threading.Thread(
+                target=self._loop, args=(slot,), daemon=True, name=f"mecsim-worker-{slot}"
+            )
+            for slot in range(self.workers)
+        ]
         for t in self._threads:
             t.start()
         self._stopping.wait()
@@ -193,7 +210,8 @@ class Worker:
 
         # Ray warns that it sets no SIGTERM handler outside the main thread: uvicorn has one
         logging.getLogger("ray._private.worker").addFilter(
-            lambda record: "SIGTERM handler is not set" not in record.getMessage())
+            lambda record: "SIGTERM handler is not set" not in record.getMessage()
+        )
 
         # as `mecsim run` starts Ray (on loopback) or attaches to --ray-address; each of the
         # concurrent runs may place one host actor per core (an embedding process's Ray
@@ -218,10 +236,12 @@ class Worker:
     def _should_stop(self, run_id: str) -> Callable[[], str | bool]:
         """After each round: ``interrupted`` when the server stops (the run resumes when it
         starts again), ``cancelled`` when a user cancelled it, else False."""
+
         def stop() -> str | bool:
             if self._stopping.is_set():
                 return "interrupted"
             return "cancelled" if self.store.cancel_requested(run_id) else False
+
         return stop
 
     def _scenario(self, run: Run) -> Scenario:
@@ -229,8 +249,10 @@ class Worker:
 
     def _observers(self, run: Run, scenario: Scenario, out_dir: Path) -> list[RunObserver]:
         # figures drawn in a child process: matplotlib would hold the GIL the API shares
-        observers: list[RunObserver] = [_StoreRounds(self.store, run.id),
-                                        ChildPlotWriter(out_dir / "plots")]
+        observers: list[RunObserver] = [
+            _StoreRounds(self.store, run.id),
+            ChildPlotWriter(out_dir / "plots"),
+        ]
         if self.exporter is not None and scenario.metrics.enabled:
             observers.append(self.exporter(run.id))  # a new exporter per run
         return observers
@@ -242,9 +264,14 @@ class Worker:
         out_dir = self.store.run_dir(run.id)
         gate = _PrepareGate(self._prepare_lock)
         try:
-            return run_in_folder(scenario, out_dir, source=f"run {run.id}",
-                                 observers=[gate, *self._observers(run, scenario, out_dir)],
-                                 should_stop=self._should_stop(run.id), backend="ray").rows
+            return run_in_folder(
+                scenario,
+                out_dir,
+                source=f"run {run.id}",
+                observers=[gate, *self._observers(run, scenario, out_dir)],
+                should_stop=self._should_stop(run.id),
+                backend="ray",
+            ).rows
         finally:
             gate.release()  # if prepare failed
 
@@ -262,8 +289,10 @@ class Worker:
             while True:
                 try:
                     target = prepare_resume(
-                        out_dir, warn=lambda m: log.warning("mecsim serve: %s", m),
-                        keep_finished_lock=True)
+                        out_dir,
+                        warn=lambda m: log.warning("mecsim serve: %s", m),
+                        keep_finished_lock=True,
+                    )
                     break
                 except RunFolderInUse:
                     # processes of a server that was killed may take a moment to go
@@ -296,9 +325,13 @@ class Worker:
             gate = _PrepareGate(self._prepare_lock)
             try:
                 return run_in_folder(
-                    None, resume=target, source=f"run {run.id}",
+                    None,
+                    resume=target,
+                    source=f"run {run.id}",
                     observers=[gate, *self._observers(run, target.scenario, out_dir)],
-                    should_stop=self._should_stop(run.id), backend="ray").rows
+                    should_stop=self._should_stop(run.id),
+                    backend="ray",
+                ).rows
             finally:
                 gate.release()
         finally:
@@ -310,8 +343,12 @@ class Worker:
         if out_dir.exists():
             kept = out_dir.with_name(f"{run.id}.attempt-{run.attempts}")
             out_dir.rename(kept)
-            log.warning("mecsim serve: run %s restarts from round 0 (%s); its folder is "
-                        "kept in %s", run.id, why, kept)
+            log.warning(
+                "mecsim serve: run %s restarts from round 0 (%s); its folder is kept in %s",
+                run.id,
+                why,
+                kept,
+            )
         self.store.clear_rounds(run.id)
 
     def _adopt_finished(self, run: Run, out_dir: Path) -> list[dict[str, Any]]:
@@ -326,16 +363,24 @@ class Worker:
             rows = rows_from_csv(out_dir / "rounds.csv")
             numbers = [int(row["round"]) for row in rows]
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise RunFolderError(f"{out_dir}: says finished, but its rounds.csv cannot be "
-                                 f"read ({type(exc).__name__}: {exc})") from None
+            raise RunFolderError(
+                f"{out_dir}: says finished, but its rounds.csv cannot be "
+                f"read ({type(exc).__name__}: {exc})"
+            ) from None
         if numbers != list(range(planned)):
-            raise RunFolderError(f"{out_dir}: says finished, but its rounds.csv holds rounds "
-                                 f"{_span(numbers)}, not 0-{planned - 1}")
+            raise RunFolderError(
+                f"{out_dir}: says finished, but its rounds.csv holds rounds "
+                f"{_span(numbers)}, not 0-{planned - 1}"
+            )
         self.store.replace_rounds(run.id, rows)
         self._replay_series(run, out_dir, rows)
         draw_in_child(out_dir, planned)
-        log.warning("mecsim serve: run %s had finished before the server stopped; its %d "
-                    "rounds are kept as they were recorded", run.id, len(rows))
+        log.warning(
+            "mecsim serve: run %s had finished before the server stopped; its %d "
+            "rounds are kept as they were recorded",
+            run.id,
+            len(rows),
+        )
         return rows
 
     def _replay_series(self, run: Run, out_dir: Path, rows: list[dict[str, Any]]) -> None:
@@ -354,10 +399,17 @@ class Worker:
         if (out_dir / "clients.csv").is_file():
             for row in read_csv_exact(out_dir / "clients.csv").to_dict("records"):
                 clients.setdefault(int(row["round"]), []).append(row)
-        info = RunInfo(run.id, scenario, out_dir, int(meta.get("num_params", 0)),
-                       int(meta.get("model_bytes", 0)), int(meta.get("step_memory_bytes", 0)),
-                       float(meta.get("step_flops", 0.0)), list(meta.get("client_devices", [])),
-                       extra={"backend": meta.get("backend", "ray")})
+        info = RunInfo(
+            run.id,
+            scenario,
+            out_dir,
+            int(meta.get("num_params", 0)),
+            int(meta.get("model_bytes", 0)),
+            int(meta.get("step_memory_bytes", 0)),
+            float(meta.get("step_flops", 0.0)),
+            list(meta.get("client_devices", [])),
+            extra={"backend": meta.get("backend", "ray")},
+        )
         exporter.on_run_replay(info, rows, clients, meta.get("checkpoint"))
 
     def _execute(self, run: Run) -> None:
@@ -369,22 +421,27 @@ class Worker:
             if self._stopping.is_set() and not isinstance(exc, (BadRun, ScenarioError)):
                 self.store.set_status(run.id, "interrupted", note=f"server stopping: {first}")
             else:
-                self.store.set_status(run.id, "failed", error=first,
-                                      traceback=traceback.format_exc())
+                self.store.set_status(
+                    run.id, "failed", error=first, traceback=traceback.format_exc()
+                )
                 print(f"mecsim serve: run {run.id} failed: {first}", file=sys.stderr)
         else:
             planned = self._scenario(run).rounds
             if len(rows) >= planned:
                 self.store.set_status(run.id, "finished")
             elif self.store.cancel_requested(run.id):
-                self.store.set_status(run.id, "cancelled",
-                                      note=f"stopped after {len(rows)} of {planned} rounds")
+                self.store.set_status(
+                    run.id, "cancelled", note=f"stopped after {len(rows)} of {planned} rounds"
+                )
             elif self._stopping.is_set():
                 self.store.set_status(run.id, "interrupted", note="the server stopped")
             else:
-                self.store.set_status(run.id, "failed",
-                                      error=f"stopped after {len(rows)} of {planned} rounds "
-                                      "without a cancel or a shutdown")
+                self.store.set_status(
+                    run.id,
+                    "failed",
+                    error=f"stopped after {len(rows)} of {planned} rounds "
+                    "without a cancel or a shutdown",
+                )
         self.on_finished(run.id)
 
 

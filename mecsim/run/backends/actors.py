@@ -28,8 +28,6 @@ from mecsim.run.backends import shared_model, shared_uploads
 HOLD_UPLOADS_BYTES = 64 * 2**20
 
 
-
-
 def _freeze_heap() -> None:
     """Exempt what an actor holds once set up (torch, numpy, its algorithm, its clients'
     data) from Python's garbage collector: a full collection otherwise walks all of it,
@@ -55,10 +53,14 @@ class ClientHostActor(ClientHost):
     _upload_rows: np.ndarray = np.empty((0, 0), dtype=np.float32)
     _own_rows: np.ndarray = np.empty((0, 0), dtype=np.float32)
 
-    def __init__(self, setup: HostSetup, pools: DataPools,
-                 clients: dict[int, tuple[np.ndarray, np.ndarray]],
-                 hold_uploads_bytes: int = HOLD_UPLOADS_BYTES,
-                 uploads_path: str | None = None) -> None:
+    def __init__(
+        self,
+        setup: HostSetup,
+        pools: DataPools,
+        clients: dict[int, tuple[np.ndarray, np.ndarray]],
+        hold_uploads_bytes: int = HOLD_UPLOADS_BYTES,
+        uploads_path: str | None = None,
+    ) -> None:
         super().__init__(setup, pools, clients)
         self.hold_uploads_bytes = hold_uploads_bytes
         self.uploads_path = uploads_path
@@ -75,18 +77,24 @@ class ClientHostActor(ClientHost):
             return None
         try:
             if self._arena is None:
-                self._arena = shared_uploads.UploadArena(Path(self.uploads_path),
-                                                         self.hold_uploads_bytes)
+                self._arena = shared_uploads.UploadArena(
+                    Path(self.uploads_path), self.hold_uploads_bytes
+                )
             return self._arena.rows(slot, n_rows, self.layout.size)
         except OSError as exc:
             logging.getLogger(__name__).warning(
-                "host uploads go through the object store (%s: %s)", self.uploads_path, exc)
+                "host uploads go through the object store (%s: %s)", self.uploads_path, exc
+            )
             self.uploads_path = None
             return None
 
-    def fit(self, rnd: int, tasks: list[ClientTask], lost: frozenset[int] = frozenset(),
-            guests: dict[int, tuple[np.ndarray, np.ndarray]] | None = None
-            ) -> list[ClientResult]:
+    def fit(
+        self,
+        rnd: int,
+        tasks: list[ClientTask],
+        lost: frozenset[int] = frozenset(),
+        guests: dict[int, tuple[np.ndarray, np.ndarray]] | None = None,
+    ) -> list[ClientResult]:
         tasks = _resolve_weights(tasks)
         self._fitting = True
         self._hold_uploads = len(tasks) * self.layout.nbytes <= self.hold_uploads_bytes
@@ -111,16 +119,19 @@ class ClientHostActor(ClientHost):
         """The next row of the upload buffer when this call's uploads are held: an
         algorithm that writes its upload there (FedAvg's get_flat) saves the copy
         :meth:`detach` would make."""
-        if (not self._fitting or not self._hold_uploads
-                or self._held >= len(self._upload_rows)):
+        if not self._fitting or not self._hold_uploads or self._held >= len(self._upload_rows):
             return None
         return self._upload_rows[self._held]
 
     def _is_row(self, w: Any, i: int) -> bool:
         """Whether ``w`` is row ``i`` of this call's upload buffer."""
-        return (isinstance(w, np.ndarray) and i < len(self._upload_rows)
-                and w.shape == (self.layout.size,) and w.dtype == np.float32
-                and w.ctypes.data == self._upload_rows[i].ctypes.data)
+        return (
+            isinstance(w, np.ndarray)
+            and i < len(self._upload_rows)
+            and w.shape == (self.layout.size,)
+            and w.dtype == np.float32
+            and w.ctypes.data == self._upload_rows[i].ctypes.data
+        )
 
     def detach(self, result: ClientResult) -> ClientResult:
         import ray
@@ -146,9 +157,14 @@ class ClientHostActor(ClientHost):
             self._held += 1
         return result
 
-    def fit_split(self, rnd: int, tasks: list[ClientTask], lost: frozenset[int] = frozenset(),
-                  guests: dict[int, tuple[np.ndarray, np.ndarray]] | None = None,
-                  shared_slot: int | None = None) -> tuple[list[ClientResult], Any]:
+    def fit_split(
+        self,
+        rnd: int,
+        tasks: list[ClientTask],
+        lost: frozenset[int] = frozenset(),
+        guests: dict[int, tuple[np.ndarray, np.ndarray]] | None = None,
+        shared_slot: int | None = None,
+    ) -> tuple[list[ClientResult], Any]:
         """:meth:`ClientHost.fit_split`; uploads held in the buffer's rows travel as one
         array (:class:`UploadRows`: one copy into the object store, not one per client),
         or, with ``shared_slot``, stay in that slot of the host's shared file and only
@@ -166,14 +182,15 @@ class ClientHostActor(ClientHost):
         row_bytes = self.layout.nbytes
         at = {c: (w.ctypes.data - base) // row_bytes for c, w in weights.items()}
         if sorted(at.values()) != list(range(self._held)) or not all(
-                self._is_row(w, at[c]) for c, w in weights.items()):
+            self._is_row(w, at[c]) for c, w in weights.items()
+        ):
             return results, weights
         order = sorted(weights, key=at.__getitem__)  # row order
         if self._shared and self._arena is not None and shared_slot is not None:
             return results, shared_uploads.SharedUploadRows(
-                str(self._arena.path), self._arena.offset(shared_slot), order,
-                self.layout.size)
-        return results, UploadRows(order, self._upload_rows[:self._held])
+                str(self._arena.path), self._arena.offset(shared_slot), order, self.layout.size
+            )
+        return results, UploadRows(order, self._upload_rows[: self._held])
 
     def evaluate(self, rnd: int, tasks: list[ClientTask]) -> list[tuple[int, float, float, int]]:
         return super().evaluate(rnd, _resolve_weights(tasks))
@@ -182,8 +199,10 @@ class ClientHostActor(ClientHost):
         """The Ray node this host runs on: its id and IP address."""
         import ray
 
-        return {"node_id": ray.get_runtime_context().get_node_id(),
-                "node_ip": ray.util.get_node_ip_address()}
+        return {
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "node_ip": ray.util.get_node_ip_address(),
+        }
 
 
 #: A task's weights of at least this many bytes go to the hosts as one object-store
@@ -215,14 +234,20 @@ def _resolve_weights(tasks: list[ClientTask]) -> list[ClientTask]:
     import ray
 
     if any(isinstance(t.weights, shared_model.SharedModel) for t in tasks):
-        tasks = [replace(t, weights=t.weights.array())
-                 if isinstance(t.weights, shared_model.SharedModel) else t for t in tasks]
+        tasks = [
+            replace(t, weights=t.weights.array())
+            if isinstance(t.weights, shared_model.SharedModel)
+            else t
+            for t in tasks
+        ]
     refs = list({t.weights: None for t in tasks if isinstance(t.weights, ray.ObjectRef)})
     if not refs:
         return tasks
     arrays: dict[Any, np.ndarray] = dict(zip(refs, ray.get(cast(Any, refs)), strict=True))
-    return [replace(t, weights=arrays[t.weights]) if isinstance(t.weights, ray.ObjectRef)
-            else t for t in tasks]
+    return [
+        replace(t, weights=arrays[t.weights]) if isinstance(t.weights, ray.ObjectRef) else t
+        for t in tasks
+    ]
 
 
 @dataclass(frozen=True)
@@ -258,8 +283,9 @@ class CentralServerActor(CentralServer):
         super().__init__(*args, **kwargs)
         _freeze_heap()
 
-    def plan_by_reference(self, rnd: int, on_board: bool = False
-                          ) -> tuple[list[int], list[ClientTask]]:
+    def plan_by_reference(
+        self, rnd: int, on_board: bool = False
+    ) -> tuple[list[int], list[ClientTask]]:
         """A flat algorithm's :meth:`plan`, its large task weights put in the object
         store here, once each (:func:`_weights_by_reference`): the driver then passes
         references on to the hosts without ever reading the model. With ``on_board``
@@ -286,7 +312,8 @@ class CentralServerActor(CentralServer):
             self._board = shared_model.ModelBoard(Path(path), size)
         except OSError as exc:
             logging.getLogger(__name__).warning(
-                "the global model goes through the object store (%s: %s)", path, exc)
+                "the global model goes through the object store (%s: %s)", path, exc
+            )
             return False
         return True
 
@@ -299,14 +326,19 @@ class CentralServerActor(CentralServer):
         if len(shared) != 1:
             return None
         (w,) = shared.values()
-        if (not isinstance(w, np.ndarray) or w.dtype != np.float32 or w.ndim != 1
-                or w.nbytes < SHARE_WEIGHTS_BYTES):
+        if (
+            not isinstance(w, np.ndarray)
+            or w.dtype != np.float32
+            or w.ndim != 1
+            or w.nbytes < SHARE_WEIGHTS_BYTES
+        ):
             return None
         try:
             where = self._board.put(rnd, w)
         except ValueError as exc:
             logging.getLogger(__name__).warning(
-                "the global model goes through the object store (%s)", exc)
+                "the global model goes through the object store (%s)", exc
+            )
             self._board_failed = True
             return None
         # in transit to the hosts: where the model is on the board

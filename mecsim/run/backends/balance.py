@@ -13,17 +13,17 @@ STREAM_PART_CLIENTS = 256
 STREAM_PARTS_IN_FLIGHT = 2
 
 
-def stream_parts(tasks: list[ClientTask], size: int | None = None
-                 ) -> list[list[ClientTask]]:
+def stream_parts(tasks: list[ClientTask], size: int | None = None) -> list[list[ClientTask]]:
     """The tasks in client-id order, cut into parts of ``size`` (default
     :data:`STREAM_PART_CLIENTS`)."""
     size = size or STREAM_PART_CLIENTS
     ordered = sorted(tasks, key=lambda t: t.client_id)
-    return [ordered[i:i + size] for i in range(0, len(ordered), size)]
+    return [ordered[i : i + size] for i in range(0, len(ordered), size)]
 
 
-def balance_hosts(groups: dict[int, list[ClientTask]], work: dict[int, float],
-                  n_hosts: int) -> dict[int, list[ClientTask]]:
+def balance_hosts(
+    groups: dict[int, list[ClientTask]], work: dict[int, float], n_hosts: int
+) -> dict[int, list[ClientTask]]:
     """Even out a host call's work: move a client from the busiest host to the least busy
     while that shortens the longer of the two (the client whose work is nearest half the
     gap, the lowest id among equals), so that a round with random participation does not
@@ -39,8 +39,9 @@ def balance_hosts(groups: dict[int, list[ClientTask]], work: dict[int, float],
         best = None
         for t in out[hi]:
             w = work[t.client_id]
-            if 0 < w < gap and (best is None or
-                                abs(gap / 2 - w) < abs(gap / 2 - work[best.client_id])):
+            if 0 < w < gap and (
+                best is None or abs(gap / 2 - w) < abs(gap / 2 - work[best.client_id])
+            ):
                 best = t
         if best is None:
             break

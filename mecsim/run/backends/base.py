@@ -62,8 +62,13 @@ class Executor(Protocol):
         """The next server call will be :meth:`plan` of round ``rnd``: an executor may plan
         it now, overlapping the caller's work (nothing else may reach the server first)."""
 
-    def fit(self, rnd: int, tasks: list[ClientTask], lost: frozenset[int] = frozenset(),
-            fold: frozenset[int] | None = None) -> list[ClientResult]:
+    def fit(
+        self,
+        rnd: int,
+        tasks: list[ClientTask],
+        lost: frozenset[int] = frozenset(),
+        fold: frozenset[int] | None = None,
+    ) -> list[ClientResult]:
         """Train the tasks' clients (the work of those in ``lost`` is lost: an emulated
         crash). With ``fold``, the uploads of those clients are streamed into the
         aggregate while the others train; :meth:`aggregate` then finishes it."""
@@ -107,8 +112,9 @@ class ClientMap:
     """Which host keeps each client and which edge server serves it, and how a round's
     tasks are grouped into host calls and edge servers' parts."""
 
-    def __init__(self, server_kwargs: dict[str, Any], setup: HostSetup,
-                 host_clients: list[ClientData]) -> None:
+    def __init__(
+        self, server_kwargs: dict[str, Any], setup: HostSetup, host_clients: list[ClientData]
+    ) -> None:
         self.host_clients = host_clients
         self.host_of = {cid: h for h, clients in enumerate(host_clients) for cid in clients}
         self.edge_ids = edge_ids(server_kwargs)
@@ -118,8 +124,10 @@ class ClientMap:
         # a round's clients may be lent to other hosts only when they keep no state
         self.movable = client_cls.movable() and len(host_clients) > 1
         t = setup.train
-        self.work = {cid: math.ceil(n / t.batch_size) * t.epochs + 1
-                     for cid, n in (server_kwargs.get("client_samples") or {}).items()}
+        self.work = {
+            cid: math.ceil(n / t.batch_size) * t.epochs + 1
+            for cid, n in (server_kwargs.get("client_samples") or {}).items()
+        }
 
     def by_host(self, tasks: list[ClientTask]) -> dict[int, list[ClientTask]]:
         grouped: dict[int, list[ClientTask]] = defaultdict(list)
@@ -134,8 +142,9 @@ class ClientMap:
             grouped[self.edge_of[item.client_id]].append(item)
         return grouped
 
-    def assign(self, tasks: list[ClientTask]
-               ) -> dict[int, tuple[list[ClientTask], dict[int, Any] | None]]:
+    def assign(
+        self, tasks: list[ClientTask]
+    ) -> dict[int, tuple[list[ClientTask], dict[int, Any] | None]]:
         """The tasks of a host call by host, with the guests each host is lent (see
         :meth:`mecsim.agents.host.ClientHost.fit`): the clients' own hosts, evened out by
         :func:`~mecsim.run.backends.balance.balance_hosts` when the algorithm's clients
@@ -146,20 +155,27 @@ class ClientMap:
         groups = balance_hosts(groups, self.work, len(self.host_clients))
         out: dict[int, tuple[list[ClientTask], dict[int, Any] | None]] = {}
         for h, group in groups.items():
-            guests = {t.client_id: self.host_clients[self.host_of[t.client_id]][t.client_id]
-                      for t in group if self.host_of[t.client_id] != h}
+            guests = {
+                t.client_id: self.host_clients[self.host_of[t.client_id]][t.client_id]
+                for t in group
+                if self.host_of[t.client_id] != h
+            }
             out[h] = (group, guests or None)
         return out
 
     @staticmethod
-    def in_task_order(tasks: list[ClientTask], parts: list[list[ClientTask]]
-                      ) -> list[ClientTask]:
+    def in_task_order(tasks: list[ClientTask], parts: list[list[ClientTask]]) -> list[ClientTask]:
         filled = {t.client_id: t for part in parts for t in part}
         return [filled[t.client_id] for t in tasks]
 
     def host_states(self, st: ExecutorState) -> list[dict[str, Any]]:
-        return [{"clients": {cid: st.clients[cid] for cid in clients if cid in st.clients},
-                 "costs": st.costs} for clients in self.host_clients]
+        return [
+            {
+                "clients": {cid: st.clients[cid] for cid in clients if cid in st.clients},
+                "costs": st.costs,
+            }
+            for clients in self.host_clients
+        ]
 
     def edge_states(self, st: ExecutorState, legacy: dict[int, Any]) -> dict[int, Any]:
         """Each edge server's state: from ``st``, or from what an older checkpoint kept in
@@ -171,16 +187,20 @@ class ClientMap:
         return edges
 
 
-def collect(server: tuple[Any, dict], hosts: list[tuple[Any, dict]],
-            edges: dict[int, tuple[Any, dict]]) -> ExecutorState:
+def collect(
+    server: tuple[Any, dict], hosts: list[tuple[Any, dict]], edges: dict[int, tuple[Any, dict]]
+) -> ExecutorState:
     """One :class:`ExecutorState` from the servers' and hosts' ``(tree, new blobs)``."""
     blobs = dict(server[1])
     for _, new in [*hosts, *edges.values()]:
         blobs.update(new)
-    return ExecutorState(server[0],
-                         {cid: st for tree, _ in hosts for cid, st in tree["clients"].items()},
-                         _merge_costs([tree["costs"] for tree, _ in hosts]), blobs,
-                         {b: tree for b, (tree, _) in edges.items()})
+    return ExecutorState(
+        server[0],
+        {cid: st for tree, _ in hosts for cid, st in tree["clients"].items()},
+        _merge_costs([tree["costs"] for tree, _ in hosts]),
+        blobs,
+        {b: tree for b, (tree, _) in edges.items()},
+    )
 
 
 def _merge_costs(encoded: list[Any]) -> Any:

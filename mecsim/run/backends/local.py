@@ -21,8 +21,13 @@ from mecsim.run.backends.base import ClientData, ClientMap, Evaluation, Executor
 class LocalExecutor:
     """Everything in this process (an :class:`~mecsim.run.backends.base.Executor`)."""
 
-    def __init__(self, server_kwargs: dict[str, Any], setup: HostSetup, pools: DataPools,
-                 host_clients: list[ClientData]) -> None:
+    def __init__(
+        self,
+        server_kwargs: dict[str, Any],
+        setup: HostSetup,
+        pools: DataPools,
+        host_clients: list[ClientData],
+    ) -> None:
         self._args = (server_kwargs, setup, pools, host_clients)
         self.clients = ClientMap(server_kwargs, setup, host_clients)
         self._streaming = False
@@ -40,9 +45,11 @@ class LocalExecutor:
 
     def state(self, known_blobs: set[str] | None = None) -> ExecutorState:
         """The state to checkpoint; with ``known_blobs``, large arrays by reference."""
-        return collect(self.server.state_dict(known_blobs),
-                       [h.state_dict(known_blobs) for h in self.hosts],
-                       {b: e.state_dict(known_blobs) for b, e in self.edges.items()})
+        return collect(
+            self.server.state_dict(known_blobs),
+            [h.state_dict(known_blobs) for h in self.hosts],
+            {b: e.state_dict(known_blobs) for b, e in self.edges.items()},
+        )
 
     def load_state(self, st: ExecutorState) -> None:
         edges = self.clients.edge_states(st, self.server.load_state_dict(st.server))
@@ -67,8 +74,13 @@ class LocalExecutor:
         parts = [edge.plan(rnd, groups[b], downlinks.get(b)) for b, edge in self.edges.items()]
         return selected, self.clients.in_task_order(tasks, parts)
 
-    def fit(self, rnd: int, tasks: list[ClientTask], lost: frozenset[int] = frozenset(),
-            fold: frozenset[int] | None = None) -> list[ClientResult]:
+    def fit(
+        self,
+        rnd: int,
+        tasks: list[ClientTask],
+        lost: frozenset[int] = frozenset(),
+        fold: frozenset[int] | None = None,
+    ) -> list[ClientResult]:
         """Train the tasks' clients. With ``fold`` (the clients the round will aggregate:
         a flat algorithm whose ``streams_aggregation`` is set), the uploads are streamed
         into the server's aggregate part by part while the clients train, and the
@@ -81,8 +93,9 @@ class LocalExecutor:
             out += self.hosts[h].fit(rnd, group, lost, guests)
         return sorted(out, key=lambda r: r.client_id)
 
-    def _fit_streamed(self, rnd: int, tasks: list[ClientTask], lost: frozenset[int],
-                      fold: frozenset[int]) -> list[ClientResult]:
+    def _fit_streamed(
+        self, rnd: int, tasks: list[ClientTask], lost: frozenset[int], fold: frozenset[int]
+    ) -> list[ClientResult]:
         self.server.stream_begin(rnd)
         out: list[ClientResult] = []
         for part in stream_parts(tasks):
@@ -120,8 +133,16 @@ class LocalExecutor:
 
     def placement(self) -> list[dict[str, Any]]:
         """Where each host runs and which clients it hosts (in-process: no node)."""
-        return [{"host": h, "node_id": None, "node_ip": None, "num_cpus": None,
-                 "clients": sorted(clients)} for h, clients in enumerate(self.clients.host_clients)]
+        return [
+            {
+                "host": h,
+                "node_id": None,
+                "node_ip": None,
+                "num_cpus": None,
+                "clients": sorted(clients),
+            }
+            for h, clients in enumerate(self.clients.host_clients)
+        ]
 
     def close(self) -> None:
         pass

@@ -27,6 +27,7 @@ def host_cpus(node_cpus: list[float], n_hosts: int) -> float:
     holding ``floor(c / r)`` hosts: 2 hosts on one surviving 1-CPU node ask for 0.5 each,
     3 hosts on two 1-CPU nodes 0.5 each. Raises ValueError when the nodes have no CPU.
     """
+
     def fits(r: float) -> bool:
         return sum(math.floor(c / r + 1e-9) for c in node_cpus) >= n_hosts
 
@@ -40,8 +41,11 @@ def host_cpus(node_cpus: list[float], n_hosts: int) -> float:
 
 def _alive_node_cpus(ray) -> dict[str, float]:
     """``{node id: CPUs}`` of the cluster's live nodes, as the GCS knows them."""
-    return {n["NodeID"]: float(n.get("Resources", {}).get("CPU", 0.0))
-            for n in ray.nodes() if n.get("Alive")}
+    return {
+        n["NodeID"]: float(n.get("Resources", {}).get("CPU", 0.0))
+        for n in ray.nodes()
+        if n.get("Alive")
+    }
 
 
 def place_hosts(ray: Any, n_hosts: int) -> tuple[Any, float]:
@@ -62,8 +66,7 @@ def place_hosts(ray: Any, n_hosts: int) -> tuple[Any, float]:
             cpus = host_cpus(list(nodes.values()), n_hosts)
         except ValueError:
             cpus = 0.0
-        group = placement_group([{"CPU": cpus}] * n_hosts, strategy="SPREAD") \
-            if cpus > 0 else None
+        group = placement_group([{"CPU": cpus}] * n_hosts, strategy="SPREAD") if cpus > 0 else None
         while time.monotonic() < deadline:
             if group is not None and group.wait(timeout_seconds=1):
                 return group, cpus
@@ -78,4 +81,5 @@ def place_hosts(ray: Any, n_hosts: int) -> tuple[Any, float]:
     seen = ", ".join(f"{node_id[:8]}: {cpus:g}" for node_id, cpus in nodes.items())
     raise PlacementTimeout(
         f"the Ray cluster had no room for {n_hosts} host actor(s) within "
-        f"{PLACEMENT_TIMEOUT_S:.0f} s (its live nodes and their CPUs: {seen or 'none'})")
+        f"{PLACEMENT_TIMEOUT_S:.0f} s (its live nodes and their CPUs: {seen or 'none'})"
+    )

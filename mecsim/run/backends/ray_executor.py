@@ -54,8 +54,14 @@ class RayExecutor:
     is left of the actors and starts new ones.
     """
 
-    def __init__(self, server_kwargs: dict[str, Any], setup: HostSetup, pools: DataPools,
-                 host_clients: list[ClientData], ray_address: str | None = None) -> None:
+    def __init__(
+        self,
+        server_kwargs: dict[str, Any],
+        setup: HostSetup,
+        pools: DataPools,
+        host_clients: list[ClientData],
+        ray_address: str | None = None,
+    ) -> None:
         import ray  # deferred: see ensure_ray
 
         self._owns_ray = ensure_ray(ray_address, max(len(host_clients), os.cpu_count() or 1))
@@ -92,38 +98,61 @@ class RayExecutor:
         host_actor = ray.remote(num_cpus=self._host_cpus, max_restarts=0)(ClientHostActor)
         prefix = self._uploads_prefix = (
             shared_uploads.executor_prefix(os.urandom(4).hex())
-            if SHARED_UPLOADS and shared_uploads.available() else None)
+            if SHARED_UPLOADS and shared_uploads.available()
+            else None
+        )
         if prefix:
             self._all_prefixes.append(prefix)
-        self.hosts = [host_actor.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
-                          self._group, placement_group_bundle_index=h)).remote(
-                          setup, self._pools_ref, clients, actors.HOLD_UPLOADS_BYTES,
-                          str(shared_uploads.SHM_DIR / f"{prefix}{h}") if prefix else None)
-                      for h, clients in enumerate(host_clients)]
+        self.hosts = [
+            host_actor.options(
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self._group, placement_group_bundle_index=h
+                )
+            ).remote(
+                setup,
+                self._pools_ref,
+                clients,
+                actors.HOLD_UPLOADS_BYTES,
+                str(shared_uploads.SHM_DIR / f"{prefix}{h}") if prefix else None,
+            )
+            for h, clients in enumerate(host_clients)
+        ]
         self._weight_refs: list[Any] = []
         self._stream_end: Any = None  # a streamed round's stream_end, submitted early
         self._folds, self._streaming, self._planned = [], False, None  # of actors gone
         # surface start-up errors here
-        self._get([self.server.rss_bytes.remote(),
-                   *(e.rss_bytes.remote() for e in self.edges.values())])
+        self._get(
+            [self.server.rss_bytes.remote(), *(e.rss_bytes.remote() for e in self.edges.values())]
+        )
         self._host_nodes = self._get([h.node.remote() for h in self.hosts])
         server_node = self._get(self.server.node_id.remote())
-        self._shared_hosts = {h for h, node in enumerate(self._host_nodes)
-                              if prefix and node["node_id"] == server_node}
+        self._shared_hosts = {
+            h
+            for h, node in enumerate(self._host_nodes)
+            if prefix and node["node_id"] == server_node
+        }
         # the global model through a shared file only when every host can map it, and
         # on this process's machine, where the clean-up (remove, remove_stale) looks
         self._board = False
-        if (SHARED_MODEL and prefix and len(self._shared_hosts) == len(self.hosts)
-                and server_node == ray.get_runtime_context().get_node_id()):
+        if (
+            SHARED_MODEL
+            and prefix
+            and len(self._shared_hosts) == len(self.hosts)
+            and server_node == ray.get_runtime_context().get_node_id()
+        ):
             path = shared_uploads.SHM_DIR / f"{prefix}{shared_model.NAME}"
-            self._board = self._get(self.server.open_board.remote(
-                str(path), server_kwargs["layout"].size))
+            self._board = self._get(
+                self.server.open_board.remote(str(path), server_kwargs["layout"].size)
+            )
 
     def placement(self) -> list[dict[str, Any]]:
         """Where each host actor runs (node id and IP), its CPUs and its clients."""
-        return [{"host": h, **node, "num_cpus": self._host_cpus, "clients": sorted(clients)}
-                for h, (node, clients) in enumerate(zip(self._host_nodes, self.clients.host_clients,
-                                                        strict=True))]
+        return [
+            {"host": h, **node, "num_cpus": self._host_cpus, "clients": sorted(clients)}
+            for h, (node, clients) in enumerate(
+                zip(self._host_nodes, self.clients.host_clients, strict=True)
+            )
+        ]
 
     def _get(self, refs: Any) -> Any:
         """``ray.get``, with an actor's death raised as :class:`ActorFailure`."""
@@ -131,21 +160,31 @@ class RayExecutor:
 
         try:
             return self._ray.get(refs)
-        except (rex.RayActorError, rex.ObjectLostError, rex.OwnerDiedError,
-                rex.WorkerCrashedError, rex.NodeDiedError) as exc:
+        except (
+            rex.RayActorError,
+            rex.ObjectLostError,
+            rex.OwnerDiedError,
+            rex.WorkerCrashedError,
+            rex.NodeDiedError,
+        ) as exc:
             raise ActorFailure(f"{type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
         except rex.RayTaskError as exc:
             # a task whose arguments came from an actor that died, maybe through another
             # task (the central server's aggregation of an edge server's report)
-            deaths = (rex.RayActorError, rex.ObjectLostError, rex.OwnerDiedError,
-                      rex.WorkerCrashedError, rex.NodeDiedError)
+            deaths = (
+                rex.RayActorError,
+                rex.ObjectLostError,
+                rex.OwnerDiedError,
+                rex.WorkerCrashedError,
+                rex.NodeDiedError,
+            )
             cause: Any = exc
             for _ in range(4):
-                inner = cause.as_instanceof_cause() \
-                    if hasattr(cause, "as_instanceof_cause") else cause
+                inner = (
+                    cause.as_instanceof_cause() if hasattr(cause, "as_instanceof_cause") else cause
+                )
                 if isinstance(inner, deaths):
-                    raise ActorFailure(f"{type(getattr(cause, 'cause', inner)).__name__}") \
-                        from exc
+                    raise ActorFailure(f"{type(getattr(cause, 'cause', inner)).__name__}") from exc
                 cause = getattr(cause, "cause", None)
                 if not isinstance(cause, rex.RayTaskError):
                     break
@@ -195,8 +234,7 @@ class RayExecutor:
         ahead, self._planned = self._planned, None
         if ahead is not None:
             if ahead[0] != rnd:
-                raise RuntimeError(f"round {rnd} planned, but round {ahead[0]} was planned "
-                                   "ahead")
+                raise RuntimeError(f"round {rnd} planned, but round {ahead[0]} was planned ahead")
             return self._get(ahead[1])
         if not self.edges:
             return self._get(self.server.plan_by_reference.remote(rnd, self._board))
@@ -213,8 +251,13 @@ class RayExecutor:
             refs.append(edge.plan.remote(rnd, groups[b], down))
         return selected, self.clients.in_task_order(tasks, self._get(refs))
 
-    def fit(self, rnd: int, tasks: list[ClientTask], lost: frozenset[int] = frozenset(),
-            fold: frozenset[int] | None = None) -> list[ClientResult]:
+    def fit(
+        self,
+        rnd: int,
+        tasks: list[ClientTask],
+        lost: frozenset[int] = frozenset(),
+        fold: frozenset[int] | None = None,
+    ) -> list[ClientResult]:
         """Results without their weights; the weights stay in the object store (streamed:
         the server actor fetches each part's from there and folds them)."""
         self._streaming = fold is not None
@@ -223,15 +266,17 @@ class RayExecutor:
         meta_refs, self._weight_refs = [], []
         tasks = weights_by_reference(self._ray, tasks)
         for h, (group, guests) in self.clients.assign(tasks).items():
-            meta, weights = self.hosts[h].fit_split.options(num_returns=2).remote(
-                rnd, group, lost, guests)
+            meta, weights = (
+                self.hosts[h].fit_split.options(num_returns=2).remote(rnd, group, lost, guests)
+            )
             meta_refs.append(meta)
             self._weight_refs.append(weights)
         out = [r for part in self._get(meta_refs) for r in part]
         return sorted(out, key=lambda r: r.client_id)
 
-    def _fit_streamed(self, rnd: int, tasks: list[ClientTask], lost: frozenset[int],
-                      fold: frozenset[int]) -> list[ClientResult]:
+    def _fit_streamed(
+        self, rnd: int, tasks: list[ClientTask], lost: frozenset[int], fold: frozenset[int]
+    ) -> list[ClientResult]:
         """Part by part: the hosts train a part's clients, the server actor folds their
         uploads (read from the object store) while the hosts go on with the next part; at
         most :data:`STREAM_PARTS_IN_FLIGHT` parts are submitted ahead of the server."""
@@ -248,17 +293,26 @@ class RayExecutor:
             slot = p % shared_uploads.SLOTS
             metas, uploads = [], []
             for h, (group, guests) in self.clients.assign(part).items():
-                meta, weights = self.hosts[h].fit_split.options(num_returns=2).remote(
-                    rnd, group, lost, guests,
-                    shared_slot=slot if h in self._shared_hosts else None)
+                meta, weights = (
+                    self.hosts[h]
+                    .fit_split.options(num_returns=2)
+                    .remote(
+                        rnd,
+                        group,
+                        lost,
+                        guests,
+                        shared_slot=slot if h in self._shared_hosts else None,
+                    )
+                )
                 metas.append(meta)
                 uploads.append(weights)
             if not begun:  # after the first hosts' calls: they start training sooner
                 self.server.stream_begin.remote(rnd)  # the actor runs our calls in order
                 begun = True
             keep = fold.intersection(t.client_id for t in part)
-            folds.append(self.server.stream_fold_split.remote(rnd, keep, len(metas),
-                                                              *metas, *uploads))
+            folds.append(
+                self.server.stream_fold_split.remote(rnd, keep, len(metas), *metas, *uploads)
+            )
             meta_refs += metas
             if len(folds) >= STREAM_PARTS_IN_FLIGHT:
                 self._get(folds.pop(0))
@@ -292,24 +346,30 @@ class RayExecutor:
         if not self.edges:
             return self._get(self.server.aggregate_split.remote(rnd, results, *refs))
         groups = self.clients.by_edge(results)
-        reports = [edge.aggregate_split.remote(rnd, groups[b], *refs)
-                   for b, edge in self.edges.items()]
+        reports = [
+            edge.aggregate_split.remote(rnd, groups[b], *refs) for b, edge in self.edges.items()
+        ]
         return self._get(self.server.aggregate_edges.remote(rnd, results, *reports))
 
     def evaluate(self, rnd: int, clients: list[int]) -> list[Evaluation]:
         self._no_plan_ahead("an evaluation")
         tasks = weights_by_reference(
-            self._ray, self._get(self.server.evaluation_tasks.remote(rnd, clients)))
-        refs = [self.hosts[h].evaluate.remote(rnd, g)
-                for h, g in self.clients.by_host(tasks).items()]
+            self._ray, self._get(self.server.evaluation_tasks.remote(rnd, clients))
+        )
+        refs = [
+            self.hosts[h].evaluate.remote(rnd, g) for h, g in self.clients.by_host(tasks).items()
+        ]
         return sorted(x for part in self._get(refs) for x in part)
 
     def state(self, known_blobs: set[str] | None = None) -> ExecutorState:
         self._no_plan_ahead("a checkpoint")
-        server, *rest = self._get([self.server.state_dict.remote(known_blobs),
-                                   *(e.state_dict.remote(known_blobs)
-                                     for e in self.edges.values()),
-                                   *(h.state_dict.remote(known_blobs) for h in self.hosts)])
+        server, *rest = self._get(
+            [
+                self.server.state_dict.remote(known_blobs),
+                *(e.state_dict.remote(known_blobs) for e in self.edges.values()),
+                *(h.state_dict.remote(known_blobs) for h in self.hosts),
+            ]
+        )
         n = len(self.edges)
         return collect(server, rest[n:], dict(zip(self.edges, rest[:n], strict=True)))
 
@@ -317,8 +377,10 @@ class RayExecutor:
         legacy = self._get(self.server.load_state_dict.remote(st.server))
         edges = self.clients.edge_states(st, legacy)
         refs = [edge.load_state_dict.remote(edges[b]) for b, edge in self.edges.items()]
-        refs += [host.load_state_dict.remote(hs)
-                 for host, hs in zip(self.hosts, self.clients.host_states(st), strict=True)]
+        refs += [
+            host.load_state_dict.remote(hs)
+            for host, hs in zip(self.hosts, self.clients.host_states(st), strict=True)
+        ]
         self._get(refs)
 
     def host_rss_bytes(self) -> list[int]:
@@ -327,9 +389,11 @@ class RayExecutor:
     def actor_pids(self) -> dict[str, list[int]]:
         """Process ids of the central-server actor, of the edge-server actors (in edge
         server order; none for a flat algorithm) and of the host actors."""
-        return {"server": [self._get(self.server.pid.remote())],
-                "edges": self._get([e.pid.remote() for e in self.edges.values()]),
-                "hosts": self._get([h.pid.remote() for h in self.hosts])}
+        return {
+            "server": [self._get(self.server.pid.remote())],
+            "edges": self._get([e.pid.remote() for e in self.edges.values()]),
+            "hosts": self._get([h.pid.remote() for h in self.hosts]),
+        }
 
     def close(self) -> None:
         self._kill_all()

@@ -38,14 +38,14 @@ def attach(ray, kwargs: dict[str, Any], address: str) -> None:
         while cause is not None and len(chain) < 10:
             chain.append(f"{type(cause).__name__}: {cause}")
             cause = cause.__cause__ or cause.__context__
-        if not any("InvalidAuthToken" in text or "AuthenticationError" in text
-                   for text in chain):
+        if not any("InvalidAuthToken" in text or "AuthenticationError" in text for text in chain):
             raise
         raise RayAttachError(
             f"execution.ray_address: the Ray cluster at {address} refused the connection "
             "(InvalidAuthToken): it uses token authentication; set RAY_AUTH_MODE=token and "
             "give this process the cluster's token (RAY_AUTH_TOKEN_PATH=FILE, RAY_AUTH_TOKEN, "
-            "or ~/.ray/auth_token); see the README's Ray section") from None
+            "or ~/.ray/auth_token); see the README's Ray section"
+        ) from None
 
 
 def _is_loopback_address(address: str) -> bool:
@@ -91,8 +91,12 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
     if ray.is_initialized():
         return False
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
-    kwargs: dict[str, Any] = dict(include_dashboard=False, logging_level=logging.WARNING,
-                                  configure_logging=False, log_to_driver=True)
+    kwargs: dict[str, Any] = dict(
+        include_dashboard=False,
+        logging_level=logging.WARNING,
+        configure_logging=False,
+        log_to_driver=True,
+    )
     if address:
         kwargs["address"] = address
         attach(ray, kwargs, address)

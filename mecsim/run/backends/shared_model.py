@@ -76,8 +76,7 @@ class ModelBoard:
         if weights.shape != (self.size,):
             raise ValueError(f"a model of shape {weights.shape} on a board of {self.size}")
         offset = (rnd % SLOTS) * self.slot_bytes
-        np.copyto(self._floats[offset // 4:offset // 4 + self.size], weights,
-                  casting="no")
+        np.copyto(self._floats[offset // 4 : offset // 4 + self.size], weights, casting="no")
         return SharedModel(str(self.path), offset, self.size)
 
 
@@ -93,4 +92,4 @@ class SharedModel:
         """The model, a read-only view of this process's mapping of the board (mapped
         once per process and path)."""
         data = shared_uploads.mapped(self.path, remove_name=False)
-        return data[self.offset // 4:self.offset // 4 + self.size]
+        return data[self.offset // 4 : self.offset // 4 + self.size]

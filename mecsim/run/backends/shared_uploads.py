@@ -95,13 +95,15 @@ class UploadArena:
             raise ValueError(f"slot {slot} is not in 0..{SLOTS - 1}")
         nbytes = n_rows * row_elements * 4
         if nbytes > self.slot_bytes:
-            raise ValueError(f"{n_rows} rows of {row_elements} floats do not fit a slot "
-                             f"of {self.slot_bytes} bytes")
+            raise ValueError(
+                f"{n_rows} rows of {row_elements} floats do not fit a slot "
+                f"of {self.slot_bytes} bytes"
+            )
         start = slot * self.slot_bytes
         if nbytes > self._reserved[slot]:
             os.posix_fallocate(self._fd, start, nbytes)
             self._reserved[slot] = nbytes
-        return self._bytes[start:start + nbytes].view(np.float32).reshape(n_rows, row_elements)
+        return self._bytes[start : start + nbytes].view(np.float32).reshape(n_rows, row_elements)
 
     def offset(self, slot: int) -> int:
         return slot * self.slot_bytes
@@ -123,7 +125,7 @@ class SharedUploadRows:
         n = len(self.client_ids)
         data = mapped(self.path)
         count = n * self.row_elements
-        rows = data[self.offset // 4:self.offset // 4 + count].reshape(n, self.row_elements)
+        rows = data[self.offset // 4 : self.offset // 4 + count].reshape(n, self.row_elements)
         return zip(self.client_ids, rows, strict=True)
 
 
@@ -161,7 +163,7 @@ def remove_stale() -> None:
     running (another user's files, or another machine's, are left alone)."""
     mine = f"{PREFIX}{_machine()}-"
     for path in SHM_DIR.glob(f"{mine}*"):
-        pid = path.name[len(mine):].split("-", 1)[0]
+        pid = path.name[len(mine) :].split("-", 1)[0]
         if pid.isdigit() and not _alive(int(pid)):
             _unlink_own(path)
 
