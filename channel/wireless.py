@@ -108,6 +108,22 @@ class ClientRadio:
         return cls(nan, nan.copy(), nan.copy())
 
 
+#: The per client-round channel draws a round records (clients.csv's channel columns,
+#: before the transport ones: mecsim.run.rows.CHANNEL_COLUMNS).
+RECORD_KEYS = (
+    "distance_m",
+    "bandwidth_hz",
+    "tx_power_dbm",
+    "fading_gain",
+    "ul_interference_w",
+    "dl_interference_w",
+    "uplink_rate_bps",
+    "downlink_rate_bps",
+    "uplink_snr_db",
+    "downlink_snr_db",
+)
+
+
 @dataclass(frozen=True)
 class RoundChannel:
     """One round's channel for the selected clients (arrays aligned with ``client_ids``).
@@ -130,18 +146,7 @@ class RoundChannel:
     uplink_snr_db: np.ndarray
     downlink_snr_db: np.ndarray
 
-    _RECORD_KEYS = (
-        "distance_m",
-        "bandwidth_hz",
-        "tx_power_dbm",
-        "fading_gain",
-        "ul_interference_w",
-        "dl_interference_w",
-        "uplink_rate_bps",
-        "downlink_rate_bps",
-        "uplink_snr_db",
-        "downlink_snr_db",
-    )
+    _RECORD_KEYS = RECORD_KEYS
 
     @classmethod
     def constant_rates(

@@ -10,8 +10,10 @@ round computes for it).
 
 from __future__ import annotations
 
+from mecsim.channel.wireless import RECORD_KEYS
 from mecsim.emulation.energy import ENERGY_KEYS
 from mecsim.emulation.engine import RoundTiming
+from mecsim.emulation.network import TRANSPORT_KEYS
 
 #: Round columns of the critical-path breakdown (emulated seconds), each an attribute of
 #: :class:`~mecsim.emulation.engine.RoundTiming`.
@@ -76,26 +78,10 @@ REPLAY_COLUMNS = [
         "mean_accuracy",
     )
 ]
-CHANNEL_COLUMNS = [
-    "distance_m",
-    "bandwidth_hz",
-    "tx_power_dbm",
-    "fading_gain",
-    "ul_interference_w",
-    "dl_interference_w",
-    "uplink_rate_bps",
-    "downlink_rate_bps",
-    "uplink_snr_db",
-    "downlink_snr_db",
-    # latency, jitter, loss (mecsim.emulation.network.TRANSPORT_KEYS): the latency drawn
-    # for the client-round and the goodput the loss rate leaves of the link rate
-    "uplink_latency_s",
-    "downlink_latency_s",
-    "uplink_goodput_bps",
-    "downlink_goodput_bps",
-    "backhaul_latency_s",
-    "backhaul_goodput_bps",
-]
+#: clients.csv's channel columns: the channel's draws (mecsim.channel.wireless), then the
+#: latency drawn for the client-round and the goodput the loss rate leaves of the link rate
+#: (mecsim.emulation.network.TRANSPORT_KEYS)
+CHANNEL_COLUMNS = [*RECORD_KEYS, *TRANSPORT_KEYS]
 CLIENT_COLUMNS = [
     "run_id",
     "round",
