@@ -180,7 +180,14 @@ def cases() -> list[Case]:
             _raw(f"description: !!python/object/apply:os.system ['touch {MARKER}']\n"),
             "YAML",
         ),
-        Case("alias_bomb", _alias_bomb(), "evaluation.target_accuracy"),
+        # 9**10 values written in ten short lines: refused while read, not after
+        Case("alias_bomb", _alias_bomb(), "100,000 values"),
+        Case(
+            "wide_mapping",
+            _raw("description: {" + ", ".join(f"k{i}: 1" for i in range(5000)) + "}\n"),
+            "more than 1,000 keys",
+        ),
+        Case("long_scalar", _raw("description: " + "x" * 70_000 + "\n"), "65,536 characters"),
         Case("oversized_file", _dump(BASE) + b"# padding\n" * 220_000, "larger than"),
         Case(
             "scenario_is_directory",

@@ -108,3 +108,45 @@ def test_schema_documents_units():
     text = json.dumps(json_schema())
     for field in ("bandwidth_hz", "tx_power_dbm", "noise_psd_dbm_per_hz", "snr_offset_db"):
         assert field in text
+
+
+def test_aliases_count_as_the_values_they_stand_for(tmp_path):
+    from mecsim.scenario.loader import MAX_NODES
+
+    # an anchored list of 1,000 values used 99 times is 100,099 values: one too many
+    # for the bound of 100,000 if aliases were free it would pass
+    values = ", ".join(["1"] * 999)
+    text = f"a: &a [{values}]\nb: [" + ", ".join(["*a"] * 99) + "]\n"
+    with pytest.raises(ScenarioError, match="more than 100,000 values"):
+        load_scenario(_write(tmp_path, text))
+    assert MAX_NODES == 100_000
+    # used 90 times it is under the bound: the loader reads it and the schema
+    # refuses the unknown keys (so the limit did not misfire)
+    text = f"a: &a [{values}]\nb: [" + ", ".join(["*a"] * 90) + "]\n"
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(_write(tmp_path, text))
+    assert "bad.yaml: a: Extra inputs are not permitted" in str(info.value)
+
+
+def test_limits_at_their_edge(tmp_path):
+    # 1,000 keys and 65,536 characters are allowed (the schema then refuses the keys)
+    keys = ", ".join(f"k{i}: 1" for i in range(1000))
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(_write(tmp_path, "description: {" + keys + "}\n"))
+    assert "Input should be a valid string" in str(info.value)
+    path = _write(tmp_path, "description: " + "x" * 65_536 + "\n")
+    assert load_scenario(path).description == "x" * 65_536
+    keys = ", ".join(f"k{i}: 1" for i in range(1001))
+    with pytest.raises(ScenarioError, match="more than 1,000 keys"):
+        load_scenario(_write(tmp_path, "description: {" + keys + "}\n"))
+
+
+def test_many_problems_are_listed_up_to_a_bound(tmp_path):
+    # 300 misspelt fields: 50 lines, then how many more, not 300 lines
+    text = "".join(f"field_{i}: 1\n" for i in range(300))
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(_write(tmp_path, text))
+    lines = str(info.value).splitlines()
+    assert len(lines) == 51
+    assert lines[0].endswith("bad.yaml: field_0: Extra inputs are not permitted")
+    assert lines[-1] == "... and 250 more problems"

@@ -1,8 +1,14 @@
 """Scenario files: YAML -> a validated :class:`~mecsim.scenario.schema.Scenario`.
 
 :func:`load_scenario` turns every problem (unreadable file, not UTF-8, bad YAML, duplicate
-keys, nesting deeper than :data:`MAX_DEPTH`, an empty file, unknown or ill-typed field)
-into a :class:`ScenarioError` whose lines each name the file and the field.
+keys, an empty file, unknown or ill-typed field) into a :class:`ScenarioError` whose lines
+each name the file and the field. The YAML is read with limits checked while it is read,
+so that a small file cannot make a large document: nesting deeper than
+:data:`MAX_DEPTH`, more than :data:`MAX_NODES` nodes (an alias counts as the nodes it
+stands for, so ``&a [...]`` used a thousand times costs a thousand copies), more than
+:data:`MAX_KEYS` keys in a mapping and scalars longer than :data:`MAX_SCALAR_CHARS` are
+refused before anything is built from them. At most :data:`MAX_PROBLEM_LINES` problems are
+listed, then how many more there are.
 """
 
 from __future__ import annotations
@@ -20,9 +26,13 @@ from pydantic import (
 from mecsim.scenario.schema import Scenario, _loc
 
 MAX_SCENARIO_BYTES = 1 << 20  # scenario files are a few KiB
-
-
 MAX_DEPTH = 64  # the schema nests 5 levels deep
+#: A scenario is a few hundred nodes; long lists (link outages' clients, device groups)
+#: stay far below this. Aliases count as the nodes they stand for.
+MAX_NODES = 100_000
+MAX_KEYS = 1_000  # in one mapping (a section has a few dozen)
+MAX_SCALAR_CHARS = 65_536  # a description, a path
+MAX_PROBLEM_LINES = 50  # then "... and N more problems"
 
 
 class ScenarioError(Exception):
@@ -32,12 +42,17 @@ class ScenarioError(Exception):
 #: Parts of a dotted field path as _loc writes them: a name (an index after the first),
 #: or a quoted key.
 _QUOTED = r"""'(?:[^'\\]|\\.)*'"""
-
-
 _FIRST = rf"(?:[A-Za-z_<>][\w<>-]*|{_QUOTED})"
-
-
 _PART = rf"(?:[\w<>-]+|{_QUOTED})"
+
+
+def problem_lines(lines: list[str], limit: int = MAX_PROBLEM_LINES) -> str:
+    """``lines`` without repeats (in their order), at most ``limit`` of them, then how many
+    more there are: one line per problem, in time linear in their number."""
+    unique = list(dict.fromkeys(lines))
+    if len(unique) > limit:
+        unique = [*unique[:limit], f"... and {len(unique) - limit} more problems"]
+    return "\n".join(unique)
 
 
 def scenario_from_dict(data: Any, source: str = "<scenario>") -> Scenario:
@@ -61,31 +76,61 @@ def scenario_from_dict(data: Any, source: str = "<scenario>") -> Scenario:
             if err["type"] == "value_error" and inner:
                 prefix = "" if field == "(top level)" else field + "."
                 field, msg = prefix + inner.group(1), inner.group(2)
-            line = f"{source}: {field}: {' '.join(msg.split())}"
-            if line not in lines:
-                lines.append(line)
-        raise ScenarioError("\n".join(lines)) from None
+            lines.append(f"{source}: {field}: {' '.join(msg.split())}")
+        raise ScenarioError(problem_lines(lines)) from None
 
 
 class _ScenarioLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing duplicate keys and nesting deeper than MAX_DEPTH
-    (PyYAML's composer recurses once per level: 20,000 levels end in RecursionError)."""
+    """PyYAML's safe loader, refusing duplicate keys and the limits of the module docstring
+    while composing (before any Python object is built): nesting deeper than MAX_DEPTH
+    (PyYAML's composer recurses once per level: 20,000 levels end in RecursionError),
+    more than MAX_NODES nodes with aliases expanded, mappings of more than MAX_KEYS keys,
+    scalars of more than MAX_SCALAR_CHARS characters."""
 
     _depth = 0
+    _nodes = 0  # composed so far, aliases counted as the nodes they stand for
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._sizes: dict[int, int] = {}  # node -> its nodes, aliases expanded
+
+    def _refuse(self, what: str, mark: Any) -> None:
+        raise yaml.composer.ComposerError(None, None, what, mark)
 
     def compose_node(self, parent: Any, index: Any) -> Any:
+        alias = self.check_event(yaml.AliasEvent)
+        mark = self.peek_event().start_mark
         self._depth += 1
         try:
             if self._depth > MAX_DEPTH:
-                raise yaml.composer.ComposerError(
-                    None,
-                    None,
-                    f"nested more than {MAX_DEPTH} levels deep",
-                    self.peek_event().start_mark,
-                )
-            return super().compose_node(parent, index)
+                self._refuse(f"nested more than {MAX_DEPTH} levels deep", mark)
+            if isinstance(parent, yaml.MappingNode) and len(parent.value) >= MAX_KEYS:
+                # checked as the mapping is read, not after all its keys are
+                self._refuse(f"a mapping of more than {MAX_KEYS:,} keys", mark)
+            node = super().compose_node(parent, index)
         finally:
             self._depth -= 1
+        if alias:  # the same node again: its nodes count once more
+            size = self._sizes.get(id(node), 1)
+        else:
+            size = 1
+            if isinstance(node, yaml.ScalarNode):
+                if len(node.value) > MAX_SCALAR_CHARS:
+                    self._refuse(f"a value longer than {MAX_SCALAR_CHARS:,} characters", mark)
+            elif isinstance(node, yaml.SequenceNode):
+                size += sum(self._sizes.get(id(child), 1) for child in node.value)
+            elif isinstance(node, yaml.MappingNode):
+                size += sum(
+                    self._sizes.get(id(k), 1) + self._sizes.get(id(v), 1) for k, v in node.value
+                )
+            self._sizes[id(node)] = size
+            size = 1  # its children were counted as they were composed
+        self._nodes += size
+        if self._nodes > MAX_NODES:
+            self._refuse(
+                f"more than {MAX_NODES:,} values (aliases count as what they stand for)", mark
+            )
+        return node
 
     def construct_mapping(self, node: Any, deep: bool = False) -> Any:
         if isinstance(node, yaml.MappingNode):
