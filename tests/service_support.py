@@ -173,10 +173,12 @@ def _readline(proc: subprocess.Popen, timeout_s: float) -> str:
 class ThreadServer:
     """The service app on a real uvicorn in a thread of this process (loopback)."""
 
-    def __init__(self, app) -> None:
+    def __init__(self, app, **settings: Any) -> None:
         import uvicorn
 
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        from mecsim.interfaces.service.connections import server_config
+
+        self.server = uvicorn.Server(server_config(app, **settings))
         from mecsim.interfaces.cli.service import _listen
 
         self.sock = _listen("127.0.0.1", 0)

@@ -98,6 +98,25 @@ def test_ray_started_by_mecsim_listens_on_loopback_only():
     assert not ray.is_initialized()  # mecsim shut down the instance it started
 
 
+def test_the_service_s_ray_listens_on_loopback_only(tmp_path):
+    """``mecsim serve`` starts its Ray through the function ``mecsim run`` uses: every
+    port its processes (the server, Ray's GCS, raylet, workers) listen on is loopback."""
+    from service_support import ServeProcess
+
+    server = ServeProcess(tmp_path / "state").start()
+    try:
+        server.wait_ready()
+        root = psutil.Process(server.proc.pid)
+        pids = {root.pid} | {c.pid for c in root.children(recursive=True)}
+        listeners = _listeners(pids)
+    finally:
+        assert server.stop() in (0, -15)  # graceful (uvicorn re-raises the signal)
+    names = {name for _, _, name in listeners}
+    assert {"gcs_server", "raylet"} <= names, listeners  # Ray itself was seen
+    exposed = [lst for lst in listeners if not _loopback(lst[0])]
+    assert not exposed, f"listening beyond loopback: {exposed}"
+
+
 # --------------------------------------------------------------------------- a real head
 
 

@@ -625,15 +625,16 @@ def test_kill9_then_restart_keeps_history_and_finishes_every_run(server, client,
 
 def test_a_server_told_to_stop_says_what_it_waits_for(server):
     """Last in this file: SIGTERM while a run trains. The server says which runs it waits
-    for and for how long, the run ends its round and is left interrupted (it resumes at
-    the next start), and the exit is the graceful one (uvicorn re-raises the signal)."""
+    for and for how long, the run stops (its round in progress discarded) and is left
+    interrupted (it resumes at the next start), and the exit is the graceful one
+    (uvicorn re-raises the signal)."""
     with Client(server.url, token=TOKEN) as c:  # (after the kill -9 test it has none)
         run_id = c.submit(tiny_yaml(rounds=KILLED_ROUNDS, seed=8))
         wait_for(lambda: c.get(run_id)["rounds_done"] >= 1, 120, "a round to finish")
     assert server.stop() in (0, -15)
     log = server.log_text()
-    assert f"waiting for 1 running run(s) to end their round ({run_id}), at most 60 s" in log
-    assert "every run ended its round in" in log
+    assert f"waiting for 1 running run(s) to stop ({run_id}; a round in progress" in log
+    assert "at most 60 s" in log and "every run stopped in" in log
     with sqlite3.connect(server.state / "mecsim.sqlite") as db:
         (status,) = db.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
     assert status == "interrupted"

@@ -79,14 +79,22 @@ def test_store_is_a_fifo_queue_with_cancel_and_recovery(tmp_path):
         {"round": 1, "mean_accuracy": 0.25, "host_wall_s": 1.0, "elapsed_s": 9.5}
     ]
     store.close()
-    # a server that died: its running runs are interrupted, and wait first in the queue
+    # a server that died: its running runs are interrupted, and wait first in the queue,
+    # but one whose cancel was requested (r0) is cancelled, never resumed
     store = Store(tmp_path / "state")
-    assert sorted(store.recover()) == ["r0", "r2"]
+    assert sorted(store.recover()) == ["r2"]
+    assert store.get_run("r0").status == "cancelled"
     store.add_run("r3", "tiny", "fedavg", "x: 1", 2, max_waiting=10)
-    assert [store.claim_next().id for _ in range(3)] == ["r0", "r2", "r3"]
-    hist = store.get_run("r0").history
+    assert [store.claim_next().id for _ in range(2)] == ["r2", "r3"]
+    assert store.claim_next() is None
+    hist = store.get_run("r2").history
     assert [h["status"] for h in hist] == ["queued", "running", "interrupted", "running"]
-    assert store.counts()["running"] == 3
+    assert [h["status"] for h in store.get_run("r0").history] == [
+        "queued",
+        "running",
+        "cancelled",
+    ]
+    assert store.counts()["running"] == 2
     store.close()
 
 

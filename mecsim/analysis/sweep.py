@@ -93,6 +93,11 @@ MIN_CLIENT_ROUNDS_FOR_POOL = 20_000
 RunLike = RecordedRun | Scenario | str | Path
 
 
+def grid_size(grid: Mapping[str, Sequence[Any]]) -> int:
+    """How many points :func:`grid_points` would give, worked out without making them."""
+    return math.prod(len(values) for values in grid.values())
+
+
 def grid_points(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
     """The Cartesian product of the grid's values, first path varying slowest."""
     for path, values in grid.items():
@@ -348,6 +353,7 @@ def sweep(
     backend: str | None = None,
     record_dir: str | Path | None = None,
     retrain_dir: str | Path | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> pd.DataFrame:
     """Replay each run at every point of ``grid``; one DataFrame row per (run, point).
 
@@ -362,6 +368,8 @@ def sweep(
     under ``retrain_dir`` when given) and marked ``source == "retrained"``.
     ``workers``: processes for replaying (default: one per core when the sweep re-times
     at least MIN_CLIENT_ROUNDS_FOR_POOL client-rounds, else 1).
+    ``should_stop``: asked after every point; True stops the sweep with
+    :class:`SweepStopped` (the service cancelling a sweep).
     Columns: ``run_id, algorithm, <grid paths...>,`` then METRIC_COLUMNS.
     """
     grid = dict(grid or {})
@@ -386,7 +394,7 @@ def sweep(
         if workers is not None
         else _auto_workers(sum(size[r] for r, _ in tasks), len(tasks))
     )
-    bar = _Progress(len(tasks) + len(recorded), progress)
+    bar = _Progress(len(tasks) + len(recorded), progress, should_stop)
     try:
         mismatch = []
         for run in recorded:
@@ -435,10 +443,18 @@ def sweep(
     return frame
 
 
-class _Progress:
-    """A rich progress bar over the sweep's points (does nothing when disabled)."""
+class SweepStopped(Exception):
+    """A sweep told to stop (``should_stop``) before its last point."""
 
-    def __init__(self, total: int, enabled: bool) -> None:
+
+class _Progress:
+    """A rich progress bar over the sweep's points (does nothing when disabled), and the
+    point at which a sweep told to stop stops."""
+
+    def __init__(
+        self, total: int, enabled: bool, should_stop: Callable[[], bool] | None = None
+    ) -> None:
+        self.should_stop = should_stop
         self.progress = None
         if enabled:
             from rich.console import Console
@@ -463,6 +479,8 @@ class _Progress:
     def tick(self, n: int) -> None:
         if self.progress is not None:
             self.progress.update(self.task, advance=n)
+        if self.should_stop is not None and self.should_stop():
+            raise SweepStopped("the sweep was told to stop")
 
     def describe(self, text: str) -> None:
         if self.progress is not None:

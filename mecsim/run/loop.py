@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from mecsim.run.backends.base import ActorFailure, ExecutorState
+from mecsim.run.backends.base import ActorFailure, ExecutorState, RoundAborted, abort_status
 from mecsim.run.backends.placement import PlacementTimeout
 from mecsim.run.chaos import kill_point
 from mecsim.run.observers import RunObserver
@@ -157,7 +157,16 @@ class _Loop:
         self.elapsed_s = elapsed
 
     def run(self) -> str:
-        """Run the remaining rounds; returns ``finished`` or ``cancelled``."""
+        """Run the remaining rounds; returns ``finished``, or ``cancelled`` or
+        ``interrupted`` when ``should_stop`` says so, at the end of a round or (asked by
+        the executor while it waits, :class:`RoundAborted`) in the middle of one, whose
+        work is then discarded."""
+        try:
+            return self._run()
+        except RoundAborted as exc:
+            return exc.status
+
+    def _run(self) -> str:
         sc = self.rs.info.scenario
         faults_in_round, recoveries = 0, 0
         while self.rnd < sc.rounds:
@@ -201,7 +210,7 @@ class _Loop:
             if self.should_stop is not None and self.rnd < sc.rounds:
                 stop = self.should_stop()
                 if stop:
-                    return stop if stop in ("cancelled", "interrupted") else "cancelled"
+                    return abort_status(stop)
         return "finished"
 
 
@@ -252,9 +261,10 @@ def run(
     With ``checkpoints``, a checkpoint is saved there after every ``checkpoint.every``
     rounds (and after the last). ``resume`` continues a run from its checkpoint (see
     :mod:`mecsim.store.runfolder`). ``should_stop`` is asked after every
-    round; when it returns True (or ``"cancelled"``, or ``"interrupted"``: the status the
-    run then gets) the run stops there, keeping the rounds done (the service cancelling a
-    run, or stopping). A Ray actor that dies is re-created and restored
+    round, and by the executor while it waits for its processes; when it returns True (or
+    ``"cancelled"``, or ``"interrupted"``: the status the run then gets) the run stops
+    there, keeping the rounds done and discarding a round in progress (the service
+    cancelling a run, or stopping). A Ray actor that dies is re-created and restored
     from the last checkpoint, and the round re-executed (``faults`` column).
 
     Observers hear how the run ends: ``on_run_end`` when every round is done,
@@ -264,6 +274,7 @@ def run(
     store = checkpoints if scenario.checkpoint.every > 0 else None
     start = resume.checkpoint if resume else None
     loop = _Loop(rs, observers, store, start, resume.rows if resume else [], should_stop)
+    rs.executor.abort_when(should_stop)
     try:
         if start is not None:
             rs.executor.load_state(

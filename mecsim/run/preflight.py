@@ -49,6 +49,8 @@ from mecsim.agents.models import ModelLayout, build_model, get_flat, model_layou
 from mecsim.agents.training import step_cost_on_meta
 from mecsim.data import DATASET_SHAPES, DataPools, load_dataset, partition
 from mecsim.emulation.network import NetworkModel, device_profiles
+from mecsim.run import limits as run_limits
+from mecsim.run.limits import Limits
 from mecsim.run.torch_rng import untouched
 from mecsim.scenario import Scenario, ScenarioError, TraceChannelConfig
 
@@ -87,20 +89,28 @@ def check(
     hosts: int | None = None,
     ray_address: str | None = None,
     resume: bool = False,
+    limits: Limits | None = None,
 ) -> list[str]:
     """Raise ScenarioError listing every problem (``source: field: message``), or return
     the warnings as lines. ``run_dir`` (the run's folder) is checked when given: directly
     inside ``outputs.dir`` and new — or, with ``resume=True``, existing (a run being
     continued). ``backend``, ``hosts`` and ``ray_address`` override the scenario's as in
-    :func:`mecsim.run.setup.prepare`."""
-    found = find_problems(
-        scenario,
-        run_dir=run_dir,
-        backend=backend,
-        hosts=hosts,
-        ray_address=ray_address,
-        resume=resume,
-    )
+    :func:`mecsim.run.setup.prepare`. With ``limits``, a scenario above them (rounds,
+    clients, training steps, hosts: :mod:`mecsim.run.limits`) is refused before anything
+    else is checked: its data are not even loaded."""
+    found = Findings()
+    if limits is not None:
+        for where, message in run_limits.check(scenario, limits):
+            found.problem(where, message)
+    if not found.problems:
+        found = find_problems(
+            scenario,
+            run_dir=run_dir,
+            backend=backend,
+            hosts=hosts,
+            ray_address=ray_address,
+            resume=resume,
+        )
     if found.problems:
         raise ScenarioError("\n".join(f"{source}: {p.field}: {p.message}" for p in found.problems))
     return [f"{source}: warning: {w.field}: {w.message}" for w in found.warnings]
@@ -371,6 +381,22 @@ def check_dataset(scenario: Scenario, found: Findings) -> DataPools | None:
         )
         return pools
     params = ds.partition.model_dump(exclude={"method"})
+    draws = params.get("samples_per_client") if ds.partition.method == "iid" else None
+    if draws is not None:
+        # each client draws its own samples (clients x samples_per_client indices in
+        # all): what could go wrong is checked without drawing, so the pre-flight's
+        # memory stays linear in the data set (the run's size is bounded by the limits)
+        test_draws = params.get("test_samples_per_client") or 1
+        for pool, k, what in (
+            (pools.train, draws, "samples_per_client"),
+            (pools.test, test_draws, "test_samples_per_client"),
+        ):
+            if k > len(pool):
+                found.problem(
+                    f"dataset.partition.{what}",
+                    f"{k} exceeds the pool's {len(pool)} samples",
+                )
+        return pools
     try:
         partition(pools, n, ds.partition.method, rng, **params)
     except ValueError as exc:

@@ -18,9 +18,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-import yaml
-
 from mecsim.scenario import Scenario, ScenarioError, scenario_from_dict
+from mecsim.scenario.loader import MAX_DEPTH, parse_yaml
 
 # Top-level sections whose changes only change timing: replay re-times recorded traces.
 TIMING_PATHS = ("channel", "devices", "deadline_s", "backhaul")
@@ -158,10 +157,10 @@ def parse_value(text: str) -> Any:
         inner = text[1:-1].strip()
         return [parse_value(p) for p in _split_top(inner)] if inner else []
     if text.startswith("{"):
-        try:
-            value = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise OverrideError(f"invalid mapping {text!r}: {exc}") from None
+        try:  # the scenario's bounded reader: no alias bombs, no deep nesting
+            value = parse_yaml(text, "value")
+        except ScenarioError as exc:
+            raise OverrideError(f"invalid mapping {text[:80]!r}: {exc}") from None
         return _numbers_in(value)
     return parse_scalar(text)
 
@@ -177,35 +176,58 @@ def _numbers_in(value: Any) -> Any:
 _LINSPACE = re.compile(r"^([^:\[\]{}]+):([^:\[\]{}]+):(\d+)$")
 
 
-def parse_values(text: str) -> list[Any]:
+#: Most values one ``--set`` may give (``start:stop:count`` included): a grid axis.
+MAX_VALUES = 1_000_000
+
+
+def parse_values(text: str, max_values: int = MAX_VALUES) -> list[Any]:
     """The values of ``--set path=v1,v2,...``.
 
     ``v1,v2,...`` is a comma-separated list (commas inside ``[...]`` or ``{...}`` do not
     split), or ``start:stop:count`` for ``count`` evenly spaced numbers from ``start`` to
-    ``stop`` inclusive (``1e6:50e6:50``).
+    ``stop`` inclusive (``1e6:50e6:50``). More than ``max_values`` values are refused
+    before any is made.
     """
+    depth = deepest = 0
+    for ch in text:  # bounded before anything recursive reads it
+        depth += ch in "[{"
+        depth -= ch in "]}"
+        deepest = max(deepest, depth)
+    if deepest > MAX_DEPTH:
+        raise OverrideError(f"values nested deeper than {MAX_DEPTH} levels")
     m = _LINSPACE.match(text.strip())
     if m:
         start, stop = parse_scalar(m.group(1)), parse_scalar(m.group(2))
-        count = int(m.group(3))
+        digits = m.group(3).lstrip("0") or "0"
+        count = int(digits) if len(digits) <= 12 else max_values + 1
         if not all(isinstance(x, (int, float)) for x in (start, stop)) or count < 1:
             raise OverrideError(f"{text!r}: start:stop:count needs two numbers and count >= 1")
+        if count > max_values:
+            raise OverrideError(
+                f"{text[:60]!r}: {m.group(3)[:20]} values, more than the {max_values:,} "
+                "one axis may have"
+            )
         if count == 1:
             return [float(start)]
         step = (stop - start) / (count - 1)
         return [float(start + i * step) for i in range(count - 1)] + [float(stop)]
-    values = [parse_value(p) for p in _split_top(text)]
+    parts = _split_top(text)
+    if len(parts) > max_values:
+        raise OverrideError(
+            f"{len(parts):,} values, more than the {max_values:,} one axis may have"
+        )
+    values = [parse_value(p) for p in parts]
     if any(v == "" for v in values):
         raise OverrideError(f"empty value in {text!r}")
     return values
 
 
-def parse_set(text: str) -> tuple[str, list[Any]]:
-    """``path=v1,v2`` -> (path, [v1, v2])."""
+def parse_set(text: str, max_values: int = MAX_VALUES) -> tuple[str, list[Any]]:
+    """``path=v1,v2`` -> (path, [v1, v2]) (at most ``max_values`` values)."""
     path, sep, values = text.partition("=")
     if not sep or not path.strip() or not values.strip():
         raise OverrideError(
             f"--set {text!r}: expected path=value[,value...], e.g. "
             "channel.uplink.bandwidth_hz=5e6,10e6,20e6"
         )
-    return path.strip(), parse_values(values)
+    return path.strip(), parse_values(values, max_values)

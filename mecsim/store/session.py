@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from mecsim.run import preflight
+from mecsim.run.limits import LOCAL, Limits
 from mecsim.run.loop import run
 from mecsim.run.observers import RunObserver
 from mecsim.run.setup import ScenarioInfeasible
@@ -110,6 +111,7 @@ def run_in_folder(
     serves_metrics: bool = False,
     on_folder_ready: Callable[[], None] | None = None,
     warn: Callable[[str], None] | None = None,
+    limits: Limits | None = LOCAL,
 ) -> Outcome:
     """Run ``scenario`` into the new folder ``run_dir``, or continue ``resume``.
 
@@ -122,6 +124,8 @@ def run_in_folder(
     :class:`~mecsim.scenario.ScenarioError` or ``OSError`` from it is bad input like the
     pre-flight's, the folder removed. ``warn`` receives the pre-flight's warnings.
     ``backend``, ``hosts`` and ``ray_address`` override the scenario's execution section.
+    ``limits`` bound what a new run may cost (:mod:`mecsim.run.limits`; None: no bound);
+    a resumed run was accepted when it started and is not checked again.
 
     Raises :class:`~mecsim.scenario.ScenarioError` (the pre-flight's problems) or
     :class:`BadRun` before the first round, with nothing left on disk;
@@ -152,6 +156,7 @@ def run_in_folder(
             hosts=hosts,
             ray_address=ray_address,
             resume=resume is not None,
+            limits=limits if resume is None else None,
         )
         for line in warnings:
             if warn is not None:

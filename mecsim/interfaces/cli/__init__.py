@@ -113,6 +113,13 @@ def _parser() -> argparse.ArgumentParser:
         help="do not write the PNG figures to <run dir>/plots at the end",
     )
     run.add_argument("--quiet", action="store_true", help="no progress bar or tables")
+    run.add_argument(
+        "--no-limits",
+        action="store_true",
+        help="lift the size limits a new run is checked against (at most 1,000,000 "
+        "rounds and clients, 10^10 training steps, 16 host processes per core: they "
+        "catch a typo such as epochs: 1000000000 before it starts); see docs/service.md",
+    )
 
     val = sub.add_parser(
         "validate",

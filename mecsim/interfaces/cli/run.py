@@ -17,7 +17,7 @@ from mecsim.analysis.plots import PlotWriter
 from mecsim.emulation.devices import builtin_profiles
 from mecsim.interfaces.console import summary_table
 from mecsim.interfaces.metrics import MetricsExporter
-from mecsim.run import interrupts, preflight
+from mecsim.run import interrupts, limits, preflight
 from mecsim.run.interrupts import Terminated
 from mecsim.run.observers import RunObserver
 from mecsim.run.progress import ProgressBar
@@ -165,6 +165,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
             serves_metrics=exporter is not None,
             on_folder_ready=start_metrics,
             warn=_error,
+            limits=None if args.no_limits else limits.LOCAL,
         )
     except BadRun as exc:
         _error(str(exc))

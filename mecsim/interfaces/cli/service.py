@@ -29,6 +29,7 @@ from rich.console import Console
 
 from mecsim.interfaces.console import list_table
 from mecsim.interfaces.service.client import Client, ScenarioRejected, ServiceError
+from mecsim.run import limits
 from mecsim.scenario.overrides import OverrideError, parse_set
 
 EXIT_BAD_INPUT = 2
@@ -52,6 +53,30 @@ def _positive(text: str) -> int:
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return value
+
+
+def _raise_open_files(wanted: int) -> None:
+    """Raise this process's soft limit of open files towards ``wanted`` (within the hard
+    limit): 1,024 by default on many systems, below ``--max-connections``."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and soft < wanted:
+            top = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (top, hard))
+    except (ImportError, ValueError, OSError):  # not on this system: keep what it has
+        pass
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number > 0")
     return value
 
 
@@ -111,6 +136,54 @@ def add_service_parsers(sub: argparse._SubParsersAction) -> None:
         type=_positive,
         default=1024,
         help="largest request body in KiB (default 1024)",
+    )
+    d = limits.SERVICE
+    serve.add_argument(
+        "--max-rounds",
+        type=_positive,
+        default=d.max_rounds,
+        help=f"most rounds a submitted run may have (default {d.max_rounds:,}; 422 beyond)",
+    )
+    serve.add_argument(
+        "--max-clients",
+        type=_positive,
+        default=d.max_clients,
+        help=f"most clients (topology.clients) a submitted run may have (default "
+        f"{d.max_clients:,})",
+    )
+    serve.add_argument(
+        "--max-steps",
+        type=_positive,
+        default=d.max_steps,
+        help="most training steps (mini-batches) a submitted run may take in all: rounds x "
+        f"clients per round x epochs x batches per epoch (default {d.max_steps:,})",
+    )
+    serve.add_argument(
+        "--max-hosts-per-core",
+        type=_positive_float,
+        default=d.max_hosts_per_core,
+        help="execution.hosts at most this many times the machine's cores (default "
+        f"{d.max_hosts_per_core:g})",
+    )
+    serve.add_argument(
+        "--max-sweep-points",
+        type=_positive,
+        default=d.max_sweep_points,
+        help=f"most grid points of one what-if sweep (default {d.max_sweep_points:,})",
+    )
+    serve.add_argument(
+        "--max-client-samples",
+        type=_positive,
+        default=d.max_client_samples,
+        help="most samples the clients of a submitted run may hold in all: clients x "
+        f"samples per client (default {d.max_client_samples:,})",
+    )
+    serve.add_argument(
+        "--max-connections",
+        type=_positive,
+        default=1000,
+        help="open connections served at once (default 1000; 503 beyond; a connection "
+        "that sends no complete header within 10 s is closed)",
     )
     serve.add_argument(
         "--metrics-retention",
@@ -255,17 +328,22 @@ def cmd_serve(args: argparse.Namespace, console: Console) -> int:
             return _fail(f"--data-root {args.data_root}: not a folder")
     if not 0 <= args.port <= 65535:
         return _fail(f"--port {args.port}: not a port number")
-    try:
-        store = Store(args.state)
-    except StateError as exc:
-        return _fail(f"--state {exc}")
+    _raise_open_files(args.max_connections + 256)  # the connections, Ray's sockets, files
+    # the port first: a server that cannot listen writes nothing (no state folder)
     try:
         sock = _listen(args.host, args.port)
     except OSError as exc:
-        store.close()
         return _fail(f"cannot listen on {args.host}:{args.port} ({exc.strerror or exc})")
+    try:
+        store = Store(args.state)
+    except StateError as exc:
+        sock.close()
+        return _fail(f"--state {exc}")
 
     import uvicorn
+
+    # deferred: uvicorn and the HTTP stack, with the rest of the service's imports above
+    from mecsim.interfaces.service.connections import server_config
 
     config = ServiceConfig(
         state_dir=Path(args.state),
@@ -279,6 +357,14 @@ def cmd_serve(args: argparse.Namespace, console: Console) -> int:
         max_queued=args.max_queued,
         metrics_retention_s=args.metrics_retention,
         shutdown_timeout_s=args.shutdown_timeout,
+        limits=limits.Limits(
+            max_rounds=args.max_rounds,
+            max_clients=args.max_clients,
+            max_steps=args.max_steps,
+            max_hosts_per_core=args.max_hosts_per_core,
+            max_sweep_points=args.max_sweep_points,
+            max_client_samples=args.max_client_samples,
+        ),
     )
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
@@ -292,17 +378,7 @@ def cmd_serve(args: argparse.Namespace, console: Console) -> int:
         f"{args.workers} worker{'s' if args.workers > 1 else ''}, pid {os.getpid()})",
         flush=True,
     )
-    # keep-alive well above any polling or scrape interval: a client reusing a connection
-    # the server has just closed as idle would see the request fail
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            log_level="warning",
-            lifespan="on",
-            timeout_graceful_shutdown=5,
-            timeout_keep_alive=75,
-        )
-    )
+    server = uvicorn.Server(server_config(app, max_connections=args.max_connections))
     import gc
 
     # the app, torch, pandas... are loaded for good: keep the garbage collector's full

@@ -94,7 +94,8 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
     # deferred: replay and sweeps load the algorithms (torch, ~1.5 s); this module is
     # imported by every `mecsim` command for its parser
     from mecsim.analysis.replay import ReplayInfeasible, RunLoadError
-    from mecsim.analysis.sweep import METRIC_COLUMNS, plot_sweep, sweep
+    from mecsim.analysis.sweep import METRIC_COLUMNS, grid_size, plot_sweep, sweep
+    from mecsim.run.limits import LOCAL, check_sweep_points
     from mecsim.scenario import ScenarioError
     from mecsim.scenario.overrides import OverrideError, parse_set
 
@@ -108,6 +109,9 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
         return fail(str(exc))
     if len(grid) != len(args.sets):
         return fail("the same path is given to --set twice")
+    too_many = check_sweep_points(grid_size(grid), LOCAL, "mecsim sweep's limit")
+    if too_many:
+        return fail(too_many)
     if args.metric not in METRIC_COLUMNS or args.metric in ("source", "notes"):
         numeric = [c for c in METRIC_COLUMNS if c not in ("source", "notes")]
         return fail(f"--metric {args.metric!r} is not a sweep column; one of: {', '.join(numeric)}")

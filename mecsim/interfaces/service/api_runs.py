@@ -14,6 +14,7 @@ from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Resp
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import StreamingResponse
 
+from mecsim.interfaces.service.bounded import WorkPool, parse_model
 from mecsim.interfaces.service.config import ServiceConfig
 from mecsim.interfaces.service.schemas import (
     ID_PATTERN,
@@ -26,8 +27,8 @@ from mecsim.interfaces.service.schemas import (
     RunView,
     Submitted,
 )
-from mecsim.interfaces.service.store import STATUSES, TERMINAL, QueueFull, Run, Store
-from mecsim.interfaces.service.submission import Rejected, prepare_submission
+from mecsim.interfaces.service.store import STATUSES, TERMINAL, Run, Store
+from mecsim.interfaces.service.submission import prepare_submission
 from mecsim.interfaces.service.views import (
     record_file,
     records_or_409,
@@ -38,6 +39,9 @@ from mecsim.interfaces.service.views import (
 from mecsim.interfaces.service.worker import Worker
 from mecsim.scenario import resolved_yaml, scenario_from_dict
 from mecsim.store.summary import markdown, summarise, target_lines
+
+#: How often an event stream looks for new rounds (one store read per stream per tick).
+EVENTS_POLL_S = 0.5
 
 
 def queue_run(
@@ -59,6 +63,7 @@ def queue_run(
         data_root=config.data_root,
         tmp_dir=store.tmp_dir,
         runs_dir=store.runs_dir,
+        limits=config.limits,
     )
     run = store.add_run(
         run_id, sc.name, sc.algorithm.name, resolved_yaml(sc), sc.rounds, config.max_queued
@@ -68,14 +73,18 @@ def queue_run(
 
 
 def get_run_or_404(store: Store, run_id: str) -> Run:
-    run = store.get_run(run_id) if re.match(ID_PATTERN, run_id) else None
+    run = store.get_run(run_id) if re.fullmatch(ID_PATTERN, run_id) else None
     if run is None:
         raise HTTPException(404, f"no run {run_id!r}")
     return run
 
 
 def runs_router(
-    store: Store, config: ServiceConfig, worker: Worker, authorised: Callable[..., Any]
+    store: Store,
+    config: ServiceConfig,
+    worker: Worker,
+    authorised: Callable[..., Any],
+    pool: WorkPool,
 ) -> APIRouter:
     """The ``/runs`` endpoints, behind ``authorised``."""
     api = APIRouter(
@@ -95,29 +104,33 @@ def runs_router(
         "/runs",
         status_code=201,
         response_model=Submitted,
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": RunRequest.model_json_schema()}},
+            }
+        },
         responses={
             422: {
                 "model": Problems,
-                "description": "an invalid scenario: one "
-                "entry per problem, naming the field; nothing is queued",
+                "description": "an invalid scenario, or a run above the service's limits: "
+                "one entry per problem, naming the field; nothing is queued",
             },
             429: {"model": Message, "description": "the queue is full"},
             413: {"model": Message, "description": "body too large"},
+            503: {"model": Message, "description": "the server is busy: retry"},
         },
     )
-    def submit(body: RunRequest, request: Request) -> JSONResponse:
-        """Queue a run of a scenario (validated as `mecsim validate` does)."""
-        try:
-            run = queue_run(store, config, worker, body.scenario, body.rounds, body.set)
-        except Rejected as exc:
-            return JSONResponse(
-                {"detail": [{"field": p.field, "msg": p.msg} for p in exc.problems]},
-                status_code=422,
-            )
-        except QueueFull as exc:
-            return JSONResponse(
-                {"detail": str(exc)}, status_code=429, headers={"Retry-After": "30"}
-            )
+    async def submit(request: Request) -> JSONResponse:
+        """Queue a run of a scenario (validated as `mecsim validate` does, and checked
+        against the service's limits). The body is a `RunRequest`."""
+        raw = await request.body()
+
+        def work() -> Run:
+            body = parse_model(raw, RunRequest)
+            return queue_run(store, config, worker, body.scenario, body.rounds, body.set)
+
+        run = await pool.run(work)
         url = str(request.url_for("get_run", run_id=run.id))
         return JSONResponse(
             {"id": run.id, "url": url, "status": run.status},
@@ -161,12 +174,14 @@ def runs_router(
             409: {"model": Message, "description": "the run has ended"},
             202: {
                 "model": RunView,
-                "description": "a running run: it stops at the end of its current round",
+                "description": "a running run: it stops within about a second, its round in "
+                "progress discarded",
             },
         },
     )
     def cancel_run(run_id: str, request: Request) -> JSONResponse:
-        """Cancel: a waiting run leaves the queue; a running one stops after its round."""
+        """Cancel: a waiting run leaves the queue; a running one stops within about a second
+        (a round in progress is discarded, the finished rounds kept)."""
         get_run_or_404_(run_id)
         outcome = store.request_cancel(run_id)
         run = get_run_or_404_(run_id)
@@ -188,13 +203,17 @@ def runs_router(
             409: {"model": Message},
         },
     )
-    def rounds(
+    async def rounds(
         run_id: str, request: Request, format: Literal["csv", "json", "parquet"] | None = None
     ) -> Response:
         """rounds.csv as CSV, JSON or Parquet (``?format=`` or ``Accept``)."""
-        run = get_run_or_404_(run_id)
-        frame = records_or_409(store, run, "rounds")
-        return table_response(frame, table_format(request, format), "rounds")
+        kind = table_format(request, format)
+
+        def work() -> Response:  # reading and converting a table: in the work pool
+            run = get_run_or_404_(run_id)
+            return table_response(records_or_409(store, run, "rounds"), kind, "rounds")
+
+        return await pool.run(work)
 
     @api.get(
         "/runs/{run_id}/clients",
@@ -207,13 +226,17 @@ def runs_router(
             409: {"model": Message},
         },
     )
-    def clients(
+    async def clients(
         run_id: str, request: Request, format: Literal["csv", "json", "parquet"] | None = None
     ) -> Response:
         """clients.csv as CSV, JSON or Parquet (``?format=`` or ``Accept``)."""
-        run = get_run_or_404_(run_id)
-        frame = records_or_409(store, run, "clients")
-        return table_response(frame, table_format(request, format), "clients")
+        kind = table_format(request, format)
+
+        def work() -> Response:  # reading and converting a table: in the work pool
+            run = get_run_or_404_(run_id)
+            return table_response(records_or_409(store, run, "clients"), kind, "clients")
+
+        return await pool.run(work)
 
     @api.get(
         "/runs/{run_id}/summary",
@@ -223,8 +246,11 @@ def runs_router(
             409: {"model": Message},
         },
     )
-    def summary(run_id: str) -> Response:
+    async def summary(run_id: str) -> Response:
         """The run's summary tables (markdown); for a running run, over its rounds so far."""
+        return await pool.run(summary_of, run_id)
+
+    def summary_of(run_id: str) -> Response:
         run = get_run_or_404_(run_id)
         done = store.run_dir(run.id) / "summary.md"
         if done.exists() and run.status in TERMINAL:
@@ -249,8 +275,11 @@ def runs_router(
     def plot(run_id: str, name: str) -> FileResponse:
         """One of the run's figures (``plots`` in the run's status lists them)."""
         run = get_run_or_404_(run_id)
-        path = store.run_dir(run.id) / "plots" / f"{name}.png"
-        if not re.match(PLOT_PATTERN, name) or not path.is_file():
+        if not re.fullmatch(PLOT_PATTERN, name):
+            raise HTTPException(404, f"run {run.id} has no plot {name!r}")
+        base = store.run_dir(run.id).resolve()
+        path = (base / "plots" / f"{name}.png").resolve()
+        if not path.is_relative_to(base) or not path.is_file():  # no symlink out
             raise HTTPException(404, f"run {run.id} has no plot {name!r}")
         return FileResponse(path, media_type="image/png")
 
@@ -271,17 +300,19 @@ def runs_router(
         """Server-sent events: ``round`` per finished round (its row; ``id`` is the round),
         then ``end`` with the final status. ``Last-Event-ID`` resumes after that round."""
         run = await run_in_threadpool(get_run_or_404_, run_id)
-        try:
-            after = int(request.headers.get("last-event-id", "-1"))
-        except ValueError:
-            after = -1
+        given = request.headers.get("last-event-id", "").strip()
+        # a round number; anything else (too long, negative, not a number): from the start
+        after = int(given) if given.isdigit() and len(given) <= 9 else -1
 
         async def stream() -> AsyncIterator[str]:
             nonlocal after
             idle = 0.0
+
+            def read() -> tuple[Run | None, list[dict[str, Any]]]:  # one thread hop a tick
+                return store.get_run(run.id), store.rounds(run.id, after)
+
             while True:
-                current = await run_in_threadpool(store.get_run, run.id)
-                rows = await run_in_threadpool(store.rounds, run.id, after)
+                current, rows = await run_in_threadpool(read)
                 for row in rows:
                     after = int(row["round"])
                     yield f"id: {after}\nevent: round\ndata: {json.dumps(row)}\n\n"
@@ -296,8 +327,8 @@ def runs_router(
                     return
                 if await request.is_disconnected():
                     return
-                await asyncio.sleep(0.25)
-                idle += 0.25
+                await asyncio.sleep(EVENTS_POLL_S)
+                idle += EVENTS_POLL_S
                 if idle >= 15:
                     idle = 0.0
                     yield ": keep-alive\n\n"
@@ -316,16 +347,19 @@ def runs_router(
         base = store.run_dir(run.id)
         if not base.is_dir():
             return []
+        # symbolic links are not followed (nothing outside the folder is even stat'ed)
         return [
-            FileEntry(name=p.relative_to(base).as_posix(), bytes=p.stat().st_size)
+            FileEntry(name=p.relative_to(base).as_posix(), bytes=p.lstat().st_size)
             for p in sorted(base.rglob("*"))
-            if p.is_file() and record_file(base, p)
+            if not p.is_symlink() and p.is_file() and record_file(base, p)
         ]
 
     @api.get("/runs/{run_id}/files/{name:path}", responses={404: {"model": Message}})
     def file(run_id: str, name: str) -> FileResponse:
         """One file of the run's folder."""
         run = get_run_or_404_(run_id)
+        if "\x00" in name or len(name) > 1000:
+            raise HTTPException(404, f"run {run.id} has no such file")
         base = store.run_dir(run.id).resolve()
         path = (base / name).resolve()
         if not path.is_relative_to(base) or not path.is_file() or not record_file(base, path):

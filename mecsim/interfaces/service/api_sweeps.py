@@ -12,16 +12,20 @@ import pandas as pd
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import FileResponse, JSONResponse
 
+from mecsim.interfaces.service.bounded import WorkPool, parse_model
 from mecsim.interfaces.service.config import ServiceConfig
 from mecsim.interfaces.service.schemas import ID_PATTERN, Message, Problems, SweepRequest, SweepView
 from mecsim.interfaces.service.store import Store
-from mecsim.interfaces.service.submission import Rejected
 from mecsim.interfaces.service.sweeps import SweepRunner, check_sweep, new_sweep_id
 from mecsim.interfaces.service.views import json_safe, when
 
 
 def sweeps_router(
-    store: Store, config: ServiceConfig, sweeps: SweepRunner, authorised: Callable[..., Any]
+    store: Store,
+    config: ServiceConfig,
+    sweeps: SweepRunner,
+    authorised: Callable[..., Any],
+    pool: WorkPool,
 ) -> APIRouter:
     """The ``/sweeps`` endpoints, behind ``authorised``."""
     api = APIRouter(
@@ -35,7 +39,7 @@ def sweeps_router(
     )
 
     def sweep_view(sweep_id: str, request: Request) -> SweepView:
-        entry = store.get_sweep(sweep_id) if re.match(ID_PATTERN, sweep_id) else None
+        entry = store.get_sweep(sweep_id) if re.fullmatch(ID_PATTERN, sweep_id) else None
         if entry is None:
             raise HTTPException(404, f"no sweep {sweep_id!r}")
         table = None
@@ -62,25 +66,68 @@ def sweeps_router(
         )
 
     @api.post(
-        "/sweeps", status_code=202, response_model=SweepView, responses={422: {"model": Problems}}
+        "/sweeps",
+        status_code=202,
+        response_model=SweepView,
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": SweepRequest.model_json_schema()}},
+            }
+        },
+        responses={
+            422: {"model": Problems},
+            429: {"model": Message, "description": "too many sweeps wait"},
+            503: {"model": Message, "description": "the server is busy: retry"},
+        },
     )
-    def submit_sweep(body: SweepRequest, request: Request) -> JSONResponse:
-        """Queue a what-if sweep (replay without training) over finished runs."""
-        try:
+    async def submit_sweep(request: Request) -> JSONResponse:
+        """Queue a what-if sweep (replay without training) over finished runs. The body
+        is a `SweepRequest`; its grid may have at most the service's
+        ``--max-sweep-points`` points."""
+        raw = await request.body()
+
+        def work() -> SweepView:
+            body = parse_model(raw, SweepRequest)
             check_sweep(
-                store, body.runs, body.set, body.metric, body.target_accuracy, config.data_root
+                store,
+                body.runs,
+                body.set,
+                body.metric,
+                body.target_accuracy,
+                config.data_root,
+                config.limits,
             )
-        except Rejected as exc:
-            return JSONResponse(
-                {"detail": [{"field": p.field, "msg": p.msg} for p in exc.problems]},
-                status_code=422,
-            )
-        sweep_id = new_sweep_id()
-        store.add_sweep(sweep_id, body.model_dump())
-        sweeps.wake()
-        view = sweep_view(sweep_id, request)
+            sweep_id = new_sweep_id()
+            store.add_sweep(sweep_id, body.model_dump(), config.max_queued)
+            sweeps.wake()
+            return sweep_view(sweep_id, request)
+
+        view = await pool.run(work)
         return JSONResponse(
             json.loads(view.model_dump_json()), status_code=202, headers={"Location": view.url}
+        )
+
+    @api.delete(
+        "/sweeps/{sweep_id}",
+        response_model=SweepView,
+        responses={
+            404: {"model": Message},
+            409: {"model": Message, "description": "the sweep has ended"},
+            202: {"model": SweepView, "description": "a running sweep: it stops at its next point"},
+        },
+    )
+    def cancel_sweep(sweep_id: str, request: Request) -> JSONResponse:
+        """Cancel a sweep: a waiting one leaves the queue, a running one stops at its next
+        point."""
+        outcome = store.cancel_sweep(sweep_id) if re.fullmatch(ID_PATTERN, sweep_id) else None
+        if outcome is None:
+            raise HTTPException(404, f"no sweep {sweep_id!r}")
+        view = sweep_view(sweep_id, request)
+        if outcome == "ended":
+            raise HTTPException(409, f"sweep {sweep_id} is {view.status}")
+        return JSONResponse(
+            json.loads(view.model_dump_json()), status_code=202 if outcome == "stopping" else 200
         )
 
     @api.get("/sweeps/{sweep_id}", response_model=SweepView, responses={404: {"model": Message}})
@@ -94,7 +141,7 @@ def sweeps_router(
     )
     def sweep_plot(sweep_id: str) -> FileResponse:
         """The sweep's plot: its metric against the first grid path."""
-        entry = store.get_sweep(sweep_id) if re.match(ID_PATTERN, sweep_id) else None
+        entry = store.get_sweep(sweep_id) if re.fullmatch(ID_PATTERN, sweep_id) else None
         path = store.sweep_dir(sweep_id) / "sweep.png" if entry else None
         if path is None or not path.is_file():
             raise HTTPException(404, f"no plot for sweep {sweep_id!r}")

@@ -14,11 +14,17 @@ them too.
 
 Security, in the order a request meets it:
 
+- with a token, every endpoint but ``/healthz`` and ``/metrics`` needs
+  ``Authorization: Bearer <token>`` (compared in constant time), else 401, before any of
+  the body is read;
 - request bodies above ``max_body_bytes`` get 413 (by ``Content-Length`` or while read);
 - a server on loopback accepts only loopback ``Host`` names (no DNS rebinding), and a
   ``POST``/``DELETE`` whose ``Origin`` is another site gets 403 (no cross-site forms);
-- with a token, every endpoint but ``/healthz`` and ``/metrics`` needs
-  ``Authorization: Bearer <token>`` (compared in constant time), else 401;
+- every answer says it may not be framed and its type not sniffed;
+- a body is parsed within bounds (:mod:`~mecsim.interfaces.service.bounded`: size,
+  depth, numbers, strings) and the work of a request (validation, the pre-flight, sweep
+  planning) runs in a bounded pool off the event loop (503 when its queue is full); a
+  run above the service's limits (``--max-rounds`` ...) gets 422;
 - submitted scenarios are validated as ``mecsim validate`` does and confined to the data
   root (:mod:`mecsim.interfaces.service.submission`); the number of waiting runs is
   bounded (429 beyond it); run ids are made by the server and only ``[a-z0-9-]`` ids are
@@ -32,7 +38,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -41,11 +48,20 @@ from starlette.concurrency import run_in_threadpool
 from mecsim import __version__
 from mecsim.interfaces.service.api_runs import queue_run, runs_router
 from mecsim.interfaces.service.api_sweeps import sweeps_router
+from mecsim.interfaces.service.bounded import BadBody, Busy, WorkPool
 from mecsim.interfaces.service.config import ServiceConfig
 from mecsim.interfaces.service.monitoring import RunSeries, service_registry
 from mecsim.interfaces.service.schemas import Message
-from mecsim.interfaces.service.security import BodyLimit, SameSite, bearer_auth, is_loopback
-from mecsim.interfaces.service.store import Run, Store
+from mecsim.interfaces.service.security import (
+    BodyLimit,
+    PageHeaders,
+    SameSite,
+    TokenGuard,
+    bearer_auth,
+    is_loopback,
+)
+from mecsim.interfaces.service.store import QueueFull, Run, Store
+from mecsim.interfaces.service.submission import Rejected
 from mecsim.interfaces.service.sweeps import SweepRunner
 from mecsim.interfaces.service.web import web_router
 from mecsim.interfaces.service.worker import Worker
@@ -90,6 +106,7 @@ def create_app(config: ServiceConfig, store: Store | None = None) -> FastAPI:
             if config.start_workers:
                 await run_in_threadpool(worker.stop)
                 await run_in_threadpool(sweeps.stop)
+            pool.close()
 
     app = FastAPI(
         title="mecsim service",
@@ -105,9 +122,51 @@ def create_app(config: ServiceConfig, store: Store | None = None) -> FastAPI:
     app.state.worker = worker
     app.state.config = config
     app.state.series = series
+    # the last added is the outermost: headers on every answer, then the token (before
+    # anything of the body is read), the body's size, the Host and Origin
     app.add_middleware(SameSite, check_host=is_loopback(config.host))
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
+    app.add_middleware(TokenGuard, token=config.token)
+    app.add_middleware(PageHeaders)
     authorised = bearer_auth(config.token)
+    pool = WorkPool(config.work_threads, config.max_waiting_requests)
+    app.state.pool = pool
+
+    def problems(items: list[tuple[str, str]]) -> JSONResponse:
+        return JSONResponse({"detail": [{"field": f, "msg": m} for f, m in items]}, status_code=422)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # pydantic's errors without the input (which may not even be encodable): each
+        # entry both FastAPI's shape (loc, msg, type) and the service's (field, msg)
+        out = []
+        for err in exc.errors():
+            loc = [p if isinstance(p, int) else str(p)[:100] for p in err.get("loc", ())]
+            out.append(
+                {
+                    "loc": loc,
+                    "field": ".".join(str(p) for p in loc) or "(request)",
+                    "msg": str(err.get("msg", "invalid")).splitlines()[0][:300],
+                    "type": str(err.get("type", "invalid")),
+                }
+            )
+        return JSONResponse({"detail": out}, status_code=422)
+
+    @app.exception_handler(BadBody)
+    async def bad_body(request: Request, exc: BadBody) -> JSONResponse:
+        return problems(exc.problems)
+
+    @app.exception_handler(Rejected)
+    async def rejected(request: Request, exc: Rejected) -> JSONResponse:
+        return problems([(p.field, p.msg) for p in exc.problems])
+
+    @app.exception_handler(QueueFull)
+    async def queue_full(request: Request, exc: QueueFull) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=429, headers={"Retry-After": "30"})
+
+    @app.exception_handler(Busy)
+    async def busy(request: Request, exc: Busy) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": "2"})
 
     service = APIRouter(
         dependencies=[Depends(authorised)],
@@ -161,10 +220,11 @@ def create_app(config: ServiceConfig, store: Store | None = None) -> FastAPI:
         """The web form's submission: the same checks as ``POST /runs``."""
         return queue_run(store, config, worker, text, rounds, overrides)
 
-    app.include_router(runs_router(store, config, worker, authorised))
-    app.include_router(sweeps_router(store, config, sweeps, authorised))
+    app.include_router(runs_router(store, config, worker, authorised, pool))
+    app.include_router(sweeps_router(store, config, sweeps, authorised, pool))
     app.include_router(service)
     app.include_router(
-        web_router(store, config, authorised, submit_form=submit_form), include_in_schema=False
+        web_router(store, config, authorised, submit_form=submit_form, pool=pool),
+        include_in_schema=False,
     )
     return app

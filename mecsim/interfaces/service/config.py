@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from mecsim.run.limits import SERVICE, Limits
+
 MiB = 1024 * 1024
 
 
@@ -21,5 +23,10 @@ class ServiceConfig:
     max_queued: int = 100
     metrics_retention_s: float = 3600.0
     shutdown_timeout_s: float = 60.0
+    #: threads working on requests' CPU-bound parts, and requests that may wait for one
+    work_threads: int = 2
+    max_waiting_requests: int = 16
+    #: what one submitted run or sweep may cost (``--max-rounds`` ...; docs/service.md)
+    limits: Limits = SERVICE
     #: False: the API without workers (nothing queued ever runs): tests of the HTTP layer
     start_workers: bool = True

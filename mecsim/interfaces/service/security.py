@@ -1,8 +1,11 @@
-"""The service's guards, in the order a request meets them: body size, same site, token.
+"""The service's guards, in the order a request meets them: token, body size, same site,
+page headers.
 
-:class:`BodyLimit` and :class:`SameSite` are ASGI middleware around the whole
-application; :func:`bearer_auth` is the one dependency every route but ``/healthz`` and
-``/metrics`` carries.
+:class:`TokenGuard`, :class:`BodyLimit`, :class:`SameSite` and :class:`PageHeaders` are
+ASGI middleware around the whole application: the token is checked before anything of
+the body is read. :func:`bearer_auth` is the dependency every route but ``/healthz`` and
+``/metrics`` carries (it checks the token again, and describes it in the OpenAPI
+document).
 """
 
 from __future__ import annotations
@@ -69,6 +72,64 @@ class BodyLimit:
         return await self.app(scope, limited, send)
 
 
+#: Paths answered without a token.
+OPEN_PATHS = frozenset({"/healthz", "/metrics", "/favicon.ico"})
+
+
+class TokenGuard:
+    """401 for a request without ``Authorization: Bearer <token>`` (constant-time
+    compare), before its body is read; ``/healthz``, ``/metrics`` are open."""
+
+    def __init__(self, app, token: str | None) -> None:
+        self.app = app
+        self.token = token.encode() if token is not None else None
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or self.token is None or scope["path"] in OPEN_PATHS:
+            return await self.app(scope, receive, send)
+        given = b""
+        for key, value in scope.get("headers", []):
+            if key == b"authorization":
+                scheme, _, credentials = value.partition(b" ")
+                if scheme.lower() == b"bearer":
+                    given = credentials.strip()
+                break
+        if not hmac.compare_digest(given, self.token):
+            response = JSONResponse(
+                {"detail": "missing or wrong bearer token"},
+                status_code=401,
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+            return await response(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
+class PageHeaders:
+    """Every response: not to be framed by another site (``X-Frame-Options: DENY``, CSP
+    ``frame-ancestors 'none'``: a page with a Cancel button cannot be clickjacked), its
+    type not sniffed (``X-Content-Type-Options: nosniff``)."""
+
+    HEADERS = (
+        (b"x-frame-options", b"DENY"),
+        (b"content-security-policy", b"frame-ancestors 'none'"),
+        (b"x-content-type-options", b"nosniff"),
+    )
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def with_headers(message):
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *self.HEADERS]
+            await send(message)
+
+        return await self.app(scope, receive, with_headers)
+
+
 def _host_of(header: str) -> str:
     if header.startswith("["):
         return header[1:].split("]", 1)[0]
@@ -86,8 +147,12 @@ class SameSite:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        hosts = [v.decode("latin-1") for k, v in scope["headers"] if k == b"host"]
+        if len(hosts) > 1:  # read one way here and another by a proxy: refused
+            response = JSONResponse({"detail": "more than one Host header"}, status_code=400)
+            return await response(scope, receive, send)
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        host = headers.get("host", "")
+        host = hosts[0] if hosts else ""
         if self.check_host and _host_of(host) not in LOOPBACK_NAMES:
             response = JSONResponse(
                 {

@@ -520,9 +520,36 @@ class Store:
         return bool(rows and rows[0][0])
 
     def recover(self) -> list[str]:
-        """At start-up: runs left ``running`` by a server that died are ``interrupted``."""
+        """At start-up: runs left ``running`` by a server that died are ``interrupted``
+        (they resume), except those whose cancel was requested: they, and interrupted runs
+        whose cancel was requested, are ``cancelled`` (never resumed). Returns the ids
+        of the runs that will resume."""
         now = time.time()
         with self._tx() as c:
+            for row in c.execute(
+                "SELECT id, status FROM runs WHERE cancel_requested = 1 "
+                "AND status IN ('running', 'interrupted')"
+            ).fetchall():
+                c.execute(
+                    "UPDATE runs SET status = 'cancelled', finished_at = ?, history = ? "
+                    "WHERE id = ?",
+                    (
+                        now,
+                        self._history(
+                            c,
+                            row["id"],
+                            "cancelled",
+                            now,
+                            f"its cancel was requested; found {row['status']} at start-up",
+                        ),
+                        row["id"],
+                    ),
+                )
+            c.execute(
+                "UPDATE sweeps SET status = 'cancelled', finished_at = ? "
+                "WHERE status = 'running' AND error = 'cancel requested'",
+                (now,),
+            )
             ids = [r["id"] for r in c.execute("SELECT id FROM runs WHERE status = 'running'")]
             for run_id in ids:
                 c.execute(
@@ -541,8 +568,17 @@ class Store:
     def sweep_dir(self, sweep_id: str) -> Path:
         return self.sweeps_dir / sweep_id
 
-    def add_sweep(self, sweep_id: str, request: dict[str, Any]) -> Sweep:
+    def add_sweep(self, sweep_id: str, request: dict[str, Any], max_waiting: int = 100) -> Sweep:
+        """Queue a sweep; :class:`QueueFull` when ``max_waiting`` sweeps already wait."""
         with self._tx() as c:
+            waiting = c.execute(
+                "SELECT count(*) FROM sweeps WHERE status IN ('queued', 'running')"
+            ).fetchone()[0]
+            if waiting >= max_waiting:
+                raise QueueFull(
+                    f"{waiting} sweeps are waiting (the service's bound is {max_waiting}); "
+                    "submit again later"
+                )
             c.execute(
                 "INSERT INTO sweeps (id, status, created_at, request) VALUES (?, 'queued', ?, ?)",
                 (sweep_id, time.time(), json.dumps(request)),
@@ -562,6 +598,29 @@ class Store:
                 "UPDATE sweeps SET status = ?, finished_at = ?, error = ? WHERE id = ?",
                 (status, done, error, sweep_id),
             )
+
+    def cancel_sweep(self, sweep_id: str) -> str | None:
+        """A waiting sweep is ``cancelled`` at once; a running one is flagged (its thread
+        stops at its next point, see :meth:`sweep_cancelled`); an ended one is left
+        alone (``"ended"``). None: no such sweep."""
+        with self._tx() as c:
+            row = c.execute("SELECT status FROM sweeps WHERE id = ?", (sweep_id,)).fetchone()
+            if row is None:
+                return None
+            if row["status"] == "queued":
+                c.execute(
+                    "UPDATE sweeps SET status = 'cancelled', finished_at = ? WHERE id = ?",
+                    (time.time(), sweep_id),
+                )
+                return "cancelled"
+            if row["status"] == "running":
+                c.execute("UPDATE sweeps SET error = 'cancel requested' WHERE id = ?", (sweep_id,))
+                return "stopping"
+            return "ended"
+
+    def sweep_cancelled(self, sweep_id: str) -> bool:
+        rows = self._query("SELECT status, error FROM sweeps WHERE id = ?", (sweep_id,))
+        return bool(rows) and (rows[0][0] == "cancelled" or rows[0][1] == "cancel requested")
 
     def waiting_sweeps(self) -> list[Sweep]:
         rows = self._query(

@@ -8,10 +8,12 @@
 3. Files the scenario names (:data:`PATH_FIELDS`) must lie under the service's
    ``--data-root``, after following symbolic links; without ``--data-root`` a submitted
    scenario may name none. They are stored as absolute paths.
-4. The service's settings replace the run-placement fields (:func:`service_settings`):
+4. The run's size (rounds, clients, training steps, hosts) is checked against the
+   service's limits (:mod:`mecsim.run.limits`, ``mecsim serve --max-...``).
+5. The service's settings replace the run-placement fields (:func:`service_settings`):
    the run executes on the service's Ray and writes under ``--state``; its id is made
    by the server.
-5. The placed scenario goes through the pre-flight of ``mecsim run``
+6. The placed scenario goes through the pre-flight of ``mecsim run``
    (:mod:`mecsim.run.preflight`: data, model x dataset, step memory, algorithm cross-field
    checks, channel) — only now, since it reads the files the scenario names. The run's
    metrics port is not checked: the service's ``/metrics`` carries its series.
@@ -33,7 +35,9 @@ from typing import Any
 
 import yaml
 
+from mecsim.run import limits as run_limits
 from mecsim.run import preflight as checks
+from mecsim.run.limits import Limits
 from mecsim.scenario import (
     Scenario,
     ScenarioError,
@@ -189,8 +193,10 @@ def prepare_submission(
     data_root: Path | None,
     tmp_dir: Path,
     runs_dir: Path,
+    limits: Limits | None = None,
 ) -> tuple[str, Scenario]:
-    """Validate, override, confine and place a submission: (run id, scenario to run)."""
+    """Validate, override, confine and place a submission: (run id, scenario to run).
+    With ``limits``, a scenario above them is refused before its data are read."""
 
     sc = _validate_text(scenario_text(scenario), tmp_dir)
     data = sc.model_dump(mode="json")
@@ -230,6 +236,10 @@ def prepare_submission(
     problems = confine(data, data_root)
     if problems:
         raise Rejected(problems)
+    if limits is not None:
+        over = run_limits.check(Scenario.model_validate(data), limits)
+        if over:
+            raise Rejected([Problem(field, msg) for field, msg in over])
     run_id = new_run_id(sc.name)
     service_settings(data, run_id, runs_dir)
     final = _validate_text(resolved_yaml(Scenario.model_validate(data)), tmp_dir, preflight=True)

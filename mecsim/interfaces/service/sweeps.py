@@ -4,8 +4,11 @@ The grid uses ``mecsim sweep``'s syntax (``PATH=V1,V2,...`` or ``START:STOP:COUN
 its rules: only timing (``channel.*``, ``devices.*``, ``deadline_s``, ``backhaul.*``) can be
 replayed; there is no retraining through the service. Every grid point of every run is
 checked before the sweep is queued, including that it names no file outside the data
-root. Sweeps run one at a time in their own thread (replays are short and need no Ray)
-and write ``STATE/sweeps/<id>/sweep.csv`` and ``sweep.png``.
+root. The grid's size is worked out before any point is made and bounded
+(``--max-sweep-points``); waiting sweeps are bounded too (``--max-queued``). Sweeps run
+one at a time in their own thread (replays are short and need no Ray), can be cancelled
+(``DELETE /sweeps/{id}``: the thread stops at its next point) and write
+``STATE/sweeps/<id>/sweep.csv`` and ``sweep.png``.
 """
 
 from __future__ import annotations
@@ -18,16 +21,36 @@ from pathlib import Path
 from typing import Any
 
 from mecsim.analysis.replay import RunLoadError, load_run
-from mecsim.analysis.sweep import METRIC_COLUMNS, grid_points, plot_sweep, sweep
+from mecsim.analysis.sweep import (
+    METRIC_COLUMNS,
+    SweepStopped,
+    grid_points,
+    grid_size,
+    plot_sweep,
+    sweep,
+)
 from mecsim.interfaces.service.store import Store
 from mecsim.interfaces.service.submission import Problem, Rejected, confine
-from mecsim.scenario.overrides import OverrideError, apply_overrides, is_timing_path, parse_set
+from mecsim.run.limits import Limits, check_sweep_points
+from mecsim.scenario.overrides import (
+    MAX_VALUES,
+    OverrideError,
+    apply_overrides,
+    is_timing_path,
+    parse_set,
+)
 
 DEFAULT_METRIC = "round_time_mean_s"
 
 
 def new_sweep_id() -> str:
     return f"sweep-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
+
+
+#: Below this many (run, point) pairs every combination is checked before a sweep is
+#: queued; above it each axis value is checked on each run (a combination invalid only
+#: together then fails the sweep with its reason, recorded as the sweep's error).
+CHECK_EVERY_POINT_BELOW = 256
 
 
 def check_sweep(
@@ -37,10 +60,14 @@ def check_sweep(
     metric: str,
     target_accuracy: float | None,
     data_root: Path | None,
+    limits: Limits | None = None,
 ) -> dict[str, list]:
-    """The parsed grid of a valid request; :class:`Rejected` naming each problem."""
+    """The parsed grid of a valid request; :class:`Rejected` naming each problem. With
+    ``limits``, a grid of more than ``max_sweep_points`` points (worked out before any
+    point is made) is refused."""
 
     problems: list[Problem] = []
+    max_points = limits.max_sweep_points if limits is not None else None
     if not runs:
         problems.append(Problem("runs", "give at least one finished run"))
     for i, run_id in enumerate(runs):
@@ -54,7 +81,7 @@ def check_sweep(
     grid: dict[str, list] = {}
     for i, text in enumerate(sets):
         try:
-            path, values = parse_set(text)
+            path, values = parse_set(text, max_values=max_points or MAX_VALUES)
         except OverrideError as exc:
             problems.append(Problem(f"set.{i}", str(exc)))
             continue
@@ -77,14 +104,22 @@ def check_sweep(
         )
     if metric in ("time_to_target_s", "rounds_to_target") and target_accuracy is None:
         problems.append(Problem("target_accuracy", f"metric {metric} needs it"))
+    if not problems and limits is not None:
+        too_many = check_sweep_points(grid_size(grid), limits)
+        if too_many:
+            problems.append(Problem("set", too_many))
     if problems:
         raise Rejected(problems)
+    if len(runs) * grid_size(grid) < CHECK_EVERY_POINT_BELOW:
+        points = grid_points(grid)
+    else:  # each value of each axis once, the others as recorded
+        points = [{path: value} for path, values in grid.items() for value in values]
     for run_id in runs:
         try:
             recorded = load_run(store.run_dir(run_id))
         except RunLoadError as exc:
             raise Rejected([Problem("runs", str(exc))]) from None
-        for point in grid_points(grid):
+        for point in points:
             try:
                 sc = apply_overrides(recorded.scenario, point, "scenario")
             except OverrideError as exc:
@@ -150,12 +185,18 @@ class SweepRunner:
                 grid,
                 target_accuracy=req.get("target_accuracy"),
                 workers=1,
+                should_stop=lambda: self._stop.is_set() or self.store.sweep_cancelled(sweep_id),
             )
             out = self.store.sweep_dir(sweep_id)
             out.mkdir(parents=True, exist_ok=True)
             frame.to_csv(out / "sweep.csv", index=False)
             if grid:
                 plot_sweep(frame, next(iter(grid)), req["metric"], out / "sweep.png")
+        except SweepStopped:
+            if self.store.sweep_cancelled(sweep_id):
+                self.store.set_sweep_status(sweep_id, "cancelled", error="cancelled")
+            else:  # the server is stopping: the sweep runs again at its next start
+                self.store.set_sweep_status(sweep_id, "queued")
         except Exception as exc:  # noqa: BLE001 - recorded as the sweep's failure
             first = f"{type(exc).__name__}: {exc}".splitlines()[0]
             traceback.print_exc()

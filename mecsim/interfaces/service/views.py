@@ -28,7 +28,9 @@ def when(ts: float | None) -> datetime | None:
 
 def plot_names(store: Store, run_id: str) -> list[str]:
     d = store.run_dir(run_id) / "plots"
-    return sorted(p.stem for p in d.glob("*.png")) if d.is_dir() else []
+    if d.is_symlink() or not d.is_dir():
+        return []
+    return sorted(p.stem for p in d.glob("*.png") if not p.is_symlink())
 
 
 def run_view(store: Store, run: Run, request: Request) -> RunView:

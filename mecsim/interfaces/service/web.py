@@ -23,6 +23,7 @@ from fastapi import APIRouter, Depends, File, Form, HTTPException, Request, Uplo
 from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.templating import Jinja2Templates
 
+from mecsim.interfaces.service.bounded import Busy, WorkPool
 from mecsim.interfaces.service.store import TERMINAL, QueueFull, Run, Store
 from mecsim.interfaces.service.submission import Problem, Rejected
 from mecsim.interfaces.service.views import plot_names, read_records
@@ -86,6 +87,7 @@ def web_router(
     config: Any,
     authorised: Callable,
     submit_form: Callable[[str, int | None, dict[str, Any]], Run],
+    pool: WorkPool,
 ) -> APIRouter:
     templates = Jinja2Templates(directory=str(TEMPLATES))
     router = APIRouter(dependencies=[Depends(authorised)])
@@ -125,18 +127,27 @@ def web_router(
         rounds: Annotated[str, Form()] = "",
         overrides: Annotated[str, Form()] = "",
     ):
-        text = (await scenario.read()).decode("utf-8", errors="replace")
-        try:
+        raw = await scenario.read()  # the body limit bounds it
+
+        def work() -> Run:  # in the work pool, off the event loop
+            text = raw.decode("utf-8", errors="replace").replace("\x00", "\ufffd")
             n = None
             if rounds.strip():
                 if not re.fullmatch(r"\d{1,7}", rounds.strip()) or int(rounds) < 1:
-                    raise Rejected([Problem("rounds", f"{rounds!r} is not a whole number >= 1")])
+                    raise Rejected(
+                        [Problem("rounds", f"{rounds[:40]!r} is not a whole number >= 1")]
+                    )
                 n = int(rounds)
-            run = submit_form(text, n, parse_set_lines(overrides))
+            return submit_form(text, n, parse_set_lines(overrides))
+
+        try:
+            run = await pool.run(work)
         except Rejected as exc:
             return submit_page(request, exc.problems, 422)
         except QueueFull as exc:
             return submit_page(request, None, 429, message=str(exc))
+        except Busy as exc:
+            return submit_page(request, None, 503, message=str(exc))
         return RedirectResponse(f"/ui/runs/{run.id}", status_code=303)
 
     def get_run(run_id: str) -> Run:

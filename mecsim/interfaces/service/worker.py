@@ -12,10 +12,12 @@ Exactly one place starts a run (:meth:`Worker._start`) and one resumes an interr
 run from its newest checkpoint (:meth:`Worker._resume`, as ``mecsim run --resume``).
 
 Stopping: cancelling a running run (``DELETE /runs/{id}``) and stopping the server
-both end the run after its current round through ``should_stop``; a cancelled run is
-``cancelled``, a run stopped by the server's shutdown is ``interrupted`` and resumes
-when the server starts again. A server that dies leaves its running runs ``running``
-in the store; the next start marks them ``interrupted`` (:meth:`Store.recover`).
+both end the run through ``should_stop``, which the run's executor also asks every half
+second while it waits for its actors: a round in progress is discarded (its actors
+killed), the finished rounds kept. A cancelled run is ``cancelled``, a run stopped by the
+server's shutdown is ``interrupted`` and resumes when the server starts again. A server
+that dies leaves its running runs ``running`` in the store; the next start marks them
+``interrupted`` (:meth:`Store.recover`), or ``cancelled`` when their cancel was requested.
 """
 
 from __future__ import annotations
@@ -146,16 +148,16 @@ class Worker:
             self._wake.notify_all()
 
     def stop(self) -> None:
-        """Stop after the running runs' current rounds (they become ``interrupted``), saying
-        what it waits for."""
+        """Stop the running runs (within about a second: a round in progress is discarded;
+        they become ``interrupted``), saying what it waits for."""
         self._stopping.set()
         self.wake()
         running = sorted(self.busy.values())
         if running:
             log.info(
-                "mecsim serve: stopping: waiting for %d running run(s) to end their "
-                "round (%s), at most %.0f s (--shutdown-timeout); they resume at the "
-                "next start",
+                "mecsim serve: stopping: waiting for %d running run(s) to stop (%s; a "
+                "round in progress is discarded), at most %.0f s (--shutdown-timeout); they "
+                "resume from their newest checkpoint at the next start",
                 len(running),
                 ", ".join(running),
                 self.shutdown_timeout_s,
@@ -174,9 +176,7 @@ class Worker:
                 ", ".join(left),
             )
         elif running:
-            log.info(
-                "mecsim serve: every run ended its round in %.1f s", time.monotonic() - started
-            )
+            log.info("mecsim serve: every run stopped in %.1f s", time.monotonic() - started)
 
     def _supervise(self) -> None:
         try:
@@ -234,13 +234,15 @@ class Worker:
                 self.busy.pop(slot, None)
 
     def _should_stop(self, run_id: str) -> Callable[[], str | bool]:
-        """After each round: ``interrupted`` when the server stops (the run resumes when it
-        starts again), ``cancelled`` when a user cancelled it, else False."""
+        """After each round, and every half second while the executor waits for its
+        actors: ``cancelled`` when a user cancelled the run (never resumed), else
+        ``interrupted`` when the server stops (the run resumes when it starts again), else
+        False."""
 
         def stop() -> str | bool:
-            if self._stopping.is_set():
-                return "interrupted"
-            return "cancelled" if self.store.cancel_requested(run_id) else False
+            if self.store.cancel_requested(run_id):
+                return "cancelled"
+            return "interrupted" if self._stopping.is_set() else False
 
         return stop
 
@@ -271,6 +273,7 @@ class Worker:
                 observers=[gate, *self._observers(run, scenario, out_dir)],
                 should_stop=self._should_stop(run.id),
                 backend="ray",
+                limits=None,  # the service's own were checked when the run was submitted
             ).rows
         finally:
             gate.release()  # if prepare failed

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -34,6 +35,28 @@ class ActorFailure(RuntimeError):
     its process was killed, ran out of memory, or its node went away. The run loop
     re-creates the actors, restores them from the last checkpoint and re-executes from
     there."""
+
+
+class RoundAborted(Exception):
+    """The run was told to stop (a user cancelled it, or its server is stopping) while a
+    round was in progress: the executor stopped waiting for its actors, the round is
+    discarded and the run ends with ``status`` (``cancelled`` or ``interrupted``), its
+    finished rounds kept. See :meth:`Executor.abort_when`."""
+
+    def __init__(self, status: str) -> None:
+        super().__init__(f"round aborted: {status}")
+        self.status = status
+
+
+#: A run's stop check: False to go on, else the status to stop with (True: cancelled).
+StopCheck = Callable[[], "bool | str"]
+
+#: How often a waiting executor asks its stop check (seconds).
+ABORT_POLL_S = 0.5
+
+
+def abort_status(stop: bool | str) -> str:
+    return stop if isinstance(stop, str) and stop in ("cancelled", "interrupted") else "cancelled"
 
 
 @dataclass
@@ -96,6 +119,11 @@ class Executor(Protocol):
 
     def close(self) -> None:
         """Stop every process the executor started."""
+
+    def abort_when(self, check: StopCheck | None) -> None:
+        """While waiting for its clients, servers or hosts, ask ``check`` now and then
+        (the Ray executor every :data:`ABORT_POLL_S` seconds, the local one between host
+        calls) and raise :class:`RoundAborted` when it says stop; None: never."""
 
 
 def edge_ids(server_kwargs: dict[str, Any]) -> list[int]:

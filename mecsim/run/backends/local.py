@@ -15,7 +15,16 @@ from mecsim.agents.host import ClientHost, HostSetup
 from mecsim.agents.server import AggregateReport, CentralServer, EdgeServer
 from mecsim.data import DataPools
 from mecsim.run.backends.balance import stream_parts
-from mecsim.run.backends.base import ClientData, ClientMap, Evaluation, ExecutorState, collect
+from mecsim.run.backends.base import (
+    ClientData,
+    ClientMap,
+    Evaluation,
+    ExecutorState,
+    RoundAborted,
+    StopCheck,
+    abort_status,
+    collect,
+)
 
 
 class LocalExecutor:
@@ -31,6 +40,7 @@ class LocalExecutor:
         self._args = (server_kwargs, setup, pools, host_clients)
         self.clients = ClientMap(server_kwargs, setup, host_clients)
         self._streaming = False
+        self._abort_check: StopCheck | None = None
         self._start()
 
     def _start(self) -> None:
@@ -38,6 +48,17 @@ class LocalExecutor:
         self.server = CentralServer(**server_kwargs)
         self.edges = {b: EdgeServer(b, **server_kwargs) for b in self.clients.edge_ids}
         self.hosts = [ClientHost(setup, pools, clients) for clients in host_clients]
+
+    def abort_when(self, check: StopCheck | None) -> None:
+        """See :meth:`~mecsim.run.backends.base.Executor.abort_when`: asked between host
+        calls (in one process a client's training cannot be interrupted)."""
+        self._abort_check = check
+
+    def _between_hosts(self) -> None:
+        if self._abort_check is not None:
+            stop = self._abort_check()
+            if stop:
+                raise RoundAborted(abort_status(stop))
 
     def restart(self) -> None:
         """New servers and hosts in their initial state (then :meth:`load_state`)."""
@@ -90,6 +111,7 @@ class LocalExecutor:
             return self._fit_streamed(rnd, tasks, lost, fold)
         out: list[ClientResult] = []
         for h, (group, guests) in self.clients.assign(tasks).items():
+            self._between_hosts()
             out += self.hosts[h].fit(rnd, group, lost, guests)
         return sorted(out, key=lambda r: r.client_id)
 
@@ -101,6 +123,7 @@ class LocalExecutor:
         for part in stream_parts(tasks):
             results: list[ClientResult] = []
             for h, (group, guests) in self.clients.assign(part).items():
+                self._between_hosts()
                 results += self.hosts[h].fit(rnd, group, lost, guests)
             keep = fold.intersection(t.client_id for t in part)
             self.server.stream_fold(rnd, keep, results)  # lets go of every upload

@@ -18,11 +18,15 @@ from mecsim.run.backends.actors import (
 )
 from mecsim.run.backends.balance import STREAM_PARTS_IN_FLIGHT, stream_parts
 from mecsim.run.backends.base import (
+    ABORT_POLL_S,
     ActorFailure,
     ClientData,
     ClientMap,
     Evaluation,
     ExecutorState,
+    RoundAborted,
+    StopCheck,
+    abort_status,
     collect,
 )
 from mecsim.run.backends.placement import place_hosts
@@ -83,6 +87,7 @@ class RayExecutor:
         self._board = False  # whether the global model goes through a shared file
         self._planned: tuple[int, Any] | None = None  # (round, its plan) asked for ahead
         self._folds: list[Any] = []  # a streamed round's folds not yet waited for
+        self._abort_check: StopCheck | None = None
         self._start()
 
     def _start(self) -> None:
@@ -154,11 +159,30 @@ class RayExecutor:
             )
         ]
 
+    def abort_when(self, check: StopCheck | None) -> None:
+        """See :meth:`~mecsim.run.backends.base.Executor.abort_when`: every wait polls
+        ``check`` each :data:`~mecsim.run.backends.base.ABORT_POLL_S` seconds."""
+        self._abort_check = check
+
+    def _wait_or_abort(self, refs: Any) -> None:
+        """Wait until every ref is ready, asking the stop check meanwhile; a stop raises
+        :class:`RoundAborted` (the caller's close kills the actors still working)."""
+        pending = list(dict.fromkeys(refs if isinstance(refs, list) else [refs]))
+        while pending:
+            _, pending = self._ray.wait(pending, num_returns=len(pending), timeout=ABORT_POLL_S)
+            if pending and self._abort_check is not None:
+                stop = self._abort_check()
+                if stop:
+                    raise RoundAborted(abort_status(stop))
+
     def _get(self, refs: Any) -> Any:
-        """``ray.get``, with an actor's death raised as :class:`ActorFailure`."""
+        """``ray.get``, with an actor's death raised as :class:`ActorFailure` (and, with a
+        stop check, a stop while waiting as :class:`RoundAborted`)."""
         from ray import exceptions as rex
 
         try:
+            if self._abort_check is not None:
+                self._wait_or_abort(refs)
             return self._ray.get(refs)
         except (
             rex.RayActorError,
