@@ -14,6 +14,7 @@ from conftest import tiny
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import seeds  # noqa: E402
 
+from mecsim.run.observers import RunObserver
 from mecsim.store.session import run_in_folder
 
 
@@ -37,11 +38,18 @@ def test_a_killed_run_resumes_a_finished_one_is_reused_and_another_scenario_reru
 
     # killed after its second round (stopped there, its checkpoint written)
     path = tmp_path / "killed"
-    calls = []
+    done = []
+
+    class Count(RunObserver):
+        def on_round_end(self, info, round_row, client_rows, traces) -> None:
+            done.append(1)
+
+    # (the stop check is also asked between host calls in a round: it counts rounds done)
     run_in_folder(
         scenario,
         path,
-        should_stop=lambda: (calls.append(1), "interrupted" if len(calls) == 2 else False)[1],
+        observers=[Count()],
+        should_stop=lambda: "interrupted" if len(done) == 2 else False,
     )
     assert len(pd.read_csv(path / "rounds.csv")) == 2
     assert (path / "checkpoints").is_dir()

@@ -544,3 +544,64 @@ def test_a_corpus_of_hostile_input_on_every_route_is_never_5xx(api, client):
     assert not problems, "\n".join(problems[:20])
     tracebacks = [r for r in api.log_records if r.exc_info or "Traceback" in r.getMessage()]
     assert not tracebacks, tracebacks[0].getMessage()
+
+
+# ----------------------------------------------------------------------------- events
+
+
+def test_many_followers_of_a_run_share_one_feed(tmp_path, monkeypatch):
+    """Ten streams follow a running run (two resuming after round 1, one arriving late):
+    each gets every round after its own once, in order, then the end; one feed read the
+    store for all of them; and a follower far behind the feed's window reads what it
+    missed from the store."""
+    import asyncio
+
+    from mecsim.interfaces.service import events
+
+    monkeypatch.setattr(events, "EVENTS_POLL_S", 0.02)
+    monkeypatch.setattr(events, "FEED_KEEP", 3)
+    store = Store(tmp_path / "state")
+    store.add_run("r-1", "r", "fedavg", "rounds: 8\n", 8, 10)
+    run = store.claim_next()
+    feeds = events.Feeds(store)
+    reads = []
+    real_read = events.RoundFeed._read
+    monkeypatch.setattr(events.RoundFeed, "_read", lambda self: reads.append(1) or real_read(self))
+
+    async def never() -> bool:
+        return False
+
+    async def follow(after: int, delay: float) -> list[str]:
+        await asyncio.sleep(delay)
+        return [e async for e in feeds.stream(run, after, never)]
+
+    async def main():
+        followers = [asyncio.create_task(follow(-1, 0)) for _ in range(7)]
+        followers += [asyncio.create_task(follow(1, 0)) for _ in range(2)]
+        followers.append(asyncio.create_task(follow(-1, 0.5)))  # late, behind the window
+        gone = asyncio.create_task(follow(-1, 0))  # its client goes away while it waits
+        for rnd in range(8):
+            await asyncio.sleep(0.1)
+            store.round_done("r-1", rnd, {"round": rnd, "mean_accuracy": 0.5})
+            if rnd == 2:
+                gone.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        store.set_status("r-1", "finished")
+        got = await asyncio.wait_for(asyncio.gather(*followers), 30)
+        assert len(feeds) == 0  # the feed went with its last follower
+        return got
+
+    try:
+        got = asyncio.run(main())
+    finally:
+        store.close()
+    for i, stream in enumerate(got):
+        first = 2 if i in (7, 8) else 0
+        sent = [e for e in "".join(stream).split("\n\n") if e]  # backlog comes as one chunk
+        ids = [int(e.split("\n")[0].removeprefix("id: ")) for e in sent[:-1]]
+        assert ids == list(range(first, 8)), (i, ids)
+        assert all(e.split("\n")[1] == "event: round" for e in sent[:-1])
+        assert sent[-1].startswith("event: end") and '"status": "finished"' in sent[-1]
+        assert '"mean_accuracy": 0.5' in sent[0]
+    assert len(reads) < 8 * 10  # polls of one feed, not one per stream and tick

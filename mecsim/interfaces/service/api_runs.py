@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 import yaml
@@ -16,6 +15,7 @@ from starlette.responses import StreamingResponse
 
 from mecsim.interfaces.service.bounded import WorkPool, parse_model
 from mecsim.interfaces.service.config import ServiceConfig
+from mecsim.interfaces.service.events import Feeds
 from mecsim.interfaces.service.schemas import (
     ID_PATTERN,
     PLOT_PATTERN,
@@ -39,9 +39,6 @@ from mecsim.interfaces.service.views import (
 from mecsim.interfaces.service.worker import Worker
 from mecsim.scenario import resolved_yaml, scenario_from_dict
 from mecsim.store.summary import markdown, summarise, target_lines
-
-#: How often an event stream looks for new rounds (one store read per stream per tick).
-EVENTS_POLL_S = 0.5
 
 
 def queue_run(
@@ -99,6 +96,8 @@ def runs_router(
 
     def get_run_or_404_(run_id: str) -> Run:
         return get_run_or_404(store, run_id)
+
+    feeds = Feeds(store)
 
     @api.post(
         "/runs",
@@ -303,38 +302,10 @@ def runs_router(
         given = request.headers.get("last-event-id", "").strip()
         # a round number; anything else (too long, negative, not a number): from the start
         after = int(given) if given.isdigit() and len(given) <= 9 else -1
-
-        async def stream() -> AsyncIterator[str]:
-            nonlocal after
-            idle = 0.0
-
-            def read() -> tuple[Run | None, list[dict[str, Any]]]:  # one thread hop a tick
-                return store.get_run(run.id), store.rounds(run.id, after)
-
-            while True:
-                current, rows = await run_in_threadpool(read)
-                for row in rows:
-                    after = int(row["round"])
-                    yield f"id: {after}\nevent: round\ndata: {json.dumps(row)}\n\n"
-                    idle = 0.0
-                if current is None or current.status in TERMINAL:
-                    end = {
-                        "status": current.status if current else "deleted",
-                        "rounds_done": current.rounds_done if current else 0,
-                        "error": current.error if current else None,
-                    }
-                    yield f"event: end\ndata: {json.dumps(end)}\n\n"
-                    return
-                if await request.is_disconnected():
-                    return
-                await asyncio.sleep(EVENTS_POLL_S)
-                idle += EVENTS_POLL_S
-                if idle >= 15:
-                    idle = 0.0
-                    yield ": keep-alive\n\n"
-
         return StreamingResponse(
-            stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+            feeds.stream(run, after, request.is_disconnected),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
         )
 
     @api.get(

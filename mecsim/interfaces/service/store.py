@@ -456,6 +456,15 @@ class Store:
         )
         return [json.loads(r["row"]) for r in rows]
 
+    def round_texts(self, run_id: str, after: int = -1) -> list[tuple[int, str]]:
+        """``(round, its row as the store keeps it: JSON text)`` with ``round > after``, in
+        order: what an event stream sends, without decoding and encoding each row."""
+        rows = self._query(
+            "SELECT round, row FROM rounds WHERE run_id = ? AND round > ? ORDER BY round",
+            (run_id, after),
+        )
+        return [(int(r["round"]), r["row"]) for r in rows]
+
     def last_round(self, run_id: str) -> dict[str, Any] | None:
         rows = self._query(
             "SELECT row FROM rounds WHERE run_id = ? ORDER BY round DESC LIMIT 1", (run_id,)
