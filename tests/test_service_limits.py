@@ -52,7 +52,10 @@ def test_a_run_s_cost_worked_out_by_hand():
         "execution.hosts",
         "dataset.partition.samples_per_client",
     }
-    assert "8,000 samples (10 clients x 800)" in problems["dataset.partition.samples_per_client"]
+    assert (
+        "8,000 samples (10 clients x 800, train and test)"
+        in problems["dataset.partition.samples_per_client"]
+    )
     assert (
         "7,500 steps" in problems["training.epochs"]
         and "--max-steps" in problems["training.epochs"]
@@ -392,6 +395,13 @@ def test_sweeps_are_bounded_and_cancellable(tmp_path):
         store.recover()  # a server that died while the cancelled sweep ran
         assert store.get_sweep("sweep-b").status == "cancelled"
         assert store.cancel_sweep("sweep-b") == "ended" and store.cancel_sweep("nope") is None
+        # a cancel between the sweep thread's pick and its start: not run
+        store.add_sweep("sweep-d", {"runs": [], "set": []}, max_waiting=5)
+        store.set_sweep_status("sweep-d", "running")
+        store.cancel_sweep("sweep-d")
+        assert not store.start_sweep("sweep-d") and store.get_sweep("sweep-d").status == "cancelled"
+        store.add_sweep("sweep-e", {"runs": [], "set": []}, max_waiting=5)
+        assert store.start_sweep("sweep-e") and store.get_sweep("sweep-e").status == "running"
     finally:
         store.close()
 
@@ -577,7 +587,8 @@ def test_many_followers_of_a_run_share_one_feed(tmp_path, monkeypatch):
 
     async def main():
         followers = [asyncio.create_task(follow(-1, 0)) for _ in range(7)]
-        followers += [asyncio.create_task(follow(1, 0)) for _ in range(2)]
+        # two resume after round 1, joining once rounds 0-2 are recorded
+        followers += [asyncio.create_task(follow(1, 0.35)) for _ in range(2)]
         followers.append(asyncio.create_task(follow(-1, 0.5)))  # late, behind the window
         gone = asyncio.create_task(follow(-1, 0))  # its client goes away while it waits
         for rnd in range(8):
@@ -605,3 +616,96 @@ def test_many_followers_of_a_run_share_one_feed(tmp_path, monkeypatch):
         assert sent[-1].startswith("event: end") and '"status": "finished"' in sent[-1]
         assert '"mean_accuracy": 0.5' in sent[0]
     assert len(reads) < 8 * 10  # polls of one feed, not one per stream and tick
+
+
+# ----------------------------------------------------------------------------- review fixes
+
+
+def test_a_follower_with_an_id_beyond_the_run_still_gets_the_end(tmp_path):
+    """An old Last-Event-ID beyond the rounds recorded (a run gone back to an older
+    checkpoint) creates the feed: it and a later follower both get every round after
+    the newest recorded one, then the end."""
+    import asyncio
+
+    from mecsim.interfaces.service import events
+
+    store = Store(tmp_path / "state")
+    store.add_run("r-1", "r", "fedavg", "rounds: 4\n", 4, 10)
+    run = store.claim_next()
+    store.round_done("r-1", 0, {"round": 0})
+    feeds = events.Feeds(store)
+
+    async def never() -> bool:
+        return False
+
+    async def follow(after: int, delay: float) -> str:
+        await asyncio.sleep(delay)
+        return "".join([e async for e in feeds.stream(run, after, never)])
+
+    async def main():
+        tasks = [asyncio.create_task(follow(999_999_999, 0)), asyncio.create_task(follow(-1, 0.2))]
+        for rnd in (1, 2):
+            await asyncio.sleep(0.6)
+            store.round_done("r-1", rnd, {"round": rnd})
+        store.set_status("r-1", "failed", error="boom")
+        return await asyncio.wait_for(asyncio.gather(*tasks), 20)
+
+    try:
+        beyond, fresh = asyncio.run(main())
+    finally:
+        store.close()
+    assert "id: 0\n" not in beyond and "id: 1\n" in beyond and "id: 2\n" in beyond
+    assert all(f"id: {r}\n" in fresh for r in (0, 1, 2))
+    for text in (beyond, fresh):
+        assert text.rstrip().splitlines()[-1].startswith("data: ") and '"failed"' in text
+
+
+def test_more_hostile_headers_and_names_are_4xx(api, client):
+    run_id = client.post("/runs", json={"scenario": tiny_yaml(rounds=1)}).json()["id"]
+    api.store.run_dir(run_id).mkdir(parents=True, exist_ok=True)
+    assert client.get(f"/runs/{run_id}/files/{'a' * 300}").status_code == 404
+    r = client.post("/runs", json={"scenario": tiny_yaml()}, headers={"Origin": "http://["})
+    assert r.status_code == 403
+    assert client.delete(f"/runs/{run_id}").status_code == 200
+    r = client.get(f"/runs/{run_id}/events", headers={"Last-Event-ID": b"\xb2"})
+    assert r.status_code == 200 and "event: end" in r.text
+    # the form's overrides take one value each: a range is refused before it is made
+    r = client.post(
+        "/ui/runs",
+        files={"scenario": ("s.yaml", tiny_yaml().encode(), "application/yaml")},
+        data={"overrides": "training.lr=0:1:1000000\n" * 50},
+    )
+    assert r.status_code == 422 and "more than the 1 one axis may have" in r.text
+
+
+def test_a_nul_in_a_scenario_path_is_a_problem_not_a_crash(tmp_path):
+    from mecsim.interfaces.service.submission import Rejected, prepare_submission
+
+    text = tiny_yaml(dataset={"name": "mnist", "root": "a\x00b"})
+    with pytest.raises(Rejected) as info:
+        prepare_submission(
+            text,
+            rounds=None,
+            overrides={},
+            data_root=tmp_path,
+            tmp_dir=tmp_path / "tmp",
+            runs_dir=tmp_path / "runs",
+        )
+    assert [p.field for p in info.value.problems] == ["dataset.root"]
+
+
+def test_steps_that_algorithms_take_besides_the_epochs_are_counted():
+    sc = tiny(
+        rounds=2,
+        algorithm={"name": "phsfl", "params": {"batches_per_epoch": 1000, "finetune_steps": 7}},
+        topology={"clients": 4, "edge_servers": 2},
+        training={"epochs": 3},
+    )
+    assert limits.estimate(sc).steps_per_client_round == 3 * 1000 + 7
+    sc = tiny(
+        dataset={
+            "partition": {"method": "iid", "samples_per_client": 5, "test_samples_per_client": 7}
+        }
+    )
+    (problem,) = limits.check(sc, limits.Limits(None, None, None, None, None, 47))
+    assert "4 clients x 12, train and test" in problem[1]

@@ -110,11 +110,23 @@ def samples_per_client(sc: Scenario) -> int:
     return max(1, math.ceil(pool / sc.topology.clients))
 
 
+def _param(sc: Scenario, name: str) -> int:
+    value = sc.algorithm.params.get(name)
+    return int(value) if isinstance(value, (int, float)) and value > 0 else 0
+
+
 def estimate(sc: Scenario, cores: int | None = None) -> Cost:
-    """The run's rounds, clients, training steps and hosts (Python integers: exact)."""
+    """The run's rounds, clients, training steps and hosts (Python integers: exact).
+
+    A client-round's steps are ``epochs`` x its batches (PHSFL's ``batches_per_epoch``
+    when set, else ceil(samples / ``batch_size``)), plus the steps algorithms take besides
+    (PHSFL's ``finetune_steps``, KAPC's ``relation_steps``)."""
     per_round = sc.clients_per_round()
     samples = samples_per_client(sc)
-    steps_per = sc.training.epochs * math.ceil(samples / sc.training.batch_size)
+    batches = _param(sc, "batches_per_epoch") or math.ceil(samples / sc.training.batch_size)
+    steps_per = (
+        sc.training.epochs * batches + _param(sc, "finetune_steps") + _param(sc, "relation_steps")
+    )
     cores = cores or os.cpu_count() or 1
     hosts = sc.execution.hosts or cores
     return Cost(
@@ -139,7 +151,9 @@ def check(
     def cap(limit: int | None) -> int:
         return min(limit if limit is not None else MAX_INTEGER, MAX_INTEGER)
 
-    batches = math.ceil(cost.samples_per_client / sc.training.batch_size)
+    batches = _param(sc, "batches_per_epoch") or math.ceil(
+        cost.samples_per_client / sc.training.batch_size
+    )
     for field, value, limit, what, name in (
         ("rounds", cost.rounds, limits.max_rounds, "rounds", "max-rounds"),
         ("topology.clients", cost.clients, limits.max_clients, "clients", "max-clients"),
@@ -151,14 +165,15 @@ def check(
                     f"{value:,} {what} is above the limit of {cap(limit):,} ({flag_prefix}{name})",
                 )
             )
-    held = cost.clients * cost.samples_per_client
+    test_each = getattr(sc.dataset.partition, "test_samples_per_client", None) or 0
+    held = cost.clients * (cost.samples_per_client + test_each)
     if held > cap(limits.max_client_samples):
         out.append(
             (
                 "dataset.partition.samples_per_client",
                 f"the clients would hold {held:,} samples ({cost.clients:,} clients x "
-                f"{cost.samples_per_client:,}), above the limit of "
-                f"{cap(limits.max_client_samples):,} ({flag_prefix}max-client-samples)",
+                f"{cost.samples_per_client + test_each:,}, train and test), above the limit "
+                f"of {cap(limits.max_client_samples):,} ({flag_prefix}max-client-samples)",
             )
         )
     if cost.steps > cap(limits.max_steps):

@@ -193,6 +193,8 @@ class _Loop:
             self.rnd += 1
             self._emit("on_round_end", row, client_rows, traces)
             kill_point(f"round-end:{self.rnd - 1}")
+            if self.rnd == sc.rounds:  # every round done: the last checkpoint is not cut short
+                self.rs.executor.abort_when(None)
             if self.every and (self.rnd % self.every == 0 or self.rnd == sc.rounds):
                 while True:
                     try:
@@ -274,12 +276,13 @@ def run(
     store = checkpoints if scenario.checkpoint.every > 0 else None
     start = resume.checkpoint if resume else None
     loop = _Loop(rs, observers, store, start, resume.rows if resume else [], should_stop)
-    rs.executor.abort_when(should_stop)
     try:
         if start is not None:
             rs.executor.load_state(
                 ExecutorState(start.server, start.clients, start.costs, edges=start.edges)
             )
+        # from here on a stop is taken in the middle of a round too (_Loop.run)
+        rs.executor.abort_when(should_stop)
         rs.info.resumed_from = loop.rnd
         if resume is not None:
             loop._emit("on_run_resume", list(loop.rows))

@@ -301,7 +301,7 @@ def runs_router(
         run = await run_in_threadpool(get_run_or_404_, run_id)
         given = request.headers.get("last-event-id", "").strip()
         # a round number; anything else (too long, negative, not a number): from the start
-        after = int(given) if given.isdigit() and len(given) <= 9 else -1
+        after = int(given) if re.fullmatch(r"[0-9]{1,9}", given) else -1
         return StreamingResponse(
             feeds.stream(run, after, request.is_disconnected),
             media_type="text/event-stream",
@@ -332,9 +332,13 @@ def runs_router(
         if "\x00" in name or len(name) > 1000:
             raise HTTPException(404, f"run {run.id} has no such file")
         base = store.run_dir(run.id).resolve()
-        path = (base / name).resolve()
-        if not path.is_relative_to(base) or not path.is_file() or not record_file(base, path):
-            raise HTTPException(404, f"run {run.id} has no file {name!r}")
+        try:
+            path = (base / name).resolve()
+            found = path.is_relative_to(base) and path.is_file() and record_file(base, path)
+        except (OSError, ValueError):  # a name too long for the file system, ...
+            found = False
+        if not found:
+            raise HTTPException(404, f"run {run.id} has no file {name[:100]!r}")
         return FileResponse(path)
 
     return api

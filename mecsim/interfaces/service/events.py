@@ -74,9 +74,11 @@ class RoundFeed:
                 await asyncio.sleep(EVENTS_POLL_S)
 
     def _read(self) -> tuple[Run | None, list[tuple[int, str]]]:
-        """The run and its new rounds' events (made here, off the event loop)."""
+        """The run and its new rounds' events (made here, off the event loop). The status
+        is read first: a run seen ended has every round already in the store."""
+        run = self.store.get_run(self.run_id)
         rows = self.store.round_texts(self.run_id, self.last)
-        return self.store.get_run(self.run_id), [(r, round_event(r, t)) for r, t in rows]
+        return run, [(r, round_event(r, t)) for r, t in rows]
 
     def changed(self) -> asyncio.Event:
         """Set when rounds (or the end) newer than what is in :attr:`events` now arrive:
@@ -133,12 +135,19 @@ class Feeds:
         def missed(since: int, before: int | None = None) -> tuple[Run | None, int, str]:
             """The run, the last round missed and the missed rounds' events as one text
             (made off the event loop, sent at once: a follower asking for a long history
-            costs the loop one send)."""
+            costs the loop one send). A ``since`` beyond the rounds recorded (an old
+            Last-Event-ID after a run went back to an older checkpoint) is brought back to
+            the newest round recorded."""
+            current = store.get_run(run.id)  # before the rounds: see RoundFeed._read
             rows = store.round_texts(run.id, since)
             if before is not None:
                 rows = [(r, t) for r, t in rows if r < before]
-            last = rows[-1][0] if rows else since
-            return store.get_run(run.id), last, "".join(round_event(r, t) for r, t in rows)
+            if rows:
+                last = rows[-1][0]
+            else:
+                newest = store.last_round(run.id) if since >= 0 else None
+                last = min(since, int(newest["round"])) if newest else -1
+            return current, last, "".join(round_event(r, t) for r, t in rows)
 
         current, after, text = await run_in_threadpool(missed, after)
         if text:
@@ -163,7 +172,10 @@ class Feeds:
                         after = rnd
                         sent = True
                         yield text
-                if feed.end is not None and after >= feed.last:
+                if feed.end is not None:  # the run has ended: what is left, then the end
+                    _, after, text = await run_in_threadpool(missed, after)
+                    if text:
+                        yield text
                     yield feed.end
                     return
                 if await disconnected():

@@ -165,7 +165,11 @@ class SameSite:
         origin = headers.get("origin")
         if scope["method"] not in ("GET", "HEAD", "OPTIONS") and origin is not None:
             # the site, not the scheme: behind a TLS proxy the browser says https
-            if urllib.parse.urlsplit(origin).netloc != host:
+            try:
+                site = urllib.parse.urlsplit(origin).netloc
+            except ValueError:  # not a URL (e.g. "http://["): not this site either
+                site = None
+            if site != host:
                 response = JSONResponse(
                     {"detail": f"cross-site request from {origin} refused"}, status_code=403
                 )

@@ -627,6 +627,22 @@ class Store:
                 return "stopping"
             return "ended"
 
+    def start_sweep(self, sweep_id: str) -> bool:
+        """A waiting sweep is now ``running``; False when it was cancelled meanwhile (or
+        its cancel requested before a restart): then it is ``cancelled`` and not run."""
+        with self._tx() as c:
+            row = c.execute("SELECT status, error FROM sweeps WHERE id = ?", (sweep_id,)).fetchone()
+            if row is None or row["status"] not in ("queued", "running"):
+                return False
+            if row["error"] == "cancel requested":
+                c.execute(
+                    "UPDATE sweeps SET status = 'cancelled', finished_at = ? WHERE id = ?",
+                    (time.time(), sweep_id),
+                )
+                return False
+            c.execute("UPDATE sweeps SET status = 'running' WHERE id = ?", (sweep_id,))
+            return True
+
     def sweep_cancelled(self, sweep_id: str) -> bool:
         rows = self._query("SELECT status, error FROM sweeps WHERE id = ?", (sweep_id,))
         return bool(rows) and (rows[0][0] == "cancelled" or rows[0][1] == "cancel requested")

@@ -147,8 +147,12 @@ def confine(data: dict[str, Any], data_root: Path | None) -> list[Problem]:
                 )
             )
             continue
-        path = Path(str(value)).expanduser()
-        full = (path if path.is_absolute() else root / path).resolve()
+        try:
+            path = Path(str(value)).expanduser()
+            full = (path if path.is_absolute() else root / path).resolve()
+        except (OSError, ValueError) as exc:  # a NUL byte, a name too long, ...
+            problems.append(Problem(dotted, f"not a usable path ({exc})"))
+            continue
         if not full.is_relative_to(root):
             problems.append(
                 Problem(

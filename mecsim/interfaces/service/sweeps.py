@@ -177,7 +177,8 @@ class SweepRunner:
         entry = self.store.get_sweep(sweep_id)
         assert entry is not None
         req = entry.request
-        self.store.set_sweep_status(sweep_id, "running")
+        if not self.store.start_sweep(sweep_id):  # cancelled meanwhile
+            return
         try:
             grid = dict(parse_set(s) for s in req["set"])
             frame = sweep(

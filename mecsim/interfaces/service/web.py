@@ -67,7 +67,7 @@ def parse_set_lines(text: str) -> dict[str, Any]:
         if not line:
             continue
         try:
-            path, values = parse_set(line)
+            path, values = parse_set(line, max_values=1)  # one value: no lists made
         except OverrideError as exc:
             problems.append(Problem("set", str(exc)))
             continue
