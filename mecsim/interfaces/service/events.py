@@ -2,7 +2,8 @@
 
 ``GET /runs/{id}/events`` streams ``round`` (a finished round's row; ``id`` is the
 round) and then ``end`` (the final status). Each stream first reads what it missed
-(everything after its ``Last-Event-ID``) from the store, then follows the run's
+(everything after its ``Last-Event-ID``, made off the event loop, sent in chunks) from
+the store, then follows the run's
 :class:`RoundFeed`: one task per followed run reads the store every
 :data:`EVENTS_POLL_S` seconds and encodes each new row once for every stream. Fifty
 followers of a run cost one read and one encoding per round, not fifty (they took 12 %
@@ -25,6 +26,9 @@ from mecsim.interfaces.service.store import TERMINAL, Run, Store
 EVENTS_POLL_S = 0.5
 #: Rounds a feed keeps for followers that fall behind (older ones are read again).
 FEED_KEEP = 256
+#: Events of a missed history sent at once (a follower asking for 600 rounds gets 19
+#: sends, other requests served in between).
+BACKLOG_CHUNK = 32
 #: A comment line every so often keeps idle connections (and proxies) open.
 KEEP_ALIVE_S = 15.0
 
@@ -132,10 +136,10 @@ class Feeds:
         """One follower's events after round ``after``, until the run ends."""
         store = self.store
 
-        def missed(since: int, before: int | None = None) -> tuple[Run | None, int, str]:
-            """The run, the last round missed and the missed rounds' events as one text
-            (made off the event loop, sent at once: a follower asking for a long history
-            costs the loop one send). A ``since`` beyond the rounds recorded (an old
+        def missed(since: int, before: int | None = None) -> tuple[Run | None, int, list[str]]:
+            """The run, the last round missed and the missed rounds' events in chunks
+            (made off the event loop and sent :data:`BACKLOG_CHUNK` events at a time, the
+            loop serving other requests in between). A ``since`` beyond the rounds recorded (an old
             Last-Event-ID after a run went back to an older checkpoint) is brought back to
             the newest round recorded."""
             current = store.get_run(run.id)  # before the rounds: see RoundFeed._read
@@ -147,11 +151,20 @@ class Feeds:
             else:
                 newest = store.last_round(run.id) if since >= 0 else None
                 last = min(since, int(newest["round"])) if newest else -1
-            return current, last, "".join(round_event(r, t) for r, t in rows)
+            events = [round_event(r, t) for r, t in rows]
+            # in chunks: the loop serves other requests between a long history's sends
+            return (
+                current,
+                last,
+                [
+                    "".join(events[i : i + BACKLOG_CHUNK])
+                    for i in range(0, len(events), BACKLOG_CHUNK)
+                ],
+            )
 
-        current, after, text = await run_in_threadpool(missed, after)
-        if text:
-            yield text
+        current, after, chunks = await run_in_threadpool(missed, after)
+        for chunk in chunks:
+            yield chunk
         if current is None or current.status in TERMINAL:
             yield end_event(current)
             return
@@ -163,9 +176,9 @@ class Feeds:
                 changed = feed.changed()
                 oldest = feed.events[0][0] if feed.events else feed.last + 1
                 if after + 1 < oldest and after < feed.last:  # fell behind the feed
-                    _, after, text = await run_in_threadpool(missed, after, oldest)
-                    if text:
-                        yield text
+                    _, after, chunks = await run_in_threadpool(missed, after, oldest)
+                    for chunk in chunks:
+                        yield chunk
                 sent = False
                 for rnd, text in list(feed.events):
                     if rnd > after:
@@ -173,9 +186,9 @@ class Feeds:
                         sent = True
                         yield text
                 if feed.end is not None:  # the run has ended: what is left, then the end
-                    _, after, text = await run_in_threadpool(missed, after)
-                    if text:
-                        yield text
+                    _, after, chunks = await run_in_threadpool(missed, after)
+                    for chunk in chunks:
+                        yield chunk
                     yield feed.end
                     return
                 if await disconnected():
