@@ -191,6 +191,12 @@ def runs_router(
             json.loads(view.model_dump_json()), status_code=202 if outcome == "stopping" else 200
         )
 
+    def table(run_id: str, kind: str, name: str) -> Response:
+        """A run's rounds.csv or clients.csv as ``kind`` (read and converted in the work
+        pool)."""
+        run = get_run_or_404_(run_id)
+        return table_response(records_or_409(store, run, name), kind, name)
+
     @api.get(
         "/runs/{run_id}/rounds",
         responses={
@@ -206,13 +212,7 @@ def runs_router(
         run_id: str, request: Request, format: Literal["csv", "json", "parquet"] | None = None
     ) -> Response:
         """rounds.csv as CSV, JSON or Parquet (``?format=`` or ``Accept``)."""
-        kind = table_format(request, format)
-
-        def work() -> Response:  # reading and converting a table: in the work pool
-            run = get_run_or_404_(run_id)
-            return table_response(records_or_409(store, run, "rounds"), kind, "rounds")
-
-        return await pool.run(work)
+        return await pool.run(table, run_id, table_format(request, format), "rounds")
 
     @api.get(
         "/runs/{run_id}/clients",
@@ -229,13 +229,7 @@ def runs_router(
         run_id: str, request: Request, format: Literal["csv", "json", "parquet"] | None = None
     ) -> Response:
         """clients.csv as CSV, JSON or Parquet (``?format=`` or ``Accept``)."""
-        kind = table_format(request, format)
-
-        def work() -> Response:  # reading and converting a table: in the work pool
-            run = get_run_or_404_(run_id)
-            return table_response(records_or_409(store, run, "clients"), kind, "clients")
-
-        return await pool.run(work)
+        return await pool.run(table, run_id, table_format(request, format), "clients")
 
     @api.get(
         "/runs/{run_id}/summary",
