@@ -21,6 +21,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
+import mecsim.registry as registry
 from mecsim.agents.algorithms import (
     ClientContext,
     ClientResult,
@@ -47,6 +48,7 @@ class HostSetup:
     seed: int
     init_weights: np.ndarray
     torch_threads: int = 1
+    plugins: registry.Portable | None = None  # the driver's plugin files (registry.portable)
 
 
 def client_seed(seed: int, rnd: int, client_id: int, purpose: int = 0) -> int:
@@ -60,6 +62,7 @@ class ClientHost:
         self, setup: HostSetup, pools: DataPools, clients: dict[int, tuple[np.ndarray, np.ndarray]]
     ) -> None:
         torch.set_num_threads(setup.torch_threads)
+        registry.restore(setup.plugins)
         self.setup = setup
         torch.manual_seed(setup.seed)
         self.model = build_model(setup.model_name, setup.in_shape, setup.num_classes)

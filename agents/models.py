@@ -19,6 +19,8 @@ import numpy as np
 import torch
 from torch import nn
 
+import mecsim.registry as registry
+
 BYTES_PER_ELEMENT = 4  # float32 on the air
 
 
@@ -173,12 +175,16 @@ MODELS: dict[str, Callable[[tuple[int, int, int], int], nn.Module]] = {
 
 
 def build_model(name: str, in_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
-    """A freshly initialised model by name (initialisation draws from torch's global RNG)."""
-    try:
-        factory = MODELS[name]
-    except KeyError:
-        raise ValueError(f"unknown model {name!r}; known: {', '.join(sorted(MODELS))}") from None
-    return factory(in_shape, num_classes)
+    """A freshly initialised model by name (initialisation draws from torch's global RNG):
+    an entry of the ``mecsim.models`` entry-point group (the built-ins of :data:`MODELS`
+    are declared there too), a factory ``(in_shape, num_classes) -> nn.Module``."""
+    factory = registry.MODELS.get(name)  # UnknownName (a ValueError) / PluginError
+    model = factory(tuple(in_shape), int(num_classes))
+    if not isinstance(model, nn.Module):
+        raise registry.PluginError(
+            f"model plugin {name!r} returned {type(model).__name__}, not a torch.nn.Module"
+        )
+    return model
 
 
 # --------------------------------------------------------------------------- layout

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import psutil
 
+import mecsim.registry as registry
 from mecsim.agents.algorithms import ClientResult, ClientTask, EdgeReport, algorithm_classes
 from mecsim.agents.algorithms.base import finite_upload
 from mecsim.agents.models import ModelLayout
@@ -110,7 +111,9 @@ class CentralServer(_ServerProcess):
         params: dict[str, Any],
         seed: int,
         edge_server_of: dict[int, int] | None = None,
+        plugins: registry.Portable | None = None,
     ) -> None:
+        registry.restore(plugins)  # plugin files and import-string folders of the driver
         server_cls, _ = algorithm_classes(algorithm)
         self.algorithm = server_cls(layout, init_weights, client_samples, fraction, params)
         if edge_server_of is not None:  # which edge server serves each client (topology)
@@ -255,7 +258,9 @@ class EdgeServer(_ServerProcess):
         params: dict[str, Any],
         seed: int,
         edge_server_of: dict[int, int] | None = None,
+        plugins: registry.Portable | None = None,
     ) -> None:
+        registry.restore(plugins)
         server_cls, _ = algorithm_classes(algorithm)
         if server_cls.Edge is None:
             raise ValueError(f"{algorithm} is a flat algorithm: it has no edge servers' side")

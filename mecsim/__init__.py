@@ -7,12 +7,12 @@ would have taken. See README.md and docs/.
 
 __version__ = "0.2.0"
 
-__all__ = ["Client", "__version__", "replay", "simulate", "sweep"]
+__all__ = ["Client", "__version__", "load_run", "replay", "simulate", "sweep"]
 
 
 def __getattr__(name: str):
-    """``mecsim.simulate``, ``mecsim.sweep``, ``mecsim.replay`` and ``mecsim.Client``,
-    imported on first use.
+    """``mecsim.simulate``, ``mecsim.load_run``, ``mecsim.sweep``, ``mecsim.replay`` and
+    ``mecsim.Client``, imported on first use.
 
     ``sweep`` and ``replay`` are callable modules (:func:`mecsim.analysis.sweep.sweep`,
     :func:`mecsim.analysis.replay.replay`), so ``mecsim.sweep(...)`` works however they
@@ -23,10 +23,10 @@ def __getattr__(name: str):
         from mecsim.analysis import replay, sweep
 
         return {"sweep": sweep, "replay": replay}[name]
-    if name == "simulate":  # mecsim.api.simulate: mecsim run from Python
-        from mecsim.api import simulate  # deferred: the run loop imports torch and Ray's glue
+    if name in ("simulate", "load_run"):  # mecsim.api: mecsim run from Python, run folders
+        from mecsim import api  # deferred: the run loop imports torch and Ray's glue
 
-        return simulate
+        return {"simulate": api.simulate, "load_run": api.load_run}[name]
     if name == "Client":  # the service's Python client (mecsim.interfaces.service.client)
         from mecsim.interfaces.service.client import Client  # deferred: httpx, on first use
 

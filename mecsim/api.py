@@ -1,13 +1,28 @@
-"""mecsim from Python: :func:`simulate` runs a scenario as ``mecsim run`` does.
+"""mecsim's public API: what a plugin, a notebook or a script may rely on.
 
-    import mecsim
-    outcome = mecsim.simulate("scenarios/fedavg-mnist-10.yaml", out="runs", rounds=5,
-                              training__lr=0.1)
-    outcome.run_dir, outcome.status, outcome.rows
+Everything here keeps its name and meaning within a major :data:`VERSION`; modules not
+re-exported here may change between releases. docs/extending.md is the reference.
 
-It is the same code path as the command (:func:`mecsim.store.session.run_in_folder`:
-the pre-flight, the run folder, records, checkpoints), with a progress bar on stderr
-that ``progress=False`` turns off and the figures ``plots=False`` leaves out.
+Algorithms (a plugin's ``mecsim.algorithms`` entry is a ``(server class, client class)``
+pair, or a server class with a ``Client`` attribute)::
+
+    from mecsim.api import ClientAlgorithm, ServerAlgorithm, ...
+
+    class MyServer(ServerAlgorithm):           # aggregate_fit is the one abstract method
+        ...
+    class MyClient(ClientAlgorithm):           # fit is the one abstract method
+        ...
+
+Runs from Python::
+
+    run = mecsim.api.simulate("scenarios/fedavg-mnist-10.yaml", out="runs", rounds=5)
+    run.rounds                 # a pandas DataFrame of rounds.csv
+    run = mecsim.api.load_run("runs/fedavg-mnist-10-...")
+
+:func:`simulate` is the same code path as ``mecsim run``
+(:func:`mecsim.store.session.run_in_folder`: the pre-flight, the run folder, records,
+checkpoints), with a progress bar on stderr that ``progress=False`` turns off and the
+figures ``plots=False`` leaves out.
 """
 
 from __future__ import annotations
@@ -17,7 +32,43 @@ from typing import Any
 
 from rich.console import Console
 
+from mecsim.agents.algorithms.base import (
+    AggregateStats,
+    ClientAlgorithm,
+    ClientContext,
+    ClientResult,
+    ClientTask,
+    EdgeAlgorithm,
+    EdgeReport,
+    EvalResult,
+    ServerAlgorithm,
+    TrainConfig,
+    all_finite,
+    finite_upload,
+    local_sgd,
+    standard_trace,
+    trained_result,
+)
+from mecsim.agents.algorithms.base import NoParams as Params
+from mecsim.agents.algorithms.fedavg import WeightedSum, weighted_average
+from mecsim.agents.models import BYTES_PER_ELEMENT, ModelLayout, get_flat, model_layout, set_flat
+from mecsim.agents.training import TrainStats, evaluate, model_optimizer, train_epochs
 from mecsim.analysis.plots import PlotWriter
+from mecsim.analysis.run import Run, load_run
+from mecsim.data.datasets import DatasetSpec
+from mecsim.emulation.devices import DeviceProfile
+from mecsim.emulation.ops import Compute, Download, OpTrace, Upload
+from mecsim.registry import (
+    ALGORITHMS,
+    DATASETS,
+    DEVICES,
+    MODELS,
+    PluginError,
+    PluginInfo,
+    UnknownName,
+    load_plugin_file,
+    register,
+)
 from mecsim.run.observers import RunObserver
 from mecsim.run.progress import ProgressBar
 from mecsim.scenario import (
@@ -30,7 +81,60 @@ from mecsim.scenario import (
 from mecsim.scenario.overrides import OverrideError, apply_overrides
 from mecsim.store.session import Outcome, new_run_id, run_in_folder
 
-__all__ = ["Outcome", "simulate"]
+#: The public API's version: a plugin written against 1.x runs on every mecsim whose
+#: ``VERSION`` starts with 1.
+VERSION = "1.0"
+
+__all__ = [
+    "ALGORITHMS",
+    "BYTES_PER_ELEMENT",
+    "DATASETS",
+    "DEVICES",
+    "MODELS",
+    "VERSION",
+    "AggregateStats",
+    "ClientAlgorithm",
+    "ClientContext",
+    "ClientResult",
+    "ClientTask",
+    "Compute",
+    "DatasetSpec",
+    "DeviceProfile",
+    "Download",
+    "EdgeAlgorithm",
+    "EdgeReport",
+    "EvalResult",
+    "ModelLayout",
+    "OpTrace",
+    "Outcome",
+    "Params",
+    "PluginError",
+    "PluginInfo",
+    "Run",
+    "ScenarioError",
+    "ServerAlgorithm",
+    "TrainConfig",
+    "TrainStats",
+    "UnknownName",
+    "Upload",
+    "WeightedSum",
+    "all_finite",
+    "evaluate",
+    "finite_upload",
+    "get_flat",
+    "load_plugin_file",
+    "load_run",
+    "local_sgd",
+    "model_layout",
+    "model_optimizer",
+    "register",
+    "set_flat",
+    "simulate",
+    "standard_trace",
+    "train_epochs",
+    "trained_result",
+    "weighted_average",
+]
 
 
 def simulate(
@@ -43,11 +147,12 @@ def simulate(
     progress: bool = True,
     plots: bool = True,
     **overrides: Any,
-) -> Outcome:
+) -> Run:
     """Run ``scenario`` (a :class:`~mecsim.scenario.Scenario`, a YAML file, a mapping, or
     None: the embedded default) into ``out/<run id>/`` (``out`` defaults to the scenario's
-    ``outputs.dir``; the run id to ``<name>-<timestamp>-<random>``) and return how it
-    ended: the run folder, its status and its round rows.
+    ``outputs.dir``; the run id to ``<name>-<timestamp>-<random>``) and return the
+    :class:`Run`: its folder (``run_dir``), status, round rows, DataFrames, tables and
+    figures.
 
     ``overrides`` set scenario fields, a double underscore between the parts of a dotted
     path: ``rounds=5``, ``seed=1``, ``training__lr=0.1``, ``channel__uplink__bandwidth_hz=5e6``.
@@ -84,9 +189,10 @@ def simulate(
     if bar is not None:
         observers.append(bar)
     try:
-        return run_in_folder(
+        outcome = run_in_folder(
             sc, run_dir, observers=observers, source=source, backend=backend, hosts=hosts
         )
     finally:
         if bar is not None:
             bar.close()
+    return Run(outcome.run_dir, outcome)

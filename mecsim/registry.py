@@ -1,25 +1,84 @@
-"""What a scenario names, found by name: algorithms and the device-profile catalogue.
+"""What a scenario names, found by name: algorithms, models, datasets, channels, devices.
 
-Every layer that needs the classes of a named algorithm (the scenario schema validating
-its parameters, the network deciding whether downloads are personalised, the records
-adding its round columns, the hosts and servers running it) asks here. An entry is an
-import string ``module:attribute``, imported when it is first asked for: the scenario
-schema, the lowest layer of the package, can then check a scenario against the
-algorithms without importing them (they sit above it, with torch), and a Ray worker
-resolves the same name to the same classes in its own process.
+Every kind of thing a scenario names by ``name`` is a :class:`Registry` whose entries
+are **entry points** of one group, the same path for mecsim's built-ins (declared in
+mecsim's own ``pyproject.toml``) and for plugins (any installed distribution declaring
+the group):
 
-An algorithm is a ``(server class, client class)`` pair; the device-profile catalogue is
-a function returning the built-in profiles by name (:mod:`mecsim.emulation.devices`).
+========== ===================== ====================================================
+kind       group                 an entry is
+========== ===================== ====================================================
+algorithm  ``mecsim.algorithms`` a ``(server class, client class)`` pair
+model      ``mecsim.models``     a factory ``(in_shape, num_classes) -> nn.Module``
+dataset    ``mecsim.datasets``   a :class:`mecsim.data.DatasetSpec` (or a callable
+                                 returning one)
+channel    ``mecsim.channels``   a link model (reserved: not yet open to plugins)
+device     ``mecsim.devices``    ``{profile name: fields}`` or a callable returning it
+========== ===================== ====================================================
+
+An entry is imported when it is first asked for: the scenario schema, the lowest layer
+of the package, checks a scenario against the algorithms without importing them (they
+sit above it, with torch), and a Ray worker resolves the same name to the same classes
+in its own process. Besides installed entry points a name may be
+
+* an **import string** ``package.module:attribute`` (local experiments; a service
+  refuses them unless its operator allows imports: :data:`allow_imports`), or
+* registered by a **plugin file** (``mecsim run --plugin FILE``): the file is executed
+  as a module and calls :func:`register`. Its source travels to every Ray worker with
+  the run (:func:`portable`, :func:`restore`), so workers on other nodes load it too.
+
+Every entry resolved by a run is remembered (:func:`used`) with where it came from:
+``run.json`` records its name, kind, distribution and version (a plugin file's sha256).
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import importlib.util
+import sys
+import threading
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 
 class UnknownName(ValueError):
     """A name no entry of a registry has; ``str()`` lists the known ones."""
+
+
+class PluginError(ValueError):
+    """A plugin that cannot be used: ``str()`` is one line naming it and why."""
+
+
+#: Whether names may be import strings (``module:attribute``). ``mecsim serve`` turns this
+#: off (its operator's ``--allow-imports`` turns it back on): a submission names installed
+#: plugins only, so no code of a submission's choosing is imported.
+allow_imports = True
+
+#: The distribution that provides mecsim's built-ins.
+BUILTIN_DISTRIBUTION = "mecsim"
+
+
+@dataclass(frozen=True)
+class PluginInfo:
+    """Where one named entry comes from (what ``mecsim plugins`` lists and ``run.json``
+    records)."""
+
+    kind: str
+    name: str
+    target: str  # the import string (module:attribute), or the file for a plugin file
+    distribution: str  # the installed distribution; "" for an import string or a file
+    version: str  # the distribution's version; "" when none
+    origin: str  # "entry point" | "import string" | "file"
+    sha256: str = ""  # a plugin file's
+
+    @property
+    def builtin(self) -> bool:
+        return self.origin == "entry point" and self.distribution == BUILTIN_DISTRIBUTION
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 def load(target: str) -> Any:
@@ -31,57 +90,239 @@ def load(target: str) -> Any:
     return obj
 
 
-class Registry:
-    """Named entries of one kind, each an import string loaded on first use."""
+def is_import_string(name: str) -> bool:
+    """Does ``name`` look like ``package.module:attribute`` rather than a registered name?"""
+    module, sep, attr = name.partition(":")
+    return bool(sep and module and attr)
 
-    def __init__(self, kind: str, entries: dict[str, str]) -> None:
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}"[:300]
+
+
+_LOCK = threading.RLock()
+#: plugin files loaded in this process: sha256 -> (file name, source)
+_FILES: dict[str, tuple[str, str]] = {}
+#: what a run resolved in this process: (kind, name) -> PluginInfo
+_USED: dict[tuple[str, str], PluginInfo] = {}
+_CURRENT_FILE: list[tuple[str, str]] = []  # (file name, sha256) of the file being executed
+
+
+class Registry:
+    """Named entries of one kind: entry points of :attr:`group` (discovered on first
+    use), names registered by plugin files, and import strings."""
+
+    def __init__(self, kind: str, group: str, validate: Any = None) -> None:
         self.kind = kind
-        self._entries = dict(entries)
+        self.group = group
+        self._validate = validate  # obj -> obj (raises TypeError/ValueError on a wrong one)
+        self._entries: dict[str, PluginInfo] | None = None
+        self._conflicts: dict[str, list[PluginInfo]] = {}
+        self._registered: dict[str, tuple[PluginInfo, Any]] = {}
         self._loaded: dict[str, Any] = {}
 
     def __repr__(self) -> str:
-        return f"Registry({self.kind!r}, {sorted(self._entries)})"
+        return f"Registry({self.kind!r}, {self.names()})"
 
-    def __contains__(self, name: object) -> bool:
-        return name in self._entries
+    # -- discovery
+
+    def _discover(self) -> dict[str, PluginInfo]:
+        if self._entries is not None:
+            return self._entries
+        from importlib.metadata import entry_points
+
+        found: dict[str, list[PluginInfo]] = {}
+        for ep in entry_points(group=self.group):
+            dist = getattr(ep, "dist", None)
+            info = PluginInfo(
+                kind=self.kind,
+                name=ep.name,
+                target=ep.value,
+                distribution=getattr(dist, "name", "") or "",
+                version=getattr(dist, "version", "") or "",
+                origin="entry point",
+            )
+            same = found.setdefault(ep.name, [])
+            # one distribution seen twice on sys.path (an editable install and a build
+            # folder, say) is one plugin, not a conflict
+            if not any(i.distribution == info.distribution for i in same):
+                same.append(info)
+        entries: dict[str, PluginInfo] = {}
+        for name, infos in found.items():
+            if len(infos) == 1:
+                entries[name] = infos[0]
+            else:
+                self._conflicts[name] = infos
+        self._entries = entries
+        return entries
+
+    def entries(self) -> list[PluginInfo]:
+        """Every installed or registered entry (conflicting names included, once per
+        distribution), sorted by name."""
+        infos = list(self._discover().values()) + [i for i, _ in self._registered.values()]
+        for same in self._conflicts.values():
+            infos.extend(same)
+        return sorted(infos, key=lambda i: (i.name, i.distribution))
 
     def names(self) -> list[str]:
-        """Every registered name, sorted."""
-        return sorted(self._entries)
+        """Every name a scenario may give, sorted."""
+        return sorted(set(self._discover()) | set(self._registered) | set(self._conflicts))
+
+    def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str):
+            return False
+        if name in self._discover() or name in self._registered or name in self._conflicts:
+            return True
+        return allow_imports and is_import_string(name)
+
+    def info(self, name: str) -> PluginInfo:
+        """Where ``name`` comes from; :class:`UnknownName` or :class:`PluginError`."""
+        if name in self._registered:
+            return self._registered[name][0]
+        if name in self._conflicts:
+            dists = " and ".join(
+                f"{i.distribution} {i.version} ({i.target})" for i in self._conflicts[name]
+            )
+            raise PluginError(
+                f"{self.kind} {name!r} is provided by two distributions: {dists}; "
+                "uninstall one of them"
+            )
+        entries = self._discover()
+        if name in entries:
+            return entries[name]
+        if is_import_string(name):
+            if not allow_imports:
+                raise PluginError(
+                    f"{self.kind} {name!r} is an import string, and this server runs only "
+                    f"installed plugins (its operator may start it with --allow-imports); "
+                    f"installed: {', '.join(self.names())}"
+                )
+            module = name.partition(":")[0]
+            dist, version = _distribution_of(module)
+            return PluginInfo(self.kind, name, name, dist, version, "import string")
+        raise UnknownName(f"unknown {self.kind} {name!r}; known: {', '.join(self.names())}")
+
+    # -- resolution
 
     def get(self, name: str) -> Any:
-        """The entry ``name`` (imported on first use); :class:`UnknownName` if none."""
-        if name not in self._entries:
-            raise UnknownName(f"unknown {self.kind} {name!r}; known: {', '.join(self.names())}")
-        if name not in self._loaded:
-            self._loaded[name] = load(self._entries[name])
-        return self._loaded[name]
+        """The entry ``name``, imported on first use. :class:`UnknownName` for a name no
+        entry has; :class:`PluginError` (one line) for one that fails to import, is not
+        what its kind needs, or is claimed by two distributions."""
+        with _LOCK:
+            if name in self._loaded:
+                _USED.setdefault((self.kind, name), self.info(name))
+                return self._loaded[name]
+            info = self.info(name)
+            if name in self._registered:
+                obj = self._registered[name][1]
+            else:
+                try:
+                    obj = load(info.target)
+                except Exception as exc:  # any import-time failure of a plugin's own code
+                    where = f" (from {info.distribution})" if info.distribution else ""
+                    raise PluginError(
+                        f"{self.kind} plugin {name!r}{where} failed to load: {_one_line(exc)}"
+                    ) from None
+            if self._validate is not None:
+                try:
+                    obj = self._validate(obj)
+                except (TypeError, ValueError) as exc:
+                    raise PluginError(
+                        f"{self.kind} plugin {name!r} ({info.target}): {exc}"
+                    ) from None
+            self._loaded[name] = obj
+            _USED[(self.kind, name)] = info
+            return obj
+
+    def register(self, name: str, obj: Any, info: PluginInfo | None = None) -> None:
+        """Add ``name`` (a plugin file's :func:`register` call, or a test's); a name an
+        installed entry or another registration already has is refused."""
+        with _LOCK:
+            if info is None:
+                info = PluginInfo(self.kind, name, repr(obj), "", "", "registered")
+            if name in self._discover() or name in self._conflicts:
+                other = self._discover().get(name) or self._conflicts[name][0]
+                raise PluginError(
+                    f"{self.kind} {name!r} of {info.target} is already provided by "
+                    f"{other.distribution or other.target}"
+                )
+            if name in self._registered:
+                old = self._registered[name][0]
+                if old.sha256 and old.sha256 == info.sha256:
+                    return  # the same file loaded again (a worker that has it already)
+                raise PluginError(
+                    f"{self.kind} {name!r} of {info.target} is already registered by {old.target}"
+                )
+            self._registered[name] = (info, obj)
+            self._loaded.pop(name, None)
+
+    def unregister(self, name: str) -> None:
+        """Forget a registered name (tests)."""
+        with _LOCK:
+            self._registered.pop(name, None)
+            self._loaded.pop(name, None)
+
+    def check(self, name: str) -> str | None:
+        """None when ``name`` resolves, else the one-line reason."""
+        try:
+            self.get(name)
+        except (UnknownName, PluginError) as exc:
+            return str(exc)
+        return None
 
 
-_ALGORITHMS = "mecsim.agents.algorithms"
+def _distribution_of(module: str) -> tuple[str, str]:
+    """(distribution, version) providing the top-level package of ``module``, or ("", "")."""
+    from importlib.metadata import packages_distributions, version
 
-#: name -> (ServerAlgorithm subclass, ClientAlgorithm subclass)
-ALGORITHMS = Registry(
-    "algorithm",
-    {
-        "fedavg": f"{_ALGORITHMS}.fedavg:FEDAVG",
-        "fedprox": f"{_ALGORITHMS}.fedprox:FEDPROX",
-        "kapc": f"{_ALGORITHMS}.kapc:KAPC",
-        "kapc_bls": f"{_ALGORITHMS}.kapc:KAPC_BLS",
-        "local": f"{_ALGORITHMS}.local:LOCAL",
-        "mtfl": f"{_ALGORITHMS}.mtfl:MTFL",
-        "perfedavg": f"{_ALGORITHMS}.perfedavg:PERFEDAVG",
-        "kmeans_cluster": f"{_ALGORITHMS}.kmeans_cluster:KMEANS_CLUSTER",
-        "dcpfl": f"{_ALGORITHMS}.dcpfl:DCPFL",
-        "dcpfl_nola": f"{_ALGORITHMS}.dcpfl:DCPFL_NOLA",
-        "dcpfl_nodc": f"{_ALGORITHMS}.dcpfl:DCPFL_NODC",
-        "phsfl": f"{_ALGORITHMS}.phsfl:PHSFL",
-        "hsfl": f"{_ALGORITHMS}.phsfl:HSFL",
-    },
-)
+    top = module.split(".")[0]
+    try:
+        dists = packages_distributions().get(top) or []
+        if dists:
+            return dists[0], version(dists[0])
+    except Exception:  # metadata of a broken install: unknown, not fatal
+        pass
+    return "", ""
 
-#: A function returning the built-in device profiles by name.
-DEVICE_PROFILES = "mecsim.emulation.devices:builtin_profiles"
+
+def _algorithm_pair(obj: Any) -> Any:
+    """An algorithm entry is a (server class, client class) pair, or a server class whose
+    ``Client`` attribute is its client class."""
+    if isinstance(obj, type) and isinstance(getattr(obj, "Client", None), type):
+        obj = (obj, obj.Client)
+    if not (isinstance(obj, tuple) and len(obj) == 2 and all(isinstance(c, type) for c in obj)):
+        raise TypeError(
+            "an algorithm entry must be a (server class, client class) pair or a server "
+            f"class with a Client attribute, not {type(obj).__name__}"
+        )
+    return obj
+
+
+def _callable(obj: Any) -> Any:
+    if not callable(obj):
+        raise TypeError(f"a model entry must be callable (in_shape, num_classes), not {obj!r}")
+    return obj
+
+
+ALGORITHMS = Registry("algorithm", "mecsim.algorithms", _algorithm_pair)
+MODELS = Registry("model", "mecsim.models", _callable)
+DATASETS = Registry("dataset", "mecsim.datasets")
+CHANNELS = Registry("channel", "mecsim.channels")
+DEVICES = Registry("device", "mecsim.devices")
+
+#: every registry by kind
+REGISTRIES: dict[str, Registry] = {
+    r.kind: r for r in (ALGORITHMS, MODELS, DATASETS, CHANNELS, DEVICES)
+}
+
+
+def registry(kind: str) -> Registry:
+    """The registry of ``kind`` (algorithm, model, dataset, channel, device)."""
+    try:
+        return REGISTRIES[kind]
+    except KeyError:
+        raise ValueError(f"unknown plugin kind {kind!r}; kinds: {', '.join(REGISTRIES)}") from None
 
 
 def algorithm(name: str) -> tuple[Any, Any]:
@@ -91,7 +332,149 @@ def algorithm(name: str) -> tuple[Any, Any]:
 
 
 def device_profiles() -> dict[str, Any]:
-    """The built-in device profiles by name
-    (:class:`~mecsim.emulation.devices.DeviceProfile`)."""
-    profiles: dict[str, Any] = load(DEVICE_PROFILES)()
+    """Every device profile by name: each ``mecsim.devices`` entry's
+    (:class:`~mecsim.emulation.devices.DeviceProfile`, built from its fields)."""
+    profiles: dict[str, Any] = {}
+    for name in DEVICES.names():
+        try:
+            found = DEVICES.get(name)
+        except PluginError:
+            continue  # listed by `mecsim plugins` with its reason; the others still work
+        for profile_name, profile in (found() if callable(found) else found).items():
+            profiles.setdefault(profile_name, profile)
     return profiles
+
+
+# -- plugin files ---------------------------------------------------------------------
+
+
+def register(kind: str, name: str, obj: Any) -> None:
+    """Register ``obj`` as the ``kind`` named ``name``: what a plugin file
+    (``mecsim run --plugin FILE``) calls for each thing it provides, e.g.
+    ``register("algorithm", "ditto", (DittoServer, DittoClient))``."""
+    file_name, sha = _CURRENT_FILE[-1] if _CURRENT_FILE else ("", "")
+    info = PluginInfo(
+        kind,
+        name,
+        file_name or getattr(obj, "__module__", repr(obj)),
+        "",
+        "",
+        "file" if file_name else "registered",
+        sha,
+    )
+    registry(kind).register(name, obj, info)
+
+
+def load_plugin_file(path: str | Path) -> list[PluginInfo]:
+    """Execute a plugin file as a module (its :func:`register` calls add its names) and
+    keep its source for the run's workers; returns what it registered. One-line
+    :class:`PluginError` if it cannot be read or raises."""
+    path = Path(path)
+    try:
+        source = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PluginError(f"{path}: cannot read the plugin file: {_one_line(exc)}") from None
+    return load_plugin_source(path.name, source)
+
+
+def load_plugin_source(file_name: str, source: str) -> list[PluginInfo]:
+    """:func:`load_plugin_file` from the file's name and text (a worker's copy)."""
+    sha = hashlib.sha256(source.encode("utf-8")).hexdigest()
+    with _LOCK:
+        if sha in _FILES:
+            return [
+                info
+                for r in REGISTRIES.values()
+                for info, _ in r._registered.values()
+                if info.sha256 == sha
+            ]
+        module_name = f"mecsim_plugin_{Path(file_name).stem}_{sha[:12]}"
+        spec = importlib.util.spec_from_loader(module_name, loader=None, origin=file_name)
+        assert spec is not None
+        module = importlib.util.module_from_spec(spec)
+        module.__file__ = file_name
+        before = {k: set(r._registered) for k, r in REGISTRIES.items()}
+        _CURRENT_FILE.append((file_name, sha))
+        sys.modules[module_name] = module  # pickling by reference finds its classes
+        try:
+            exec(compile(source, file_name, "exec"), module.__dict__)
+        except PluginError:
+            sys.modules.pop(module_name, None)
+            raise
+        except BaseException as exc:  # the file's own code raised: one line, not a trace
+            sys.modules.pop(module_name, None)
+            for kind, names in before.items():
+                for name in set(REGISTRIES[kind]._registered) - names:
+                    REGISTRIES[kind].unregister(name)
+            raise PluginError(f"plugin file {file_name} failed: {_one_line(exc)}") from None
+        finally:
+            _CURRENT_FILE.pop()
+        _FILES[sha] = (file_name, source)
+        added = [
+            REGISTRIES[kind]._registered[name][0]
+            for kind, names in before.items()
+            for name in sorted(set(REGISTRIES[kind]._registered) - names)
+        ]
+        if not added:
+            raise PluginError(
+                f"plugin file {file_name} registered nothing: call "
+                "mecsim.api.register(kind, name, obj) for what it provides"
+            )
+        return added
+
+
+@dataclass(frozen=True)
+class Portable:
+    """What a worker process needs to resolve the names its driver resolves: the plugin
+    files' sources, and the folders import strings' modules were found in."""
+
+    files: tuple[tuple[str, str], ...] = ()  # (file name, source)
+    paths: tuple[str, ...] = ()  # sys.path folders of import-string modules
+
+
+def portable() -> Portable:
+    """This process's plugin files and import-string folders, for its workers."""
+    paths: list[str] = []
+    for info in list(_USED.values()):
+        if info.origin != "import string":
+            continue
+        module = sys.modules.get(info.target.partition(":")[0])
+        top = sys.modules.get(info.target.split(".")[0].partition(":")[0])
+        origin = getattr(top or module, "__file__", None)
+        if origin:
+            p = Path(origin).resolve().parent
+            folder = p.parent if Path(origin).name == "__init__.py" else p
+            if str(folder) not in paths:
+                paths.append(str(folder))
+    with _LOCK:
+        return Portable(tuple(_FILES.values()), tuple(paths))
+
+
+def restore(state: Portable | None) -> None:
+    """Make this (worker) process resolve what the driver resolves (:func:`portable`)."""
+    if state is None:
+        return
+    for folder in state.paths:
+        if folder not in sys.path:
+            sys.path.append(folder)
+    for file_name, source in state.files:
+        load_plugin_source(file_name, source)
+
+
+def used() -> list[PluginInfo]:
+    """Every entry resolved in this process that is not one of mecsim's built-ins."""
+    with _LOCK:
+        return sorted((i for i in _USED.values() if not i.builtin), key=lambda i: (i.kind, i.name))
+
+
+def used_by(names: dict[str, str]) -> list[PluginInfo]:
+    """The non-built-in entries among ``{kind: name}`` (what a run records in run.json)."""
+    out = []
+    for kind, name in names.items():
+        try:
+            info = registry(kind).info(name)
+        except (UnknownName, PluginError):
+            continue
+        if not info.builtin:
+            out.append(info)
+    return out

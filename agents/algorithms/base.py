@@ -27,6 +27,7 @@ moments, private layers) lives in ``ctx.state``, a dict the host keeps per clien
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeAlias
@@ -136,7 +137,7 @@ class EdgeReport:
     wall_s: float = 0.0  # measured host seconds of its aggregation
 
 
-class EdgeAlgorithm:
+class EdgeAlgorithm(ABC):
     """Edge-server side of a hierarchical algorithm: the state one edge server alone keeps
     (e.g. its edge model) and the steps it takes with its own clients. Flat algorithms
     have none (``ServerAlgorithm.Edge`` is None): their one server does everything."""
@@ -168,10 +169,10 @@ class EdgeAlgorithm:
         server sent this edge server for the round (``ServerAlgorithm.configure_edges``)."""
         return tasks
 
+    @abstractmethod
     def aggregate_fit(self, rnd: int, results: list[ClientResult]) -> EdgeReport:
         """Aggregate this edge server's clients' results (maybe none) for the central
         server."""
-        raise NotImplementedError
 
     def state_dict(self) -> dict[str, Any]:
         """As :meth:`ServerAlgorithm.state_dict`: every attribute but the static ones."""
@@ -203,8 +204,14 @@ def finite_upload(result: ClientResult) -> bool:
     return all_finite(result.weights) and all_finite(result.extra)
 
 
-class ServerAlgorithm:
-    """Server side of an algorithm. Subclasses override what differs."""
+class ServerAlgorithm(ABC):
+    """Server side of an algorithm. Subclasses override what differs; only
+    :meth:`aggregate_fit` must be written (a hierarchical algorithm's central server
+    writes :meth:`aggregate_edges` instead and says so in its ``aggregate_fit``).
+
+    Every class-level flag has the safe default: not personalised, no streaming, no
+    dependence on emulated time, no edge side. Setting one that the code does not honour
+    is what ``mecsim check`` (:mod:`mecsim.testing`) catches."""
 
     name: ClassVar[str] = "base"
     Params: ClassVar[type[BaseModel]] = NoParams  # shared with the client side
@@ -306,8 +313,11 @@ class ServerAlgorithm:
     def configure_fit(self, rnd: int, selected: list[int]) -> list[ClientTask]:
         return [ClientTask(c, self.weights, self.layout.nbytes) for c in selected]
 
+    @abstractmethod
     def aggregate_fit(self, rnd: int, results: list[ClientResult]) -> AggregateStats:
-        raise NotImplementedError
+        """Aggregate the round's results (those that made the deadline and are finite,
+        in client-id order; maybe none) into the server's state, e.g. ``self.weights``;
+        returns the aggregation's FLOPs and the algorithm's own round metrics."""
 
     @classmethod
     def aggregates_in_parts(cls) -> bool:
@@ -366,8 +376,9 @@ class ServerAlgorithm:
         return {}
 
 
-class ClientAlgorithm:
-    """Client side of an algorithm: local training and evaluation."""
+class ClientAlgorithm(ABC):
+    """Client side of an algorithm: local training (:meth:`fit`, the one method that
+    must be written) and evaluation."""
 
     name: ClassVar[str] = "base"
     Params: ClassVar[type[BaseModel]] = NoParams  # the same class as the server side's
@@ -386,8 +397,13 @@ class ClientAlgorithm:
         no state, not a subclass that may keep some (FedProx over FedAvg)."""
         return bool(vars(cls).get("keeps_no_state", False))
 
+    @abstractmethod
     def fit(self, ctx: ClientContext, task: ClientTask) -> ClientResult:
-        raise NotImplementedError
+        """Train client ``ctx.client_id`` for one round from what ``task`` brought
+        (``task.weights``; load them into ``ctx.model`` first: the model is shared by the
+        host's clients) and return what it uploads with its op-trace
+        (:func:`trained_result` builds the usual one). Draw randomness only from
+        ``ctx.generator``; keep what must outlive the round in ``ctx.state``."""
 
     def evaluate(self, ctx: ClientContext, task: ClientTask) -> EvalResult:
         """(accuracy, loss) on the client's own test data of the model in ``task``.

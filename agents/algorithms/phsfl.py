@@ -502,6 +502,11 @@ class PHSFLServer(ServerAlgorithm):
         _, t1 = round_position(rnd, self.params.edge_rounds)
         return {b: self.weights for b in self._servers()} if t1 == 0 else {}
 
+    def aggregate_fit(self, rnd: int, results: list[ClientResult]) -> AggregateStats:
+        """Not used: the edge servers aggregate their clients (PHSFLEdge.aggregate_fit)
+        and the central server their reports (:meth:`aggregate_edges`)."""
+        raise TypeError("phsfl is hierarchical: its rounds end in aggregate_edges")
+
     def aggregate_edges(
         self, rnd: int, results: list[ClientResult], reports: dict[int, EdgeReport]
     ) -> AggregateStats:

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+import mecsim.registry as registry
+
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
@@ -91,6 +93,119 @@ class DataPools:
 
     train: ArrayDataset
     test: ArrayDataset
+
+
+# ----------------------------------------------------------------------------- specs
+@dataclass(frozen=True)
+class DatasetSpec:
+    """A data set a scenario names (``dataset.name``): an entry of the ``mecsim.datasets``
+    entry-point group, mecsim's own included.
+
+    ``load(root)`` returns ``(x_train, y_train, x_test, y_test)``: images N x C x H x W
+    (uint8, scaled to [0, 1] before ``mean``/``std`` are applied; or float32, taken as
+    they are) and integer labels in ``[0, num_classes)``. ``root`` is the scenario's
+    ``dataset.root`` (a :class:`~pathlib.Path`, or None when it gives none); a data set
+    that reads files reads them under it, with no code from the data (no pickle but
+    :func:`restricted_unpickle`). mecsim subsamples the pools to ``train_size`` /
+    ``test_size`` and partitions them over the clients.
+    """
+
+    in_shape: tuple[int, int, int]  # (C, H, W) of one input
+    num_classes: int
+    load: Any = None  # (root: Path | None) -> (x_train, y_train, x_test, y_test)
+    mean: tuple[float, ...] | None = None  # per channel, after scaling uint8 to [0, 1]
+    std: tuple[float, ...] | None = None
+    needs_root: bool = False  # refuse a scenario without dataset.root before it starts
+    description: str = ""
+    builtin: bool = False  # one of mecsim's own (loaded by :func:`load_dataset` itself)
+
+
+def _builtin_spec(name: str, description: str, needs_root: bool) -> DatasetSpec:
+    in_shape, num_classes = DATASET_SHAPES[name]
+    mean, std = NORM_STATS[name]
+    return DatasetSpec(in_shape, num_classes, None, mean, std, needs_root, description, True)
+
+
+MNIST_EMBEDDED = _builtin_spec(
+    "mnist-embedded", "the real MNIST test set embedded in mecsim, split into train/test", False
+)
+MNIST_EMBEDDED_3X32 = _builtin_spec(
+    "mnist-embedded-3x32", "mnist-embedded padded to 32x32 over 3 channels (CIFAR-shaped)", False
+)
+MNIST = _builtin_spec("mnist", "MNIST IDX files under dataset.root", True)
+FASHION_MNIST = _builtin_spec("fashion-mnist", "Fashion-MNIST IDX files under dataset.root", True)
+CIFAR10 = _builtin_spec("cifar10", "CIFAR-10 python batches under dataset.root", True)
+CIFAR100 = _builtin_spec("cifar100", "CIFAR-100 python batches under dataset.root", True)
+
+
+def dataset_spec(name: str) -> DatasetSpec:
+    """The :class:`DatasetSpec` a scenario's ``dataset.name`` names (a built-in or a
+    plugin); :class:`~mecsim.registry.UnknownName` / :class:`~mecsim.registry.PluginError`."""
+    spec = registry.DATASETS.get(name)
+    if callable(spec) and not isinstance(spec, DatasetSpec):
+        spec = spec()
+    if not isinstance(spec, DatasetSpec):
+        raise registry.PluginError(
+            f"dataset plugin {name!r}: its entry must be a mecsim.api.DatasetSpec (or a "
+            f"callable returning one), not {type(spec).__name__}"
+        )
+    return spec
+
+
+def dataset_shape(name: str) -> tuple[tuple[int, int, int], int]:
+    """(input shape (C, H, W), number of classes) of data set ``name``, without its files."""
+    if name in DATASET_SHAPES:
+        return DATASET_SHAPES[name]
+    spec = dataset_spec(name)
+    return tuple(spec.in_shape), int(spec.num_classes)  # type: ignore[return-value]
+
+
+def norm_stats(name: str) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    """Per-channel (mean, std) data set ``name`` is standardised with (None: none)."""
+    if name in NORM_STATS:
+        return NORM_STATS[name]
+    spec = dataset_spec(name)
+    if spec.mean is None or spec.std is None:
+        return None
+    return tuple(spec.mean), tuple(spec.std)
+
+
+def _plugin_pools(name: str, root: str | Path | None) -> DataPools:
+    """Load a plugin data set's pools and check what it returned (shapes, labels, values)."""
+    spec = dataset_spec(name)
+    if spec.needs_root and root is None:
+        raise FileNotFoundError(f"dataset {name!r}: no `dataset.root` given; {_NO_DOWNLOAD}")
+    try:
+        out = spec.load(None if root is None else Path(root).expanduser())
+        x_tr, y_tr, x_te, y_te = (np.asarray(a) for a in out)
+    except (DatasetError, FileNotFoundError):
+        raise
+    except Exception as exc:  # the plugin's own code: one line naming it
+        raise DatasetError(
+            f"dataset plugin {name!r} failed to load: {type(exc).__name__}: {exc}"
+        ) from None
+    pools = []
+    for what, x, y in (("train", x_tr, y_tr), ("test", x_te, y_te)):
+        if x.ndim != 4 or tuple(x.shape[1:]) != tuple(spec.in_shape):
+            raise DatasetError(
+                f"dataset plugin {name!r}: {what} images have shape {x.shape}, "
+                f"not N x {' x '.join(map(str, spec.in_shape))} (its in_shape)"
+            )
+        if y.ndim != 1 or len(y) != len(x) or y.dtype.kind not in "iu" or len(y) == 0:
+            raise DatasetError(
+                f"dataset plugin {name!r}: {what} labels must be N integers (got {y.shape}, "
+                f"{y.dtype}) for {len(x)} images"
+            )
+        if not 0 <= int(y.min()) <= int(y.max()) < spec.num_classes:
+            raise DatasetError(
+                f"dataset plugin {name!r}: {what} labels must be in [0, {spec.num_classes})"
+            )
+        if x.dtype.kind == "f" and not np.isfinite(x).all():
+            raise DatasetError(f"dataset plugin {name!r}: {what} images hold NaN or inf")
+        if x.dtype != np.uint8:
+            x = x.astype(np.float32)
+        pools.append(ArrayDataset(x, y.astype(np.int64), int(spec.num_classes), name))
+    return DataPools(pools[0], pools[1])
 
 
 # ----------------------------------------------------------------------------- readers
@@ -326,8 +441,12 @@ def load_dataset(
         return DataPools(
             _take(full, np.sort(perm[:n_tr])), _take(full, np.sort(perm[n_tr : n_tr + n_te]))
         )
-    if name not in DATASETS:
-        raise ValueError(f"unknown dataset {name!r}; choose one of {DATASETS}")
+    if name not in DATASETS:  # a plugin's (mecsim.datasets entry points)
+        pools = _plugin_pools(name, root)
+        return DataPools(
+            _subsample(pools.train, train_size, rng, "train"),
+            _subsample(pools.test, test_size, rng, "test"),
+        )
     if root is None:
         raise FileNotFoundError(f"dataset {name!r}: no `dataset.root` given; {_NO_DOWNLOAD}")
     root = Path(root).expanduser()
@@ -364,7 +483,13 @@ def normalise(images_uint8: np.ndarray, name: str) -> torch.Tensor:
     with the constants of dataset ``name`` (:data:`NORM_STATS`)."""
     import torch
 
-    mean, std = NORM_STATS[name]
-    x = to_float_tensor(images_uint8)
+    stats = norm_stats(name)
+    if images_uint8.dtype != np.uint8:  # a plugin's float images: taken as they are
+        x = torch.from_numpy(np.ascontiguousarray(images_uint8, dtype=np.float32))
+    else:
+        x = to_float_tensor(images_uint8)
+    if stats is None:
+        return x
+    mean, std = stats
     shape = (1, len(mean), 1, 1)
     return (x - torch.tensor(mean).view(shape)) / torch.tensor(std).view(shape)

@@ -16,8 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
+from typing import Any
 
 import yaml
+
+import mecsim.registry as registry
 
 
 @dataclass(frozen=True)
@@ -56,16 +59,47 @@ POWER_FIELDS = ("active_power_w", "idle_power_w", "radio_tx_power_w", "radio_rx_
 @lru_cache(maxsize=1)
 def builtin_profiles() -> dict[str, DeviceProfile]:
     text = resources.files("mecsim.emulation").joinpath("profiles/devices.yaml").read_text()
+    return profiles_from_mapping(yaml.safe_load(text))
+
+
+def profiles_from_mapping(mapping: Any) -> dict[str, DeviceProfile]:
+    """Device profiles from ``{name: fields}`` in the format of the built-in profiles'
+    YAML (``flops_per_s``, ``step_overhead_s``, ``ram_bytes`` and their sources, the power
+    figures): what a ``mecsim.devices`` plugin or a profiles file gives. ValueError naming
+    the profile and the field for a missing or non-numeric number."""
+    if not isinstance(mapping, dict):
+        raise ValueError(f"device profiles must be a mapping of name -> fields, not {mapping!r}")
     profiles = {}
-    for name, fields in yaml.safe_load(text).items():
-        fields = dict(
-            fields,
-            flops_per_s=float(fields["flops_per_s"]),
-            step_overhead_s=float(fields["step_overhead_s"]),
-            ram_bytes=int(fields["ram_bytes"]),
-        )
-        for key in POWER_FIELDS:
-            if fields.get(key) is not None:
-                fields[key] = float(fields[key])
-        profiles[name] = DeviceProfile(name=name, **fields)
+    for name, fields in mapping.items():
+        if isinstance(fields, DeviceProfile):
+            profiles[str(name)] = fields
+            continue
+        if not isinstance(fields, dict):
+            raise ValueError(f"device profile {name!r}: its fields must be a mapping")
+        try:
+            fields = dict(
+                fields,
+                flops_per_s=float(fields["flops_per_s"]),
+                step_overhead_s=float(fields["step_overhead_s"]),
+                ram_bytes=int(fields["ram_bytes"]),
+            )
+            for key in POWER_FIELDS:
+                if fields.get(key) is not None:
+                    fields[key] = float(fields[key])
+            fields.pop("name", None)
+            profiles[str(name)] = DeviceProfile(name=str(name), **fields)
+        except KeyError as exc:
+            raise ValueError(f"device profile {name!r}: {exc.args[0]} is missing") from None
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"device profile {name!r}: {exc}") from None
+    return profiles
+
+
+def all_profiles() -> dict[str, DeviceProfile]:
+    """The built-in profiles and every ``mecsim.devices`` plugin's, by name (the first
+    distribution to name a profile keeps it; the built-ins come first)."""
+    profiles = dict(builtin_profiles())
+    for name, found in registry.device_profiles().items():
+        if name not in profiles:
+            profiles.update(profiles_from_mapping({name: found}))
     return profiles

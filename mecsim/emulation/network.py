@@ -20,7 +20,7 @@ import numpy as np
 
 from mecsim.channel import FixedRateChannel, ShannonChannel, TraceChannel
 from mecsim.channel.transport import jittered_latency_s, mathis_goodput_bps
-from mecsim.emulation.devices import DeviceProfile, builtin_profiles
+from mecsim.emulation.devices import DeviceProfile, all_profiles
 from mecsim.emulation.energy import power_array
 from mecsim.emulation.engine import ClientSpec, NetworkSpec, RateSchedule, ServerSpec
 from mecsim.scenario import (
@@ -53,7 +53,7 @@ TRANSPORT_KEYS = (
 
 def device_profiles(scenario: Scenario) -> dict[str, DeviceProfile]:
     """Built-in profiles, with the scenario's own added or overriding them."""
-    profiles = dict(builtin_profiles())
+    profiles = all_profiles()
     for name, p in scenario.devices.profiles.items():
         profiles[name] = DeviceProfile(name=name, **p.model_dump())
     return profiles

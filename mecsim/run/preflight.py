@@ -47,7 +47,7 @@ from torch import nn
 from mecsim.agents.algorithms import TrainConfig, algorithm_classes
 from mecsim.agents.models import ModelLayout, build_model, get_flat, model_layout
 from mecsim.agents.training import step_cost_on_meta
-from mecsim.data import DATASET_SHAPES, DataPools, load_dataset, partition
+from mecsim.data import DataPools, dataset_shape, dataset_spec, load_dataset, partition
 from mecsim.emulation.network import NetworkModel, device_profiles
 from mecsim.run import limits as run_limits
 from mecsim.run.limits import Limits
@@ -345,7 +345,12 @@ def check_dataset(scenario: Scenario, found: Findings) -> DataPools | None:
     """Load the data and partition it as the run will; the pools, or None."""
 
     ds = scenario.dataset
-    if ds.name not in EMBEDDED:
+    try:
+        needs_root = dataset_spec(ds.name).needs_root
+    except ValueError as exc:  # a plugin that fails to load or is not a DatasetSpec
+        found.problem("dataset.name", str(exc))
+        return None
+    if needs_root or (ds.root is not None and ds.name not in EMBEDDED):
         if ds.root is None:
             found.problem(
                 "dataset.root",
@@ -424,7 +429,7 @@ def check_model_and_memory(
         in_shape = (c, h, w)
         num_classes = pools.train.num_classes
     else:
-        in_shape, num_classes = DATASET_SHAPES[scenario.dataset.name]
+        in_shape, num_classes = dataset_shape(scenario.dataset.name)
     train = TrainConfig(t.epochs, t.batch_size, t.optimizer, t.lr, t.momentum, t.weight_decay)
     with untouched():  # leave the global torch RNG (a run's initial model) alone
         try:
@@ -438,7 +443,7 @@ def check_model_and_memory(
                 ).memory_bytes
 
             step_bytes = step_bytes_at(batch)
-        except (RuntimeError, ValueError, TypeError, OverflowError) as exc:
+        except Exception as exc:  # a model's own code (a plugin's too): one line, no trace
             shape = "x".join(str(s) for s in in_shape)
             found.problem(
                 "model",

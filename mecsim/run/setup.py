@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+import mecsim.registry as registry
 from mecsim.agents.algorithms import TrainConfig, algorithm_classes
 from mecsim.agents.host import HostSetup
 from mecsim.agents.models import build_model, get_flat, model_layout
@@ -140,6 +141,7 @@ def prepare(
         train,
         seed,
         init_weights,
+        plugins=registry.portable(),
     )
     server_kwargs = dict(
         algorithm=scenario.algorithm.name,
@@ -150,6 +152,7 @@ def prepare(
         params=dict(scenario.algorithm.params),
         seed=seed,
         edge_server_of={cid: scenario.edge_server_of(cid) for cid in range(n)},
+        plugins=registry.portable(),
     )
     backend = backend or scenario.execution.backend
     executor: Executor
@@ -184,6 +187,18 @@ def prepare(
             "test_samples": [len(p) for p in parts.test],
             # D-bar_KL of DC-PFL (Eq. 1-2) over the clients' train labels
             "label_dkl": heterogeneity_dkl(parts.label_histograms(pools)[0]),
+            # what the run used that is not mecsim's own: name, kind, distribution and
+            # version, or a plugin file's sha256
+            "plugins": [
+                info.as_dict()
+                for info in registry.used_by(
+                    {
+                        "algorithm": scenario.algorithm.name,
+                        "model": scenario.model.name,
+                        "dataset": scenario.dataset.name,
+                    }
+                )
+            ],
         },
     )
     network = NetworkModel(scenario, profiles)

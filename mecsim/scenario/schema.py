@@ -164,13 +164,20 @@ Partition = Annotated[
 
 
 class DatasetConfig(_Strict):
-    name: Literal[
-        "mnist-embedded", "mnist-embedded-3x32", "mnist", "fashion-mnist", "cifar10", "cifar100"
-    ] = Field(
+    name: str = Field(
         default="mnist-embedded",
-        description="mnist-embedded-3x32: the embedded MNIST padded to 32x32 and repeated "
-        "over 3 channels (a CIFAR-shaped stand-in; nothing is downloaded)",
+        min_length=1,
+        description="mnist-embedded, mnist-embedded-3x32 (the embedded MNIST padded to "
+        "32x32 and repeated over 3 channels: a CIFAR-shaped stand-in; nothing is "
+        "downloaded), mnist, fashion-mnist, cifar10, cifar100, or a dataset plugin "
+        "(`mecsim plugins`)",
     )
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, name: str) -> str:
+        return _resolvable(registry.DATASETS, name)
+
     root: str | None = Field(
         default=None, min_length=1, description="directory holding the dataset files"
     )
@@ -180,7 +187,29 @@ class DatasetConfig(_Strict):
 
 
 class ModelConfig(_Strict):
-    name: Literal["mlp_2nn", "mtfl_cnn", "kapc_cnn", "phsfl_cnn", "resnet18"] = "mlp_2nn"
+    name: str = Field(
+        default="mlp_2nn",
+        min_length=1,
+        description="mlp_2nn, mtfl_cnn, kapc_cnn, phsfl_cnn, resnet18, or a model plugin "
+        "(`mecsim plugins`)",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, name: str) -> str:
+        return _resolvable(registry.MODELS, name)
+
+
+def _resolvable(reg: registry.Registry, name: str) -> str:
+    """``name`` if ``reg`` has it (an installed entry point, a registered plugin, or an
+    import string where imports are allowed), else the one-line reason as a ValueError."""
+    if name not in reg:
+        raise ValueError(f"unknown {reg.kind} {name!r}; known: {', '.join(reg.names())}")
+    try:
+        reg.info(name)  # a conflict, or an import string where imports are not allowed
+    except registry.PluginError as exc:
+        raise ValueError(str(exc)) from None
+    return name
 
 
 class TrainingConfig(_Strict):
@@ -199,9 +228,8 @@ class AlgorithmConfig(_Strict):
     @field_validator("name")
     @classmethod
     def _known(cls, name: str) -> str:
-        if name not in registry.ALGORITHMS:
-            known = ", ".join(registry.ALGORITHMS.names())
-            raise ValueError(f"unknown algorithm {name!r}; known: {known}")
+        _resolvable(registry.ALGORITHMS, name)
+        registry.algorithm(name)  # PluginError (a ValueError): fails to import, not a pair
         return name
 
     @model_validator(mode="after")

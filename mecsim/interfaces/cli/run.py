@@ -14,7 +14,7 @@ from rich.text import Text
 
 from mecsim.agents.algorithms import algorithm_classes, algorithm_names
 from mecsim.analysis.plots import PlotWriter
-from mecsim.emulation.devices import builtin_profiles
+from mecsim.emulation.devices import all_profiles
 from mecsim.interfaces.console import summary_table
 from mecsim.interfaces.metrics import MetricsExporter
 from mecsim.run import interrupts, limits, preflight
@@ -278,7 +278,7 @@ def cmd_devices(args: argparse.Namespace, console: Console) -> int:
     def watts(a: float | None, b: float | None) -> str:
         return "-" if a is None or b is None else f"{a:g} / {b:g}"
 
-    for p in builtin_profiles().values():
+    for p in all_profiles().values():
         table.add_row(
             p.name,
             f"{p.flops_per_s / 1e9:.2f}",
