@@ -23,12 +23,14 @@ import torch
 
 import mecsim.registry as registry
 from mecsim.agents.algorithms import (
+    AlgorithmError,
     ClientContext,
     ClientResult,
     ClientTask,
     TrainConfig,
     algorithm_classes,
 )
+from mecsim.agents.algorithms.base import check_upload
 from mecsim.agents.models import build_model, model_layout, store_flat
 from mecsim.agents.state import BlobSink, decode, encode
 from mecsim.agents.training import StepCosts
@@ -159,7 +161,21 @@ class ClientHost:
             client_seed(self.setup.seed, rnd, cid, purpose=1)
         )
         start = time.perf_counter()
-        result = self.algorithm.fit(ctx, task)
+        try:
+            result = self.algorithm.fit(ctx, task)
+        except Exception as exc:  # the algorithm's own code: named, with the client
+            raise AlgorithmError(
+                f"algorithm {self.setup.algorithm!r} failed in fit of client {cid}: "
+                f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+            ) from exc
+        if not isinstance(result, ClientResult) or result.client_id != cid:
+            raise AlgorithmError(
+                f"algorithm {self.setup.algorithm!r}: fit of client {cid} returned "
+                f"{type(result).__name__}"
+                + (f" of client {result.client_id}" if isinstance(result, ClientResult) else "")
+                + ", not its ClientResult"
+            )
+        check_upload(self.setup.algorithm, result, None)
         result.host_seconds = time.perf_counter() - start
         if guest and ctx.state:
             raise RuntimeError(
@@ -204,7 +220,14 @@ class ClientHost:
         out: list[tuple[Any, ...]] = []
         for task in tasks:
             ctx = self._context(task.client_id, rnd, purpose=2)
-            acc, loss, *extras = self.algorithm.evaluate(ctx, task)
+            try:
+                acc, loss, *extras = self.algorithm.evaluate(ctx, task)
+            except Exception as exc:  # the algorithm's own code: named, with the client
+                raise AlgorithmError(
+                    f"algorithm {self.setup.algorithm!r} failed in evaluate of client "
+                    f"{task.client_id}: {type(exc).__name__}: "
+                    f"{' '.join(str(exc).split())[:300]}"
+                ) from exc
             out.append((task.client_id, acc, loss, int(ctx.y_test.shape[0]), *extras))
         return out
 

@@ -25,7 +25,7 @@ import psutil
 
 import mecsim.registry as registry
 from mecsim.agents.algorithms import ClientResult, ClientTask, EdgeReport, algorithm_classes
-from mecsim.agents.algorithms.base import finite_upload
+from mecsim.agents.algorithms.base import check_upload, finite_upload
 from mecsim.agents.models import ModelLayout
 from mecsim.agents.state import BlobSink, decode, encode
 
@@ -60,6 +60,16 @@ class _ServerProcess:
 
     def _load(self, state: dict[str, Any]) -> None:
         raise NotImplementedError
+
+    algorithm: Any  # the algorithm's server (ServerAlgorithm) or edge (EdgeAlgorithm) side
+    algorithm_name = ""
+
+    def _check_uploads(self, results: list[ClientResult]) -> None:
+        """Refuse uploads of the wrong shape or dtype before anything is aggregated
+        (:func:`~mecsim.agents.algorithms.base.check_upload`: AlgorithmError, one line)."""
+        size = self.algorithm.upload_size()
+        for r in results:
+            check_upload(self.algorithm_name, r, size)
 
     def fetch(self, uploads: list[Any]) -> list[Any]:
         """The uploads themselves, from what the hosts handed over (a hook: under Ray they
@@ -115,6 +125,7 @@ class CentralServer(_ServerProcess):
     ) -> None:
         registry.restore(plugins)  # plugin files and import-string folders of the driver
         server_cls, _ = algorithm_classes(algorithm)
+        self.algorithm_name = algorithm
         self.algorithm = server_cls(layout, init_weights, client_samples, fraction, params)
         if edge_server_of is not None:  # which edge server serves each client (topology)
             self.algorithm.edge_server_of = dict(edge_server_of)
@@ -135,6 +146,7 @@ class CentralServer(_ServerProcess):
         """Aggregate the results whose uploads are finite; an update holding any NaN or
         inf (a diverged client) is rejected, never aggregated. With every update
         rejected the algorithm aggregates nothing and its model stays as it was."""
+        self._check_uploads(results)
         rejected = tuple(sorted(r.client_id for r in results if not finite_upload(r)))
         kept = [r for r in results if r.client_id not in rejected]
         start = time.perf_counter()
@@ -171,6 +183,7 @@ class CentralServer(_ServerProcess):
                 f"round {rnd}: client {part[0].client_id} folded out of "
                 f"client-id order (after {stream.last_id})"
             )
+        self._check_uploads(part)
         start = time.perf_counter()
         rejected = self.algorithm.fold_finite(stream.acc, part)
         stream.rejected += rejected
@@ -267,6 +280,7 @@ class EdgeServer(_ServerProcess):
         serves = edge_server_of or dict.fromkeys(client_samples, 0)
         mine = {c: n for c, n in client_samples.items() if serves[c] == edge_server}
         self.edge_server = edge_server
+        self.algorithm_name = algorithm
         self.algorithm = server_cls.Edge(edge_server, layout, mine, params)
 
     def plan(self, rnd: int, tasks: list[ClientTask], downlink: Any) -> list[ClientTask]:
@@ -276,6 +290,7 @@ class EdgeServer(_ServerProcess):
     def aggregate(self, rnd: int, results: list[ClientResult]) -> EdgeReport:
         """Aggregate its clients' results whose uploads are finite (as the central server
         of a flat algorithm does); the rejected ones are named in the report."""
+        self._check_uploads(results)
         rejected = tuple(sorted(r.client_id for r in results if not finite_upload(r)))
         kept = sorted(
             (r for r in results if r.client_id not in rejected), key=lambda r: r.client_id

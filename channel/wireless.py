@@ -11,7 +11,7 @@ run (client properties: distance, bandwidth, power) and ``draw_round`` once per 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 import numpy as np
@@ -145,6 +145,9 @@ class RoundChannel:
     downlink_rate_bps: np.ndarray
     uplink_snr_db: np.ndarray
     downlink_snr_db: np.ndarray
+    #: a channel plugin's own per-client quantities (its ``record_keys``), aligned with
+    #: ``client_ids``: extra columns of clients.csv
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
 
     _RECORD_KEYS = RECORD_KEYS
 
@@ -181,10 +184,14 @@ class RoundChannel:
 
     def records(self) -> list[dict[str, Any]]:
         """One plain dict per client (Python scalars) for the run's ``clients`` records."""
-        return [
+        rows = [
             {"client_id": int(cid)} | {k: float(getattr(self, k)[i]) for k in self._RECORD_KEYS}
             for i, cid in enumerate(self.client_ids)
         ]
+        for key, values in self.extra.items():
+            for i, row in enumerate(rows):
+                row[key] = float(values[i])
+        return rows
 
 
 def _check_ids(radio: ClientRadio, client_ids: ArrayLike) -> np.ndarray:

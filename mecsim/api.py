@@ -55,6 +55,7 @@ from mecsim.agents.models import BYTES_PER_ELEMENT, ModelLayout, get_flat, model
 from mecsim.agents.training import TrainStats, evaluate, model_optimizer, train_epochs
 from mecsim.analysis.plots import PlotWriter
 from mecsim.analysis.run import Run, load_run
+from mecsim.channel.wireless import ChannelModel, ClientRadio, RoundChannel
 from mecsim.data.datasets import DatasetSpec
 from mecsim.emulation.devices import DeviceProfile
 from mecsim.emulation.ops import Compute, Download, OpTrace, Upload
@@ -93,6 +94,9 @@ __all__ = [
     "MODELS",
     "VERSION",
     "AggregateStats",
+    "ChannelModel",
+    "ClientRadio",
+    "RoundChannel",
     "ClientAlgorithm",
     "ClientContext",
     "ClientResult",

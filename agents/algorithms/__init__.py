@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from mecsim.agents.algorithms.base import (
     AggregateStats,
+    AlgorithmError,
     ClientAlgorithm,
     ClientContext,
     ClientResult,
@@ -48,6 +49,7 @@ def run_notes(name: str, params: dict, rows: list[dict]) -> list[str]:
 
 __all__ = [
     "AggregateStats",
+    "AlgorithmError",
     "ClientAlgorithm",
     "ClientContext",
     "ClientResult",

@@ -174,6 +174,10 @@ class EdgeAlgorithm(ABC):
         """Aggregate this edge server's clients' results (maybe none) for the central
         server."""
 
+    def upload_size(self) -> int | None:
+        """As :meth:`ServerAlgorithm.upload_size`: the whole flat model by default."""
+        return self.layout.size
+
     def state_dict(self) -> dict[str, Any]:
         """As :meth:`ServerAlgorithm.state_dict`: every attribute but the static ones."""
         return {k: v for k, v in vars(self).items() if k not in self.static_attributes}
@@ -181,6 +185,31 @@ class EdgeAlgorithm(ABC):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for key, value in state.items():
             setattr(self, key, value)
+
+
+class AlgorithmError(RuntimeError):
+    """An algorithm's own code failed, or broke its contract (an upload of the wrong shape
+    or dtype): ``str()`` is one line naming the algorithm and the client. The run fails
+    with it (exit 1); its finished rounds are kept, and it resumes after a fix."""
+
+
+def check_upload(algorithm: str, result: ClientResult, expected_size: int | None) -> None:
+    """Refuse, before aggregation, an upload that is not a 1-D floating-point array of
+    ``expected_size`` elements (None: the algorithm's uploads vary in size)."""
+    w = result.weights
+    if w is None:
+        return
+    if not isinstance(w, np.ndarray) or w.ndim != 1 or w.dtype.kind != "f":
+        what = f"a {w.ndim}-D {w.dtype} array" if isinstance(w, np.ndarray) else type(w).__name__
+        raise AlgorithmError(
+            f"algorithm {algorithm!r}: client {result.client_id} uploaded {what}, not a "
+            "1-D floating-point array (refused before aggregation)"
+        )
+    if expected_size is not None and w.size != expected_size:
+        raise AlgorithmError(
+            f"algorithm {algorithm!r}: client {result.client_id} uploaded {w.size} "
+            f"values, the server expects {expected_size} (refused before aggregation)"
+        )
 
 
 def all_finite(value: Any) -> bool:
@@ -312,6 +341,13 @@ class ServerAlgorithm(ABC):
 
     def configure_fit(self, rnd: int, selected: list[int]) -> list[ClientTask]:
         return [ClientTask(c, self.weights, self.layout.nbytes) for c in selected]
+
+    def upload_size(self) -> int | None:
+        """How many values a client's upload holds (``ClientResult.weights``, when it
+        uploads any): uploads of another size are refused before aggregation. The whole
+        flat model by default; None when an algorithm's uploads vary (e.g. a selection
+        of layers)."""
+        return self.layout.size
 
     @abstractmethod
     def aggregate_fit(self, rnd: int, results: list[ClientResult]) -> AggregateStats:

@@ -403,11 +403,19 @@ class DCPFLParams(NoParams):
 
 
 class NoLAParams(DCPFLParams):
-    layerwise: bool = False
+    layerwise: bool = Field(
+        default=False,
+        description="the ablation's setting: whole models are aggregated, not layer by "
+        "layer (DC-PFL without layer-wise aggregation)",
+    )
 
 
 class NoDCParams(DCPFLParams):
-    dynamic: bool = False
+    dynamic: bool = Field(
+        default=False,
+        description="the ablation's setting: the clusters are fixed after the first "
+        "clustering (DC-PFL without dynamic clustering); true is refused: use dcpfl",
+    )
 
     @model_validator(mode="after")
     def _static(self) -> NoDCParams:

@@ -777,6 +777,10 @@ class KapcServer(ServerAlgorithm):
     def stored(self, result: ClientResult) -> None:
         """Hook after an upload is stored (BLS keeps the client's Omega)."""
 
+    def upload_size(self) -> int | None:
+        """None: a client uploads the layers it selected (BLS), not a fixed size."""
+        return None
+
     def aggregate_fit(self, rnd: int, results: list[ClientResult]) -> AggregateStats:
         """Store every upload into W (stale layers stay, T. Eq. 33); no arithmetic."""
         uploaded = []

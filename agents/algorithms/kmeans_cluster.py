@@ -102,7 +102,8 @@ class KMeansClusterServer(FedAvgServer):
     def _model_of(self, client: int) -> np.ndarray:
         if self.labels is None:
             return self.weights
-        return self.cluster_models[self.labels[client]]
+        # a cluster none of whose clients has uploaded since it was formed: the global model
+        return self.cluster_models.get(self.labels[client], self.weights)
 
     def configure_fit(self, rnd: int, selected: list[int]) -> list[ClientTask]:
         return [ClientTask(c, self._model_of(c), self.layout.nbytes) for c in selected]
@@ -117,24 +118,22 @@ class KMeansClusterServer(FedAvgServer):
             stats = super().aggregate_fit(rnd, results)
             if rnd == self.params.warmup_rounds - 1:
                 p = self.params
+                # a client whose last warm-up upload did not make it (a deadline, a fault,
+                # a NaN the guard rejected) is clustered by the global model it would have
+                # started from: the one this round's aggregation just made
+                order = [r.client_id for r in uploads]
+                missing = sorted(set(self.client_samples) - set(order))
+                vectors = [cast(np.ndarray, r.weights) for r in uploads]
+                vectors += [self.weights] * len(missing)
                 labels = kmeans_labels(
-                    np.stack(cast("list[np.ndarray]", [r.weights for r in uploads])),
-                    p.clusters,
-                    p.kmeans_iterations,
-                    self._seed,
+                    np.stack(vectors), p.clusters, p.kmeans_iterations, self._seed
                 )
-                self.labels = {r.client_id: int(g) for r, g in zip(uploads, labels, strict=True)}
-                missing = set(self.client_samples) - set(self.labels)
-                if missing:
-                    raise RuntimeError(
-                        f"{self.name}: clients {sorted(missing)} sent no model "
-                        f"in the last warm-up round and cannot be clustered"
-                    )
+                self.labels = {c: int(g) for c, g in zip(order + missing, labels, strict=True)}
                 self._average_clusters(uploads)
                 # k-means: each iteration compares every client with every centroid
                 flops = (
                     stats.flops
-                    + 3.0 * self.layout.size * len(uploads) * p.clusters * p.kmeans_iterations
+                    + 3.0 * self.layout.size * len(vectors) * p.clusters * p.kmeans_iterations
                 )
             return AggregateStats(flops=flops, metrics={"groups": float(self._groups())})
         self._average_clusters(uploads)

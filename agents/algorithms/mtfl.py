@@ -389,6 +389,10 @@ class MTFLServer(ServerAlgorithm):
             ClientTask(c, payload, self.wire.nbytes, {"noisy": c in self.noisy}) for c in selected
         ]
 
+    def upload_size(self) -> int | None:
+        """The wire format's payload: the federated values (and Adam's moments)."""
+        return int(self.wire.numel)
+
     def aggregate_fit(self, rnd: int, results: list[ClientResult]) -> AggregateStats:
         uploads = [r for r in results if r.weights is not None]
         if not uploads:

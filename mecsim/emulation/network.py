@@ -18,8 +18,10 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+import mecsim.registry as registry
 from mecsim.channel import FixedRateChannel, ShannonChannel, TraceChannel
 from mecsim.channel.transport import jittered_latency_s, mathis_goodput_bps
+from mecsim.channel.wireless import RECORD_KEYS
 from mecsim.emulation.devices import DeviceProfile, all_profiles
 from mecsim.emulation.energy import power_array
 from mecsim.emulation.engine import ClientSpec, NetworkSpec, RateSchedule, ServerSpec
@@ -27,6 +29,7 @@ from mecsim.scenario import (
     ChannelConfig,
     FixedRateChannelConfig,
     LinkTransport,
+    PluginChannelConfig,
     Scenario,
     ShannonChannelConfig,
     TraceChannelConfig,
@@ -67,7 +70,21 @@ def _range(value: float | tuple[float, float]) -> tuple[float, float]:
     )
 
 
-def build_channel(cfg: ChannelConfig) -> ShannonChannel | FixedRateChannel | TraceChannel:
+def build_channel(cfg: ChannelConfig) -> Any:
+    """The link model of a scenario's ``channel`` section: a built-in one, or a channel
+    plugin's class built with its validated ``Params`` (the
+    :class:`~mecsim.channel.wireless.ChannelModel` protocol)."""
+    if isinstance(cfg, PluginChannelConfig):
+        cls = registry.CHANNELS.get(cfg.name)
+        params_model = getattr(cls, "Params", None)
+        channel = cls(params_model(**cfg.params)) if params_model is not None else cls()
+        for method in ("draw_clients", "draw_round"):
+            if not callable(getattr(channel, method, None)):
+                raise registry.PluginError(
+                    f"channel plugin {cfg.name!r} has no {method}(): it must implement "
+                    "mecsim.api.ChannelModel"
+                )
+        return channel
     if isinstance(cfg, ShannonChannelConfig):
         inter = cfg.interference
         return ShannonChannel(
@@ -95,6 +112,24 @@ def build_channel(cfg: ChannelConfig) -> ShannonChannel | FixedRateChannel | Tra
     if isinstance(cfg, TraceChannelConfig):
         return TraceChannel(cfg.path)
     raise TypeError(f"unknown channel config {type(cfg).__name__}")
+
+
+def channel_record_keys(cfg: ChannelConfig) -> tuple[str, ...]:
+    """A channel plugin's own per-client quantities (its class's ``record_keys``): extra
+    columns of clients.csv, after mecsim's; none for the built-in models."""
+    if not isinstance(cfg, PluginChannelConfig):
+        return ()
+    keys = tuple(getattr(registry.CHANNELS.get(cfg.name), "record_keys", ()))
+    clash = [k for k in keys if k in RESERVED_CLIENT_KEYS]
+    if clash:
+        raise registry.PluginError(
+            f"channel plugin {cfg.name!r}: record_keys {clash} are mecsim's own columns"
+        )
+    return keys
+
+
+#: per client-round names a channel plugin's record_keys may not take
+RESERVED_CLIENT_KEYS = frozenset((*RECORD_KEYS, *TRANSPORT_KEYS))
 
 
 def downlink_note(scenario: Scenario) -> str | None:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from mecsim.emulation.network import channel_record_keys
 from mecsim.run.observers import RunInfo, RunObserver
 
 if TYPE_CHECKING:
@@ -134,6 +135,11 @@ METRICS: dict[str, tuple[str, str]] = {
         "histogram",
         "Per-client effective SNR of each client-round, by direction (Shannon channels only)",
     ),
+    "mecsim_channel_quantity": (
+        "gauge",
+        "Mean over the last round's selected clients of each per-client quantity a channel "
+        "plugin records (its record_keys), by quantity",
+    ),
     "mecsim_client_phase_seconds": (
         "histogram",
         "Emulated time of each selected client-round by phase (download, compute, upload)",
@@ -231,6 +237,7 @@ class MetricsExporter(RunObserver):
             "mecsim_channel_rate_bytes_per_second", ("direction",), buckets=RATE_BUCKETS
         )
         self.snr = make("mecsim_channel_snr_decibels", ("direction",), buckets=SNR_BUCKETS)
+        self.channel_quantity = make("mecsim_channel_quantity", ("quantity",))
         self.client_phase = make(
             "mecsim_client_phase_seconds", ("phase",), buckets=CLIENT_SECONDS_BUCKETS
         )
@@ -376,6 +383,12 @@ class MetricsExporter(RunObserver):
         if _finite(row.get("energy_j")):  # NaN: a device profile without power figures
             self.round_energy.labels(**lab).set(row["energy_j"])
         self.host_wall.labels(**lab).set(row["host_wall_s"])
+        for key in channel_record_keys(info.scenario.channel):  # a channel plugin's
+            values = [
+                float(c[key]) for c in client_rows if c.get("selected") and _finite(c.get(key))
+            ]
+            if values:
+                self.channel_quantity.labels(**lab, quantity=key).set(sum(values) / len(values))
         for c in client_rows:
             if not c.get("selected"):
                 continue

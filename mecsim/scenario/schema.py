@@ -499,8 +499,60 @@ class TraceChannelConfig(_Strict):
         return False, False
 
 
+class PluginLink(LinkTransport):
+    shared: bool = Field(
+        default=False,
+        description="links of this direction of an edge server's clients share one medium",
+    )
+
+
+class PluginChannelConfig(_Strict):
+    """A link model of a plugin (the ``mecsim.channels`` entry-point group): its class is
+    built with ``params`` (validated by its own ``Params`` model, if it has one) and draws
+    each round's rates; the transport (latency, jitter, loss) and the media are mecsim's,
+    as for the built-in models."""
+
+    model: Literal["plugin"]
+    name: str = Field(min_length=1, description="the channel plugin (`mecsim plugins`)")
+    params: dict[str, Any] = Field(default_factory=dict, description="the plugin's parameters")
+    uplink: PluginLink = Field(default_factory=PluginLink)
+    downlink: PluginLink = Field(default_factory=PluginLink)
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, name: str) -> str:
+        if name in BUILTIN_CHANNELS:
+            raise ValueError(f"{name!r} is built in: write `model: {name}` instead")
+        _resolvable(registry.CHANNELS, name)
+        return name
+
+    @model_validator(mode="after")
+    def _params_fit(self) -> PluginChannelConfig:
+        cls = registry.CHANNELS.get(self.name)  # PluginError (a ValueError): one line
+        params_model = getattr(cls, "Params", None)
+        if params_model is not None:
+            try:
+                params_model(**self.params)
+            except ValidationError as exc:
+                err = exc.errors()[0]
+                raise ValueError(
+                    f"params.{_loc(err['loc'])}: {err['msg']} (channel {self.name})"
+                ) from None
+        elif self.params:
+            raise ValueError(f"params: channel {self.name} takes no parameters")
+        _check_client_loss(self.uplink, self.downlink)
+        return self
+
+    def shared_media(self, algorithm: str | None = None) -> tuple[bool, bool]:
+        """(uplink shared, downlink shared)."""
+        return self.uplink.shared, self.downlink.shared
+
+
+#: the link models built into mecsim (``channel.model``)
+BUILTIN_CHANNELS = ("shannon", "fixed_rate", "trace")
+
 ChannelConfig = Annotated[
-    ShannonChannelConfig | FixedRateChannelConfig | TraceChannelConfig,
+    ShannonChannelConfig | FixedRateChannelConfig | TraceChannelConfig | PluginChannelConfig,
     Field(discriminator="model"),
 ]
 

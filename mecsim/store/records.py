@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from mecsim.agents.algorithms import algorithm_classes
+from mecsim.emulation.network import channel_record_keys
 from mecsim.run.chaos import kill_point
 from mecsim.run.interrupts import atomic_section
 from mecsim.run.observers import RunInfo, RunObserver
@@ -93,7 +94,11 @@ class RecordsWriter(RunObserver):
         self.rounds = _AppendCsv(
             self.out_dir / "rounds.csv", ROUND_COLUMNS + list(server_cls.round_metrics), append
         )
-        self.clients = _AppendCsv(self.out_dir / "clients.csv", CLIENT_COLUMNS, append)
+        self.clients = _AppendCsv(
+            self.out_dir / "clients.csv",
+            CLIENT_COLUMNS + list(channel_record_keys(sc.channel)),
+            append,
+        )
         self.traces = (
             (self.out_dir / "optraces.jsonl").open("a" if append else "w")
             if sc.outputs.save_optraces

@@ -5,6 +5,9 @@
     mecsim schema [-o FILE]        JSON Schema of scenario files, for editors
     mecsim devices                 the built-in device profiles and their sources
     mecsim algorithms              the algorithms that can be named in a scenario
+    mecsim check NAME              the conformance kit: does an algorithm keep its promises
+    mecsim plugins [--json]        what a scenario may name, where it comes from, if it loads
+    mecsim new KIND NAME [--dir D] write a plugin package (algorithm, model, dataset)
     mecsim sweep RUN... --set P=V,...  what-if sweeps: replay recorded runs over a grid
     mecsim report RUN_DIR...       the papers' tables (markdown, CSV) and figures of runs
     mecsim serve                   the testbed as a service (queue, API, web page, /metrics)
@@ -23,6 +26,14 @@ from collections.abc import Callable
 
 from rich.console import Console
 
+from mecsim.interfaces.cli.check import add_check_parser, cmd_check
+from mecsim.interfaces.cli.new import add_new_parser, cmd_new
+from mecsim.interfaces.cli.plugins import (
+    add_plugin_option,
+    add_plugins_parser,
+    cmd_plugins,
+    load_plugin_files,
+)
 from mecsim.interfaces.cli.report import add_report_parser, cmd_report
 from mecsim.interfaces.cli.service import HANDLERS as SERVICE_HANDLERS
 from mecsim.interfaces.cli.service import add_service_parsers
@@ -113,6 +124,7 @@ def _parser() -> argparse.ArgumentParser:
         help="do not write the PNG figures to <run dir>/plots at the end",
     )
     run.add_argument("--quiet", action="store_true", help="no progress bar or tables")
+    add_plugin_option(run)
     run.add_argument(
         "--no-limits",
         action="store_true",
@@ -127,6 +139,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Validate scenario files; prints one line per problem.",
     )
     val.add_argument("files", nargs="+")
+    add_plugin_option(val)
     sch = sub.add_parser(
         "schema",
         help="print the scenario JSON Schema",
@@ -135,6 +148,9 @@ def _parser() -> argparse.ArgumentParser:
     sch.add_argument("-o", "--output", help="write to this file instead of stdout")
     sub.add_parser("devices", help="list device profiles with their sources")
     sub.add_parser("algorithms", help="list the algorithms")
+    add_plugins_parser(sub)
+    add_new_parser(sub)
+    add_check_parser(sub)
     add_sweep_parser(sub)
     add_report_parser(sub)
     add_service_parsers(sub)
@@ -155,7 +171,14 @@ def _handler(command: str) -> Callable[[argparse.Namespace, Console], int]:
             scenario_verbs, f"cmd_{command}"
         )
         return handler
-    return {"sweep": cmd_sweep, "report": cmd_report, **SERVICE_HANDLERS}[command]
+    return {
+        "sweep": cmd_sweep,
+        "report": cmd_report,
+        "check": cmd_check,
+        "plugins": cmd_plugins,
+        "new": cmd_new,
+        **SERVICE_HANDLERS,
+    }[command]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -164,6 +187,10 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command or "run"
     if args.command is None:  # plain `mecsim`: run the default scenario
         args = _parser().parse_args(["run"])
+    problem = load_plugin_files(args)  # --plugin FILE: before the scenario names them
+    if problem is not None:
+        print(problem, file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
         return _handler(command)(args, console)
     except ScenarioError as exc:

@@ -295,7 +295,11 @@ def cmd_devices(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_algorithms(args: argparse.Namespace, console: Console) -> int:
     for name in algorithm_names():
-        server_cls, _ = algorithm_classes(name)
+        try:
+            server_cls, _ = algorithm_classes(name)
+        except ValueError as exc:  # a plugin that fails to load: named, the others listed
+            print(str(exc), file=sys.stderr)
+            continue
         module_doc = (sys.modules[server_cls.__module__].__doc__ or "").strip()
         doc = " ".join(module_doc.split("\n\n")[0].split())  # first paragraph
         console.print(f"[bold]{name}[/]: {doc}")

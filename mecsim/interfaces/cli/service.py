@@ -126,6 +126,13 @@ def add_service_parsers(sub: argparse._SubParsersAction) -> None:
         "dataset roots and trace files (default: they may name none)",
     )
     serve.add_argument(
+        "--allow-imports",
+        action="store_true",
+        help="let submitted scenarios name import strings (pkg.module:Attr): code of the "
+        "submitter's choosing then runs on this server. Default: only installed plugins "
+        "(GET /plugins lists them)",
+    )
+    serve.add_argument(
         "--max-queued",
         type=_positive,
         default=100,
@@ -353,6 +360,7 @@ def cmd_serve(args: argparse.Namespace, console: Console) -> int:
         ray_address=args.ray_address,
         token=token,
         data_root=data_root,
+        allow_imports=args.allow_imports,
         max_body_bytes=args.max_body_kib * 1024,
         max_queued=args.max_queued,
         metrics_retention_s=args.metrics_retention,

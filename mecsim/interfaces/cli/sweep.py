@@ -12,6 +12,8 @@ from pathlib import Path
 
 from rich.console import Console
 
+from mecsim.interfaces.cli.plugins import add_plugin_option
+
 EXIT_BAD_INPUT = 2
 DEFAULT_METRIC = "round_time_mean_s"
 
@@ -87,6 +89,7 @@ def add_sweep_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
         help="backend for training (recording a scenario, --retrain)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar or table")
+    add_plugin_option(p)  # the plugins a recorded run used, when they are plugin files
     return p
 
 

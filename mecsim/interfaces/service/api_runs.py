@@ -61,6 +61,7 @@ def queue_run(
         tmp_dir=store.tmp_dir,
         runs_dir=store.runs_dir,
         limits=config.limits,
+        allow_imports=config.allow_imports,
     )
     run = store.add_run(
         run_id, sc.name, sc.algorithm.name, resolved_yaml(sc), sc.rounds, config.max_queued

@@ -45,6 +45,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
+import mecsim.registry as plugin_registry
 from mecsim import __version__
 from mecsim.interfaces.service.api_runs import queue_run, runs_router
 from mecsim.interfaces.service.api_sweeps import sweeps_router
@@ -192,6 +193,13 @@ def create_app(config: ServiceConfig, store: Store | None = None) -> FastAPI:
             else "starting Ray"
         )
         return JSONResponse({"ready": False, "detail": reason}, status_code=503)
+
+    @service.get("/plugins")
+    def plugins() -> dict[str, Any]:
+        """What submitted scenarios may name: every installed algorithm, model, dataset,
+        channel and device entry (name, kind, distribution, version, whether it loads),
+        and whether this server accepts import strings (``--allow-imports``)."""
+        return {"allow_imports": config.allow_imports, "plugins": plugin_registry.listing()}
 
     @service.get("/openapi.json", include_in_schema=False)
     def openapi() -> JSONResponse:

@@ -30,3 +30,6 @@ class ServiceConfig:
     limits: Limits = SERVICE
     #: False: the API without workers (nothing queued ever runs): tests of the HTTP layer
     start_workers: bool = True
+    #: whether submitted scenarios may name import strings (``pkg.module:Attr``): False,
+    #: the service runs installed plugins only (``mecsim serve --allow-imports``)
+    allow_imports: bool = False

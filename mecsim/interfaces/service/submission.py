@@ -35,6 +35,7 @@ from typing import Any
 
 import yaml
 
+import mecsim.registry as registry
 from mecsim.run import limits as run_limits
 from mecsim.run import preflight as checks
 from mecsim.run.limits import Limits
@@ -198,10 +199,25 @@ def prepare_submission(
     tmp_dir: Path,
     runs_dir: Path,
     limits: Limits | None = None,
+    allow_imports: bool = False,
 ) -> tuple[str, Scenario]:
     """Validate, override, confine and place a submission: (run id, scenario to run).
-    With ``limits``, a scenario above them is refused before its data are read."""
+    With ``limits``, a scenario above them is refused before its data are read. A name
+    that is an import string (``pkg.module:Attr``) is refused, before anything is
+    imported, unless ``allow_imports``: the service runs installed plugins only."""
+    with registry.imports(allow_imports):
+        return _prepare(scenario, rounds, overrides, data_root, tmp_dir, runs_dir, limits)
 
+
+def _prepare(
+    scenario: str | Mapping[str, Any] | None,
+    rounds: int | None,
+    overrides: Mapping[str, Any],
+    data_root: Path | None,
+    tmp_dir: Path,
+    runs_dir: Path,
+    limits: Limits | None,
+) -> tuple[str, Scenario]:
     sc = _validate_text(scenario_text(scenario), tmp_dir)
     data = sc.model_dump(mode="json")
     changes: dict[str, Any] = dict(overrides)

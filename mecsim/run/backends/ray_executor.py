@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from mecsim.agents.algorithms import ClientResult, ClientTask
+from mecsim.agents.algorithms import AlgorithmError, ClientResult, ClientTask
 from mecsim.agents.host import HostSetup
 from mecsim.agents.server import AggregateReport
 from mecsim.data import DataPools
@@ -209,6 +209,8 @@ class RayExecutor:
                 )
                 if isinstance(inner, deaths):
                     raise ActorFailure(f"{type(getattr(cause, 'cause', inner)).__name__}") from exc
+                if isinstance(inner, AlgorithmError):  # the algorithm's own code: one line
+                    raise AlgorithmError(str(getattr(cause, "cause", inner))) from exc
                 cause = getattr(cause, "cause", None)
                 if not isinstance(cause, rex.RayTaskError):
                     break
