@@ -17,6 +17,7 @@ machine. mecsim's round time is the run loop's whole round (plan, train, time,
 aggregate, records: ``host_wall_s``).
 
     python benchmarks/overhead.py [--rounds 10] [--trials 3] [--clients 10 100 1000] [--quick]
+    cd benchmarks && python overhead.py --algorithm fedavg_plugin:FEDAVG   # as a plugin
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def participation(n_clients: int) -> float:
     return 0.1 if n_clients >= 1000 else 1.0
 
 
-def scenario(n_clients: int, rounds: int, out_dir: str) -> dict:
+def scenario(n_clients: int, rounds: int, out_dir: str, algorithm: str = "fedavg") -> dict:
     return {
         "name": f"overhead-{n_clients}",
         "seed": 0,
@@ -58,6 +59,7 @@ def scenario(n_clients: int, rounds: int, out_dir: str) -> dict:
         "model": {"name": "mlp_2nn"},
         "topology": {"clients": n_clients, "participation": participation(n_clients)},
         "training": {"epochs": 1, "batch_size": BATCH, "lr": LR},
+        "algorithm": {"name": algorithm},
         "evaluation": {"every": rounds + 1},  # only after the last round
         "outputs": {"dir": out_dir, "save_optraces": True},
         "metrics": {"enabled": False},
@@ -111,9 +113,11 @@ def plain_loop(n_clients: int, rounds: int, threads: int | None = None) -> list[
     return times
 
 
-def mecsim_rounds(n_clients: int, rounds: int, hosts: int | None) -> list[float]:
+def mecsim_rounds(
+    n_clients: int, rounds: int, hosts: int | None, algorithm: str = "fedavg"
+) -> list[float]:
     with tempfile.TemporaryDirectory() as tmp:
-        sc = scenario_from_dict(scenario(n_clients, rounds, tmp))
+        sc = scenario_from_dict(scenario(n_clients, rounds, tmp, algorithm))
         rows = run(sc, "bench", None, [], backend="ray", hosts=hosts)
     return [r["host_wall_s"] for r in rows[:-1]]  # the last round also evaluates
 
@@ -137,6 +141,13 @@ def main() -> None:
         "one-thread plain loop)",
     )
     ap.add_argument(
+        "--algorithm",
+        default="fedavg",
+        help="mecsim's algorithm: fedavg (built in), or a plugin's name or import string "
+        "doing the same work, e.g. fedavg_plugin:FEDAVG (benchmarks/fedavg_plugin.py, "
+        "run from benchmarks/) to measure what a plugin costs per round",
+    )
+    ap.add_argument(
         "--quick",
         action="store_true",
         help="seconds, not minutes: 10 clients, 3 rounds, 1 trial, the plain "
@@ -155,7 +166,7 @@ def main() -> None:
             one += plain_loop(n, args.rounds, threads=1)[1:]  # first round warms up
             if not args.quick:  # two torch threads on a busy machine can take minutes
                 two += plain_loop(n, args.rounds, threads=2)[1:]
-            ours += mecsim_rounds(n, args.rounds, args.hosts)[1:]
+            ours += mecsim_rounds(n, args.rounds, args.hosts, args.algorithm)[1:]
         plain = min(statistics.median(one), statistics.median(two or one))
         mine = statistics.median(ours)
         two_s = f"{statistics.median(two):>12.3f}" if two else f"{'-':>12}"
