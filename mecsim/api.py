@@ -61,6 +61,7 @@ from mecsim.emulation.devices import DeviceProfile
 from mecsim.emulation.ops import Compute, Download, OpTrace, Upload
 from mecsim.registry import (
     ALGORITHMS,
+    CHANNELS,
     DATASETS,
     DEVICES,
     MODELS,
@@ -89,6 +90,7 @@ VERSION = "1.0"
 __all__ = [
     "ALGORITHMS",
     "BYTES_PER_ELEMENT",
+    "CHANNELS",
     "DATASETS",
     "DEVICES",
     "MODELS",

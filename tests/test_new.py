@@ -107,18 +107,6 @@ def test_a_dir_that_is_a_file_is_refused(
     assert _tree(tmp_path) == ["pkg"]
 
 
-def test_channel_plugins_are_refused_in_one_line(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.chdir(tmp_path)
-    code, out, err = _new(capsys, "channel", "mylink")
-    assert code == 2 and out == ""
-    (line,) = err.strip().splitlines()
-    assert "channel plugins are not open yet" in line and "shannon" in line
-    assert "nothing written" in line
-    assert _tree(tmp_path) == []
-
-
 def test_an_unknown_kind_is_a_usage_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -354,27 +342,30 @@ def test_a_generated_algorithm_installs_runs_and_passes_its_own_test(
 
 
 @pytest.mark.slow
-def test_a_generated_model_and_data_set_install_and_run_together(
+def test_a_generated_model_data_set_and_channel_install_and_run_together(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    model, dataset = "newkit_model", "newkit_data"
+    model, dataset, channel = "newkit_model", "newkit_data", "newkit_link"
     assert _new(capsys, "model", model, "--dir", str(tmp_path / "m"))[0] == 0
     assert _new(capsys, "dataset", dataset, "--dir", str(tmp_path / "d"))[0] == 0
+    assert _new(capsys, "channel", channel, "--dir", str(tmp_path / "c"))[0] == 0
     scenario = tmp_path / "both.yaml"
     scenario.write_text(
         "name: both\nrounds: 2\n"
         f"dataset: {{name: {dataset}, train_size: 600, test_size: 200}}\n"
         f"model: {{name: {model}}}\n"
+        f"channel: {{model: plugin, name: {channel}}}\n"
         "topology: {clients: 4}\n"
         "metrics: {enabled: false}\n"
     )
     try:
-        _install(tmp_path / "m", tmp_path / "d")
+        _install(tmp_path / "m", tmp_path / "d", tmp_path / "c")
         info = _mecsim_run(scenario, tmp_path / "runs")
         assert info["status"] == "finished"
         assert _plugins(info) == {
             "model": (model, _normal(f"mecsim-{model}")),
             "dataset": (dataset, _normal(f"mecsim-{dataset}")),
+            "channel": (channel, _normal(f"mecsim-{channel}")),
         }
         # and each package's own tests (its scenario, its shapes, its registration)
         out = _run(
@@ -386,10 +377,12 @@ def test_a_generated_model_and_data_set_install_and_run_together(
             "no:cacheprovider",
             str(tmp_path / "m" / "tests"),
             str(tmp_path / "d" / "tests"),
+            str(tmp_path / "c" / "tests"),
             cwd=tmp_path,
         )
-        assert re.search(r"\b9 passed\b", out), out
+        assert re.search(r"\b12 passed\b", out), out
     finally:
-        _uninstall(f"mecsim-{model}", f"mecsim-{dataset}")
+        _uninstall(f"mecsim-{model}", f"mecsim-{dataset}", f"mecsim-{channel}")
     assert model not in _entry_point_names("mecsim.models")
     assert dataset not in _entry_point_names("mecsim.datasets")
+    assert channel not in _entry_point_names("mecsim.channels")

@@ -443,6 +443,9 @@ def test_a_channel_plugin_times_transfers_and_its_quantities_reach_the_records(
         run = simulate(data, out=tmp_path, run_id="c", rounds=1, progress=False, plots=False)
         clients = run.clients
         assert list(clients.columns)[-1] == "slot"
+        assert [(p["kind"], p["name"], p["origin"]) for p in run.plugins] == [
+            ("channel", "slot", "file")
+        ]
         for _, row in clients.iterrows():
             cid = int(row["client_id"])
             assert row["slot"] == cid % 2

@@ -23,7 +23,7 @@ from mecsim.run.backends.local import LocalExecutor
 from mecsim.run.backends.placement import PlacementTimeout
 from mecsim.run.backends.ray_executor import RayExecutor
 from mecsim.run.observers import RunInfo
-from mecsim.scenario import Scenario
+from mecsim.scenario import PluginChannelConfig, Scenario
 
 
 class RunFailed(Exception):
@@ -196,6 +196,11 @@ def prepare(
                         "algorithm": scenario.algorithm.name,
                         "model": scenario.model.name,
                         "dataset": scenario.dataset.name,
+                        **(
+                            {"channel": scenario.channel.name}
+                            if isinstance(scenario.channel, PluginChannelConfig)
+                            else {}
+                        ),
                     }
                 )
             ],

@@ -7,7 +7,7 @@
     mecsim algorithms              the algorithms that can be named in a scenario
     mecsim check NAME              the conformance kit: does an algorithm keep its promises
     mecsim plugins [--json]        what a scenario may name, where it comes from, if it loads
-    mecsim new KIND NAME [--dir D] write a plugin package (algorithm, model, dataset)
+    mecsim new KIND NAME [--dir D] write a plugin package (algorithm, model, dataset, channel)
     mecsim sweep RUN... --set P=V,...  what-if sweeps: replay recorded runs over a grid
     mecsim report RUN_DIR...       the papers' tables (markdown, CSV) and figures of runs
     mecsim serve                   the testbed as a service (queue, API, web page, /metrics)

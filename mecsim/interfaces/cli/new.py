@@ -12,9 +12,8 @@ The package, in ``DIR`` (default ``./mecsim-NAME``), is made from the templates 
 ``pip install -e DIR`` then ``mecsim run DIR/scenarios/NAME.yaml`` work with no edits.
 Nothing is half-written: the files go into a temporary folder next to ``DIR``, renamed
 to ``DIR`` once they are all there, and removed on any failure. Bad input (a NAME that
-is not an identifier, a name already taken, a ``DIR`` that is not empty, the channel
-kind, which plugins cannot provide yet) is one line on stderr and exit code 2 before
-anything is written.
+is not an identifier, a name already taken, a ``DIR`` that is not empty) is one line on
+stderr and exit code 2 before anything is written.
 
 Light on purpose: building the CLI parser and writing the files import nothing heavy
 (the registry reads installed metadata only).
@@ -69,13 +68,13 @@ KINDS: dict[str, Kind] = {
         "The {name} data set for mecsim",
         "the DatasetSpec: synthetic arrays from a seed, or NAME.npz under dataset.root",
     ),
+    "channel": Kind(
+        "mecsim.channels",
+        "Channel",
+        "The {name} link model for mecsim",
+        "the Channel class and its Params: per-client rates with per-round shadowing",
+    ),
 }
-
-#: what the channel kind says instead of writing anything
-CHANNEL_REFUSAL = (
-    "mecsim new channel: channel plugins are not open yet (a scenario's channel.model "
-    "names only mecsim's own link models: {models}); nothing written"
-)
 
 #: (file in the package, template under mecsim/templates/, what it is)
 FILES = (
@@ -91,8 +90,9 @@ FILES = (
 NAME_PATTERN = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 
 DESCRIPTION = """\
-Write a ready-to-install plugin package for mecsim: an algorithm, a model or a data set,
-found by mecsim through an entry point once installed, and named by a scenario.
+Write a ready-to-install plugin package for mecsim: an algorithm, a model, a data set or
+a channel (link model), found by mecsim through an entry point once installed, and
+named by a scenario.
 
 DIR (default ./mecsim-NAME) gets pyproject.toml (the distribution mecsim-NAME and its
 entry point), the module mecsim_NAME/ (a working starting point whose docstrings say
@@ -109,29 +109,27 @@ underscores, starting with a letter, not ending with an underscore, not a Python
 keyword, and not a name mecsim or another installed plugin already uses. DIR must not
 exist or be empty: nothing is overwritten, and nothing is left half-written.
 
-Channels cannot be plugins yet (a scenario names only the built-in link models):
-`mecsim new channel NAME` says so and exits with 2.
-
 examples:
   mecsim new algorithm fedfoo
   mecsim new model tiny_cnn --dir plugins/tiny-cnn
   mecsim new dataset blobs
+  mecsim new channel lossy_wifi
 """
 
 
 def add_new_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "new",
-        help="write a new plugin package (algorithm, model, data set)",
+        help="write a new plugin package (algorithm, model, data set, channel)",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "kind",
-        choices=[*KINDS, "channel"],
+        choices=list(KINDS),
         metavar="KIND",
         help="algorithm (a server and client pair), model (a torch module factory), "
-        "dataset (a DatasetSpec) or channel (not open to plugins yet)",
+        "dataset (a DatasetSpec) or channel (a link model)",
     )
     p.add_argument("name", metavar="NAME", help="the name scenarios give it, e.g. fedfoo")
     p.add_argument(
@@ -278,10 +276,6 @@ def write_package(folder: Path, files: dict[str, str]) -> None:
 
 def cmd_new(args: argparse.Namespace, console: Console) -> int:
     kind, name = args.kind, args.name
-    if kind == "channel":
-        models = ", ".join(registry.CHANNELS.names())
-        print(CHANNEL_REFUSAL.format(models=models), file=sys.stderr)
-        return EXIT_BAD_INPUT
     folder = Path(args.dir) if args.dir else Path(distribution_name(name))
     try:
         check_name(kind, name)
