@@ -279,10 +279,16 @@ class Registry:
             self._loaded.pop(name, None)
 
     def unregister(self, name: str) -> None:
-        """Forget a registered name (tests)."""
+        """Forget a registered name (tests); a plugin file none of whose names is left is
+        forgotten too (it no longer goes to workers; loading it again runs it again)."""
         with _LOCK:
-            self._registered.pop(name, None)
+            info = self._registered.pop(name, (None, None))[0]
             self._loaded.pop(name, None)
+            sha = info.sha256 if info is not None else ""
+            if sha and not any(
+                i.sha256 == sha for r in REGISTRIES.values() for i, _ in r._registered.values()
+            ):
+                _FILES.pop(sha, None)
 
     def check(self, name: str) -> str | None:
         """None when ``name`` resolves, else the one-line reason."""
@@ -441,30 +447,35 @@ def load_plugin_source(file_name: str, source: str) -> list[PluginInfo]:
         before = {k: set(r._registered) for k, r in REGISTRIES.items()}
         _CURRENT_FILE.append((file_name, sha))
         sys.modules[module_name] = module  # pickling by reference finds its classes
-        try:
-            exec(compile(source, file_name, "exec"), module.__dict__)
-        except PluginError:
-            sys.modules.pop(module_name, None)
-            raise
-        except BaseException as exc:  # the file's own code raised: one line, not a trace
+
+        def forget() -> None:  # a file that fails leaves nothing behind
             sys.modules.pop(module_name, None)
             for kind, names in before.items():
                 for name in set(REGISTRIES[kind]._registered) - names:
                     REGISTRIES[kind].unregister(name)
+
+        try:
+            exec(compile(source, file_name, "exec"), module.__dict__)
+        except PluginError:  # a register() call refused (a name taken): its own line
+            forget()
+            raise
+        except BaseException as exc:  # the file's own code raised: one line, not a trace
+            forget()
             raise PluginError(f"plugin file {file_name} failed: {_one_line(exc)}") from None
         finally:
             _CURRENT_FILE.pop()
-        _FILES[sha] = (file_name, source)
         added = [
             REGISTRIES[kind]._registered[name][0]
             for kind, names in before.items()
             for name in sorted(set(REGISTRIES[kind]._registered) - names)
         ]
         if not added:
+            forget()
             raise PluginError(
                 f"plugin file {file_name} registered nothing: call "
                 "mecsim.api.register(kind, name, obj) for what it provides"
             )
+        _FILES[sha] = (file_name, source)  # only a file that worked goes to the workers
         return added
 
 

@@ -7,7 +7,12 @@ from typing import Any
 
 import pytest
 
+import mecsim.registry as registry
 from mecsim.scenario import Scenario, scenario_from_dict
+
+#: mecsim's own algorithms (the installed plugins, e.g. examples/ditto once the suite has
+#: installed it, are not the suite's to parametrize over)
+BUILTIN_ALGORITHMS = sorted(i.name for i in registry.ALGORITHMS.entries() if i.builtin)
 
 TINY: dict[str, Any] = {
     "name": "tiny",

@@ -5,8 +5,9 @@ assumption is printed under the tables when a run makes it for personalised down
 from __future__ import annotations
 
 import pytest
+from conftest import BUILTIN_ALGORITHMS
 
-from mecsim.agents.algorithms import algorithm_classes, algorithm_names
+from mecsim.agents.algorithms import algorithm_classes
 from mecsim.analysis.tables import build_tables, label_runs, load_run
 from mecsim.emulation.engine import time_round
 from mecsim.emulation.network import NetworkModel, device_profiles, downlink_note
@@ -41,12 +42,12 @@ def _scenario(algorithm: str, mode: str | None = None, **extra):
 
 def test_every_algorithm_declares_its_downloads():
     declared = {
-        name for name in algorithm_names() if algorithm_classes(name)[0].personalised_downloads
+        name for name in BUILTIN_ALGORITHMS if algorithm_classes(name)[0].personalised_downloads
     }
     assert declared == PERSONALISED
 
 
-@pytest.mark.parametrize("algorithm", algorithm_names())
+@pytest.mark.parametrize("algorithm", BUILTIN_ALGORITHMS)
 def test_auto_resolves_by_algorithm(algorithm):
     sc = _scenario(algorithm)
     assert sc.channel.downlink.mode == "auto"  # the default

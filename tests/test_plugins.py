@@ -325,6 +325,16 @@ def test_a_plugin_file_that_raises_or_registers_nothing_is_one_line(tmp_path) ->
     clash.write_text("from mecsim.api import register\nregister('algorithm', 'fedavg', 1)\n")
     with pytest.raises(registry.PluginError, match="'fedavg' .* already provided by mecsim"):
         registry.load_plugin_file(clash)
+    half = tmp_path / "half.py"  # registers one name, then fails: neither is kept
+    half.write_text(
+        "from mecsim.api import register\nregister('model', 'half_model', len)\n1 / 0\n"
+    )
+    with pytest.raises(registry.PluginError, match="ZeroDivisionError"):
+        registry.load_plugin_file(half)
+    assert "half_model" not in registry.MODELS.names()
+    # none of these files goes to a run's workers
+    shipped = {name for name, _ in registry.portable().files}
+    assert not shipped & {"bad.py", "empty.py", "clash.py", "half.py"}
 
 
 def test_import_strings_resolve_locally_and_are_refused_where_imports_are_not_allowed(
@@ -559,3 +569,24 @@ def test_a_plugin_that_raises_in_fit_fails_the_run_naming_it_and_resumes_after_a
         "AlgorithmError: algorithm 'flaky': client 1 uploaded 100005 values, the server "
         "expects 200010 (refused before aggregation)"
     ) in out.stderr, out.stderr
+
+
+def test_a_name_registered_in_process_only_is_refused_for_ray_before_anything_starts(
+    tmp_path,
+) -> None:
+    from mecsim.agents.algorithms.fedavg import FEDAVG
+    from mecsim.store.session import BadRun
+
+    registry.register("algorithm", "notebook_fedavg", FEDAVG)
+    try:
+        data = json.loads(json.dumps(TINY))
+        data["algorithm"] = {"name": "notebook_fedavg"}
+        with pytest.raises(BadRun, match="algorithm 'notebook_fedavg': registered in this"):
+            simulate(data, out=tmp_path, run_id="n", backend="ray", progress=False, plots=False)
+        assert not (tmp_path / "n").exists()  # nothing left behind
+        run = simulate(
+            data, out=tmp_path, run_id="m", rounds=1, backend="local", progress=False, plots=False
+        )
+        assert run.status == "finished"
+    finally:
+        registry.ALGORITHMS.unregister("notebook_fedavg")

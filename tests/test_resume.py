@@ -20,9 +20,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import tiny
+from conftest import BUILTIN_ALGORITHMS, tiny
 
-from mecsim.agents.algorithms import algorithm_names
 from mecsim.run import interrupts
 from mecsim.run.observers import RunObserver
 from mecsim.store.checkpoints import CheckpointStore
@@ -136,7 +135,7 @@ def _interrupted_then_resumed(sc, tmp_path: Path, stop_at: int, hosts=(2, 2)) ->
     return out
 
 
-@pytest.mark.parametrize("name", algorithm_names())
+@pytest.mark.parametrize("name", BUILTIN_ALGORITHMS)
 def test_every_algorithm_resumes_exactly(name: str, tmp_path: Path) -> None:
     rounds = 11 if name.startswith("dcpfl") else 5
     stop_at = 7 if name.startswith("dcpfl") else 2

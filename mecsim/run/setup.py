@@ -85,6 +85,18 @@ def _step_cost(model: torch.nn.Module, in_shape, num_classes: int, train: TrainC
     return cost
 
 
+def _named(scenario: Scenario) -> dict[str, str]:
+    """What the scenario names, by kind (the registries it is looked up in)."""
+    names = {
+        "algorithm": scenario.algorithm.name,
+        "model": scenario.model.name,
+        "dataset": scenario.dataset.name,
+    }
+    if isinstance(scenario.channel, PluginChannelConfig):
+        names["channel"] = scenario.channel.name
+    return names
+
+
 def prepare(
     scenario: Scenario,
     run_id: str,
@@ -157,6 +169,18 @@ def prepare(
     backend = backend or scenario.execution.backend
     executor: Executor
     if backend == "ray":
+        local_only = [
+            f"{i.kind} {i.name!r}"
+            for i in registry.used_by(_named(scenario))
+            if i.origin == "registered"
+        ]
+        if local_only:
+            raise ScenarioInfeasible(
+                f"{', '.join(local_only)}: registered in this process by "
+                "mecsim.api.register, which Ray's workers cannot see; run with backend "
+                "local, or put it in a plugin file (mecsim run --plugin FILE, "
+                "mecsim.api.load_plugin_file) or an installed package"
+            )
         try:
             executor = RayExecutor(
                 server_kwargs,
@@ -189,21 +213,7 @@ def prepare(
             "label_dkl": heterogeneity_dkl(parts.label_histograms(pools)[0]),
             # what the run used that is not mecsim's own: name, kind, distribution and
             # version, or a plugin file's sha256
-            "plugins": [
-                info.as_dict()
-                for info in registry.used_by(
-                    {
-                        "algorithm": scenario.algorithm.name,
-                        "model": scenario.model.name,
-                        "dataset": scenario.dataset.name,
-                        **(
-                            {"channel": scenario.channel.name}
-                            if isinstance(scenario.channel, PluginChannelConfig)
-                            else {}
-                        ),
-                    }
-                )
-            ],
+            "plugins": [info.as_dict() for info in registry.used_by(_named(scenario))],
         },
     )
     network = NetworkModel(scenario, profiles)

@@ -88,7 +88,11 @@ class RayExecutor:
         self._planned: tuple[int, Any] | None = None  # (round, its plan) asked for ahead
         self._folds: list[Any] = []  # a streamed round's folds not yet waited for
         self._abort_check: StopCheck | None = None
-        self._start()
+        try:
+            self._start()
+        except BaseException:  # an actor that cannot start: free what did start
+            self.close()  # (its hosts hold the placement group's CPUs), then say why
+            raise
 
     def _start(self) -> None:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
