@@ -80,6 +80,7 @@ class RayExecutor:
         if shared_uploads.available():
             shared_uploads.remove_stale()
         self.server: Any = None  # the central server's actor handle (Ray types it Any)
+        self.edges: dict[int, Any] = {}  # edge server -> its actor (hierarchical only)
         self.hosts: list[Any] = []
         self._group: Any = None  # the hosts' placement group
         self._host_cpus = 1.0
