@@ -83,11 +83,30 @@ def _import_root(tree: Path, scratch: Path) -> Path:
     return links
 
 
+#: Written where each revision imports from (first on PYTHONPATH, so Python imports it at
+#: start-up, in the benchmark and in every Ray worker): an editable install of mecsim
+#: (``pip install -e .``) puts a finder on ``sys.meta_path`` that maps the packages
+#: ``package-dir`` moves (mecsim.agents, mecsim.channel) to the working tree, ahead of
+#: PYTHONPATH; without this, a revision would run its own ``mecsim`` with the working
+#: tree's ``agents/`` and ``channel/``.
+SITECUSTOMIZE = """\
+import sys
+
+# benchmarks/ab.py: this revision's code, not the editable install's working tree
+sys.meta_path[:] = [
+    f for f in sys.meta_path
+    if not getattr(f, "__module__", "").startswith("__editable___mecsim_")
+]
+"""
+
+
 def checkout(label: str, rev: str, scratch: Path) -> Revision:
     commit = _git("rev-parse", "--verify", f"{rev}^{{commit}}")
     tree = scratch / f"tree-{label}"
     _git("worktree", "add", "--detach", "--force", str(tree), commit)
-    return Revision(label, rev, commit[:10], tree, _import_root(tree, scratch / label))
+    path = _import_root(tree, scratch / label)
+    (path / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    return Revision(label, rev, commit[:10], tree, path)
 
 
 def run_once(r: Revision, command: list[str], timeout_s: float) -> tuple[str, float]:
@@ -101,7 +120,9 @@ def run_once(r: Revision, command: list[str], timeout_s: float) -> tuple[str, fl
     t0 = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, str(r.tree / script), *rest],
-        cwd=r.tree,
+        # from where the revision imports: Ray puts the driver's working folder on its
+        # workers' sys.path, and the worktree's own mecsim/ lacks agents/ and channel/
+        cwd=r.path,
         env=env,
         capture_output=True,
         text=True,
