@@ -521,6 +521,12 @@ def load_plugin_source(file_name: str, source: str) -> list[PluginInfo]:
                     REGISTRIES[kind].unregister(name)
 
         try:
+            # Running code is the point here, and it is not code from data: the source is
+            # a Python file the user named on their own command line (--plugin FILE, as
+            # `python FILE` would run it), or, in a Ray worker, that same file's text sent
+            # by the user's own driver (registry.portable). No scenario, record or service
+            # request reaches this (the service takes no plugin files; tests/test_security
+            # checks that --plugin is the only caller).
             exec(compile(source, file_name, "exec"), module.__dict__)
         except PluginError:  # a register() call refused (a name taken): its own line
             forget()
