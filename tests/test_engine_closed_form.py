@@ -134,3 +134,111 @@ def test_closed_form_checks_client_ids_and_method():
         time_round({1: (Upload(10),)}, {1: ClientSpec(2, 1e6, 1e6, 0, 1e9)}, SERVERS, NetworkSpec())
     with pytest.raises(ValueError, match="method"):
         time_round({}, {}, SERVERS, NetworkSpec(), method="fast")
+
+
+def _tied_round(rng: np.random.Generator):
+    """A round of small binary fractions: many clients finish at the very same instant
+    with other busy times, so the critical client's tie-break is exercised."""
+    n = int(rng.integers(1, 12))
+    ids = rng.permutation(50)[:n].tolist()
+    traces, specs = {}, {}
+    for cid in ids:
+        ops = []
+        for _ in range(int(rng.integers(0, 5))):
+            kind = rng.integers(3)
+            if kind == 0:
+                ops.append(Download(int(rng.integers(0, 3))))
+            elif kind == 1:
+                ops.append(Compute(float(rng.integers(0, 3)), int(rng.integers(0, 3))))
+            else:
+                ops.append(Upload(int(rng.integers(0, 3))))
+        traces[cid] = tuple(ops)
+        specs[cid] = ClientSpec(
+            cid,
+            float(rng.choice([0.0, 8.0, 16.0], p=[0.05, 0.5, 0.45])),
+            float(rng.choice([8.0, 16.0])),
+            float(rng.choice([0.0, 0.5])),
+            float(rng.choice([1.0, 2.0])),
+            uplink_latency_s=float(rng.choice([0.0, 0.25])),
+            downlink_latency_s=float(rng.choice([0.0, 0.25])),
+        )
+    deadline = None if rng.random() < 0.4 else float(rng.choice([0.5, 1.0, 1.5, 2.0]))
+    return traces, specs, NetworkSpec(deadline_s=deadline), float(rng.choice([0.0, 0.25]))
+
+
+@pytest.mark.parametrize("make", [_random_round, _tied_round])
+def test_columns_give_time_rounds_numbers(make):
+    """time_round_columns (what replays use) and time_round's closed form, which both
+    summarise columns, give exactly what the SimPy model's path summarises from its
+    timelines, with crashes and drop-outs (``failed``) and a wait-for count too."""
+    from mecsim.emulation.engine import ClientColumns, plan_traces, time_round_columns
+
+    rng = np.random.default_rng(777)
+    cut = failing = 0
+    for _ in range(400):
+        traces, specs, net, agg = make(rng)
+        ids = list(traces)
+        failed = [c for c in ids if rng.random() < 0.2]
+        wait_for = None if rng.random() < 0.5 else int(rng.integers(0, len(ids) + 2))
+        slow = time_round(
+            traces, specs, SERVERS, net, agg, method="simpy", failed=failed, wait_for=wait_for
+        )
+        fast = time_round(traces, specs, SERVERS, net, agg, failed=failed, wait_for=wait_for)
+        plan = plan_traces(traces)
+        assert plan is not None
+        columns = time_round_columns(
+            plan,
+            ClientColumns.of([specs[c] for c in ids]),
+            net,
+            agg,
+            failed=failed,
+            wait_for=wait_for,
+        )
+        assert columns is not None
+        assert fast == slow
+        assert columns.timing() == slow
+        cut += wait_for is not None and 0 < wait_for < len(ids)
+        failing += bool(failed)
+    assert cut > 50 and failing > 100
+
+
+def test_columns_decline_shared_media():
+    from mecsim.emulation.engine import ClientColumns, plan_traces, time_round_columns
+
+    trace = (Download(1000), Compute(1e9, 3), Upload(1000))
+    spec = ClientSpec(1, 1e6, 1e6, 0.01, 1e9)
+    plan = plan_traces({1: trace})
+    assert plan is not None and plan_traces({1: trace + (ServerCompute(1.0),)}) is None
+    cols = ClientColumns.of([spec])
+    assert time_round_columns(plan, cols, NetworkSpec(uplink_shared=True)) is None
+    assert time_round_columns(plan, cols, NetworkSpec()).timing() == time_round(
+        {1: trace}, {1: spec}, SERVERS, NetworkSpec()
+    )
+
+
+@pytest.mark.parametrize("n_kinds", [3, 5])
+def test_summarising_columns_equals_summarising_timelines(n_kinds):
+    """The column summary picks the same critical client as max() over timelines when
+    several finish at the same instant with different busy seconds (the tie-break), and
+    applies deadlines, failures and wait-for counts the same way."""
+    from mecsim.emulation.engine.dispatch import _complete, _summarise_columns
+    from mecsim.emulation.engine.specs import _timelines
+
+    rng = np.random.default_rng(31)
+    tie_breaks = 0
+    for _ in range(500):
+        n = int(rng.integers(0, 10))
+        ids = tuple(rng.permutation(100)[:n].tolist())
+        finish = rng.choice([1.0, 2.0, 3.0, math.inf], size=n, p=[0.3, 0.3, 0.3, 0.1])
+        spent = rng.uniform(0.0, 1.0, size=(n, n_kinds))
+        deadline = None if rng.random() < 0.4 else float(rng.choice([1.5, 2.0, 2.5]))
+        failed = [c for c in ids if rng.random() < 0.15]
+        wait_for = None if rng.random() < 0.5 else int(rng.integers(0, n + 2))
+        agg = float(rng.uniform(0.0, 0.5))
+        timelines = _timelines(list(ids), finish, spent, deadline)
+        expected = _complete(timelines, deadline, agg, failed, wait_for)
+        got = _summarise_columns(ids, finish, spent, deadline, agg, failed, wait_for)
+        assert got.timing() == expected
+        done = [t for t in expected.clients if t.completed]
+        tie_breaks += len({t.finish_s for t in done}) < len(done)
+    assert tie_breaks > 100

@@ -330,3 +330,64 @@ def test_rounds_with_link_latency_are_timed_as_simpy_does() -> None:
         ref = time_round(traces, specs, [ServerSpec(1e9)], net, method="simpy")
         for method in ("auto", "closed_form", "media", "events"):
             assert time_round(traces, specs, [ServerSpec(1e9)], net, method=method) == ref
+
+
+def _dcu_round(rng: np.random.Generator, quantized: bool):
+    """:func:`_random_round` with only what columns carry: Download/Compute/Upload ops
+    and constant rates (schedules replaced by their first rate)."""
+    traces, specs, servers, net, agg = _random_round(rng, quantized)
+    traces = {
+        cid: tuple(op for op in ops if isinstance(op, (Download, Compute, Upload)))
+        for cid, ops in traces.items()
+    }
+
+    def constant(rate):
+        return rate.rates_bps[0] if isinstance(rate, RateSchedule) else rate
+
+    specs = {
+        cid: ClientSpec(
+            cid,
+            constant(s.uplink_rate_bps),
+            constant(s.downlink_rate_bps),
+            s.step_overhead_s,
+            s.flops_per_s,
+            s.edge_server,
+        )
+        for cid, s in specs.items()
+    }
+    return traces, specs, servers, net, agg
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+def test_media_on_columns_equals_media_on_specs(quantized):
+    """media_columns (what replays use on shared media) forms and orders its groups as
+    media_timelines does, so it gives the same floats, ties included, and declines the
+    same rounds; time_round_columns gives time_round's RoundTiming where it applies."""
+    from mecsim.emulation.engine import ClientColumns, plan_traces, time_round_columns
+    from mecsim.emulation.engine.specs import _timelines
+
+    rng = np.random.default_rng(4242 + quantized)
+    solved = declined = whole = 0
+    for _ in range(600):
+        traces, specs, servers, net, agg = _dcu_round(rng, quantized)
+        ids = list(traces)
+        plan = plan_traces(traces)
+        assert plan is not None
+        cols = ClientColumns.of([specs[c] for c in ids])
+        es = np.array([specs[c].edge_server for c in ids], dtype=np.int64)
+        expected = engine_media.media_timelines(traces, specs, servers, net)
+        got = engine_media.media_columns(plan, cols, es, servers, net)
+        if expected is None:
+            assert got is None
+            declined += 1
+            continue
+        assert got is not None
+        assert _timelines(ids, got[0], got[1], net.deadline_s) == expected
+        solved += 1
+        columns = time_round_columns(
+            plan, cols, net, agg, servers=servers, edge_server=es, failed=ids[:1]
+        )
+        if columns is not None:
+            assert columns.timing() == time_round(traces, specs, servers, net, agg, failed=ids[:1])
+            whole += 1
+    assert solved > 200 and declined > 50 and whole > 20

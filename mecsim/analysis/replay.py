@@ -44,9 +44,16 @@ import pandas as pd
 from rich.console import Console
 
 from mecsim.agents.algorithms import algorithm_classes
+from mecsim.channel import TraceChannel
 from mecsim.emulation import faults
 from mecsim.emulation.energy import round_energy_arrays, transfer_arrays
-from mecsim.emulation.engine import RateSchedule
+from mecsim.emulation.engine import (
+    RateSchedule,
+    RoundColumns,
+    TracePlan,
+    plan_traces,
+    time_round_columns,
+)
 from mecsim.emulation.network import NetworkModel, device_profiles
 from mecsim.emulation.ops import OpTrace, op_from_dict, trace_bytes
 from mecsim.emulation.timing import emulate_round
@@ -88,6 +95,12 @@ class RecordedRound:
         """(bits, transfers) of each client's uploads and downloads, shape (clients, 2),
         in selection order: what the energy of a re-timed round needs (computed once)."""
         return transfer_arrays(self.traces.values())
+
+    @cached_property
+    def trace_plan(self) -> TracePlan | None:
+        """The traces as the engine's closed form reads them (planned once: every point
+        of a sweep re-times the same traces); None if it does not cover them."""
+        return plan_traces(self.traces)
 
 
 @dataclass(frozen=True)
@@ -294,8 +307,48 @@ def retime(run: RecordedRun, scenario: Scenario) -> _Timed:
     rows, dropped, finish = [], [], []
     elapsed_s = 0.0
     slowdown = faults.slowdown_factors(scenario.faults, scenario.seed, scenario.topology.clients)
+    # Without emulated faults or rate traces, a round of download/compute/upload traces is
+    # timed on columns (the round's links as arrays, its traces planned once per recorded
+    # round, no object per client): the same numbers as through ClientSpecs, which time
+    # what columns do not cover
+    columns = not (faults.active(scenario.faults) or isinstance(network.channel, TraceChannel))
     for rec in run.rounds:
         selected = list(rec.traces)
+        aggregate_s = server.compute_time_s(rec.aggregate_flops, 0)
+        plan = rec.trace_plan if columns and not rec.outage else None
+        if plan is not None:
+            links = network.links(rec.round, selected, elapsed_s)
+            cols = network.columns(links, selected)
+            timed = (
+                None
+                if cols is None
+                else time_round_columns(
+                    plan,
+                    cols,
+                    network.network,
+                    aggregate_s,
+                    failed=frozenset(rec.failed),
+                    servers=links.servers,
+                    edge_server=network.edge_server[selected],
+                )
+            )
+            if timed is not None:
+                rows.append(
+                    {
+                        "round": rec.round,
+                        "selected": len(selected),
+                        "completed": len(selected) - len(timed.dropped),
+                        "dropped": len(timed.dropped),
+                        **timing_columns(timed, elapsed_s),
+                        "bytes_up": rec.bytes_up,
+                        "bytes_down": rec.bytes_down,
+                        **_columns_energy(network, rec, selected, timed),
+                    }
+                )
+                elapsed_s = rows[-1]["elapsed_s"]
+                dropped.append(frozenset(timed.dropped))
+                finish.append(dict(zip(timed.ids, timed.finish_s.tolist(), strict=True)))
+                continue
         # the run's emulated faults: its stragglers and link outages are the scenario's,
         # its crashes and drop-outs are what the records say
         emulated = emulate_round(
@@ -309,13 +362,13 @@ def retime(run: RecordedRun, scenario: Scenario) -> _Timed:
             rec.failed,
             records=False,
         )
-        t = emulated.time(rec.traces, server.compute_time_s(rec.aggregate_flops, 0))
-        links = (
+        t = emulated.time(rec.traces, aggregate_s)
+        link_arrays = (
             _links(emulated.specs, selected)
             if faults.active(scenario.faults)
             else network.round_links
         )
-        energy = _round_energy(network, rec, selected, t, links)
+        energy = _round_energy(network, rec, selected, t, link_arrays)
         rows.append(
             {
                 "round": rec.round,
@@ -364,6 +417,22 @@ def _round_energy(
         dtype=float,
     )
     rates, lat = links  # of the round just drawn, in selection order
+    return round_energy_arrays(
+        network.power_w[selected], times, bits, n_ops, rates, lat, t.round_time_s
+    )
+
+
+def _columns_energy(
+    network: NetworkModel, rec: RecordedRound, selected: list[int], t: RoundColumns
+) -> dict[str, float]:
+    """:func:`_round_energy` of a round timed on columns (the closed form's have no
+    server or backhaul seconds: 0, as in its ClientTimelines)."""
+    bits, n_ops = rec.transfer_arrays
+    spent = t.spent_s
+    if spent.shape[1] == 3:
+        spent = np.column_stack([spent, np.zeros((len(selected), 2))])
+    times = np.column_stack([spent, t.finish_s])
+    rates, lat = network.round_links
     return round_energy_arrays(
         network.power_w[selected], times, bits, n_ops, rates, lat, t.round_time_s
     )

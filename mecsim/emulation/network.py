@@ -14,6 +14,7 @@ where the scenario sets a loss rate.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -21,10 +22,16 @@ import numpy as np
 import mecsim.registry as registry
 from mecsim.channel import FixedRateChannel, ShannonChannel, TraceChannel
 from mecsim.channel.transport import jittered_latency_s, mathis_goodput_bps
-from mecsim.channel.wireless import RECORD_KEYS
+from mecsim.channel.wireless import RECORD_KEYS, RoundChannel
 from mecsim.emulation.devices import DeviceProfile, all_profiles
 from mecsim.emulation.energy import power_array
-from mecsim.emulation.engine import ClientSpec, NetworkSpec, RateSchedule, ServerSpec
+from mecsim.emulation.engine import (
+    ClientColumns,
+    ClientSpec,
+    NetworkSpec,
+    RateSchedule,
+    ServerSpec,
+)
 from mecsim.scenario import (
     ChannelConfig,
     FixedRateChannelConfig,
@@ -163,6 +170,23 @@ def schedule_from(times_s: ArrayLike, rates_bps: ArrayLike, start_s: float) -> R
     return RateSchedule(rel_times, tuple(float(r) for r in rates[k:]))
 
 
+@dataclass(frozen=True, eq=False)
+class RoundLinks:
+    """One round's links (:meth:`NetworkModel.links`), per selected client in selection
+    order, and its edge servers."""
+
+    channel: RoundChannel
+    uplink_goodput_bps: np.ndarray  # the channel's rate under the Mathis cap
+    downlink_goodput_bps: np.ndarray
+    uplink_latency_s: np.ndarray  # one way, jittered
+    downlink_latency_s: np.ndarray
+    uplink_cap_bps: np.ndarray  # the Mathis bound alone
+    downlink_cap_bps: np.ndarray
+    servers: list[ServerSpec]
+    backhaul_latency_s: np.ndarray  # per edge server
+    backhaul_goodput_bps: np.ndarray
+
+
 class NetworkModel:
     """Per-round ClientSpecs (rates, device), edge servers and media for the engine."""
 
@@ -174,6 +198,12 @@ class NetworkModel:
             scenario.topology.clients, np.random.default_rng([seed, _CLIENTS_STREAM])
         )
         self.devices = [profiles[name] for name in scenario.client_profiles()]
+        # each client's device as columns (ClientColumns of a round index them)
+        self.step_overhead_s = np.array([float(d.step_overhead_s) for d in self.devices])
+        self.flops_per_s = np.array([float(d.flops_per_s) for d in self.devices])
+        self.edge_server = np.array(
+            [scenario.edge_server_of(c) for c in range(scenario.topology.clients)], dtype=np.int64
+        )
         # (active, idle, tx, rx) W per client, for vectorised energy (mecsim.emulation.energy)
         self.power_w = power_array(self.devices)
         server = profiles[scenario.devices.edge_server]
@@ -206,14 +236,10 @@ class NetworkModel:
         ]
         return servers, lat, bps
 
-    def round(
-        self, rnd: int, selected: list[int], elapsed_s: float = 0.0, *, records: bool = True
-    ) -> tuple[dict[int, ClientSpec], list[ServerSpec], NetworkSpec, dict[int, dict[str, Any]]]:
-        """(client specs by id, server specs, network spec, channel records by id).
-
-        ``records=False`` skips building the channel records (an empty dict is returned):
-        a replay, which re-draws the same channel, does not need them.
-        """
+    def links(self, rnd: int, selected: list[int], elapsed_s: float = 0.0) -> RoundLinks:
+        """Round ``rnd``'s links of the ``selected`` clients, as arrays in selection
+        order: the channel drawn from the scenario seed and the round, each link's
+        latency jitter, Mathis cap and goodput, and the edge servers' backhaul."""
         rng = np.random.default_rng([self.scenario.seed, _ROUND_STREAM, rnd])
         ch = self.channel.draw_round(
             self.radio, np.asarray(selected, dtype=np.int64), rng, time_s=elapsed_s
@@ -232,8 +258,51 @@ class NetworkModel:
         up_good = np.minimum(ch.uplink_rate_bps, up_cap)
         down_good = np.minimum(ch.downlink_rate_bps, down_cap)
         servers, bh_lat, bh_bps = self._backhaul(t_rng)
+        # the round's links as arrays in selection order (goodput NaN where a rate schedule
+        # applies), for vectorised energy in replays: (up, down) rates and latencies
+        schedule = isinstance(self.channel, TraceChannel)
+        self.round_links = (
+            np.column_stack(
+                [
+                    np.full(len(selected), np.nan) if schedule else up_good,
+                    np.full(len(selected), np.nan) if schedule else down_good,
+                ]
+            ),
+            np.column_stack([up_lat, down_lat]),
+        )
+        return RoundLinks(
+            ch, up_good, down_good, up_lat, down_lat, up_cap, down_cap, servers, bh_lat, bh_bps
+        )
+
+    def columns(self, links: RoundLinks, selected: list[int]) -> ClientColumns | None:
+        """The selected clients' specs as columns (what :meth:`round` puts in each
+        ClientSpec, without the objects), or None when the links are rate schedules."""
+        if isinstance(self.channel, TraceChannel):
+            return None
+        at = np.asarray(selected, dtype=np.int64)
+        return ClientColumns(
+            links.downlink_goodput_bps,
+            links.uplink_goodput_bps,
+            links.downlink_latency_s,
+            links.uplink_latency_s,
+            self.step_overhead_s[at],
+            self.flops_per_s[at],
+        )
+
+    def round(
+        self, rnd: int, selected: list[int], elapsed_s: float = 0.0, *, records: bool = True
+    ) -> tuple[dict[int, ClientSpec], list[ServerSpec], NetworkSpec, dict[int, dict[str, Any]]]:
+        """(client specs by id, server specs, network spec, channel records by id).
+
+        ``records=False`` skips building the channel records (an empty dict is returned):
+        a replay, which re-draws the same channel, does not need them.
+        """
+        links = self.links(rnd, selected, elapsed_s)
+        up_good, down_good = links.uplink_goodput_bps, links.downlink_goodput_bps
+        up_lat, down_lat = links.uplink_latency_s, links.downlink_latency_s
+        bh_lat, bh_bps = links.backhaul_latency_s, links.backhaul_goodput_bps
         rows: dict[int, dict[str, Any]] = (
-            {int(r["client_id"]): r for r in ch.records()} if records else {}
+            {int(r["client_id"]): r for r in links.channel.records()} if records else {}
         )
         specs: dict[int, ClientSpec] = {}
         for i, cid in enumerate(selected):
@@ -241,8 +310,8 @@ class NetworkModel:
             down: float | RateSchedule = float(down_good[i])
             if isinstance(self.channel, TraceChannel):
                 (ut, ur), (dt, dr) = self.channel.schedules(cid)
-                up = schedule_from(ut, np.minimum(ur, up_cap[i]), elapsed_s)
-                down = schedule_from(dt, np.minimum(dr, down_cap[i]), elapsed_s)
+                up = schedule_from(ut, np.minimum(ur, links.uplink_cap_bps[i]), elapsed_s)
+                down = schedule_from(dt, np.minimum(dr, links.downlink_cap_bps[i]), elapsed_s)
             dev = self.devices[cid]
             es = self.scenario.edge_server_of(cid)
             specs[cid] = ClientSpec(
@@ -266,16 +335,4 @@ class NetworkModel:
                 )
         for rec in rows.values():
             rec.pop("client_id", None)
-        # the round's links as arrays in selection order (goodput NaN where a rate schedule
-        # applies), for vectorised energy in replays: (up, down) rates and latencies
-        schedule = isinstance(self.channel, TraceChannel)
-        self.round_links = (
-            np.column_stack(
-                [
-                    np.full(len(selected), np.nan) if schedule else up_good,
-                    np.full(len(selected), np.nan) if schedule else down_good,
-                ]
-            ),
-            np.column_stack([up_lat, down_lat]),
-        )
-        return specs, servers, self.network, rows
+        return specs, links.servers, self.network, rows

@@ -13,31 +13,40 @@ pure function: no torch, no Ray, no wall clock.
   visit resources in one order;
 - :mod:`.events`: event by event without SimPy, for everything else;
 - :mod:`.dispatch`: :func:`time_round`, which takes the first of those that covers the
-  round (docs/engine.md has the details and the speeds).
+  round (docs/engine.md has the details and the speeds), and :func:`time_round_columns`,
+  the closed form on columns (a round's traces planned once, its clients as arrays) for
+  replays.
 
 Units: seconds (``_s``), bits per second (``_bps``), FLOPs and FLOP/s (``flops_per_s``).
 """
 
-from mecsim.emulation.engine.dispatch import METHODS, engine_path, time_round
+from mecsim.emulation.engine.closed_form import ClientColumns, TracePlan, plan_traces
+from mecsim.emulation.engine.dispatch import METHODS, engine_path, time_round, time_round_columns
 from mecsim.emulation.engine.specs import (
     ClientSpec,
     ClientTimeline,
     NetworkSpec,
     Rate,
     RateSchedule,
+    RoundColumns,
     RoundTiming,
     ServerSpec,
 )
 
 __all__ = [
     "METHODS",
+    "ClientColumns",
     "ClientSpec",
     "ClientTimeline",
     "NetworkSpec",
     "Rate",
     "RateSchedule",
+    "RoundColumns",
     "RoundTiming",
     "ServerSpec",
+    "TracePlan",
     "engine_path",
+    "plan_traces",
     "time_round",
+    "time_round_columns",
 ]

@@ -1,9 +1,17 @@
-"""The engine's closed form: a round with nothing shared, solved with numpy."""
+"""The engine's closed form: a round with nothing shared, solved with numpy.
+
+Two inputs are read as columns, so that re-timing the same op-traces under many
+scenarios (a what-if sweep) reads each trace once: :func:`plan_traces` groups a round's
+traces by their sequence of op kinds and keeps each op's size as an array (a
+:class:`TracePlan`, which a replay caches per recorded round), and :class:`ClientColumns`
+holds the clients' links and CPUs as arrays (a replay builds them without making a
+:class:`~mecsim.emulation.engine.specs.ClientSpec` per client).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Protocol, cast
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -24,6 +32,87 @@ from mecsim.emulation.ops import (
 # Op types the closed form covers, and the column of each in its per-kind time table.
 # Exact types only: a subclass (or any op type added later) goes to the SimPy model.
 _CLOSED_FORM_KIND: dict[type, int] = {Download: 0, Compute: 1, Upload: 2}
+_COMPUTE = 1
+
+
+@dataclass(frozen=True)
+class ClientColumns:
+    """The clients' specs as columns, one row per client in the round's order, for rounds
+    whose rates are constants (bit/s): what the closed form reads of each ClientSpec."""
+
+    downlink_rate_bps: np.ndarray
+    uplink_rate_bps: np.ndarray
+    downlink_latency_s: np.ndarray
+    uplink_latency_s: np.ndarray
+    step_overhead_s: np.ndarray
+    flops_per_s: np.ndarray
+
+    @classmethod
+    def of(cls, specs: Sequence[ClientSpec]) -> ClientColumns:
+        """The columns of ``specs`` (their rates must be numbers, not schedules)."""
+        return cls(
+            *(
+                np.array([float(getattr(s, name)) for s in specs])
+                for name in (
+                    "downlink_rate_bps",
+                    "uplink_rate_bps",
+                    "downlink_latency_s",
+                    "uplink_latency_s",
+                    "step_overhead_s",
+                    "flops_per_s",
+                )
+            )
+        )
+
+
+@dataclass(frozen=True)
+class PlanGroup:
+    """Clients with one sequence of op kinds: their positions in the round, and per op
+    its sizes as arrays (a transfer: bits; a computation: FLOPs and batches)."""
+
+    kinds: tuple[int, ...]  # per op: 0 download, 1 compute, 2 upload
+    positions: np.ndarray | slice  # slice(None): every client, in order
+    sizes: tuple[tuple[np.ndarray, ...], ...]
+
+
+@dataclass(frozen=True)
+class TracePlan:
+    """A round's op-traces as the closed form reads them (see :func:`plan_traces`)."""
+
+    ids: tuple[int, ...]
+    groups: tuple[PlanGroup, ...]
+
+
+def plan_traces(traces: Mapping[int, OpTrace]) -> TracePlan | None:
+    """The traces grouped by sequence of op kinds with their sizes as arrays, or None when
+    an op is not a Download, Compute or Upload (then the round needs another path)."""
+    ids = tuple(traces)
+    by_types: dict[tuple[type, ...], list[int]] = {}  # sequence of op types -> positions
+    for pos, trace in enumerate(traces.values()):
+        by_types.setdefault(tuple(map(type, trace)), []).append(pos)
+    if any(t not in _CLOSED_FORM_KIND for types in by_types for t in types):
+        return None
+    rows_of = list(traces.values())
+    groups = []
+    for types, positions in by_types.items():
+        rows = [rows_of[p] for p in positions]
+        kinds = tuple(_CLOSED_FORM_KIND[t] for t in types)
+        sizes: list[tuple[np.ndarray, ...]] = []
+        for k, kind in enumerate(kinds):
+            if kind == _COMPUTE:
+                sizes.append(
+                    (
+                        np.array([float(r[k].flops) for r in rows]),  # type: ignore[union-attr]
+                        np.array([float(r[k].batches) for r in rows]),  # type: ignore[union-attr]
+                    )
+                )
+            else:
+                sizes.append((8.0 * np.array([float(r[k].nbytes) for r in rows]),))  # type: ignore[union-attr]
+        where: np.ndarray | slice = (
+            slice(None) if len(by_types) == 1 else np.array(positions, dtype=np.int64)
+        )
+        groups.append(PlanGroup(kinds, where, tuple(sizes)))
+    return TracePlan(ids, tuple(groups))
 
 
 def _closed_form_timelines(
@@ -35,76 +124,74 @@ def _closed_form_timelines(
 
     Applies when nothing is shared: no shared medium, no edge-server compute, constant
     rates, and only Download / Compute / Upload ops. Then each client's clock is the sum
-    of its op durations. Clients with the same sequence of op kinds are stacked into numpy
-    arrays and advanced together, one op at a time, with the arithmetic of the SimPy
-    model in the same order (clock ``now + delay``, per-kind time += clock difference,
-    an op that never ends leaves the client stuck at ``inf``), so the result is equal to
-    the SimPy model's bit for bit (``tests/test_engine_closed_form.py`` checks it on
-    random rounds).
+    of its op durations (:func:`closed_form_columns`).
     """
+    solved = _closed_form_arrays(traces, clients, network)
+    if solved is None:
+        return None
+    ids, finish_s, spent_s = solved
+    return _timelines(ids, finish_s, spent_s, network.deadline_s)
+
+
+def _closed_form_arrays(
+    traces: Mapping[int, OpTrace],
+    clients: Mapping[int, ClientSpec],
+    network: NetworkSpec,
+) -> tuple[list[int], np.ndarray, np.ndarray] | None:
+    """(ids, finish_s, per-kind seconds) of :func:`_closed_form_timelines`, or None."""
     if network.uplink_shared or network.downlink_shared:
         return None
     ids = list(traces)
-    groups: dict[tuple[type, ...], list[int]] = {}  # sequence of op types -> positions
-    for pos, cid in enumerate(ids):
-        spec = clients[cid]
+    specs = [clients[cid] for cid in ids]
+    for cid, spec in zip(ids, specs, strict=True):
         if spec.client_id != cid:
             raise ValueError(f"clients[{cid}] has client_id {spec.client_id}")
         if isinstance(spec.uplink_rate_bps, RateSchedule) or isinstance(
             spec.downlink_rate_bps, RateSchedule
         ):
             return None
-        groups.setdefault(tuple(map(type, traces[cid])), []).append(pos)
-    if any(t not in _CLOSED_FORM_KIND for types in groups for t in types):
+    plan = plan_traces(traces)
+    if plan is None:
         return None
-
-    finish_s = np.zeros(len(ids))
-    spent_s = np.zeros((len(ids), 3))  # download, compute, upload
-    for types, positions in groups.items():
-        kinds = tuple(_CLOSED_FORM_KIND[t] for t in types)
-        rows = [traces[ids[p]] for p in positions]
-        specs = [clients[ids[p]] for p in positions]
-        finish_s[positions], spent_s[positions] = _advance_group(kinds, rows, specs)
-
-    return _timelines(ids, finish_s, spent_s, network.deadline_s)
+    finish_s, spent_s = closed_form_columns(plan, ClientColumns.of(specs))
+    return ids, finish_s, spent_s
 
 
-class _ConstantRates(Protocol):
-    """A ClientSpec whose rates are constants (no RateSchedule: the closed form's rounds)."""
+def closed_form_columns(plan: TracePlan, clients: ClientColumns) -> tuple[np.ndarray, np.ndarray]:
+    """(finish_s, per-kind seconds: download, compute, upload) of every client.
 
-    @property
-    def uplink_rate_bps(self) -> float: ...
+    Clients with the same sequence of op kinds are advanced together, one op at a time,
+    with the arithmetic of the SimPy model in the same order (clock ``now + delay``,
+    per-kind time += clock difference, an op that never ends leaves the client stuck at
+    ``inf``), so the result is equal to the SimPy model's bit for bit
+    (``tests/test_engine_closed_form.py`` checks it on random rounds).
+    """
+    n = len(plan.ids)
+    finish_s = np.zeros(n)
+    spent_s = np.zeros((n, 3))  # download, compute, upload
+    for group in plan.groups:
+        finish_s[group.positions], spent_s[group.positions] = _advance_group(group, clients)
+    return finish_s, spent_s
 
-    @property
-    def downlink_rate_bps(self) -> float: ...
 
-
-def _advance_group(
-    kinds: tuple[int, ...], rows: list[OpTrace], specs: list[ClientSpec]
-) -> tuple[np.ndarray, np.ndarray]:
+def _advance_group(group: PlanGroup, clients: ClientColumns) -> tuple[np.ndarray, np.ndarray]:
     """(finish_s, per-kind seconds) of clients sharing one sequence of op kinds."""
-    m = len(rows)
-    rates = cast("list[_ConstantRates]", specs)  # _closed_form_timelines left out schedules
-    down_bps = np.array([float(s.downlink_rate_bps) for s in rates])
-    up_bps = np.array([float(s.uplink_rate_bps) for s in rates])
-    down_lat_s = np.array([float(s.downlink_latency_s) for s in specs])
-    up_lat_s = np.array([float(s.uplink_latency_s) for s in specs])
-    overhead_s = np.array([float(s.step_overhead_s) for s in specs])
-    flops_per_s = np.array([float(s.flops_per_s) for s in specs])
+    at = group.positions
+    down_bps, up_bps = clients.downlink_rate_bps[at], clients.uplink_rate_bps[at]
+    down_lat_s, up_lat_s = clients.downlink_latency_s[at], clients.uplink_latency_s[at]
+    overhead_s, flops_per_s = clients.step_overhead_s[at], clients.flops_per_s[at]
+    m = len(down_bps)
     now_s, spent_s = np.zeros(m), np.zeros((m, 3))
     stuck, stuck_kind = np.zeros(m, dtype=bool), np.zeros(m, dtype=np.int64)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        for k, kind in enumerate(kinds):
-            if kind == 1:  # Device.run
-                work = cast("list[tuple[Compute, ...]]", rows)  # column k holds Compute ops
-                flops = np.array([float(r[k].flops) for r in work])
-                batches = np.array([float(r[k].batches) for r in work])
+        for kind, sizes in zip(group.kinds, group.sizes, strict=True):
+            if kind == _COMPUTE:  # Device.run
+                flops, batches = sizes
                 flop_s = np.where(flops_per_s > 0, flops / flops_per_s, np.inf)
                 delay_s = batches * overhead_s + np.where(flops > 0, flop_s, 0.0)
                 delay_s = np.where(delay_s > 0, delay_s, 0.0)
             else:  # DedicatedLink.transfer
-                sent = cast("list[tuple[Download | Upload, ...]]", rows)  # column k: transfers
-                nbits = 8.0 * np.array([float(r[k].nbytes) for r in sent])
+                (nbits,) = sizes
                 rate, lat_s = (down_bps, down_lat_s) if kind == 0 else (up_bps, up_lat_s)
                 delay_s = np.where(nbits > 0, np.where(rate > 0, nbits / rate + lat_s, np.inf), 0.0)
             blocked = np.isinf(delay_s) & ~stuck

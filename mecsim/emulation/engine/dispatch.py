@@ -8,13 +8,22 @@ import math
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import replace
 
+import numpy as np
+
 from mecsim.emulation.engine import events, media
-from mecsim.emulation.engine.closed_form import _closed_form_timelines
+from mecsim.emulation.engine.closed_form import (
+    ClientColumns,
+    TracePlan,
+    _closed_form_arrays,
+    _closed_form_timelines,
+    closed_form_columns,
+)
 from mecsim.emulation.engine.simpy_model import _simulate
 from mecsim.emulation.engine.specs import (
     ClientSpec,
     ClientTimeline,
     NetworkSpec,
+    RoundColumns,
     RoundTiming,
     ServerSpec,
     _made_it,
@@ -72,24 +81,62 @@ def time_round(
     if method not in METHODS:
         raise ValueError(f"method {method!r} is not one of {METHODS}")
     with _collector_paused():
+        if method in ("auto", "closed_form"):  # the closed form, summarised as columns
+            solved = _closed_form_arrays(traces, clients, network)
+            if solved is not None:
+                ids, finish_s, spent_s = solved
+                return _summarise_columns(
+                    tuple(ids), finish_s, spent_s, network.deadline_s, aggregate_s, failed, wait_for
+                ).timing()
         _, timelines = _solve(traces, clients, servers, network, method)
-        deadline_s = network.deadline_s
-        if failed or wait_for is not None:
-            failed = frozenset(failed)
-            finishes = sorted(
-                t.finish_s for t in timelines if t.completed and t.client_id not in failed
-            )
-            if wait_for is not None and 0 < wait_for < len(finishes):
-                cutoff_s = finishes[wait_for - 1]
-                deadline_s = cutoff_s if deadline_s is None else min(deadline_s, cutoff_s)
-            timelines = tuple(
-                replace(t, completed=t.client_id not in failed and _made_it(t.finish_s, deadline_s))
-                for t in timelines
-            )
-        return _summarise(timelines, deadline_s, aggregate_s)
+        return _complete(timelines, network.deadline_s, aggregate_s, failed, wait_for)
 
 
 METHODS = ("auto", "closed_form", "media", "events", "simpy")
+
+
+def time_round_columns(
+    plan: TracePlan,
+    clients: ClientColumns,
+    network: NetworkSpec,
+    aggregate_s: float = 0.0,
+    *,
+    failed: Collection[int] = (),
+    wait_for: int | None = None,
+    servers: Sequence[ServerSpec] | None = None,
+    edge_server: np.ndarray | None = None,
+) -> RoundColumns | None:
+    """:func:`time_round` of a round the closed form covers, given as columns: the
+    round's op-traces planned once (:func:`~mecsim.emulation.engine.closed_form.plan_traces`)
+    and its clients' constant rates, latencies and CPUs as arrays. The same numbers as
+    ``time_round(...)`` (``.timing()`` gives its RoundTiming), without an object per
+    client: what a replay re-timing recorded rounds under many scenarios uses. None when
+    a medium is shared and the media path does not cover the round as ``time_round``
+    would take it (per-link latency, small groups): then build ClientSpecs and call
+    :func:`time_round`. ``servers`` and ``edge_server`` (each client's, in the plan's
+    order) are needed for shared media."""
+    with _collector_paused():
+        if network.uplink_shared or network.downlink_shared:
+            if servers is None or edge_server is None:
+                return None
+            if clients.uplink_latency_s.any() or clients.downlink_latency_s.any():
+                return None  # time_round leaves such rounds to the SimPy model
+            solved = media.media_columns(
+                plan,
+                clients,
+                edge_server,
+                servers,
+                network,
+                min_group_size=media.WORTHWHILE_GROUP_SIZE,
+            )
+            if solved is None:
+                return None
+            finish_s, spent_s = solved
+        else:
+            finish_s, spent_s = closed_form_columns(plan, clients)
+        return _summarise_columns(
+            plan.ids, finish_s, spent_s, network.deadline_s, aggregate_s, failed, wait_for
+        )
 
 
 _PATHS = METHODS[1:]
@@ -159,6 +206,30 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
+def _complete(
+    timelines: tuple[ClientTimeline, ...],
+    deadline_s: float | None,
+    aggregate_s: float,
+    failed: Collection[int],
+    wait_for: int | None,
+) -> RoundTiming:
+    """The round's timing from its timelines: who completed (``failed`` never do; with
+    ``wait_for``, the server stops waiting once that many have), then :func:`_summarise`."""
+    if failed or wait_for is not None:
+        failed = frozenset(failed)
+        finishes = sorted(
+            t.finish_s for t in timelines if t.completed and t.client_id not in failed
+        )
+        if wait_for is not None and 0 < wait_for < len(finishes):
+            cutoff_s = finishes[wait_for - 1]
+            deadline_s = cutoff_s if deadline_s is None else min(deadline_s, cutoff_s)
+        timelines = tuple(
+            replace(t, completed=t.client_id not in failed and _made_it(t.finish_s, deadline_s))
+            for t in timelines
+        )
+    return _summarise(timelines, deadline_s, aggregate_s)
+
+
 def _busy_s(t: ClientTimeline) -> float:
     return t.download_s + t.compute_s + t.upload_s + t.server_compute_s + t.backhaul_s
 
@@ -199,4 +270,74 @@ def _summarise(
         idle_s=max(0.0, idle_s),
         dropped=dropped,
         backhaul_s=parts[4],
+    )
+
+
+def _summarise_columns(
+    ids: tuple[int, ...],
+    finish_s: np.ndarray,
+    spent_s: np.ndarray,
+    deadline_s: float | None,
+    aggregate_s: float,
+    failed: Collection[int],
+    wait_for: int | None,
+) -> RoundColumns:
+    """:func:`_complete`, on columns: the same
+    comparisons and the same float operations in the same order, so the same numbers
+    (``tests/test_engine_closed_form.py`` compares the two on random rounds)."""
+    completed = np.isfinite(finish_s)
+    if deadline_s is not None:
+        completed &= finish_s <= deadline_s
+    if failed or wait_for is not None:
+        failed = frozenset(failed)
+        ok = np.array([cid not in failed for cid in ids], dtype=bool).reshape(-1)
+        finishes = np.sort(finish_s[completed & ok])
+        if wait_for is not None and 0 < wait_for < len(finishes):
+            cutoff_s = float(finishes[wait_for - 1])
+            deadline_s = cutoff_s if deadline_s is None else min(deadline_s, cutoff_s)
+        completed = ok & np.isfinite(finish_s)
+        if deadline_s is not None:
+            completed &= finish_s <= deadline_s
+    done = np.flatnonzero(completed)
+    dropped = tuple(ids[i] for i in np.flatnonzero(~completed).tolist())
+    parts: tuple[float, float, float, float, float]
+    if len(done):
+        # max by (finish_s, busy seconds), the first of equals: as max() over timelines
+        f = finish_s[done]
+        top = done[f == f.max()]
+        if len(top) > 1:
+            busy = spent_s[top, 0]
+            for k in range(1, spent_s.shape[1]):
+                busy = busy + spent_s[top, k]
+            if spent_s.shape[1] == 3:  # ClientTimeline's server and backhaul seconds: 0.0
+                busy = busy + 0.0 + 0.0
+            crit = int(top[int(np.argmax(busy))])
+        else:
+            crit = int(top[0])
+        row = spent_s[crit].tolist() + [0.0, 0.0][: 5 - spent_s.shape[1]]
+        crit_id: int | None = ids[crit]
+        crit_finish_s = float(finish_s[crit])
+        parts = (row[0], row[1], row[2], row[3] + aggregate_s, row[4])
+    else:
+        crit_id, crit_finish_s = None, 0.0
+        parts = (0.0, 0.0, 0.0, aggregate_s, 0.0)
+    wait_s = deadline_s if dropped and deadline_s is not None else crit_finish_s
+    round_s = wait_s + aggregate_s
+    idle_s = round_s - sum(parts) if math.isfinite(round_s) else 0.0
+    return RoundColumns(
+        ids,
+        finish_s,
+        spent_s,
+        completed,
+        crit_id,
+        wait_s,
+        aggregate_s,
+        round_s,
+        parts[0],
+        parts[1],
+        parts[2],
+        parts[3],
+        max(0.0, idle_s),
+        dropped,
+        parts[4],
     )

@@ -29,6 +29,7 @@ from typing import cast
 
 import numpy as np
 
+from mecsim.emulation.engine.closed_form import ClientColumns, PlanGroup, TracePlan
 from mecsim.emulation.engine.specs import (
     ClientSpec,
     ClientTimeline,
@@ -124,7 +125,7 @@ class _Group:
 
     def __init__(
         self,
-        positions: list[int],
+        positions: list[int] | np.ndarray,
         rows: list[OpTrace],
         specs: list[ClientSpec],
         types: tuple[type, ...],
@@ -133,7 +134,7 @@ class _Group:
         network: NetworkSpec,
     ) -> None:
         self.positions, self.rows, self.specs, self.types = positions, rows, specs, types
-        m = len(rows)
+        m = len(positions)
         self.now_s, self.spent_s = np.zeros(m), np.zeros((m, 5))
         self.stuck, self.stuck_kind = np.zeros(m, dtype=bool), np.zeros(m, dtype=np.int64)
         self.col = 0
@@ -233,6 +234,93 @@ class _Group:
             return nbits > 0, np.where(rate > 0, nbits / rate, _INF)
 
 
+class _ColumnGroup(_Group):
+    """A :class:`_Group` read from columns: its op sizes from a
+    :class:`~mecsim.emulation.engine.closed_form.TracePlan` group, its links and CPUs
+    from :class:`~mecsim.emulation.engine.closed_form.ClientColumns` (constant rates)."""
+
+    def __init__(
+        self,
+        positions: np.ndarray,
+        kinds: tuple[int, ...],
+        sizes: tuple[tuple[np.ndarray, ...], ...],
+        at: np.ndarray,
+        clients: ClientColumns,
+        es: int,
+        servers: Sequence[ServerSpec],
+        network: NetworkSpec,
+    ) -> None:
+        types = tuple(_TYPE_OF_KIND[k] for k in kinds)
+        super().__init__(positions, [], [], types, es, servers, network)
+        # op k's sizes for this group's clients (``at``: their rows in the plan group)
+        self._sizes: list[tuple[np.ndarray, ...]] = [tuple(a[at] for a in sz) for sz in sizes]
+        self._clients, self._rows_at = clients, positions
+
+    def _column(self, attr: str, k: int) -> np.ndarray:
+        assert attr in ("flops", "batches")  # transfers read their bits from _bits
+        sizes = self._sizes[k]
+        return sizes[0] if attr == "flops" else sizes[1]
+
+    def _bits(self, k: int) -> np.ndarray:
+        return self._sizes[k][0]
+
+    def _spec(self, attr: str) -> np.ndarray:
+        if attr not in self._spec_cache:
+            self._spec_cache[attr] = getattr(self._clients, attr)[self._rows_at]
+        return self._spec_cache[attr]
+
+    def _transfer_s(self, down: bool, k: int) -> np.ndarray:
+        nbits = self._bits(k)
+        rate = self._spec("downlink_rate_bps" if down else "uplink_rate_bps")
+        return np.where(nbits > 0, np.where(rate > 0, nbits / rate, _INF), 0.0)
+
+    def solo_s(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        t = self.types[k]
+        nbits = self._bits(k)
+        rate = self._spec("downlink_rate_bps" if t is Download else "uplink_rate_bps")
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return nbits > 0, np.where(rate > 0, nbits / rate, _INF)
+
+
+_TYPE_OF_KIND = {_DOWN: Download, _COMP: Compute, _UP: Upload}
+
+
+def media_columns(
+    plan: TracePlan,
+    clients: ClientColumns,
+    edge_server: np.ndarray,
+    servers: Sequence[ServerSpec],
+    network: NetworkSpec,
+    *,
+    min_group_size: float = 0.0,
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """:func:`media_timelines` on columns: (finish_s, per-kind seconds n x 5) of a round
+    of Download/Compute/Upload traces (a :class:`TracePlan`) over constant-rate links
+    (``edge_server``: each client's, in the plan's order), or None where
+    :func:`media_timelines` would return None. The groups are formed and ordered as
+    there (by edge server and sequence of op types, in order of first appearance), so
+    the arithmetic, ties included, is the same."""
+    n = len(plan.ids)
+    keyed: list[tuple[int, np.ndarray, PlanGroup, np.ndarray, int]] = []
+    for group in plan.groups:
+        where = np.arange(n) if isinstance(group.positions, slice) else group.positions
+        servers_of = edge_server[where]
+        for es in np.unique(servers_of).tolist():
+            at = np.flatnonzero(servers_of == es)
+            keyed.append((int(where[at[0]]), where[at], group, at, int(es)))
+    keyed.sort(key=itemgetter(0))
+    if n < min_group_size * len(keyed):
+        return None
+    try:
+        groups: list[_Group] = [
+            _ColumnGroup(pos, group.kinds, group.sizes, at, clients, es, servers, network)
+            for _, pos, group, at, es in keyed
+        ]
+    except _Unsupported:
+        return None
+    return _solve_groups(groups, {}, n)
+
+
 def media_timelines(
     traces: Mapping[int, OpTrace],
     clients: Mapping[int, ClientSpec],
@@ -281,6 +369,18 @@ def media_timelines(
         backhaul_s = _backhaul_delays(groups, servers)
     except _Unsupported:
         return None
+    solved = _solve_groups(groups, backhaul_s, len(ids))
+    if solved is None:
+        return None
+    finish_s, spent_s = solved
+    return _timelines(ids, finish_s, spent_s, network.deadline_s)
+
+
+def _solve_groups(
+    groups: list[_Group], backhaul_s: dict[_Resource, float], n: int
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """(finish_s, per-kind seconds) of the groups' clients, or None when they visit the
+    shared resources in conflicting orders."""
     order = _resource_order(groups)
     if order is None:
         return None
@@ -296,13 +396,12 @@ def media_timelines(
     for g in groups:
         g.advance(len(g.types))
 
-    n = len(ids)
     finish_s, spent_s = np.zeros(n), np.zeros((n, 5))
     for g in groups:
         g.now_s[g.stuck] = _INF
         g.spent_s[g.stuck, g.stuck_kind[g.stuck]] = _INF
         finish_s[g.positions], spent_s[g.positions] = g.now_s, g.spent_s
-    return _timelines(ids, finish_s, spent_s, network.deadline_s)
+    return finish_s, spent_s
 
 
 def _resource_order(groups: list[_Group]) -> list[_Resource] | None:

@@ -126,15 +126,64 @@ class RoundTiming:
     backhaul_s: float = 0.0
 
 
+@dataclass(frozen=True, eq=False)
+class RoundColumns:
+    """A round's timing as columns: what :func:`~mecsim.emulation.engine.time_round_columns`
+    returns instead of a :class:`RoundTiming` (the same numbers, without an object per
+    client). Per client, in the round's order: ``finish_s``, ``spent_s`` (n x 3: download,
+    compute, upload seconds; n x 5 with server compute and backhaul) and ``completed``;
+    then RoundTiming's breakdown."""
+
+    ids: tuple[int, ...]
+    finish_s: np.ndarray
+    spent_s: np.ndarray
+    completed: np.ndarray
+    critical_client: int | None
+    wait_s: float
+    aggregate_s: float
+    round_time_s: float
+    download_s: float
+    client_s: float
+    upload_s: float
+    server_s: float
+    idle_s: float
+    dropped: tuple[int, ...]
+    backhaul_s: float = 0.0
+
+    def timing(self) -> RoundTiming:
+        """The same round as a :class:`RoundTiming` (a ClientTimeline per client)."""
+        return RoundTiming(
+            _timelines(list(self.ids), self.finish_s, self.spent_s, None, self.completed),
+            self.critical_client,
+            self.wait_s,
+            self.aggregate_s,
+            self.round_time_s,
+            self.download_s,
+            self.client_s,
+            self.upload_s,
+            self.server_s,
+            self.idle_s,
+            self.dropped,
+            self.backhaul_s,
+        )
+
+
 def _timelines(
-    ids: list[int], finish_s: np.ndarray, spent_s: np.ndarray, deadline_s: float | None
+    ids: list[int],
+    finish_s: np.ndarray,
+    spent_s: np.ndarray,
+    deadline_s: float | None,
+    completed: np.ndarray | None = None,
 ) -> tuple[ClientTimeline, ...]:
     """Each client's ClientTimeline from its finish time and per-kind seconds (n x 3:
     download, compute, upload; or n x 5 with server and backhaul); ``completed`` as
-    :func:`_made_it` says, computed for all clients at once."""
-    made_it = np.isfinite(finish_s)
-    if deadline_s is not None:
-        made_it &= finish_s <= deadline_s
+    :func:`_made_it` says, computed for all clients at once (or as given)."""
+    if completed is not None:
+        made_it = completed
+    else:
+        made_it = np.isfinite(finish_s)
+        if deadline_s is not None:
+            made_it &= finish_s <= deadline_s
     cols = spent_s.T.tolist()
     zeros = itertools.repeat(0.0)
     server, backhaul = (cols[3], cols[4]) if len(cols) == 5 else (zeros, zeros)
