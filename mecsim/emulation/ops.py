@@ -12,7 +12,7 @@ Ops are small frozen records, serialisable to plain dicts for the run records
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 
@@ -99,17 +99,22 @@ _OP_TYPES: dict[str, type[Op]] = {
     "barrier": Barrier,
 }
 _OP_NAMES = {cls: name for name, cls in _OP_TYPES.items()}
+# each op type's field names, in order: an op's fields are numbers and strings, so
+# reading them is what dataclasses.asdict does, without its deep copy (a run records a
+# few ops per client-round)
+_OP_FIELDS = {cls: tuple(f.name for f in fields(cls)) for cls in _OP_TYPES.values()}
 
 
 def op_to_dict(op: Op) -> dict[str, Any]:
     """A plain dict with an ``op`` key naming the type (for JSON records)."""
-    return {"op": _OP_NAMES[type(op)], **asdict(op)}
+    cls = type(op)
+    return {"op": _OP_NAMES[cls], **{name: getattr(op, name) for name in _OP_FIELDS[cls]}}
 
 
 def op_from_dict(d: dict[str, Any]) -> Op:
-    fields = dict(d)
-    kind = fields.pop("op")
-    return _OP_TYPES[kind](**fields)
+    values = dict(d)
+    kind = values.pop("op")
+    return _OP_TYPES[kind](**values)
 
 
 def trace_bytes(trace: OpTrace) -> tuple[int, int]:

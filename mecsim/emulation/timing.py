@@ -7,13 +7,20 @@ with no override gives the recorded times to the bit.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from mecsim.emulation import faults
-from mecsim.emulation.engine import ClientSpec, NetworkSpec, RoundTiming, ServerSpec, time_round
+from mecsim.emulation.engine import (
+    ClientSpec,
+    NetworkSpec,
+    RoundTiming,
+    ServerSpec,
+    SolvedRound,
+    solve_round,
+)
 from mecsim.emulation.network import NetworkModel
 from mecsim.emulation.ops import OpTrace
 
@@ -28,19 +35,21 @@ class EmulatedRound:
     failed: frozenset[int]  # crashed or dropped out: timed as they ran, never completed
     wait_for: int | None  # the server aggregates once this many have completed
     channel_rows: dict[int, dict[str, Any]]  # per client: the draws (empty: not asked)
+    # the last traces timed and their solution: timing the same traces again (after the
+    # aggregation, with its time) only summarises them again
+    _solved: dict[str, tuple[Mapping[int, OpTrace], SolvedRound]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
 
     def time(self, traces: Mapping[int, OpTrace], aggregate_s: float = 0.0) -> RoundTiming:
         """The round's timelines and critical path; ``aggregate_s`` is the server's
-        aggregation time (0 before it is known)."""
-        return time_round(
-            traces,
-            self.specs,
-            self.servers,
-            self.network,
-            aggregate_s=aggregate_s,
-            failed=self.failed,
-            wait_for=self.wait_for,
-        )
+        aggregation time (0 before it is known). Timing the same ``traces`` object again
+        (unchanged) reuses its timelines."""
+        last = self._solved.get("last")
+        if last is None or last[0] is not traces:
+            last = (traces, solve_round(traces, self.specs, self.servers, self.network))
+            self._solved["last"] = last
+        return last[1].timing(aggregate_s, failed=self.failed, wait_for=self.wait_for)
 
 
 def emulate_round(

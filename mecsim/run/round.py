@@ -108,6 +108,7 @@ def run_round(
                 eval_extras[cid] = extra[0]
 
     by_id = {r.client_id: r for r in results}
+    sizes = {cid: trace_bytes(t) for cid, t in traces.items()}  # (bytes up, bytes down)
     tl_by_id = {c.client_id: c for c in timing.clients}
     statuses: dict[int, str] = {}
     client_rows: list[dict[str, Any]] = []
@@ -123,7 +124,7 @@ def run_round(
         if cid in tl_by_id:
             tl = tl_by_id[cid]
             statuses[cid] = status = _status(cid, completed_ids, rejected, rf, tl.finish_s)
-            up, down = trace_bytes(traces[cid])
+            up, down = sizes[cid]
             row.update(
                 status=status,
                 completed=status == "completed",
@@ -168,8 +169,8 @@ def run_round(
         return sum(s == status for s in statuses.values())
 
     accs = [a for a, _ in evals.values() if not np.isnan(a)]
-    up_total = sum(trace_bytes(t)[0] for t in traces.values())
-    down_total = sum(trace_bytes(t)[1] for t in traces.values())
+    up_total = sum(up for up, _ in sizes.values())
+    down_total = sum(down for _, down in sizes.values())
     round_row = {
         "run_id": rs.info.run_id,
         "round": rnd,

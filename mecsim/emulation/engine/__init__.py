@@ -21,7 +21,14 @@ Units: seconds (``_s``), bits per second (``_bps``), FLOPs and FLOP/s (``flops_p
 """
 
 from mecsim.emulation.engine.closed_form import ClientColumns, TracePlan, plan_traces
-from mecsim.emulation.engine.dispatch import METHODS, engine_path, time_round, time_round_columns
+from mecsim.emulation.engine.dispatch import (
+    METHODS,
+    SolvedRound,
+    engine_path,
+    solve_round,
+    time_round,
+    time_round_columns,
+)
 from mecsim.emulation.engine.specs import (
     ClientSpec,
     ClientTimeline,
@@ -44,9 +51,11 @@ __all__ = [
     "RoundColumns",
     "RoundTiming",
     "ServerSpec",
+    "SolvedRound",
     "TracePlan",
     "engine_path",
     "plan_traces",
+    "solve_round",
     "time_round",
     "time_round_columns",
 ]

@@ -6,7 +6,7 @@ import contextlib
 import gc
 import math
 from collections.abc import Collection, Iterator, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -78,6 +78,48 @@ def time_round(
     upload): timed as they ran, never completed. ``wait_for``: the server aggregates once
     this many clients have completed; the later ones are dropped as at a deadline.
     """
+    return solve_round(traces, clients, servers, network, method=method).timing(
+        aggregate_s, failed=failed, wait_for=wait_for
+    )
+
+
+METHODS = ("auto", "closed_form", "media", "events", "simpy")
+
+
+@dataclass(frozen=True, eq=False)
+class SolvedRound:
+    """A round's client timelines, solved (:func:`solve_round`) before the aggregation
+    time and the completion rule are known: :meth:`timing` summarises them as
+    :func:`time_round` does, as often as needed (a round is timed before and after its
+    aggregation)."""
+
+    deadline_s: float | None
+    columns: tuple[tuple[int, ...], np.ndarray, np.ndarray] | None  # the closed form's
+    timelines: tuple[ClientTimeline, ...] = ()  # any other path's
+
+    def timing(
+        self, aggregate_s: float = 0.0, *, failed: Collection[int] = (), wait_for: int | None = None
+    ) -> RoundTiming:
+        """:func:`time_round`'s answer for this aggregation time, ``failed`` and
+        ``wait_for``."""
+        with _collector_paused():
+            if self.columns is not None:
+                ids, finish_s, spent_s = self.columns
+                return _summarise_columns(
+                    ids, finish_s, spent_s, self.deadline_s, aggregate_s, failed, wait_for
+                ).timing()
+            return _complete(self.timelines, self.deadline_s, aggregate_s, failed, wait_for)
+
+
+def solve_round(
+    traces: Mapping[int, OpTrace],
+    clients: Mapping[int, ClientSpec],
+    servers: Sequence[ServerSpec],
+    network: NetworkSpec,
+    *,
+    method: str = "auto",
+) -> SolvedRound:
+    """The first half of :func:`time_round`: the round's timelines by ``method``."""
     if method not in METHODS:
         raise ValueError(f"method {method!r} is not one of {METHODS}")
     with _collector_paused():
@@ -85,14 +127,9 @@ def time_round(
             solved = _closed_form_arrays(traces, clients, network)
             if solved is not None:
                 ids, finish_s, spent_s = solved
-                return _summarise_columns(
-                    tuple(ids), finish_s, spent_s, network.deadline_s, aggregate_s, failed, wait_for
-                ).timing()
+                return SolvedRound(network.deadline_s, (tuple(ids), finish_s, spent_s))
         _, timelines = _solve(traces, clients, servers, network, method)
-        return _complete(timelines, network.deadline_s, aggregate_s, failed, wait_for)
-
-
-METHODS = ("auto", "closed_form", "media", "events", "simpy")
+        return SolvedRound(network.deadline_s, None, timelines)
 
 
 def time_round_columns(
