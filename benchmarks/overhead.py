@@ -17,6 +17,7 @@ machine. mecsim's round time is the run loop's whole round (plan, train, time,
 aggregate, records: ``host_wall_s``).
 
     python benchmarks/overhead.py [--rounds 10] [--trials 3] [--clients 10 100 1000] [--quick]
+    python benchmarks/overhead.py --parts --clients 1000 --rounds 40 --trials 1  # mecsim's parts
     cd benchmarks && python overhead.py --algorithm fedavg_plugin:FEDAVG   # as a plugin
 """
 
@@ -113,13 +114,37 @@ def plain_loop(n_clients: int, rounds: int, threads: int | None = None) -> list[
     return times
 
 
-def mecsim_rounds(
+def mecsim_rows(
     n_clients: int, rounds: int, hosts: int | None, algorithm: str = "fedavg"
-) -> list[float]:
+) -> list[dict]:
+    """The round rows of a mecsim run, but the last (it also evaluates)."""
     with tempfile.TemporaryDirectory() as tmp:
         sc = scenario_from_dict(scenario(n_clients, rounds, tmp, algorithm))
         rows = run(sc, "bench", None, [], backend="ray", hosts=hosts)
-    return [r["host_wall_s"] for r in rows[:-1]]  # the last round also evaluates
+    return rows[:-1]
+
+
+def mecsim_rounds(
+    n_clients: int, rounds: int, hosts: int | None, algorithm: str = "fedavg"
+) -> list[float]:
+    return [r["host_wall_s"] for r in mecsim_rows(n_clients, rounds, hosts, algorithm)]
+
+
+def print_parts(n_clients: int, rows: list[dict]) -> None:
+    """The median round and its parts: training (plan, the hosts' work, their results
+    back), waiting for the server's aggregate, and the rest (timing, records, the next
+    round's submission), in ms."""
+
+    def ms(values: list[float]) -> float:
+        return statistics.median(values) * 1000
+
+    rest = [r["host_wall_s"] - r["host_train_wall_s"] - r["host_aggregate_s"] for r in rows]
+    print(
+        f"{n_clients} clients: round {ms([r['host_wall_s'] for r in rows]):.1f} ms "
+        f"train {ms([r['host_train_wall_s'] for r in rows]):.1f} ms "
+        f"aggregate {ms([r['host_aggregate_s'] for r in rows]):.1f} ms "
+        f"rest {ms(rest):.2f} ms"
+    )
 
 
 def main() -> None:
@@ -153,9 +178,24 @@ def main() -> None:
         help="seconds, not minutes: 10 clients, 3 rounds, 1 trial, the plain "
         "loop with 1 thread only (mecsim with Ray)",
     )
+    ap.add_argument(
+        "--parts",
+        action="store_true",
+        help="mecsim only: the median round and its parts (training, waiting for the "
+        "aggregate, the rest) per number of clients, no plain loop",
+    )
     args = ap.parse_args()
     if args.quick:
         args.rounds, args.trials, args.clients = 3, 1, [10]
+    if args.parts:
+        for n in args.clients:
+            rows = [
+                r
+                for _ in range(args.trials)
+                for r in mecsim_rows(n, args.rounds, args.hosts, args.algorithm)[1:]
+            ]
+            print_parts(n, rows)
+        return
     print(
         f"{'clients':>8} {'trained':>8} {'plain 1 thr':>12} {'plain 2 thr':>12} "
         f"{'mecsim':>9} {'ratio':>6}   (median seconds per round)"
