@@ -176,7 +176,7 @@ def main() -> None:
         "--quick",
         action="store_true",
         help="seconds, not minutes: 10 clients, 3 rounds, 1 trial, the plain "
-        "loop with 1 thread only (mecsim with Ray)",
+        "loop with 1 thread only (mecsim with Ray); also prints --parts' line",
     )
     ap.add_argument(
         "--parts",
@@ -201,12 +201,13 @@ def main() -> None:
         f"{'mecsim':>9} {'ratio':>6}   (median seconds per round)"
     )
     for n in args.clients:
-        one, two, ours = [], [], []
+        one, two, rows = [], [], []
         for _ in range(args.trials):
             one += plain_loop(n, args.rounds, threads=1)[1:]  # first round warms up
             if not args.quick:  # two torch threads on a busy machine can take minutes
                 two += plain_loop(n, args.rounds, threads=2)[1:]
-            ours += mecsim_rounds(n, args.rounds, args.hosts, args.algorithm)[1:]
+            rows += mecsim_rows(n, args.rounds, args.hosts, args.algorithm)[1:]
+        ours = [r["host_wall_s"] for r in rows]
         plain = min(statistics.median(one), statistics.median(two or one))
         mine = statistics.median(ours)
         two_s = f"{statistics.median(two):>12.3f}" if two else f"{'-':>12}"
@@ -215,6 +216,8 @@ def main() -> None:
             f"{n:>8} {trained:>8} {statistics.median(one):>12.3f} {two_s} "
             f"{mine:>9.3f} {mine / plain:>6.2f}"
         )
+        if args.quick:  # the parts too (what --parts prints), from the same rounds
+            print_parts(n, rows)
 
 
 if __name__ == "__main__":
