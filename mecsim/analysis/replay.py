@@ -50,6 +50,7 @@ from mecsim.emulation.energy import round_energy_arrays, transfer_arrays
 from mecsim.emulation.engine import (
     RateSchedule,
     RoundColumns,
+    RoundTiming,
     TracePlan,
     plan_traces,
     time_round_columns,
@@ -333,20 +334,10 @@ def retime(run: RecordedRun, scenario: Scenario) -> _Timed:
                 )
             )
             if timed is not None:
-                rows.append(
-                    {
-                        "round": rec.round,
-                        "selected": len(selected),
-                        "completed": len(selected) - len(timed.dropped),
-                        "dropped": len(timed.dropped),
-                        **timing_columns(timed, elapsed_s),
-                        "bytes_up": rec.bytes_up,
-                        "bytes_down": rec.bytes_down,
-                        **_columns_energy(network, rec, selected, timed),
-                    }
-                )
+                energy = _columns_energy(network, rec, selected, timed)
+                rows.append(_row(rec, timed.summary, elapsed_s, energy))
                 elapsed_s = rows[-1]["elapsed_s"]
-                dropped.append(frozenset(timed.dropped))
+                dropped.append(frozenset(timed.summary.dropped))
                 finish.append(dict(zip(timed.ids, timed.finish_s.tolist(), strict=True)))
                 continue
         # the run's emulated faults: its stragglers and link outages are the scenario's,
@@ -369,22 +360,28 @@ def retime(run: RecordedRun, scenario: Scenario) -> _Timed:
             else network.round_links
         )
         energy = _round_energy(network, rec, selected, t, link_arrays)
-        rows.append(
-            {
-                "round": rec.round,
-                "selected": len(selected),
-                "completed": len(selected) - len(t.dropped),
-                "dropped": len(t.dropped),
-                **timing_columns(t, elapsed_s),
-                "bytes_up": rec.bytes_up,
-                "bytes_down": rec.bytes_down,
-                **energy,
-            }
-        )
+        rows.append(_row(rec, t, elapsed_s, energy))
         elapsed_s = rows[-1]["elapsed_s"]
         dropped.append(frozenset(t.dropped))
         finish.append({c.client_id: c.finish_s for c in t.clients})
     return _Timed(rows, dropped, finish)
+
+
+def _row(
+    rec: RecordedRound, t: RoundTiming, elapsed_s: float, energy: dict[str, float]
+) -> dict[str, Any]:
+    """A re-timed round's row (:data:`~mecsim.run.rows.REPLAY_COLUMNS`)."""
+    selected = len(rec.traces)
+    return {
+        "round": rec.round,
+        "selected": selected,
+        "completed": selected - len(t.dropped),
+        "dropped": len(t.dropped),
+        **timing_columns(t, elapsed_s),
+        "bytes_up": rec.bytes_up,
+        "bytes_down": rec.bytes_down,
+        **energy,
+    }
 
 
 def _links(specs, selected: list[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -434,7 +431,7 @@ def _columns_energy(
     times = np.column_stack([spent, t.finish_s])
     rates, lat = network.round_links
     return round_energy_arrays(
-        network.power_w[selected], times, bits, n_ops, rates, lat, t.round_time_s
+        network.power_w[selected], times, bits, n_ops, rates, lat, t.summary.round_time_s
     )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from mecsim.channel.wireless import RECORD_KEYS
 from mecsim.emulation.energy import ENERGY_KEYS
-from mecsim.emulation.engine import RoundColumns, RoundTiming
+from mecsim.emulation.engine import RoundTiming
 from mecsim.emulation.network import TRANSPORT_KEYS
 
 #: Round columns of the critical-path breakdown (emulated seconds), each an attribute of
@@ -112,7 +112,7 @@ CLIENT_COLUMNS = [
 ]
 
 
-def timing_columns(timing: RoundTiming | RoundColumns, elapsed_before_s: float) -> dict[str, float]:
+def timing_columns(timing: RoundTiming, elapsed_before_s: float) -> dict[str, float]:
     """The round row's :data:`TIMING` columns and ``elapsed_s``, the emulated time since
     the run started once this round has ended."""
     row = {column: getattr(timing, attr) for column, attr in TIMING.items()}

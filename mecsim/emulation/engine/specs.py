@@ -6,6 +6,7 @@ Units: seconds (``_s``), bits per second (``_bps``), FLOPs and FLOP/s (``flops_p
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from bisect import bisect_right
@@ -132,39 +133,19 @@ class RoundColumns:
     returns instead of a :class:`RoundTiming` (the same numbers, without an object per
     client). Per client, in the round's order: ``finish_s``, ``spent_s`` (n x 3: download,
     compute, upload seconds; n x 5 with server compute and backhaul) and ``completed``;
-    then RoundTiming's breakdown."""
+    ``summary`` is the round's RoundTiming without its client timelines."""
 
     ids: tuple[int, ...]
     finish_s: np.ndarray
     spent_s: np.ndarray
     completed: np.ndarray
-    critical_client: int | None
-    wait_s: float
-    aggregate_s: float
-    round_time_s: float
-    download_s: float
-    client_s: float
-    upload_s: float
-    server_s: float
-    idle_s: float
-    dropped: tuple[int, ...]
-    backhaul_s: float = 0.0
+    summary: RoundTiming  # clients=(): the breakdown, critical client and dropped ids
 
     def timing(self) -> RoundTiming:
         """The same round as a :class:`RoundTiming` (a ClientTimeline per client)."""
-        return RoundTiming(
-            _timelines(list(self.ids), self.finish_s, self.spent_s, None, self.completed),
-            self.critical_client,
-            self.wait_s,
-            self.aggregate_s,
-            self.round_time_s,
-            self.download_s,
-            self.client_s,
-            self.upload_s,
-            self.server_s,
-            self.idle_s,
-            self.dropped,
-            self.backhaul_s,
+        return dataclasses.replace(
+            self.summary,
+            clients=_timelines(list(self.ids), self.finish_s, self.spent_s, None, self.completed),
         )
 
 
