@@ -33,6 +33,7 @@ import json
 import math
 import sys
 import types
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -185,6 +186,14 @@ def load_run(run_dir: str | Path) -> RecordedRun:
         n_rounds += 1
     if n_rounds == 0:
         raise RunLoadError(f"{run_dir}: no finished round with op-traces to replay")
+    if n_rounds < len(rounds_df):  # said, not silent: a sweep of it covers fewer rounds
+        warnings.warn(
+            f"{run_dir}: only rounds 1-{n_rounds} of the {len(rounds_df)} in rounds.csv have "
+            f"op-traces in {traces_path.name} (a run killed while writing it, or a cut "
+            "file); only those are replayed",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
     rounds_df = rounds_df.set_index("round").sort_index()
     sel = clients_df[_true(clients_df["selected"])]
