@@ -56,7 +56,7 @@ from mecsim.emulation.ops import (
     trace_bytes,
 )
 from mecsim.run.loop import run
-from mecsim.scenario import ScenarioError
+from mecsim.scenario import ScenarioError, load_scenario, resolved_yaml
 from mecsim.store.session import run_in_folder
 
 # --------------------------------------------------------------------------- helpers
@@ -149,6 +149,94 @@ def test_layer_discrepancy_eq5_hand_numbers():
     np.testing.assert_allclose(
         layer_discrepancy(members, group, lay, "model"), [(0.05 + 0.55) / 2, (0.075 + 0.675) / 2]
     )
+
+
+# Eq. 3 and Eq. 5 at the server, each with its own S (scaling_eq3, scaling_eq5)
+
+W3 = {0: [0.0, 1, 2, 3, 4], 1: [4.0, 3, 2, 1, 0], 2: [0.0, 1, 2, 30, 40]}
+
+
+def _warmup_server(uploads: dict, **params) -> DCPFLServer:
+    """A DC-PFL server on the 5-element layout after one warm-up round (T_start = 1) in
+    which client c uploaded ``uploads[c]``: Eq. 3, the group graph and, for the one group
+    at gamma~ = 1, Eq. 5-6 are computed."""
+    server = DCPFLServer(
+        _layout5(), np.zeros(5, np.float32), dict.fromkeys(uploads, 10), 1.0,
+        {"warmup_rounds": 1, **params},
+    )  # fmt: skip
+    tasks = server.configure_fit(0, sorted(uploads))
+    server.aggregate_fit(0, [_fake(t.client_id, uploads[t.client_id], loss=1.0) for t in tasks])
+    return server
+
+
+def test_eq3_scales_the_whole_model_by_default_and_per_layer_on_request():
+    # Layout: layer 0 = elements 0-2, layer 1 = elements 3-4.
+    # scaling_eq3: model (default): S by each vector's own min/max over all 5 elements
+    #   S0 = [0, .25, .5, .75, 1]   S1 = [1, .75, .5, .25, 0]   S2 = [0, .025, .05, .75, 1]
+    #   D01 = (1 + .5 + 0 + .5 + 1) / 5 = .6
+    #   D02 = (0 + .225 + .45 + 0 + 0) / 5 = .135
+    #   D12 = (1 + .725 + .45 + .5 + 1) / 5 = .735
+    #   average linkage: {0, 2} at .135, then {0, 2}-{1} at (.6 + .735) / 2 = .6675
+    # scaling_eq3: layer: S per layer, each by its own min/max
+    #   S0 = [0, .5, 1 | 0, 1]   S1 = [1, .5, 0 | 1, 0]   S2 = [0, .5, 1 | 0, 1]
+    #   (client 2's layer 1 [30, 40] scales like client 0's [3, 4]: the scale is lost)
+    #   D01 = 4 / 5 = .8, D02 = 0, D12 = .8; gamma_global = (.8 + .8) / 2 = .8
+    by_model = [[0, 0.6, 0.135], [0.6, 0, 0.735], [0.135, 0.735, 0]]
+    by_layer = [[0, 0.8, 0], [0.8, 0, 0.8], [0, 0.8, 0]]
+    for params, d, gamma_global in (
+        ({}, by_model, 0.6675),
+        ({"scaling_eq5": "model"}, by_model, 0.6675),  # Eq. 5's S does not touch Eq. 3
+        ({"scaling_eq3": "layer"}, by_layer, 0.8),
+        ({"scaling": "layer"}, by_layer, 0.8),  # the old single switch: both per layer
+    ):
+        server = _warmup_server(W3, **params)
+        np.testing.assert_allclose(server.discrepancy, d, rtol=1e-6, atol=1e-7, err_msg=params)
+        assert server.gamma_global == pytest.approx(gamma_global, rel=1e-6), params
+
+
+W2 = {0: [0.0, 2, 4, 0, 40], 1: [0.0, 2, 4, 40, 0]}
+
+
+def test_eq5_scales_each_layer_by_default_and_the_whole_model_on_request():
+    # One group {0, 1} at gamma~ = 1; its model is the sample-weighted mean (10 and 10
+    # samples): g = [0, 2, 4, 20, 20].
+    # scaling_eq5: layer (default): S of each layer of each vector by its own min/max
+    #   m0 = [0, .5, 1 | 0, 1]   m1 = [0, .5, 1 | 1, 0]   g = [0, .5, 1 | 0, 0] (constant)
+    #   D_{g,0} = 0, D_{g,1} = mean over members of (1 / 2, 1 / 2) = .5
+    #   D_g = .25; layer 0 has 0 < .1 * .25: low-discrepancy, every alpha * tau = 3 rounds
+    # scaling_eq5: model: S of each whole vector by its own min/max
+    #   m0 = [0, .05, .1, 0, 1]  m1 = [0, .05, .1, 1, 0]  g = [0, .1, .2, 1, 1]
+    #   |m0 - g| = [0, .05, .1, 1, 0], |m1 - g| = [0, .05, .1, 0, 1]
+    #   D_{g,0} = .15 / 3 = .05 (both), D_{g,1} = 1 / 2 = .5 (both)
+    #   D_g = .275; .05 >= .0275: every layer every tau = 1 round
+    lay = _layout5()
+    members = np.array([W2[0], W2[1]])
+    group = np.array([0.0, 2, 4, 20, 20])
+    np.testing.assert_allclose(layer_discrepancy(members, group, lay), [0, 0.5])
+    np.testing.assert_allclose(layer_discrepancy(members, group, lay, "model"), [0.05, 0.5])
+    for params, intervals in (
+        ({}, [3, 1]),
+        ({"scaling_eq3": "layer"}, [3, 1]),  # Eq. 3's S does not touch Eq. 5
+        ({"scaling_eq5": "model"}, [1, 1]),
+        ({"scaling": "model"}, [1, 1]),  # the old single switch: both over the model
+    ):
+        server = _warmup_server(W2, **params)
+        np.testing.assert_allclose(server.group_models[0], group)
+        assert server.intervals[0].tolist() == intervals, params
+
+
+def test_the_old_scaling_switch_still_loads_and_cannot_be_mixed_with_the_new_ones(tmp_path):
+    # a scenario (or a run folder's scenario.yaml) written before the split
+    sc = tiny(algorithm={"name": "dcpfl", "params": {"scaling": "shared_model"}})
+    path = tmp_path / "scenario.yaml"
+    path.write_text(resolved_yaml(sc))
+    again = load_scenario(path)
+    p = DCPFLServer.Params(**again.algorithm.params)
+    assert (p.scaling_eq3, p.scaling_eq5) == ("shared_model", "shared_model")
+    with pytest.raises(ScenarioError, match=r"params.*scaling sets both.*scaling_eq5, not"):
+        tiny(algorithm={"name": "dcpfl", "params": {"scaling": "layer", "scaling_eq5": "model"}})
+    with pytest.raises(ScenarioError, match=r"params\.scaling_eq3"):
+        tiny(algorithm={"name": "dcpfl", "params": {"scaling_eq3": "zscore"}})
 
 
 # --------------------------------------------------------------------------- Eq. 6
@@ -571,7 +659,9 @@ def test_dcpfl_needs_full_participation_and_valid_params():
         DCPFLServer(layout, np.zeros(14, np.float32), {0: 1, 1: 1}, 0.5, {})
     with pytest.raises(Exception, match="scaling"):
         DCPFLServer(layout, np.zeros(14, np.float32), {0: 1}, 1.0, {"scaling": "zscore"})
-    assert DCPFLServer.Params().scaling == "layer"  # Eq. 3/5 read literally, by default
+    # Eq. 3 and Eq. 5 read literally, by default: S over the whole model, S per layer
+    p = DCPFLServer.Params()
+    assert (p.scaling_eq3, p.scaling_eq5, p.scaling) == ("model", "layer", None)
     with pytest.raises(ScenarioError, match="without dynamic clustering"):
         tiny(algorithm={"name": "dcpfl_nodc", "params": {"dynamic": True}})
 

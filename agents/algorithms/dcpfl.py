@@ -22,16 +22,23 @@ The paper's Sections III-IV, as pure functions first, then one server and one cl
 Choices where the paper is not explicit (each is a parameter or documented in
 ``docs/dcpfl.md``, and tested in ``tests/test_dcpfl.py``):
 
-1. ``scaling`` (one switch) — which min and max S uses. ``model`` / ``layer``: each
-   client's own, over its whole flat state vector (Eq. 3 as printed) or per layer.
-   ``shared_model`` / ``shared_layer`` (default ``shared_model``): one min and max for all
-   the vectors compared in the equation (the round's uploads in Eq. 3; the group's
-   members and group model in Eq. 5). Why the default: per-client scaling turns a small
-   difference in two clients' extreme weights into a shift of every scaled element, which
-   swamps the weight differences. Measured on the 50-client scenario's uploads (round 5):
-   correlation of D_ij with the label KL 0.12 (``model``), 0.23 (``layer``), 0.75
-   (``shared_model``); averaged over the 5 warm-up rounds, 0.85 with ``shared_model``
-   (the paper reports 0.895). A constant vector scales to 0.
+1. Which min and max S uses, chosen for each equation: ``scaling_eq3`` (default
+   ``model``) and ``scaling_eq5`` (default ``layer``), the literal reading of each. Eq. 3
+   writes ``S(w_i)`` of the whole model with "min(w) the smallest value in w", so each
+   client's flat state vector is scaled by its own min and max; Eq. 5 writes
+   ``S(w_{l,i})``, so each layer of each member (and of the group model) by its own.
+   Either equation takes any of ``model`` / ``layer`` (each vector's own min and max,
+   over the whole model or per layer) and ``shared_model`` / ``shared_layer`` (one min
+   and max for all the vectors compared: the round's uploads in Eq. 3, the group's
+   members and group model in Eq. 5; our construction, not the paper's). ``scaling``
+   sets both at once (the single switch of earlier versions, whose default ``layer``
+   scaled Eq. 3 per layer too; kept so that their scenarios and run folders load and
+   resume unchanged). What the choice costs: per-client scaling turns a small
+   difference in two clients' extreme weights into a shift of every scaled element,
+   which swamps the weight differences. Measured on the 50-client scenario's uploads
+   (round 5): correlation of D_ij with the label KL 0.12 (``model``), 0.23 (``layer``),
+   0.75 (``shared_model``); averaged over the 5 warm-up rounds, 0.85 with
+   ``shared_model`` (the paper reports 0.895). A constant vector scales to 0.
 2. A *round* is ``training.epochs`` local epochs. The paper's ``tau = 5 epochs`` is the
    interval between aggregations that every method shares; ``tau_rounds`` counts rounds,
    so ``tau_rounds: 1`` with ``training.epochs: 5`` is the paper's setting.
@@ -103,6 +110,7 @@ L1_OPS_PER_ELEMENT = 3  # subtract, abs, add
 
 
 SCALINGS = ("model", "layer", "shared_model", "shared_layer")
+Scaling = Literal["model", "layer", "shared_model", "shared_layer"]
 
 
 def minmax_scale(w: np.ndarray, lo: float | None = None, hi: float | None = None) -> np.ndarray:
@@ -155,9 +163,10 @@ def scale_rows(rows: np.ndarray, layout: ModelLayout, scaling: str) -> np.ndarra
 
 
 def model_discrepancy(
-    w_i: np.ndarray, w_j: np.ndarray, layout: ModelLayout, scaling: str = "shared_model"
+    w_i: np.ndarray, w_j: np.ndarray, layout: ModelLayout, scaling: str = "model"
 ) -> float:
-    """Eq. 3: ``|S(w_i) - S(w_j)|_1 / dim(w)``."""
+    """Eq. 3: ``|S(w_i) - S(w_j)|_1 / dim(w)`` (default S: each model by its own min and
+    max over all its weights, as Eq. 3 prints it)."""
     if w_i.shape != (layout.size,) or w_j.shape != (layout.size,):
         raise ValueError(f"weights must have shape ({layout.size},)")
     s = scale_rows(np.stack([w_i, w_j]), layout, scaling)
@@ -165,7 +174,7 @@ def model_discrepancy(
 
 
 def discrepancy_matrix(
-    weights: np.ndarray, layout: ModelLayout, scaling: str = "shared_model"
+    weights: np.ndarray, layout: ModelLayout, scaling: str = "model"
 ) -> np.ndarray:
     """Eq. 3 for every pair of rows of ``weights`` (clients x dim): symmetric, zero diagonal.
     With a ``shared_*`` scaling, the min and max are taken over all the rows."""
@@ -184,9 +193,10 @@ def discrepancy_matrix(
 
 
 def layer_discrepancy(
-    members: np.ndarray, group_model: np.ndarray, layout: ModelLayout, scaling: str = "shared_model"
+    members: np.ndarray, group_model: np.ndarray, layout: ModelLayout, scaling: str = "layer"
 ) -> np.ndarray:
-    """Eq. 5: ``D_{g,l} = 1/m sum_i |S(w_{l,i}) - S(w^g_l)|_1 / dim(w_l)``, one per layer.
+    """Eq. 5: ``D_{g,l} = 1/m sum_i |S(w_{l,i}) - S(w^g_l)|_1 / dim(w_l)``, one per layer
+    (default S: each layer of each model by its own min and max, as Eq. 5 prints it).
     With a ``shared_*`` scaling, the min and max are taken over the members and the group
     model together."""
     members = np.atleast_2d(np.asarray(members))
@@ -367,13 +377,26 @@ class DCPFLParams(NoParams):
     """DC-PFL hyper-parameters; defaults are the paper's (Sec. V-A) unless noted."""
 
     warmup_rounds: int = Field(5, ge=1, description="T_start: global rounds averaging Eq. 3")
-    scaling: Literal["layer", "shared_model", "model", "shared_layer"] = Field(
+    scaling_eq3: Scaling = Field(
+        "model",
+        description="S of Eq. 3 (the model discrepancy of the warm-up, which builds the "
+        "group graph): model (the literal reading: each model scaled by the smallest and "
+        "largest value of its whole weight vector, 'the smallest value in w'), layer "
+        "(each layer of each model by its own min/max), shared_model (one min/max over "
+        "all the models compared) or shared_layer (one min/max per layer over them)",
+    )
+    scaling_eq5: Scaling = Field(
         "layer",
-        description="S of Eq. 3/5: layer (the literal reading: S normalises each "
-        "tensor, a layer of each model with its own min and max), shared_model (one min/max "
-        "over the whole models compared: the documented alternative, whose discrepancies "
-        "follow the label skew more closely), model (each model with its own min/max) or "
-        "shared_layer (one min/max per layer over the models compared)",
+        description="S of Eq. 5 (the layer discrepancy that sets each layer's "
+        "aggregation interval, Eq. 6): layer (the literal reading, S(w_{l,i}): each "
+        "layer of each member and of the group model by its own min/max), model, "
+        "shared_model or shared_layer (one min/max over the members and the group model)",
+    )
+    scaling: Scaling | None = Field(
+        None,
+        description="shorthand that sets scaling_eq3 and scaling_eq5 to the same value "
+        "(the single switch of earlier versions, kept so that their scenarios and run "
+        "folders load and resume as they ran); give it or those two, not both",
     )
     dynamic: bool = Field(True, description="dynamic clustering (False: NoDC)")
     fixed_gamma_tilde: float = Field(
@@ -400,6 +423,21 @@ class DCPFLParams(NoParams):
         lt=1,
         description="share of each client's training data held out with trial_loss: heldout",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _scaling_shorthand(cls, data: object) -> object:
+        """``scaling: X`` (one switch for both equations, as before they were separate)
+        sets ``scaling_eq3`` and ``scaling_eq5`` to X; mixed with either, it is refused."""
+        if not isinstance(data, dict) or data.get("scaling") is None:
+            return data
+        both = [k for k in ("scaling_eq3", "scaling_eq5") if k in data]
+        if both:
+            raise ValueError(
+                f"scaling sets both scaling_eq3 and scaling_eq5; give scaling or "
+                f"{' and '.join(both)}, not both"
+            )
+        return {**data, "scaling_eq3": data["scaling"], "scaling_eq5": data["scaling"]}
 
 
 class NoLAParams(DCPFLParams):
@@ -514,7 +552,7 @@ class DCPFLServer(ServerAlgorithm):
                 f"Warning: the layer-wise aggregation never acted: at none of the "
                 f"{n_updates} layer-interval updates (Eq. 5-6) did a layer's "
                 f"discrepancy fall under {params.low_ratio:g} x the group's mean "
-                f"(smallest ratio {smallest:.3f}; scaling {params.scaling}), so "
+                f"(smallest ratio {smallest:.3f}; scaling_eq5 {params.scaling_eq5}), so "
                 f"every layer was aggregated every tau rounds, as in NoLA."
             )
         found = rdp_detections(rows, params.loss_window, params.observe_rounds)
@@ -698,7 +736,7 @@ class DCPFLServer(ServerAlgorithm):
             )
             idx = [self.index[r.client_id] for r in uploads]
             disc = discrepancy_matrix(
-                np.stack([r.weights for r in uploads]), self.layout, self.params.scaling
+                np.stack([r.weights for r in uploads]), self.layout, self.params.scaling_eq3
             )
             self.disc_sum[np.ix_(idx, idx)] += disc
             self.disc_count[np.ix_(idx, idx)] += 1
@@ -761,7 +799,7 @@ class DCPFLServer(ServerAlgorithm):
             self.intervals[g] = np.full(self.layout.num_layers, p.tau_rounds, dtype=np.int64)
             return 0.0
         disc = layer_discrepancy(
-            np.stack(member_weights), self.group_models[g], self.layout, p.scaling
+            np.stack(member_weights), self.group_models[g], self.layout, p.scaling_eq5
         )
         self.intervals[g] = layer_intervals(disc, p.tau_rounds, p.alpha, p.low_ratio)
         mean = float(disc.mean())
