@@ -122,6 +122,7 @@ class CentralServer(_ServerProcess):
         seed: int,
         edge_server_of: dict[int, int] | None = None,
         plugins: registry.Portable | None = None,
+        rounds: int | None = None,
     ) -> None:
         registry.restore(plugins)  # plugin files and import-string folders of the driver
         server_cls, _ = algorithm_classes(algorithm)
@@ -130,6 +131,7 @@ class CentralServer(_ServerProcess):
         if edge_server_of is not None:  # which edge server serves each client (topology)
             self.algorithm.edge_server_of = dict(edge_server_of)
         self.algorithm.seed = int(seed)
+        self.algorithm.rounds = None if rounds is None else int(rounds)  # the run's length
         self._stream: _Stream | None = None  # a round's streamed aggregation, while it runs
         # selection draws come from their own stream of the scenario seed
         self.rng = np.random.default_rng(np.random.SeedSequence([seed, 0x5E1EC7]))
@@ -272,6 +274,7 @@ class EdgeServer(_ServerProcess):
         seed: int,
         edge_server_of: dict[int, int] | None = None,
         plugins: registry.Portable | None = None,
+        rounds: int | None = None,  # the central server's business; accepted with the rest
     ) -> None:
         registry.restore(plugins)
         server_cls, _ = algorithm_classes(algorithm)

@@ -220,14 +220,14 @@ def main(argv: list[str] | None = None) -> None:
                     "mean_backhaul_s": float(np.mean([r["backhaul_time_s"] for r in rows])),
                     "activation_bytes_per_round": rows[0]["activation_bytes"],
                     "gradient_bytes_per_round": rows[0]["gradient_bytes"],
-                    "finetune_bytes_per_global_round": float(
+                    # Eq. 17's fine-tuning over the run: once at its end by default
+                    # (finetune_charge: final), after every global round otherwise
+                    "finetune_bytes_run": float(
                         np.nansum([r.get("finetune_bytes", np.nan) for r in rows])
-                    )
-                    / args.global_rounds,
-                    "finetune_es_gflops_per_global_round": float(
+                    ),
+                    "finetune_es_gflops_run": float(
                         np.nansum([r.get("finetune_es_gflops", np.nan) for r in rows])
-                    )
-                    / args.global_rounds,
+                    ),
                 }
                 if not results and not per_seed:
                     res["engine"] = engine_events_per_second(args.out / run_id)

@@ -290,6 +290,32 @@ def cases() -> list[Case]:
             _merge(algorithm={"name": "fedprox", "params": {"mu": float("nan")}}),
             "algorithm.params.mu",
         ),
+        # ------------------------------------------- a dedicated band and a shared medium
+        Case(
+            "uplink_own_bands_shared",  # each client its own band, and time-shared too
+            _merge(
+                channel={
+                    "model": "shannon",
+                    "uplink": {"bandwidth_hz": [10e6, 30e6], "shared": True},
+                }
+            ),
+            "channel.uplink.access",
+        ),
+        Case(
+            "uplink_dedicated_but_shared",
+            _merge(channel={"model": "shannon", "uplink": {"access": "dedicated", "shared": True}}),
+            "channel.uplink.access",
+        ),
+        Case(
+            "uplink_cell_band_per_client",  # the cell's band cannot be drawn per client
+            _merge(
+                channel={
+                    "model": "shannon",
+                    "uplink": {"access": "shared_cell", "bandwidth_hz": [10e6, 30e6]},
+                }
+            ),
+            "channel.uplink.access",
+        ),
         # ------------------------------------------------------------------------- seeds
         Case("seed_float_1e23", _with("seed", 1e23), "seed"),
         Case("seed_text_1e23", _raw("seed: 1e23\n").replace(b"seed: 1\n", b""), "seed"),

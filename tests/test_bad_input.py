@@ -130,6 +130,7 @@ def test_the_corpus_is_large_and_covers_every_kind():
         "run_id_traversal",
         "name_traversal",
         "dataset_root_missing",
+        "uplink_own_bands_shared",
     ):
         assert needed in names
 

@@ -253,6 +253,38 @@ def test_eq17_fine_tuning_is_charged_after_the_global_round():
     assert none.trace[-1] == Backhaul(MODEL_NUMEL * 4, "up", "edge_model")
 
 
+def test_fine_tuning_is_charged_once_after_the_last_global_round_by_default():
+    layout = model_layout(nn.Sequential(nn.Linear(1, 1), nn.ReLU(), nn.Linear(1, 1)))
+
+    def charged(rounds, **params):
+        """The rounds whose tasks carry the fine-tuning (w*'s backhaul: 16 bytes)."""
+        server = PHSFLServer(
+            layout,
+            np.zeros(4, np.float32),
+            {0: 1},
+            1.0,
+            {"edge_rounds": 3, "cut_layer": 2, **params},
+        )
+        server.rounds = rounds
+        sizes = [
+            server.configure_fit(r, [0])[0].config["finetune_backhaul_nbytes"]
+            for r in range(rounds or 12)
+        ]
+        assert set(sizes) <= {0, 16}
+        return [r for r, nbytes in enumerate(sizes) if nbytes]
+
+    # kappa_1 = 3: global rounds end at rounds 2, 5, 8, 11 (edge round t1 = 2)
+    assert charged(12, finetune_charge="every_global_round") == [2, 5, 8, 11]
+    assert charged(10, finetune_charge="every_global_round") == [2, 5, 8]
+    # final (the default, the paper's Section III-B): once, after the last complete
+    # global round: (rounds // 3) * 3 - 1 -> 12: 11; 10 and 9: 8; 3: 2
+    assert charged(12) == [11]
+    assert charged(10) == charged(9) == [8]
+    assert charged(3) == [2]
+    assert charged(2) == []  # no complete global round: no w* to fine-tune
+    assert charged(None) == []  # a server that does not know the run's length
+
+
 def test_batch_plan_full_passes_or_n_random_batches():
     g = torch.Generator().manual_seed(0)
     assert [len(b) for b in batch_plan(40, 32, 2, None, g)] == [32, 8, 32, 8]
@@ -288,6 +320,7 @@ def test_server_aggregates_per_edge_server_then_centrally():
     params = {"edge_rounds": 2, "cut_layer": 2}
     server = PHSFLServer(layout, np.zeros(4, np.float32), samples, 1.0, params)
     server.edge_server_of = {0: 0, 1: 0, 2: 1, 3: 1}
+    server.rounds = 2  # one global round: Eq. 17's fine-tuning follows round 1
     edges = {
         0: PHSFLEdge(0, layout, {0: 1, 1: 3}, params),
         1: PHSFLEdge(1, layout, {2: 4, 3: 4}, params),
@@ -450,14 +483,18 @@ def test_backhaul_is_one_transfer_per_edge_server_after_its_last_client():
 # --------------------------------------------------------------------------- end to end
 
 
-@pytest.mark.parametrize("algorithm", ["phsfl", "hsfl"])
-def test_two_round_run_records_split_traffic_and_backhaul(algorithm, tmp_path):
+@pytest.mark.parametrize(
+    ("algorithm", "charge", "charged"),
+    [("phsfl", "final", [3]), ("hsfl", "every_global_round", [1, 3])],
+)
+def test_four_round_run_records_split_traffic_and_backhaul(algorithm, charge, charged, tmp_path):
+    params = {"edge_rounds": 2, "finetune_steps": 2, "finetune_charge": charge}
     sc = tiny(
-        rounds=2,
+        rounds=4,
         model={"name": "phsfl_cnn"},
         topology={"clients": 4, "edge_servers": 2},
         backhaul={"bandwidth_bps": 1e9, "latency_s": 0.005},
-        algorithm={"name": algorithm, "params": {"edge_rounds": 2, "finetune_steps": 2}},
+        algorithm={"name": algorithm, "params": params},
         training={"epochs": 1, "batch_size": 32, "lr": 0.01},
     )
     rows = run_in_folder(sc, tmp_path / "run").rows
@@ -465,10 +502,12 @@ def test_two_round_run_records_split_traffic_and_backhaul(algorithm, tmp_path):
     act32 = 32 * 64 * 12 * 12 * 4  # one batch of 32 (every client holds about 100 samples)
     transfer_s = 0.005 + 8 * model_bytes / 1e9  # 5 ms + 8 * |w| / 1 Gbit/s
     for r in rows:
-        last = r["edge_round"] == 1  # kappa_1 = 2: round 2 ends the global round
+        # kappa_1 = 2: rounds 1 and 3 end the two global rounds; Eq. 17's fine-tuning is
+        # charged after round 3 only (final, the paper's), or after both
+        last = r["round"] in charged
         assert r["round_time_s"] > 0 and r["server_time_s"] > 0
-        # one ES <-> CS transfer per round (w down in round 1, the edge model up in round
-        # 2), and in round 2 w* down again for the fine-tuning (Eq. 17)
+        # one ES <-> CS transfer per round (w down in an edge round 0, the edge model up
+        # in an edge round 1), and in a charged round w* down again for the fine-tuning
         assert r["backhaul_time_s"] == approx((2 if last else 1) * transfer_s)
         assert r["model_bytes_es_cs"] == (4 if last else 2) * model_bytes
         assert r["model_bytes_client_es"] == 2 * 4 * client_bytes
@@ -484,7 +523,7 @@ def test_two_round_run_records_split_traffic_and_backhaul(algorithm, tmp_path):
         )
         assert r["bytes_down"] == r["gradient_bytes"] + (8 if last else 4) * client_bytes
         assert 0 <= r["mean_global_accuracy"] <= 1 and 0 <= r["mean_accuracy"] <= 1
-    assert [r["edge_round"] for r in rows] == [0, 1]
+    assert [r["edge_round"] for r in rows] == [0, 1, 0, 1]
     recorded = pd.read_csv(tmp_path / "run" / "rounds.csv")
     assert list(recorded.columns) == ROUND_COLUMNS + list(PHSFLServer.round_metrics)
     assert recorded["backhaul_time_s"].tolist() == approx([r["backhaul_time_s"] for r in rows])

@@ -150,3 +150,28 @@ def test_many_problems_are_listed_up_to_a_bound(tmp_path):
     assert len(lines) == 51
     assert lines[0].endswith("bad.yaml: field_0: Extra inputs are not permitted")
     assert lines[-1] == "... and 250 more problems"
+
+
+def test_a_shannon_uplink_is_a_band_of_its_own_or_a_share_of_the_cell():
+    def uplink(**fields):
+        sc = scenario_from_dict({"channel": {"model": "shannon", "uplink": fields}})
+        return sc.channel.uplink.access, sc.channel.shared_media("fedavg")[0]
+
+    # unambiguous without access: a band of its own (not shared), or one band, shared
+    assert uplink(bandwidth_hz=[10e6, 30e6]) == (None, False)
+    assert uplink(bandwidth_hz=20e6, shared=True) == (None, True)
+    # access alone sets shared; the old combination only when asked for by name
+    assert uplink(access="dedicated", bandwidth_hz=[10e6, 30e6]) == ("dedicated", False)
+    assert uplink(access="shared_cell", bandwidth_hz=20e6) == ("shared_cell", True)
+    assert uplink(access="shared_own_band", bandwidth_hz=[10e6, 30e6]) == (
+        "shared_own_band",
+        True,
+    )
+    for fields, says in (
+        ({"bandwidth_hz": [10e6, 30e6], "shared": True}, "say which you mean"),
+        ({"access": "dedicated", "shared": True}, "leave shared out or set it false"),
+        ({"access": "shared_cell", "shared": False}, "leave shared out or set it true"),
+        ({"access": "shared_cell", "bandwidth_hz": [10e6, 30e6]}, "one number"),
+    ):
+        with pytest.raises(ScenarioError, match=rf"^f\.yaml: channel\.uplink\.access: .*{says}"):
+            scenario_from_dict({"channel": {"model": "shannon", "uplink": fields}}, "f.yaml")

@@ -280,6 +280,9 @@ class ServerAlgorithm(ABC):
         # the scenario seed, set by the run loop after construction: an algorithm that draws
         # at random (e.g. KAPC's initial relation cube) derives its own stream from it
         self.seed = 0
+        # the run's number of rounds (scenario.rounds), set by the run loop after
+        # construction; None when unknown (a server built on its own, e.g. in a test)
+        self.rounds: int | None = None
 
     #: attributes set from the construction arguments (the scenario): not checkpointed
     static_attributes: ClassVar[tuple[str, ...]] = (
@@ -289,6 +292,7 @@ class ServerAlgorithm(ABC):
         "fraction",
         "edge_server_of",
         "seed",
+        "rounds",
     )
 
     def state_dict(self) -> dict[str, Any]:

@@ -50,14 +50,21 @@ Personalisation (Section III-B, Eq. 17): at every evaluation each client takes t
 global model, keeps the client part and body fixed, and fine-tunes only the head for K
 SGD steps (lr eta~) on its own training data; the main accuracy / loss columns are
 those of this personalised model, ``mean_global_accuracy`` / ``mean_global_test_loss``
-those of the global model w on the same test data. Fine-tuning is not timed (the run
-loop times training only).
+those of the global model w on the same test data. The fine-tuning is timed as split
+learning in the op-traces (:meth:`PHSFLClient._finetune_ops`: CS -> ES backhaul of w*,
+the client part down, then per step the client's forward pass, the upload of its
+activations and batch indices, and the ES's body forward and head step; no gradient
+comes back, the client part is fixed). ``finetune_charge`` says when: ``final`` (the
+default, the paper's: once, after the last complete global round of the run) or
+``every_global_round`` (after each global round, when its personalised accuracy is
+evaluated); the accuracy of the intermediate global rounds is evaluated either way,
+without charge under ``final``.
 
 Choices where the paper is unclear (each tested in ``tests/test_phsfl.py``):
 - "kappa_0 local epochs", each "N mini-batches": Section V-A lists "N = 32, N = 5". We
   read the batch size as ``training.batch_size`` (32) and offer ``batches_per_epoch``
-  (the paper's N = 5: each mini-batch a fresh uniform draw of B samples without
-  replacement, Step 3.2); the default ``null`` makes an epoch one pass over the data.
+  (the paper's N = 5, the default: each mini-batch a fresh uniform draw of B samples
+  without replacement, Step 3.2); ``null`` makes an epoch one pass over the data.
 - The batch indices travel as int32 (a client holds < 2^31 samples).
 - The ES <-> CS transfers carry the whole model [w_b0; w_b1] (Step 5), frozen head
   included, as the paper writes it.
@@ -72,7 +79,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar, Literal, cast
 
 import numpy as np
 import torch
@@ -123,6 +130,14 @@ class PHSFLParams(NoParams):
     )
     finetune_steps: int = Field(10, ge=0, description="K: head fine-tuning SGD steps")
     finetune_lr: float | None = Field(None, gt=0, description="eta~ of Eq. 17; null: training.lr")
+    finetune_charge: Literal["final", "every_global_round"] = Field(
+        "final",
+        description="when Eq. 17's fine-tuning is charged (its op-traces: backhaul, "
+        "client-part download, K forward passes, activation uploads and head steps): "
+        "final (the paper, Section III-B: once, after the last complete global round of "
+        "the run) or every_global_round (after each global round, when the personalised "
+        "accuracy is evaluated). The accuracy is evaluated either way",
+    )
 
 
 # --------------------------------------------------------------------------- model split
@@ -490,12 +505,25 @@ class PHSFLServer(ServerAlgorithm):
                 "edge_server": b,
                 "backhaul_down_nbytes": model_nbytes if t1 == 0 else 0,
                 "backhaul_up_nbytes": model_nbytes if t1 == k1 - 1 else 0,
-                # the global model exists after this round: Eq. 17's fine-tuning
-                # (Section III-B) follows it and is timed with it
-                "finetune_backhaul_nbytes": model_nbytes if t1 == k1 - 1 else 0,
+                # Eq. 17's fine-tuning (Section III-B) follows the global round whose
+                # model it personalises and is timed with it
+                "finetune_backhaul_nbytes": model_nbytes if self.charges_finetune(rnd) else 0,
             }
             tasks.append(ClientTask(u, None, self.client_part_nbytes, config))
         return tasks
+
+    def charges_finetune(self, rnd: int) -> bool:
+        """Does round ``rnd`` carry Eq. 17's fine-tuning in its op-traces? Only a round that
+        ends a global round (edge round kappa_1 - 1, when the global model exists); with
+        ``finetune_charge: final`` only the last such round of the run (the paper
+        fine-tunes w* once, after training): round ``(rounds // kappa_1) * kappa_1 - 1``,
+        none when the run is shorter than one global round or its length is unknown."""
+        k1 = self.params.edge_rounds
+        if round_position(rnd, k1)[1] != k1 - 1:
+            return False
+        if self.params.finetune_charge == "every_global_round":
+            return True
+        return self.rounds is not None and rnd == (self.rounds // k1) * k1 - 1
 
     def configure_edges(self, rnd: int) -> dict[int, Any]:
         """Step 1: w to every ES at the start of a global round (Eq. 8: it starts from it)."""

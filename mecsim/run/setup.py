@@ -165,6 +165,7 @@ def prepare(
         seed=seed,
         edge_server_of={cid: scenario.edge_server_of(cid) for cid in range(n)},
         plugins=registry.portable(),
+        rounds=scenario.rounds,
     )
     backend = backend or scenario.execution.backend
     executor: Executor

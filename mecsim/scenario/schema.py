@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
 from pydantic import (
     AfterValidator,
@@ -400,16 +400,87 @@ def _check_client_loss(uplink: LinkTransport, downlink: LinkTransport) -> None:
             )
 
 
+#: What a client's Shannon uplink is (``channel.uplink.access``, docs/channel.md).
+UplinkAccess = Literal["dedicated", "shared_cell", "shared_own_band"]
+
+
 class ShannonUplink(LinkTransport):
+    """A client's uplink is either a band of its own or a share of its edge server's
+    (cell's) medium; ``access`` says which, and validation refuses a scenario that gives
+    each client its own band (``bandwidth_hz`` a pair, drawn per client) and time-shares
+    it too (``shared: true``) without saying so."""
+
     bandwidth_hz: PositiveRange = Field(
-        default=(10e6, 30e6), description="per-client, uniform in [lo, hi]"
+        default=(10e6, 30e6),
+        description="per-client, uniform in [lo, hi] (access dedicated, shared_own_band); "
+        "the edge server's band, one number (access shared_cell)",
     )
     tx_power_dbm: DecibelRange = Field(
         default=(23.0, 30.0), description="per-client, uniform in [lo, hi]"
     )
     shared: bool = Field(
-        default=False, description="uplinks of an edge server's clients share one medium"
+        default=False,
+        description="uplinks of an edge server's clients share one medium (processor "
+        "sharing); follows access when only access is given",
     )
+    access: UplinkAccess | None = Field(
+        default=None,
+        description="dedicated: each client transmits on a band of its own (bandwidth_hz, "
+        "drawn per client from a pair) and no upload waits for another (shared: false); "
+        "shared_cell: bandwidth_hz (one number) is the edge server's band, and its "
+        "clients' concurrent uploads time-share it, each at its own SNR over the whole band "
+        "(shared: true); shared_own_band: each client's own band, time-shared with the "
+        "edge server's other clients as well (shared: true; what shared: true with a "
+        "per-client pair computed before this field existed: kept to reproduce such runs, "
+        "no physical link works so). null: from shared (false: dedicated; true with one "
+        "bandwidth_hz: shared_cell; true with a pair [lo, hi] is refused: say which)",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shared_follows_access(cls, data: Any) -> Any:
+        """``access`` alone sets ``shared`` (dedicated: false, the others: true)."""
+        if isinstance(data, dict) and "shared" not in data:
+            access = data.get("access")
+            if access in ("dedicated", "shared_cell", "shared_own_band"):
+                return {**data, "shared": access != "dedicated"}
+        return data
+
+    def per_client_band(self) -> bool:
+        """Does ``bandwidth_hz`` draw a different band for each client (a pair lo < hi)?"""
+        b = self.bandwidth_hz
+        return isinstance(b, tuple) and b[0] != b[1]
+
+    @model_validator(mode="after")
+    def _one_link_model(self) -> ShannonUplink:
+        pair = self.per_client_band()
+        if self.access is None:
+            if self.shared and pair:
+                lo, hi = cast("tuple[float, float]", self.bandwidth_hz)
+                raise ValueError(
+                    f"access: shared: true time-shares the edge server's uplink medium "
+                    f"among its clients, but bandwidth_hz [{lo:g}, {hi:g}] gives each "
+                    "client a band of its own; say which you mean: access: dedicated "
+                    "(each client its own band, not shared), shared_cell (one "
+                    "bandwidth_hz, the edge server's band, time-shared) or "
+                    "shared_own_band (each client's own band, time-shared too: how such "
+                    "scenarios ran before access existed; docs/channel.md)"
+                )
+            return self
+        wants_shared = self.access != "dedicated"
+        if self.shared != wants_shared:
+            what = "a share of the cell's medium" if wants_shared else "a band of its own"
+            raise ValueError(
+                f"access: {self.access} is {what}, but shared is "
+                f"{str(self.shared).lower()}: leave shared out or set it "
+                f"{str(wants_shared).lower()}"
+            )
+        if self.access == "shared_cell" and pair:
+            raise ValueError(
+                "access: shared_cell makes bandwidth_hz the edge server's band, one "
+                "number, not a per-client pair [lo, hi]"
+            )
+        return self
 
 
 class ShannonDownlink(LinkTransport):

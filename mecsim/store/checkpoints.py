@@ -49,12 +49,21 @@ class CheckpointError(Exception):
 _NOT_RESULTS = ("description", "metrics", "execution", "outputs", "checkpoint")
 
 
+#: Channel fields added after checkpoints were written whose unset value (None) means
+#: what the scenario meant before they existed: left out of the digest when unset, so
+#: those checkpoints still belong to their runs.
+_ADDED_UNSET = (("uplink", "access"),)
+
+
 def scenario_digest(scenario: Scenario) -> str:
     """SHA-256 of what decides a run's results: the scenario without :data:`_NOT_RESULTS`
     (a checkpoint belongs to the run whose digest it carries)."""
     data = scenario.model_dump(mode="json")
     for key in _NOT_RESULTS:
         data.pop(key, None)
+    for section, key in _ADDED_UNSET:
+        if data.get("channel", {}).get(section, {}).get(key, "set") is None:
+            del data["channel"][section][key]
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
