@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny
 from records_compare import assert_records_close
 
 from mecsim.agents.state import decode
@@ -30,7 +31,8 @@ from mecsim.agents.training import StepCost
 from mecsim.analysis.replay import load_run, replay, reproduces
 from mecsim.analysis.tables import load_run as load_records
 from mecsim.interfaces.cli import main
-from mecsim.scenario import load_scenario
+from mecsim.scenario import ScenarioError, load_recorded_scenario, load_scenario
+from mecsim.store.checkpoints import scenario_digest
 from mecsim.store.runfolder import prepare_resume
 from mecsim.store.session import run_in_folder
 
@@ -81,3 +83,35 @@ def test_a_legacy_finished_run_reports_and_replays(tmp_path: Path, capsys) -> No
     out = tmp_path / "report"
     assert main(["report", str(folder), "--out", str(out), "--no-plots", "--quiet"]) == 0
     assert (out / "tables.md").read_text().count("fedavg") >= 1
+
+
+def test_a_run_folder_from_before_uplink_access_loads_as_it_ran(tmp_path: Path) -> None:
+    # Before channel.uplink.access existed, shared: true with per-client bands ran as
+    # each client's own band, time-shared; such a scenario is refused now unless it says
+    # so, but a run folder written then still reports, replays and keeps its checkpoints'
+    # digest. The folder is written today with access: shared_own_band, then the line
+    # is removed, which is what the older version wrote.
+    channel = {
+        "model": "shannon",
+        "uplink": {"bandwidth_hz": [10e6, 30e6], "shared": True, "access": "shared_own_band"},
+    }
+    scenario = tiny(channel=channel, rounds=2)
+    folder = tmp_path / "own-bands"
+    run_in_folder(scenario, folder)
+    path = folder / "scenario.yaml"
+    text = path.read_text()
+    assert text.count("access: shared_own_band") == 1
+    path.write_text("".join(ln for ln in text.splitlines(True) if "access:" not in ln))
+    with pytest.raises(ScenarioError, match=r"channel\.uplink\.access: .*say which you mean"):
+        load_scenario(path)
+    legacy = load_recorded_scenario(path)
+    assert legacy.channel.uplink.access == "shared_own_band" and legacy.channel.uplink.shared
+    assert scenario_digest(legacy) == scenario_digest(scenario)
+    assert load_records(folder).rounds["round"].tolist() == [0, 1]
+    recorded = load_run(folder)
+    assert reproduces(recorded)  # re-timed as it ran: the bands time-shared
+    dedicated = replay(
+        recorded, {"channel.uplink.access": "dedicated", "channel.uplink.shared": False}
+    )
+    ran = load_records(folder).rounds["ul_time_s"].to_numpy()
+    assert (dedicated.rounds["ul_time_s"].to_numpy() < ran).all()

@@ -64,7 +64,7 @@ from mecsim.run.observers import RunObserver
 from mecsim.run.progress import ProgressBar
 from mecsim.run.rows import REPLAY_COLUMNS, timing_columns
 from mecsim.run.setup import ScenarioInfeasible
-from mecsim.scenario import Scenario, ScenarioError, load_scenario, scenario_from_dict
+from mecsim.scenario import Scenario, ScenarioError, load_recorded_scenario, scenario_from_dict
 from mecsim.scenario.overrides import OverrideError, apply_overrides, is_timing_path
 from mecsim.store.reader import read_csv_exact
 from mecsim.store.session import BadRun, run_in_folder
@@ -158,7 +158,7 @@ def load_run(run_dir: str | Path) -> RecordedRun:
     if not (run_dir / "scenario.yaml").exists():
         raise RunLoadError(f"{run_dir}: no scenario.yaml; is this a run directory?")
     try:
-        scenario = load_scenario(run_dir / "scenario.yaml")
+        scenario = load_recorded_scenario(run_dir / "scenario.yaml")
     except ScenarioError as exc:
         raise RunLoadError(str(exc)) from None
     traces_path = run_dir / "optraces.jsonl"

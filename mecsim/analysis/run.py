@@ -22,7 +22,7 @@ import pandas as pd
 from mecsim.analysis import plots
 from mecsim.analysis.tables import ReportError, RunRecords, Tables, build_tables
 from mecsim.analysis.tables import load_run as load_records
-from mecsim.scenario import Scenario, ScenarioError, load_scenario
+from mecsim.scenario import Scenario, ScenarioError, load_recorded_scenario
 from mecsim.store.runfolder import read_meta
 from mecsim.store.session import Outcome
 
@@ -77,7 +77,7 @@ class Run:
         if self._outcome is not None:
             return self._outcome.scenario
         try:
-            return load_scenario(self.path / "scenario.yaml")
+            return load_recorded_scenario(self.path / "scenario.yaml")
         except ScenarioError as exc:
             raise ReportError(str(exc)) from None
 

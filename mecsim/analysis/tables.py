@@ -47,7 +47,7 @@ import pandas as pd
 import yaml
 
 from mecsim.analysis import convergence
-from mecsim.scenario import ScenarioError, load_scenario
+from mecsim.scenario import ScenarioError, load_recorded_scenario
 from mecsim.store.summary import run_notes
 
 MiB = 1024 * 1024
@@ -167,7 +167,7 @@ def _scenario_notes(scenario_file: Path, rounds: pd.DataFrame) -> list[str]:
     none when the file is not a valid scenario of this mecsim (records of another one)."""
 
     try:
-        scenario = load_scenario(scenario_file)
+        scenario = load_recorded_scenario(scenario_file)
     except (ScenarioError, ValueError):
         return []
     return run_notes(scenario, rounds.to_dict("records"))

@@ -213,6 +213,31 @@ def load_scenario(path: str | Path) -> Scenario:
     return scenario_from_dict(data, str(path))
 
 
+def load_recorded_scenario(path: str | Path) -> Scenario:
+    """A run folder's ``scenario.yaml``, which may predate a field that validation now
+    asks for: a Shannon uplink with ``shared: true`` and per-client bands written before
+    ``channel.uplink.access`` existed ran as ``access: shared_own_band`` (the network
+    reads only ``shared`` and the band) and loads so, for reports, replays, sweeps and
+    resumes. Everything else is validated as :func:`load_scenario` does."""
+    path = Path(path)
+    data = parse_yaml(read_scenario_text(path), str(path))
+    if data is None:
+        raise ScenarioError(f"{path}: empty scenario")
+    channel = data.get("channel") if isinstance(data, dict) else None
+    uplink = channel.get("uplink") if isinstance(channel, dict) else None
+    if isinstance(uplink, dict):
+        band = uplink.get("bandwidth_hz")
+        if (
+            uplink.get("access") is None
+            and uplink.get("shared") is True
+            and isinstance(band, list)
+            and len(band) == 2
+            and band[0] != band[1]
+        ):
+            uplink["access"] = "shared_own_band"
+    return scenario_from_dict(data, str(path))
+
+
 def default_scenario_path() -> Path:
     from importlib import resources
 

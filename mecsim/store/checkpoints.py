@@ -49,10 +49,10 @@ class CheckpointError(Exception):
 _NOT_RESULTS = ("description", "metrics", "execution", "outputs", "checkpoint")
 
 
-#: Channel fields added after checkpoints were written whose unset value (None) means
-#: what the scenario meant before they existed: left out of the digest when unset, so
-#: those checkpoints still belong to their runs.
-_ADDED_UNSET = (("uplink", "access"),)
+#: Channel fields that restate others (``uplink.access`` names what ``shared`` and the
+#: band already decide) and were added after checkpoints were written: left out of the
+#: digest, so those checkpoints still belong to their runs.
+_RESTATED = (("uplink", "access"),)
 
 
 def scenario_digest(scenario: Scenario) -> str:
@@ -61,9 +61,8 @@ def scenario_digest(scenario: Scenario) -> str:
     data = scenario.model_dump(mode="json")
     for key in _NOT_RESULTS:
         data.pop(key, None)
-    for section, key in _ADDED_UNSET:
-        if data.get("channel", {}).get(section, {}).get(key, "set") is None:
-            del data["channel"][section][key]
+    for section, key in _RESTATED:
+        data.get("channel", {}).get(section, {}).pop(key, None)
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from mecsim.run.loop import ResumePoint
-from mecsim.scenario import Scenario, ScenarioError, load_scenario
+from mecsim.scenario import Scenario, ScenarioError, load_recorded_scenario
 from mecsim.store.checkpoints import CheckpointError, CheckpointStore, scenario_digest
 from mecsim.store.files import atomic_write_text
 from mecsim.store.reader import rows_from_csv
@@ -233,7 +233,7 @@ def prepare_resume(
                 lock if keep_finished_lock else None,
             )
         try:
-            scenario = load_scenario(run_dir / "scenario.yaml")
+            scenario = load_recorded_scenario(run_dir / "scenario.yaml")
         except ScenarioError as exc:
             raise RunFolderError(f"{run_dir}: its scenario.yaml is not valid: {exc}") from None
         run_id = str(meta.get("run_id") or run_dir.name)
