@@ -17,6 +17,9 @@ What emulated-network testbeds set with ``tc netem`` (delay, jitter, loss), as n
   capped by the link's rate; ``p = 0`` (or ``RTT = 0``) leaves the link rate unchanged.
   RTT is the flow's round trip: for a client link, data goes one way and ACKs the other,
   ``RTT = uplink latency + downlink latency``; for the wired backhaul ``2 · latency``.
+  On a shared medium the bound caps each flow, not the medium: a capped flow needs only
+  ``goodput / rate`` of the medium's time, which is shared max-min fairly among the
+  flows (water-filling: ``mecsim.emulation.engine.sharing``, docs/channel.md).
 
 Pure numpy; vectorised over clients.
 """

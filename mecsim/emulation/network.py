@@ -9,7 +9,9 @@ client-round for the records.
 
 Each link's rate is then turned into a goodput and a latency (:mod:`mecsim.channel.transport`):
 ``transfer = latency + 8 * bytes / goodput`` with ``goodput = min(rate, Mathis bound)``
-where the scenario sets a loss rate.
+where the scenario sets a loss rate. On a shared medium a flow the bound caps below its
+link rate needs only ``goodput / rate`` of the medium's time (its max share), and the
+medium's time is shared max-min fairly (water-filling: :mod:`mecsim.emulation.engine.sharing`).
 """
 
 from __future__ import annotations
@@ -185,6 +187,20 @@ class RoundLinks:
     servers: list[ServerSpec]
     backhaul_latency_s: np.ndarray  # per edge server
     backhaul_goodput_bps: np.ndarray
+    # goodput / rate where the Mathis bound caps the flow below its link rate, else 1.0:
+    # the largest share of a shared medium's time the flow can use
+    uplink_max_share: np.ndarray
+    downlink_max_share: np.ndarray
+
+
+def max_share(rate_bps: ArrayLike, goodput_bps: ArrayLike) -> np.ndarray:
+    """``goodput / rate`` where the goodput is below the link's rate (a Mathis cap binds),
+    else 1.0: the largest fraction of a shared medium's time a flow can use. Exactly 1.0
+    without loss (goodput = rate), so such media stay processor-shared."""
+    rate = np.asarray(rate_bps, dtype=float)
+    good = np.asarray(goodput_bps, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(good < rate, good / rate, 1.0)
 
 
 class NetworkModel:
@@ -271,7 +287,18 @@ class NetworkModel:
             np.column_stack([up_lat, down_lat]),
         )
         return RoundLinks(
-            ch, up_good, down_good, up_lat, down_lat, up_cap, down_cap, servers, bh_lat, bh_bps
+            ch,
+            up_good,
+            down_good,
+            up_lat,
+            down_lat,
+            up_cap,
+            down_cap,
+            servers,
+            bh_lat,
+            bh_bps,
+            max_share(ch.uplink_rate_bps, up_good),
+            max_share(ch.downlink_rate_bps, down_good),
         )
 
     def columns(self, links: RoundLinks, selected: list[int]) -> ClientColumns | None:
@@ -287,6 +314,8 @@ class NetworkModel:
             links.uplink_latency_s,
             self.step_overhead_s[at],
             self.flops_per_s[at],
+            links.downlink_max_share,
+            links.uplink_max_share,
         )
 
     def round(
@@ -301,6 +330,7 @@ class NetworkModel:
         up_good, down_good = links.uplink_goodput_bps, links.downlink_goodput_bps
         up_lat, down_lat = links.uplink_latency_s, links.downlink_latency_s
         bh_lat, bh_bps = links.backhaul_latency_s, links.backhaul_goodput_bps
+        up_share, down_share = links.uplink_max_share, links.downlink_max_share
         rows: dict[int, dict[str, Any]] = (
             {int(r["client_id"]): r for r in links.channel.records()} if records else {}
         )
@@ -323,6 +353,8 @@ class NetworkModel:
                 es,
                 uplink_latency_s=float(up_lat[i]),
                 downlink_latency_s=float(down_lat[i]),
+                uplink_max_share=float(up_share[i]),
+                downlink_max_share=float(down_share[i]),
             )
             if records:
                 rows[int(cid)].update(

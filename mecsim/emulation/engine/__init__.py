@@ -2,12 +2,14 @@
 
 "Execute, then time": the clients of a round have already run for real and returned
 op-traces (:mod:`mecsim.emulation.ops`). :func:`time_round` replays them in emulated time
-through dedicated links, shared media (processor sharing), device CPUs and edge-server
+through dedicated links, shared media (processor sharing; water-filling of the medium's
+time when a flow is capped below its link rate), device CPUs and edge-server
 CPUs, and returns per-client timelines and the round's critical-path breakdown. It is a
 pure function: no torch, no Ray, no wall clock.
 
 - :mod:`.specs`: what the engine is given and what it returns;
 - :mod:`.simpy_model`: the reference model, SimPy processes;
+- :mod:`.sharing`: a shared medium with capped flows (max-min fair shares of its time);
 - :mod:`.closed_form`: a numpy closed form when nothing is shared;
 - :mod:`.media`: each shared resource solved for all its flows at once, when clients
   visit resources in one order;

@@ -38,7 +38,8 @@ _COMPUTE = 1
 @dataclass(frozen=True)
 class ClientColumns:
     """The clients' specs as columns, one row per client in the round's order, for rounds
-    whose rates are constants (bit/s): what the closed form reads of each ClientSpec."""
+    whose rates are constants (bit/s): what the closed form reads of each ClientSpec, and
+    for shared media each flow's max share of its medium (None: 1.0 for every client)."""
 
     downlink_rate_bps: np.ndarray
     uplink_rate_bps: np.ndarray
@@ -46,23 +47,24 @@ class ClientColumns:
     uplink_latency_s: np.ndarray
     step_overhead_s: np.ndarray
     flops_per_s: np.ndarray
+    downlink_max_share: np.ndarray | None = None
+    uplink_max_share: np.ndarray | None = None
 
     @classmethod
-    def of(cls, specs: Sequence[ClientSpec]) -> ClientColumns:
-        """The columns of ``specs`` (their rates must be numbers, not schedules)."""
-        return cls(
-            *(
-                np.array([float(getattr(s, name)) for s in specs])
-                for name in (
-                    "downlink_rate_bps",
-                    "uplink_rate_bps",
-                    "downlink_latency_s",
-                    "uplink_latency_s",
-                    "step_overhead_s",
-                    "flops_per_s",
-                )
-            )
+    def of(cls, specs: Sequence[ClientSpec], *, max_shares: bool = True) -> ClientColumns:
+        """The columns of ``specs`` (their rates must be numbers, not schedules);
+        ``max_shares=False`` leaves out the max shares (nothing shared: not read)."""
+        names: tuple[str, ...] = (
+            "downlink_rate_bps",
+            "uplink_rate_bps",
+            "downlink_latency_s",
+            "uplink_latency_s",
+            "step_overhead_s",
+            "flops_per_s",
         )
+        if max_shares:
+            names += ("downlink_max_share", "uplink_max_share")
+        return cls(*(np.array([float(getattr(s, name)) for s in specs]) for name in names))
 
 
 @dataclass(frozen=True)
@@ -153,7 +155,7 @@ def _closed_form_arrays(
     plan = plan_traces(traces)
     if plan is None:
         return None
-    finish_s, spent_s = closed_form_columns(plan, ClientColumns.of(specs))
+    finish_s, spent_s = closed_form_columns(plan, ClientColumns.of(specs, max_shares=False))
     return ids, finish_s, spent_s
 
 

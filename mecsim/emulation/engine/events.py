@@ -6,9 +6,12 @@ is constant: with ``n`` jobs on a processor-sharing resource each progresses at 
 rate / n (:class:`.simpy_model.ProcessorSharing`). So the round is solved exactly by
 jumping from event to event: the next departure of a resource is where its virtual time
 ``v`` (dv/dt = 1/n) reaches the smallest finish tag ``v_arrival + work / rate``, i.e.
-``(tag - v) * n`` seconds on. Everything a client does on its own (dedicated links,
-constant or :class:`~mecsim.emulation.engine.RateSchedule` rates, its device CPU) needs no event:
-its end is computed directly, and only the next arrival at a shared resource is queued.
+``(tag - v) * n`` seconds on. A medium on which a flow is capped below its link rate
+(``ClientSpec.*_max_share < 1``) shares its time by water-filling instead
+(:class:`.sharing.CappedSharing`, as the SimPy model does). Everything a client does on
+its own (dedicated links, constant or :class:`~mecsim.emulation.engine.RateSchedule`
+rates, its device CPU) needs no event: its end is computed directly, and only the next
+arrival at a shared resource is queued.
 
 This is the same model as the SimPy processes of :func:`.simpy_model._simulate`, with
 the same floating-point operations in the same order (virtual-time update
@@ -30,6 +33,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
+from mecsim.emulation.engine.sharing import CappedSharing
 from mecsim.emulation.engine.specs import (
     ClientSpec,
     ClientTimeline,
@@ -49,13 +53,15 @@ _FIXED = 0  # x = delay_s (> 0, maybe inf), y unused: the client's own link or C
 _SCHEDULE = 1  # x = nbits (> 0), y = RateSchedule: a dedicated link with a rate trace
 _SHARED = 2  # x = resource index, y = work / rate (s of solo service, maybe inf)
 _BARRIER = 3  # x = barrier index (edge server, k-th Backhaul op), y unused
+_CAPPED = 4  # x = resource index, y = (s of solo service, max share): a capped medium
 # What a queued event does: a client goes on, or a backhaul transfer ends
 _RESUME, _RELEASE = 0, 1
 
-_Op = tuple[int, int, float | int, float | RateSchedule | None]
+_Op = tuple[int, int, float | int, float | RateSchedule | tuple[float, float] | None]
 # _compile's answer: per-client programs, the number of processor-sharing resources, the
-# clients expected at each backhaul barrier and each barrier's transfer seconds
-_Compiled = tuple[list[list[_Op]], int, list[int], list[float]]
+# clients expected at each backhaul barrier, each barrier's transfer seconds, and the
+# resources that are media with capped flows (water-filling, not processor sharing)
+_Compiled = tuple[list[list[_Op]], int, list[int], list[float], set[int]]
 
 
 class _Unsupported(Exception):
@@ -79,6 +85,8 @@ def _compile(
     barrier_server: list[int] = []
     programs: list[list[_Op]] = []
     up_shared, down_shared = network.uplink_shared, network.downlink_shared
+    capped_keys: set[tuple[str, int]] = set()  # media on which a flow is capped
+    shares: list[tuple[float, float]] = []  # per client: (downlink, uplink) max share
     spec: ClientSpec | ServerSpec
     # Typed by hand where the checks that decide the type are beyond mypy (and casts
     # would cost a call per client or op): a client's rates (Rate: a shared medium's is a
@@ -106,6 +114,13 @@ def _compile(
             raise _Unsupported
         down_f = float(down) if down_shared else 0.0  # SharedLink keeps float(rate)
         up_f = float(up) if up_shared else 0.0
+        down_u = spec.downlink_max_share if down_shared else 1.0
+        up_u = spec.uplink_max_share if up_shared else 1.0
+        shares.append((down_u, up_u))
+        if down_u < 1.0:
+            capped_keys.add(("downlink", es))
+        if up_u < 1.0:
+            capped_keys.add(("uplink", es))
         overhead_s, flops_per_s = spec.step_overhead_s, spec.flops_per_s
         prog: list[_Op] = []
         k_backhaul = 0
@@ -176,7 +191,14 @@ def _compile(
         spec = servers[es]
         bw = spec.backhaul_bps
         delays.append(spec.backhaul_latency_s + (8.0 * op.nbytes / bw if op.nbytes > 0 else 0.0))
-    return programs, len(resources), expected, delays
+    capped = {resources[k] for k in capped_keys if k in resources}
+    if capped:  # every transfer on such a medium carries its client's max share
+        for prog, (down_u, up_u) in zip(programs, shares, strict=True):
+            for p, (code, col, x, y) in enumerate(prog):
+                if code == _SHARED and x in capped:
+                    u = down_u if col == _DOWN else up_u
+                    prog[p] = (_CAPPED, col, x, (cast(float, y), u))
+    return programs, len(resources), expected, delays, capped
 
 
 def event_timelines(
@@ -193,7 +215,9 @@ def event_timelines(
     the SimPy model, which also raises the errors for invalid input).
     """
     try:
-        programs, n_res, expected, barrier_delay_s = _compile(traces, clients, servers, network)
+        programs, n_res, expected, barrier_delay_s, capped = _compile(
+            traces, clients, servers, network
+        )
     except _Unsupported:
         return None
     ids = list(traces)
@@ -212,6 +236,10 @@ def event_timelines(
     res_jobs: list[list[tuple[float, int, int]]] = [[] for _ in range(n_res)]
     res_timer = [_INF] * n_res
     res_seq = [0] * n_res
+    # media with capped flows: their state instead of (v, last, jobs)
+    res_capped: list[CappedSharing[int] | None] = [
+        CappedSharing() if r in capped else None for r in range(n_res)
+    ]
     # backhaul transfers (EdgeBackhaul): clients arrived, waiting, transfer start
     arrived = [0] * len(expected)
     waiting: list[list[int]] = [[] for _ in expected]
@@ -224,6 +252,13 @@ def event_timelines(
     def set_timer(r: int) -> None:
         """ProcessorSharing._reschedule: the head job's departure if nothing changes."""
         nonlocal seq
+        medium = res_capped[r]
+        if medium is not None:  # CappedProcessorSharing._reschedule
+            res_timer[r] = medium.timer_s
+            if medium.timer_s != _INF:
+                seq += 1
+                res_seq[r] = seq
+            return
         jobs = res_jobs[r]
         if jobs and jobs[0][0] != _INF:
             d = (jobs[0][0] - res_v[r]) * len(jobs)
@@ -265,6 +300,10 @@ def event_timelines(
                 res_last[x] = t
                 seq += 1
                 push(jobs, (res_v[x] + y, seq, i))
+                since_s[i] = t
+                set_timer(x)
+            elif code == _CAPPED:  # CappedProcessorSharing.serve
+                cast(CappedSharing[int], res_capped[x]).arrive(t, y[0], y[1], i)
                 since_s[i] = t
                 set_timer(x)
             else:  # EdgeBackhaul.transfer
@@ -322,6 +361,17 @@ def event_timelines(
         if r < 0:
             break
         now = t_r
+        medium = res_capped[r]
+        if medium is not None:  # CappedProcessorSharing._on_timer
+            released = medium.depart(now)
+            for i in released:
+                pos[i] += 1
+                spent[i][current[i]] += now - since_s[i]
+                current[i] = -1
+            res_timer[r] = _INF
+            resume(released, now)
+            set_timer(r)
+            continue
         jobs = res_jobs[r]
         v = res_v[r] + (now - res_last[r]) / len(jobs)
         res_last[r] = now

@@ -7,7 +7,9 @@ before any of its departures is needed: the round is solved resource by resource
 that order. Per resource, :func:`processor_sharing` computes every flow's departure
 exactly: between two events each active flow progresses at its own rate / n, so the next
 event is the next arrival or the moment virtual time ``v`` (dv/dt = 1/n) reaches the
-smallest finish tag ``v_arrival + work / rate``. What a client does on its own between
+smallest finish tag ``v_arrival + work / rate``. A medium on which a flow is capped below
+its link rate (``max_share < 1``) shares its time by water-filling instead
+(:func:`.sharing.capped_processor_sharing`). What a client does on its own between
 two resources (dedicated links, device compute) is advanced with numpy for all clients
 with the same sequence of op kinds at once, as in the closed form.
 
@@ -30,6 +32,7 @@ from typing import cast
 import numpy as np
 
 from mecsim.emulation.engine.closed_form import ClientColumns, PlanGroup, TracePlan
+from mecsim.emulation.engine.sharing import capped_processor_sharing
 from mecsim.emulation.engine.specs import (
     ClientSpec,
     ClientTimeline,
@@ -233,6 +236,30 @@ class _Group:
         with np.errstate(divide="ignore", invalid="ignore"):
             return nbits > 0, np.where(rate > 0, nbits / rate, _INF)
 
+    def max_share(self, k: int) -> np.ndarray | None:
+        """Column k's clients' max shares of their medium (None: a CPU, never capped)."""
+        t = self.types[k]
+        if t is ServerCompute:
+            return None
+        return self._shares(t is Download)
+
+    def _shares(self, down: bool) -> np.ndarray | None:
+        """The clients' max shares of the downlink or uplink medium (None: all 1)."""
+        return self._spec("downlink_max_share" if down else "uplink_max_share")
+
+    def capped_media(self) -> set[_Resource]:
+        """The shared media of its edge server on which one of its clients is capped
+        (``max_share < 1``; :func:`.simpy_model._capped_media`)."""
+        out: set[_Resource] = set()
+        for down, shared in (
+            (True, self.network.downlink_shared),
+            (False, self.network.uplink_shared),
+        ):
+            shares = self._shares(down) if shared else None
+            if shares is not None and len(shares) and shares.min() < 1.0:
+                out.add(("downlink" if down else "uplink", self.es))
+        return out
+
 
 class _ColumnGroup(_Group):
     """A :class:`_Group` read from columns: its op sizes from a
@@ -273,6 +300,10 @@ class _ColumnGroup(_Group):
         nbits = self._bits(k)
         rate = self._spec("downlink_rate_bps" if down else "uplink_rate_bps")
         return np.where(nbits > 0, np.where(rate > 0, nbits / rate, _INF), 0.0)
+
+    def _shares(self, down: bool) -> np.ndarray | None:
+        shares = self._clients.downlink_max_share if down else self._clients.uplink_max_share
+        return None if shares is None else shares[self._rows_at]
 
     def solo_s(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         t = self.types[k]
@@ -385,6 +416,9 @@ def _solve_groups(
     if order is None:
         return None
 
+    capped: set[_Resource] = set()
+    for g in groups:
+        capped |= g.capped_media()
     for res in order:
         visiting = [(g, g.visits.index(res)) for g in groups if res in g.visits]
         for g, k in visiting:
@@ -392,7 +426,7 @@ def _solve_groups(
         if res[0] == "backhaul":
             _barrier(visiting, backhaul_s[res])
         else:
-            _serve(visiting)
+            _serve(visiting, res in capped)
     for g in groups:
         g.advance(len(g.types))
 
@@ -428,20 +462,28 @@ def _resource_order(groups: list[_Group]) -> list[_Resource] | None:
     return order if len(order) == len(indeg) else None
 
 
-def _serve(visiting: list[tuple[_Group, int]]) -> None:
-    """One processor-sharing resource: every visiting client's departure."""
+def _serve(visiting: list[tuple[_Group, int]], capped: bool) -> None:
+    """One processor-sharing resource: every visiting client's departure (water-filling on
+    a ``capped`` medium: one of its clients has ``max_share < 1``)."""
     parts = []
     for g, k in visiting:
         visits, solo = g.solo_s(k)
         idx = np.flatnonzero(visits & ~g.stuck)
-        parts.append((g, k, idx, g.now_s[idx], solo[idx]))
+        shares = g.max_share(k) if capped else None
+        parts.append((g, k, idx, g.now_s[idx], solo[idx], None if shares is None else shares[idx]))
     arrive = np.concatenate([p[3] for p in parts])
     solo = np.concatenate([p[4] for p in parts])
     order = np.argsort(arrive, kind="stable")
     depart = np.empty(len(arrive))
-    depart[order] = processor_sharing(arrive[order].tolist(), solo[order].tolist())
+    if capped:
+        share = np.concatenate([np.ones(len(p[2])) if p[5] is None else p[5] for p in parts])
+        depart[order] = capped_processor_sharing(
+            arrive[order].tolist(), solo[order].tolist(), share[order].tolist()
+        )
+    else:
+        depart[order] = processor_sharing(arrive[order].tolist(), solo[order].tolist())
     at = 0
-    for g, k, idx, arr, _ in parts:
+    for g, k, idx, arr, _, _ in parts:
         dep = depart[at : at + len(idx)]
         at += len(idx)
         kind = _KIND[g.types[k]]

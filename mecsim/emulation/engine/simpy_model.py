@@ -1,6 +1,7 @@
 """The reference model: one round's op-traces played through SimPy processes.
 
-Dedicated links, shared media (processor sharing), device CPUs, edge-server CPUs, the
+Dedicated links, shared media (processor sharing; water-filling when a flow on the medium
+is capped below its link rate, :mod:`.sharing`), device CPUs, edge-server CPUs, the
 backhaul and barriers, each a small class owning its delay; a client's round is one
 generator (:class:`_Client`). The other paths of :mod:`mecsim.emulation.engine` solve the
 same model faster and are tested against this one.
@@ -15,6 +16,7 @@ from typing import Any, cast
 
 import simpy
 
+from mecsim.emulation.engine.sharing import CappedSharing
 from mecsim.emulation.engine.specs import (
     ClientSpec,
     ClientTimeline,
@@ -88,6 +90,46 @@ class ProcessorSharing:
         self._reschedule()
 
 
+class CappedProcessorSharing:
+    """A shared medium with capped flows: each job may use at most ``max_share`` of the
+    medium's time, and the time it leaves goes to the others (max-min fair shares,
+    water-filling: :class:`.sharing.CappedSharing`). A job of ``work`` units at own
+    ``rate`` needs ``work / rate`` seconds alone; with shares of the time ``φ`` it
+    progresses at ``φ / max_share`` of that. One timer is pending for the next departure;
+    a version counter makes stale timers no-ops."""
+
+    def __init__(self, env: simpy.Environment, name: str) -> None:
+        self.env, self.name = env, name
+        self._medium: CappedSharing[simpy.Event] = CappedSharing()
+        self._medium.last_s = env.now
+        self._version = 0
+
+    def __repr__(self) -> str:
+        return f"CappedProcessorSharing({self.name!r}, active={len(self._medium)})"
+
+    def serve(self, work: float, rate: float, max_share: float = 1.0) -> simpy.Event:
+        """Event that fires when ``work`` units at own ``rate`` units/s are done (work > 0),
+        the job using at most ``max_share`` of the medium's time."""
+        event = self.env.event()
+        self._medium.arrive(self.env.now, work / rate if rate > 0 else math.inf, max_share, event)
+        self._reschedule()
+        return event
+
+    def _reschedule(self) -> None:
+        self._version += 1
+        if math.isinf(self._medium.timer_s):
+            return
+        version = self._version  # the medium's clock is env.now: timer_s = now + wait_s
+        self.env.timeout(self._medium.wait_s).callbacks.append(lambda _: self._on_timer(version))
+
+    def _on_timer(self, version: int) -> None:
+        if version != self._version:
+            return
+        for event in self._medium.depart(self.env.now):
+            event.succeed()
+        self._reschedule()
+
+
 class DedicatedLink:
     """A client's own link: no contention; it owns its transfer delay
     (``nbits / rate + latency_s``)."""
@@ -110,21 +152,32 @@ class DedicatedLink:
 
 
 class SharedLink:
-    """A client's share of a medium: its transfers are served at ``rate_bps / n``, then
-    arrive ``latency_s`` later (the latency does not hold the medium)."""
+    """A client's share of a medium: its transfers are served at ``rate_bps / n`` (on a
+    medium with capped flows, at its water-filling share: :class:`CappedProcessorSharing`),
+    then arrive ``latency_s`` later (the latency does not hold the medium)."""
 
-    def __init__(self, medium: ProcessorSharing, rate_bps: float, latency_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        medium: ProcessorSharing | CappedProcessorSharing,
+        rate_bps: float,
+        latency_s: float = 0.0,
+        max_share: float = 1.0,
+    ) -> None:
         self.medium, self.rate_bps, self.latency_s = medium, rate_bps, latency_s
+        self.max_share = max_share
 
     def __repr__(self) -> str:
         return (
             f"SharedLink({self.medium.name!r}, rate_bps={self.rate_bps}, "
-            f"latency_s={self.latency_s})"
+            f"latency_s={self.latency_s}, max_share={self.max_share})"
         )
 
     def transfer(self, nbits: float) -> _Proc:
         if nbits > 0:
-            yield self.medium.serve(nbits, self.rate_bps)
+            if isinstance(self.medium, CappedProcessorSharing):
+                yield self.medium.serve(nbits, self.rate_bps, self.max_share)
+            else:
+                yield self.medium.serve(nbits, self.rate_bps)
             if self.latency_s > 0:
                 yield self.medium.env.timeout(self.latency_s)
 
@@ -298,11 +351,13 @@ def _simulate(
 ) -> tuple[ClientTimeline, ...]:
     """Per-client timelines from the SimPy model (any op-trace, media, CPUs)."""
     env = simpy.Environment()
-    media: dict[tuple[str, int], ProcessorSharing] = {}
+    media: dict[tuple[str, int], ProcessorSharing | CappedProcessorSharing] = {}
     cpus: dict[int, EdgeServerCPU] = {}
+    capped = _capped_media(traces, clients, network)
 
     def link(spec: ClientSpec, rate: Rate, shared: bool, direction: str) -> _Link:
-        latency_s = spec.uplink_latency_s if direction == "uplink" else spec.downlink_latency_s
+        up = direction == "uplink"
+        latency_s = spec.uplink_latency_s if up else spec.downlink_latency_s
         if not shared:
             return DedicatedLink(env, rate, latency_s)
         if isinstance(rate, RateSchedule):
@@ -312,8 +367,10 @@ def _simulate(
             )
         key = (direction, spec.edge_server)
         if key not in media:
-            media[key] = ProcessorSharing(env, f"server{key[1]}.{direction}")
-        return SharedLink(media[key], float(rate), latency_s)
+            kind = CappedProcessorSharing if key in capped else ProcessorSharing
+            media[key] = kind(env, f"server{key[1]}.{direction}")
+        max_share = spec.uplink_max_share if up else spec.downlink_max_share
+        return SharedLink(media[key], float(rate), latency_s, max_share)
 
     backhauls = _edge_backhauls(env, traces, clients, servers)
     barriers = [sum(isinstance(op, Barrier) for op in trace) for trace in traces.values()]
@@ -348,6 +405,22 @@ def _simulate(
     env.run()
 
     return tuple(c.timeline(network.deadline_s) for c in procs)
+
+
+def _capped_media(
+    traces: Mapping[int, OpTrace], clients: Mapping[int, ClientSpec], network: NetworkSpec
+) -> set[tuple[str, int]]:
+    """The shared media ((direction, edge server)) on which a client of the round is capped
+    below its link rate (``max_share < 1``): water-filling there, processor sharing on
+    the others."""
+    out: set[tuple[str, int]] = set()
+    for cid in traces:
+        spec = clients[cid]
+        if network.uplink_shared and spec.uplink_max_share < 1.0:
+            out.add(("uplink", spec.edge_server))
+        if network.downlink_shared and spec.downlink_max_share < 1.0:
+            out.add(("downlink", spec.edge_server))
+    return out
 
 
 def _edge_backhauls(

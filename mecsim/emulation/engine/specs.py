@@ -60,6 +60,12 @@ class ClientSpec:
 
     A transfer of ``nbits`` takes ``nbits / rate + latency`` on its link (the rate is the
     goodput; the latency, one-way, is added to every transfer after its last bit is sent).
+
+    ``*_max_share`` matter on a shared medium only: the largest fraction of the medium's
+    time the client's flow can use, its goodput over its link's rate (``c / r`` when a
+    Mathis cap ``c`` binds below the link rate ``r``; 1.0 when nothing caps the flow).
+    A medium with a flow below 1.0 shares its time max-min fairly (water-filling,
+    :mod:`.sharing`); one without is processor-shared, each flow at ``rate / n``.
     """
 
     client_id: int
@@ -70,6 +76,8 @@ class ClientSpec:
     edge_server: int = 0
     uplink_latency_s: float = 0.0
     downlink_latency_s: float = 0.0
+    uplink_max_share: float = 1.0
+    downlink_max_share: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,155 @@
+"""A shared medium whose flows are capped: max-min fair shares of its time (water-filling).
+
+On a shared medium (:class:`.simpy_model.ProcessorSharing`) every flow in progress gets
+an equal share of the medium's time, ``1/n``, and moves at its own link rate ``r_i``
+for that share: ``r_i / n``. A flow may also be capped below its link rate, by the
+Mathis et al. bound ``c_i`` of a lossy TCP flow (:mod:`mecsim.channel.transport`): on
+its own it moves at its goodput ``g_i = min(r_i, c_i)`` and so needs only the fraction
+``u_i = g_i / r_i`` of the medium's time (its ``max_share``; 1 when the cap does not
+bind). Sharing the medium's time max-min fairly among flows that need at most ``u_i``
+each is water-filling:
+
+    φ_i = min(u_i, λ),   λ such that Σ_i min(u_i, λ) = 1   (λ = ∞ when Σ_i u_i <= 1)
+
+(the surplus a capped flow leaves goes to the others, in equal parts), and flow ``i``
+moves at ``φ_i · r_i = min(c_i, λ · r_i)`` bit/s. In units of its solo time (the
+seconds ``bits / g_i`` it would take alone) it progresses at
+
+    p_i = φ_i / u_i = min(1, λ / u_i)
+
+solo-seconds per second. With no flow capped (every ``u_i = 1``) this is ``λ = 1/n``,
+``p_i = 1/n``: processor sharing, which the engine keeps solving with its virtual time
+(a medium with no capped flow is never solved here). When the flows' link rates are
+equal, ``r_i = r``, the shares are the max-min fair rates of a link of capacity ``r``
+with per-flow caps ``c_i``: each flow gets ``min(c_i, its fair share)``.
+
+Rates change only when a flow arrives or leaves; between two such events every flow's
+progress rate is constant, so the medium is solved exactly from event to event
+(:class:`CappedSharing`). The SimPy model and the engine's fast paths all use this class,
+so they agree float for float; ``tests/test_engine_capped.py`` checks it against a
+water-filling simulation of its own, in bits.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Generic, TypeVar
+
+_INF = math.inf
+_Job = TypeVar("_Job")
+
+
+def progress_rates(max_share: Sequence[float]) -> list[float]:
+    """Each flow's progress rate ``p_i = min(1, λ / u_i)`` (solo-seconds per second) for
+    flows needing at most the fractions ``max_share`` (``u_i`` in [0, 1]) of the medium.
+
+    Water-filling: the flows in order of ``u_i``; a flow whose ``u_i`` fits under the
+    equal share of what is left (``u_i · k <= left`` with ``k`` flows not yet placed)
+    takes its ``u_i`` and runs at its goodput (``p_i = 1``); the first that does not fit
+    sets the level ``λ = left / k`` for it and every flow after it.
+    """
+    n = len(max_share)
+    rates = [1.0] * n
+    left, k = 1.0, n
+    order = sorted(range(n), key=max_share.__getitem__)
+    for j, i in enumerate(order):
+        u = max_share[i]
+        if u * k <= left:  # capped under the level: its own share
+            left -= u
+            k -= 1
+            continue
+        level = left / k
+        for i2 in order[j:]:
+            rates[i2] = level / max_share[i2]
+        break
+    return rates
+
+
+class CappedSharing(Generic[_Job]):
+    """One shared medium with capped flows, solved from event to event.
+
+    Each active job has its solo seconds left ``w_i`` (inf for a link of rate 0: it never
+    finishes, but keeps its share), its ``max_share`` ``u_i`` and its progress rate
+    ``p_i`` (:func:`progress_rates` of the active jobs). An arrival or a departure at
+    ``now`` advances every job's ``w_i -= p_i · (now - last)`` and re-computes the rates;
+    the next departure is at ``last + max(0, min_i w_i / p_i)`` (:attr:`timer_s`), where
+    every job whose ``w_i / p_i`` is that minimum leaves.
+    """
+
+    def __init__(self) -> None:
+        self.last_s = 0.0
+        self.left_s: list[float] = []  # solo seconds left, per active job
+        self.max_share: list[float] = []
+        self.rate: list[float] = []  # progress rates (solo seconds per second)
+        self.jobs: list[_Job] = []
+        self.timer_s = _INF  # the next departure's time (inf: none): last_s + wait_s
+        self.wait_s = _INF  # max(0, min_i w_i / p_i)
+        self._due_s = _INF  # min_i w_i / p_i
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    def _advance(self, now_s: float) -> None:
+        dt = now_s - self.last_s
+        if dt > 0.0 and self.jobs:
+            self.left_s = [w - p * dt for w, p in zip(self.left_s, self.rate, strict=True)]
+        self.last_s = now_s
+
+    def _reschedule(self) -> None:
+        self.rate = progress_rates(self.max_share)
+        due = min(
+            (w / p for w, p in zip(self.left_s, self.rate, strict=True)),
+            default=_INF,
+        )
+        self._due_s = due
+        self.wait_s = due if due > 0.0 else 0.0
+        self.timer_s = _INF if due == _INF else self.last_s + self.wait_s
+
+    def arrive(self, now_s: float, solo_s: float, max_share: float, job: _Job) -> None:
+        """A job needing ``solo_s`` seconds alone (inf: never done) and at most
+        ``max_share`` of the medium's time (clipped to [0, 1]; NaN: 1) joins at ``now_s``."""
+        self._advance(now_s)
+        self.left_s.append(solo_s)
+        self.max_share.append(1.0 if not max_share < 1.0 else max_share if max_share > 0.0 else 0.0)
+        self.jobs.append(job)
+        self._reschedule()
+
+    def depart(self, now_s: float) -> list[_Job]:
+        """The jobs leaving at :attr:`timer_s` (``now_s``), in order of arrival; the
+        others advance to ``now_s``."""
+        due = self._due_s
+        done = [w / p <= due for w, p in zip(self.left_s, self.rate, strict=True)]
+        self._advance(now_s)
+        leaving = [j for j, d in zip(self.jobs, done, strict=True) if d]
+        keep = [k for k, d in enumerate(done) if not d]
+        self.left_s = [self.left_s[k] for k in keep]
+        self.max_share = [self.max_share[k] for k in keep]
+        self.jobs = [self.jobs[k] for k in keep]
+        self._reschedule()
+        return leaving
+
+
+def capped_processor_sharing(
+    arrive_s: Sequence[float], solo_s: Sequence[float], max_share: Sequence[float]
+) -> list[float]:
+    """Departure times (inf: never) of jobs on one medium with capped flows
+    (:class:`CappedSharing`): job k arrives at ``arrive_s[k]`` (ascending; equal times in
+    arrival order) needing ``solo_s[k]`` seconds alone and at most ``max_share[k]`` of the
+    medium's time. As :func:`.media.processor_sharing`, an arrival at the very time of a
+    departure is served first."""
+    m = len(arrive_s)
+    depart_s = [_INF] * m
+    medium: CappedSharing[int] = CappedSharing()
+    k = 0
+    while True:
+        a = arrive_s[k] if k < m else _INF
+        if a <= medium.timer_s:
+            if a == _INF:
+                return depart_s
+            medium.arrive(a, solo_s[k], max_share[k], k)
+            k += 1
+        else:
+            t = medium.timer_s
+            for j in medium.depart(t):
+                depart_s[j] = t
