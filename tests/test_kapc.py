@@ -715,4 +715,57 @@ def test_run_notes_label_the_policy_and_warn_when_omega_stays_one():
     rows[1]["kapc_layers_filtered_mean"] = 0.5
     notes = run_notes("kapc_bls", {}, rows)
     assert len(notes) == 1 and "withhold_last" in notes[0] and "last 2 layers" in notes[0]
+    assert "download_policy algorithm5" in notes[0]
+    old = run_notes("kapc_bls", {"download_policy": "uploaded_only"}, rows)
+    assert "download_policy uploaded_only" in old[0]
     assert run_notes("kapc", {}, rows) == []
+
+
+# ---------------------------------------------------------------- Table 3 bytes benchmark
+
+
+def _table3_bytes_module():
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "kapc_table3_bytes.py"
+    spec = importlib.util.spec_from_file_location("kapc_table3_bytes", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("kapc_table3_bytes", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_table3_bytes_counts_the_recorded_layers_at_the_given_sizes():
+    bench = _table3_bytes_module()
+    mib = 1024 * 1024
+    sizes = mib * np.array([1, 2, 3])
+    decisions = [
+        (0, 1, (0, 1, 2), (0, 1)),
+        (0, 2, (0, 1, 2), (0, 1)),
+        (1, 1, (0, 1), (0,)),
+    ]
+    got = bench.account(decisions, sizes)
+    # by hand: down 6 + 6 = 12 MiB in round 0, 3 in round 1 -> 7.5; up 3 + 3 = 6, then 1
+    # -> 3.5; layers down (3 + 3 + 2) / 3, up (2 + 2 + 1) / 3
+    assert got["rounds"] == 2
+    assert got["mib_down"] == pytest.approx(7.5) and got["mib_up"] == pytest.approx(3.5)
+    assert got["layers_down"] == pytest.approx(8 / 3) and got["layers_up"] == pytest.approx(5 / 3)
+    # ResNet18's 21 conv_bn layers: the stem 1728 + 128 parameters, the FC 5130; 11,173,962
+    full = bench.resnet18_layer_bytes()
+    assert len(full) == 21 and full[0] == 4 * 1856 and full[-1] == 4 * 5130
+    assert full.sum() == 4 * 11173962 == 44695848
+
+
+def test_table3_bytes_reduced_resnet18_has_resnet18s_layers_narrower():
+    bench = _table3_bytes_module()
+    narrow = param_view(model_layout(bench.NarrowResNet18(3, 10, 16)), "conv_bn")
+    full = param_view(model_layout(build_model("resnet18", (3, 32, 32), 10)), "conv_bn")
+    assert narrow.num_layers == full.num_layers == 21
+    # layer 1 = layers.0.conv1 (3x3, 64 -> 64) + its BN: 36,864 + 128; / 16 in width: 4 -> 4,
+    # 144 + 8; the FC 512 -> 10 becomes 32 -> 10: 330
+    assert full.numel()[1] == 36864 + 128 and narrow.numel()[1] == 144 + 8
+    assert narrow.numel()[-1] == 330
+    assert narrow.in_cols.tolist()[1:5] == [36, 36, 36, 36]  # 4 channels x 3 x 3

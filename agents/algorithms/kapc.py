@@ -21,12 +21,17 @@ Server (one round k, selected clients C^k, K = |C^k|, T. Algorithm 5):
 4. write the slice back into R and normalise R by row (T. Alg. 5 line 12);
 5. s_i^l = sum_j r_ij^l w_j^l with the normalised slice (A. Eq. 14, T. Eq. 15 / 34),
    sent to client i — with BLS only the layers whose self-relationship r_ii^l <= mu
-   (T. Algorithm 3).
+   (T. Algorithm 3; T. Algorithm 5 lines 14-16: ``download_policy: algorithm5``;
+   ``uploaded_only`` also withholds the layers beyond the client's last Omega).
 
 Client i (A. Algorithm 2, T. Algorithm 6): keeps its own model between rounds, trains E
 epochs on f_i(w_i) + lam * sum_l ||w_i^l - s_i^l||^2 over the layers it received
 (A. Eq. 15-16, T. Eq. 16-17, via training's ``extra_loss`` hook), then uploads w_i —
-with BLS only its first Omega_i layers (T. Algorithm 4, criterion Eq. 29).
+with BLS only its first Omega_i layers (T. Algorithm 4, criterion Eq. 29); the layers
+beyond its last Omega_i are coached towards its own start-of-round weights (T. Eq. 20).
+BLS's layer selection (the norms of Eq. 30-31, the evaluations of Eq. 29) is charged as
+client computation: a ``Compute`` op ``layer_selection`` after training, its FLOPs
+counted by :func:`selection_flops`.
 
 Choices the papers leave open (each tested in tests/test_kapc.py):
 
@@ -988,8 +993,15 @@ class KapcBlsServer(KapcServer):
                 f"last {params.omega_withheld} layers (the KAPC+BLS paper's Fig. 8, "
                 f"not derived from Eq. 29)"
             )
+        if params.download_policy == "algorithm5":
+            downloads = (
+                "download_policy algorithm5: s_i over every layer with r_ii <= mu (T. Algorithm 5)"
+            )
+        else:
+            downloads = "download_policy uploaded_only: only layers within the client's last Omega"
         notes = [
-            f"KAPC+BLS uploads: {policy}; a first selection uploads L - 1 layers (docs/kapc.md)."
+            f"KAPC+BLS uploads: {policy}; a first selection uploads L - 1 layers. "
+            f"Downloads: {downloads} (docs/kapc.md)."
         ]
         repeat = finite("kapc_omega_repeat_mean")
         if len(repeat) and repeat.max() <= 1.0:
@@ -1007,7 +1019,7 @@ class KapcBlsServer(KapcServer):
             notes.append(
                 f"Warning: the self-relationship filter held back no layer: no "
                 f"r_ii^l exceeded mu = {params.mu:g}{largest}, so the downloads "
-                f"are KAPC's except for Eq. 20; a mu sweep (Table 3) shows nothing "
+                f"are KAPC's except for the download policy; a mu sweep (Table 3) shows nothing "
                 f"in such a run."
             )
         return notes
