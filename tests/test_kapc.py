@@ -266,8 +266,16 @@ def test_bytes_follow_the_layer_selection_exactly():
     assert result.extra["layers"] == [0, 1, 2, 3]
     assert result.upload_nbytes == 4 * (832 + 51264 + 524800 + 65664) == result.weights.size * 4
     assert task.download_nbytes == 4 * (51264 + 1290)
-    assert [type(op) for op in result.trace] == [Download, Compute, Upload]
-    assert result.trace[0].nbytes == 4 * 52554 and result.trace[2].nbytes == 4 * 642560
+    assert [type(op) for op in result.trace] == [Download, Compute, Compute, Upload]
+    assert result.trace[0].nbytes == 4 * 52554 and result.trace[3].nbytes == 4 * 642560
+    # the layer selection is client computation (T. Algorithm 4), counted by hand:
+    # B^l of every layer, 2 n_l + 1: 2 * 643850 + 5 = 1,287,705; tau^l of the two layers
+    # received, 3 n_l + 1: 153,793 + 3,871 = 157,664; no criterion evaluated (a first
+    # selection); the input bound over 8 images of 784 pixels, 2 * 6,272 = 12,544
+    selection = result.trace[2]
+    assert selection.what == "layer_selection" and selection.batches == 0
+    assert selection.flops == 1287705 + 157664 + 12544
+    assert result.flops == result.trace[1].flops + selection.flops
     assert state["bls"].omega == 4 and state["bls"].times_selected == 1
     # the server stores the four layers and keeps the stale (initial) fifth one
     server = KapcBlsServer(ctx.layout, ctx.init_weights, {0: 8}, 1.0, {})
@@ -428,14 +436,36 @@ def test_two_round_smoke_run_moves_the_selected_bytes(name):
         # second selection, withhold_last with 2 withheld: Omega = 3 - 2 = 1 layer up
         assert rows[1]["bytes_up"] == 4 * layer_bytes[0]
         assert rows[1]["kapc_omega_repeat_mean"] == 1.0
-        # Eq. 20: layer 3 (beyond last round's Omega = 2) is not sent but coached towards
-        # the client's own weights; the mu filter may hold back more
+        # layer 3 (beyond last round's Omega = 2, and uploaded by no client) is not sent
+        # but coached towards the client's own weights; the mu filter may hold back more
         assert rows[1]["kapc_layers_own_mean"] == 1.0
         if rows[1]["kapc_layers_filtered_mean"] == 0:  # nothing held back by mu
             assert rows[1]["bytes_down"] == 4 * layer_bytes[:2].sum()
     for r in rows:
         assert r["server_gflops"] > 0 and 0 < r["mean_accuracy"] <= 1
         assert 0 < r["kapc_self_relation_mean"] < 1
+
+
+@pytest.mark.parametrize("policy", ["algorithm5", "uploaded_only"])
+def test_three_rounds_download_per_algorithm5_or_only_what_was_uploaded(policy):
+    # 4 clients, all selected every round, mu = 1 (r_ii <= 1: the filter never acts),
+    # withhold_last with 2 withheld on the 2NN's 3 layers: Omega = 2 at the first
+    # selection (round 1), then 1 (rounds 2, 3); the last layer is never uploaded
+    params = {"mu": 1.0, "download_policy": policy}
+    rows = run(tiny(rounds=3, algorithm={"name": "kapc_bls", "params": params}), "k")
+    layer_bytes = 4 * np.array([157000 + 400, 40200, 2010])
+    assert rows[0]["bytes_down"] == 4 * layer_bytes.sum()  # first selections: everything
+    assert [r["bytes_up"] for r in rows] == [4 * layer_bytes[:2].sum()] + [4 * layer_bytes[0]] * 2
+    # round 2: Omega was 2, so layers 0-1 under both (layer 2, never uploaded, withheld)
+    assert rows[1]["bytes_down"] == 4 * layer_bytes[:2].sum()
+    if policy == "algorithm5":  # round 3: s_i over layers 0-1, layer 1 with stale values
+        assert rows[2]["bytes_down"] == 4 * layer_bytes[:2].sum()
+        assert rows[2]["kapc_layers_down_mean"] == 2.0
+    else:  # round 3: only layer 0, what each client uploaded in round 2
+        assert rows[2]["bytes_down"] == 4 * layer_bytes[0]
+        assert rows[2]["kapc_layers_down_mean"] == 1.0
+    # under both, layers 1 and 2 are coached towards the client's own weights in round 3
+    assert rows[2]["kapc_layers_own_mean"] == 2.0
 
 
 # ---------------------------------------------------------------- what a layer is
@@ -492,10 +522,11 @@ def test_random_relation_init_is_seeded_normalised_and_not_uniform():
 # ---------------------------------------------------------------- Eq. 20
 
 
-def test_eq20_layers_beyond_omega_are_not_sent_and_coach_towards_own_weights():
-    server = _hand_server(KapcBlsServer, lr_relation=1e-12, mu=1.0)
+def _omega_one_for_client_0(**params) -> KapcBlsServer:
+    """The hand server after a round in which client 0 uploaded Omega = 1 of 2 layers
+    ([3.0]: its stale layer 1 stays (1, 0)) and clients 1, 2 both layers."""
+    server = _hand_server(KapcBlsServer, lr_relation=1e-12, mu=1.0, **params)
     server.configure_fit(0, [0, 1, 2])  # first selections: everything
-    # client 0 uploaded Omega = 1 of 2 layers last time; clients 1, 2 both layers
     server.aggregate_fit(
         0,
         [
@@ -505,6 +536,11 @@ def test_eq20_layers_beyond_omega_are_not_sent_and_coach_towards_own_weights():
         ],
     )
     assert server.omega_of == {0: 1, 1: 2, 2: 2}
+    return server
+
+
+def test_uploaded_only_withholds_layers_beyond_omega_and_coaches_own_weights():
+    server = _omega_one_for_client_0(download_policy="uploaded_only")
     tasks = server.configure_fit(1, [0, 1, 2])
     assert tasks[0].config["layers"] == [0] and tasks[0].download_nbytes == 4
     assert tasks[0].config["own_layers"] == [1]  # Eq. 20: its own weights there
@@ -513,22 +549,113 @@ def test_eq20_layers_beyond_omega_are_not_sent_and_coach_towards_own_weights():
     stats = server.aggregate_fit(1, [])
     assert stats.metrics["kapc_layers_own_mean"] == pytest.approx(1 / 3)
     # unselected_target none: the layer is still not sent, and nothing coaches it
-    plain = _hand_server(KapcBlsServer, lr_relation=1e-12, mu=1.0, unselected_target="none")
+    plain = _hand_server(
+        KapcBlsServer,
+        lr_relation=1e-12,
+        mu=1.0,
+        unselected_target="none",
+        download_policy="uploaded_only",
+    )
     plain.configure_fit(0, [0])
     plain.aggregate_fit(0, [_upload(0, [3.0], [0])])
     task = plain.configure_fit(1, [0])[0]
     assert task.config["layers"] == [0] and "own_layers" not in task.config
 
 
-def test_client_coaches_own_layers_towards_its_start_of_round_weights():
+def test_algorithm5_sends_every_layer_with_stale_values_and_keeps_the_eq20_target():
+    server = _omega_one_for_client_0()  # download_policy algorithm5, the default
+    tasks = server.configure_fit(1, [0, 1, 2])
+    # T. Algorithm 5 lines 14-16: s_0 over both layers (mu = 1 filters nothing), 3 floats;
+    # R stays uniform (lr 1e-12), so s_0 = (1/3) sum_j W_j with client 0's stale layer 1
+    # (Eq. 33): layer 0 (3 + 0 + 0) / 3 = 1, layer 1 ((1, 0) + (0, 1) + (1, 1)) / 3
+    assert tasks[0].config["layers"] == [0, 1] and tasks[0].download_nbytes == 12
+    np.testing.assert_allclose(tasks[0].weights, [1.0, 2 / 3, 2 / 3], rtol=1e-6)
+    # Eq. 20: layer 1 (beyond its Omega = 1) is coached towards its own weights
+    assert tasks[0].config["own_layers"] == [1]
+    assert [t.download_nbytes for t in tasks] == [12] * 3
+    assert server.aggregate_fit(1, []).metrics["kapc_layers_own_mean"] == pytest.approx(1 / 3)
+    # unselected_target received: the same bytes, and the sent s_0^1 is the target
+    literal = _omega_one_for_client_0(unselected_target="received")
+    task = literal.configure_fit(1, [0, 1, 2])[0]
+    assert task.config["layers"] == [0, 1] and "own_layers" not in task.config
+    # the mu filter is the only one: with r_00^1 = 0.7 > mu = 0.6 layer 1 is held back
+    filtered = _omega_one_for_client_0()
+    filtered.params = filtered.params.model_copy(update={"mu": 0.6})
+    filtered.relations[0, 1] = [0.7, 0.2, 0.1]
+    task = filtered.configure_fit(1, [0, 1, 2])[0]
+    assert task.config["layers"] == [0] and task.config["own_layers"] == [1]
+
+
+def test_a_layer_no_client_uploaded_is_not_sent_after_the_first_uploads():
+    # withhold_last's trap: Algorithm 4 line 8 leaves the last layer out of a first upload
+    # and withhold_last out of every later one, so W^1 stays the initial model's (zeros)
+    model = _hand_model()
+    layout = model_layout(model)
+    init = np.zeros(layout.size, np.float32)
+
+    def server(**params) -> KapcBlsServer:
+        srv = KapcBlsServer(
+            layout,
+            init,
+            {0: 10, 1: 10, 2: 10},
+            1.0,
+            {"lr_relation": 1e-12, "relation_init": "uniform", "mu": 1.0, **params},
+        )
+        round0 = srv.configure_fit(0, [0, 1])
+        assert [t.config["layers"] for t in round0] == [[0, 1]] * 2  # nothing uploaded yet
+        srv.aggregate_fit(0, [_upload(0, [3.0], [0]), _upload(1, [1.0], [0])])
+        return srv
+
+    fixed = server()  # unuploaded_layers: withhold (default)
+    assert fixed.layers_uploaded.tolist() == [True, False]
+    tasks = fixed.configure_fit(1, [1, 2])
+    # client 2, a first selection, gets layer 0 only (4 B) and coaches layer 1 towards its
+    # own weights instead of towards s_2^1 = the initial zeros; client 1 likewise
+    assert [t.config["layers"] for t in tasks] == [[0], [0]]
+    assert [t.download_nbytes for t in tasks] == [4, 4]
+    assert [t.config["own_layers"] for t in tasks] == [[1], [1]]
+    # the slice of the two selected, uniform: s_2^0 = (W_1^0 + W_2^0) / 2 = (1 + 0) / 2
+    np.testing.assert_allclose(tasks[1].weights, [0.5], rtol=1e-6)
+    # send: Algorithm 5 literally, the first selection receives the initial layer 1
+    literal = server(unuploaded_layers="send").configure_fit(1, [1, 2])
+    assert literal[1].config["layers"] == [0, 1] and literal[1].download_nbytes == 12
+    np.testing.assert_allclose(literal[1].weights, [0.5, 0.0, 0.0], atol=1e-7)
+    assert "own_layers" not in literal[1].config
+    # once some client uploads layer 1 it is sent again
+    fixed.aggregate_fit(1, [_upload(2, [0.0, 1.0, 1.0], [0, 1])])
+    assert fixed.configure_fit(2, [0])[0].config["layers"] == [0, 1]
+
+
+def test_layers_uploaded_survive_a_checkpoint_and_are_rebuilt_from_an_old_one():
+    server = _omega_one_for_client_0()
+    state = copy.deepcopy(server.state_dict())
+    fresh = _hand_server(KapcBlsServer)
+    fresh.load_state_dict(state)
+    assert fresh.layers_uploaded.tolist() == [True, True]
+    state.pop("layers_uploaded")  # a checkpoint from before the attribute existed
+    fresh.load_state_dict(state)
+    assert fresh.layers_uploaded.tolist() == [True, True]
+
+
+@pytest.mark.parametrize("received_too", [False, True])
+def test_client_coaches_own_layers_towards_its_start_of_round_weights(received_too):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(784, 4), nn.ReLU(), nn.Linear(4, 10))
     ref = copy.deepcopy(model)
     ctx = _context(model, lr=0.1, batch=4)  # 8 samples, batch 4: two SGD steps
     view = param_view(ctx.layout)
     s0 = np.linspace(-1, 1, int(view.numel()[0])).astype(np.float32)
-    task = ClientTask(0, s0, s0.size * 4, {"layers": [0], "own_layers": [1]})
-    KapcBlsClient({"lam": 2.0}).fit(ctx, task)
+    if received_too:  # algorithm5: s^1 is downloaded too, but Eq. 20's target wins
+        s1 = np.full(int(view.numel()[1]), 5.0, np.float32)
+        sent = np.concatenate([s0, s1])
+        task = ClientTask(0, sent, sent.size * 4, {"layers": [0, 1], "own_layers": [1]})
+    else:
+        task = ClientTask(0, s0, s0.size * 4, {"layers": [0], "own_layers": [1]})
+    result = KapcBlsClient({"lam": 2.0}).fit(ctx, task)
+    # tau (Eq. 31) is measured only against the layer coached towards the server's s
+    state = ctx.state["bls"]
+    assert state.tau_full[0] > 0 and state.tau_full[1] == 0
+    assert result.extra["received_layers"] == task.config["layers"]
     # by hand, with the same two mini-batches: CE + 2 ||w^0 - s^0||^2 + 2 ||w^1 - w^1_start||^2
     start = [q.detach().clone() for q in ref[3].parameters()]
     order = torch.randperm(8, generator=torch.Generator().manual_seed(1))
@@ -588,4 +715,57 @@ def test_run_notes_label_the_policy_and_warn_when_omega_stays_one():
     rows[1]["kapc_layers_filtered_mean"] = 0.5
     notes = run_notes("kapc_bls", {}, rows)
     assert len(notes) == 1 and "withhold_last" in notes[0] and "last 2 layers" in notes[0]
+    assert "download_policy algorithm5" in notes[0]
+    old = run_notes("kapc_bls", {"download_policy": "uploaded_only"}, rows)
+    assert "download_policy uploaded_only" in old[0]
     assert run_notes("kapc", {}, rows) == []
+
+
+# ---------------------------------------------------------------- Table 3 bytes benchmark
+
+
+def _table3_bytes_module():
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "kapc_table3_bytes.py"
+    spec = importlib.util.spec_from_file_location("kapc_table3_bytes", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("kapc_table3_bytes", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_table3_bytes_counts_the_recorded_layers_at_the_given_sizes():
+    bench = _table3_bytes_module()
+    mib = 1024 * 1024
+    sizes = mib * np.array([1, 2, 3])
+    decisions = [
+        (0, 1, (0, 1, 2), (0, 1)),
+        (0, 2, (0, 1, 2), (0, 1)),
+        (1, 1, (0, 1), (0,)),
+    ]
+    got = bench.account(decisions, sizes)
+    # by hand: down 6 + 6 = 12 MiB in round 0, 3 in round 1 -> 7.5; up 3 + 3 = 6, then 1
+    # -> 3.5; layers down (3 + 3 + 2) / 3, up (2 + 2 + 1) / 3
+    assert got["rounds"] == 2
+    assert got["mib_down"] == pytest.approx(7.5) and got["mib_up"] == pytest.approx(3.5)
+    assert got["layers_down"] == pytest.approx(8 / 3) and got["layers_up"] == pytest.approx(5 / 3)
+    # ResNet18's 21 conv_bn layers: the stem 1728 + 128 parameters, the FC 5130; 11,173,962
+    full = bench.resnet18_layer_bytes()
+    assert len(full) == 21 and full[0] == 4 * 1856 and full[-1] == 4 * 5130
+    assert full.sum() == 4 * 11173962 == 44695848
+
+
+def test_table3_bytes_reduced_resnet18_has_resnet18s_layers_narrower():
+    bench = _table3_bytes_module()
+    narrow = param_view(model_layout(bench.NarrowResNet18(3, 10, 16)), "conv_bn")
+    full = param_view(model_layout(build_model("resnet18", (3, 32, 32), 10)), "conv_bn")
+    assert narrow.num_layers == full.num_layers == 21
+    # layer 1 = layers.0.conv1 (3x3, 64 -> 64) + its BN: 36,864 + 128; / 16 in width: 4 -> 4,
+    # 144 + 8; the FC 512 -> 10 becomes 32 -> 10: 330
+    assert full.numel()[1] == 36864 + 128 and narrow.numel()[1] == 144 + 8
+    assert narrow.numel()[-1] == 330
+    assert narrow.in_cols.tolist()[1:5] == [36, 36, 36, 36]  # 4 channels x 3 x 3

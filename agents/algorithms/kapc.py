@@ -21,12 +21,17 @@ Server (one round k, selected clients C^k, K = |C^k|, T. Algorithm 5):
 4. write the slice back into R and normalise R by row (T. Alg. 5 line 12);
 5. s_i^l = sum_j r_ij^l w_j^l with the normalised slice (A. Eq. 14, T. Eq. 15 / 34),
    sent to client i — with BLS only the layers whose self-relationship r_ii^l <= mu
-   (T. Algorithm 3).
+   (T. Algorithm 3; T. Algorithm 5 lines 14-16: ``download_policy: algorithm5``;
+   ``uploaded_only`` also withholds the layers beyond the client's last Omega).
 
 Client i (A. Algorithm 2, T. Algorithm 6): keeps its own model between rounds, trains E
 epochs on f_i(w_i) + lam * sum_l ||w_i^l - s_i^l||^2 over the layers it received
 (A. Eq. 15-16, T. Eq. 16-17, via training's ``extra_loss`` hook), then uploads w_i —
-with BLS only its first Omega_i layers (T. Algorithm 4, criterion Eq. 29).
+with BLS only its first Omega_i layers (T. Algorithm 4, criterion Eq. 29); the layers
+beyond its last Omega_i are coached towards its own start-of-round weights (T. Eq. 20).
+BLS's layer selection (the norms of Eq. 30-31, the evaluations of Eq. 29) is charged as
+client computation: a ``Compute`` op ``layer_selection`` after training, its FLOPs
+counted by :func:`selection_flops`.
 
 Choices the papers leave open (each tested in tests/test_kapc.py):
 
@@ -93,6 +98,7 @@ from mecsim.agents.algorithms.base import (
     trained_result,
 )
 from mecsim.agents.models import BYTES_PER_ELEMENT, ModelLayout, get_flat, set_flat
+from mecsim.emulation.ops import Compute
 
 # =========================================================================== parameters
 
@@ -192,11 +198,29 @@ class KapcBlsParams(KapcParams):
         "returns the smallest Omega that still satisfies Eq. 29 (last_holding), or, as "
         "written, the first that does not",
     )
-    unselected_target: Literal["own_weights", "none"] = Field(
+    download_policy: Literal["algorithm5", "uploaded_only"] = Field(
+        "algorithm5",
+        description="which layers of s_i a repeat selection downloads: algorithm5 (T. "
+        "Algorithm 5 lines 14-16: s_i = r_i W-hat over every layer, Eq. 34, with stale values "
+        "filled in for the layers a client did not upload, Eq. 33, filtered only by mu, "
+        "Algorithm 3) or uploaded_only (also withhold every layer beyond the client's last "
+        "Omega: a client downloads at most what it uploaded last time)",
+    )
+    unselected_target: Literal["own_weights", "received", "none"] = Field(
         "own_weights",
-        description="T. Eq. 20: layers l > Omega_i (not uploaded at the "
-        "client's last selection) are not sent; the client coaches them towards its own "
-        "start-of-round weights (own_weights, Eq. 20 as printed) or not at all (none)",
+        description="the coaching target of the layers l > Omega_i (not uploaded at the "
+        "client's last selection): the client's own start-of-round weights (own_weights, T. "
+        "Eq. 20 as printed, whether or not the server sent s_i^l), the s_i^l the server sent "
+        "(received: Eq. 34 read literally; under download_policy uploaded_only nothing is "
+        "sent there, so no term) or none",
+    )
+    unuploaded_layers: Literal["withhold", "send"] = Field(
+        "withhold",
+        description="a layer no client has ever uploaded (its W^l is the common initial "
+        "value; under omega_policy withhold_last the last layer, which Algorithm 4 line 8 "
+        "leaves out of a first upload and withhold_last out of every later one): once the "
+        "server holds any upload it is not sent and is coached like a layer beyond Omega "
+        "(withhold), or sent as Eq. 34 gives it, the initial values (send)",
     )
 
 
@@ -601,11 +625,15 @@ def algorithm4(
     k: BlsConstants,
     as_written: bool = False,
     withheld: int | None = None,
+    evaluations: list[int] | None = None,
 ) -> int:
     """T. Algorithm 4 (with Algorithm 6 line 7): the number of leading layers to upload.
 
     ``withheld`` (``omega_policy: withhold_last``): a repeat selection uploads L - withheld
     layers (at least 1) instead of searching Eq. 29; the bounds are kept as below.
+
+    ``evaluations``: if given, ``evaluations[0]`` is increased by the number of times
+    inequality (29) was evaluated (for :func:`selection_flops`).
 
     ``b_now`` = Eq. 30 of the trained parameters; ``tau_now`` = Eq. 31 for the layers whose
     regulariser the client received this round, NaN for the others.
@@ -631,12 +659,45 @@ def algorithm4(
         b_full, tau_full = state.b_full, state.tau_full
 
         def holds(om: int) -> bool:
+            if evaluations is not None:
+                evaluations[0] += 1
             return criterion_log_lhs(om, tau_hat, b_now, tau_full, b_full, k) < 0.0
 
         omega = search_omega(state.omega, holds, L, as_written)
     state.omega = omega
     state.times_selected += 1
     return omega
+
+
+#: FLOPs of one evaluation of inequality (29) per layer of the model: log M(L) and log
+#: M(Omega) (a log, a scaled log, a suffix sum and a log-add-exp per layer: about 5 + 5),
+#: the logs of the bounds and their tail sum (2); scalar work, negligible beside the norms
+CRITERION_FLOPS_PER_LAYER = 12
+
+
+def selection_flops(
+    layer_numel: np.ndarray,
+    tau_layers: Sequence[int],
+    criterion_evaluations: int,
+    input_elements: int = 0,
+) -> float:
+    """Client FLOPs of T. Algorithm 4 as :class:`KapcBlsClient` computes it, charged as
+    client computation (issue: the paper attributes KAPC+BLS's longer client time to it):
+
+    * B^l = ||w^l||_F for every layer (Eq. 30): a multiply and an add per element and a
+      square root -> sum_l (2 n_l + 1);
+    * tau^l = ||w^l - s^l||_F for the layers coached towards a received s^l (Eq. 31): a
+      subtraction more per element -> sum_{l received} (3 n_l + 1);
+    * each evaluation of inequality (29): ``CRITERION_FLOPS_PER_LAYER`` L (none under
+      ``omega_policy: withhold_last``, which does not search);
+    * the input bound A_i = max ||x|| (Eq. 23), once per client (its first selection):
+      2 FLOPs per input element (``input_elements``; 0 when already known).
+    """
+    numel = np.asarray(layer_numel, dtype=np.float64)
+    norms = float((2.0 * numel + 1.0).sum())
+    taus = float(sum(3.0 * numel[int(layer)] + 1.0 for layer in tau_layers))
+    criterion = float(criterion_evaluations * CRITERION_FLOPS_PER_LAYER * len(numel))
+    return norms + taus + criterion + 2.0 * float(input_elements)
 
 
 # =========================================================================== server
@@ -812,7 +873,9 @@ class KapcServer(ServerAlgorithm):
 
 class KapcBlsServer(KapcServer):
     """KAPC with both halves of BLS on the server: T. Algorithm 3 filters s_i by
-    self-relationship; T. Eq. 20 leaves out the layers beyond the client's Omega."""
+    self-relationship (``download_policy: algorithm5``, T. Algorithm 5 lines 14-16);
+    ``uploaded_only`` also leaves out the layers beyond the client's Omega. The layers
+    beyond Omega are coached towards the client's own weights (T. Eq. 20)."""
 
     name = "kapc_bls"
     Params = KapcBlsParams
@@ -835,38 +898,80 @@ class KapcBlsServer(KapcServer):
         super().__init__(layout, init_weights, client_samples, fraction, params)
         # Omega_i of each client's last stored upload (T. Eq. 20); absent: never uploaded
         self.omega_of: dict[int, int] = {}
+        # layers some client has uploaded at least once (unuploaded_layers)
+        self.layers_uploaded = np.zeros(self.view.num_layers, dtype=bool)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if "layers_uploaded" not in state:  # a checkpoint written before it was kept
+            self.layers_uploaded = np.zeros(self.view.num_layers, dtype=bool)
+            for cid, params in self.client_params.items():
+                differs = params != self.init_params
+                for layer in range(self.view.num_layers):
+                    if self.omega_of.get(cid, 0) > layer or bool(
+                        differs[self.view.bounds[layer] : self.view.bounds[layer + 1]].any()
+                    ):
+                        self.layers_uploaded[layer] = True
 
     def eq20_layers(self, cid: int) -> np.ndarray:
         """T. Eq. 20: s_i^l is the regulariser for l <= Omega_i and the client's own weights
-        beyond; True for the layers whose s_i^l is sent (all before a first upload)."""
+        beyond; True for the layers l <= Omega_i (all before a first upload)."""
         mask = np.ones(self.view.num_layers, dtype=bool)
         omega = self.omega_of.get(cid)
         if omega is not None:
             mask[omega:] = False
         return mask
 
+    def never_uploaded(self) -> np.ndarray:
+        """True for the layers withheld under ``unuploaded_layers: withhold``: those no
+        client has uploaded yet, once the server holds some upload (before any upload every
+        layer is the initial model's and the first downloads are full, T. Sec. 5.2.3)."""
+        if self.params.unuploaded_layers != "withhold" or not self.layers_uploaded.any():
+            return np.zeros(self.view.num_layers, dtype=bool)
+        return ~self.layers_uploaded
+
+    def policy_layers(self, cid: int) -> np.ndarray:
+        """The layers the download policy allows before the mu filter: every layer
+        (algorithm5) or the layers l <= Omega_i (uploaded_only); never a layer no client
+        has uploaded (unuploaded_layers: withhold)."""
+        if self.params.download_policy == "uploaded_only":
+            mask = self.eq20_layers(cid)
+        else:
+            mask = np.ones(self.view.num_layers, dtype=bool)
+        return mask & ~self.never_uploaded()
+
     def download_layers(self, cid: int, self_relation: np.ndarray) -> np.ndarray:
         if self.params.first_download_full and self.times_selected[cid] == 0:
-            return np.ones(len(self_relation), dtype=bool)
-        return self_relation_filter(self_relation, self.params.mu) & self.eq20_layers(cid)
+            return ~self.never_uploaded()
+        return self_relation_filter(self_relation, self.params.mu) & self.policy_layers(cid)
 
     def own_layers(self, cid: int) -> list[int]:
-        if self.params.unselected_target != "own_weights":
+        """The layers coached towards the client's own start-of-round weights: beyond its
+        Omega (T. Eq. 20, ``unselected_target: own_weights``) and, unless the target is
+        ``none``, the layers withheld because no client uploaded them."""
+        target = self.params.unselected_target
+        if target == "none":
             return []
-        return np.flatnonzero(~self.eq20_layers(cid)).tolist()
+        own = self.never_uploaded()
+        if target == "own_weights":
+            own = own | ~self.eq20_layers(cid)
+        return np.flatnonzero(own).tolist()
 
     def plan_metrics(
         self, selected: list[int], self_rel: np.ndarray, sent: np.ndarray
     ) -> dict[str, float]:
-        eq20 = np.stack([self.eq20_layers(c) for c in selected])
-        filtered = ~self_relation_filter(self_rel, self.params.mu) & eq20
+        allowed = np.stack([self.policy_layers(c) for c in selected])
+        filtered = ~self_relation_filter(self_rel, self.params.mu) & allowed
+        own = np.array([len(self.own_layers(c)) for c in selected], dtype=float)
         return {
             "kapc_layers_filtered_mean": float(filtered.sum(1).mean()),
-            "kapc_layers_own_mean": float((~eq20).sum(1).mean()),
+            "kapc_layers_own_mean": float(own.mean()),
         }
 
     def stored(self, result: ClientResult) -> None:
-        self.omega_of[result.client_id] = len(result.extra["layers"])
+        layers = result.extra["layers"]
+        self.omega_of[result.client_id] = len(layers)
+        self.layers_uploaded[list(layers)] = True
 
     @classmethod
     def run_notes(cls, rows: list[dict[str, Any]], params: KapcBlsParams) -> list[str]:
@@ -888,8 +993,15 @@ class KapcBlsServer(KapcServer):
                 f"last {params.omega_withheld} layers (the KAPC+BLS paper's Fig. 8, "
                 f"not derived from Eq. 29)"
             )
+        if params.download_policy == "algorithm5":
+            downloads = (
+                "download_policy algorithm5: s_i over every layer with r_ii <= mu (T. Algorithm 5)"
+            )
+        else:
+            downloads = "download_policy uploaded_only: only layers within the client's last Omega"
         notes = [
-            f"KAPC+BLS uploads: {policy}; a first selection uploads L - 1 layers (docs/kapc.md)."
+            f"KAPC+BLS uploads: {policy}; a first selection uploads L - 1 layers. "
+            f"Downloads: {downloads} (docs/kapc.md)."
         ]
         repeat = finite("kapc_omega_repeat_mean")
         if len(repeat) and repeat.max() <= 1.0:
@@ -907,7 +1019,7 @@ class KapcBlsServer(KapcServer):
             notes.append(
                 f"Warning: the self-relationship filter held back no layer: no "
                 f"r_ii^l exceeded mu = {params.mu:g}{largest}, so the downloads "
-                f"are KAPC's except for Eq. 20; a mu sweep (Table 3) shows nothing "
+                f"are KAPC's except for the download policy; a mu sweep (Table 3) shows nothing "
                 f"in such a run."
             )
         return notes
@@ -957,9 +1069,9 @@ class KapcClient(ClientAlgorithm):
 
     def upload_layers(
         self, ctx: ClientContext, view: ParamView, p: np.ndarray, received: dict[int, np.ndarray]
-    ) -> list[int]:
-        """Which layers to upload (KAPC: all of them)."""
-        return list(range(view.num_layers))
+    ) -> tuple[list[int], float]:
+        """Which layers to upload, and the FLOPs of choosing them (KAPC: all, none)."""
+        return list(range(view.num_layers)), 0.0
 
     def fit(self, ctx: ClientContext, task: ClientTask) -> ClientResult:
         start = time.perf_counter()
@@ -969,15 +1081,15 @@ class KapcClient(ClientAlgorithm):
         layers = list(task.config.get("layers", []))
         weights = np.zeros(0, np.float32) if task.weights is None else task.weights
         received = view.split(np.asarray(weights), layers)
-        # T. Eq. 20: layers beyond the client's Omega are coached towards its own
-        # start-of-round weights (sent by nobody: the client has them)
+        # T. Eq. 20: the layers the server names in own_layers (beyond the client's Omega)
+        # are coached towards its own start-of-round weights (the client has them), also
+        # when the server sent s_i^l for them (download_policy algorithm5)
+        own_layers = {int(layer) for layer in task.config.get("own_layers", [])}
         start_p = view.extract(own)
+        from_server = {layer: s for layer, s in received.items() if layer not in own_layers}
         targets = {
-            **{
-                int(layer): view.layer(start_p, int(layer)).copy()
-                for layer in task.config.get("own_layers", [])
-            },
-            **received,
+            **from_server,
+            **{layer: view.layer(start_p, layer).copy() for layer in sorted(own_layers)},
         }
         pairs = coaching_pairs(ctx.model, view, targets)
         lam = self.params.lam
@@ -988,10 +1100,10 @@ class KapcClient(ClientAlgorithm):
         p = view.extract(flat)
         repeat = bool(ctx.state.get("kapc_selections", 0))
         ctx.state["kapc_selections"] = int(ctx.state.get("kapc_selections", 0)) + 1
-        up_layers = self.upload_layers(ctx, view, p, received)
+        up_layers, selection_flops = self.upload_layers(ctx, view, p, from_server)
         upload = view.select(p, up_layers)
         up = upload.size * BYTES_PER_ELEMENT
-        return trained_result(
+        result = trained_result(
             ctx,
             stats,
             weights=upload,
@@ -1000,6 +1112,14 @@ class KapcClient(ClientAlgorithm):
             started_at=start,
             extra={"layers": up_layers, "received_layers": layers, "repeat_selection": repeat},
         )
+        if selection_flops:  # BLS: T. Algorithm 4 on the device, after training (Alg. 6)
+            trace = list(result.trace)
+            at = next(i for i, op in enumerate(trace) if isinstance(op, Compute)) + 1
+            trace.insert(at, Compute(selection_flops, 0, "layer_selection"))
+            result.trace = tuple(trace)
+            result.flops += selection_flops
+            result.extra["selection_flops"] = selection_flops
+        return result
 
     def evaluate(self, ctx: ClientContext, task: ClientTask) -> EvalResult:
         set_flat(ctx.model, ctx.layout, self._own(ctx))
@@ -1039,7 +1159,10 @@ class KapcBlsClient(KapcClient):
 
     def upload_layers(
         self, ctx: ClientContext, view: ParamView, p: np.ndarray, received: dict[int, np.ndarray]
-    ) -> list[int]:
+    ) -> tuple[list[int], float]:
+        """T. Algorithm 4: Omega from the bounds of Eq. 30-31, and the FLOPs it took
+        (:func:`selection_flops`). ``received``: the layers coached towards the server's
+        s_i^l this round (tau of Eq. 31 is measured against them)."""
         b_now = layer_norms(p, view)  # Eq. 30
         tau_now = np.full(view.num_layers, np.nan)
         for layer, s in received.items():  # Eq. 31, for the layers received
@@ -1049,9 +1172,11 @@ class KapcBlsClient(KapcClient):
         state = ctx.state.get("bls")
         if state is None:
             state = ctx.state["bls"] = BlsClientState(view.num_layers)
-        withheld = (
-            self.params.omega_withheld if self.params.omega_policy == "withhold_last" else None
-        )
+        withheld = None
+        if self.params.omega_policy == "withhold_last":
+            withheld = self.params.omega_withheld
+        bound_known = self.params.input_bound is not None or "bls_input_bound" in ctx.state
+        evaluations = [0]
         omega = algorithm4(
             state,
             b_now,
@@ -1059,8 +1184,11 @@ class KapcBlsClient(KapcClient):
             self.constants(ctx, view),
             self.params.omega_search == "as_written",
             withheld,
+            evaluations,
         )
-        return list(range(omega))
+        input_elements = 0 if bound_known else int(ctx.x_train.numel())
+        flops = selection_flops(view.numel(), list(received), evaluations[0], input_elements)
+        return list(range(omega)), flops
 
 
 #: registered as ``kapc`` (:data:`mecsim.registry.ALGORITHMS`)
