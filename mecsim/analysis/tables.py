@@ -290,7 +290,7 @@ def _energy_shares(df: pd.DataFrame) -> dict[str, float]:
     the summed joules of all rounds; NaN where the records lack the part."""
     total = float(df["energy_j"].sum(min_count=len(df))) if "energy_j" in df.columns else 0.0
     return {
-        f"energy_{part}_pct": 100.0 * float(df[f"energy_{part}_j"].sum()) / total
+        f"energy_{part}_pct": 100.0 * float(df[f"energy_{part}_j"].sum(min_count=len(df))) / total
         if f"energy_{part}_j" in df.columns and total > 0
         else math.nan
         for part in ("compute", "radio", "idle", "sleep")
