@@ -74,6 +74,16 @@ def _write_run(path: Path, run_id: str, algorithm: str, table, client_acc) -> Pa
                     # run A: 5 J per emulated second of the round; run B: none
                     # (records without energy)
                     "energy_j": 5 * t if algorithm == "fedavg" else "",
+                    # its parts: 40 % compute, 20 % radio, 30 % idle, 10 % asleep
+                    **{
+                        f"energy_{part}_j": share * t if algorithm == "fedavg" else ""
+                        for part, share in (
+                            ("compute", 2),
+                            ("radio", 1),
+                            ("idle", 1.5),
+                            ("sleep", 0.5),
+                        )
+                    },
                     "mean_accuracy": "" if math.isnan(acc) else acc,
                     "min_accuracy": "" if math.isnan(acc) else acc - 0.1,
                     "max_accuracy": "" if math.isnan(acc) else acc + 0.1,
@@ -128,11 +138,16 @@ def test_tables_from_hand_made_records(two_runs):
         "c_comp_gflops": 3.0,
         "s_comp_gflops": 0.5,
         "client_energy_j": 50.0,
+        **{
+            f"energy_{part}_pct": pytest.approx(pct)
+            for part, pct in (("compute", 40), ("radio", 20), ("idle", 30), ("sleep", 10))
+        },
         "server_mem_mb": 120.0,
         "client_step_mem_mib": 12.0,
         "best_mean_acc": 0.8,
     }
     assert math.isnan(k6.loc["b", "client_energy_j"])
+    assert math.isnan(k6.loc["b", "energy_sleep_pct"])
 
     dc = t.dcpfl.set_index("run")
     # A: 0.795 at round 3 is within 0.01 of the final 0.80, 0.70 at round 2 is not
@@ -168,8 +183,8 @@ def test_tables_from_hand_made_records(two_runs):
         "| 0.00 (0.00) |",
         "| local (b) | 5.00 | 0.00 (0.00) | 0.00 (0.00) | 4.33 (86.67) | 0.00 (0.00) "
         "| 0.67 (13.33) |",
-        "| fedavg (a) | 2.00 | 2.00 | 3.00 | 0.500 | 50.0 | 120.0 | 12.00 | 80.00 |",
-        "| local (b) | 0.00 | 0.00 | 2.00 | 0.000 | - | 50.0 | 5.00 | 60.00 |",
+        "| fedavg (a) | 2.00 | 2.00 | 3.00 | 0.500 | 50.0 | 40/20/30/10 | 120.0 | 12.00 | 80.00 |",
+        "| local (b) | 0.00 | 0.00 | 2.00 | 0.000 | - | -/-/-/- | 50.0 | 5.00 | 60.00 |",
         "| Learning scheme | Round time (s) | Down (%) | Client (%) | Up (%) | Server (%) "
         "| Idle (%) |",
         "| fedavg (a) | 10.00 | 17.5 | 50.0 | 25.0 | 7.5 | 0.0 |",

@@ -74,6 +74,7 @@ _METRICS: dict[str, Axis] = {
     "energy_compute_mean_j": Axis("client compute energy a round", "J"),
     "energy_radio_mean_j": Axis("client radio energy a round", "J"),
     "energy_idle_mean_j": Axis("client idle energy a round", "J"),
+    "energy_sleep_mean_j": Axis("client sleep energy a round", "J"),
     "energy_total_j": Axis("client energy, whole run", "kJ", 1e-3),
     "dropped": Axis("client-rounds dropped at the deadline"),
 }

@@ -60,6 +60,7 @@ _ENERGY_PARTS = (
     ("compute", "energy_compute_j"),
     ("radio", "energy_radio_j"),
     ("idle", "energy_idle_j"),
+    ("sleep", "energy_sleep_j"),
 )
 #: More legend entries than this go outside the axes (right of the data).
 LEGEND_INSIDE_MAX = 6
@@ -207,7 +208,11 @@ def energy_figure(runs: Sequence[RunRecords]) -> Figure | None:
     fig = _figure(7.0, max(3.0, 2.6 * len(runs)))
     axes = fig.subplots(len(runs), 1, sharex=True, sharey=True, squeeze=False)[:, 0]
     colors = dict(
-        zip([n for n, _ in _ENERGY_PARTS], ("tab:red", "tab:purple", "tab:gray"), strict=True)
+        zip(
+            [n for n, _ in _ENERGY_PARTS],
+            ("tab:red", "tab:purple", "tab:gray", "tab:cyan"),
+            strict=True,
+        )
     )
     for ax, r in zip(axes, runs, strict=True):
         rounds = round_numbers(r.rounds)

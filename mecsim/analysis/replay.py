@@ -364,7 +364,7 @@ def retime(run: RecordedRun, scenario: Scenario) -> _Timed:
         )
         t = emulated.time(rec.traces, aggregate_s)
         link_arrays = (
-            _links(emulated.specs, selected)
+            _links(emulated.specs, selected, network.round_links[0])
             if faults.active(scenario.faults)
             else network.round_links
         )
@@ -393,15 +393,21 @@ def _row(
     }
 
 
-def _links(specs, selected: list[int]) -> tuple[np.ndarray, np.ndarray]:
+def _links(specs, selected: list[int], air_rates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(rates, latencies) arrays as ``NetworkModel.round_links`` has them, from the round's
-    client specs after the emulated faults changed them (a rate schedule: NaN)."""
+    client specs after the emulated faults changed them (a rate schedule: NaN; a link
+    down: its 0; a working constant link: its air rate, ``air_rates``)."""
 
-    def rate(r) -> float:
-        return float("nan") if isinstance(r, RateSchedule) else float(r)
+    def rate(r, air: float) -> float:
+        if isinstance(r, RateSchedule):
+            return float("nan")
+        return float(r) if r <= 0 else float(air)
 
     rates = np.array(
-        [(rate(specs[c].uplink_rate_bps), rate(specs[c].downlink_rate_bps)) for c in selected],
+        [
+            (rate(specs[c].uplink_rate_bps, up), rate(specs[c].downlink_rate_bps, down))
+            for c, (up, down) in zip(selected, air_rates.tolist(), strict=True)
+        ],
         dtype=float,
     ).reshape(-1, 2)
     lat = np.array(
@@ -424,7 +430,14 @@ def _round_energy(
     )
     rates, lat = links  # of the round just drawn, in selection order
     return round_energy_arrays(
-        network.power_w[selected], times, bits, n_ops, rates, lat, t.round_time_s
+        network.power_w[selected],
+        times,
+        bits,
+        n_ops,
+        rates,
+        lat,
+        t.round_time_s,
+        network.scenario.energy.idle_policy,
     )
 
 
@@ -440,7 +453,14 @@ def _columns_energy(
     times = np.column_stack([spent, t.finish_s])
     rates, lat = network.round_links
     return round_energy_arrays(
-        network.power_w[selected], times, bits, n_ops, rates, lat, t.summary.round_time_s
+        network.power_w[selected],
+        times,
+        bits,
+        n_ops,
+        rates,
+        lat,
+        t.summary.round_time_s,
+        network.scenario.energy.idle_policy,
     )
 
 

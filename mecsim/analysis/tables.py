@@ -276,12 +276,25 @@ def kapc_cost_table(runs: Sequence[RunRecords]) -> pd.DataFrame:
                 "client_energy_j": float(df["energy_j"].mean(skipna=False))
                 if "energy_j" in df.columns
                 else math.nan,
+                **_energy_shares(df),
                 "server_mem_mb": float(df["server_rss_mb"].max()),
                 "client_step_mem_mib": float(df["client_peak_mb"].max()),
                 "best_mean_acc": float(ev["mean_accuracy"].max()) if not ev.empty else math.nan,
             }
         )
     return pd.DataFrame(rows)
+
+
+def _energy_shares(df: pd.DataFrame) -> dict[str, float]:
+    """% of the client energy in each part (compute, radio, idle, sleep): the shares of
+    the summed joules of all rounds; NaN where the records lack the part."""
+    total = float(df["energy_j"].sum(min_count=len(df))) if "energy_j" in df.columns else 0.0
+    return {
+        f"energy_{part}_pct": 100.0 * float(df[f"energy_{part}_j"].sum(min_count=len(df))) / total
+        if f"energy_{part}_j" in df.columns and total > 0
+        else math.nan
+        for part in ("compute", "radio", "idle", "sleep")
+    }
 
 
 def mtfl_time_table(runs: Sequence[RunRecords]) -> pd.DataFrame:
@@ -473,6 +486,7 @@ class Tables:
             "C-Comp (GFLOPs)",
             "S-Comp (GFLOPs)",
             "Client energy (J)",
+            "Energy compute/radio/idle/sleep (%)",
             "Server mem (MB)",
             "Client step mem (MiB)",
             "Best mean acc (%)",
@@ -485,6 +499,9 @@ class Tables:
                 _num(r["c_comp_gflops"], ".2f"),
                 _num(r["s_comp_gflops"], ".3f"),
                 _num(r["client_energy_j"], ".1f"),
+                "/".join(
+                    _num(r[f"energy_{p}_pct"], ".0f") for p in ("compute", "radio", "idle", "sleep")
+                ),
                 _num(r["server_mem_mb"], ".1f"),
                 _num(r["client_step_mem_mib"], ".2f"),
                 _num(100 * r["best_mean_acc"], ".2f"),
@@ -495,7 +512,8 @@ class Tables:
             "## Communication and computation per round (KAPC Table 6 shape)\n\n"
             + _md(header, rows)
             + "\n\nClient energy: joules of all selected clients per round "
-            "(compute, radio and idle; docs/devices.md)."
+            "(compute, radio, idle and sleep, and each part's share of it; "
+            "docs/devices.md)."
         )
 
         # MTFL Table 4

@@ -5,7 +5,12 @@
 where ``train_flops`` include the optimiser's per-parameter update
 (:func:`mecsim.agents.training.optimizer_step_flops`). Power figures (``active_power_w``,
 ``idle_power_w``, ``radio_tx_power_w``, ``radio_rx_power_w``) give each client-round's
-energy (:mod:`mecsim.emulation.energy`); a profile without them has no energy (NaN).
+energy (:mod:`mecsim.emulation.energy`); a profile without them has no energy (NaN). The
+radio's transmit draw is ``P_tx / radio_pa_efficiency + radio_circuit_power_w`` with
+``P_tx`` the radiated power the scenario's channel gives the client (``tx_power_dbm``) or,
+for channels without one, the profile's ``radio_tx_power_dbm`` (a measured
+``radio_tx_power_w`` replaces the formula); ``sleep_power_w`` is what the board draws
+asleep (``energy.idle_policy: sleep``).
 
 Profiles are data (``mecsim/profiles/devices.yaml``), each number with its source. A
 scenario may add or override profiles under ``devices.profiles``.
@@ -37,10 +42,19 @@ class DeviceProfile:
     # idle while transmitting / receiving; None: not modelled (energy is NaN)
     active_power_w: float | None = None
     idle_power_w: float | None = None
+    # a measured transmit draw (W above idle); None: the power-amplifier model below
     radio_tx_power_w: float | None = None
     radio_rx_power_w: float | None = None
     power_source: str = ""
     radio_power_source: str = ""
+    # the transmit draw P_tx / eta_PA + P_circuit (W above idle), P_tx from the channel's
+    # tx_power_dbm, or radio_tx_power_dbm where the channel has none
+    radio_pa_efficiency: float | None = None
+    radio_circuit_power_w: float | None = None
+    radio_tx_power_dbm: float | None = None
+    # whole board asleep (W); None: the board cannot sleep (it idles)
+    sleep_power_w: float | None = None
+    sleep_power_source: str = ""
 
     def compute_time_s(self, flops: float, batches: int) -> float:
         """Emulated seconds for ``batches`` optimiser steps totalling ``flops`` FLOPs."""
@@ -53,7 +67,16 @@ class DeviceProfile:
         )
 
 
-POWER_FIELDS = ("active_power_w", "idle_power_w", "radio_tx_power_w", "radio_rx_power_w")
+POWER_FIELDS = (
+    "active_power_w",
+    "idle_power_w",
+    "radio_tx_power_w",
+    "radio_rx_power_w",
+    "radio_pa_efficiency",
+    "radio_circuit_power_w",
+    "radio_tx_power_dbm",
+    "sleep_power_w",
+)
 
 
 @lru_cache(maxsize=1)

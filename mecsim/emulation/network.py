@@ -26,7 +26,7 @@ from mecsim.channel import FixedRateChannel, ShannonChannel, TraceChannel
 from mecsim.channel.transport import jittered_latency_s, mathis_goodput_bps
 from mecsim.channel.wireless import RECORD_KEYS, RoundChannel
 from mecsim.emulation.devices import DeviceProfile, all_profiles
-from mecsim.emulation.energy import power_array
+from mecsim.emulation.energy import air_rate_bps, power_array
 from mecsim.emulation.engine import (
     ClientColumns,
     ClientSpec,
@@ -220,8 +220,11 @@ class NetworkModel:
         self.edge_server = np.array(
             [scenario.edge_server_of(c) for c in range(scenario.topology.clients)], dtype=np.int64
         )
-        # (active, idle, tx, rx) W per client, for vectorised energy (mecsim.emulation.energy)
-        self.power_w = power_array(self.devices)
+        # each client's radiated power as the channel draws it (NaN where the channel has
+        # none: the device profile's radio_tx_power_dbm), and its watts (POWER_COLUMNS of
+        # mecsim.emulation.energy: the transmit draw from that power)
+        self.tx_power_dbm = np.asarray(self.radio.tx_power_dbm, dtype=float)
+        self.power_w = power_array(self.devices, self.tx_power_dbm)
         server = profiles[scenario.devices.edge_server]
         self.server_profile = server
         self.uplink, self.downlink = transport_of(scenario.channel)
@@ -274,14 +277,20 @@ class NetworkModel:
         up_good = np.minimum(ch.uplink_rate_bps, up_cap)
         down_good = np.minimum(ch.downlink_rate_bps, down_cap)
         servers, bh_lat, bh_bps = self._backhaul(t_rng)
-        # the round's links as arrays in selection order (goodput NaN where a rate schedule
-        # applies), for vectorised energy in replays: (up, down) rates and latencies
+        # the round's links as arrays in selection order, for the energy of its clients:
+        # (up, down) air rates (the link rate with the loss rate's retransmissions, never
+        # below the goodput: mecsim.emulation.energy.air_rate_bps; NaN where a rate
+        # schedule applies) and latencies
         schedule = isinstance(self.channel, TraceChannel)
         self.round_links = (
             np.column_stack(
                 [
-                    np.full(len(selected), np.nan) if schedule else up_good,
-                    np.full(len(selected), np.nan) if schedule else down_good,
+                    np.full(len(selected), np.nan)
+                    if schedule
+                    else air_rate_bps(up_good, ch.uplink_rate_bps, self.uplink.loss_rate),
+                    np.full(len(selected), np.nan)
+                    if schedule
+                    else air_rate_bps(down_good, ch.downlink_rate_bps, self.downlink.loss_rate),
                 ]
             ),
             np.column_stack([up_lat, down_lat]),

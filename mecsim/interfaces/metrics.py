@@ -148,7 +148,7 @@ METRICS: dict[str, tuple[str, str]] = {
         "counter",
         "Energy of the selected clients' devices "
         "summed over rounds, by part (compute, "
-        "radio, idle), from the device profiles",
+        "radio, idle, sleep), from the device profiles",
     ),
     "mecsim_round_energy_joules": (
         "gauge",
@@ -160,6 +160,7 @@ ENERGY_PARTS = (
     ("compute", "energy_compute_j"),
     ("radio", "energy_radio_j"),
     ("idle", "energy_idle_j"),
+    ("sleep", "energy_sleep_j"),
 )
 
 

@@ -110,6 +110,10 @@ def run_round(
     by_id = {r.client_id: r for r in results}
     sizes = {cid: trace_bytes(t) for cid, t in traces.items()}  # (bytes up, bytes down)
     tl_by_id = {c.client_id: c for c in timing.clients}
+    # each selected client's (up, down) air rates, in selection order (the round's links
+    # as emulate_round drew them: mecsim.emulation.energy.air_rate_bps)
+    air_rates = rs.network.round_links[0].tolist()
+    position = {cid: i for i, cid in enumerate(selected)}
     statuses: dict[int, str] = {}
     client_rows: list[dict[str, Any]] = []
     for cid in sorted(set(selected) | set(evals)):
@@ -159,6 +163,9 @@ def run_round(
                     traces[cid],
                     emulated.specs[cid],
                     timing.round_time_s,
+                    idle_policy=sc.energy.idle_policy,
+                    tx_power_dbm=float(rs.network.tx_power_dbm[cid]),
+                    air_rates_bps=air_rates[position[cid]],
                 )
             )
         if cid in evals:

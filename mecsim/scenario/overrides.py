@@ -21,8 +21,9 @@ from typing import Any
 from mecsim.scenario import Scenario, ScenarioError, scenario_from_dict
 from mecsim.scenario.loader import MAX_DEPTH, parse_yaml
 
-# Top-level sections whose changes only change timing: replay re-times recorded traces.
-TIMING_PATHS = ("channel", "devices", "deadline_s", "backhaul")
+# Top-level sections whose changes only change timing (and energy): replay re-times
+# recorded traces.
+TIMING_PATHS = ("channel", "devices", "deadline_s", "backhaul", "energy")
 
 
 class OverrideError(ValueError):

@@ -271,37 +271,84 @@ class CustomProfile(_Strict):
     )
     idle_power_w: float | None = Field(default=None, ge=0, description="whole board, idle (W)")
     radio_tx_power_w: float | None = Field(
-        default=None, ge=0, description="the radio's extra draw above idle while transmitting (W)"
+        default=None,
+        ge=0,
+        description="a measured transmit draw above idle (W); replaces P_tx/eta + P_circuit",
     )
     radio_rx_power_w: float | None = Field(
         default=None, ge=0, description="the radio's extra draw above idle while receiving (W)"
     )
+    radio_pa_efficiency: float | None = Field(
+        default=None, gt=0, le=1, description="power amplifier efficiency eta_PA (0, 1]"
+    )
+    radio_circuit_power_w: float | None = Field(
+        default=None,
+        ge=0,
+        description="transmit chain's circuit draw above idle (W): P_tx/eta_PA + P_circuit",
+    )
+    radio_tx_power_dbm: float | None = Field(
+        default=None,
+        ge=-50,
+        le=40,
+        description="radiated power where the channel gives none (fixed_rate, trace) (dBm)",
+    )
     power_source: str = Field(default="", description="where active/idle_power_w come from")
-    radio_power_source: str = Field(default="", description="where radio_*_power_w come from")
+    radio_power_source: str = Field(default="", description="where the radio_* figures come from")
+    sleep_power_w: float | None = Field(
+        default=None, ge=0, description="whole board asleep (W): energy.idle_policy sleep"
+    )
+    sleep_power_source: str = Field(default="", description="where sleep_power_w comes from")
 
     @model_validator(mode="after")
     def _power_sourced(self) -> CustomProfile:
         board = (self.active_power_w, self.idle_power_w)
-        radio = (self.radio_tx_power_w, self.radio_rx_power_w)
-        for names, values, source, source_name in (
-            (("active_power_w", "idle_power_w"), board, self.power_source, "power_source"),
-            (
-                ("radio_tx_power_w", "radio_rx_power_w"),
-                radio,
-                self.radio_power_source,
-                "radio_power_source",
-            ),
-        ):
-            given = [v is not None for v in values]
-            if any(given) and not all(given):
-                missing = names[given.index(False)]
-                raise ValueError(f"{missing}: give {names[0]} and {names[1]} together")
-            if any(given) and not source.strip():
+        given = [v is not None for v in board]
+        if any(given) and not all(given):
+            missing = ("active_power_w", "idle_power_w")[given.index(False)]
+            raise ValueError(f"{missing}: give active_power_w and idle_power_w together")
+        if any(given) and not self.power_source.strip():
+            raise ValueError(
+                "power_source: say where active_power_w and idle_power_w come from (a "
+                "measurement, a datasheet, or 'estimate: ...')"
+            )
+        self._radio_sourced()
+        if self.sleep_power_w is not None:
+            if not self.sleep_power_source.strip():
                 raise ValueError(
-                    f"{source_name}: say where {names[0]} and {names[1]} come "
-                    "from (a measurement, a datasheet, or 'estimate: ...')"
+                    "sleep_power_source: say where sleep_power_w comes from (a "
+                    "measurement, a datasheet, or 'estimate: ...')"
+                )
+            if self.idle_power_w is not None and self.sleep_power_w > self.idle_power_w:
+                raise ValueError(
+                    f"sleep_power_w: {self.sleep_power_w} W is above idle_power_w "
+                    f"({self.idle_power_w} W)"
                 )
         return self
+
+    def _radio_sourced(self) -> None:
+        """The radio: a receive draw, and a transmit draw (measured, or eta_PA and
+        P_circuit together), with their source."""
+        pa = (self.radio_pa_efficiency, self.radio_circuit_power_w)
+        radio = (self.radio_tx_power_w, self.radio_rx_power_w, *pa, self.radio_tx_power_dbm)
+        if all(v is None for v in radio):
+            return
+        if (pa[0] is None) != (pa[1] is None):
+            missing = "radio_pa_efficiency" if pa[0] is None else "radio_circuit_power_w"
+            raise ValueError(
+                f"{missing}: give radio_pa_efficiency and radio_circuit_power_w together"
+            )
+        if self.radio_rx_power_w is None:
+            raise ValueError("radio_rx_power_w: give it with the transmit figures")
+        if self.radio_tx_power_w is None and pa[0] is None:
+            raise ValueError(
+                "radio_pa_efficiency: give radio_pa_efficiency and radio_circuit_power_w "
+                "(the transmit draw P_tx/eta_PA + P_circuit), or a measured radio_tx_power_w"
+            )
+        if not self.radio_power_source.strip():
+            raise ValueError(
+                "radio_power_source: say where the radio figures come from (a "
+                "measurement, a datasheet, or 'estimate: ...')"
+            )
 
 
 class DeviceGroup(_Strict):
@@ -319,6 +366,16 @@ class DevicesConfig(_Strict):
     edge_server: str = "edge-server-x86"
     profiles: dict[str, CustomProfile] = Field(
         default_factory=dict, description="extra or overriding device profiles"
+    )
+
+
+class EnergyConfig(_Strict):
+    """How a client's round is charged (mecsim.emulation.energy, docs/devices.md)."""
+
+    idle_policy: Literal["idle", "sleep"] = Field(
+        default="sleep",
+        description="sleep: a client that has finished its round sleeps (the profile's "
+        "sleep_power_w) until the round ends; idle: it idles (idle_power_w)",
     )
 
 
@@ -779,6 +836,7 @@ class Scenario(_Strict):
     model: ModelConfig = Field(default_factory=ModelConfig)
     topology: TopologyConfig = Field(default_factory=TopologyConfig)
     devices: DevicesConfig = Field(default_factory=DevicesConfig)
+    energy: EnergyConfig = Field(default_factory=EnergyConfig)
     channel: ChannelConfig = Field(default_factory=ShannonChannelConfig)
     backhaul: BackhaulConfig = Field(default_factory=BackhaulConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)

@@ -47,6 +47,9 @@ class CheckpointError(Exception):
 #: Scenario sections that do not change a run's results: a run may be resumed with other
 #: metrics, execution (hosts, backend, Ray address), outputs or checkpoint settings.
 _NOT_RESULTS = ("description", "metrics", "execution", "outputs", "checkpoint")
+#: Sections added after runs were recorded: left out of the digest while at their
+#: defaults, so that a run recorded before a section existed keeps its digest.
+_NEW_AT_DEFAULT = {"energy": {"idle_policy": "sleep"}}
 
 
 #: Channel fields that restate others (``uplink.access`` names what ``shared`` and the
@@ -63,6 +66,9 @@ def scenario_digest(scenario: Scenario) -> str:
         data.pop(key, None)
     for section, key in _RESTATED:
         data.get("channel", {}).get(section, {}).pop(key, None)
+    for key, default in _NEW_AT_DEFAULT.items():
+        if data.get(key) == default:
+            data.pop(key)
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 

@@ -56,6 +56,7 @@ def summarise(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
         "energy_compute_j": avg_or_nan("energy_compute_j"),
         "energy_radio_j": avg_or_nan("energy_radio_j"),
         "energy_idle_j": avg_or_nan("energy_idle_j"),
+        "energy_sleep_j": avg_or_nan("energy_sleep_j"),
         "client_gflops": avg("client_gflops"),
         "server_gflops": avg("server_gflops"),
         "server_rss_mb": max(float(r["server_rss_mb"]) for r in rows),
@@ -176,14 +177,16 @@ def run_notes(scenario: Any, rows: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def energy_line(s: dict[str, float]) -> str | None:
-    """'Client energy per round: 123.4 J (compute 60 %, radio 5 %, idle 35 %), all selected
-    clients.' or None without energy figures."""
+    """'Client energy per round: 123.4 J (compute 60 %, radio 5 %, idle 25 %, sleep 10 %),
+    all selected clients.' or None without energy figures (records older than the sleep
+    part show the three others)."""
     total = s.get("energy_j", float("nan"))
     if math.isnan(total):
         return None
     parts = ", ".join(
         f"{name} {_share(s[f'energy_{name}_j'], total):.0f} %"
-        for name in ("compute", "radio", "idle")
+        for name in ("compute", "radio", "idle", "sleep")
+        if not math.isnan(s.get(f"energy_{name}_j", math.nan))
     )
     return (
         f"Client energy per round: {total:.1f} J ({parts}), all selected clients, from "

@@ -268,15 +268,30 @@ def cmd_devices(args: argparse.Namespace, console: Console) -> int:
         "GFLOP/s",
         "step overhead (ms)",
         "RAM (GiB)",
-        "active / idle W",
-        "radio tx / rx W",
+        "active / idle / sleep W",
+        "radio tx (P_tx/eta + P_c) / rx W",
         "source of GFLOP/s",
         "source of power",
     ):
         table.add_column(col)
 
-    def watts(a: float | None, b: float | None) -> str:
-        return "-" if a is None or b is None else f"{a:g} / {b:g}"
+    def watts(a: float | None, b: float | None, c: float | None = None) -> str:
+        if a is None or b is None:
+            return "-"
+        return f"{a:g} / {b:g}" + ("" if c is None else f" / {c:g}")
+
+    def radio(p) -> str:
+        if p.radio_rx_power_w is None:
+            return "-"
+        if p.radio_tx_power_w is not None:
+            return f"{p.radio_tx_power_w:g} / {p.radio_rx_power_w:g}"
+        if p.radio_pa_efficiency is None or p.radio_circuit_power_w is None:
+            return "-"
+        dbm = "" if p.radio_tx_power_dbm is None else f" ({p.radio_tx_power_dbm:g} dBm default)"
+        return (
+            f"P_tx/{p.radio_pa_efficiency:g} + {p.radio_circuit_power_w:g}{dbm}"
+            f" / {p.radio_rx_power_w:g}"
+        )
 
     for p in all_profiles().values():
         table.add_row(
@@ -284,8 +299,8 @@ def cmd_devices(args: argparse.Namespace, console: Console) -> int:
             f"{p.flops_per_s / 1e9:.2f}",
             f"{1e3 * p.step_overhead_s:.0f}",
             f"{p.ram_bytes / 2**30:.0f}",
-            watts(p.active_power_w, p.idle_power_w),
-            watts(p.radio_tx_power_w, p.radio_rx_power_w),
+            watts(p.active_power_w, p.idle_power_w, p.sleep_power_w),
+            radio(p),
             p.flops_source,
             p.power_source or "-",
         )
