@@ -51,14 +51,12 @@ class _AppendCsv:
     def __init__(self, path: Path, columns: list[str], append: bool = False) -> None:
         self.path = path
         fresh = not append or not csv_header_ok(path)
+        self.added: list[str] = []  # columns this version added to a resumed file
         if not fresh:
             with path.open(newline="") as f:
                 header = next(csv.reader(f))
             if header != columns:
-                raise RunFolderError(
-                    f"{path}: its columns differ from this mecsim's; the run "
-                    "was written by another version and cannot be resumed"
-                )
+                self.added = _add_columns(path, header, columns)
         self.file = path.open("w" if fresh else "a", newline="")
         self.writer = csv.DictWriter(self.file, fieldnames=columns, restval="")
         if fresh:
@@ -75,6 +73,29 @@ class _AppendCsv:
 
     def close(self) -> None:
         self.file.close()
+
+
+def _add_columns(path: Path, header: list[str], columns: list[str]) -> list[str]:
+    """Rewrite ``path`` (atomically) with this version's ``columns`` when they are its
+    ``header`` with columns added (records grew a column since the run was written:
+    ``energy_sleep_j``, say); the rows written before hold an empty value there, as a
+    value that was not recorded. Columns removed, renamed or reordered: refused."""
+    if [c for c in columns if c in header] != header:
+        raise RunFolderError(
+            f"{path}: its columns differ from this mecsim's; the run "
+            "was written by another version and cannot be resumed"
+        )
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with tmp.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return [c for c in columns if c not in header]
 
 
 class RecordsWriter(RunObserver):
@@ -137,12 +158,15 @@ class RecordsWriter(RunObserver):
 
     def on_run_resume(self, info: RunInfo, rounds: list[dict[str, Any]]) -> None:
         self._open_files(info, append=True)
+        added = {f.path.name: f.added for f in (self.rounds, self.clients) if f.added}
         self.meta = read_meta(self.out_dir) or {"run_id": info.run_id}
         resumes = list(self.meta.get("resumes", [])) + [
             {
                 "from_round": len(rounds),
                 "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 "pid": os.getpid(),
+                # columns this version records that the rounds before did not
+                **({"added_columns": added} if added else {}),
             }
         ]
         self.meta.pop("error", None)
