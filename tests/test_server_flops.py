@@ -6,6 +6,7 @@ independently by instrumenting the library the server calls (k-means)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import scipy.cluster.vq as scipy_vq
 import torch
 
@@ -165,3 +166,50 @@ def test_dcpfl_charges_a_trial_s_planned_averages_to_its_aggregation():
     assert stats.flops == 168 + 84
     # nothing is planned in the next round: the planned count was used once
     assert server._planned_flops == 0.0
+
+
+# --------------------------------------------------------------------------- the rate
+
+
+def test_aggregation_is_timed_at_the_profile_s_aggregation_rate():
+    from mecsim.emulation.devices import DeviceProfile, builtin_profiles
+
+    server = builtin_profiles()["edge-server-x86"]
+    assert server.aggregate_flops_per_s == 1.7e9 and "measured" in server.aggregate_flops_source
+    # the default scenario's round: 10 uploads of mlp_2nn's 200,010 elements, FedAvg's
+    # 2 * 200,010 * 10 + 200,010 = 4,200,210 FLOPs at 1.7 GFLOP/s = 2.4707 ms (at the
+    # training rate, 200 GFLOP/s, it was 21 us)
+    assert server.aggregate_time_s(4_200_210) == pytest.approx(2.4707e-3, rel=1e-4)
+    # a profile without an aggregation rate aggregates at flops_per_s
+    plain = DeviceProfile("p", flops_per_s=2e9, step_overhead_s=0.5, ram_bytes=1)
+    assert plain.aggregate_time_s(1e9) == 0.5  # no step overhead
+
+
+def test_a_scenario_profile_s_aggregation_rate_needs_its_source():
+    from mecsim.scenario import ScenarioError
+    from tests.conftest import tiny
+
+    mine = {
+        "flops_per_s": 1e11,
+        "step_overhead_s": 0.0,
+        "ram_bytes": 2**34,
+        "flops_source": "guess",
+        "step_overhead_source": "guess",
+        "aggregate_flops_per_s": 2e9,
+    }
+    with pytest.raises(ScenarioError, match="aggregate_flops_source"):
+        tiny(devices={"edge_server": "mine", "profiles": {"mine": mine}})
+    sourced = {**mine, "aggregate_flops_source": "measured: ours"}
+    assert tiny(devices={"edge_server": "mine", "profiles": {"mine": sourced}})
+
+
+def test_a_run_s_server_time_is_its_server_flops_at_the_aggregation_rate():
+    from mecsim.run.loop import run
+    from tests.conftest import tiny
+
+    rows = run(tiny(rounds=1), "rate")
+    row = rows[0]
+    # the records, independently: 4 uploads of 200,010 elements (mlp_2nn with its BN
+    # statistics) -> 2 * 200,010 * 4 + 200,010 = 1,800,090 FLOPs; at 1.7 GFLOP/s 1.0589 ms
+    assert row["server_gflops"] * 1e9 == pytest.approx(1_800_090)
+    assert row["server_time_s"] == pytest.approx(1_800_090 / 1.7e9, rel=1e-9)

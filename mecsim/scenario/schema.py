@@ -278,9 +278,23 @@ class CustomProfile(_Strict):
     )
     power_source: str = Field(default="", description="where active/idle_power_w come from")
     radio_power_source: str = Field(default="", description="where radio_*_power_w come from")
+    aggregate_flops_per_s: float | None = Field(
+        default=None,
+        ge=1,
+        description="FLOP/s of a server's aggregation (element-wise folds of the uploads, "
+        "memory-bound); omit: flops_per_s",
+    )
+    aggregate_flops_source: str = Field(
+        default="", description="where aggregate_flops_per_s comes from"
+    )
 
     @model_validator(mode="after")
     def _power_sourced(self) -> CustomProfile:
+        if self.aggregate_flops_per_s is not None and not self.aggregate_flops_source.strip():
+            raise ValueError(
+                "aggregate_flops_source: say where aggregate_flops_per_s comes from "
+                "(a measurement, e.g. benchmarks/aggregation_rate.py, or 'estimate: ...')"
+            )
         board = (self.active_power_w, self.idle_power_w)
         radio = (self.radio_tx_power_w, self.radio_rx_power_w)
         for names, values, source, source_name in (
