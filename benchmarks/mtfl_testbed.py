@@ -172,7 +172,7 @@ def time_recorded(rec: Recorded, steps: int | None, sc: Scenario | None = None) 
         specs, servers, net, _ = network.round(rnd, selected, elapsed, records=False)
         sized = {c: (paper_sized(t, steps) if steps else t) for c, t in traces.items()}
         timing = time_round(
-            sized, specs, servers, net, aggregate_s=server.compute_time_s(agg_flops, 0)
+            sized, specs, servers, net, aggregate_s=server.aggregate_time_s(agg_flops)
         )
         elapsed += timing.round_time_s
         for k in keys:

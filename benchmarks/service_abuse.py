@@ -29,7 +29,7 @@ The load generator's threads (this process's, but the prober) run 10 nice steps 
 the server unless ``--same-priority``: on a machine of two cores their own CPU would
 otherwise be taken from the training as much as the server's is, and a prober below the
 training would measure its own waits for a CPU. Targets: p99 < 50 ms with the mix on; RSS
-growth < 200 MB; every hostile request answered 4xx within 2 s; the training within 10 %
+growth < 200 MiB; every hostile request answered 4xx within 2 s; the training within 10 %
 of its speed with the mix off. A 5xx or a refused connection is an error (exit 1); a
 missed target is printed, not an exit code (figures depend on the machine).
 
@@ -452,10 +452,10 @@ def main() -> int:
             f"{1e3 * _pct(on_lat, 0.99):.1f} ms ({len(on_lat)} probes); while off: p50 "
             f"{1e3 * _pct(off_lat, 0.5):.1f} ms, p99 {1e3 * _pct(off_lat, 0.99):.1f} ms"
         )
-    growth_mb = (rss_after - rss_before) / 2**20
+    growth_mib = (rss_after - rss_before) / 2**20
     print(
-        f"server RSS: {rss_before / 2**20:.0f} MB -> peak {rss_after / 2**20:.0f} MB "
-        f"(+{growth_mb:.0f} MB)"
+        f"server RSS: {rss_before / 2**20:.0f} MiB -> peak {rss_after / 2**20:.0f} MiB "
+        f"(+{growth_mib:.0f} MiB)"
     )
     print(f"{'hostile request':32s} {'n':>4s} {'statuses':>18s} {'slowest s':>10s}")
     all_4xx_fast = bool(abuse.answers)
@@ -488,7 +488,7 @@ def main() -> int:
     )
     targets = {
         "p99 < 50 ms": p99_on < 0.050,
-        "RSS growth < 200 MB": growth_mb < 200,
+        "RSS growth < 200 MiB": growth_mib < 200,
         "hostile requests 4xx within 2 s": all_4xx_fast,
         "slow clients closed": len(abuse.slow_closed) == abuse.slow_opened,
         "training within 10 % of alone": ratio <= 1.10,

@@ -365,7 +365,7 @@ def overview() -> Dashboard:
             "FLOPs per round (run average)",
             "Client (local training of "
             "all selected clients) and server (aggregation) FLOPs per round.",
-            "short",
+            "si:FLOPs",
             q(
                 f"{sel('mecsim_flops_total')} / ignoring(side) group_left {rounds}",
                 "{{run}} {{side}}",
@@ -522,7 +522,7 @@ def algorithms() -> Dashboard:
             ids,
             "FLOPs per round",
             "Client (C-Comp) and server (S-Comp) FLOPs per round.",
-            "short",
+            "si:FLOPs",
             q(
                 f"{sel('mecsim_flops_total')} / ignoring(side) group_left {rounds}",
                 lg + " {{side}}",

@@ -15,7 +15,7 @@ HEADER = [
     "C-Comp (GFLOPs)",
     "S-Comp (GFLOPs)",
     "Client energy (J)",
-    "Server mem (MB)",
+    "Server mem (MiB)",
     "Best mean acc (%)",
 ]
 ROW = ["kapc_bls", "7.63", "7.63", "7.14", "0.004", "729.0", "381.3", "94.79"]

@@ -337,7 +337,7 @@ def test_server_is_a_sample_weighted_average() -> None:
     ]
     stats = server.aggregate_fit(0, results)
     np.testing.assert_allclose(server.weights, 2.0)  # (30 * 1 + 10 * 5) / 40
-    assert stats.flops == 2.0 * ctx.layout.size * 2
+    assert stats.flops == 2.0 * ctx.layout.size * 2 + ctx.layout.size  # 2|w|K + |w|
 
 
 # --------------------------------------------------------------------------- conformance

@@ -41,7 +41,9 @@ def test_fedavg_server_aggregates_by_sample_count_and_counts_flops():
     assert [t.download_nbytes for t in tasks] == [8, 8]
     stats = server.aggregate_fit(0, [_result(0, [4, 0], 10), _result(1, [0, 8], 30)])
     np.testing.assert_allclose(server.weights, [1.0, 6.0])
-    assert stats.flops == 2 * 2 * 2  # multiply-add per element per client
+    # WeightedSum by hand: per element and client a multiply (n_k * w_k) and an add, then
+    # per element one division by the total: 2 elements * 2 clients * 2 + 2 = 10
+    assert stats.flops == 2 * 2 * 2 + 2 == 10
     # nothing arrives (all clients missed the deadline): the model is unchanged
     assert server.aggregate_fit(1, []).flops == 0
     np.testing.assert_allclose(server.weights, [1.0, 6.0])

@@ -107,7 +107,7 @@ def test_server_is_fedavg_and_parameters_are_validated():
         ClientResult(c, np.asarray(w, np.float32), 8, n, 0.0, (), 0.0, 0, 0)
         for c, w, n in ((0, [4, 0], 10), (1, [0, 8], 30))
     ]
-    assert server.aggregate_fit(0, results).flops == 8
+    assert server.aggregate_fit(0, results).flops == 2 * 2 * 2 + 2  # FedAvg's: 2|w|K + |w|
     np.testing.assert_allclose(server.weights, [1.0, 6.0])  # FedAvg's weighted mean
     with pytest.raises(ScenarioError, match="params.mu"):
         scenario_from_dict({**TINY, "algorithm": {"name": "fedprox", "params": {"mu": -1}}}, "x")
@@ -121,4 +121,4 @@ def test_two_round_run_moves_full_models():
     rows = run(tiny(rounds=2, algorithm={"name": "fedprox", "params": {"mu": 0.1}}), "p")
     layout_bytes = 4 * (199610 + 400)  # mlp_2nn state incl. BN running statistics
     assert [r["bytes_up"] for r in rows] == [4 * layout_bytes] * 2
-    assert [r["server_gflops"] for r in rows] == [2 * 200010 * 4 / 1e9] * 2
+    assert [r["server_gflops"] for r in rows] == [(2 * 200010 * 4 + 200010) / 1e9] * 2

@@ -142,7 +142,8 @@ def test_tables_from_hand_made_records(two_runs):
             f"energy_{part}_pct": pytest.approx(pct)
             for part, pct in (("compute", 40), ("radio", 20), ("idle", 30), ("sleep", 10))
         },
-        "server_mem_mb": 120.0,
+        "server_mem_mib": 120.0,
+        "server_mem_mb": 120.0,  # the old name of the same MiB figure
         "client_step_mem_mib": 12.0,
         "best_mean_acc": 0.8,
     }
@@ -189,8 +190,9 @@ def test_tables_from_hand_made_records(two_runs):
         "| Idle (%) |",
         "| fedavg (a) | 10.00 | 17.5 | 50.0 | 25.0 | 7.5 | 0.0 |",
         "| local (b) | 5.00 | 0.0 | 86.7 | 0.0 | 0.0 | 13.3 |",
-        "| Method | Final Acc. | Best Acc. | Comm. rounds | Comm. time (s) | Total time (s) "
-        "| Converged at round | Round to 70 % | Time to 70 % (s) | MiB to 70 % |",
+        "| Method | Final Acc. (fraction) | Best Acc. (fraction) | Comm. rounds | Comm. time (s) "
+        "| Total time (s) | Converged at round | Round to 70 % | Time to 70 % (s) "
+        "| Sent to 70 % (MiB) |",
         "| fedavg (a) | 0.800 | 0.800 | 3 | 13.0 | 30.0 (×1.00) | 3 | 2 | 22.0 | 6.0 |",
         "| local (b) | 0.600 | 0.600 | - | - | 4.0 (×0.13) | 1 | X | X | X |",
         "| method | Rounds | Best mean acc (%) | Best round | Final acc (%) | Rounds to 70 % "

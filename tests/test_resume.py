@@ -79,12 +79,12 @@ def assert_same_records(a: Path, b: Path, ignore: tuple[str, ...] = ()) -> None:
 
 def _masked_summary(text: str) -> list[str]:
     """summary.md without the figures that measure this machine: host seconds per round,
-    and the Server mem (MB) cell of the table whose header names it."""
+    and the Server mem (MiB) cell of the table whose header names it."""
     text = re.sub(r"[0-9.]+ host seconds per round", "H host seconds per round", text)
     lines = re.sub(r"^# Run .*$", "# Run ID", text, flags=re.M).splitlines()
     for i, line in enumerate(lines):
-        if "Server mem (MB)" in line:
-            col = line.split("|").index(" Server mem (MB) ")
+        if "Server mem (MiB)" in line:
+            col = line.split("|").index(" Server mem (MiB) ")
             cells = lines[i + 2].split("|")
             cells[col] = " M "
             lines[i + 2] = "|".join(cells)

@@ -67,7 +67,9 @@ Choices where the paper is not explicit (each is a parameter or documented in
    ``alpha * tau`` rounds. Groups are aggregated sample-weighted (FedAvg within a group).
 
 Server FLOPs count element operations: min-max scaling 4 per element, an L1 distance 3 per
-element, aggregation a multiply and an add per element per client (as in FedAvg).
+element, aggregation a multiply and an add per element per client (as in FedAvg) for
+every average the server forms: a one-member group's too, and the old and new group
+models a trial round's plan averages (charged to the trial round's aggregation).
 """
 
 from __future__ import annotations
@@ -533,6 +535,7 @@ class DCPFLServer(ServerAlgorithm):
         self.outcome: str | None = None  # "new"/"old": tells clients the trial's result
         self._comm_round = False
         self._la: list[tuple[int, float]] = []  # this round's Eq. 6 updates: (low, min ratio)
+        self._planned_flops = 0.0  # averages formed by this round's plan (a trial's models)
 
     @classmethod
     def run_notes(cls, rows: list[dict], params: DCPFLParams) -> list[str]:
@@ -636,6 +639,8 @@ class DCPFLServer(ServerAlgorithm):
         new_models = {
             int(g): self._view_average(self._members(new_labels, g)) for g in np.unique(new_labels)
         }
+        # every client is a member of one old and one new group: 2 |w| per client in each
+        self._planned_flops = 2 * aggregation_flops(self.layout.size, len(self.ids))
         tasks = []
         for c in selected:
             k = self.index[c]
@@ -685,12 +690,13 @@ class DCPFLServer(ServerAlgorithm):
             "rdp_earliest": math.nan,
         }
         self._la = []
+        flops, self._planned_flops = self._planned_flops, 0.0
         if self.trial is not None:
-            flops = self._aggregate_trial(rnd, results, metrics)
+            flops += self._aggregate_trial(rnd, results, metrics)
         elif self._warmup(rnd):
-            flops = self._aggregate_warmup(rnd, results, metrics)
+            flops += self._aggregate_warmup(rnd, results, metrics)
         else:
-            flops = self._aggregate_groups(rnd, results, metrics)
+            flops += self._aggregate_groups(rnd, results, metrics)
             self._observe_loss(results)
         detected, earliest = self._maybe_schedule_trial(rnd)
         if detected:
@@ -784,12 +790,12 @@ class DCPFLServer(ServerAlgorithm):
             g = int(g)
             members = self._members(labels, g)
             self.group_models[g] = self._view_average(members)
+            flops += aggregation_flops(self.layout.size, len(members))  # alone too
             self.formed[g] = rnd + 1
             if len(members) == 1:
                 continue
             self.pending[g] = self.all_layers.copy()
             present = [c for c in members if c in full_uploads]
-            flops += aggregation_flops(self.layout.size, len(members))
             flops += self._update_intervals(g, [full_uploads[c] for c in present])
         return flops
 

@@ -40,6 +40,21 @@ class KMeansClusterParams(NoParams):
     kmeans_iterations: int = Field(20, ge=1, description="k-means iterations")
 
 
+def kmeans_flops(dim: int, points: int, k: int, iterations: int) -> float:
+    """FLOPs of :func:`kmeans_labels` (``scipy.cluster.vq.kmeans2`` with ``minit="++"``):
+
+    * k-means++ seeding: the i-th centre (i = 1 .. k-1) computes the squared distance of
+      every point to the i centres chosen so far (``cdist``, sqeuclidean: subtract,
+      square, add = 3 per element): 3 * dim * points * k (k - 1) / 2;
+    * each iteration: every point's squared distance to every centre (``vq``, 3 per
+      element: 3 * dim * points * k), then the centres as their members' means (one add per
+      element per point, one division per element per centre: dim * (points + k)).
+    """
+    seeding = 3.0 * dim * points * k * (k - 1) / 2
+    per_iteration = 3.0 * dim * points * k + dim * (points + k)
+    return seeding + iterations * per_iteration
+
+
 def kmeans_labels(weights: np.ndarray, k: int, iterations: int, seed: int) -> np.ndarray:
     """Canonical cluster labels (0, 1, ... by first member) of the rows of ``weights``."""
     weights = np.asarray(weights)
@@ -130,10 +145,12 @@ class KMeansClusterServer(FedAvgServer):
                 )
                 self.labels = {c: int(g) for c, g in zip(order + missing, labels, strict=True)}
                 self._average_clusters(uploads)
-                # k-means: each iteration compares every client with every centroid
+                # FedAvg's average, k-means over every client, then the cluster averages
+                # (a multiply and an add per element per upload)
                 flops = (
                     stats.flops
-                    + 3.0 * self.layout.size * len(vectors) * p.clusters * p.kmeans_iterations
+                    + kmeans_flops(self.layout.size, len(vectors), p.clusters, p.kmeans_iterations)
+                    + aggregation_flops(self.layout.size, len(uploads))
                 )
             return AggregateStats(flops=flops, metrics={"groups": float(self._groups())})
         self._average_clusters(uploads)

@@ -85,7 +85,7 @@ _SUFFIX_UNITS = (
     ("_hz", "Hz", 1.0),
     ("_bps", "bit/s", 1.0),
     ("_bytes", "bytes", 1.0),
-    ("_mb", "MB", 1.0),
+    ("_mb", "MiB", 1.0),  # mecsim's *_mb columns (server_rss_mb, ...) hold MiB
     ("_j", "J", 1.0),
     ("_w", "W", 1.0),
     ("_m", "m", 1.0),

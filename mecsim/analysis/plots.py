@@ -8,7 +8,7 @@
   axis when the runs' total times differ by more than 10x;
 - ``time_split.png``: stacked emulated time per round by phase (download, client,
   upload, backhaul, server, idle), one panel per run, all panels on one y scale;
-- ``bytes_per_round.png``: MiB sent up (solid) and down (dashed) per round;
+- ``bytes_per_round.png``: MiB (2**20 bytes) sent up (solid) and down (dashed) per round;
 - ``energy_per_round.png``: joules of the selected clients per round, stacked by part
   (compute, radio, idle), one panel per run on one y scale (skipped when no run has
   energy figures);
@@ -148,7 +148,7 @@ def accuracy_figure(runs: Sequence[RunRecords], x: str, target: float | None = N
         ax.set_xlim(left=0.5)  # rounds start at 1: no tick at 0
     elif log_time_axis(runs):
         ax.set_xscale("log")
-        ax.set_xlabel("emulated time elapsed (s, log scale: the runs differ by > 10x)")
+        ax.set_xlabel("emulated time elapsed, log scale: the runs differ by > 10x (s)")
     else:
         ax.set_xlabel("emulated time elapsed (s)")
         ax.set_xlim(left=0)
@@ -181,7 +181,7 @@ def time_split_figure(runs: Sequence[RunRecords]) -> Figure:
             )
             ax.bar(rounds, values, bottom=bottom, color=colors[name], label=name, width=0.8)
             bottom += values
-        ax.set_ylabel("emulated s")
+        ax.set_ylabel("emulated time (s)")
         mean_s = float(np.nansum(bottom) / max(len(rounds), 1))
         ax.set_title(f"{r.label}: {mean_s:.4g} s a round on average", fontsize="medium")
         ax.grid(axis="y", alpha=0.3)
@@ -242,7 +242,7 @@ def energy_figure(runs: Sequence[RunRecords]) -> Figure | None:
                 va="center",
                 fontsize="small",
             )
-        ax.set_ylabel("J per round")
+        ax.set_ylabel("client energy per round (J)")
         mean_j = float(np.sum(bottom) / max(len(rounds), 1))
         ax.set_title(
             f"{r.label}: {mean_j:.4g} J a round on average" if has_energy(r) else r.label,
@@ -285,7 +285,7 @@ def bytes_figure(runs: Sequence[RunRecords]) -> Figure:
     ax.set_xlabel("round")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlim(left=0.5)  # rounds start at 1: no tick at 0
-    ax.set_ylabel("MiB per round (all selected clients)")
+    ax.set_ylabel("sent per round, all selected clients (MiB)")
     ax.set_title("Bytes per round")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)

@@ -324,7 +324,7 @@ def retime(run: RecordedRun, scenario: Scenario) -> _Timed:
     columns = not (faults.active(scenario.faults) or isinstance(network.channel, TraceChannel))
     for rec in run.rounds:
         selected = list(rec.traces)
-        aggregate_s = server.compute_time_s(rec.aggregate_flops, 0)
+        aggregate_s = server.aggregate_time_s(rec.aggregate_flops)
         plan = rec.trace_plan if columns and not rec.outage else None
         if plan is not None:
             links = network.links(rec.round, selected, elapsed_s)

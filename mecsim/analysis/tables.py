@@ -8,7 +8,7 @@ rendered as markdown by :func:`markdown_tables` in the papers' own layout.
   in %; ``Backhaul`` and ``Idle`` columns appear when any run has them.
 - **KAPC Table 6 shape** (:func:`kapc_cost_table`): MiB uploaded and downloaded per round
   (all selected clients; the papers' "MB" are MiB), client and server GFLOPs per round,
-  peak server memory (MB of RSS) and peak modelled client training-step memory (MiB).
+  peak server memory (MiB of RSS) and peak modelled client training-step memory (MiB).
 - **MTFL Table 4 shape** (:func:`mtfl_time_table`): average round time and the % of it
   spent in Down / Client / Up / Server.
 - **DC-PFL Tables I-II shape** (:func:`dcpfl_table`): final accuracy, communication rounds,
@@ -277,6 +277,9 @@ def kapc_cost_table(runs: Sequence[RunRecords]) -> pd.DataFrame:
                 if "energy_j" in df.columns
                 else math.nan,
                 **_energy_shares(df),
+                # MiB (the records' server_rss_mb is MiB too); server_mem_mb: the same
+                # figure under its old name, for readers of earlier kapc_table6_cost.csv
+                "server_mem_mib": float(df["server_rss_mb"].max()),
                 "server_mem_mb": float(df["server_rss_mb"].max()),
                 "client_step_mem_mib": float(df["client_peak_mb"].max()),
                 "best_mean_acc": float(ev["mean_accuracy"].max()) if not ev.empty else math.nan,
@@ -487,7 +490,7 @@ class Tables:
             "S-Comp (GFLOPs)",
             "Client energy (J)",
             "Energy compute/radio/idle/sleep (%)",
-            "Server mem (MB)",
+            "Server mem (MiB)",
             "Client step mem (MiB)",
             "Best mean acc (%)",
         ]
@@ -502,7 +505,7 @@ class Tables:
                 "/".join(
                     _num(r[f"energy_{p}_pct"], ".0f") for p in ("compute", "radio", "idle", "sleep")
                 ),
-                _num(r["server_mem_mb"], ".1f"),
+                _num(r["server_mem_mib"], ".1f"),
                 _num(r["client_step_mem_mib"], ".2f"),
                 _num(100 * r["best_mean_acc"], ".2f"),
             ]
@@ -532,8 +535,8 @@ class Tables:
         goal = d["target"].iloc[0] if "target" in d and len(d) else math.nan
         header = [
             "Method",
-            "Final Acc.",
-            "Best Acc.",
+            "Final Acc. (fraction)",
+            "Best Acc. (fraction)",
             "Comm. rounds",
             "Comm. time (s)",
             "Total time (s)",
@@ -543,7 +546,7 @@ class Tables:
             header += [
                 f"Round to {100 * goal:g} %",
                 f"Time to {100 * goal:g} % (s)",
-                f"MiB to {100 * goal:g} %",
+                f"Sent to {100 * goal:g} % (MiB)",
             ]
         rows = []
         for _, r in d.iterrows():

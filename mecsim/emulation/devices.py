@@ -3,8 +3,13 @@
     t_compute = batches * step_overhead_s + train_flops / flops_per_s
 
 where ``train_flops`` include the optimiser's per-parameter update
-(:func:`mecsim.agents.training.optimizer_step_flops`). Power figures (``active_power_w``,
-``idle_power_w``, ``radio_tx_power_w``, ``radio_rx_power_w``) give each client-round's
+(:func:`mecsim.agents.training.optimizer_step_flops`). A server's aggregation (element-wise
+folds of the uploads, memory-bound) runs at ``aggregate_flops_per_s`` where the profile
+gives it, else at ``flops_per_s``:
+
+    t_aggregate = aggregate_flops / aggregate_flops_per_s
+
+Power figures (``active_power_w``, ``idle_power_w``, ``radio_tx_power_w``, ``radio_rx_power_w``) give each client-round's
 energy (:mod:`mecsim.emulation.energy`); a profile without them has no energy (NaN). The
 radio's transmit draw is ``P_tx / radio_pa_efficiency + radio_circuit_power_w`` with
 ``P_tx`` the radiated power the scenario's channel gives the client (``tx_power_dbm``) or,
@@ -55,10 +60,19 @@ class DeviceProfile:
     # whole board asleep (W); None: the board cannot sleep (it idles)
     sleep_power_w: float | None = None
     sleep_power_source: str = ""
+    # FLOP/s of a server's aggregation (element-wise folds); None: flops_per_s
+    aggregate_flops_per_s: float | None = None
+    aggregate_flops_source: str = ""
 
     def compute_time_s(self, flops: float, batches: int) -> float:
         """Emulated seconds for ``batches`` optimiser steps totalling ``flops`` FLOPs."""
         return batches * self.step_overhead_s + flops / self.flops_per_s
+
+    def aggregate_time_s(self, flops: float) -> float:
+        """Emulated seconds of a server aggregation of ``flops`` FLOPs: at
+        ``aggregate_flops_per_s`` (the rate of element-wise folds), else ``flops_per_s``."""
+        rate = self.aggregate_flops_per_s or self.flops_per_s
+        return flops / rate
 
     def __repr__(self) -> str:
         return (
@@ -106,7 +120,7 @@ def profiles_from_mapping(mapping: Any) -> dict[str, DeviceProfile]:
                 step_overhead_s=float(fields["step_overhead_s"]),
                 ram_bytes=int(fields["ram_bytes"]),
             )
-            for key in POWER_FIELDS:
+            for key in (*POWER_FIELDS, "aggregate_flops_per_s"):
                 if fields.get(key) is not None:
                     fields[key] = float(fields[key])
             fields.pop("name", None)

@@ -78,81 +78,97 @@ CLIENT_SECONDS_BUCKETS = tuple(10 ** (k / 2) for k in range(-6, 9))
 METRICS: dict[str, tuple[str, str]] = {
     "mecsim_run_info": (
         "gauge",
-        "Always 1; labels describe the run (scenario, model, dataset, clients, backend)",
+        "The run, described by its labels: scenario, model, dataset, clients, backend "
+        "(value always 1)",
     ),
-    "mecsim_rounds_planned": ("gauge", "Rounds the scenario asks for"),
-    "mecsim_rounds_total": ("counter", "Rounds completed"),
-    "mecsim_round_duration_seconds": ("gauge", "Emulated duration of the last round"),
+    "mecsim_rounds_planned": ("gauge", "Rounds the scenario asks for (count)"),
+    "mecsim_rounds_total": ("counter", "Rounds completed (count)"),
+    "mecsim_round_duration_seconds": ("gauge", "Emulated duration of the last round (seconds)"),
     "mecsim_round_phase_seconds": (
         "gauge",
-        "Emulated critical-path time of the last round by phase",
+        "Emulated critical-path time of the last round by phase (seconds)",
     ),
-    "mecsim_emulated_seconds_total": ("counter", "Emulated time elapsed since the run started"),
+    "mecsim_emulated_seconds_total": (
+        "counter",
+        "Emulated time elapsed since the run started (seconds)",
+    ),
     "mecsim_emulated_phase_seconds_total": (
         "counter",
-        "Emulated critical-path time by phase, summed over rounds",
+        "Emulated critical-path time by phase, summed over rounds (seconds)",
     ),
     "mecsim_transferred_bytes_total": (
         "counter",
-        "Bytes sent over the air (up: clients to server, down: server to clients)",
+        "Data sent over the air (up: clients to server, down: server to clients) (bytes)",
     ),
     "mecsim_flops_total": (
         "counter",
         "Floating-point operations (client: local training of "
-        "all selected clients; server: aggregation)",
+        "all selected clients; server: aggregation) (FLOPs)",
     ),
     "mecsim_server_resident_memory_bytes": (
         "gauge",
-        "Resident memory of the edge-server process after the last aggregation",
+        "Resident memory of the edge-server process after the last aggregation "
+        "(bytes; the records' server_rss_mb is it in MiB)",
     ),
     "mecsim_client_step_memory_bytes": (
         "gauge",
-        "Peak modelled memory of a client training step in the last round",
+        "Peak modelled memory of a client training step in the last round "
+        "(bytes; the records' client_peak_mb is it in MiB)",
     ),
     "mecsim_user_accuracy_ratio": (
         "gauge",
-        "User accuracy over the clients evaluated in the last evaluated round (0-1), by stat",
+        "User accuracy over the clients evaluated in the last evaluated round, by stat (ratio 0-1)",
     ),
-    "mecsim_train_loss": ("gauge", "Mean training loss of the last round's clients"),
-    "mecsim_test_loss": ("gauge", "Mean test loss of the last evaluated round"),
-    "mecsim_round_clients": ("gauge", "Clients in the last round by status"),
-    "mecsim_clients_total": ("counter", "Client-rounds by status, summed over rounds"),
+    "mecsim_train_loss": (
+        "gauge",
+        "Mean training loss of the last round's clients (cross-entropy, nats)",
+    ),
+    "mecsim_test_loss": (
+        "gauge",
+        "Mean test loss of the last evaluated round (cross-entropy, nats)",
+    ),
+    "mecsim_round_clients": ("gauge", "Clients in the last round by status (count)"),
+    "mecsim_clients_total": ("counter", "Client-rounds by status, summed over rounds (count)"),
     "mecsim_actor_failures_total": (
         "counter",
         "Ray actors (client hosts, edge server) that "
         "died and were re-created from the last "
-        "checkpoint",
+        "checkpoint (count)",
     ),
-    "mecsim_checkpoint_bytes": ("gauge", "Size of the last checkpoint written"),
-    "mecsim_checkpoint_write_seconds": ("gauge", "Host seconds the last checkpoint took to write"),
-    "mecsim_host_round_wall_seconds": ("gauge", "Host wall-clock seconds of the last round"),
-    "mecsim_host_wall_seconds_total": ("counter", "Host wall-clock seconds spent in rounds"),
+    "mecsim_checkpoint_bytes": ("gauge", "Size of the last checkpoint written (bytes)"),
+    "mecsim_checkpoint_write_seconds": (
+        "gauge",
+        "Host time the last checkpoint took to write (seconds)",
+    ),
+    "mecsim_host_round_wall_seconds": ("gauge", "Host wall-clock time of the last round (seconds)"),
+    "mecsim_host_wall_seconds_total": ("counter", "Host wall-clock time spent in rounds (seconds)"),
     "mecsim_channel_rate_bytes_per_second": (
         "histogram",
-        "Per-client link rate drawn for each client-round, by direction",
+        "Per-client link rate drawn for each client-round, by direction (bytes per second)",
     ),
     "mecsim_channel_snr_decibels": (
         "histogram",
-        "Per-client effective SNR of each client-round, by direction (Shannon channels only)",
+        "Per-client effective SNR of each client-round, by direction, "
+        "Shannon channels only (decibels)",
     ),
     "mecsim_channel_quantity": (
         "gauge",
         "Mean over the last round's selected clients of each per-client quantity a channel "
-        "plugin records (its record_keys), by quantity",
+        "plugin records (its record_keys), by quantity (the plugin's unit)",
     ),
     "mecsim_client_phase_seconds": (
         "histogram",
-        "Emulated time of each selected client-round by phase (download, compute, upload)",
+        "Emulated time of each selected client-round by phase: download, compute, upload (seconds)",
     ),
     "mecsim_client_energy_joules_total": (
         "counter",
         "Energy of the selected clients' devices "
         "summed over rounds, by part (compute, "
-        "radio, idle, sleep), from the device profiles",
+        "radio, idle, sleep), from the device profiles (joules)",
     ),
     "mecsim_round_energy_joules": (
         "gauge",
-        "Energy of the last round's selected clients, all parts",
+        "Energy of the last round's selected clients, all parts (joules)",
     ),
 }
 #: Parts of a client-round's energy: (``part`` label, round-row column).

@@ -96,7 +96,7 @@ def run_round(
     if plan_ahead and not rs.streams:
         rs.executor.plan_ahead(rnd + 1)
     rejected = set(agg.rejected)
-    timing = emulated.time(traces, rs.server_profile.compute_time_s(agg.flops, 0))
+    timing = emulated.time(traces, rs.server_profile.aggregate_time_s(agg.flops))
 
     evals: dict[int, tuple[float, float]] = {}
     eval_extras: dict[int, dict[str, float]] = {}  # an algorithm's own per-client figures

@@ -298,9 +298,23 @@ class CustomProfile(_Strict):
         default=None, ge=0, description="whole board asleep (W): energy.idle_policy sleep"
     )
     sleep_power_source: str = Field(default="", description="where sleep_power_w comes from")
+    aggregate_flops_per_s: float | None = Field(
+        default=None,
+        ge=1,
+        description="FLOP/s of a server's aggregation (element-wise folds of the uploads, "
+        "memory-bound); omit: flops_per_s",
+    )
+    aggregate_flops_source: str = Field(
+        default="", description="where aggregate_flops_per_s comes from"
+    )
 
     @model_validator(mode="after")
     def _power_sourced(self) -> CustomProfile:
+        if self.aggregate_flops_per_s is not None and not self.aggregate_flops_source.strip():
+            raise ValueError(
+                "aggregate_flops_source: say where aggregate_flops_per_s comes from "
+                "(a measurement, e.g. benchmarks/aggregation_rate.py, or 'estimate: ...')"
+            )
         board = (self.active_power_w, self.idle_power_w)
         given = [v is not None for v in board]
         if any(given) and not all(given):

@@ -94,7 +94,7 @@ def table_rows(s: dict[str, float]) -> tuple[list[str], list[str], list[str], li
         "C-Comp (GFLOPs)",
         "S-Comp (GFLOPs)",
         "Client energy (J)",
-        "Server mem (MB)",
+        "Server mem (MiB)",
         "Best mean acc (%)",
     ]
     energy = s.get("energy_j", float("nan"))

@@ -167,8 +167,9 @@ class DittoServer(ServerAlgorithm):
         if acc.count == 0:
             return AggregateStats(flops=0.0)
         self.weights = acc.result()
-        # one multiply and one add per element per aggregated client (FedAvg's count)
-        return AggregateStats(flops=2.0 * self.layout.size * acc.count)
+        # one multiply and one add per element per aggregated client, and the division of
+        # WeightedSum.result once per element (FedAvg's count)
+        return AggregateStats(flops=2.0 * self.layout.size * acc.count + self.layout.size)
 
 
 class DittoClient(ClientAlgorithm):

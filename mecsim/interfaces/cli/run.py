@@ -266,6 +266,7 @@ def cmd_devices(args: argparse.Namespace, console: Console) -> int:
     for col in (
         "name",
         "GFLOP/s",
+        "aggregation GFLOP/s",
         "step overhead (ms)",
         "RAM (GiB)",
         "active / idle / sleep W",
@@ -297,6 +298,7 @@ def cmd_devices(args: argparse.Namespace, console: Console) -> int:
         table.add_row(
             p.name,
             f"{p.flops_per_s / 1e9:.2f}",
+            "-" if p.aggregate_flops_per_s is None else f"{p.aggregate_flops_per_s / 1e9:.2f}",
             f"{1e3 * p.step_overhead_s:.0f}",
             f"{p.ram_bytes / 2**30:.0f}",
             watts(p.active_power_w, p.idle_power_w, p.sleep_power_w),
