@@ -9,7 +9,8 @@ gives it, else at ``flops_per_s``:
 
     t_aggregate = aggregate_flops / aggregate_flops_per_s
 
-Power figures (``active_power_w``, ``idle_power_w``, ``radio_tx_power_w``, ``radio_rx_power_w``) give each client-round's
+Power figures (``active_power_w``, ``idle_power_w``, ``radio_tx_power_w``,
+``radio_rx_power_w``) give each client-round's
 energy (:mod:`mecsim.emulation.energy`); a profile without them has no energy (NaN). The
 radio's transmit draw is ``P_tx / radio_pa_efficiency + radio_circuit_power_w`` with
 ``P_tx`` the radiated power the scenario's channel gives the client (``tx_power_dbm``) or,
