@@ -65,9 +65,9 @@ def test_a_legacy_interrupted_run_resumes_to_the_records_of_a_fresh_run(
     assert meta["status"] == "finished" and [r["from_round"] for r in meta["resumes"]] == [2]
     fresh = tmp_path / "fresh" / "fedavg-interrupted"
     run_in_folder(load_scenario(interrupted / "scenario.yaml"), fresh)
-    # rounds 0-1 were recorded by 0.1, before the energy states: their energy columns
-    # are 0.1's, and energy_sleep_j, added since, is empty there (run.json says so)
-    assert_records_close(fresh, interrupted, old_energy_rounds=2)
+    # rounds 0-1 were recorded by 0.1: their energy and aggregation figures are 0.1's,
+    # and energy_sleep_j, added since, is empty there (run.json says so)
+    assert_records_close(fresh, interrupted, old_rounds=2)
     assert meta["resumes"][0]["added_columns"] == {
         "rounds.csv": ["energy_sleep_j"],
         "clients.csv": ["energy_sleep_j"],

@@ -28,6 +28,7 @@ and the result says ``source == "retrained"``.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -118,6 +119,9 @@ class RecordedRun:
     round_time_s: tuple[float, ...]  # recorded
     step_memory_bytes: int | None = None
     run_dir: Path | None = None
+    # run.json has no aggregate_flops_per_s: recorded before profiles had an aggregation
+    # rate, when the edge server aggregated at its flops_per_s (retime does the same)
+    aggregated_at_flops_per_s: bool = False
 
     @property
     def algorithm(self) -> str:
@@ -238,6 +242,7 @@ def load_run(run_dir: str | Path) -> RecordedRun:
         round_time_s=tuple(float(rounds_df.loc[r, "round_time_s"]) for r in range(n_rounds)),
         step_memory_bytes=int(step_mem) if step_mem is not None else None,
         run_dir=run_dir,
+        aggregated_at_flops_per_s=bool(meta) and "aggregate_flops_per_s" not in meta,
     )
 
 
@@ -314,6 +319,8 @@ def retime(run: RecordedRun, scenario: Scenario) -> _Timed:
     profiles = device_profiles(scenario)
     network = NetworkModel(scenario, profiles)
     server = profiles[scenario.devices.edge_server]
+    if run.aggregated_at_flops_per_s:
+        server = dataclasses.replace(server, aggregate_flops_per_s=None)
     rows, dropped, finish = [], [], []
     elapsed_s = 0.0
     slowdown = faults.slowdown_factors(scenario.faults, scenario.seed, scenario.topology.clients)

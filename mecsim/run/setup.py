@@ -208,6 +208,9 @@ def prepare(
             "backend": backend,
             # the optimiser's element-wise update, part of step_flops
             "step_optimizer_flops": cost.optimizer_flops,
+            # FLOP/s of the edge server's aggregation (a replay of a run recorded before
+            # profiles had this rate aggregates at flops_per_s, as that run did)
+            "aggregate_flops_per_s": _aggregate_rate(profiles[scenario.devices.edge_server]),
             "train_samples": [len(p) for p in parts.train],
             "test_samples": [len(p) for p in parts.test],
             # D-bar_KL of DC-PFL (Eq. 1-2) over the clients' train labels
@@ -227,3 +230,8 @@ def prepare(
         slowdown,
         streams_aggregation(scenario),
     )
+
+
+def _aggregate_rate(profile: DeviceProfile) -> float:
+    """The FLOP/s at which ``profile`` aggregates (:meth:`DeviceProfile.aggregate_time_s`)."""
+    return float(profile.aggregate_flops_per_s or profile.flops_per_s)
