@@ -1,4 +1,4 @@
-"""Server aggregation FLOPs count what the server code computes (issue 27, item 6).
+"""Server aggregation FLOPs count what the server code computes.
 
 Each count is worked out by hand from the operations of the server's code, or counted
 independently by instrumenting the library the server calls (k-means)."""
@@ -120,7 +120,8 @@ def test_kmeans_cluster_server_counts_fedavg_kmeans_and_the_cluster_averages():
     server.select(0, np.random.default_rng(0))
     stats = server.aggregate_fit(0, [_result(c, weights[c]) for c in range(6)])
     # FedAvg's average 2 * 14 * 6 + 14 = 182; k-means 12,572 (above); the two cluster
-    # averages 2 * 14 * 6 = 168: 12,922 (the count before issue 27: 182 + 3*14*6*2*20 = 10,262)
+    # averages 2 * 14 * 6 = 168: 12,922 (the count before the second fidelity pass:
+    # 182 + 3*14*6*2*20 = 10,262)
     assert stats.flops == 12_922
     # afterwards: the cluster averages alone, 2 * 14 * 6 = 168
     assert server.aggregate_fit(1, [_result(c, weights[c]) for c in range(6)]).flops == 168

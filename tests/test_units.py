@@ -1,4 +1,4 @@
-"""Every label names the unit its values are in (issue 27, item 7).
+"""Every label names the unit its values are in.
 
 The table headers, figure axes, Prometheus help texts and dashboard panels carry a unit
 from a small allowed set; where a label says MiB the values are bytes / 2**20, computed

@@ -682,7 +682,7 @@ def selection_flops(
     input_elements: int = 0,
 ) -> float:
     """Client FLOPs of T. Algorithm 4 as :class:`KapcBlsClient` computes it, charged as
-    client computation (issue: the paper attributes KAPC+BLS's longer client time to it):
+    client computation (the paper attributes KAPC+BLS's longer client time to it):
 
     * B^l = ||w^l||_F for every layer (Eq. 30): a multiply and an add per element and a
       square root -> sum_l (2 n_l + 1);
