@@ -68,6 +68,11 @@ def test_a_legacy_interrupted_run_resumes_to_the_records_of_a_fresh_run(
     # rounds 0-1 were recorded by 0.1: their energy and aggregation figures are 0.1's,
     # and energy_sleep_j, added since, is empty there (run.json says so)
     assert_records_close(fresh, interrupted, old_rounds=2)
+    # its rounds 0-1 aggregated at the edge server's flops_per_s (0.1 had no aggregation
+    # rate), rounds 2-3 at the rate the resume recorded: a replay re-times each as it ran
+    assert meta["resumes"][0]["aggregate_flops_per_s"] == 1.7e9
+    assert load_run(interrupted).aggregated_at_flops_per_s_until == 2
+    assert reproduces(load_run(interrupted))
     assert meta["resumes"][0]["added_columns"] == {
         "rounds.csv": ["energy_sleep_j"],
         "clients.csv": ["energy_sleep_j"],
@@ -86,6 +91,22 @@ def test_a_legacy_finished_run_reports_and_replays(tmp_path: Path, capsys) -> No
     assert reproduces(recorded)  # re-timing its op-traces gives its recorded times
     slower = replay(recorded, {"channel.uplink.bandwidth_hz": 1e6})
     assert slower.exact and (slower.rounds["ul_time_s"] > 0).all()
+    # its aggregation ran at the edge server's 200 GFLOP/s flops_per_s, unless a replay
+    # sets the aggregation rate: 1e6 FLOP/s makes its 1,600,080 FLOPs (4 uploads of
+    # 200,010 parameters, 2 FLOPs each) 1.60008 s a round
+    assert recorded.aggregated_at_flops_per_s_until == 3
+    slow = {
+        "flops_per_s": 200e9,
+        "flops_source": "test",
+        "step_overhead_s": 0.0,
+        "step_overhead_source": "test",
+        "ram_bytes": 2**34,
+        "aggregate_flops_per_s": 1e6,
+        "aggregate_flops_source": "test",
+    }
+    overrides = {"devices.profiles": {"edge-server-x86": slow}}
+    slow_server = replay(recorded, overrides)
+    assert slow_server.rounds["server_time_s"].tolist() == pytest.approx([1.60008] * 3)
     out = tmp_path / "report"
     assert main(["report", str(folder), "--out", str(out), "--no-plots", "--quiet"]) == 0
     assert (out / "tables.md").read_text().count("fedavg") >= 1
@@ -121,3 +142,17 @@ def test_a_run_folder_from_before_uplink_access_loads_as_it_ran(tmp_path: Path) 
     )
     ran = load_records(folder).rounds["ul_time_s"].to_numpy()
     assert (dedicated.rounds["ul_time_s"].to_numpy() < ran).all()
+
+
+def test_a_scenario_with_its_own_profiles_keeps_the_digest_its_checkpoints_carry() -> None:
+    # The MTFL testbed scenario as shipped before profiles gained the energy states' and
+    # the aggregation rate's fields: its digest, computed by that version's code, must be
+    # what this version computes, or an interrupted run of it would find no checkpoint of
+    # its own and start over
+    path = (
+        Path(__file__).resolve().parent / "data" / "digest" / "profiles-before-energy-states.yaml"
+    )
+    digest_then = "58a176bad4fca1921e1e091028dc9fc545db7272ae42a916018530e7c9dc3433"
+    scenario = load_scenario(path)
+    assert scenario.devices.profiles  # the case: a scenario with profiles of its own
+    assert scenario_digest(scenario) == digest_then

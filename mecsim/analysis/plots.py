@@ -10,7 +10,7 @@
   upload, backhaul, server, idle), one panel per run, all panels on one y scale;
 - ``bytes_per_round.png``: MiB (2**20 bytes) sent up (solid) and down (dashed) per round;
 - ``energy_per_round.png``: joules of the selected clients per round, stacked by part
-  (compute, radio, idle), one panel per run on one y scale (skipped when no run has
+  (compute, radio, idle, sleep), one panel per run on one y scale (skipped when no run has
   energy figures);
 - ``client_accuracy.png``: the distribution of per-client accuracy in each run's last
   evaluated round (box plot with every client as a dot).

@@ -119,9 +119,11 @@ class RecordedRun:
     round_time_s: tuple[float, ...]  # recorded
     step_memory_bytes: int | None = None
     run_dir: Path | None = None
-    # run.json has no aggregate_flops_per_s: recorded before profiles had an aggregation
-    # rate, when the edge server aggregated at its flops_per_s (retime does the same)
-    aggregated_at_flops_per_s: bool = False
+    # rounds before this one were recorded before profiles had an aggregation rate, when
+    # the edge server aggregated at its flops_per_s (retime does the same for them): all
+    # rounds when run.json has no aggregate_flops_per_s, up to the first resume by a
+    # version that records it when such a run was resumed (:func:`_legacy_aggregation`)
+    aggregated_at_flops_per_s_until: int = 0
 
     @property
     def algorithm(self) -> str:
@@ -242,8 +244,21 @@ def load_run(run_dir: str | Path) -> RecordedRun:
         round_time_s=tuple(float(rounds_df.loc[r, "round_time_s"]) for r in range(n_rounds)),
         step_memory_bytes=int(step_mem) if step_mem is not None else None,
         run_dir=run_dir,
-        aggregated_at_flops_per_s=bool(meta) and "aggregate_flops_per_s" not in meta,
+        aggregated_at_flops_per_s_until=_legacy_aggregation(meta, n_rounds),
     )
+
+
+def _legacy_aggregation(meta: dict[str, Any], n_rounds: int) -> int:
+    """Rounds of a run recorded at the edge server's ``flops_per_s`` (see
+    :attr:`RecordedRun.aggregated_at_flops_per_s_until`)."""
+    if not meta or "aggregate_flops_per_s" in meta:
+        return 0
+    later = [
+        int(r["from_round"])
+        for r in meta.get("resumes", [])
+        if isinstance(r, dict) and "aggregate_flops_per_s" in r and "from_round" in r
+    ]
+    return min(later, default=n_rounds)
 
 
 @dataclass(frozen=True)
@@ -319,8 +334,14 @@ def retime(run: RecordedRun, scenario: Scenario) -> _Timed:
     profiles = device_profiles(scenario)
     network = NetworkModel(scenario, profiles)
     server = profiles[scenario.devices.edge_server]
-    if run.aggregated_at_flops_per_s:
-        server = dataclasses.replace(server, aggregate_flops_per_s=None)
+    # rounds recorded before profiles had an aggregation rate aggregate as they did, at
+    # flops_per_s, unless the replay sets the server's aggregation rate itself
+    recorded = device_profiles(run.scenario)[run.scenario.devices.edge_server]
+    legacy_server = (
+        dataclasses.replace(server, aggregate_flops_per_s=None)
+        if server.aggregate_flops_per_s == recorded.aggregate_flops_per_s
+        else server
+    )
     rows, dropped, finish = [], [], []
     elapsed_s = 0.0
     slowdown = faults.slowdown_factors(scenario.faults, scenario.seed, scenario.topology.clients)
@@ -331,7 +352,8 @@ def retime(run: RecordedRun, scenario: Scenario) -> _Timed:
     columns = not (faults.active(scenario.faults) or isinstance(network.channel, TraceChannel))
     for rec in run.rounds:
         selected = list(rec.traces)
-        aggregate_s = server.aggregate_time_s(rec.aggregate_flops)
+        aggregator = legacy_server if rec.round < run.aggregated_at_flops_per_s_until else server
+        aggregate_s = aggregator.aggregate_time_s(rec.aggregate_flops)
         plan = rec.trace_plan if columns and not rec.outage else None
         if plan is not None:
             links = network.links(rec.round, selected, elapsed_s)

@@ -189,8 +189,9 @@ class RoundLinks:
     backhaul_goodput_bps: np.ndarray
     # goodput / rate where the Mathis bound caps the flow below its link rate, else 1.0:
     # the largest share of a shared medium's time the flow can use
-    uplink_max_share: np.ndarray
-    downlink_max_share: np.ndarray
+    # None: no loss in that direction, so every share is 1.0 (nothing to compute)
+    uplink_max_share: np.ndarray | None
+    downlink_max_share: np.ndarray | None
 
 
 def max_share(rate_bps: ArrayLike, goodput_bps: ArrayLike) -> np.ndarray:
@@ -306,8 +307,8 @@ class NetworkModel:
             servers,
             bh_lat,
             bh_bps,
-            max_share(ch.uplink_rate_bps, up_good),
-            max_share(ch.downlink_rate_bps, down_good),
+            max_share(ch.uplink_rate_bps, up_good) if self.uplink.loss_rate > 0 else None,
+            max_share(ch.downlink_rate_bps, down_good) if self.downlink.loss_rate > 0 else None,
         )
 
     def columns(self, links: RoundLinks, selected: list[int]) -> ClientColumns | None:
@@ -362,8 +363,8 @@ class NetworkModel:
                 es,
                 uplink_latency_s=float(up_lat[i]),
                 downlink_latency_s=float(down_lat[i]),
-                uplink_max_share=float(up_share[i]),
-                downlink_max_share=float(down_share[i]),
+                uplink_max_share=1.0 if up_share is None else float(up_share[i]),
+                downlink_max_share=1.0 if down_share is None else float(down_share[i]),
             )
             if records:
                 rows[int(cid)].update(

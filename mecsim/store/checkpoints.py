@@ -50,6 +50,17 @@ _NOT_RESULTS = ("description", "metrics", "execution", "outputs", "checkpoint")
 #: Sections added after runs were recorded: left out of the digest while at their
 #: defaults, so that a run recorded before a section existed keeps its digest.
 _NEW_AT_DEFAULT = {"energy": {"idle_policy": "sleep"}}
+#: Fields of a scenario's own device profiles (``devices.profiles``) added after runs were
+#: recorded: left out of the digest while unset, for the same reason.
+_NEW_PROFILE_FIELDS = {
+    "radio_pa_efficiency": None,
+    "radio_circuit_power_w": None,
+    "radio_tx_power_dbm": None,
+    "sleep_power_w": None,
+    "sleep_power_source": "",
+    "aggregate_flops_per_s": None,
+    "aggregate_flops_source": "",
+}
 
 
 #: Channel fields that restate others (``uplink.access`` names what ``shared`` and the
@@ -69,6 +80,10 @@ def scenario_digest(scenario: Scenario) -> str:
     for key, default in _NEW_AT_DEFAULT.items():
         if data.get(key) == default:
             data.pop(key)
+    for profile in (data.get("devices", {}).get("profiles") or {}).values():
+        for key, unset in _NEW_PROFILE_FIELDS.items():
+            if key in profile and profile[key] == unset:
+                del profile[key]
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 

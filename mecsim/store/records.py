@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import time
@@ -87,14 +88,12 @@ def _add_columns(path: Path, header: list[str], columns: list[str]) -> list[str]
         )
     with path.open(newline="") as f:
         rows = list(csv.DictReader(f))
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns, restval="")
-        writer.writeheader()
-        writer.writerows(rows)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=columns, restval="")
+    writer.writeheader()
+    writer.writerows(rows)
+    with atomic_section():  # the old file or the new one, never half of either
+        atomic_write_text(path, text.getvalue())
     return [c for c in columns if c not in header]
 
 
@@ -167,6 +166,9 @@ class RecordsWriter(RunObserver):
                 "pid": os.getpid(),
                 # columns this version records that the rounds before did not
                 **({"added_columns": added} if added else {}),
+                # the rate this process's edge server aggregates at (a replay times the
+                # rounds of a run recorded before the rate existed at flops_per_s)
+                **{k: info.extra[k] for k in ("aggregate_flops_per_s",) if k in info.extra},
             }
         ]
         self.meta.pop("error", None)
