@@ -204,6 +204,11 @@ def max_share(rate_bps: ArrayLike, goodput_bps: ArrayLike) -> np.ndarray:
         return np.where(good < rate, good / rate, 1.0)
 
 
+def _air_rate(goodput_bps: np.ndarray, rate_bps: np.ndarray, loss_rate: float) -> np.ndarray:
+    """:func:`air_rate_bps`; without loss the goodput itself (equal to it, uncomputed)."""
+    return air_rate_bps(goodput_bps, rate_bps, loss_rate) if loss_rate > 0 else goodput_bps
+
+
 class NetworkModel:
     """Per-round ClientSpecs (rates, device), edge servers and media for the engine."""
 
@@ -288,10 +293,10 @@ class NetworkModel:
                 [
                     np.full(len(selected), np.nan)
                     if schedule
-                    else air_rate_bps(up_good, ch.uplink_rate_bps, self.uplink.loss_rate),
+                    else _air_rate(up_good, ch.uplink_rate_bps, self.uplink.loss_rate),
                     np.full(len(selected), np.nan)
                     if schedule
-                    else air_rate_bps(down_good, ch.downlink_rate_bps, self.downlink.loss_rate),
+                    else _air_rate(down_good, ch.downlink_rate_bps, self.downlink.loss_rate),
                 ]
             ),
             np.column_stack([up_lat, down_lat]),
