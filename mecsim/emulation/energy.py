@@ -235,7 +235,7 @@ def round_energy_arrays(
     if len(times_s) == 0:
         return dict.fromkeys(ENERGY_KEYS, 0.0)
     p_active, p_idle, p_tx, p_rx, p_sleep = power_w.T
-    asleep = np.full(len(power_w), idle_policy == "sleep") & ~np.isnan(p_sleep)
+    asleep = ~np.isnan(p_sleep) if idle_policy == "sleep" else np.zeros(len(power_w), bool)
     if (
         math.isfinite(round_time_s)
         and np.isfinite(times_s).all()
@@ -247,17 +247,16 @@ def round_energy_arrays(
         compute_s, finish_s = times_s[:, 1], times_s[:, 5]
         window_s = np.maximum(round_time_s, finish_s)
         sleep_s = np.where(asleep, window_s - finish_s, 0.0)
-        e_compute = p_active * compute_s
-        e_radio = p_tx * (bits[:, 0] / rates_bps[:, 0]) + p_rx * (bits[:, 1] / rates_bps[:, 1])
-        e_idle = p_idle * np.maximum(0.0, window_s - compute_s - sleep_s)
-        e_sleep = np.where(asleep, p_sleep * sleep_s, 0.0)
-        total = e_compute + e_radio + e_idle + e_sleep
-        return {
-            key: float(sum(values.tolist()))
-            for key, values in zip(
-                ENERGY_KEYS, (total, e_compute, e_radio, e_idle, e_sleep), strict=True
-            )
-        }
+        parts = np.empty((5, len(power_w)))  # ENERGY_KEYS' order: total, then the parts
+        np.multiply(p_active, compute_s, out=parts[1])
+        parts[2] = p_tx * (bits[:, 0] / rates_bps[:, 0]) + p_rx * (bits[:, 1] / rates_bps[:, 1])
+        parts[3] = p_idle * np.maximum(0.0, window_s - compute_s - sleep_s)
+        parts[4] = np.where(asleep, p_sleep * sleep_s, 0.0)
+        parts[0] = parts[1] + parts[2] + parts[3] + parts[4]
+        # each part summed in client order, one addition after the other, as round_energy
+        # sums clients (accumulate is sequential; + 0.0 as sum()'s start turns -0.0 to 0.0)
+        sums = (np.add.accumulate(parts, axis=1)[:, -1] + 0.0).tolist()
+        return dict(zip(ENERGY_KEYS, sums, strict=True))
     download_s, compute_s, upload_s, server_s, backhaul_s, finish_s = times_s.T
     with np.errstate(invalid="ignore", divide="ignore"):
         window_s = np.where(np.isfinite(finish_s), np.maximum(round_time_s, finish_s), round_time_s)
