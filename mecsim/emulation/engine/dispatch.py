@@ -281,7 +281,6 @@ def _summarise(
     # one is the one that waited least: its own ops make up the path
     crit = max(done, key=lambda t: (t.finish_s, _busy_s(t))) if done else None
     wait_s = deadline_s if dropped and deadline_s is not None else crit.finish_s if crit else 0.0
-    round_s = wait_s + aggregate_s
     parts = (
         (
             crit.download_s,
@@ -293,21 +292,7 @@ def _summarise(
         if crit
         else (0.0, 0.0, 0.0, aggregate_s, 0.0)
     )
-    idle_s = round_s - sum(parts) if math.isfinite(round_s) else 0.0
-    return RoundTiming(
-        clients=timelines,
-        critical_client=crit.client_id if crit else None,
-        wait_s=wait_s,
-        aggregate_s=aggregate_s,
-        round_time_s=round_s,
-        download_s=parts[0],
-        client_s=parts[1],
-        upload_s=parts[2],
-        server_s=parts[3],
-        idle_s=max(0.0, idle_s),
-        dropped=dropped,
-        backhaul_s=parts[4],
-    )
+    return _timing(timelines, crit.client_id if crit else None, wait_s, aggregate_s, parts, dropped)
 
 
 def _summarise_columns(
@@ -359,25 +344,35 @@ def _summarise_columns(
         crit_id, crit_finish_s = None, 0.0
         parts = (0.0, 0.0, 0.0, aggregate_s, 0.0)
     wait_s = deadline_s if dropped and deadline_s is not None else crit_finish_s
+    return RoundColumns(
+        ids, finish_s, spent_s, completed, _timing((), crit_id, wait_s, aggregate_s, parts, dropped)
+    )
+
+
+def _timing(
+    clients: tuple[ClientTimeline, ...],
+    critical_client: int | None,
+    wait_s: float,
+    aggregate_s: float,
+    parts: tuple[float, float, float, float, float],
+    dropped: tuple[int, ...],
+) -> RoundTiming:
+    """The round's breakdown from its critical path's ``parts`` (download, client, upload,
+    server with the aggregation, backhaul): the round waits ``wait_s``, then aggregates;
+    what the parts do not cover is idle."""
     round_s = wait_s + aggregate_s
     idle_s = round_s - sum(parts) if math.isfinite(round_s) else 0.0
-    return RoundColumns(
-        ids,
-        finish_s,
-        spent_s,
-        completed,
-        RoundTiming(
-            clients=(),
-            critical_client=crit_id,
-            wait_s=wait_s,
-            aggregate_s=aggregate_s,
-            round_time_s=round_s,
-            download_s=parts[0],
-            client_s=parts[1],
-            upload_s=parts[2],
-            server_s=parts[3],
-            idle_s=max(0.0, idle_s),
-            dropped=dropped,
-            backhaul_s=parts[4],
-        ),
+    return RoundTiming(
+        clients=clients,
+        critical_client=critical_client,
+        wait_s=wait_s,
+        aggregate_s=aggregate_s,
+        round_time_s=round_s,
+        download_s=parts[0],
+        client_s=parts[1],
+        upload_s=parts[2],
+        server_s=parts[3],
+        idle_s=max(0.0, idle_s),
+        dropped=dropped,
+        backhaul_s=parts[4],
     )
