@@ -449,7 +449,6 @@ def _round_energy(
     network: NetworkModel, rec: RecordedRound, selected: list[int], t, links
 ) -> dict[str, float]:
     """The round's client energy (mecsim.emulation.energy), vectorised over its clients."""
-    bits, n_ops = rec.transfer_arrays
     times = np.array(
         [
             (c.download_s, c.compute_s, c.upload_s, c.server_compute_s, c.backhaul_s, c.finish_s)
@@ -457,6 +456,32 @@ def _round_energy(
         ],
         dtype=float,
     )
+    return _energy(network, rec, selected, times, links, t.round_time_s)
+
+
+def _columns_energy(
+    network: NetworkModel, rec: RecordedRound, selected: list[int], t: RoundColumns
+) -> dict[str, float]:
+    """:func:`_round_energy` of a round timed on columns (the closed form's have no
+    server or backhaul seconds: 0, as in its ClientTimelines)."""
+    spent = t.spent_s
+    if spent.shape[1] == 3:
+        spent = np.column_stack([spent, np.zeros((len(selected), 2))])
+    times = np.column_stack([spent, t.finish_s])
+    return _energy(network, rec, selected, times, network.round_links, t.summary.round_time_s)
+
+
+def _energy(
+    network: NetworkModel,
+    rec: RecordedRound,
+    selected: list[int],
+    times: np.ndarray,
+    links: tuple[np.ndarray, np.ndarray],
+    round_time_s: float,
+) -> dict[str, float]:
+    """:func:`round_energy_arrays` of the selected clients' seconds ``times`` (download,
+    compute, upload, server, backhaul, finish) over ``links`` (air rates, latencies)."""
+    bits, n_ops = rec.transfer_arrays
     rates, lat = links  # of the round just drawn, in selection order
     return round_energy_arrays(
         network.power_w[selected],
@@ -465,30 +490,7 @@ def _round_energy(
         n_ops,
         rates,
         lat,
-        t.round_time_s,
-        network.scenario.energy.idle_policy,
-    )
-
-
-def _columns_energy(
-    network: NetworkModel, rec: RecordedRound, selected: list[int], t: RoundColumns
-) -> dict[str, float]:
-    """:func:`_round_energy` of a round timed on columns (the closed form's have no
-    server or backhaul seconds: 0, as in its ClientTimelines)."""
-    bits, n_ops = rec.transfer_arrays
-    spent = t.spent_s
-    if spent.shape[1] == 3:
-        spent = np.column_stack([spent, np.zeros((len(selected), 2))])
-    times = np.column_stack([spent, t.finish_s])
-    rates, lat = network.round_links
-    return round_energy_arrays(
-        network.power_w[selected],
-        times,
-        bits,
-        n_ops,
-        rates,
-        lat,
-        t.summary.round_time_s,
+        round_time_s,
         network.scenario.energy.idle_policy,
     )
 
