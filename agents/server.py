@@ -257,6 +257,11 @@ class CentralServer(_ServerProcess):
     def evaluation_tasks(self, rnd: int, clients: list[int]) -> list[ClientTask]:
         return self.algorithm.configure_evaluate(rnd, clients)
 
+    def close(self) -> None:
+        """The run is over: the algorithm lets go of what it holds (see
+        :meth:`ServerAlgorithm.close`)."""
+        self.algorithm.close()
+
 
 class EdgeServer(_ServerProcess):
     """One edge server of a hierarchical algorithm: its ``EdgeAlgorithm``, built from the

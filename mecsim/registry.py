@@ -221,7 +221,7 @@ class Registry:
                     f"installed: {', '.join(self.names())}"
                 )
             module = name.partition(":")[0]
-            dist, version = _distribution_of(module)
+            dist, version = distribution_of(module)
             return PluginInfo(self.kind, name, name, dist, version, "import string")
         raise UnknownName(f"unknown {self.kind} {name!r}; known: {', '.join(self.names())}")
 
@@ -389,7 +389,7 @@ def _name_and_version(meta: str, folder_name: str) -> tuple[str, str]:
     return name, version
 
 
-def _distribution_of(module: str) -> tuple[str, str]:
+def distribution_of(module: str) -> tuple[str, str]:
     """(distribution, version) providing the top-level package of ``module``, or ("", "")."""
     from importlib.metadata import packages_distributions, version
 

@@ -27,8 +27,9 @@ checks one property at a time (:data:`PROPERTIES`):
 ``optraces``
     every client that trains reports FLOPs (in its result and its op-trace), and the
     bytes its op-trace charges are the bytes of what was sent: the downloads those of
-    ``task.weights``, the uploads those of ``result.weights`` and the arrays in
-    ``result.extra`` (a few bytes more for the numbers in ``extra`` / ``task.config``);
+    ``task.weights`` and the arrays in ``task.config``, the uploads those of
+    ``result.weights`` and the arrays in ``result.extra`` (serialised payloads, ``bytes``,
+    count as arrays; a few bytes more for the numbers in ``extra`` / ``task.config``);
 ``nan_guard``
     a client whose upload holds NaN is rejected (``rejected`` in ``rounds.csv``,
     ``rejected_nonfinite`` in ``clients.csv``), the server's state stays finite, and the
@@ -490,7 +491,10 @@ class _Stopped(BaseException):  # noqa: N818 - stands for a kill, not an error
 
 
 def _nbytes(value: Any) -> int:
-    """Bytes of the arrays and tensors in ``value`` (containers walked)."""
+    """Bytes of the arrays, tensors and serialised payloads (``bytes``) in ``value``
+    (containers walked)."""
+    if isinstance(value, bytes | bytearray):
+        return len(value)
     if isinstance(value, np.ndarray):
         return int(value.nbytes)
     if isinstance(value, torch.Tensor):
@@ -562,7 +566,7 @@ def _check_fit(probe: _Probe, rnd: int, task: ClientTask, result: ClientResult) 
                 f"{who}: {what} charge {charged} bytes, but it sent {sent_up} bytes "
                 "(result.weights and the arrays in result.extra)"
             )
-    sent_down = _nbytes(task.weights)
+    sent_down = _nbytes(task.weights) + _nbytes(task.config)
     slack_down = NUMBER_BYTES * _numbers(task.config)
     for what, charged in (
         ("its op-trace's downloads", downs),
@@ -570,7 +574,8 @@ def _check_fit(probe: _Probe, rnd: int, task: ClientTask, result: ClientResult) 
     ):
         if not sent_down <= charged <= sent_down + slack_down:
             problems.append(
-                f"{who}: {what} charge {charged} bytes, but task.weights holds {sent_down} bytes"
+                f"{who}: {what} charge {charged} bytes, but task.weights and the arrays "
+                f"in task.config hold {sent_down} bytes"
             )
 
 
@@ -669,7 +674,12 @@ def _observed_pair(
 
 def _poison(result: ClientResult) -> bool:
     """Put a NaN into what the client uploads (a copy: the client may keep its own);
-    False when it uploads nothing that can hold one."""
+    False when it uploads nothing that can hold one, or when the result is of an
+    evaluation (a batch of evaluate messages that a server driving its rounds sent after
+    the aggregation: its op-trace computes only ``what="evaluate"``)."""
+    computes = [op for op in result.trace if isinstance(op, Compute)]
+    if computes and all(op.what == "evaluate" for op in computes):
+        return False
     if isinstance(result.weights, np.ndarray) and result.weights.dtype.kind == "f":
         bad = np.array(result.weights, copy=True)
         bad.reshape(-1)[0] = np.nan
@@ -799,10 +809,14 @@ class _Kit:
                 problems.append(f"field {fname!r} has no default")
             if not (info.description or "").strip():
                 problems.append(f"field {fname!r} has no description")
+        # what a scenario must give, said by the Params class itself (a Flower app: which
+        # app runs): then the defaults alone need not validate
+        must_give = str(getattr(params, "must_give", "") or "")
         try:
             params()
         except Exception as exc:  # the defaults themselves do not validate
-            problems.append(f"{params.__name__}() with the defaults fails: {_one_line(exc)}")
+            if not must_give:
+                problems.append(f"{params.__name__}() with the defaults fails: {_one_line(exc)}")
         if problems:
             raise _Fail("; ".join(problems))
         try:
@@ -810,9 +824,10 @@ class _Kit:
         except _Fail:
             raise _Fail(self._base_error or "the in-process run failed") from None
         n = len(params.model_fields)
+        given = f" (a scenario must give {must_give})" if must_give else ""
         return (
             f"{params.__name__}: {n} field{'s' if n != 1 else ''}, each with a default and "
-            f"a description; {self.rounds} rounds ran in-process"
+            f"a description{given}; {self.rounds} rounds ran in-process"
         )
 
     def check_determinism(self) -> str:

@@ -261,6 +261,18 @@ class ServerAlgorithm(ABC):
     #: same result: the run loop then streams the uploads into the aggregate while the
     #: clients train, instead of holding them all (``execution.stream_aggregation``)
     streams_aggregation: ClassVar[bool] = False
+    #: True when the server's own code drives the rounds (a Flower ServerApp): after the
+    #: round's aggregation the run loop asks :meth:`select` again, within the same round,
+    #: and plans, executes, times and aggregates each further batch it returns (e.g. a
+    #: strategy's evaluate messages) until it returns none; the clients' accuracies then
+    #: come from those batches (``ClientResult.extra["flower_accuracy"]`` and
+    #: ``["flower_loss"]``), not from :meth:`ClientAlgorithm.evaluate`
+    drives_rounds: ClassVar[bool] = False
+    #: False when the server's state cannot be checkpointed (say why in
+    #: :attr:`checkpoint_refusal`): a scenario with ``checkpoint.every`` > 0 is refused
+    #: before it starts
+    checkpointable: ClassVar[bool] = True
+    checkpoint_refusal: ClassVar[str] = ""
 
     def __init__(
         self,
@@ -309,6 +321,10 @@ class ServerAlgorithm(ABC):
         scenario)."""
         for key, value in state.items():
             setattr(self, key, value)
+
+    def close(self) -> None:  # noqa: B027 - a hook: most algorithms hold nothing more
+        """Let go of what the server holds besides its state (a thread, a process), when
+        the run ends. Nothing by default."""
 
     @classmethod
     def check_scenario(

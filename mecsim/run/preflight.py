@@ -518,6 +518,12 @@ def check_algorithm(
         found.problem(where, message)
     if own:
         return
+    if not server_cls.checkpointable and scenario.checkpoint.every > 0:
+        found.problem(
+            "checkpoint.every",
+            f"algorithm {scenario.algorithm.name!r}: {server_cls.checkpoint_refusal}; "
+            "set checkpoint: {every: 0} (a run that stops is then started again, not resumed)",
+        )
     try:
         with untouched():
             server_cls(

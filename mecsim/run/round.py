@@ -58,8 +58,10 @@ def run_round(
     executor is asked to plan it ahead (:meth:`LocalExecutor.plan_ahead`)."""
     sc = rs.info.scenario
     last = rnd == sc.rounds - 1
-    evaluates = (rnd + 1) % sc.evaluation.every == 0 or last
-    plan_ahead = plan_next and not evaluates  # the last round always evaluates
+    drives = rs.drives_rounds  # the server asks for more batches after the aggregation
+    evaluates = ((rnd + 1) % sc.evaluation.every == 0 or last) and not drives
+    # the last round always evaluates; a server that drives its rounds is asked again
+    plan_ahead = plan_next and not evaluates and not drives
     wall0 = time.perf_counter()
     selected, tasks = rs.executor.plan(rnd)
     rf = faults.draw_round(sc.faults, sc.seed, rnd, selected)
@@ -98,9 +100,15 @@ def run_round(
     rejected = set(agg.rejected)
     timing = emulated.time(traces, rs.server_profile.aggregate_time_s(agg.flops))
 
+    # each selected client's (up, down) air rates, in selection order (the round's links
+    # as emulate_round drew them: mecsim.emulation.energy.air_rate_bps)
+    air_rates = rs.network.round_links[0].tolist()
     evals: dict[int, tuple[float, float]] = {}
     eval_extras: dict[int, dict[str, float]] = {}  # an algorithm's own per-client figures
-    if evaluates:
+    follow_up: dict[str, float] = {}
+    if drives:
+        evals, follow_up = _follow_up_batches(rs, rnd, elapsed_s + timing.round_time_s)
+    elif evaluates:
         who = list(range(sc.topology.clients)) if sc.evaluation.clients == "all" else selected
         for cid, acc, loss, _, *extra in rs.executor.evaluate(rnd, who):
             evals[cid] = (acc, loss)
@@ -110,9 +118,6 @@ def run_round(
     by_id = {r.client_id: r for r in results}
     sizes = {cid: trace_bytes(t) for cid, t in traces.items()}  # (bytes up, bytes down)
     tl_by_id = {c.client_id: c for c in timing.clients}
-    # each selected client's (up, down) air rates, in selection order (the round's links
-    # as emulate_round drew them: mecsim.emulation.energy.air_rate_bps)
-    air_rates = rs.network.round_links[0].tolist()
     position = {cid: i for i, cid in enumerate(selected)}
     statuses: dict[int, str] = {}
     client_rows: list[dict[str, Any]] = []
@@ -212,6 +217,7 @@ def run_round(
         "host_train_wall_s": train_wall,
         "host_aggregate_s": agg.wall_s,
         **agg.metrics,
+        **follow_up,
         **{
             f"mean_{k}": _mean([e[k] for e in eval_extras.values()])
             for k in sorted({k for e in eval_extras.values() for k in e})
@@ -229,3 +235,50 @@ def run_round(
     # the whole round in this process, its records built (not yet written) included
     round_row["host_wall_s"] = time.perf_counter() - wall0
     return round_row, client_rows, trace_record
+
+
+def _follow_up_batches(
+    rs: RunSetup, rnd: int, at_s: float
+) -> tuple[dict[int, tuple[float, float]], dict[str, float]]:
+    """The batches a server that drives its rounds (``ServerAlgorithm.drives_rounds``: a
+    Flower ServerApp) sends after the round's aggregation, until it sends none: each
+    planned, executed, timed on the round's links from ``at_s`` (one after the other, no
+    emulated faults) and handed back to the server with the replies that made it.
+    Returns each client's (accuracy, loss) from its replies and the ``eval_*`` columns:
+    how many clients were sent a message, the emulated seconds, bytes and GFLOPs of the
+    batches (not in the round's time, bytes or energy: like a built-in algorithm's
+    evaluation, they are reported beside the round)."""
+    sc = rs.info.scenario
+    evals: dict[int, tuple[float, float]] = {}
+    columns: dict[str, float] = {
+        "eval_clients": 0,
+        "eval_time_s": 0.0,
+        "eval_bytes_down": 0,
+        "eval_bytes_up": 0,
+        "eval_gflops": 0.0,
+    }
+    while True:
+        selected, tasks = rs.executor.plan(rnd)
+        if not tasks:
+            return evals, columns
+        results = rs.executor.fit(rnd, tasks)
+        traces = {r.client_id: r.trace for r in sorted(results, key=lambda r: r.client_id)}
+        emulated = emulate_round(rs.network, sc.faults, rs.slowdown, rnd, selected, at_s, (), ())
+        timing = emulated.time(traces)
+        done = {c.client_id for c in timing.clients if c.completed}
+        agg = rs.executor.aggregate(rnd, [r for r in results if r.client_id in done])
+        timing = emulated.time(traces, rs.server_profile.aggregate_time_s(agg.flops))
+        at_s += timing.round_time_s
+        columns["eval_clients"] += len(selected)
+        columns["eval_time_s"] += timing.round_time_s
+        for trace in traces.values():
+            up, down = trace_bytes(trace)
+            columns["eval_bytes_up"] += up
+            columns["eval_bytes_down"] += down
+        columns["eval_gflops"] += sum(r.flops for r in results) / 1e9
+        for r in results:
+            if r.client_id in done and ("flower_accuracy" in r.extra or "flower_loss" in r.extra):
+                evals[r.client_id] = (
+                    float(r.extra.get("flower_accuracy", float("nan"))),
+                    float(r.extra.get("flower_loss", float("nan"))),
+                )

@@ -47,6 +47,8 @@ class RunSetup:
     # the uploads are streamed into the aggregate while the clients train (see
     # streams_aggregation): which clients a round aggregates is known before it is timed
     streams: bool = False
+    # the server's own code drives the rounds (ServerAlgorithm.drives_rounds: a Flower app)
+    drives_rounds: bool = False
 
 
 def streams_aggregation(scenario: Scenario) -> bool:
@@ -229,6 +231,7 @@ def prepare(
         profiles[scenario.devices.edge_server],
         slowdown,
         streams_aggregation(scenario),
+        algorithm_classes(scenario.algorithm.name)[0].drives_rounds,
     )
 
 

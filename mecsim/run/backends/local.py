@@ -62,6 +62,7 @@ class LocalExecutor:
 
     def restart(self) -> None:
         """New servers and hosts in their initial state (then :meth:`load_state`)."""
+        self.server.close()
         self._start()
 
     def state(self, known_blobs: set[str] | None = None) -> ExecutorState:
@@ -168,4 +169,4 @@ class LocalExecutor:
         ]
 
     def close(self) -> None:
-        pass
+        self.server.close()

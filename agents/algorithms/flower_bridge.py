@@ -1,0 +1,445 @@
+"""The two sides of a Flower app on mecsim (see :mod:`mecsim.agents.algorithms.flower`).
+
+:class:`Bridge` runs the ServerApp in a thread of the central server's process and hands
+each batch of messages its strategy sends through :class:`MecsimGrid` to mecsim's round
+loop, one batch at a time: the app's thread and the loop never run at once (each waits on
+a queue for the other). :class:`ClientRunner` executes one message with a client's
+ClientApp on the client's host and measures what it cost.
+
+Imports Flower: only loaded when a scenario names the ``flower`` algorithm.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import queue
+import random
+import sys
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
+from flwr.serverapp import Grid, ServerApp
+from flwr.supercore.run import Run
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils.flop_counter import FlopCounterMode
+
+from mecsim.agents.algorithms.base import AlgorithmError, ClientContext, ClientTask
+from mecsim.agents.algorithms.flower_app import (
+    ACCURACY_KEYS,
+    LOSS_KEYS,
+    FlowerApp,
+    FlowerAppError,
+    FlowerParams,
+    from_wire,
+    reply_arrays_finite,
+    reply_metric,
+    to_wire,
+)
+
+#: the Flower run id every message of a mecsim run carries
+RUN_ID = 1
+#: how often the ServerApp may ask for the node ids between two batches before mecsim
+#: decides it waits for more nodes than the scenario has (Flower's sample_nodes asks
+#: once a second while it waits)
+MAX_NODE_POLLS = 5
+
+
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+
+
+_LOADED: dict[tuple[str, str, str | None], tuple[Any, Any]] = {}
+
+
+def load_components(app: FlowerApp) -> tuple[ServerApp, ClientApp]:
+    """The app's ServerApp and ClientApp objects (imported once per process; the app's
+    folder, if any, is put on ``sys.path`` first, as ``flwr run`` does)."""
+    key = (app.serverapp, app.clientapp, app.app_dir)
+    if key in _LOADED:
+        return _LOADED[key]
+    if app.app_dir is not None and app.app_dir not in sys.path:
+        sys.path.insert(0, app.app_dir)
+    field = "app" if app.app_dir is not None else None
+    loaded = []
+    for name, ref, cls in (
+        ("serverapp", app.serverapp, ServerApp),
+        ("clientapp", app.clientapp, ClientApp),
+    ):
+        where = f"algorithm.params.{field or name}"
+        module_name, _, attr = ref.partition(":")
+        try:
+            obj: Any = importlib.import_module(module_name)
+            for part in attr.split("."):
+                obj = getattr(obj, part)
+        except Exception as exc:  # the app's own import-time code, or a wrong name
+            raise FlowerAppError(f"{where}: cannot load {name} {ref!r}: {_one_line(exc)}") from None
+        if not isinstance(obj, cls):
+            raise FlowerAppError(
+                f"{where}: {name} {ref!r} is a {type(obj).__name__}, not a Flower {cls.__name__}"
+            )
+        loaded.append(obj)
+    _LOADED[key] = (loaded[0], loaded[1])
+    return _LOADED[key]
+
+
+def _category(message: Message) -> str:
+    return message.metadata.message_type.split(".")[0]
+
+
+class _RunOver(BaseException):
+    """Raised in the ServerApp's thread when mecsim's run ends before the app does (a
+    BaseException, so that the app's own ``except Exception`` does not swallow it)."""
+
+
+_RUN_OVER = object()
+
+
+class Bridge:
+    """The ServerApp's thread and the batches it sends (see the module docstring)."""
+
+    def __init__(self, app: FlowerApp, nodes: dict[int, int], seed: int, log_level: str) -> None:
+        self.app = app
+        self.node_of = dict(nodes)
+        self.client_of = {node: cid for cid, node in nodes.items()}
+        self.seed = int(seed)
+        self.log_level = log_level.upper()
+        self._to_loop: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._to_app: queue.Queue[Any] = queue.Queue()
+        self._pending: dict[int, Message] | None = None  # the app's next batch, by client
+        self._batch: dict[int, Message] = {}  # the batch mecsim is executing
+        self._finished = False
+        self._round = -1
+        self._batches = 0
+        self._thread: threading.Thread | None = None
+
+    # ---- the app's thread
+
+    def start(self) -> None:
+        server_app, _ = load_components(self.app)
+        logging.getLogger("flwr").setLevel(self.log_level)
+        self._thread = threading.Thread(
+            target=self._main, args=(server_app,), name="mecsim-flower-serverapp", daemon=True
+        )
+        self._thread.start()
+        self._next()  # the first batch, or the app's end
+
+    def _main(self, server_app: ServerApp) -> None:
+        try:
+            from flwr.supercore.task_identity import TaskIdentity
+        except ImportError:  # pragma: no cover - Flower releases without it
+            pass
+        else:
+            TaskIdentity.task_id = 1
+            TaskIdentity.run_id = RUN_ID
+            TaskIdentity.node_id = SUPERLINK_NODE_ID
+        random.seed(self.seed)  # what the strategy samples (random.sample of node ids)
+        context = Context(
+            run_id=RUN_ID,
+            node_id=SUPERLINK_NODE_ID,
+            node_config={},
+            state=RecordDict(),
+            run_config=dict(self.app.run_config),
+        )
+        try:
+            server_app(grid=MecsimGrid(self), context=context)
+        except _RunOver:
+            return
+        except BaseException as exc:  # the app's own code: reported by the loop's side
+            self._to_loop.put(("error", exc))
+            return
+        self._to_loop.put(("done", None))
+
+    def exchange(self, messages: list[Message]) -> list[Message]:
+        """In the app's thread: hand a batch to mecsim, wait for its replies. Python's
+        ``random`` is the app's own across the wait (the clients' draws in between, in
+        this process, do not move it)."""
+        state = random.getstate()
+        self._to_loop.put(("batch", messages))
+        replies = self._to_app.get()
+        if replies is _RUN_OVER:
+            raise _RunOver
+        random.setstate(state)
+        return replies
+
+    # ---- mecsim's side
+
+    def _next(self) -> None:
+        """Wait for the app's next batch (or its end, or its failure)."""
+        assert self._thread is not None
+        while True:
+            try:
+                kind, payload = self._to_loop.get(timeout=1.0)
+                break
+            except queue.Empty:
+                if not self._thread.is_alive():
+                    raise AlgorithmError(
+                        "algorithm 'flower': the ServerApp's thread ended without a reply"
+                    ) from None
+        if kind == "error":
+            raise AlgorithmError(
+                f"algorithm 'flower': the ServerApp failed: {_one_line(payload)}"
+            ) from payload
+        if kind == "done":
+            self._finished, self._pending = True, None
+            return
+        self._pending = self._by_client(payload)
+
+    def _by_client(self, messages: list[Message]) -> dict[int, Message]:
+        batch: dict[int, Message] = {}
+        categories = {_category(m) for m in messages}
+        if len(categories) > 1:
+            raise AlgorithmError(
+                f"algorithm 'flower': the ServerApp sent {' and '.join(sorted(categories))} "
+                "messages in one batch; mecsim runs one kind of message per batch"
+            )
+        self._batches += 1
+        for i, msg in enumerate(messages):
+            node = msg.metadata.dst_node_id
+            if node not in self.client_of:
+                raise AlgorithmError(
+                    f"algorithm 'flower': the ServerApp sent a message to node {node}, "
+                    f"which is none of the scenario's {len(self.client_of)} clients' nodes"
+                )
+            cid = self.client_of[node]
+            if cid in batch:
+                raise AlgorithmError(
+                    f"algorithm 'flower': the ServerApp sent two messages to node {node} "
+                    "in one batch; mecsim runs one message per client per batch"
+                )
+            if not msg.metadata.message_id:
+                msg.metadata.__dict__["_message_id"] = f"{self._batches}.{i}"
+            batch[cid] = msg
+        return batch
+
+    def select(self, rnd: int) -> list[int]:
+        """The clients of the round's next batch: at a round's start, its train batch;
+        within the round, the batch that followed (none when the next is a train batch,
+        the next round's, or the app has ended)."""
+        new_round = rnd != self._round
+        pending = self._pending
+        if pending is None:
+            if new_round:
+                raise AlgorithmError(
+                    f"algorithm 'flower': the ServerApp ended after {rnd} rounds of train "
+                    "messages, before the scenario's rounds (its num-server-rounds is the "
+                    "scenario's rounds: does the ServerApp read it?)"
+                )
+            return []
+        category = _category(next(iter(pending.values()))) if pending else "train"
+        if new_round:
+            if category != "train":
+                raise AlgorithmError(
+                    f"algorithm 'flower': the ServerApp sent {category} messages before "
+                    f"the train messages of round {rnd + 1}; a mecsim round starts with a "
+                    "batch of train messages"
+                )
+            self._round = rnd
+        elif category == "train":
+            return []
+        self._batch, self._pending = pending, None
+        return sorted(pending)
+
+    def tasks(self, selected: list[int]) -> list[ClientTask]:
+        n = len(self.node_of)
+        tasks = []
+        for cid in selected:
+            wire = to_wire(self._batch[cid])
+            config = {
+                "flower_message": wire,
+                "flower_app": self.app,
+                "node_id": self.node_of[cid],
+                "num_partitions": n,
+            }
+            tasks.append(ClientTask(cid, None, len(wire), config=config))
+        return tasks
+
+    def answer(self, replies: dict[int, bytes]) -> None:
+        """Give the batch's replies (as they came over the wire) to the app, an error
+        reply for each client that gave none (dropped), and wait for its next batch."""
+        out = []
+        for i, (cid, msg) in enumerate(sorted(self._batch.items())):
+            wire = replies.get(cid)
+            if wire is not None:
+                reply = from_wire(wire)
+            else:
+                reply = Message(
+                    Error(
+                        code=ErrorCode.NODE_UNAVAILABLE,
+                        reason="mecsim: no reply: the client was dropped by the emulated "
+                        "network or device (deadline, crash, dropout or outage)",
+                    ),
+                    reply_to=msg,
+                )
+            reply.metadata.__dict__["_message_id"] = f"{msg.metadata.message_id}.r{i}"
+            out.append(reply)
+        self._batch = {}
+        self._to_app.put(out)
+        self._next()
+
+    def close(self) -> None:
+        """End the app's thread if mecsim's run ended first."""
+        thread = self._thread
+        if thread is not None and thread.is_alive():
+            self._to_app.put(_RUN_OVER)
+            thread.join(timeout=10.0)
+
+
+class MecsimGrid(Grid):
+    """The Grid a ServerApp talks to on mecsim: its messages go to mecsim's round loop."""
+
+    def __init__(self, bridge: Bridge) -> None:
+        self._bridge = bridge
+        self._run = Run.create_empty(RUN_ID)
+        self._pushed: list[Message] = []
+        self._replies: dict[str, Message] = {}
+        self._polls = 0
+
+    def set_run(self, run: Run) -> None:
+        self._run = run
+
+    @property
+    def run(self) -> Run:
+        return self._run
+
+    def create_message(
+        self,
+        content: RecordDict,
+        message_type: str,
+        dst_node_id: int,
+        group_id: str,
+        ttl: float | None = None,
+    ) -> Message:
+        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
+
+    def get_node_ids(self) -> Iterable[int]:
+        self._polls += 1
+        if self._polls > MAX_NODE_POLLS:
+            raise RuntimeError(
+                f"the ServerApp keeps asking for nodes: it waits for more than the "
+                f"scenario's {len(self._bridge.node_of)} clients (topology.clients; the "
+                "strategy's min_available_nodes?)"
+            )
+        return list(self._bridge.node_of.values())
+
+    def _send(self, messages: list[Message]) -> list[Message]:
+        self._polls = 0
+        return self._bridge.exchange(messages)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        ids = []
+        for msg in messages:
+            if not msg.metadata.message_id:
+                msg.metadata.__dict__["_message_id"] = f"p{len(self._pushed)}.{id(msg)}"
+            self._pushed.append(msg)
+            ids.append(msg.metadata.message_id)
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        if self._pushed:
+            batch, self._pushed = self._pushed, []
+            for reply in self._send(batch):
+                self._replies[reply.metadata.reply_to_message_id] = reply
+        return [self._replies.pop(i) for i in list(message_ids) if i in self._replies]
+
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
+        batch = list(messages)
+        if not batch:
+            return []
+        return self._send(batch)
+
+
+@dataclass
+class Outcome:
+    """What one ClientApp call cost and returned."""
+
+    category: str
+    reply: bytes  # as it goes over the wire (mecsim.agents.algorithms.flower_app.to_wire)
+    flops: float
+    steps: int
+    values: int  # floating-point values in the reply's arrays
+    num_examples: int
+    train_loss: float
+    accuracy: float | None
+    loss: float | None
+    peak_memory_bytes: int
+
+
+class ClientRunner:
+    """Executes a message with a client's ClientApp on its host."""
+
+    def __init__(self, params: FlowerParams) -> None:
+        self.params = params
+
+    def handle(self, ctx: ClientContext, config: dict[str, Any]) -> Outcome:
+        """Execute the message in ``config`` (a task's) with the client's ClientApp."""
+        app: FlowerApp = config["flower_app"]
+        message = from_wire(config["flower_message"])
+        _, client_app = load_components(app)
+        logging.getLogger("flwr").setLevel(self.params.log_level.upper())
+        context = ctx.state.get("flower_context")
+        if context is None:
+            context = Context(
+                run_id=RUN_ID,
+                node_id=int(config["node_id"]),
+                node_config={
+                    "partition-id": ctx.client_id,
+                    "num-partitions": int(config["num_partitions"]),
+                },
+                state=RecordDict(),
+                run_config=dict(app.run_config),
+            )
+        # the ClientApp's own draws (numpy's and Python's global generators; torch's
+        # is seeded by the host) come from the client's seed for the round
+        seed = int(torch.randint(0, 2**62, (1,), generator=ctx.generator))
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        steps = 0
+
+        def count_step(*_: Any) -> None:
+            nonlocal steps
+            steps += 1
+
+        hook = register_optimizer_step_post_hook(count_step)
+        try:
+            with FlopCounterMode(display=False) as counter:
+                reply = client_app(message=message, context=context)
+        finally:
+            hook.remove()
+        if not isinstance(reply, Message):
+            raise TypeError(f"the ClientApp returned a {type(reply).__name__}, not a Message")
+        if reply.has_error():
+            raise RuntimeError(f"the ClientApp replied with an error: {reply.error.reason}")
+        if not reply_arrays_finite(reply):
+            raise ValueError("the ClientApp's reply holds NaN or inf (in its arrays or metrics)")
+        ctx.state["flower_context"] = context
+        values = sum(
+            int(np.prod(array.shape))
+            for record in reply.content.array_records.values()
+            for array in record.values()
+        )
+        category = _category(message)
+        num_examples = reply_metric(reply, ("num-examples", "num_examples"))
+        train_loss = reply_metric(reply, ("train_loss", "loss")) if category == "train" else None
+        return Outcome(
+            category=category,
+            reply=to_wire(reply),
+            flops=float(counter.get_total_flops()),
+            steps=steps,
+            values=values,
+            num_examples=int(num_examples or 0),
+            train_loss=float("nan") if train_loss is None else train_loss,
+            accuracy=reply_metric(reply, ACCURACY_KEYS) if category != "train" else None,
+            loss=reply_metric(reply, LOSS_KEYS) if category != "train" else None,
+            # not measured: a ClientApp's tensors are its own (see docs/flower.md)
+            peak_memory_bytes=0,
+        )

@@ -1,0 +1,1 @@
+"""flowerapp: A Flower / PyTorch app."""

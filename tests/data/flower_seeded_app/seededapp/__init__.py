@@ -1,0 +1,1 @@
+"""seededapp: a small, seeded Flower app for mecsim's tests."""

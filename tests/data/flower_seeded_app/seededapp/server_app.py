@@ -1,0 +1,61 @@
+"""The ServerApp: one of Flower's strategies; the global arrays after every round are
+written to $SEEDEDAPP_OUT (an .npz) when it is set."""
+
+import os
+import time
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Context
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import FedAdam, FedAvg, FedAvgM, FedProx
+
+from seededapp.task import make_net
+
+app = ServerApp()
+
+DEFAULTS = {
+    "num-server-rounds": int(os.environ.get("SEEDEDAPP_ROUNDS", "3")),
+    "fraction-train": 1.0,
+    "fraction-evaluate": 1.0,
+    "lr": 0.1,
+    "strategy": "fedavg",
+}
+STRATEGIES = {"fedavg": FedAvg, "fedprox": FedProx, "fedadam": FedAdam, "fedavgm": FedAvgM}
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    # Flower's run_simulation gives an empty run config: the defaults are the pyproject's
+    cfg = {**DEFAULTS, **context.run_config}
+    kwargs = dict(
+        fraction_train=float(cfg["fraction-train"]),
+        fraction_evaluate=float(cfg["fraction-evaluate"]),
+    )
+    name = os.environ.get("SEEDEDAPP_STRATEGY", str(cfg["strategy"]))
+    if name == "fedprox":
+        kwargs["proximal_mu"] = 0.1
+    strategy = STRATEGIES[name](**kwargs)
+    rounds = {}
+
+    stamps = {}
+
+    def keep(server_round: int, arrays: ArrayRecord):
+        # called before the first round and after each: the wall time between two calls
+        # is a round's (its train and evaluate messages), for benchmarks/flower.py
+        stamps[server_round] = time.perf_counter()
+        rounds[server_round] = np.concatenate([a.numpy().ravel() for a in arrays.values()])
+        return None
+
+    result = strategy.start(
+        grid=grid,
+        initial_arrays=ArrayRecord(make_net().state_dict()),
+        train_config=ConfigRecord({"lr": float(cfg["lr"])}),
+        num_rounds=int(cfg["num-server-rounds"]),
+        evaluate_fn=keep,
+    )
+    out = os.environ.get("SEEDEDAPP_OUT")
+    if out:
+        # how many times the clients trained, averaged: their Context state (stateful)
+        times = {f"times{r}": m["times"] for r, m in result.train_metrics_clientapp.items()}
+        walls = {f"wall{r}": stamps[r] - stamps[r - 1] for r in stamps if r > 0}
+        np.savez(out, **{f"round{r}": v for r, v in rounds.items()}, **times, **walls)

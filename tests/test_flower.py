@@ -1,0 +1,318 @@
+"""Flower apps on mecsim (``algorithm: flower``): the same global arrays as Flower's own
+simulation, stateful clients, mecsim's records, the conformance kit, and bad input.
+
+The app is tests/data/flower_seeded_app (a ServerApp with one of Flower's strategies, a
+ClientApp that seeds its training from its partition id and the round); Flower's side
+runs in a subprocess (tests/flower_sim.py: ``run_simulation`` starts Ray of its own).
+Skipped, with the reason, where Flower is not installed (``pip install "mecsim[flower]"``).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+flwr = pytest.importorskip("flwr", reason='Flower is not installed: pip install "mecsim[flower]"')
+
+from mecsim.agents.algorithms.flower_app import (  # noqa: E402
+    FlowerAppError,
+    FlowerParams,
+    flower_version_problem,
+    node_ids,
+    resolve_app,
+)
+
+HERE = Path(__file__).resolve().parent
+APP = HERE / "data" / "flower_seeded_app"
+ROOT = HERE.parent
+
+
+def scenario(tmp_path: Path, **over) -> Path:
+    data = {
+        "name": "flower-test",
+        "seed": 0,
+        "rounds": 3,
+        "topology": {"clients": 4},
+        "algorithm": {"name": "flower", "params": {"app": str(APP)}},
+        "checkpoint": {"every": 0},
+        "metrics": {"enabled": False},
+        "outputs": {"dir": str(tmp_path / "runs")},
+    }
+    for key, value in over.items():
+        data[key] = value
+    path = tmp_path / "flower.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@dataclass
+class Ran:
+    returncode: int
+    stderr: str
+
+
+def mecsim_run(path: Path, *args: str, env: dict[str, str] | None = None) -> Ran:
+    """``mecsim run PATH --quiet --no-plots ARGS`` in this process (the app's
+    environment switches set for the while), from the scenario's folder."""
+    import contextlib
+    import io
+
+    from mecsim.interfaces.cli import main
+
+    err = io.StringIO()
+    saved = {k: os.environ.get(k) for k in (env or {})}
+    cwd = os.getcwd()
+    os.environ.update(env or {})
+    os.chdir(path.parent)
+    try:
+        with contextlib.redirect_stderr(err):
+            code = main(["run", str(path), "--quiet", "--no-plots", *args])
+    finally:
+        os.chdir(cwd)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return Ran(code, err.getvalue())
+
+
+def only_run(tmp_path: Path) -> Path:
+    (run,) = sorted((tmp_path / "runs").iterdir())
+    return run
+
+
+# ------------------------------------------------------------------ same as Flower
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["fedavg", "fedadam"])
+def test_the_global_arrays_after_every_round_equal_flowers_simulation(
+    tmp_path: Path, strategy: str
+) -> None:
+    """Full participation, a ClientApp seeded from its partition id: mecsim's run and
+    Flower's run_simulation of the same app agree round by round to float tolerance (the
+    only difference: the order the strategy sums the replies in)."""
+    env = {"SEEDEDAPP_STRATEGY": strategy}
+    theirs = tmp_path / "flower.npz"
+    sim = subprocess.run(
+        [sys.executable, str(HERE / "flower_sim.py"), "4"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env, "SEEDEDAPP_OUT": str(theirs)},
+        timeout=600,
+    )
+    assert sim.returncode == 0, sim.stderr[-2000:]
+    ours = tmp_path / "mecsim.npz"
+    run = mecsim_run(
+        scenario(tmp_path), "--backend", "local", env={**env, "SEEDEDAPP_OUT": str(ours)}
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    a, b = np.load(theirs), np.load(ours)
+    names = [f"round{r}" for r in range(4)]
+    names += [f"{k}{r}" for k in ("times", "wall") for r in (1, 2, 3)]
+    assert sorted(a.files) == sorted(b.files) == sorted(names)
+    assert np.array_equal(a["round0"], b["round0"])  # the same initial model
+    for r in range(1, 4):
+        moved = np.abs(b[f"round{r}"] - b[f"round{r - 1}"]).max()
+        assert moved > 1e-3  # the rounds trained: equality below is not of unchanged arrays
+        np.testing.assert_allclose(b[f"round{r}"], a[f"round{r}"], rtol=0, atol=1e-6)
+        # stateful clients: each counts its trainings in its Context, kept between rounds
+        assert float(a[f"times{r}"]) == float(b[f"times{r}"]) == r
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["fedprox", "fedavgm"])
+def test_more_of_flowers_strategies_run_unchanged(tmp_path: Path, strategy: str) -> None:
+    out = tmp_path / "m.npz"
+    run = mecsim_run(
+        scenario(tmp_path),
+        "--backend",
+        "local",
+        env={"SEEDEDAPP_STRATEGY": strategy, "SEEDEDAPP_OUT": str(out)},
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    arrays = np.load(out)
+    assert np.isfinite(arrays["round3"]).all()
+    assert np.abs(arrays["round3"] - arrays["round0"]).max() > 1e-3
+
+
+# ------------------------------------------------------------------ mecsim's records
+
+
+def test_a_flower_run_records_every_round_with_mecsims_costs(tmp_path: Path) -> None:
+    """Each train batch is a round of rounds.csv with bytes (the messages' protocol
+    buffers), FLOPs (counted), times and energy; the evaluate batches are in the eval_*
+    columns and give each client's accuracy; partial participation follows the
+    strategy's own sampling (fraction-train 0.5: 2 of 4 clients a round)."""
+    path = scenario(
+        tmp_path,
+        algorithm={
+            "name": "flower",
+            "params": {"app": str(APP), "run_config": {"fraction-train": 0.5}},
+        },
+    )
+    run = mecsim_run(path, "--backend", "local")
+    assert run.returncode == 0, run.stderr[-2000:]
+    folder = only_run(tmp_path)
+    rounds = pd.read_csv(folder / "rounds.csv")
+    clients = pd.read_csv(folder / "clients.csv")
+    assert list(rounds["round"]) == [0, 1, 2]
+    assert (rounds["selected"] == 2).all() and (rounds["completed"] == 2).all()
+    # the MLP has 784*32 + 32 + 32*10 + 10 = 25,450 float32 values: a message holds them
+    # (101,800 bytes) and a little more (names, shapes, config, metadata)
+    per_message = rounds["bytes_down"] / 2
+    assert ((per_message > 101_800) & (per_message < 101_800 + 2_000)).all()
+    assert ((rounds["bytes_up"] / 2 > 101_800) & (rounds["bytes_up"] / 2 < 103_800)).all()
+    # FLOPs counted: 200 samples x (2 x 25,088 + 2 x 320) multiply-adds forward, about 3x
+    # that with the backward pass: ~30 MFLOPs per client and round
+    per_client = rounds["client_gflops"] / 2
+    assert ((per_client > 0.02) & (per_client < 0.05)).all()
+    assert (rounds["round_time_s"] > 0).all() and (rounds["energy_j"] > 0).all()
+    assert (rounds["eval_clients"] == 4).all()  # fraction-evaluate 1.0
+    assert (rounds["eval_time_s"] > 0).all() and (rounds["eval_bytes_up"] > 0).all()
+    assert rounds["mean_accuracy"].iloc[-1] > rounds["mean_accuracy"].iloc[0]
+    trained = clients[clients["selected"]]
+    assert (trained["steps"] == 7).all()  # ceil(200 / 32) optimizer steps each round
+    assert (trained["num_samples"] == 200).all()
+    assert clients["accuracy"].notna().sum() == 12  # every client evaluated every round
+
+
+def test_a_client_dropped_by_the_deadline_is_a_failed_reply_to_the_strategy(
+    tmp_path: Path,
+) -> None:
+    """The strategy goes on without the replies of clients the emulated network drops:
+    Flower's FedAvg aggregates the others (an error reply for each dropped one)."""
+    path = scenario(tmp_path, deadline_s=1.2, rounds=2)
+    out = tmp_path / "m.npz"
+    run = mecsim_run(path, "--backend", "local", env={"SEEDEDAPP_OUT": str(out)})
+    assert run.returncode == 0, run.stderr[-2000:]
+    rounds = pd.read_csv(only_run(tmp_path) / "rounds.csv")
+    assert (rounds["dropped_deadline"] > 0).any() and (rounds["completed"] > 0).all()
+    assert np.isfinite(np.load(out)["round2"]).all()
+
+
+# ------------------------------------------------------------------ the kit
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_the_conformance_kit_passes_on_a_flower_app() -> None:
+    from mecsim.testing import TINY, check_algorithm
+
+    data = copy.deepcopy(TINY)
+    data["algorithm"] = {"name": "flower", "params": {"app": str(APP)}}
+    data["checkpoint"] = {"every": 0}
+    report = check_algorithm("flower", data, ray=True)
+    report.assert_ok()
+    assert not report.result("ray").skipped  # in-process and Ray: identical records
+    assert not report.result("determinism").skipped
+
+
+# ------------------------------------------------------------------ bad input
+
+
+def test_node_ids_are_distinct_and_fixed_by_the_seed() -> None:
+    a, b = node_ids(list(range(100)), 7), node_ids(list(range(100)), 7)
+    assert a == b and len(set(a.values())) == 100
+    assert node_ids(list(range(100)), 8) != a
+    assert all(0 < n < 2**63 for n in a.values())
+
+
+def test_params_name_exactly_one_app() -> None:
+    with pytest.raises(ValueError, match="name the Flower app"):
+        FlowerParams()
+    with pytest.raises(ValueError, match="not both"):
+        FlowerParams(app=".", serverapp="a:b", clientapp="c:d")
+    with pytest.raises(ValueError, match="set rounds instead"):
+        FlowerParams(app=".", run_config={"num-server-rounds": 5})
+
+
+def test_the_app_folder_is_checked_before_anything_starts(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    noflwr = tmp_path / "noflwr"
+    noflwr.mkdir()
+    (noflwr / "pyproject.toml").write_text('[project]\nname = "x"\n')
+    broken = tmp_path / "broken"
+    (broken / "pkg").mkdir(parents=True)
+    (broken / "pkg" / "__init__.py").write_text("")
+    (broken / "pyproject.toml").write_text(
+        '[tool.flwr.app.components]\nserverapp = "pkg.nothere:app"\nclientapp = "pkg:app"\n'
+    )
+    cases = {
+        str(tmp_path / "missing"): "no folder",
+        str(tmp_path / "empty"): "has no pyproject.toml",
+        str(noflwr): "has no [tool.flwr.app.components]",
+        str(broken): "cannot load serverapp 'pkg.nothere:app': ModuleNotFoundError",
+    }
+    for app, says in cases.items():
+        with pytest.raises(FlowerAppError, match=None) as err:
+            from mecsim.agents.algorithms.flower_bridge import load_components
+
+            load_components(resolve_app(FlowerParams(app=app), 3))
+        assert says in str(err.value) and "algorithm.params.app" in str(err.value)
+    with pytest.raises(FlowerAppError, match="not in the app's"):
+        resolve_app(FlowerParams(app=str(APP), run_config={"nope": 1}), 3)
+
+
+def test_a_bad_app_is_one_line_exit_2_and_nothing_written(tmp_path: Path) -> None:
+    path = scenario(tmp_path, algorithm={"name": "flower", "params": {"app": "no/such/app"}})
+    run = mecsim_run(path, "--backend", "local")
+    assert run.returncode == 2, run.stderr
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "algorithm.params.app" in lines[0] and "no folder" in lines[0]
+    assert "Traceback" not in run.stderr
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_checkpoints_are_refused_before_the_run_starts(tmp_path: Path) -> None:
+    path = scenario(tmp_path, checkpoint={"every": 1})
+    run = mecsim_run(path, "--backend", "local")
+    assert run.returncode == 2
+    assert "checkpoint.every" in run.stderr and "cannot be checkpointed" in run.stderr
+    assert "checkpoint: {every: 0}" in run.stderr
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({"SEEDEDAPP_RAISE": "2"}, "RuntimeError: partition 2 was told to fail"),
+        ({"SEEDEDAPP_NAN": "1"}, "NaN or inf"),
+    ],
+)
+def test_a_clientapp_that_raises_or_replies_nan_fails_the_run_naming_the_client(
+    tmp_path: Path, env: dict[str, str], says: str
+) -> None:
+    run = mecsim_run(scenario(tmp_path, rounds=1), "--backend", "local", env=env)
+    assert run.returncode == 1
+    client = env.get("SEEDEDAPP_RAISE") or env.get("SEEDEDAPP_NAN")
+    assert f"fit of client {client}:" in run.stderr and says in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_a_flower_outside_the_tested_range_is_refused(monkeypatch) -> None:
+    monkeypatch.setattr(flwr, "__version__", "1.20.0")
+    problem = flower_version_problem()
+    assert problem is not None and "Flower 1.20.0 is installed" in problem
+    assert "flwr>=1.42,<1.43" in problem
+    monkeypatch.setattr(flwr, "__version__", "1.42.0")
+    assert flower_version_problem() is None
+
+
+def test_a_server_without_allow_imports_runs_only_installed_apps() -> None:
+    import mecsim.registry as registry
+
+    with registry.imports(False):
+        with pytest.raises(FlowerAppError, match="runs only installed Flower apps"):
+            resolve_app(FlowerParams(app=str(APP)), 3)
+        with pytest.raises(FlowerAppError, match="not in an installed distribution"):
+            resolve_app(FlowerParams(serverapp="seededapp.x:app", clientapp="seededapp:y"), 3)
