@@ -316,3 +316,25 @@ def test_a_server_without_allow_imports_runs_only_installed_apps() -> None:
             resolve_app(FlowerParams(app=str(APP)), 3)
         with pytest.raises(FlowerAppError, match="not in an installed distribution"):
             resolve_app(FlowerParams(serverapp="seededapp.x:app", clientapp="seededapp:y"), 3)
+
+
+def test_flops_counted_on_the_first_message_equal_flops_counted_on_every_one(
+    tmp_path: Path,
+) -> None:
+    """By default each client's first message of each kind is counted with torch's FLOP
+    counter and later ones of the same work take its count: on this app (the same data,
+    epochs and model every round) that is what counting every call gives, call for call."""
+    figures = {}
+    for flops in ("first_message", "every_message"):
+        folder = tmp_path / flops
+        folder.mkdir()
+        params = {"app": str(APP), "flops": flops}
+        path = scenario(folder, algorithm={"name": "flower", "params": params})
+        assert mecsim_run(path, "--backend", "local").returncode == 0
+        run = only_run(folder)
+        figures[flops] = (
+            pd.read_csv(run / "clients.csv")["gflops"].tolist(),
+            pd.read_csv(run / "rounds.csv")[["client_gflops", "eval_gflops"]].values.tolist(),
+        )
+    assert figures["first_message"] == figures["every_message"]
+    assert all(g > 0 for g in figures["first_message"][0])

@@ -45,6 +45,14 @@ class FlowerParams(NoParams):
         description="overrides of the app's [tool.flwr.app.config] (context.run_config); "
         "num-server-rounds is the scenario's rounds",
     )
+    flops: str = Field(
+        default="first_message",
+        description="first_message: each client's first message of each kind is counted "
+        "with torch's FLOP counter, later ones take its count (scaled by the elements its "
+        "modules processed when that differs); every_message: count every call (exact, "
+        "about 2x slower on small models)",
+    )
+
     #: what a scenario must give (the conformance kit's ``params`` property)
     must_give: ClassVar[str] = "app, or serverapp and clientapp"
 
@@ -65,6 +73,8 @@ class FlowerParams(NoParams):
             raise ValueError(
                 "run_config.num-server-rounds is the scenario's rounds: set rounds instead"
             )
+        if self.flops not in ("first_message", "every_message"):
+            raise ValueError(f"flops {self.flops!r}: first_message or every_message")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise ValueError(f"log_level {self.log_level!r}: one of DEBUG, INFO, WARNING, ERROR")
         return self
