@@ -1,6 +1,8 @@
 """Wireless link models: the Shannon-rate model of KAPC Table 4 (after its ref. [43]).
 
-Large-scale gain   ``g_i = h_i · 10^(PL0/10) · (d_i / d0)^(−γ)``
+Large-scale gain   ``g_i = h_i · 10^(PL0/10) · (d_i / d0)^(−γ)`` (the exponent model), or
+                   ``g_i = h_i · 10^(−PL_i/10)`` with a 3GPP TR 38.901 path loss PL_i
+                   (UMi-Street Canyon, UMa: :mod:`mecsim.channel.pathloss`)
 Uplink rate        ``r_U,i = B_i · log2(1 + p_i·g_i / (I_U + N0·B_i))``
 Downlink rate      ``r_D,i = B_D · log2(1 + p_S·g_i / (I_D + N0·B_D))``
 
@@ -17,6 +19,8 @@ from typing import Any, Literal, Protocol
 import numpy as np
 from numpy.typing import ArrayLike
 
+from .pathloss import RECORD_KEYS as PATH_LOSS_RECORD_KEYS
+from .pathloss import Tr38901PathLoss
 from .units import db_to_linear, dbm_to_w, linear_to_db
 
 InterferenceUnit = Literal["W", "mW", "dBm", "noise"]
@@ -92,11 +96,19 @@ def interference_to_w(
 
 @dataclass(frozen=True)
 class ClientRadio:
-    """Per-client radio properties, drawn once per run (NaN where a model has none)."""
+    """Per-client radio properties, drawn once per run (NaN where a model has none).
+
+    With a 3GPP path-loss model (:class:`~mecsim.channel.pathloss.Tr38901PathLoss`) also
+    each client's LOS state, shadow fading (dB) and resulting path loss (dB, shadowing
+    included); None otherwise.
+    """
 
     distance_m: np.ndarray
     bandwidth_hz: np.ndarray
     tx_power_dbm: np.ndarray
+    los: np.ndarray | None = None
+    shadow_fading_db: np.ndarray | None = None
+    path_loss_db: np.ndarray | None = None
 
     @property
     def n_clients(self) -> int:
@@ -234,6 +246,13 @@ class ShannonChannel:
     power; ``"equal_split"`` gives each of the round's n clients ``B_S / n`` (at the
     server's full power per sub-band, as the paper's per-link formula reads).
 
+    ``path_loss``: None (the default) is Table 4's exponent model (``path_loss_db``,
+    ``reference_distance_m``, ``path_loss_exponent``); a
+    :class:`~mecsim.channel.pathloss.Tr38901PathLoss` replaces it with a 3GPP TR 38.901
+    path loss of the client's distance (the 2D distance), LOS state and shadow fading,
+    drawn once per run with the distance (:meth:`draw_clients`), and the exponent fields
+    are not used.
+
     ``snr_offset_db`` (default 0: the literal model) is a *calibration knob* added to every
     SNR. Read literally, Table 4 gives SNR ≈ −11.6 dB at 300 m and round transfers 20–75×
     slower than the times the paper reports; +20 dB (no interference, full downlink band,
@@ -260,6 +279,7 @@ class ShannonChannel:
     server_tx_power_dbm: float = 30.0
     downlink_mode: Literal["full", "equal_split"] = "full"
     snr_offset_db: float = 0.0
+    path_loss: Tr38901PathLoss | None = None
 
     def __post_init__(self) -> None:
         for name in ("uplink_bandwidth_range_hz", "tx_power_range_dbm", "distance_range_m"):
@@ -275,18 +295,40 @@ class ShannonChannel:
                 raise ValueError(f"{name} {getattr(self, name)!r} is not one of {allowed}")
         if self.server_bandwidth_hz <= 0:
             raise ValueError("server_bandwidth_hz must be positive")
+        if self.path_loss is not None:
+            lo, hi = self.distance_range_m
+            if lo < 10.0 or hi > 5000.0:
+                raise ValueError(
+                    f"distance_range_m: {self.path_loss.model} is valid for 2D distances "
+                    f"of 10 m to 5 km (TR 38.901 Table 7.4.1-1), got {lo:g}-{hi:g} m"
+                )
 
     @property
     def noise_psd_w_per_hz(self) -> float:
         return float(dbm_to_w(self.noise_psd_dbm_per_hz))
 
-    def draw_clients(self, n_clients: int, rng: np.random.Generator) -> ClientRadio:
-        """Draw order: distance (n), uplink bandwidth (n), tx power (n), all uniform."""
-        return ClientRadio(
-            rng.uniform(*self.distance_range_m, size=n_clients),
-            rng.uniform(*self.uplink_bandwidth_range_hz, size=n_clients),
-            rng.uniform(*self.tx_power_range_dbm, size=n_clients),
-        )
+    def draw_clients(
+        self,
+        n_clients: int,
+        rng: np.random.Generator,
+        *,
+        large_scale_rng: np.random.Generator | None = None,
+    ) -> ClientRadio:
+        """Draw order: distance (n), uplink bandwidth (n), tx power (n), all uniform.
+
+        With a 3GPP ``path_loss``, then each client's LOS state and shadow fading
+        (:meth:`~mecsim.channel.pathloss.Tr38901PathLoss.draw`) from ``large_scale_rng``
+        (mecsim's runs give it a stream of the seed of its own), or, without one, from
+        ``rng`` after the three draws above; either way those three are unchanged.
+        """
+        d = rng.uniform(*self.distance_range_m, size=n_clients)
+        b = rng.uniform(*self.uplink_bandwidth_range_hz, size=n_clients)
+        p = rng.uniform(*self.tx_power_range_dbm, size=n_clients)
+        if self.path_loss is None:
+            return ClientRadio(d, b, p)
+        ls = self.path_loss.draw(d, rng if large_scale_rng is None else large_scale_rng)
+        pl = self.path_loss.path_loss_db(d, ls.los, ls.shadow_fading_db)
+        return ClientRadio(d, b, p, ls.los, ls.shadow_fading_db, pl)
 
     def draw_round(
         self,
@@ -315,9 +357,26 @@ class ShannonChannel:
             i_dl = interference_to_w(dl_raw, self.interference_unit, b_dl, n0)
         else:
             i_ul, i_dl = np.zeros(n), np.zeros(n)
-        g = large_scale_gain(
-            d, self.path_loss_db, self.reference_distance_m, self.path_loss_exponent, h
-        )
+        extra: dict[str, np.ndarray] = {}
+        if self.path_loss is None:
+            g = large_scale_gain(
+                d, self.path_loss_db, self.reference_distance_m, self.path_loss_exponent, h
+            )
+        else:
+            if radio.path_loss_db is None or radio.los is None or radio.shadow_fading_db is None:
+                raise ValueError(
+                    "this channel has a 3GPP path loss, but the clients' radio has none: "
+                    "draw it with this channel's draw_clients"
+                )
+            pl_db = radio.path_loss_db[ids]
+            g = h * db_to_linear(-pl_db)
+            extra = dict(
+                zip(
+                    PATH_LOSS_RECORD_KEYS,
+                    (pl_db, radio.los[ids].astype(float), radio.shadow_fading_db[ids]),
+                    strict=True,
+                )
+            )
         p_ul, p_dl = dbm_to_w(p_dbm), dbm_to_w(self.server_tx_power_dbm)
         s_ul = sinr(b_ul, p_ul, g, i_ul, n0, self.snr_offset_db)
         s_dl = sinr(b_dl, p_dl, g, i_dl, n0, self.snr_offset_db)
@@ -335,6 +394,7 @@ class ShannonChannel:
             b_dl * np.log2(1.0 + s_dl),
             linear_to_db(s_ul),
             linear_to_db(s_dl),
+            extra,
         )
 
 

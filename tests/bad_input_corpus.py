@@ -241,6 +241,27 @@ def cases() -> list[Case]:
         ),
         Case("path_loss_nan", _with("channel.path_loss_db", float("nan")), "channel.path_loss_db"),
         Case(
+            "pathloss_3gpp_without_carrier",
+            _with("channel.path_loss", {"model": "38.901-umi"}),
+            "channel.path_loss.carrier_ghz",
+        ),
+        Case(
+            "pathloss_carrier_above_100_ghz",
+            _with("channel.path_loss", {"model": "38.901-uma", "carrier_ghz": 140.0}),
+            "channel.path_loss.carrier_ghz",
+        ),
+        Case(
+            "pathloss_3gpp_distance_below_10_m",
+            _merge(
+                channel={
+                    "model": "shannon",
+                    "distance_m": [1.0, 500.0],
+                    "path_loss": {"model": "38.901-umi", "carrier_ghz": 3.5},
+                }
+            ),
+            "channel.distance_m",
+        ),
+        Case(
             "noise_psd_inf",
             _with("channel.noise_psd_dbm_per_hz", float("inf")),
             "channel.noise_psd_dbm_per_hz",

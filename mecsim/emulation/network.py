@@ -1,7 +1,10 @@
 """From the scenario's channel and devices to what the engine times each round.
 
 Client radio properties (distance, bandwidth, transmit power) are drawn once from the
-scenario seed; per-round quantities (interference, fading) are drawn from a stream of
+scenario seed; with a 3GPP TR 38.901 path loss (``channel.path_loss``) each client's LOS
+state and shadow fading are drawn once too, from a stream of the seed of their own (so
+the other draws are those of the exponent model, number for number); per-round
+quantities (interference, fading) are drawn from a stream of
 the seed keyed by the round, so a round's channel does not depend on earlier rounds'
 draws. Latency jitter has a stream of its own (keyed by the round too), so switching
 latency or loss on does not change the channel's draws. Every draw is returned per
@@ -22,7 +25,8 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 import mecsim.registry as registry
-from mecsim.channel import FixedRateChannel, ShannonChannel, TraceChannel
+from mecsim.channel import FixedRateChannel, ShannonChannel, Tr38901PathLoss, TraceChannel
+from mecsim.channel.pathloss import RECORD_KEYS as PATH_LOSS_RECORD_KEYS
 from mecsim.channel.transport import jittered_latency_s, mathis_goodput_bps
 from mecsim.channel.wireless import RECORD_KEYS, RoundChannel
 from mecsim.emulation.devices import DeviceProfile, all_profiles
@@ -51,6 +55,8 @@ if TYPE_CHECKING:
 _CLIENTS_STREAM = 2
 _ROUND_STREAM = 3
 _TRANSPORT_STREAM = 4
+#: each client's LOS state and shadow fading under a 3GPP path loss (once per run)
+_LARGE_SCALE_STREAM = 0x38901
 
 #: Per client-round transport columns added to the channel records.
 TRANSPORT_KEYS = (
@@ -76,6 +82,22 @@ def _range(value: float | tuple[float, float]) -> tuple[float, float]:
         (float(value), float(value))
         if isinstance(value, (int, float))
         else cast("tuple[float, float]", tuple(value))
+    )
+
+
+def _path_loss(cfg: ShannonChannelConfig) -> Tr38901PathLoss | None:
+    """A Shannon channel's 3GPP path loss; None for the exponent model."""
+    pl = cfg.path_loss
+    if pl.model == "exponent":
+        return None
+    assert pl.carrier_ghz is not None  # the schema requires it for the 38.901 models
+    return Tr38901PathLoss(
+        model=pl.model,
+        carrier_ghz=pl.carrier_ghz,
+        bs_height_m=pl.bs_height_m,
+        ut_height_m=pl.ut_height_m,
+        los=pl.los,
+        shadowing=pl.shadowing,
     )
 
 
@@ -115,6 +137,7 @@ def build_channel(cfg: ChannelConfig) -> Any:
             server_tx_power_dbm=cfg.downlink.tx_power_dbm,
             downlink_mode="equal_split" if cfg.downlink.mode == "equal_split" else "full",
             snr_offset_db=cfg.snr_offset_db,
+            path_loss=_path_loss(cfg),
         )
     if isinstance(cfg, FixedRateChannelConfig):
         return FixedRateChannel(cfg.uplink.rate_bps, cfg.downlink.rate_bps)
@@ -124,8 +147,13 @@ def build_channel(cfg: ChannelConfig) -> Any:
 
 
 def channel_record_keys(cfg: ChannelConfig) -> tuple[str, ...]:
-    """A channel plugin's own per-client quantities (its class's ``record_keys``): extra
-    columns of clients.csv, after mecsim's; none for the built-in models."""
+    """A channel's per-client quantities beyond mecsim's own columns: extra columns of
+    clients.csv, after mecsim's. A channel plugin's are its class's ``record_keys``; a
+    Shannon channel with a 3GPP path loss records each client's path loss, LOS state and
+    shadow fading (:data:`mecsim.channel.pathloss.RECORD_KEYS`); the other built-in
+    models none."""
+    if isinstance(cfg, ShannonChannelConfig):
+        return () if cfg.path_loss.model == "exponent" else PATH_LOSS_RECORD_KEYS
     if not isinstance(cfg, PluginChannelConfig):
         return ()
     keys = tuple(getattr(registry.CHANNELS.get(cfg.name), "record_keys", ()))
@@ -216,9 +244,17 @@ class NetworkModel:
         self.scenario = scenario
         self.channel = build_channel(scenario.channel)
         seed = scenario.seed
-        self.radio = self.channel.draw_clients(
-            scenario.topology.clients, np.random.default_rng([seed, _CLIENTS_STREAM])
-        )
+        clients_rng = np.random.default_rng([seed, _CLIENTS_STREAM])
+        if isinstance(self.channel, ShannonChannel):
+            # the LOS states and shadowing of a 3GPP path loss (unused by the exponent
+            # model) come from a stream of their own: the clients' draws stay the same
+            self.radio = self.channel.draw_clients(
+                scenario.topology.clients,
+                clients_rng,
+                large_scale_rng=np.random.default_rng([seed, _LARGE_SCALE_STREAM]),
+            )
+        else:
+            self.radio = self.channel.draw_clients(scenario.topology.clients, clients_rng)
         self.devices = [profiles[name] for name in scenario.client_profiles()]
         # each client's device as columns (ClientColumns of a round index them)
         self.step_overhead_s = np.array([float(d.step_overhead_s) for d in self.devices])

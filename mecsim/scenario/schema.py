@@ -566,6 +566,68 @@ class ShannonDownlink(LinkTransport):
     )
 
 
+#: Table 7.4.1-1 of 3GPP TR 38.901: the 2D distances its UMi and UMa rows are valid for (m)
+TR38901_DISTANCE_RANGE_M = (10.0, 5000.0)
+
+
+class PathLossConfig(_Strict):
+    """The path-loss model of a Shannon channel (``channel.path_loss``, docs/channel.md
+    "Path-loss models").
+
+    ``exponent`` (the default) is the KAPC Table 4 model, ``PL0 · (d/d0)^(−γ)`` with the
+    channel's ``path_loss_db``, ``reference_distance_m`` and ``path_loss_exponent``; it
+    uses none of the fields below. ``38.901-umi`` / ``38.901-uma`` are 3GPP TR 38.901
+    Table 7.4.1-1's UMi-Street Canyon and UMa with the LOS probability of Table 7.4.2-1
+    and log-normal shadow fading; the client's ``distance_m`` is the 2D distance.
+    """
+
+    model: Literal["exponent", "38.901-umi", "38.901-uma"] = Field(
+        default="exponent",
+        description="exponent: KAPC Table 4 (path_loss_db, reference_distance_m, "
+        "path_loss_exponent); 38.901-umi / 38.901-uma: 3GPP TR 38.901 UMi-Street Canyon / "
+        "UMa",
+    )
+    carrier_ghz: float | None = Field(
+        default=None,
+        ge=0.5,
+        le=100.0,
+        description="carrier frequency f_c (GHz), 0.5-100 (TR 38.901's range); required by "
+        "the 38.901 models",
+    )
+    bs_height_m: float | None = Field(
+        default=None,
+        gt=1.0,
+        le=1000.0,
+        description="base-station (edge server) antenna height h_BS (m); null: the table's "
+        "(UMi 10 m, UMa 25 m); must be above h_E = 1 m",
+    )
+    ut_height_m: float = Field(
+        default=1.5,
+        ge=1.5,
+        le=22.5,
+        description="client (UT) antenna height h_UT (m), 1.5-22.5 (TR 38.901's range)",
+    )
+    los: Literal["random", "always", "never"] = Field(
+        default="random",
+        description="random: each client's LOS state drawn once per run with the table's "
+        "LOS probability of its distance; always / never: every client LOS / NLOS",
+    )
+    shadowing: bool = Field(
+        default=True,
+        description="log-normal shadow fading, drawn once per client per run with the "
+        "table's standard deviation (UMi 4 / 7.82 dB, UMa 4 / 6 dB, LOS / NLOS); false: 0 dB",
+    )
+
+    @model_validator(mode="after")
+    def _carrier_given(self) -> PathLossConfig:
+        if self.model != "exponent" and self.carrier_ghz is None:
+            raise ValueError(
+                f"carrier_ghz: model {self.model} needs the carrier frequency in GHz "
+                "(0.5-100), e.g. carrier_ghz: 3.5"
+            )
+        return self
+
+
 class ShannonChannelConfig(_Strict):
     model: Literal["shannon"] = "shannon"
     uplink: ShannonUplink = Field(default_factory=ShannonUplink)
@@ -574,9 +636,20 @@ class ShannonChannelConfig(_Strict):
     distance_m: PositiveRange = Field(
         default=(100.0, 500.0), description="per-client, uniform in [lo, hi]"
     )
-    path_loss_db: Decibels = -40.0
-    reference_distance_m: PositiveFloat = 1.0
-    path_loss_exponent: PositiveFloat = 4.0
+    path_loss_db: Decibels = Field(
+        default=-40.0, description="path-loss constant PL0 of the exponent model (dB)"
+    )
+    reference_distance_m: PositiveFloat = Field(
+        default=1.0, description="reference distance d0 of the exponent model (m)"
+    )
+    path_loss_exponent: PositiveFloat = Field(
+        default=4.0, description="path-loss exponent γ of the exponent model"
+    )
+    path_loss: PathLossConfig = Field(
+        default_factory=PathLossConfig,
+        description="the path-loss model: exponent (the three fields above, the default) "
+        "or 3GPP TR 38.901 UMi / UMa (docs/channel.md)",
+    )
     fading: Literal["none", "rayleigh"] = "none"
     noise_psd_dbm_per_hz: Decibels = -174.0
     snr_offset_db: Decibels = Field(
@@ -586,6 +659,23 @@ class ShannonChannelConfig(_Strict):
     @model_validator(mode="after")
     def _loss_needs_rtt(self) -> ShannonChannelConfig:
         _check_client_loss(self.uplink, self.downlink)
+        return self
+
+    @model_validator(mode="after")
+    def _distances_in_tr38901_range(self) -> ShannonChannelConfig:
+        """TR 38.901's UMi and UMa rows hold for 2D distances of 10 m to 5 km."""
+        model = self.path_loss.model
+        if model == "exponent":
+            return self
+        d = self.distance_m
+        lo, hi = (d, d) if isinstance(d, (int, float)) else d
+        low, high = TR38901_DISTANCE_RANGE_M
+        if lo < low or hi > high:
+            shown = f"{lo:g}" if lo == hi else f"[{lo:g}, {hi:g}]"
+            raise ValueError(
+                f"distance_m: path_loss.model {model} holds for 2D distances of "
+                f"{low:g} m to {high / 1000:g} km (TR 38.901 Table 7.4.1-1), got {shown} m"
+            )
         return self
 
     def downlink_mode(self, algorithm: str | None) -> str:

@@ -67,6 +67,18 @@ _NEW_PROFILE_FIELDS = {
 #: band already decide) and were added after checkpoints were written: left out of the
 #: digest, so those checkpoints still belong to their runs.
 _RESTATED = (("uplink", "access"),)
+#: Channel fields added after runs were recorded: left out of the digest while at their
+#: defaults (``path_loss``: the exponent model every earlier run used).
+_NEW_CHANNEL_AT_DEFAULT: dict[str, dict[str, Any]] = {
+    "path_loss": {
+        "model": "exponent",
+        "carrier_ghz": None,
+        "bs_height_m": None,
+        "ut_height_m": 1.5,
+        "los": "random",
+        "shadowing": True,
+    }
+}
 
 
 def scenario_digest(scenario: Scenario) -> str:
@@ -75,8 +87,12 @@ def scenario_digest(scenario: Scenario) -> str:
     data = scenario.model_dump(mode="json")
     for key in _NOT_RESULTS:
         data.pop(key, None)
+    channel = data.get("channel", {})
     for section, key in _RESTATED:
-        data.get("channel", {}).get(section, {}).pop(key, None)
+        channel.get(section, {}).pop(key, None)
+    for key, channel_default in _NEW_CHANNEL_AT_DEFAULT.items():
+        if channel.get(key) == channel_default:
+            channel.pop(key)
     for key, default in _NEW_AT_DEFAULT.items():
         if data.get(key) == default:
             data.pop(key)
