@@ -87,6 +87,22 @@ def load_components(app: FlowerApp) -> tuple[ServerApp, ClientApp]:
                 f"{where}: {name} {ref!r} is a {type(obj).__name__}, not a Flower {cls.__name__}"
             )
         loaded.append(obj)
+    # Flower's legacy API (a ServerApp from server_fn / a ServerConfig and a strategy of
+    # flwr.server.strategy; a ClientApp from client_fn with a NumPyClient) runs its
+    # clients from threads of its own, one message at a time: not supported (its
+    # attributes are those of the tested Flower releases)
+    if getattr(loaded[0], "_main", None) is None:
+        raise FlowerAppError(
+            f"algorithm.params.{field or 'serverapp'}: {app.serverapp!r} is a ServerApp of "
+            "Flower's legacy API (server_fn, ServerConfig); mecsim runs the Message API: "
+            "@app.main() with a strategy of flwr.serverapp.strategy"
+        )
+    if getattr(loaded[1], "_call", None) is not None:
+        raise FlowerAppError(
+            f"algorithm.params.{field or 'clientapp'}: {app.clientapp!r} is a ClientApp of "
+            "Flower's legacy API (client_fn, NumPyClient); mecsim runs the Message API: "
+            "@app.train() and @app.evaluate()"
+        )
     _LOADED[key] = (loaded[0], loaded[1])
     return _LOADED[key]
 
