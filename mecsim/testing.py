@@ -844,6 +844,11 @@ class _Kit:
     def check_resume(self) -> str:
         if self.rounds < 2:
             raise _Skip("the scenario has 1 round: nothing to resume")
+        if not self.server_cls.checkpointable:
+            raise _Skip(
+                f"the server's state cannot be checkpointed ({self.server_cls.checkpoint_refusal}):"
+                " its scenarios are refused with checkpoints, nothing resumes"
+            )
         self.base()
         stop_at = max(1, self.rounds // 2)  # 0-based: the round whose checkpoint is lost
         out = self.folder / "resumed"

@@ -375,3 +375,31 @@ def test_an_app_of_flowers_legacy_api_is_refused_with_what_to_use(
             serverapp="seededapp.server_app:app", clientapp="legacyapp.client_app:app"
         )
         load_components(resolve_app(params, 1))
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_the_flwr_new_example_app_runs_and_gives_the_same_records_on_ray_and_in_process(
+    tmp_path: Path,
+) -> None:
+    """examples/flower-app: the PyTorch template `flwr new` generates (its ServerApp draws
+    its initial model from torch's unseeded generator, its ClientApp shuffles with it):
+    the same seed gives the same records in-process and on Ray (mecsim seeds and keeps
+    the app's global generators)."""
+    from mecsim.testing import first_difference
+
+    app = ROOT / "examples" / "flower-app"
+    data = yaml.safe_load((app / "flower-app.yaml").read_text())
+    data["algorithm"]["params"]["app"] = str(app)
+    data["rounds"] = 2
+    data["outputs"] = {"dir": str(tmp_path / "runs")}
+    data["metrics"] = {"enabled": False}
+    path = tmp_path / "flower-app.yaml"
+    path.write_text(yaml.safe_dump(data))
+    for backend in ("local", "ray"):
+        run = mecsim_run(path, "--backend", backend, "--run-id", backend)
+        assert run.returncode == 0, run.stderr[-2000:]
+    runs = tmp_path / "runs"
+    assert first_difference(runs / "local", runs / "ray") is None
+    rounds = pd.read_csv(runs / "local" / "rounds.csv")
+    assert rounds["mean_accuracy"].iloc[-1] > 0.5 and (rounds["selected"] == 5).all()

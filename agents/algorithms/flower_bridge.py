@@ -157,7 +157,11 @@ class Bridge:
             TaskIdentity.task_id = 1
             TaskIdentity.run_id = RUN_ID
             TaskIdentity.node_id = SUPERLINK_NODE_ID
-        random.seed(self.seed)  # what the strategy samples (random.sample of node ids)
+        # what the strategy samples (random.sample of node ids) and the ServerApp draws
+        # (its initial model): from the scenario seed
+        random.seed(self.seed)
+        np.random.seed(self.seed % 2**32)
+        torch.manual_seed(self.seed)
         context = Context(
             run_id=RUN_ID,
             node_id=SUPERLINK_NODE_ID,
@@ -175,15 +179,18 @@ class Bridge:
         self._to_loop.put(("done", None))
 
     def exchange(self, messages: list[Message]) -> list[Message]:
-        """In the app's thread: hand a batch to mecsim, wait for its replies. Python's
-        ``random`` is the app's own across the wait (the clients' draws in between, in
-        this process, do not move it)."""
-        state = random.getstate()
+        """In the app's thread: hand a batch to mecsim, wait for its replies. The global
+        generators (Python's, numpy's, torch's) are the app's own across the wait: the
+        clients' draws in between, in this process, do not move them, so the app draws
+        the same in-process and under Ray."""
+        states = (random.getstate(), np.random.get_state(), torch.get_rng_state())
         self._to_loop.put(("batch", messages))
         replies = self._to_app.get()
         if replies is _RUN_OVER:
             raise _RunOver
-        random.setstate(state)
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
         return replies
 
     # ---- mecsim's side
