@@ -403,3 +403,32 @@ def test_the_flwr_new_example_app_runs_and_gives_the_same_records_on_ray_and_in_
     assert first_difference(runs / "local", runs / "ray") is None
     rounds = pd.read_csv(runs / "local" / "rounds.csv")
     assert rounds["mean_accuracy"].iloc[-1] > 0.5 and (rounds["selected"] == 5).all()
+
+
+def test_the_service_refuses_a_submitted_app_folder_and_takes_an_allowed_one(
+    tmp_path: Path,
+) -> None:
+    """A submission naming an app folder is refused by a service started without
+    --allow-imports (nothing of the submission is imported), with the field named; the
+    same submission passes where the operator allowed imports."""
+    from mecsim.interfaces.service.submission import Rejected, prepare_submission
+
+    text = yaml.safe_dump(
+        {
+            "name": "flower-sub",
+            "rounds": 2,
+            "topology": {"clients": 4},
+            "algorithm": {"name": "flower", "params": {"app": str(APP)}},
+            "checkpoint": {"every": 0},
+        }
+    )
+    kwargs = dict(
+        rounds=None, overrides={}, data_root=None, tmp_dir=tmp_path / "tmp", runs_dir=tmp_path
+    )
+    with pytest.raises(Rejected) as refused:
+        prepare_submission(text, **kwargs)
+    (problem,) = refused.value.problems
+    assert problem.field == "algorithm.params.app"
+    assert "runs only installed Flower apps" in problem.msg
+    run_id, sc = prepare_submission(text, allow_imports=True, **kwargs)
+    assert sc.algorithm.name == "flower" and run_id
