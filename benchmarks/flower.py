@@ -28,6 +28,9 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+#: --quick runs Flower's simulation, which starts Ray (tests/test_benchmarks.py)
+QUICK_USES_RAY = True
+
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "tests" / "data" / "flower_seeded_app"
 SIM = ROOT / "tests" / "flower_sim.py"
@@ -79,7 +82,12 @@ def main() -> None:
     parser.add_argument(
         "--rounds", type=int, default=4, help="rounds a run (the first is left out)"
     )
+    parser.add_argument(
+        "--quick", action="store_true", help="4 clients, 3 rounds: that it runs (the suite)"
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.clients, args.rounds = [4], 3
     try:
         import flwr
     except ImportError:
