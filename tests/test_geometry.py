@@ -31,6 +31,7 @@ from mecsim.run.rows import REPLAY_COLUMNS
 from mecsim.scenario import ScenarioError, load_scenario
 from mecsim.scenario.loader import default_scenario_path
 from mecsim.scenario.overrides import OverrideError, apply_overrides
+from mecsim.store.checkpoints import scenario_digest
 from mecsim.store.reader import read_csv_exact
 from mecsim.store.session import run_in_folder
 
@@ -347,6 +348,15 @@ def test_the_default_scenario_is_unchanged():
     blocks = [c // 25 for c in range(100)]
     assert [phsfl.edge_server_of(c) for c in range(100)] == blocks
     np.testing.assert_array_equal(NetworkModel(phsfl, device_profiles(phsfl)).edge_server, blocks)
+
+
+def test_a_checkpoint_digest_sees_a_geometry_but_not_its_absence():
+    sc = load_scenario(default_scenario_path())
+    explicit = apply_overrides(sc, {"geometry": None})
+    assert scenario_digest(explicit) == scenario_digest(sc)
+    cells = apply_overrides(sc, {"geometry": {"sites": {"rings": 1}}, "topology.edge_servers": 7})
+    other = apply_overrides(cells, {"geometry.sites.inter_site_distance_m": 300.0})
+    assert len({scenario_digest(sc), scenario_digest(cells), scenario_digest(other)}) == 3
 
 
 def test_edge_server_of_needs_the_association_with_a_geometry():
