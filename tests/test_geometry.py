@@ -28,12 +28,13 @@ from mecsim.emulation.network import (
     device_profiles,
 )
 from mecsim.run.rows import REPLAY_COLUMNS
-from mecsim.scenario import ScenarioError, load_scenario
+from mecsim.scenario import ScenarioError, load_scenario, scenario_from_dict
 from mecsim.scenario.loader import default_scenario_path
 from mecsim.scenario.overrides import OverrideError, apply_overrides
 from mecsim.store.checkpoints import scenario_digest
 from mecsim.store.reader import read_csv_exact
 from mecsim.store.session import run_in_folder
+from mecsim.testing import check_scenario_data
 
 SQ3 = math.sqrt(3.0)
 
@@ -573,3 +574,47 @@ def test_bad_geometry_is_refused_naming_the_field(topology, geometry, channel, f
     with pytest.raises(ScenarioError) as err:
         tiny(**data)
     assert f"tiny: {field}: " in str(err.value), str(err.value)
+
+
+def test_the_docs_example_is_a_valid_scenario():
+    """docs/mobility.md's first YAML block, as written, is a scenario that places 21
+    clients in 7 hexagonal cells, 3 per cell."""
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    text = (Path(__file__).parents[1] / "docs" / "mobility.md").read_text()
+    block = re.search(r"```yaml\n(.*?)```", text, re.S).group(1)
+    sc = tiny(**yaml.safe_load(block))
+    assert len(sc.geometry.sites_m()) == 7 and sc.topology.edge_servers == 7
+    cells = NetworkModel(sc, device_profiles(sc)).cells
+    owner = geo.nearest_site(cells.positions_m, cells.sites_m)
+    assert np.bincount(owner).tolist() == [3] * 7
+
+
+def test_a_hierarchical_run_groups_clients_by_the_association(tmp_path):
+    """PHSFL on two sites: client 0 is placed next to site 1, the others next to site 0,
+    so the groups are {1, 2, 3} and {0} (the topology's blocks would be {0, 1}, {2, 3});
+    with every client next to site 0, edge server 1 serves no one and the run still runs."""
+    data = check_scenario_data("phsfl")
+    data["rounds"] = 1
+    data["geometry"] = {
+        "area": {"width_m": 700, "height_m": 400},
+        "sites": {"layout": "explicit", "positions_m": [[100, 200], [600, 200]]},
+        "clients": {
+            "placement": "explicit",
+            "positions_m": [[620, 200], [150, 200], [120, 250], [80, 100]],
+        },
+    }
+    run_in_folder(scenario_from_dict(data, "x"), tmp_path / "a")
+    clients = read_csv_exact(tmp_path / "a" / "clients.csv")
+    assert clients.sort_values("client_id")["edge_server"].tolist() == [1, 0, 0, 0]
+    # d = |(620, 200) − (600, 200)| = 20 m; |(80, 100) − (100, 200)| = √(400 + 10000)
+    by_id = clients.set_index("client_id")
+    assert by_id.loc[0, "distance_m"] == 20.0
+    assert by_id.loc[3, "distance_m"] == pytest.approx(math.sqrt(10_400), rel=1e-15)
+    data["geometry"]["clients"]["positions_m"] = [[150, 200], [120, 250], [80, 100], [90, 210]]
+    run_in_folder(scenario_from_dict(data, "x"), tmp_path / "b")
+    clients = read_csv_exact(tmp_path / "b" / "clients.csv")
+    assert set(clients["edge_server"]) == {0} and (clients["status"] == "completed").all()
