@@ -20,7 +20,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from .pathloss import RECORD_KEYS as PATH_LOSS_RECORD_KEYS
-from .pathloss import Tr38901PathLoss
+from .pathloss import LargeScaleDraw, Tr38901PathLoss
 from .units import db_to_linear, dbm_to_w, linear_to_db
 
 InterferenceUnit = Literal["W", "mW", "dBm", "noise"]
@@ -313,6 +313,8 @@ class ShannonChannel:
         rng: np.random.Generator,
         *,
         large_scale_rng: np.random.Generator | None = None,
+        distance_m: ArrayLike | None = None,
+        large_scale: LargeScaleDraw | None = None,
     ) -> ClientRadio:
         """Draw order: distance (n), uplink bandwidth (n), tx power (n), all uniform.
 
@@ -320,13 +322,27 @@ class ShannonChannel:
         (:meth:`~mecsim.channel.pathloss.Tr38901PathLoss.draw`) from ``large_scale_rng``
         (mecsim's runs give it a stream of the seed of its own), or, without one, from
         ``rng`` after the three draws above; either way those three are unchanged.
+
+        ``distance_m`` (n,): the clients' distances from positions (a scenario's
+        geometry); the uniform distance draw is still made, and discarded, so bandwidth
+        and power are the same numbers as without it. ``large_scale``: the clients' LOS
+        states and shadowing drawn elsewhere (per link, by the geometry), used instead of
+        drawing them here.
         """
         d = rng.uniform(*self.distance_range_m, size=n_clients)
         b = rng.uniform(*self.uplink_bandwidth_range_hz, size=n_clients)
         p = rng.uniform(*self.tx_power_range_dbm, size=n_clients)
+        if distance_m is not None:
+            d = np.asarray(distance_m, dtype=float).copy()
+            if d.shape != (n_clients,):
+                raise ValueError(f"distance_m: {d.shape} for {n_clients} clients")
         if self.path_loss is None:
             return ClientRadio(d, b, p)
-        ls = self.path_loss.draw(d, rng if large_scale_rng is None else large_scale_rng)
+        ls = (
+            large_scale
+            if large_scale is not None
+            else self.path_loss.draw(d, rng if large_scale_rng is None else large_scale_rng)
+        )
         pl = self.path_loss.path_loss_db(d, ls.los, ls.shadow_fading_db)
         return ClientRadio(d, b, p, ls.los, ls.shadow_fading_db, pl)
 

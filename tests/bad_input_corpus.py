@@ -262,6 +262,38 @@ def cases() -> list[Case]:
             "channel.distance_m",
         ),
         Case(
+            "geometry_sites_not_edge_servers",
+            _with("geometry", {"sites": {"layout": "hex", "rings": 1}}),
+            "topology.edge_servers",
+        ),
+        Case(
+            "geometry_client_outside_the_area",
+            _merge(
+                topology={"clients": 4, "edge_servers": 1},
+                geometry={
+                    "area": {"width_m": 500.0, "height_m": 500.0},
+                    "sites": {"layout": "explicit", "positions_m": [[250.0, 250.0]]},
+                    "clients": {
+                        "placement": "explicit",
+                        "positions_m": [[10.0, 10.0], [20.0, 20.0], [30.0, 30.0], [600.0, 1.0]],
+                    },
+                },
+            ),
+            "geometry.clients.positions_m.3",
+        ),
+        Case(
+            "geometry_strongest_without_a_radio_channel",
+            _merge(
+                channel={
+                    "model": "fixed_rate",
+                    "uplink": {"rate_bps": 1e6},
+                    "downlink": {"rate_bps": 1e6},
+                },
+                geometry={"sites": {"rings": 0}, "association": {"rule": "strongest"}},
+            ),
+            "geometry.association.rule",
+        ),
+        Case(
             "noise_psd_inf",
             _with("channel.noise_psd_dbm_per_hz", float("inf")),
             "channel.noise_psd_dbm_per_hz",

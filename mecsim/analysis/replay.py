@@ -518,6 +518,28 @@ def _first_divergence(run: RecordedRun, timed: _Timed, aware: bool) -> tuple[int
     return None, ""
 
 
+def association_changes(recorded: Scenario, scenario: Scenario) -> str:
+    """Which clients ``scenario`` serves from another edge server than ``recorded`` did
+    at the start (a geometry's association: :class:`NetworkModel`'s ``edge_server``), as
+    text; "" when none does (or neither has a geometry)."""
+    if recorded.geometry is None and scenario.geometry is None:
+        return ""
+    before = _edge_servers(recorded)
+    after = _edge_servers(scenario)
+    if len(before) != len(after):
+        return f"{len(before)} clients recorded, {len(after)} now"
+    diff = np.flatnonzero(before != after)
+    if not diff.size:
+        return ""
+    c = int(diff[0])
+    more = f" and {diff.size - 1} more" if diff.size > 1 else ""
+    return f"client {c} from edge server {before[c]} to {after[c]}{more}"
+
+
+def _edge_servers(scenario: Scenario) -> np.ndarray:
+    return NetworkModel(scenario, device_profiles(scenario)).edge_server
+
+
 def _overrides_id(overrides: Mapping[str, Any]) -> str:
     text = json.dumps(overrides, sort_keys=True, default=str)
     return hashlib.sha1(text.encode()).hexdigest()[:8]
@@ -555,6 +577,14 @@ def replay(
             "to re-run with training, or override only channel.*, devices.*, deadline_s, "
             "backhaul.*"
         )
+    moved = association_changes(run.scenario, scenario) if overrides else ""
+    if moved and not retrain:
+        raise OverrideError(
+            f"override {', '.join(map(repr, overrides))} changes which edge server serves "
+            f"clients ({moved}: geometry.association), so the clients would train in "
+            "other groups than the recorded run's; pass retrain=True (--retrain) to re-run "
+            "with training"
+        )
     check_feasible(run, scenario)
 
     notes: list[str] = []
@@ -570,8 +600,15 @@ def replay(
     timing_dependent = bool(recorded_drops) or aware
 
     first: int | None
-    if untimed:
-        first, why = 0, f"override of {', '.join(untimed)} changes training"
+    if untimed or moved:
+        first, why = (
+            0,
+            (
+                f"override of {', '.join(untimed)} changes training"
+                if untimed
+                else f"the association changes ({moved})"
+            ),
+        )
         timed = None
     else:
         timed = retime(run, scenario)

@@ -40,6 +40,7 @@ from mecsim.analysis.replay import (
     ReplayInfeasible,
     ReplayResult,
     RunLoadError,
+    association_changes,
     load_run,
     replay,
     retime,
@@ -387,7 +388,16 @@ def sweep(
         )
     for run in recorded:
         for point in points:
-            apply_overrides(run.scenario, point, f"{run.run_dir or run.run_id}/scenario.yaml")
+            scenario = apply_overrides(
+                run.scenario, point, f"{run.run_dir or run.run_id}/scenario.yaml"
+            )
+            moved = association_changes(run.scenario, scenario) if not retrain else ""
+            if moved:
+                raise OverrideError(
+                    f"grid point {point} changes which edge server serves clients "
+                    f"({moved}: geometry.association), so the clients would train in "
+                    "other groups than the recorded run's; pass retrain=True (--retrain)"
+                )
 
     tasks = [(r, p) for r in range(len(recorded)) for p in points]
     size = [sum(len(rec.traces) for rec in run.rounds) for run in recorded]

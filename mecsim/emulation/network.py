@@ -38,6 +38,7 @@ from mecsim.emulation.engine import (
     RateSchedule,
     ServerSpec,
 )
+from mecsim.emulation.geometry import StaticCells, cells_of
 from mecsim.scenario import (
     ChannelConfig,
     FixedRateChannelConfig,
@@ -57,6 +58,11 @@ _ROUND_STREAM = 3
 _TRANSPORT_STREAM = 4
 #: each client's LOS state and shadow fading under a 3GPP path loss (once per run)
 _LARGE_SCALE_STREAM = 0x38901
+#: the clients' initial positions of a scenario's geometry (once per run): "GEO"
+_GEOMETRY_STREAM = 0x47454F
+#: the per client-round columns a run with a geometry adds to clients.csv: the client's
+#: position (m, the area's coordinates)
+GEOMETRY_KEYS = ("x_m", "y_m")
 
 #: Per client-round transport columns added to the channel records.
 TRANSPORT_KEYS = (
@@ -165,8 +171,15 @@ def channel_record_keys(cfg: ChannelConfig) -> tuple[str, ...]:
     return keys
 
 
+def client_record_keys(scenario: Scenario) -> tuple[str, ...]:
+    """clients.csv's columns after mecsim's own: the channel's
+    (:func:`channel_record_keys`), then, with a geometry, :data:`GEOMETRY_KEYS`."""
+    geometry = GEOMETRY_KEYS if scenario.geometry is not None else ()
+    return (*channel_record_keys(scenario.channel), *geometry)
+
+
 #: per client-round names a channel plugin's record_keys may not take
-RESERVED_CLIENT_KEYS = frozenset((*RECORD_KEYS, *TRANSPORT_KEYS))
+RESERVED_CLIENT_KEYS = frozenset((*RECORD_KEYS, *TRANSPORT_KEYS, *GEOMETRY_KEYS))
 
 
 def downlink_note(scenario: Scenario) -> str | None:
@@ -245,7 +258,35 @@ class NetworkModel:
         self.channel = build_channel(scenario.channel)
         seed = scenario.seed
         clients_rng = np.random.default_rng([seed, _CLIENTS_STREAM])
-        if isinstance(self.channel, ShannonChannel):
+        n = scenario.topology.clients
+        #: the sites, the clients' positions and the association at the start (None
+        #: without a geometry section: distances drawn, clients in topology blocks)
+        self.cells: StaticCells | None = None
+        if scenario.geometry is not None:
+            # positions from a stream of their own; LOS states and shadowing per link
+            # (client × site) from the 3GPP stream, so with one site they are the
+            # numbers a run without a geometry draws per client
+            self.cells = cells_of(
+                scenario,
+                self.channel,
+                np.random.default_rng([seed, _GEOMETRY_STREAM]),
+                np.random.default_rng([seed, _LARGE_SCALE_STREAM]),
+            )
+            self.edge_server = self.cells.serving.astype(np.int64)
+        else:
+            self.edge_server = np.array(
+                [scenario.edge_server_of(c) for c in range(n)], dtype=np.int64
+            )
+        if isinstance(self.channel, ShannonChannel) and self.cells is not None:
+            # each client's distance to its serving site replaces the distance draw (still
+            # drawn: bandwidth and power are the numbers a run without geometry draws)
+            self.radio = self.channel.draw_clients(
+                n,
+                clients_rng,
+                distance_m=self.cells.serving_distance_m(),
+                large_scale=self.cells.serving_large_scale(),
+            )
+        elif isinstance(self.channel, ShannonChannel):
             # the LOS states and shadowing of a 3GPP path loss (unused by the exponent
             # model) come from a stream of their own: the clients' draws stay the same
             self.radio = self.channel.draw_clients(
@@ -259,9 +300,6 @@ class NetworkModel:
         # each client's device as columns (ClientColumns of a round index them)
         self.step_overhead_s = np.array([float(d.step_overhead_s) for d in self.devices])
         self.flops_per_s = np.array([float(d.flops_per_s) for d in self.devices])
-        self.edge_server = np.array(
-            [scenario.edge_server_of(c) for c in range(scenario.topology.clients)], dtype=np.int64
-        )
         # each client's radiated power as the channel draws it (NaN where the channel has
         # none: the device profile's radio_tx_power_dbm), and its watts (POWER_COLUMNS of
         # mecsim.emulation.energy: the transmit draw from that power)
@@ -394,7 +432,7 @@ class NetworkModel:
                 up = schedule_from(ut, np.minimum(ur, links.uplink_cap_bps[i]), elapsed_s)
                 down = schedule_from(dt, np.minimum(dr, links.downlink_cap_bps[i]), elapsed_s)
             dev = self.devices[cid]
-            es = self.scenario.edge_server_of(cid)
+            es = int(self.edge_server[cid])
             specs[cid] = ClientSpec(
                 cid,
                 up,
@@ -416,6 +454,10 @@ class NetworkModel:
                     backhaul_latency_s=float(bh_lat[es]),
                     backhaul_goodput_bps=float(bh_bps[es]),
                 )
+        if records and self.cells is not None:  # each client's position (m)
+            for cid in selected:
+                x, y = self.cells.positions_m[cid]
+                rows[int(cid)].update(x_m=float(x), y_m=float(y))
         for rec in rows.values():
             rec.pop("client_id", None)
         return specs, links.servers, self.network, rows

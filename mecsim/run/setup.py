@@ -157,6 +157,11 @@ def prepare(
         init_weights,
         plugins=registry.portable(),
     )
+    # the network first: with a geometry its association (each client's edge server at
+    # the start) is what the servers and the records use
+    network = NetworkModel(scenario, profiles)
+    if scenario.geometry is not None:
+        scenario = scenario.with_association(network.edge_server.tolist())
     server_kwargs = dict(
         algorithm=scenario.algorithm.name,
         layout=layout,
@@ -165,7 +170,7 @@ def prepare(
         fraction=scenario.topology.participation,
         params=dict(scenario.algorithm.params),
         seed=seed,
-        edge_server_of={cid: scenario.edge_server_of(cid) for cid in range(n)},
+        edge_server_of={cid: int(network.edge_server[cid]) for cid in range(n)},
         plugins=registry.portable(),
         rounds=scenario.rounds,
     )
@@ -222,7 +227,6 @@ def prepare(
             "plugins": [info.as_dict() for info in registry.used_by(_named(scenario))],
         },
     )
-    network = NetworkModel(scenario, profiles)
     slowdown = faults.slowdown_factors(scenario.faults, seed, n)
     return RunSetup(
         info,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
 from pydantic import (
@@ -19,6 +20,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     WithJsonSchema,
     field_validator,
@@ -924,6 +926,236 @@ class FaultsConfig(_Strict):
     )
 
 
+#: The largest coordinate, area side or distance a geometry takes (m): 10,000 km, far
+#: beyond any cell layout, far below where float arithmetic loses the metre
+MAX_GEOMETRY_M = 1e7
+#: the most rings a hexagonal grid may have (1 + 3·R·(R+1) = 1,261 sites at 20)
+MAX_HEX_RINGS = 20
+
+Metres = Annotated[float, Field(ge=0, le=MAX_GEOMETRY_M)]
+PositiveMetres = Annotated[float, Field(gt=0, le=MAX_GEOMETRY_M)]
+#: a point [x, y] of the plane, metres, in the area's coordinates (its lower-left corner
+#: is the origin)
+Point = tuple[Metres, Metres]
+
+
+def hex_grid_offsets_m(rings: int, inter_site_distance_m: float) -> list[tuple[float, float]]:
+    """The sites of a hexagonal grid of ``rings`` rings around a centre site, as offsets
+    from that centre (m), in edge-server order: the centre, then ring 1, ring 2, ...
+
+    Ring k has 6k sites on the hexagon whose corners are k·D·(cos 60°j, sin 60°j),
+    j = 0..5 (D the inter-site distance): each ring starts at its corner on the +x axis
+    and walks counter-clockwise, k sites per side (the corner, then k − 1 evenly spaced
+    points towards the next corner). 1 + 3·R·(R + 1) sites in all; every site's six
+    nearest neighbours are D away. (Kept in the scenario layer because validation needs
+    the sites; :func:`mecsim.emulation.geometry.hex_grid_sites` is its numpy form.)
+    """
+    out = [(0.0, 0.0)]
+    for k in range(1, rings + 1):
+        corners = [
+            (
+                k * inter_site_distance_m * math.cos(math.pi / 3 * j),
+                k * inter_site_distance_m * math.sin(math.pi / 3 * j),
+            )
+            for j in range(7)
+        ]
+        for j in range(6):
+            (x0, y0), (x1, y1) = corners[j], corners[j + 1]
+            out += [(x0 + (x1 - x0) * t / k, y0 + (y1 - y0) * t / k) for t in range(k)]
+    return out
+
+
+class AreaConfig(_Strict):
+    """The rectangle clients live in: [0, width_m] × [0, height_m] (m)."""
+
+    width_m: PositiveMetres
+    height_m: PositiveMetres
+
+
+class SitesConfig(_Strict):
+    """Where the edge servers (base stations) are: edge server k at site k."""
+
+    layout: Literal["hex", "explicit"] = Field(
+        default="hex",
+        description="hex: a hexagonal grid of `rings` rings with `inter_site_distance_m`, "
+        "centred in the area; explicit: `positions_m`, one [x, y] per edge server",
+    )
+    rings: int = Field(
+        default=1, ge=0, le=MAX_HEX_RINGS, description="hex: rings around the centre site"
+    )
+    inter_site_distance_m: PositiveMetres = Field(
+        default=200.0, description="hex: the distance between neighbouring sites (m)"
+    )
+    positions_m: list[Point] | None = Field(
+        default=None,
+        max_length=100_000,
+        description="explicit: each edge server's [x, y] (m), in edge-server order",
+    )
+
+    @model_validator(mode="after")
+    def _positions_for_explicit(self) -> SitesConfig:
+        if self.layout == "explicit" and not self.positions_m:
+            raise ValueError("positions_m: layout explicit needs one [x, y] per edge server")
+        if self.layout == "hex" and self.positions_m is not None:
+            raise ValueError("positions_m: given with layout hex; use layout: explicit")
+        return self
+
+    def offsets_or_positions_m(self) -> list[tuple[float, float]]:
+        if self.layout == "hex":
+            return hex_grid_offsets_m(self.rings, self.inter_site_distance_m)
+        return [(float(x), float(y)) for x, y in self.positions_m or []]
+
+
+class Hotspot(_Strict):
+    """A cluster of clients: uniform over the disc of ``radius_m`` around ``centre_m``."""
+
+    centre_m: Point
+    radius_m: PositiveMetres
+    clients: int | None = Field(
+        default=None, ge=0, description="clients in this hotspot; null: an equal share"
+    )
+
+
+class ClientPlacementConfig(_Strict):
+    """Each client's initial position."""
+
+    placement: Literal["uniform", "per_cell", "hotspots", "explicit"] = Field(
+        default="uniform",
+        description="uniform: over the area; per_cell: each edge server's share of the "
+        "clients (the topology's contiguous blocks) uniform over its Voronoi cell within "
+        "the area; hotspots: uniform over discs; explicit: positions_m",
+    )
+    hotspots: list[Hotspot] | None = Field(default=None, max_length=100_000)
+    positions_m: list[Point] | None = Field(
+        default=None,
+        max_length=1_000_000,
+        description="explicit: each client's [x, y] (m), in client-id order",
+    )
+
+    @model_validator(mode="after")
+    def _fields_of_placement(self) -> ClientPlacementConfig:
+        if self.placement == "hotspots" and not self.hotspots:
+            raise ValueError("hotspots: placement hotspots needs at least one hotspot")
+        if self.placement != "hotspots" and self.hotspots is not None:
+            raise ValueError(f"hotspots: given with placement {self.placement}")
+        if self.placement == "explicit" and self.positions_m is None:
+            raise ValueError("positions_m: placement explicit needs one [x, y] per client")
+        if self.placement != "explicit" and self.positions_m is not None:
+            raise ValueError(f"positions_m: given with placement {self.placement}")
+        if self.hotspots:
+            given = [h.clients is not None for h in self.hotspots]
+            if any(given) and not all(given):
+                raise ValueError("hotspots: give every hotspot's clients, or none")
+        return self
+
+
+class AssociationConfig(_Strict):
+    """Which edge server serves each client (docs/mobility.md, "Association")."""
+
+    rule: Literal["nearest", "strongest", "sinr"] = Field(
+        default="nearest",
+        description="nearest: the nearest site (2D); strongest: the highest received power "
+        "of the sites' downlink (path loss and shadowing); sinr: the best downlink SINR, "
+        "every other site co-channel",
+    )
+    hysteresis_db: Decibels = Field(
+        default=0.0,
+        ge=0,
+        description="strongest / sinr: a handover needs a site better by this much (A3 "
+        "offset, dB); used when the association is re-evaluated",
+    )
+    hysteresis_m: Metres = Field(
+        default=0.0, description="nearest: a handover needs a site nearer by this much (m)"
+    )
+    time_to_trigger_s: float = Field(
+        default=0.0,
+        ge=0,
+        le=1e9,
+        description="the handover condition must hold this long (emulated s) before it is acted on",
+    )
+
+    @model_validator(mode="after")
+    def _hysteresis_of_rule(self) -> AssociationConfig:
+        if self.rule == "nearest" and self.hysteresis_db:
+            raise ValueError("hysteresis_db: rule nearest compares distances; use hysteresis_m")
+        if self.rule != "nearest" and self.hysteresis_m:
+            raise ValueError(f"hysteresis_m: rule {self.rule} compares dB; use hysteresis_db")
+        return self
+
+
+class GeometryConfig(_Strict):
+    """Edge servers and clients on a plane (docs/mobility.md, "Geometry"). With it, each
+    client's distance to its serving edge server comes from positions (not from
+    ``channel.distance_m``) and the serving edge server from ``association``."""
+
+    area: AreaConfig | None = Field(
+        default=None,
+        description="[0, width_m] × [0, height_m]; null: the sites' extent and margin_m",
+    )
+    margin_m: Metres | None = Field(
+        default=None,
+        description="with no area: the space around the sites (hex: default the cell's "
+        "circumradius D/√3; explicit sites: required)",
+    )
+    sites: SitesConfig = Field(default_factory=SitesConfig)
+    clients: ClientPlacementConfig = Field(default_factory=ClientPlacementConfig)
+    min_distance_m: PositiveMetres = Field(
+        default=10.0,
+        description="no client is placed nearer than this to any site (m); 10 m: the "
+        "lower end of TR 38.901's distances",
+    )
+    association: AssociationConfig = Field(default_factory=AssociationConfig)
+
+    @model_validator(mode="after")
+    def _area_or_margin(self) -> GeometryConfig:
+        if self.area is not None and self.margin_m is not None:
+            raise ValueError("margin_m: given with an area; give one of them")
+        if self.area is None and self.margin_m is None and self.sites.layout == "explicit":
+            raise ValueError(
+                "area: explicit sites need the area (width_m, height_m) or a margin_m around them"
+            )
+        return self
+
+    def area_m(self) -> tuple[float, float]:
+        """(width, height) of the area (m)."""
+        if self.area is not None:
+            return self.area.width_m, self.area.height_m
+        points = self.sites.offsets_or_positions_m()
+        if self.sites.layout == "hex":
+            margin = (
+                self.sites.inter_site_distance_m / math.sqrt(3)
+                if self.margin_m is None
+                else self.margin_m
+            )
+            xs, ys = [p[0] for p in points], [p[1] for p in points]
+            return max(xs) - min(xs) + 2 * margin, max(ys) - min(ys) + 2 * margin
+        margin = self.margin_m or 0.0
+        return max(p[0] for p in points) + margin, max(p[1] for p in points) + margin
+
+    def sites_m(self) -> list[tuple[float, float]]:
+        """Each edge server's [x, y] (m), in edge-server order: a hexagonal grid centred in
+        the area, or the explicit positions."""
+        points = self.sites.offsets_or_positions_m()
+        if self.sites.layout == "explicit":
+            return points
+        w, h = self.area_m()
+        return [(w / 2 + x, h / 2 + y) for x, y in points]
+
+    def hotspot_counts(self, n_clients: int) -> list[int]:
+        """Clients per hotspot, in hotspot order (client ids in contiguous blocks)."""
+        spots = self.clients.hotspots or []
+        if spots and spots[0].clients is not None:
+            return [int(h.clients or 0) for h in spots]
+        return split_evenly(n_clients, len(spots))
+
+
+def split_evenly(n: int, parts: int) -> list[int]:
+    """``n`` into ``parts`` contiguous blocks of ⌈n / parts⌉ (the last ones smaller):
+    the blocks :meth:`Scenario.edge_server_of` gives without a geometry."""
+    per = math.ceil(n / parts)
+    return [max(0, min(per, n - k * per)) for k in range(parts)]
+
+
 class Scenario(_Strict):
     """A complete mecsim scenario. Every field has a default except where noted."""
 
@@ -952,6 +1184,15 @@ class Scenario(_Strict):
     execution: ExecutionConfig = Field(default_factory=ExecutionConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     faults: FaultsConfig | None = Field(default=None, description="emulated faults; null: none")
+    geometry: GeometryConfig | None = Field(
+        default=None,
+        description="edge servers and clients on a plane, and the association of clients "
+        "to edge servers (docs/mobility.md); null: distances drawn from "
+        "channel.distance_m, clients in contiguous blocks per edge server",
+    )
+    # the association a run computed from the geometry (with_association); None: the
+    # contiguous blocks of edge_server_of, or not computed yet
+    _association: tuple[int, ...] | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _faults_fit(self) -> Scenario:
@@ -1009,6 +1250,105 @@ class Scenario(_Strict):
             raise ValueError("topology.edge_servers: more edge servers than clients")
         return self
 
+    @model_validator(mode="after")
+    def _geometry_fits(self) -> Scenario:
+        g = self.geometry
+        if g is None:
+            return self
+        sites = g.sites_m()
+        n_sites, n = len(sites), self.topology.clients
+        if n_sites != self.topology.edge_servers:
+            what = (
+                f"a hexagonal grid of {g.sites.rings} ring(s) has {n_sites} sites"
+                if g.sites.layout == "hex"
+                else f"geometry.sites.positions_m has {n_sites} sites"
+            )
+            raise ValueError(
+                f"topology.edge_servers: {what} but topology.edge_servers is "
+                f"{self.topology.edge_servers}; set topology.edge_servers: {n_sites} (one "
+                "edge server per site)"
+            )
+        w, h = g.area_m()
+        if g.area is not None or g.sites.layout == "explicit":
+            for i, (x, y) in enumerate(sites):
+                if not (0 <= x <= w and 0 <= y <= h):
+                    field = (
+                        f"geometry.sites.positions_m.{i}"
+                        if g.sites.layout == "explicit"
+                        else "geometry.area"
+                    )
+                    raise ValueError(
+                        f"{field}: site {i} at [{x:g}, {y:g}] m is outside the area "
+                        f"[0, {w:g}] × [0, {h:g}] m"
+                    )
+        c = g.clients
+        if c.placement == "explicit":
+            positions = c.positions_m or []
+            if len(positions) != n:
+                raise ValueError(
+                    f"geometry.clients.positions_m: {len(positions)} positions but "
+                    f"topology.clients is {n}"
+                )
+            for i, (x, y) in enumerate(positions):
+                if not (0 <= x <= w and 0 <= y <= h):
+                    raise ValueError(
+                        f"geometry.clients.positions_m.{i}: [{x:g}, {y:g}] m is outside the "
+                        f"area [0, {w:g}] × [0, {h:g}] m"
+                    )
+                near = min(math.dist((x, y), s) for s in sites)
+                if near < g.min_distance_m:
+                    raise ValueError(
+                        f"geometry.clients.positions_m.{i}: [{x:g}, {y:g}] m is {near:g} m "
+                        f"from a site, nearer than geometry.min_distance_m "
+                        f"({g.min_distance_m:g} m)"
+                    )
+        if c.placement == "hotspots":
+            counts = g.hotspot_counts(n)
+            if sum(counts) != n:
+                raise ValueError(
+                    f"geometry.clients.hotspots: the hotspots hold {sum(counts)} clients but "
+                    f"topology.clients is {n}"
+                )
+            for i, spot in enumerate(c.hotspots or []):
+                x, y = spot.centre_m
+                if not (0 <= x <= w and 0 <= y <= h):
+                    raise ValueError(
+                        f"geometry.clients.hotspots.{i}.centre_m: [{x:g}, {y:g}] m is outside "
+                        f"the area [0, {w:g}] × [0, {h:g}] m"
+                    )
+        if (
+            isinstance(self.channel, ShannonChannelConfig)
+            and self.channel.path_loss.model != "exponent"
+            and g.min_distance_m < TR38901_DISTANCE_RANGE_M[0]
+        ):
+            raise ValueError(
+                f"geometry.min_distance_m: channel.path_loss.model "
+                f"{self.channel.path_loss.model} holds from 2D distances of "
+                f"{TR38901_DISTANCE_RANGE_M[0]:g} m (TR 38.901 Table 7.4.1-1), got "
+                f"{g.min_distance_m:g} m"
+            )
+        if g.association.rule != "nearest" and not isinstance(self.channel, ShannonChannelConfig):
+            raise ValueError(
+                f"geometry.association.rule: {g.association.rule} needs received powers, "
+                f"which only the shannon channel models (channel.model is "
+                f"{self.channel.model}); use rule: nearest"
+            )
+        return self
+
+    def with_association(self, edge_server_of: Sequence[int]) -> Scenario:
+        """A copy whose :meth:`edge_server_of` answers from ``edge_server_of`` (one edge
+        server per client, in client-id order): what a run with a geometry computed
+        (:class:`mecsim.emulation.network.NetworkModel`'s ``edge_server``). The copy's
+        fields, dump and digest are this scenario's."""
+        if len(edge_server_of) != self.topology.clients:
+            raise ValueError(
+                f"an association of {len(edge_server_of)} clients for a scenario of "
+                f"{self.topology.clients}"
+            )
+        copy = self.model_copy()
+        copy._association = tuple(int(e) for e in edge_server_of)
+        return copy
+
     def downlink_mode(self) -> str | None:
         """The Shannon downlink discipline in force (``auto`` resolved), None for other
         channel models (see :meth:`ShannonChannelConfig.downlink_mode`)."""
@@ -1029,7 +1369,22 @@ class Scenario(_Strict):
         return out[:n]
 
     def edge_server_of(self, client_id: int) -> int:
-        """Clients are split into contiguous, near-equal blocks, one per edge server."""
+        """Without a geometry, clients are split into contiguous, near-equal blocks, one
+        per edge server. With one, the association a run computed (attached by
+        :meth:`with_association`); asking a scenario with a geometry before that is an
+        error (the association needs the channel's draws: ``mecsim.emulation.network``)."""
+        if self._association is not None:
+            return self._association[client_id]
+        if self.geometry is not None:
+            raise RuntimeError(
+                "this scenario places clients by geometry: its association is computed by "
+                "mecsim.emulation.network.NetworkModel (edge_server); attach it with "
+                "Scenario.with_association"
+            )
+        return self.topology_block_of(client_id)
+
+    def topology_block_of(self, client_id: int) -> int:
+        """The contiguous, near-equal block (one per edge server) ``client_id`` is in."""
         per = math.ceil(self.topology.clients / self.topology.edge_servers)
         return client_id // per
 

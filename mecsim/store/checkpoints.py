@@ -49,7 +49,7 @@ class CheckpointError(Exception):
 _NOT_RESULTS = ("description", "metrics", "execution", "outputs", "checkpoint")
 #: Sections added after runs were recorded: left out of the digest while at their
 #: defaults, so that a run recorded before a section existed keeps its digest.
-_NEW_AT_DEFAULT = {"energy": {"idle_policy": "sleep"}}
+_NEW_AT_DEFAULT: dict[str, Any] = {"energy": {"idle_policy": "sleep"}, "geometry": None}
 #: Fields of a scenario's own device profiles (``devices.profiles``) added after runs were
 #: recorded: left out of the digest while unset, for the same reason.
 _NEW_PROFILE_FIELDS = {

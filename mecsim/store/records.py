@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from mecsim.agents.algorithms import algorithm_classes
-from mecsim.emulation.network import channel_record_keys
+from mecsim.emulation.network import client_record_keys
 from mecsim.run.chaos import kill_point
 from mecsim.run.interrupts import atomic_section
 from mecsim.run.observers import RunInfo, RunObserver
@@ -116,7 +116,7 @@ class RecordsWriter(RunObserver):
         )
         self.clients = _AppendCsv(
             self.out_dir / "clients.csv",
-            CLIENT_COLUMNS + list(channel_record_keys(sc.channel)),
+            CLIENT_COLUMNS + list(client_record_keys(sc)),
             append,
         )
         self.traces = (
