@@ -413,10 +413,11 @@ def _ns2_samples(
     the point reached. ns-2's semantics, computed exactly."""
     if node.x is None or node.y is None:
         line = node.moves[0][4] if node.moves else node.first_line
-        missing = " and ".join(a for a, v in (("X_", node.x), ("Y_", node.y)) if v is None)
+        missing = [a for a, v in (("X_", node.x), ("Y_", node.y)) if v is None]
+        verb = "are" if len(missing) == 2 else "is"
         raise TraceError(
-            f"{path}:{line}: node {node_id!r} has no initial position: its {missing} is never "
-            "set ($node_(i) set X_ x)"
+            f"{path}:{line}: node {node_id!r} has no initial position: its "
+            f"{' and '.join(missing)} {verb} never set ($node_(i) set X_ x)"
         )
     pos = np.array([node.x[0], node.y[0]])
     times: list[float] = [0.0]
