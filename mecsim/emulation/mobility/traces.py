@@ -248,8 +248,8 @@ class _Tracks:
         return f"{self.path}:{line}"
 
     def check_position(self, node_id: str, x: float, y: float, line: int) -> None:
-        if self.area is not None and not self.area.contains((x, y)):
-            a = self.area
+        a = self.area
+        if a is not None and not (a.x_min_m <= x <= a.x_max_m and a.y_min_m <= y <= a.y_max_m):
             raise TraceError(
                 f"{self.where(line)}: node {node_id!r} at ({x:g}, {y:g}) m is outside the area "
                 f"x [{a.x_min_m:g}, {a.x_max_m:g}], y [{a.y_min_m:g}, {a.y_max_m:g}]"
@@ -354,17 +354,18 @@ def parse_sumo_fcd(data: bytes, path: str, area: Area | None = None) -> Trace:
                 if key not in attrs:
                     raise TraceError(f"{where()}: a {name} without its {key} attribute")
             node_id = attrs["id"]
+            line, here = parser.CurrentLineNumber, where()
             if node_id in seen:
                 raise TraceError(
-                    f"{where()}: id {node_id!r} twice in the timestep of time "
+                    f"{here}: id {node_id!r} twice in the timestep of time "
                     f"{state['time']:g} s (first on line {seen[node_id]}): duplicate node id"
                 )
-            seen[node_id] = parser.CurrentLineNumber
-            x = _number(attrs["x"], "x", where())
-            y = _number(attrs["y"], "y", where())
+            seen[node_id] = line
+            x = _number(attrs["x"], "x", here)
+            y = _number(attrs["y"], "y", here)
             now = state["time"]
             assert now is not None
-            tracks.add(node_id, now, x, y, parser.CurrentLineNumber)
+            tracks.add(node_id, now, x, y, line)
         elif depth == 1 and name in _FCD_MOVERS:
             raise TraceError(f"{where()}: a {name} outside a timestep")
 
