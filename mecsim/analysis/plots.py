@@ -19,8 +19,10 @@ Rounds are counted from 1 (the records' round index + 1) and round axes have int
 ticks. With many series the legend goes outside the axes, to the right of the data.
 
 :class:`PlotWriter` is a run observer that writes them to ``<run dir>/plots/`` when the
-run ends. Figures are drawn on the Agg canvas without pyplot, so no GUI and no global
-state are involved.
+run ends, and, for a run with a ``geometry:`` section, ``map.png``: the cells, the
+clients' trajectories, their association per round and the handovers
+(:mod:`mecsim.analysis.maps`, drawn from the run's ``clients.csv``). Figures are drawn
+on the Agg canvas without pyplot, so no GUI and no global state are involved.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from mecsim.analysis.maps import MAP_NAME, write_map
 from mecsim.analysis.tables import RunRecords, evaluated, from_rows, label_runs
 from mecsim.run.observers import RunInfo, RunObserver
 
@@ -413,5 +416,18 @@ class PlotWriter(RunObserver):
         except Exception as exc:  # noqa: BLE001 - the records are written; say why, go on
             print(
                 f"mecsim: plots not written to {self.out_dir}: {type(exc).__name__}: {exc}",
+                file=sys.stderr,
+            )
+        if info.scenario.geometry is None:
+            return
+        try:  # the rows of every round are in clients.csv (written as each round ended)
+            path = write_map(
+                self.out_dir.parent, self.out_dir / MAP_NAME, info.scenario, info.run_id
+            )
+            if path is not None:
+                self.written.append(path)
+        except Exception as exc:  # noqa: BLE001 - as above
+            print(
+                f"mecsim: {MAP_NAME} not written to {self.out_dir}: {type(exc).__name__}: {exc}",
                 file=sys.stderr,
             )

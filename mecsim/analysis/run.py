@@ -19,7 +19,7 @@ from typing import Any
 
 import pandas as pd
 
-from mecsim.analysis import plots
+from mecsim.analysis import maps, plots
 from mecsim.analysis.tables import ReportError, RunRecords, Tables, build_tables
 from mecsim.analysis.tables import load_run as load_records
 from mecsim.scenario import Scenario, ScenarioError, load_recorded_scenario
@@ -27,7 +27,7 @@ from mecsim.store.runfolder import read_meta
 from mecsim.store.session import Outcome
 
 #: what :meth:`Run.plot` draws, by name
-FIGURES = ("accuracy", "accuracy_vs_time", "time_split", "bytes", "energy")
+FIGURES = ("accuracy", "accuracy_vs_time", "time_split", "bytes", "energy", "map")
 
 
 class Run:
@@ -114,7 +114,8 @@ class Run:
 
     def plot(self, what: str = "accuracy", target: float | None = None) -> Any:
         """A matplotlib Figure: one of :data:`FIGURES` (accuracy per round, accuracy per
-        emulated second, the time split, bytes, energy)."""
+        emulated second, the time split, bytes, energy, the map of a run with a
+        geometry)."""
         runs = [self.records]
         if what == "accuracy":
             return plots.accuracy_figure(runs, "round", target)
@@ -128,6 +129,11 @@ class Run:
             fig = plots.energy_figure(runs)
             if fig is None:
                 raise ReportError(f"{self.path}: no energy figures recorded")
+            return fig
+        if what == "map":
+            fig = maps.run_map_figure(self.scenario, self.clients, self.run_id)
+            if fig is None:
+                raise ReportError(f"{self.path}: no map: the run has no geometry section")
             return fig
         raise ValueError(f"unknown figure {what!r}; choose one of {', '.join(FIGURES)}")
 

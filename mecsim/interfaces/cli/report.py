@@ -28,7 +28,9 @@ Tables (markdown on stdout and in tables.md; one CSV each):
   accuracy             best mean user accuracy and its round, final accuracy, rounds and
                        emulated time to --target
 Figures (PNG): accuracy vs round and vs emulated time, time split per round, bytes per
-round, per-client accuracy distribution; several runs are overlaid.
+round, per-client accuracy distribution; several runs are overlaid. A run with a
+geometry also gets its map (map.png; map-<run folder>.png for several runs): the
+cells, each client's trajectory and serving edge server per round, the handovers.
 """
 
 EPILOG = """\
@@ -113,6 +115,20 @@ def _rounds_text(r) -> str:
     return f"{done} rounds"
 
 
+def _maps(runs, out: Path) -> list[Path]:
+    """The map of each run with a geometry: ``out/map.png`` for one run, else
+    ``out/map-<run folder>.png`` each."""
+    from mecsim.analysis.maps import MAP_NAME, write_map  # deferred: matplotlib
+
+    written = []
+    for r in runs:
+        name = MAP_NAME if len(runs) == 1 else f"map-{Path(r.path).name}.png"
+        path = write_map(r.path, out / name, run_id=Path(r.path).name)
+        if path is not None:
+            written.append(path)
+    return written
+
+
 def cmd_report(args: argparse.Namespace, console=None) -> int:
     # deferred: the tables read records with pandas (~0.3 s); this module is imported by
     # every `mecsim` command for its parser
@@ -154,6 +170,7 @@ def cmd_report(args: argparse.Namespace, console=None) -> int:
         from mecsim.analysis.plots import write_plots  # deferred: matplotlib (~0.5 s)
 
         written += write_plots(runs, out, args.target)
+        written += _maps(runs, out)
     if not args.quiet:
         print(header + text)
         print(f"written to {out}/: " + ", ".join(p.name for p in [out / "tables.md", *written]))

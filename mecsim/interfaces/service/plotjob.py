@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from mecsim.analysis.maps import write_map
 from mecsim.analysis.plots import PlotWriter, label_runs, write_plots
 from mecsim.analysis.tables import from_rows
 
@@ -30,8 +31,9 @@ PLOT_TIMEOUT_S = 600.0
 
 
 def plot_run_folder(run_dir: str | Path, planned_rounds: int | None) -> list[Path]:
-    """Draw the figures of the run in ``run_dir`` (its ``rounds.csv`` and ``clients.csv``)
-    into ``run_dir/plots``, as :class:`PlotWriter` does at a run's end."""
+    """Draw the figures of the run in ``run_dir`` (its ``rounds.csv`` and ``clients.csv``;
+    the map of a run with a geometry) into ``run_dir/plots``, as :class:`PlotWriter` does
+    at a run's end."""
     import pandas as pd
 
     run_dir = Path(run_dir)
@@ -43,7 +45,11 @@ def plot_run_folder(run_dir: str | Path, planned_rounds: int | None) -> list[Pat
         run_dir.name, rounds, writer._last_eval, path=writer.out_dir, planned_rounds=planned_rounds
     )
     label_runs([r])
-    return write_plots([r], writer.out_dir)
+    written = write_plots([r], writer.out_dir)
+    # a run with a geometry: its map (the scenario from scenario.yaml); others: none
+    if (run_map := write_map(run_dir)) is not None:
+        written.append(run_map)
+    return written
 
 
 class ChildPlotWriter(PlotWriter):
