@@ -42,6 +42,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
+from mecsim.scenario import load_recorded_scenario
+
 MAP_NAME = "map.png"
 #: at most this many clients' trajectories are drawn (evenly spread over the ids)
 MAX_CLIENTS_DRAWN = 500
@@ -243,8 +245,8 @@ def map_figure(
     if ends:
         e = np.array(ends)
         ax.scatter(
-            e[:, 0], e[:, 1], s=16, c=end_colors, edgecolors="0.15", linewidths=0.4,
-            zorder=4, gid="clients",
+            e[:, 0], e[:, 1], s=16 if segments else 30, c=end_colors, edgecolors="0.15",
+            linewidths=0.4, zorder=4, gid="clients",
         )  # fmt: skip
     if hand:
         hp = np.array(hand)
@@ -366,8 +368,6 @@ def write_map(
     None, writing nothing, for a run without a geometry."""
     run_dir = Path(run_dir)
     if scenario is None:
-        from mecsim.scenario import load_recorded_scenario
-
         path = run_dir / "scenario.yaml"
         if not path.is_file():
             return None
