@@ -1103,7 +1103,8 @@ class AssociationConfig(_Strict):
         default="nearest",
         description="nearest: the nearest site (2D); strongest: the highest received power "
         "of the sites' downlink (path loss and shadowing); sinr: the best downlink SINR, "
-        "every other site co-channel",
+        "every other site co-channel (under channel.interference.model geometric: the "
+        "sites of its reuse group)",
     )
     hysteresis_db: Decibels = Field(
         default=0.0,
