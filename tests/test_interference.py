@@ -329,3 +329,42 @@ def _stepped_finish_s(start_s, bits, signal_w, cross_w, noise_w, bandwidth_hz, d
             left[i] -= r * dt
         t += dt
     return done
+
+
+def test_a_sinr_association_uses_the_reuse_groups():
+    """21 clients uniform over 7 hexagonal UMi cells, rule sinr, reuse 3: each client's
+    edge server maximises P_s / (Σ_{s' ≠ s in s's group} P_s' + N), worked here with
+    loops over the groups of the 7-site table [0, 1, 2, 1, 2, 1, 2]."""
+    sc = tiny(
+        topology={"clients": 21, "edge_servers": 7},
+        channel={
+            **_channel({"model": "geometric", "reuse": 3}),
+            "path_loss": {"model": "38.901-umi", "carrier_ghz": 3.5},
+        },
+        geometry={
+            "sites": {"layout": "hex", "rings": 1, "inter_site_distance_m": 200},
+            "clients": {"placement": "uniform"},
+            "association": {"rule": "sinr"},
+        },
+    )
+    cells = NetworkModel(sc, device_profiles(sc)).cells
+    groups = [0, 1, 2, 1, 2, 1, 2]
+    noise_mw = 10 ** (-174 / 10) * 20e6
+    picks = []
+    for c in range(21):
+        mw = [10 ** (p / 10) for p in cells.rx_power_dbm[c]]
+        sinr = [
+            mw[s] / (sum(mw[t] for t in range(7) if t != s and groups[t] == groups[s]) + noise_mw)
+            for s in range(7)
+        ]
+        picks.append(int(np.argmax(sinr)))
+    assert cells.serving.tolist() == picks
+    # all co-channel, the SINR's best site is the strongest; with the groups it need not be
+    strongest = np.argmax(cells.rx_power_dbm, axis=1)
+    assert (cells.serving != strongest).any()
+
+
+def test_the_digest_tells_reuse_factors_apart():
+    a = two_cells(reuse=1)
+    b = two_cells(reuse=3)
+    assert scenario_digest(a) != scenario_digest(b)
