@@ -353,10 +353,17 @@ class ShannonChannel:
         rng: np.random.Generator,
         *,
         time_s: float = 0.0,
+        ul_interference_w: ArrayLike | None = None,
+        dl_interference_w: ArrayLike | None = None,
     ) -> RoundChannel:
         """Per client-round draws, in this order: Exp(1) fading (n), uplink interference (n),
         downlink interference (n). All three are always drawn, so switching fading or
-        interference off does not shift the random stream of the other draws."""
+        interference off does not shift the random stream of the other draws.
+
+        ``ul_interference_w`` / ``dl_interference_w`` (n,): interference in watts computed
+        elsewhere (a geometry's co-channel cells: :mod:`mecsim.emulation.interference`),
+        used instead of that direction's draw (which is still made, and discarded); the
+        record's raw value is then the power in W."""
         ids = _check_ids(radio, client_ids)
         n = len(ids)
         exp = rng.exponential(1.0, size=n)
@@ -373,6 +380,12 @@ class ShannonChannel:
             i_dl = interference_to_w(dl_raw, self.interference_unit, b_dl, n0)
         else:
             i_ul, i_dl = np.zeros(n), np.zeros(n)
+        if ul_interference_w is not None:
+            i_ul = np.asarray(ul_interference_w, dtype=float).reshape(n).copy()
+            ul_raw = i_ul
+        if dl_interference_w is not None:
+            i_dl = np.asarray(dl_interference_w, dtype=float).reshape(n).copy()
+            dl_raw = i_dl
         extra: dict[str, np.ndarray] = {}
         if self.path_loss is None:
             g = large_scale_gain(

@@ -29,6 +29,7 @@ from numpy.typing import ArrayLike
 
 from mecsim.channel.pathloss import LargeScaleDraw, Tr38901PathLoss
 from mecsim.channel.wireless import ShannonChannel
+from mecsim.emulation.interference import reuse_groups_of
 from mecsim.scenario import GeometryConfig, Scenario
 from mecsim.scenario.schema import hex_grid_offsets_m, split_evenly
 
@@ -244,18 +245,28 @@ def received_power_dbm(tx_power_dbm: float, loss_db: ArrayLike) -> np.ndarray:
     return tx_power_dbm - np.asarray(loss_db, dtype=float)
 
 
-def sinr_db(rx_power_dbm: ArrayLike, noise_dbm: float) -> np.ndarray:
-    """Each site's downlink SINR at each client (dB), every other site co-channel:
+def sinr_db(
+    rx_power_dbm: ArrayLike, noise_dbm: float, groups: ArrayLike | None = None
+) -> np.ndarray:
+    """Each site's downlink SINR at each client (dB):
 
-    ``SINR_s = P_s / (Σ_{s' ≠ s} P_s' + N)``, powers in mW, ``N = N0·B`` the noise.
+    ``SINR_s = P_s / (Σ_{s' ≠ s, group(s') = group(s)} P_s' + N)``, powers in mW,
+    ``N = N0·B`` the noise; ``groups`` (S,): the sites' channel groups of a reuse factor
+    (:mod:`mecsim.emulation.interference`), None: every other site co-channel.
 
     With every other site co-channel and one power per site this is increasing in
     ``P_s`` (the denominator is the total minus ``P_s``), so its best site is the
     strongest one; it differs from received power in the dB margins hysteresis compares.
+    With reuse groups a weaker site of a quieter group can have the best SINR.
     """
     p_mw = 10.0 ** (np.asarray(rx_power_dbm, dtype=float) / 10.0)
     noise_mw = 10.0 ** (noise_dbm / 10.0)
-    others = p_mw.sum(axis=-1, keepdims=True) - p_mw
+    if groups is None:
+        others = p_mw.sum(axis=-1, keepdims=True) - p_mw
+    else:
+        grp = np.asarray(groups, dtype=np.int64)
+        same = (grp[:, None] == grp[None, :]) & ~np.eye(len(grp), dtype=bool)
+        others = p_mw @ same.astype(float)  # [c, s] = Σ_{s' co-channel with s, s' ≠ s}
     out: np.ndarray = 10.0 * np.log10(p_mw / (others + noise_mw))
     return out
 
@@ -268,9 +279,11 @@ def association_metric(
     distance_m: ArrayLike,
     rx_power_dbm: ArrayLike | None = None,
     noise_dbm: float | None = None,
+    groups: ArrayLike | None = None,
 ) -> np.ndarray:
     """What the rule compares, per client and site, larger is better: ``nearest``
-    −d (m); ``strongest`` the received power (dBm); ``sinr`` the SINR (dB)."""
+    −d (m); ``strongest`` the received power (dBm); ``sinr`` the SINR (dB; only sites of
+    one channel group interfere when ``groups`` is given, :func:`sinr_db`)."""
     if rule == "nearest":
         return -np.asarray(distance_m, dtype=float)
     if rx_power_dbm is None:
@@ -280,7 +293,7 @@ def association_metric(
     if rule == "sinr":
         if noise_dbm is None:
             raise ValueError("association rule sinr needs the noise power")
-        return sinr_db(rx_power_dbm, noise_dbm)
+        return sinr_db(rx_power_dbm, noise_dbm, groups)
     raise ValueError(f"association rule {rule!r} is not one of {RULES}")
 
 
@@ -343,7 +356,7 @@ class StaticCells:
     ``large_scale``: each link's LOS state and shadowing under a 3GPP path loss (else
     None); ``path_loss_db`` and ``rx_power_dbm`` (n, S) under a Shannon channel (else
     None); ``metric`` (n, S) what the association rule compares; ``serving`` (n,) each
-    client's edge server."""
+    client's edge server; ``groups`` (S,) the sites' channel groups (or None)."""
 
     area_m: tuple[float, float]
     sites_m: np.ndarray
@@ -354,6 +367,9 @@ class StaticCells:
     rx_power_dbm: np.ndarray | None
     metric: np.ndarray
     serving: np.ndarray
+    #: (S,) the sites' channel groups under ``channel.interference.model: geometric``
+    #: (mecsim.emulation.interference); None: every site co-channel
+    groups: np.ndarray | None = None
 
     def serving_distance_m(self) -> np.ndarray:
         out: np.ndarray = self.distance_m[np.arange(len(self.serving)), self.serving]
@@ -417,7 +433,13 @@ def cells_of(
         rx = received_power_dbm(channel.server_tx_power_dbm, loss)
         noise_dbm = channel.noise_psd_dbm_per_hz + 10.0 * np.log10(channel.server_bandwidth_hz)
     rule = g.association.rule
-    metric = association_metric(rule, d, rx, noise_dbm)
+    inter = getattr(scenario.channel, "interference", None)
+    groups = (
+        reuse_groups_of(g, inter.reuse)
+        if inter is not None and inter.model == "geometric"
+        else None
+    )
+    metric = association_metric(rule, d, rx, noise_dbm, groups)
     return StaticCells(
-        g.area_m(), sites, positions, d, large_scale, loss, rx, metric, associate(metric)
+        g.area_m(), sites, positions, d, large_scale, loss, rx, metric, associate(metric), groups
     )

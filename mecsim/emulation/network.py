@@ -28,6 +28,7 @@ import mecsim.registry as registry
 from mecsim.channel import FixedRateChannel, ShannonChannel, Tr38901PathLoss, TraceChannel
 from mecsim.channel.pathloss import RECORD_KEYS as PATH_LOSS_RECORD_KEYS
 from mecsim.channel.transport import jittered_latency_s, mathis_goodput_bps
+from mecsim.channel.units import dbm_to_w
 from mecsim.channel.wireless import RECORD_KEYS, RoundChannel
 from mecsim.emulation.devices import DeviceProfile, all_profiles
 from mecsim.emulation.energy import air_rate_bps, power_array
@@ -39,6 +40,7 @@ from mecsim.emulation.engine import (
     ServerSpec,
 )
 from mecsim.emulation.geometry import StaticCells, cells_of
+from mecsim.emulation.interference import downlink_interference_w, uplink_interference_w
 from mecsim.scenario import (
     ChannelConfig,
     FixedRateChannelConfig,
@@ -133,8 +135,9 @@ def build_channel(cfg: ChannelConfig) -> Any:
             path_loss_exponent=cfg.path_loss_exponent,
             fading=cfg.fading,
             noise_psd_dbm_per_hz=cfg.noise_psd_dbm_per_hz,
-            interference=inter is not None,
-            interference_unit=inter.unit if inter else "noise",
+            # geometric interference is computed per round from the cells (links()), not drawn
+            interference=inter is not None and inter.model == "distribution",
+            interference_unit=inter.unit if inter and inter.unit else "noise",
             ul_interference_mean=inter.uplink_mean if inter else 0.0,
             ul_interference_std=inter.uplink_std if inter else 0.0,
             dl_interference_mean=inter.downlink_mean if inter else 0.0,
@@ -335,13 +338,41 @@ class NetworkModel:
         ]
         return servers, lat, bps
 
+    def _geometric_interference(self, selected: list[int]) -> dict[str, np.ndarray]:
+        """Under ``channel.interference.model: geometric``, the round's uplink and
+        downlink interference (W) of the selected clients, per round from the cells'
+        path losses (:mod:`mecsim.emulation.interference`); else nothing (the draws)."""
+        cells = self.cells
+        if cells is None or cells.groups is None or cells.path_loss_db is None:
+            return {}
+        return {
+            "ul_interference_w": uplink_interference_w(
+                cells.path_loss_db,
+                dbm_to_w(self.tx_power_dbm),
+                self.edge_server,
+                cells.groups,
+                selected,
+            ),
+            "dl_interference_w": downlink_interference_w(
+                cells.path_loss_db,
+                float(dbm_to_w(self.channel.server_tx_power_dbm)),
+                self.edge_server,
+                cells.groups,
+                selected,
+            ),
+        }
+
     def links(self, rnd: int, selected: list[int], elapsed_s: float = 0.0) -> RoundLinks:
         """Round ``rnd``'s links of the ``selected`` clients, as arrays in selection
         order: the channel drawn from the scenario seed and the round, each link's
         latency jitter, Mathis cap and goodput, and the edge servers' backhaul."""
         rng = np.random.default_rng([self.scenario.seed, _ROUND_STREAM, rnd])
         ch = self.channel.draw_round(
-            self.radio, np.asarray(selected, dtype=np.int64), rng, time_s=elapsed_s
+            self.radio,
+            np.asarray(selected, dtype=np.int64),
+            rng,
+            time_s=elapsed_s,
+            **self._geometric_interference(selected),
         )
         # latency jitter: (uplink, downlink) per selected client in selection order, then
         # one per edge server's backhaul

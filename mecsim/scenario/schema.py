@@ -396,19 +396,66 @@ class EnergyConfig(_Strict):
 
 
 class Interference(_Strict):
-    """Co-channel interference drawn per client-round from N(mean, std^2), clipped at 0.
+    """Co-channel interference (docs/channel.md, docs/mobility.md).
 
-    The KAPC paper (Table 4) gives N(1, 4) uplink and N(1, 9) downlink without a unit, so
-    the unit must be named here.
+    ``model: distribution`` (the default): drawn per client-round from N(mean, std^2),
+    clipped at 0. The KAPC paper (Table 4) gives N(1, 4) uplink and N(1, 9) downlink
+    without a unit, so the unit must be named here.
+
+    ``model: geometric``: computed each round from the ``geometry:`` section's positions,
+    the path-loss model and the channel groups of a reuse factor (``reuse``): on the
+    uplink from the round's selected clients of the other co-channel cells, on the
+    downlink from the other co-channel sites serving one of them
+    (:mod:`mecsim.emulation.interference`). The draws' fields do not apply.
     """
 
-    unit: Literal["W", "mW", "dBm", "noise"] = Field(
-        description="unit of the draws; 'noise' = multiples of the link's thermal noise N0*B"
+    model: Literal["distribution", "geometric"] = Field(
+        default="distribution",
+        description="distribution: drawn per client-round from N(mean, std^2); geometric: "
+        "from the geometry's positions and path loss (needs a geometry: section)",
+    )
+    unit: Literal["W", "mW", "dBm", "noise"] | None = Field(
+        default=None,
+        description="unit of the draws (model distribution: required); 'noise' = "
+        "multiples of the link's thermal noise N0*B",
     )
     uplink_mean: float = 1.0
     uplink_std: float = Field(default=2.0, ge=0)
     downlink_mean: float = 1.0
     downlink_std: float = Field(default=3.0, ge=0)
+    reuse: Literal[1, 3, 7] = Field(
+        default=1,
+        description="model geometric: the frequency reuse factor; sites get channel groups "
+        "(1: all co-channel; 3, 7: the hexagonal reuse patterns) and only sites of one "
+        "group interfere",
+    )
+
+    @model_validator(mode="after")
+    def _fields_of_the_model(self) -> Interference:
+        """Each model's fields only (checked by value, not by presence: a scenario's dump,
+        re-validated by an override, states every field at its default)."""
+        if self.model == "distribution":
+            if self.unit is None:
+                raise ValueError(
+                    "unit: Field required (the unit of the draws of model distribution: "
+                    "W, mW, dBm or noise)"
+                )
+            if self.reuse != 1:
+                raise ValueError(
+                    "reuse: applies to model geometric only (model distribution draws "
+                    "the interference)"
+                )
+            return self
+        defaults = {"uplink_mean": 1.0, "uplink_std": 2.0, "downlink_mean": 1.0}
+        defaults["downlink_std"] = 3.0
+        given = ["unit"] if self.unit is not None else []
+        given += [k for k, v in defaults.items() if getattr(self, k) != v]
+        if given:
+            raise ValueError(
+                f"{given[0]}: applies to model distribution only (model geometric "
+                "computes the interference from the geometry)"
+            )
+        return self
 
 
 if TYPE_CHECKING:  # what the checks below let through, as mypy cannot run _range_type
@@ -1056,7 +1103,8 @@ class AssociationConfig(_Strict):
         default="nearest",
         description="nearest: the nearest site (2D); strongest: the highest received power "
         "of the sites' downlink (path loss and shadowing); sinr: the best downlink SINR, "
-        "every other site co-channel",
+        "every other site co-channel (under channel.interference.model geometric: the "
+        "sites of its reuse group)",
     )
     hysteresis_db: Decibels = Field(
         default=0.0,
@@ -1253,6 +1301,13 @@ class Scenario(_Strict):
     @model_validator(mode="after")
     def _geometry_fits(self) -> Scenario:
         g = self.geometry
+        inter = getattr(self.channel, "interference", None)
+        if g is None and inter is not None and inter.model == "geometric":
+            raise ValueError(
+                "channel.interference.model: geometric computes the interference from "
+                "the positions of a geometry: section, and this scenario has none; add "
+                "one (docs/mobility.md) or use model: distribution"
+            )
         if g is None:
             return self
         sites = g.sites_m()

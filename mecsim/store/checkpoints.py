@@ -81,6 +81,11 @@ _NEW_CHANNEL_AT_DEFAULT: dict[str, dict[str, Any]] = {
 }
 
 
+#: Fields of ``channel.interference`` added after runs were recorded: left out of the
+#: digest while at their defaults (the distribution draws every earlier run used).
+_NEW_INTERFERENCE_AT_DEFAULT: dict[str, Any] = {"model": "distribution", "reuse": 1}
+
+
 def scenario_digest(scenario: Scenario) -> str:
     """SHA-256 of what decides a run's results: the scenario without :data:`_NOT_RESULTS`
     (a checkpoint belongs to the run whose digest it carries)."""
@@ -93,6 +98,11 @@ def scenario_digest(scenario: Scenario) -> str:
     for key, channel_default in _NEW_CHANNEL_AT_DEFAULT.items():
         if channel.get(key) == channel_default:
             channel.pop(key)
+    inter = channel.get("interference")
+    if isinstance(inter, dict):
+        for key, default in _NEW_INTERFERENCE_AT_DEFAULT.items():
+            if inter.get(key) == default:
+                inter.pop(key)
     for key, default in _NEW_AT_DEFAULT.items():
         if data.get(key) == default:
             data.pop(key)
