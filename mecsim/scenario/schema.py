@@ -28,6 +28,7 @@ from pydantic import (
 )
 
 import mecsim.registry as registry
+from mecsim.scenario.mobility import MobilityConfig
 
 PositiveFloat = Annotated[float, Field(gt=0)]
 
@@ -1105,6 +1106,16 @@ class GeometryConfig(_Strict):
         "lower end of TR 38.901's distances",
     )
     association: AssociationConfig = Field(default_factory=AssociationConfig)
+    mobility: MobilityConfig = Field(
+        default_factory=MobilityConfig,
+        description="how the clients move (docs/mobility-models.md); static: nobody "
+        "moves. With clients that move, the association is re-evaluated at each round's "
+        "start (docs/mobility.md, Handover)",
+    )
+
+    def moves(self) -> bool:
+        """Do the clients move (a mobility model other than static)?"""
+        return self.mobility.model != "static"
 
     @model_validator(mode="after")
     def _area_or_margin(self) -> GeometryConfig:
