@@ -41,6 +41,7 @@ from mecsim.emulation.network import (
     device_profiles,
     round_record_keys,
 )
+from mecsim.interfaces.metrics import MetricsExporter
 from mecsim.run.setup import ScenarioInfeasible, handover_refusal, prepare
 from mecsim.scenario import scenario_from_dict
 from mecsim.store.reader import read_csv_exact
@@ -266,3 +267,32 @@ def test_a_replay_of_a_moving_run_agrees_with_the_run_and_follows_its_own_times(
     slower = replay(run, {"channel.uplink.bandwidth_hz": 1e5})
     assert slower.exact  # FedAvg's training does not depend on who serves whom
     assert (slower.rounds["elapsed_s"] > recorded["elapsed_s"]).all()
+
+
+def test_the_handovers_counter_is_served_for_geometry_runs_only():
+    from types import SimpleNamespace
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    moving = tiny(
+        geometry={
+            "sites": {"layout": "hex", "rings": 0, "inter_site_distance_m": 200},
+            "mobility": {"model": "random_walk"},
+        }
+    )
+    for sc, rows, expected in ((moving, [3, 0, 2], 5.0), (tiny(), [None], None)):
+        registry = CollectorRegistry()
+        exporter = MetricsExporter(registry=registry)
+        info = SimpleNamespace(run_id="r", scenario=sc, extra={})
+        exporter.on_run_start(info)
+        for h in rows:
+            row = {"algorithm": sc.algorithm.name, "round_time_s": 1.0, "bytes_up": 0}
+            row.update(bytes_down=0, client_gflops=0.0, server_gflops=0.0, host_wall_s=0.0)
+            if h is not None:
+                row["handovers"] = h
+            exporter._count(info, row)
+        page = generate_latest(registry).decode()
+        value = registry.get_sample_value(
+            "mecsim_handovers_total", {"run": "r", "algorithm": sc.algorithm.name}
+        )
+        assert value == expected, page
