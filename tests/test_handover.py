@@ -35,6 +35,7 @@ import pytest
 from conftest import tiny
 
 from mecsim.analysis.replay import load_run, replay
+from mecsim.analysis.sweep import sweep
 from mecsim.emulation.network import (
     NetworkModel,
     client_record_keys,
@@ -267,6 +268,41 @@ def test_a_replay_of_a_moving_run_agrees_with_the_run_and_follows_its_own_times(
     slower = replay(run, {"channel.uplink.bandwidth_hz": 1e5})
     assert slower.exact  # FedAvg's training does not depend on who serves whom
     assert (slower.rounds["elapsed_s"] > recorded["elapsed_s"]).all()
+    # mecsim sweep: the recorded band is the run, to the bit; another band is exact too
+    band = run.scenario.channel.uplink.bandwidth_hz
+    frame = sweep(run, {"channel.uplink.bandwidth_hz": [band, 1e5]})
+    assert frame["exact"].tolist() == [True, True]
+    assert frame["total_time_s"].tolist() == [
+        recorded["elapsed_s"].iloc[-1],
+        slower.rounds["elapsed_s"].iloc[-1],
+    ]
+
+
+BONNMOTION = "0.0 300.0 130.0 10.0 400.0 130.0\n0.0 150.0 100.0 10.0 150.0 100.0\n"
+
+
+@pytest.mark.parametrize("after_end", ["hold", "refuse"])
+def test_a_run_past_its_traces_end_holds_the_last_positions_or_is_refused(tmp_path, after_end):
+    """A BonnMotion trace of 10 s: client 0 from (300, 130) to (400, 130). Asked at 20 s,
+    it stays at (400, 130) with a warning, or the round is refused."""
+    from mecsim.emulation.mobility import TraceError, TraceWarning
+
+    path = tmp_path / "walk.movements"
+    path.write_text(BONNMOTION)
+    geometry = _geometry(path, 0.0)
+    geometry["mobility"]["trace"].update(format="bonnmotion", after_end=after_end)
+    sc = tiny(topology={"clients": 2, "edge_servers": 2}, geometry=geometry)
+    net = NetworkModel(sc, device_profiles(sc))
+    net.links(0, [0, 1], 0.0)
+    net.links(1, [0, 1], 5.0)
+    assert net.round_cells.positions_m[0].tolist() == [350.0, 130.0]
+    if after_end == "refuse":
+        with pytest.raises(TraceError, match="ends at 10 s but the run needs positions at 20 s"):
+            net.links(2, [0, 1], 20.0)
+    else:
+        with pytest.warns(TraceWarning, match="stays at its last position"):
+            net.links(2, [0, 1], 20.0)
+        assert net.round_cells.positions_m[0].tolist() == [400.0, 130.0]
 
 
 def test_the_handovers_counter_is_served_for_geometry_runs_only():
@@ -296,3 +332,28 @@ def test_the_handovers_counter_is_served_for_geometry_runs_only():
             "mecsim_handovers_total", {"run": "r", "algorithm": sc.algorithm.name}
         )
         assert value == expected, page
+
+
+def test_a_resumed_moving_run_continues_the_a3_timers(tmp_path):
+    """The walk at 400 m/s with T = 1 s: B enters at round 1's start (x = 300 + 400 t
+    passes 510 m at 0.53 s; round 1 starts later) and the handover comes at a later
+    round's start, once 1 s has been held. A run stopped after round 1 and resumed from
+    its checkpoint re-evaluates rounds 0 and 1 at their recorded starts first: its
+    records are the uninterrupted run's (without that, round 2 would see the condition
+    for the first time and not hand over)."""
+    from test_resume import _interrupted_then_resumed, assert_same_records
+
+    path = tmp_path / "walk.tcl"
+    path.write_text(NS2.format(speed=400.0))
+    data = check_scenario_data("fedavg")
+    data.update(rounds=4, topology={"clients": 2, "edge_servers": 2})
+    data["geometry"] = _geometry(path, ttt_s=1.0)
+    sc = scenario_from_dict(data, "x")
+    full = tmp_path / "full" / "r"
+    run_in_folder(sc, full)
+    rounds = read_csv_exact(full / "rounds.csv")
+    starts = [0.0, *rounds["elapsed_s"].tolist()[:-1]]
+    assert 0.53 < starts[1] < 1.0 and starts[2] - starts[1] >= 1.0, starts
+    assert rounds["handovers"].tolist() == [0, 0, 1, 0]
+    out = _interrupted_then_resumed(sc, tmp_path, stop_at=2)
+    assert_same_records(full, out)
