@@ -43,6 +43,7 @@ from mecsim.emulation.network import (
     round_record_keys,
 )
 from mecsim.interfaces.metrics import MetricsExporter
+from mecsim.run.preflight import find_problems
 from mecsim.run.setup import ScenarioInfeasible, handover_refusal, prepare
 from mecsim.scenario import scenario_from_dict
 from mecsim.store.reader import read_csv_exact
@@ -116,14 +117,15 @@ def test_the_time_held_is_emulated_time_between_evaluations(tmp_path):
     assert np.isnan(held[0]) and held[1:3] == [0.0, 13.0] and np.isnan(held[3])
 
 
-def test_a_round_asked_again_is_answered_alike_and_other_times_are_evaluated_again(tmp_path):
+def test_a_round_asked_again_keeps_the_cells_of_its_start(tmp_path):
     net = _walk(tmp_path, ttt_s=15.0)
     _at(net, [0, 25, 38])
     first = net.moving.history[2]
-    net.links(2, [0, 1], 38.0)  # a Flower app's follow-up batch, a re-executed round
+    net.links(2, [0, 1], 38.0)  # a round re-executed after an actor died
     assert net.moving.history[2] is first
-    net.links(2, [0, 1], 41.0)  # a replay whose round 2 starts later: held 16 s
-    assert int(net.edge_server[0]) == 1 and len(net.moving.history) == 3
+    net.links(2, [0, 1], 41.0)  # a Flower app's follow-up batch after the aggregation
+    assert net.round_cells is first and int(net.edge_server[0]) == 0
+    assert len(net.moving.history) == 3
     with pytest.raises(ValueError, match="catch_up"):
         _walk(tmp_path, ttt_s=15.0).links(3, [0], 41.0)
 
@@ -197,6 +199,8 @@ def test_hierarchical_algorithms_refuse_clients_that_move_before_the_start(tmp_p
     assert "hierarchical" in handover_refusal(sc)
     with pytest.raises(ScenarioInfeasible, match="geometry.mobility: model random_walk"):
         prepare(sc, "r", tmp_path)
+    problems = find_problems(sc).problems
+    assert [p.field for p in problems] == ["geometry.mobility"], problems
     data["geometry"]["mobility"] = {"model": "static"}
     assert handover_refusal(scenario_from_dict(data, "x")) is None
     data["algorithm"] = {"name": "fedavg", "params": {}}
@@ -205,8 +209,6 @@ def test_hierarchical_algorithms_refuse_clients_that_move_before_the_start(tmp_p
 
 
 def test_a_bad_trace_is_refused_by_the_preflight_with_file_and_line(tmp_path):
-    from mecsim.run.preflight import find_problems
-
     path = tmp_path / "bad.tcl"
     path.write_text(NS2.format(speed=10.0) + "$node_(0) set X_ 1.0 2.0\n")
     sc = tiny(topology={"clients": 2, "edge_servers": 2}, geometry=_geometry(path, 0.0))

@@ -16,9 +16,10 @@ The round's links then use each client's serving link at ``t`` for the whole rou
 (a transfer's rate does not yet follow the client during the round).
 
 Evaluations depend on each other (the A3 timers), so a round is evaluated after the
-rounds before it; :meth:`MovingCells.at_round` keeps every round's result, answers a
-round asked again at the same time from it (a Flower app's follow-up batches, a round
-re-executed after an actor died) and evaluates again from a round asked at another time.
+rounds before it; :meth:`MovingCells.at_round` keeps every round's result and answers a
+round asked again from it, at whatever time (a Flower app's follow-up batches, timed
+after the round's aggregation, use the cells of the round's start; a round re-executed
+after an actor died starts at the same time).
 """
 
 from __future__ import annotations
@@ -209,10 +210,8 @@ class MovingCells:
     def at_round(self, rnd: int, t_s: float) -> RoundCells:
         """Round ``rnd``'s cells at its start ``t_s`` (emulated s), after rounds
         0 .. rnd − 1 (evaluated before: :meth:`catch_up` after a resume)."""
-        if rnd < len(self.history):
-            if self.history[rnd].t_s == t_s:
-                return self.history[rnd]
-            del self.history[rnd:]  # asked at another time: evaluated again from here
+        if rnd < len(self.history):  # the cells of the round's start, evaluated before
+            return self.history[rnd]
         if rnd > len(self.history):
             raise ValueError(
                 f"round {rnd}'s cells asked before round {len(self.history)}'s: the A3 "
