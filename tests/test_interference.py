@@ -176,6 +176,17 @@ def test_geometric_without_a_geometry_is_refused_naming_the_field():
         tiny(channel=_channel({"model": "geometric"}))
 
 
+def test_geometric_interference_with_moving_clients_is_refused_until_it_follows_them():
+    """Its path losses are the start-of-run ones: with clients that move it would be
+    silently wrong, so it is refused before the start."""
+    base = two_cells().model_dump(mode="json")
+    base["geometry"]["mobility"] = {"model": "random_walk", "speed_mps": 1.0}
+    with pytest.raises(ValueError, match="clients move .geometry.mobility.model: random_walk"):
+        type(two_cells()).model_validate(base)
+    base["geometry"]["mobility"] = {"model": "static"}
+    type(two_cells()).model_validate(base)  # static clients: fine
+
+
 @pytest.mark.parametrize(
     "interference, field",
     [

@@ -413,33 +413,55 @@ def cells_of(
     channel: object,
     placement_rng: np.random.Generator,
     large_scale_rng: np.random.Generator,
+    positions_m: np.ndarray | None = None,
 ) -> StaticCells:
     """The scenario's sites, the clients' initial positions (from ``placement_rng``),
     each link's LOS state and shadowing under a 3GPP path loss (from ``large_scale_rng``:
     one U[0, 1) per link, then one N(0, 1) per link, links in client-major order,
-    :meth:`Tr38901PathLoss.draw`), and the association at the start."""
+    :meth:`Tr38901PathLoss.draw`), and the association at the start. ``positions_m``: the
+    clients' initial positions when they come from elsewhere (a mobility trace's
+    positions at the run's start: the placement is then not drawn)."""
     g = scenario.geometry
     if g is None:
         raise ValueError("the scenario has no geometry section")
     sites = np.asarray(g.sites_m(), dtype=float).reshape(-1, 2)
-    positions = initial_positions(g, scenario.topology.clients, sites, placement_rng)
+    positions = (
+        initial_positions(g, scenario.topology.clients, sites, placement_rng)
+        if positions_m is None
+        else np.asarray(positions_m, dtype=float).reshape(-1, 2)
+    )
     d = distances_m(positions, sites)
-    large_scale = loss = rx = None
-    noise_dbm = None
-    if isinstance(channel, ShannonChannel):
-        if channel.path_loss is not None:
-            large_scale = channel.path_loss.draw(d, large_scale_rng)
-        loss = path_loss_db(d, channel, large_scale)
-        rx = received_power_dbm(channel.server_tx_power_dbm, loss)
-        noise_dbm = channel.noise_psd_dbm_per_hz + 10.0 * np.log10(channel.server_bandwidth_hz)
-    rule = g.association.rule
+    large_scale = None
+    if isinstance(channel, ShannonChannel) and channel.path_loss is not None:
+        large_scale = channel.path_loss.draw(d, large_scale_rng)
     inter = getattr(scenario.channel, "interference", None)
     groups = (
         reuse_groups_of(g, inter.reuse)
         if inter is not None and inter.model == "geometric"
         else None
     )
-    metric = association_metric(rule, d, rx, noise_dbm, groups)
+    loss, rx, metric = link_metric(g.association.rule, d, channel, large_scale, groups)
     return StaticCells(
         g.area_m(), sites, positions, d, large_scale, loss, rx, metric, associate(metric), groups
     )
+
+
+def link_metric(
+    rule: str,
+    distance_m: np.ndarray,
+    channel: object,
+    large_scale: LargeScaleDraw | None,
+    groups: np.ndarray | None = None,
+) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray]:
+    """(path loss, received power, association metric), each (n, S), of the links at
+    ``distance_m`` (n, S) under the channel's model and each link's LOS state and
+    shadowing (``large_scale``, drawn once per run); the path loss and power are None
+    for a channel without a radio model (the rule is then ``nearest``). ``groups``: the
+    sites' channel groups (only co-channel sites interfere in ``sinr``), or None."""
+    loss = rx = None
+    noise_dbm = None
+    if isinstance(channel, ShannonChannel):
+        loss = path_loss_db(distance_m, channel, large_scale)
+        rx = received_power_dbm(channel.server_tx_power_dbm, loss)
+        noise_dbm = channel.noise_psd_dbm_per_hz + 10.0 * np.log10(channel.server_bandwidth_hz)
+    return loss, rx, association_metric(rule, distance_m, rx, noise_dbm, groups)

@@ -19,6 +19,7 @@ medium's time is shared max-min fairly (water-filling: :mod:`mecsim.emulation.en
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -40,6 +41,7 @@ from mecsim.emulation.engine import (
     ServerSpec,
 )
 from mecsim.emulation.geometry import StaticCells, cells_of
+from mecsim.emulation.handover import MovingCells, RoundCells, area_of, initial_trace_positions
 from mecsim.emulation.interference import downlink_interference_w, uplink_interference_w
 from mecsim.scenario import (
     ChannelConfig,
@@ -65,6 +67,10 @@ _GEOMETRY_STREAM = 0x47454F
 #: the per client-round columns a run with a geometry adds to clients.csv: the client's
 #: position (m, the area's coordinates)
 GEOMETRY_KEYS = ("x_m", "y_m")
+#: the per client-round column a run whose clients move adds after GEOMETRY_KEYS: 1 if
+#: the client changed edge server at this round's start, else 0 (also a rounds.csv
+#: column: the round's handovers, all clients)
+HANDOVER_KEYS = ("handovers",)
 
 #: Per client-round transport columns added to the channel records.
 TRANSPORT_KEYS = (
@@ -178,11 +184,19 @@ def client_record_keys(scenario: Scenario) -> tuple[str, ...]:
     """clients.csv's columns after mecsim's own: the channel's
     (:func:`channel_record_keys`), then, with a geometry, :data:`GEOMETRY_KEYS`."""
     geometry = GEOMETRY_KEYS if scenario.geometry is not None else ()
-    return (*channel_record_keys(scenario.channel), *geometry)
+    return (*channel_record_keys(scenario.channel), *geometry, *round_record_keys(scenario))
+
+
+def round_record_keys(scenario: Scenario) -> tuple[str, ...]:
+    """rounds.csv's columns after the algorithm's: ``handovers`` when the scenario's
+    clients move (a geometry with a mobility model other than static), else none (static
+    clients never hand over; their records keep the columns they had)."""
+    g = scenario.geometry
+    return HANDOVER_KEYS if g is not None and g.moves() else ()
 
 
 #: per client-round names a channel plugin's record_keys may not take
-RESERVED_CLIENT_KEYS = frozenset((*RECORD_KEYS, *TRANSPORT_KEYS, *GEOMETRY_KEYS))
+RESERVED_CLIENT_KEYS = frozenset((*RECORD_KEYS, *TRANSPORT_KEYS, *GEOMETRY_KEYS, *HANDOVER_KEYS))
 
 
 def downlink_note(scenario: Scenario) -> str | None:
@@ -265,7 +279,17 @@ class NetworkModel:
         #: the sites, the clients' positions and the association at the start (None
         #: without a geometry section: distances drawn, clients in topology blocks)
         self.cells: StaticCells | None = None
-        if scenario.geometry is not None:
+        #: clients that move: the association re-evaluated at each round's start (None:
+        #: no geometry, or static clients)
+        self.moving: MovingCells | None = None
+        #: the cells at the start of the round last drawn (clients that move only)
+        self.round_cells: RoundCells | None = None
+        g = scenario.geometry
+        if g is not None:
+            # a trace's clients start where the trace has them (the placement unused)
+            tracks, trace_end_s, initial = None, float("inf"), None
+            if g.mobility.model == "trace":
+                initial, tracks, trace_end_s = initial_trace_positions(g.mobility, n, area_of(g))
             # positions from a stream of their own; LOS states and shadowing per link
             # (client × site) from the 3GPP stream, so with one site they are the
             # numbers a run without a geometry draws per client
@@ -274,8 +298,13 @@ class NetworkModel:
                 self.channel,
                 np.random.default_rng([seed, _GEOMETRY_STREAM]),
                 np.random.default_rng([seed, _LARGE_SCALE_STREAM]),
+                positions_m=initial,
             )
             self.edge_server = self.cells.serving.astype(np.int64)
+            if g.moves():
+                self.moving = MovingCells(
+                    self.cells, g, self.channel, seed, tracks=tracks, trace_end_s=trace_end_s
+                )
         else:
             self.edge_server = np.array(
                 [scenario.edge_server_of(c) for c in range(n)], dtype=np.int64
@@ -299,6 +328,8 @@ class NetworkModel:
             )
         else:
             self.radio = self.channel.draw_clients(scenario.topology.clients, clients_rng)
+        #: each client's position (m) at the start of the round last drawn
+        self.positions_m = None if self.cells is None else self.cells.positions_m
         self.devices = [profiles[name] for name in scenario.client_profiles()]
         # each client's device as columns (ClientColumns of a round index them)
         self.step_overhead_s = np.array([float(d.step_overhead_s) for d in self.devices])
@@ -365,7 +396,10 @@ class NetworkModel:
     def links(self, rnd: int, selected: list[int], elapsed_s: float = 0.0) -> RoundLinks:
         """Round ``rnd``'s links of the ``selected`` clients, as arrays in selection
         order: the channel drawn from the scenario seed and the round, each link's
-        latency jitter, Mathis cap and goodput, and the edge servers' backhaul."""
+        latency jitter, Mathis cap and goodput, and the edge servers' backhaul. Clients
+        that move are first put where they are at the round's start (:meth:`move_to`)."""
+        if self.moving is not None:
+            self.move_to(rnd, elapsed_s)
         rng = np.random.default_rng([self.scenario.seed, _ROUND_STREAM, rnd])
         ch = self.channel.draw_round(
             self.radio,
@@ -420,6 +454,31 @@ class NetworkModel:
             max_share(ch.uplink_rate_bps, up_good) if self.uplink.loss_rate > 0 else None,
             max_share(ch.downlink_rate_bps, down_good) if self.downlink.loss_rate > 0 else None,
         )
+
+    def move_to(self, rnd: int, elapsed_s: float) -> RoundCells:
+        """Clients that move, at round ``rnd``'s start ``elapsed_s`` (emulated s): their
+        positions, the association re-evaluated (A3: :class:`MovingCells`), each
+        client's edge server and its serving link's distance (and, under a 3GPP path
+        loss, its LOS state, shadowing and path loss at that distance) for the round."""
+        assert self.moving is not None
+        rc = self.moving.at_round(rnd, elapsed_s)
+        self.round_cells = rc
+        self.edge_server = rc.serving
+        self.positions_m = rc.positions_m
+        if isinstance(self.channel, ShannonChannel):
+            ls = rc.large_scale
+            if ls is None or self.channel.path_loss is None:
+                self.radio = dataclasses.replace(self.radio, distance_m=rc.distance_m)
+            else:
+                pl = self.channel.path_loss.path_loss_db(rc.distance_m, ls.los, ls.shadow_fading_db)
+                self.radio = dataclasses.replace(
+                    self.radio,
+                    distance_m=rc.distance_m,
+                    los=ls.los,
+                    shadow_fading_db=ls.shadow_fading_db,
+                    path_loss_db=pl,
+                )
+        return rc
 
     def columns(self, links: RoundLinks, selected: list[int]) -> ClientColumns | None:
         """The selected clients' specs as columns (what :meth:`round` puts in each
@@ -485,9 +544,9 @@ class NetworkModel:
                     backhaul_latency_s=float(bh_lat[es]),
                     backhaul_goodput_bps=float(bh_bps[es]),
                 )
-        if records and self.cells is not None:  # each client's position (m)
+        if records and self.positions_m is not None:  # each client's position (m)
             for cid in selected:
-                x, y = self.cells.positions_m[cid]
+                x, y = self.positions_m[cid]
                 rows[int(cid)].update(x_m=float(x), y_m=float(y))
         for rec in rows.values():
             rec.pop("client_id", None)

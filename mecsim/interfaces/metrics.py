@@ -129,6 +129,11 @@ METRICS: dict[str, tuple[str, str]] = {
     ),
     "mecsim_round_clients": ("gauge", "Clients in the last round by status (count)"),
     "mecsim_clients_total": ("counter", "Client-rounds by status, summed over rounds (count)"),
+    "mecsim_handovers_total": (
+        "counter",
+        "Clients that changed edge server at a round's start, summed over rounds "
+        "(runs with a geometry only; docs/mobility.md, Handover) (count)",
+    ),
     "mecsim_actor_failures_total": (
         "counter",
         "Ray actors (client hosts, edge server) that "
@@ -246,6 +251,7 @@ class MetricsExporter(RunObserver):
         self.clients = make("mecsim_round_clients", ("status",))
         self.clients_total = make("mecsim_clients_total", ("status",))
         self.actor_failures = make("mecsim_actor_failures_total")
+        self.handovers = make("mecsim_handovers_total")
         self.checkpoint_bytes = make("mecsim_checkpoint_bytes")
         self.checkpoint_seconds = make("mecsim_checkpoint_write_seconds")
         self.host_wall = make("mecsim_host_round_wall_seconds")
@@ -313,6 +319,8 @@ class MetricsExporter(RunObserver):
         for status in CLIENT_STATUSES:
             self.clients_total.labels(**lab, status=status)
         self.actor_failures.labels(**lab)
+        if sc.geometry is not None:  # only runs with a geometry have edge servers to change
+            self.handovers.labels(**lab)
         self.checkpoint_bytes.labels(**lab)  # 0 until the first checkpoint
         self.checkpoint_seconds.labels(**lab)
         for part, _ in ENERGY_PARTS:
@@ -367,6 +375,8 @@ class MetricsExporter(RunObserver):
         for status in CLIENT_STATUSES:
             self.clients_total.labels(**lab, status=status).inc(_number(row.get(status)))
         self.host_total.labels(**lab).inc(row["host_wall_s"])
+        if info.scenario.geometry is not None:  # a static geometry's rows have no column: 0
+            self.handovers.labels(**lab).inc(_number(row.get("handovers")))
         if _finite(row.get("energy_j")):  # NaN: a device profile without power figures
             for part, key in ENERGY_PARTS:
                 self.energy.labels(**lab, part=part).inc(_number(row.get(key)))

@@ -276,6 +276,10 @@ def run(
     store = checkpoints if scenario.checkpoint.every > 0 else None
     start = resume.checkpoint if resume else None
     loop = _Loop(rs, observers, store, start, resume.rows if resume else [], should_stop)
+    if start is not None and rs.network.moving is not None:
+        # the A3 timers of clients that move continue from the recorded rounds' starts
+        prior = list(loop.rows)[: loop.rnd]
+        rs.network.moving.catch_up([0.0] + [float(r["elapsed_s"]) for r in prior[:-1]])
     try:
         if start is not None:
             rs.executor.load_state(

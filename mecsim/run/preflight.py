@@ -48,9 +48,11 @@ from mecsim.agents.algorithms import TrainConfig, algorithm_classes
 from mecsim.agents.models import ModelLayout, build_model, get_flat, model_layout
 from mecsim.agents.training import step_cost_on_meta
 from mecsim.data import DataPools, dataset_shape, dataset_spec, load_dataset, partition
+from mecsim.emulation.mobility import TraceError
 from mecsim.emulation.network import NetworkModel, device_profiles
 from mecsim.run import limits as run_limits
 from mecsim.run.limits import Limits
+from mecsim.run.setup import handover_refusal
 from mecsim.run.torch_rng import untouched
 from mecsim.scenario import Scenario, ScenarioError, TraceChannelConfig
 
@@ -148,6 +150,9 @@ def _find_problems(
         check_metrics(scenario.metrics.host, scenario.metrics.port, scenario.metrics.public, found)
     if backend == "ray" and address:
         check_ray_address(address, found)
+    refusal = handover_refusal(scenario)
+    if refusal is not None:
+        found.problem("geometry.mobility", refusal)
     pools = check_dataset(scenario, found)
     built = check_model_and_memory(scenario, pools, backend, hosts, address, found)
     if built is not None:
@@ -568,6 +573,9 @@ def check_channel(scenario: Scenario, found: Findings) -> None:
         ch = net.channel.draw_round(
             net.radio, np.arange(n), np.random.default_rng(scenario.seed), time_s=0.0
         )
+    except TraceError as exc:  # a mobility trace, read with the network
+        found.problem("geometry.mobility.trace", str(exc))
+        return
     except (ValueError, OSError, UnicodeDecodeError) as exc:
         found.problem(where, str(exc))
         return

@@ -119,6 +119,9 @@ def run_round(
     sizes = {cid: trace_bytes(t) for cid, t in traces.items()}  # (bytes up, bytes down)
     tl_by_id = {c.client_id: c for c in timing.clients}
     position = {cid: i for i, cid in enumerate(selected)}
+    # clients that move: who handed over at this round's start (NetworkModel.move_to)
+    cells = rs.network.round_cells if rs.network.moving is not None else None
+    moved = None if cells is None else cells.handovers
     statuses: dict[int, str] = {}
     client_rows: list[dict[str, Any]] = []
     for cid in sorted(set(selected) | set(evals)):
@@ -127,7 +130,8 @@ def run_round(
             "round": rnd,
             "client_id": cid,
             "device": rs.info.client_devices[cid],
-            "edge_server": sc.edge_server_of(cid),
+            # the serving edge server at the round's start (clients that move may change)
+            "edge_server": int(rs.network.edge_server[cid]),
             "selected": cid in tl_by_id,
         }
         if cid in tl_by_id:
@@ -175,6 +179,8 @@ def run_round(
             )
         if cid in evals:
             row["accuracy"], row["test_loss"] = evals[cid]
+        if moved is not None:  # 1: this client changed edge server at the round's start
+            row["handovers"] = int(moved[cid])
         client_rows.append(row)
 
     def count(status: str) -> int:
@@ -217,6 +223,7 @@ def run_round(
         "host_train_wall_s": train_wall,
         "host_aggregate_s": agg.wall_s,
         **agg.metrics,
+        **({} if moved is None else {"handovers": int(moved.sum())}),
         **follow_up,
         **{
             f"mean_{k}": _mean([e[k] for e in eval_extras.values()])

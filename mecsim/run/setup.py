@@ -78,6 +78,29 @@ def streams_aggregation(scenario: Scenario) -> bool:
     )
 
 
+def handover_refusal(scenario: Scenario) -> str | None:
+    """Why clients that move cannot run with this algorithm (None: they can).
+
+    A hierarchical algorithm (``ServerAlgorithm.Edge`` set: PHSFL, HSFL) keeps a model
+    and per-client state at each edge server, and the executors fix each edge server's
+    clients at the start (:class:`mecsim.run.backends.base.ClientMap`); a client that
+    hands over would have to take its state to its new edge server over the backhaul,
+    which is not built yet (docs/mobility.md, "Handover")."""
+    g = scenario.geometry
+    if g is None or not g.moves():
+        return None
+    server_cls, _ = algorithm_classes(scenario.algorithm.name)
+    if server_cls.Edge is None:
+        return None
+    return (
+        f"model {g.mobility.model}: clients that move hand over between edge servers, "
+        f"and algorithm {scenario.algorithm.name!r} is hierarchical (each edge server "
+        "keeps its clients' model and state, fixed at the start); moving that state "
+        "over the backhaul is not built yet: use model static, or a flat algorithm "
+        "(e.g. fedavg)"
+    )
+
+
 def _step_cost(model: torch.nn.Module, in_shape, num_classes: int, train: TrainConfig):
     """FLOPs and memory of one training step at the scenario's batch size (before the run)."""
     x = torch.zeros((train.batch_size, *in_shape))
@@ -109,6 +132,9 @@ def prepare(
     ray_address: str | None = None,
 ) -> RunSetup:
     """Load data, partition, build the model and network, start hosts and the server."""
+    refusal = handover_refusal(scenario)
+    if refusal is not None:
+        raise ScenarioInfeasible(f"geometry.mobility: {refusal}")
     seed = scenario.seed
     n = scenario.topology.clients
     data_rng = np.random.default_rng(np.random.SeedSequence([seed, 1]))

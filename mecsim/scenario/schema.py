@@ -28,6 +28,7 @@ from pydantic import (
 )
 
 import mecsim.registry as registry
+from mecsim.scenario.mobility import MobilityConfig
 
 PositiveFloat = Annotated[float, Field(gt=0)]
 
@@ -1153,6 +1154,16 @@ class GeometryConfig(_Strict):
         "lower end of TR 38.901's distances",
     )
     association: AssociationConfig = Field(default_factory=AssociationConfig)
+    mobility: MobilityConfig = Field(
+        default_factory=MobilityConfig,
+        description="how the clients move (docs/mobility-models.md); static: nobody "
+        "moves. With clients that move, the association is re-evaluated at each round's "
+        "start (docs/mobility.md, Handover)",
+    )
+
+    def moves(self) -> bool:
+        """Do the clients move (a mobility model other than static)?"""
+        return self.mobility.model != "static"
 
     @model_validator(mode="after")
     def _area_or_margin(self) -> GeometryConfig:
@@ -1310,6 +1321,13 @@ class Scenario(_Strict):
             )
         if g is None:
             return self
+        if inter is not None and inter.model == "geometric" and g.mobility.model != "static":
+            raise ValueError(
+                "channel.interference.model: geometric interference is computed from the "
+                "clients' positions at the run's start, and this scenario's clients move "
+                f"(geometry.mobility.model: {g.mobility.model}): not built yet; use "
+                "model: distribution with moving clients (docs/mobility.md)"
+            )
         sites = g.sites_m()
         n_sites, n = len(sites), self.topology.clients
         if n_sites != self.topology.edge_servers:

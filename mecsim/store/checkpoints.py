@@ -34,6 +34,7 @@ from mecsim.agents.state import blob_keys, resolve_blobs
 from mecsim.run.interrupts import atomic_section
 from mecsim.run.loop import Checkpoint
 from mecsim.scenario import Scenario
+from mecsim.scenario.mobility import MobilityConfig
 from mecsim.store.files import fsync_dir
 
 FORMAT_VERSION = 1
@@ -50,6 +51,9 @@ _NOT_RESULTS = ("description", "metrics", "execution", "outputs", "checkpoint")
 #: Sections added after runs were recorded: left out of the digest while at their
 #: defaults, so that a run recorded before a section existed keeps its digest.
 _NEW_AT_DEFAULT: dict[str, Any] = {"energy": {"idle_policy": "sleep"}, "geometry": None}
+#: ``geometry.mobility`` at its default (static clients): left out of the digest, so a
+#: geometry run recorded before clients could move keeps its digest.
+_STATIC_MOBILITY: dict[str, Any] = MobilityConfig().model_dump(mode="json")
 #: Fields of a scenario's own device profiles (``devices.profiles``) added after runs were
 #: recorded: left out of the digest while unset, for the same reason.
 _NEW_PROFILE_FIELDS = {
@@ -106,6 +110,9 @@ def scenario_digest(scenario: Scenario) -> str:
     for key, default in _NEW_AT_DEFAULT.items():
         if data.get(key) == default:
             data.pop(key)
+    geometry = data.get("geometry")
+    if isinstance(geometry, dict) and geometry.get("mobility") == _STATIC_MOBILITY:
+        geometry.pop("mobility")  # added after geometry runs were recorded
     for profile in (data.get("devices", {}).get("profiles") or {}).values():
         for key, unset in _NEW_PROFILE_FIELDS.items():
             if key in profile and profile[key] == unset:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from mecsim.agents.algorithms import algorithm_classes
-from mecsim.emulation.network import client_record_keys
+from mecsim.emulation.network import client_record_keys, round_record_keys
 from mecsim.run.chaos import kill_point
 from mecsim.run.interrupts import atomic_section
 from mecsim.run.observers import RunInfo, RunObserver
@@ -112,7 +112,9 @@ class RecordsWriter(RunObserver):
         sc = info.scenario
         server_cls, _ = algorithm_classes(sc.algorithm.name)
         self.rounds = _AppendCsv(
-            self.out_dir / "rounds.csv", ROUND_COLUMNS + list(server_cls.round_metrics), append
+            self.out_dir / "rounds.csv",
+            ROUND_COLUMNS + list(server_cls.round_metrics) + list(round_record_keys(sc)),
+            append,
         )
         self.clients = _AppendCsv(
             self.out_dir / "clients.csv",

@@ -1,0 +1,244 @@
+"""Clients that move through a run's cells, at round granularity (docs/mobility.md,
+"Handover").
+
+At each round's start, emulated time ``t`` (the time the previous rounds took):
+
+1. every client's position at ``t`` (:class:`ClientPositions`: the mobility model's grid,
+   linear between grid points, computed as far as the run has got);
+2. the distances to every site, each link's path loss at its new distance (a 3GPP
+   model keeps each link's LOS state and shadowing drawn once per run), and the
+   association rule's metric (:func:`mecsim.emulation.geometry.link_metric`);
+3. the association re-evaluated with A3 hysteresis and time-to-trigger
+   (:func:`mecsim.emulation.geometry.a3_handover`), the condition's held time counted in
+   emulated seconds between these evaluations.
+
+The round's links then use each client's serving link at ``t`` for the whole round
+(a transfer's rate does not yet follow the client during the round).
+
+Evaluations depend on each other (the A3 timers), so a round is evaluated after the
+rounds before it; :meth:`MovingCells.at_round` keeps every round's result and answers a
+round asked again from it, at whatever time (a Flower app's follow-up batches, timed
+after the round's aggregation, use the cells of the round's start; a round re-executed
+after an actor died starts at the same time).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from mecsim.channel.pathloss import LargeScaleDraw
+from mecsim.emulation.geometry import StaticCells, a3_handover, distances_m, link_metric
+from mecsim.emulation.mobility import Area, Trajectory, build_model, check_trace
+from mecsim.emulation.mobility.traces import NodeTrack, TraceError, TraceWarning
+from mecsim.scenario import GeometryConfig
+from mecsim.scenario.mobility import MobilityConfig
+
+#: grid points computed at a time: the grid grows in blocks of this many points, so the
+#: positions do not depend on how far a run (or a replay) asked for them
+GRID_BLOCK = 64
+
+
+class ClientPositions:
+    """Every client's position at any emulated time of a run: the grid ``k · step_s`` of
+    a mobility model (or a trace sampled on it), float32 as
+    :class:`~mecsim.emulation.mobility.Trajectory` stores it, computed block by block as
+    the run gets further; linear between grid points. At ``t = 0`` the initial positions
+    themselves (float64: those the association at the start was computed from)."""
+
+    def __init__(
+        self,
+        config: MobilityConfig,
+        initial_m: np.ndarray,
+        area: Area,
+        seed: int,
+        tracks: list[NodeTrack] | None = None,
+        trace_end_s: float = math.inf,
+    ) -> None:
+        self.config = config
+        self.initial_m = np.asarray(initial_m, dtype=np.float64)
+        self.step_s = float(config.step_s)
+        n = len(self.initial_m)
+        self._tracks = tracks
+        self._trace_end_s = trace_end_s
+        self._warned = False
+        self._model = None if tracks is not None else build_model(config, initial_m, area, seed)
+        self._grid = np.empty((n, GRID_BLOCK, 2), dtype=np.float32)
+        self._grid[:, 0] = self.initial_m
+        self._filled = 1
+        self._extend(GRID_BLOCK)
+
+    @property
+    def start_s(self) -> float:
+        trace = self.config.trace
+        return trace.start_s if (trace is not None and self._tracks is not None) else 0.0
+
+    def _extend(self, points: int) -> None:
+        """Fill the grid up to ``points`` points (a multiple of :data:`GRID_BLOCK`)."""
+        if points <= self._filled:
+            return
+        if points > self._grid.shape[1]:
+            grown = np.empty((self._grid.shape[0], points, 2), dtype=np.float32)
+            grown[:, : self._filled] = self._grid[:, : self._filled]
+            self._grid = grown
+        part = self._grid[:, self._filled : points]
+        if self._tracks is not None:
+            times = self.start_s + np.arange(self._filled, points, dtype=np.float64) * self.step_s
+            for i, track in enumerate(self._tracks):
+                part[i] = track.position_at(times)
+        else:
+            assert self._model is not None
+            self._model.advance(part)
+        self._filled = points
+
+    def _check_trace_end(self, t_s: float) -> None:
+        trace = self.config.trace
+        if self._tracks is None or trace is None:
+            return
+        needed = self.start_s + t_s
+        if needed <= self._trace_end_s:
+            return
+        message = (
+            f"{trace.path}: the trace ends at {self._trace_end_s:g} s but the run needs "
+            f"positions at {needed:g} s (trace time)"
+        )
+        if trace.after_end == "refuse":
+            raise TraceError(message + " (geometry.mobility.trace.after_end: refuse)")
+        if not self._warned:
+            self._warned = True
+            warnings.warn(
+                message + "; every node stays at its last position after the end",
+                TraceWarning,
+                stacklevel=3,
+            )
+
+    def at(self, t_s: float) -> np.ndarray:
+        """Every client's position (m, float64 ``(n, 2)``) at emulated time ``t_s``."""
+        if not (math.isfinite(t_s) and t_s >= 0):
+            raise ValueError(f"t_s must be a finite time >= 0 (s), got {t_s!r}")
+        self._check_trace_end(t_s)
+        if t_s == 0.0:
+            start: np.ndarray = self.initial_m.copy()
+            return start
+        need = int(math.floor(t_s / self.step_s)) + 2
+        self._extend(GRID_BLOCK * math.ceil(need / GRID_BLOCK))
+        out: np.ndarray = Trajectory(self._grid[:, : self._filled], self.step_s).position_at(t_s)
+        return out
+
+
+@dataclass(frozen=True, eq=False)
+class RoundCells:
+    """The cells at one round's start: ``t_s``; each client's position (n, 2), serving
+    edge server (n,), whether it handed over at this evaluation (n,), its distance (m)
+    to the serving site and, under a 3GPP path loss, that link's LOS state and
+    shadowing; ``held_s`` (n, S) the A3 timers after this evaluation."""
+
+    t_s: float
+    positions_m: np.ndarray
+    serving: np.ndarray
+    handovers: np.ndarray
+    distance_m: np.ndarray
+    large_scale: LargeScaleDraw | None
+    held_s: np.ndarray
+
+
+def initial_trace_positions(
+    config: MobilityConfig, n_clients: int, area: Area, base_dir: str | Path | None = None
+) -> tuple[np.ndarray, list[NodeTrack], float]:
+    """A trace's clients: their positions at the run's start (trace time ``start_s``),
+    the node each follows, and the trace's end (s, trace time). Read and checked with
+    file and line (:func:`mecsim.emulation.mobility.check_trace`)."""
+    trace = check_trace(config, n_clients, area, base_dir)
+    assert trace is not None and config.trace is not None
+    tracks = trace.assign(n_clients, config.trace.node_map)
+    t0 = np.array([config.trace.start_s])
+    initial = np.array([track.position_at(t0)[0] for track in tracks], dtype=np.float64)
+    return initial.reshape(-1, 2), tracks, trace.end_s
+
+
+def area_of(geometry: GeometryConfig) -> Area:
+    """The rectangle clients move in: the geometry's area [0, W] × [0, H]."""
+    w, h = geometry.area_m()
+    return Area.of_size(w, h)
+
+
+class MovingCells:
+    """The association of clients that move, round by round (the module's docstring)."""
+
+    def __init__(
+        self,
+        cells: StaticCells,
+        geometry: GeometryConfig,
+        channel: object,
+        seed: int,
+        *,
+        tracks: list[NodeTrack] | None = None,
+        trace_end_s: float = math.inf,
+    ) -> None:
+        self.cells = cells
+        self.channel = channel
+        a = geometry.association
+        self.rule = a.rule
+        self.hysteresis = a.hysteresis_m if a.rule == "nearest" else a.hysteresis_db
+        self.time_to_trigger_s = a.time_to_trigger_s
+        self.positions = ClientPositions(
+            geometry.mobility,
+            cells.positions_m,
+            area_of(geometry),
+            seed,
+            tracks=tracks,
+            trace_end_s=trace_end_s,
+        )
+        self.history: list[RoundCells] = []
+
+    def _serving_link(
+        self, d: np.ndarray, serving: np.ndarray
+    ) -> tuple[np.ndarray, LargeScaleDraw | None]:
+        rows = np.arange(len(serving))
+        ls = self.cells.large_scale
+        serving_ls = (
+            None
+            if ls is None
+            else LargeScaleDraw(ls.los[rows, serving], ls.shadow_fading_db[rows, serving])
+        )
+        return d[rows, serving], serving_ls
+
+    def at_round(self, rnd: int, t_s: float) -> RoundCells:
+        """Round ``rnd``'s cells at its start ``t_s`` (emulated s), after rounds
+        0 .. rnd − 1 (evaluated before: :meth:`catch_up` after a resume)."""
+        if rnd < len(self.history):  # the cells of the round's start, evaluated before
+            return self.history[rnd]
+        if rnd > len(self.history):
+            raise ValueError(
+                f"round {rnd}'s cells asked before round {len(self.history)}'s: the A3 "
+                "timers need every earlier round's start (MovingCells.catch_up)"
+            )
+        if rnd == 0:
+            serving = self.cells.serving.astype(np.int64)
+            held = np.full(self.cells.distance_m.shape, np.nan)
+            since_s = t_s
+        else:
+            prev = self.history[-1]
+            serving, held, since_s = prev.serving, prev.held_s, t_s - prev.t_s
+        positions = self.positions.at(t_s)
+        d = distances_m(positions, self.cells.sites_m)
+        _, _, metric = link_metric(
+            self.rule, d, self.channel, self.cells.large_scale, self.cells.groups
+        )
+        new, held = a3_handover(
+            metric, serving, held, since_s, self.hysteresis, self.time_to_trigger_s
+        )
+        distance, large_scale = self._serving_link(d, new)
+        rc = RoundCells(t_s, positions, new, new != serving, distance, large_scale, held)
+        self.history.append(rc)
+        return rc
+
+    def catch_up(self, starts_s: list[float]) -> None:
+        """Evaluate rounds 0 .. len(starts_s) − 1 at their recorded starts (a run resumed
+        from a checkpoint continues the A3 timers it had)."""
+        for rnd, t in enumerate(starts_s):
+            self.at_round(rnd, float(t))
