@@ -862,3 +862,19 @@ def test_a_plot_child_dies_with_the_process_that_started_it(tmp_path):
         parent.wait(10)
         if child is not None and child.is_running():
             child.kill()
+
+
+def test_a_mobility_trace_outside_the_data_root_is_refused(tmp_path):
+    """A trace file is read by the run: like every file field, it must lie under the
+    service's --data-root (else a submission could make the server parse any file)."""
+    geometry = {
+        "area": {"width_m": 200, "height_m": 200},
+        "sites": {"layout": "explicit", "positions_m": [[100, 100]]},
+        "mobility": {"model": "trace", "trace": {"format": "ns2", "path": "/etc/passwd"}},
+    }
+    root = tmp_path / "data"
+    root.mkdir()
+    with pytest.raises(Rejected) as exc:
+        _submit(tmp_path, tiny_yaml(geometry=geometry), root)
+    fields = {p.field for p in exc.value.problems}
+    assert "geometry.mobility.trace.path" in fields, exc.value.problems

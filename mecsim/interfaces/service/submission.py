@@ -49,7 +49,7 @@ from mecsim.scenario import (
 from mecsim.scenario.overrides import OverrideError, check_path
 
 #: Scenario fields that name files or folders to read: each must lie under --data-root.
-PATH_FIELDS = ("dataset.root", "channel.path")
+PATH_FIELDS = ("dataset.root", "channel.path", "geometry.mobility.trace.path")
 #: Scenario fields the service sets itself (see :func:`service_settings`).
 SERVICE_FIELDS = ("outputs.dir", "outputs.run_id", "execution.backend", "execution.ray_address")
 #: What a submission is called in problems (the file has no name on the server).
