@@ -287,7 +287,7 @@ def map_figure(
     how = f"{moving} moving" if moving else "static"
     facts = (
         f"{len(sites)} cells, {drawn} ({how}), {span}, "
-        f"{n_hand} handover{'s' if n_hand != 1 else ''}"
+        f"{n_hand} handover{'s' if n_hand != 1 else ''} in recorded rounds"
     )
     ax.set_title(f"{title}\n{facts}" if title else facts, fontsize="medium")
 
