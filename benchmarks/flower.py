@@ -83,7 +83,9 @@ def main() -> None:
         "--rounds", type=int, default=4, help="rounds a run (the first is left out)"
     )
     parser.add_argument(
-        "--quick", action="store_true", help="4 clients, 3 rounds: that it runs (the suite)"
+        "--quick",
+        action="store_true",
+        help="4 clients, 3 rounds, mecsim in-process only: that it runs (the suite)",
     )
     args = parser.parse_args()
     if args.quick:
@@ -98,10 +100,13 @@ def main() -> None:
         tmp = Path(name)
         for n in args.clients:
             theirs = flower_round_s(n, args.rounds, tmp)
-            ours_ray = mecsim_round_s(n, args.rounds, tmp, None)
-            ours_local = mecsim_round_s(n, args.rounds, tmp, "local")
             print(f"{n:>4} clients  Flower run_simulation {theirs:7.3f} s")
-            for label, ours in (("(Ray, defaults)", ours_ray), ("--backend local", ours_local)):
+            # --quick (the suite): in-process only, the Ray run adds ~20 s of start-up
+            backends = [("--backend local", "local")]
+            if not args.quick:
+                backends.insert(0, ("(Ray, defaults)", None))
+            for label, backend in backends:
+                ours = mecsim_round_s(n, args.rounds, tmp, backend)
                 print(f"{n:>4} clients  mecsim {label} {ours:7.3f} s  ratio {ours / theirs:.2f}")
 
 
