@@ -623,7 +623,12 @@ def test_bad_traces_are_refused_with_file_and_line(tmp_path: Path, fmt, text, li
 def test_the_hand_written_traces_themselves_pass_the_checks(tmp_path: Path):
     # the bad cases above are each one edit of these: the edit is what is refused
     for fmt, text in [("sumo_fcd", FCD), ("ns2", NS2), ("one", ONE), ("bonnmotion", BONN)]:
-        load_trace(_write(tmp_path, f"ok.{fmt}", text), fmt, area=AREA)
+        trace = load_trace(_write(tmp_path, f"ok.{fmt}", text), fmt, area=AREA)
+        assert trace.format == fmt and trace.nodes, fmt
+        for node in trace.nodes:  # every sample read, in time order, inside the area
+            assert len(node.times_s) == len(node.xy_m) > 0, (fmt, node.node_id)
+            assert (np.diff(node.times_s) >= 0).all(), (fmt, node.node_id)
+            assert np.isfinite(node.xy_m).all(), (fmt, node.node_id)
 
 
 def test_an_xml_bomb_is_refused_before_any_expansion(tmp_path: Path):
