@@ -22,7 +22,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from grafana_foundation_sdk.builders import bargauge, heatmap, stat, timeseries
+from grafana_foundation_sdk.builders import bargauge, heatmap, stat, statetimeline, timeseries
 from grafana_foundation_sdk.builders.common import (
     ReduceDataOptions,
     StackingConfig,
@@ -43,6 +43,7 @@ from grafana_foundation_sdk.models.common import (
     SortOrder,
     StackingMode,
     TooltipDisplayMode,
+    VisibilityMode,
     VizOrientation,
 )
 from grafana_foundation_sdk.models.dashboard import (
@@ -694,6 +695,48 @@ def network() -> Dashboard:
                 lg,
             ),
         )
+    )
+
+    d = d.with_row(Row("Cells and handover (runs with a geometry)").id(ids()))
+    d = d.with_panel(
+        ts(
+            ids,
+            "Handovers per round (run average)",
+            "Clients that changed edge server at a round's start, summed over the run / "
+            "rounds completed (every client, selected or not; 0 for static clients).",
+            "none",
+            q(f"{sel('mecsim_handovers_total')} / {sel('mecsim_rounds_total')}", "{{run}}"),
+            span=8,
+        )
+    )
+    d = d.with_panel(
+        ts(
+            ids,
+            "Selected clients per serving cell (last round)",
+            "The last round's selected clients by the edge server (cell) serving them at "
+            "the round's start: how the clients spread over the cells as they move.",
+            "none",
+            q(sel("mecsim_cell_clients"), "{{run}} cell {{edge_server}}"),
+            span=16,
+            stacked=True,
+        )
+    )
+    d = d.with_panel(
+        statetimeline.Panel()
+        .id(ids())
+        .title("Serving cell per client")
+        .description(
+            "Each client's serving edge server (cell) at the start of the last round it "
+            "was selected in; a change of colour is a handover. Runs of at most 100 "
+            "clients (larger runs: the counts per cell above, and the run's map)."
+        )
+        .datasource(DS)
+        .span(24)
+        .height(10)
+        .show_value(VisibilityMode.NEVER)
+        .merge_values(True)
+        .decimals(0)
+        .with_target(q(sel("mecsim_client_edge_server_index"), "{{run}} client {{client}}"))
     )
 
     d = d.with_row(Row("Clients").id(ids()))

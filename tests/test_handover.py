@@ -336,6 +336,61 @@ def test_the_handovers_counter_is_served_for_geometry_runs_only():
         assert value == expected, page
 
 
+def test_the_cells_gauges_count_the_selected_clients_per_serving_cell():
+    """Round 0: clients 0, 1 in cell 0 and client 2 in cell 1 (client 3 not selected);
+    round 1: client 0 handed over to cell 1 and only clients 0 and 3 are selected. The
+    counts are the last round's (cell 0: 1 (client 3), cell 1: 1 (client 0)); each client
+    keeps the cell of the last round it was selected in (client 1: cell 0 of round 0,
+    client 2: cell 1). Over 100 clients there is no per-client series; without a
+    geometry there is neither family."""
+    from types import SimpleNamespace
+
+    from prometheus_client import CollectorRegistry
+
+    from mecsim.interfaces.metrics import MAX_CLIENT_SERIES
+
+    geometry = {
+        "area": {"width_m": 1000, "height_m": 200},
+        "sites": {"layout": "explicit", "positions_m": [[200, 100], [800, 100]]},
+        "mobility": {"model": "random_walk"},
+    }
+    rounds = [
+        [(0, 0, True), (1, 0, True), (2, 1, True), (3, 0, False)],
+        [(0, 1, True), (3, 0, True), (1, 0, False)],
+    ]
+    cases = (
+        (4, geometry, {0: 1.0, 1: 0.0, 2: 1.0, 3: 0.0}),
+        (MAX_CLIENT_SERIES + 1, geometry, {}),
+        (4, None, {}),
+    )
+    for clients, geo, per_client in cases:
+        sc = tiny(topology={"clients": clients, "edge_servers": 2}, geometry=geo)
+        registry = CollectorRegistry()
+        exporter = MetricsExporter(registry=registry)
+        info = SimpleNamespace(run_id="r", scenario=sc, extra={})
+        exporter.on_run_start(info)
+        lab = {"run": "r", "algorithm": sc.algorithm.name}
+        for rnd, members in enumerate(rounds):
+            client_rows = [
+                {"client_id": c, "edge_server": e, "selected": sel} for c, e, sel in members
+            ]
+            if geo is not None:
+                exporter._cells(info, lab, client_rows)
+            counts = {
+                e: registry.get_sample_value("mecsim_cell_clients", {**lab, "edge_server": str(e)})
+                for e in (0, 1)
+            }
+            want = {0: 2.0, 1: 1.0} if rnd == 0 else {0: 1.0, 1: 1.0}
+            assert counts == (want if geo is not None else {0: None, 1: None})
+        served = {
+            c: registry.get_sample_value(
+                "mecsim_client_edge_server_index", {**lab, "client": str(c)}
+            )
+            for c in range(4)
+        }
+        assert {c: v for c, v in served.items() if v is not None} == per_client
+
+
 def test_a_resumed_moving_run_continues_the_a3_timers(tmp_path):
     """The walk at 400 m/s with T = 1 s: B enters at round 1's start (x = 300 + 400 t
     passes 510 m at 0.53 s; round 1 starts later) and the handover comes at a later

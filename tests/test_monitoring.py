@@ -55,12 +55,26 @@ class _Collect(RunObserver):
             self.pages.append(resp.read().decode())
 
 
+def walking(rounds: int):
+    """The tiny scenario on two cells with clients that walk, so that the cells' and
+    handovers' families (and their dashboard panels) have data too."""
+    return tiny(
+        rounds=rounds,
+        topology={"clients": 4, "edge_servers": 2},
+        geometry={
+            "area": {"width_m": 1000, "height_m": 200},
+            "sites": {"layout": "explicit", "positions_m": [[200, 100], [800, 100]]},
+            "mobility": {"model": "random_walk"},
+        },
+    )
+
+
 @pytest.fixture(scope="module")
 def scraped():
     """A real 2-round run with the exporter; (last page, round rows, client rows)."""
     exporter = MetricsExporter("127.0.0.1", 0)
     collect = _Collect(exporter)
-    rows = run(tiny(rounds=2), "exp", None, [exporter, collect])
+    rows = run(walking(rounds=2), "exp", None, [exporter, collect])
     return collect.pages[-1], rows, collect.clients
 
 
@@ -87,10 +101,25 @@ def test_exporter_serves_every_family_with_the_runs_numbers(scraped):
     for name, (kind, _) in METRICS.items():
         if name == "mecsim_channel_quantity":  # channel plugins' own quantities only:
             continue  # tests/test_plugins.py checks it with one
-        if name == "mecsim_handovers_total":  # runs with a geometry only:
-            continue  # tests/test_handover.py checks it with one
         expected = f"{name}_count" if kind == "histogram" else name
         assert expected in names, f"{name} not served"
+    # the last round's selected clients per serving cell, and each client's cell at the
+    # last round it was selected in (the run's client rows; 4 clients: per-client series)
+    last = [c for c in clients if c["round"] == rows[-1]["round"] and c["selected"]]
+    for edge in (0, 1):
+        assert s[("mecsim_cell_clients", (("edge_server", str(edge)),))] == sum(
+            c["edge_server"] == edge for c in last
+        )
+    cell_of = {c["client_id"]: c["edge_server"] for c in clients if c["selected"]}
+    assert (
+        cell_of
+        and {
+            int(dict(k[1])["client"]): v
+            for k, v in s.items()
+            if k[0] == "mecsim_client_edge_server_index"
+        }
+        == cell_of
+    )
     info = [k for k in s if k[0] == "mecsim_run_info"]
     assert len(info) == 1 and dict(info[0][1]) == {
         "scenario": "tiny",
@@ -174,8 +203,13 @@ def test_channel_histograms_count_every_selected_client_round(scraped):
     assert s[("mecsim_client_phase_seconds_sum", (("phase", "upload"),))] == pytest.approx(
         sum(c["upload_s"] for c in selected)
     )
-    # no per-client series: no sample carries a client label
-    assert all("client" not in dict(labels) and "client_id" not in dict(labels) for _, labels in s)
+    # no per-client series but the serving cell's, of runs of at most MAX_CLIENT_SERIES
+    # clients (tests/test_handover.py checks that larger runs have none)
+    assert all(
+        name == "mecsim_client_edge_server_index"
+        or ("client" not in dict(labels) and "client_id" not in dict(labels))
+        for name, labels in s
+    )
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason=NO_PROMTOOL)
@@ -447,7 +481,7 @@ def test_real_prometheus_scrapes_a_run_and_every_dashboard_query_returns_data(tm
             30,
             "the first scrape of the exporter",
         )
-        rows = run(tiny(rounds=3), "e2e", None, [exporter, waiter])
+        rows = run(walking(rounds=3), "e2e", None, [exporter, waiter])
         end = time.time() + 1
         targets = _get(f"{api}/targets")["data"]["activeTargets"]
         assert [t["labels"]["job"] for t in targets] == ["mecsim"]

@@ -220,6 +220,7 @@ HELP_UNITS = (
     ("_flops_total", "FLOPs"),
     ("_loss", "cross-entropy, nats"),
     ("_info", "value always 1"),
+    ("_index", "index"),
     ("_quantity", "the plugin's unit"),
 )
 

@@ -74,6 +74,11 @@ SNR_BUCKETS = tuple(float(x) for x in range(-30, 65, 5))
 #: Buckets of the per-client phase-time histogram: 1 ms .. 10^4 s in half decades.
 CLIENT_SECONDS_BUCKETS = tuple(10 ** (k / 2) for k in range(-6, 9))
 
+#: Runs with more clients than this have no per-client series (``mecsim_client_edge_server_index``):
+#: one series per client is what the per-client histograms avoid; the per-cell counts
+#: (``mecsim_cell_clients``) and the run's map (``plots/map.png``) cover larger runs.
+MAX_CLIENT_SERIES = 100
+
 # name (as exposed; counters with their _total) -> (type, help)
 METRICS: dict[str, tuple[str, str]] = {
     "mecsim_run_info": (
@@ -133,6 +138,17 @@ METRICS: dict[str, tuple[str, str]] = {
         "counter",
         "Clients that changed edge server at a round's start, summed over rounds "
         "(runs with a geometry only; docs/mobility.md, Handover) (count)",
+    ),
+    "mecsim_cell_clients": (
+        "gauge",
+        "Selected clients of the last round by the edge server (cell) serving them at "
+        "its start (runs with a geometry only) (count)",
+    ),
+    "mecsim_client_edge_server_index": (
+        "gauge",
+        "The edge server (cell) serving each client at the start of the last round it "
+        "was selected in, by client (runs with a geometry and at most "
+        f"{MAX_CLIENT_SERIES} clients only) (index)",
     ),
     "mecsim_actor_failures_total": (
         "counter",
@@ -252,6 +268,8 @@ class MetricsExporter(RunObserver):
         self.clients_total = make("mecsim_clients_total", ("status",))
         self.actor_failures = make("mecsim_actor_failures_total")
         self.handovers = make("mecsim_handovers_total")
+        self.cell_clients = make("mecsim_cell_clients", ("edge_server",))
+        self.client_cell = make("mecsim_client_edge_server_index", ("client",))
         self.checkpoint_bytes = make("mecsim_checkpoint_bytes")
         self.checkpoint_seconds = make("mecsim_checkpoint_write_seconds")
         self.host_wall = make("mecsim_host_round_wall_seconds")
@@ -416,6 +434,8 @@ class MetricsExporter(RunObserver):
             ]
             if values:
                 self.channel_quantity.labels(**lab, quantity=key).set(sum(values) / len(values))
+        if info.scenario.geometry is not None:
+            self._cells(info, lab, client_rows)
         for c in client_rows:
             if not c.get("selected"):
                 continue
@@ -433,6 +453,23 @@ class MetricsExporter(RunObserver):
             ):
                 if _finite(c.get(key)):
                     self.client_phase.labels(**lab, phase=phase).observe(float(c[key]))
+
+    def _cells(self, info, lab: dict[str, str], client_rows) -> None:
+        """Who served the last round's selected clients: the count per edge server
+        (every edge server, 0 where none was selected) and, for small runs, each
+        client's edge server (a client keeps its series at the last round it was in)."""
+        sc = info.scenario
+        counts = dict.fromkeys(range(sc.topology.edge_servers), 0)
+        per_client = sc.topology.clients <= MAX_CLIENT_SERIES
+        for c in client_rows:
+            if not c.get("selected") or not _finite(c.get("edge_server")):
+                continue
+            edge = int(c["edge_server"])
+            counts[edge] = counts.get(edge, 0) + 1
+            if per_client:
+                self.client_cell.labels(**lab, client=str(int(c["client_id"]))).set(edge)
+        for edge, count in counts.items():
+            self.cell_clients.labels(**lab, edge_server=str(edge)).set(count)
 
     def on_run_stopped(self, info, rounds, status, message) -> None:
         self.close()
