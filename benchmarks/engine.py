@@ -17,11 +17,26 @@ recorded (each recorded once, in-process, into ``--record-dir``, and reused):
    clients. Target: <= 0.05 s a round. (--quick: one batch of one epoch, one client
    per edge server.)
 
+4. **Moving clients, geometric interference** (issue 28's speed case): the shared-AP
+   scenario's clients (``--clients``, all selected, the same op-traces dealt out) on 7
+   hexagonal 3GPP UMi cells 200 m apart, walking by random waypoint (0.5-1.5 m/s, pauses
+   up to 60 s, as ``scenarios/mec-campus-walk.yaml``), association ``strongest`` with 3 dB
+   of hysteresis and 1 s to trigger, ``channel.interference: {model: geometric, reuse:
+   --reuse}``, **dedicated links** (contention-free: every client has its own band, so
+   the engine takes the closed form; the shared medium is the first workload's case),
+   the scenario's 20 s deadline. What is timed is the **whole per-round path a run
+   takes** (:func:`mecsim.emulation.timing.emulate_round` and ``EmulatedRound.time``, as
+   :func:`mecsim.run.round.run_round`): the network model (positions at the round's start,
+   path losses and re-association with A3, the channel's draws, the per-round
+   interference, the per-client records) and then the engine; each round starts where the
+   last ended (emulated time), so the clients move between rounds. Target: 10,000
+   clients x 100 rounds in <= 15 s. The network's and the engine's shares are printed.
+
 Each path is timed on the same rounds: ``auto`` (what runs use; the path it takes is
 printed), ``media``, ``events``, and the SimPy model on ``--simpy-rounds`` rounds
 (extrapolated), checking that every path gives identical timelines on those rounds.
 
-    nice -n 10 python benchmarks/engine.py [--clients 10000] [--rounds 100] [--quick]
+    nice -n 10 python benchmarks/engine.py [--clients 10000] [--rounds 100] [--reuse 3] [--quick]
 """
 
 from __future__ import annotations
@@ -30,6 +45,8 @@ import argparse
 import os
 import time
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 WIFI = ROOT / "scenarios" / "fedavg-mnist-100-wifi.yaml"
@@ -179,12 +196,97 @@ def bench(
         )
 
 
+def moving_scenario(clients: int, reuse: int):
+    """The shared-AP scenario with ``clients`` clients on 7 hexagonal UMi cells, walking,
+    geometric interference of reuse factor ``reuse`` (the module's docstring, 4)."""
+    from mecsim.scenario import load_scenario, scenario_from_dict
+
+    data = scaled(WIFI, clients).model_dump(mode="json")
+    data["topology"] = {**data["topology"], "edge_servers": 7}
+    data["channel"] = {
+        "model": "shannon",
+        "interference": {"model": "geometric", "reuse": reuse},
+        "path_loss": {"model": "38.901-umi", "carrier_ghz": 3.5},
+    }
+    campus = load_scenario(ROOT / "scenarios" / "mec-campus-walk.yaml")
+    assert campus.geometry is not None
+    data["geometry"] = campus.geometry.model_dump(mode="json", exclude_none=True)
+    return scenario_from_dict(data, f"{WIFI.name} x {clients} clients, moving, reuse {reuse}")
+
+
+def bench_moving(scenario, pools: list[list[tuple]], n_rounds: int, target_s: float | None):
+    """Issue 28's speed case: the whole per-round path of a run (network model, then the
+    engine), each round starting at the emulated time the previous one ended."""
+    from dataclasses import replace
+
+    from mecsim.emulation.faults import slowdown_factors
+    from mecsim.emulation.network import NetworkModel, device_profiles
+    from mecsim.emulation.timing import emulate_round
+
+    t0 = time.perf_counter()
+    network = NetworkModel(scenario, device_profiles(scenario))
+    setup_s = time.perf_counter() - t0
+    # dedicated links: contention-free, the engine's closed form
+    network.network = replace(network.network, uplink_shared=False, downlink_shared=False)
+    n = scenario.topology.clients
+    ids = list(range(n))
+    slowdown = slowdown_factors(scenario.faults, scenario.seed, n)
+    g = scenario.geometry
+    print(
+        f"moving clients, geometric interference (reuse {scenario.channel.interference.reuse}, "
+        f"{len(g.sites_m())} cells, {g.mobility.model}, dedicated links): {n:,} clients x "
+        f"{n_rounds} rounds ({load()})",
+        flush=True,
+    )
+    elapsed_s = net_wall = eng_wall = cpu = 0.0
+    handovers = 0
+    ul_w = []
+    for r in range(n_rounds):
+        pool = pools[r % len(pools)]
+        traces = {c: pool[(c + 7 * r) % len(pool)] for c in ids}  # not timed
+        c0, w0 = time.process_time(), time.perf_counter()
+        emulated = emulate_round(network, scenario.faults, slowdown, r, ids, elapsed_s, (), ())
+        w1 = time.perf_counter()
+        timing = emulated.time(traces)
+        w2 = time.perf_counter()
+        cpu += time.process_time() - c0
+        net_wall, eng_wall = net_wall + (w1 - w0), eng_wall + (w2 - w1)
+        elapsed_s += timing.round_time_s
+        handovers += int(network.round_cells.handovers.sum())
+        ul_w.append(
+            float(np.median([row["ul_interference_w"] for row in emulated.channel_rows.values()]))
+        )
+    total = net_wall + eng_wall
+    line = (
+        f"  whole path: {total:.3f} s for {n_rounds} rounds (CPU {cpu:.3f} s), "
+        f"{total / n_rounds:.4f} s a round, {n * n_rounds / total:,.0f} client-rounds/s; "
+        f"network model {net_wall:.3f} s, engine {eng_wall:.3f} s (setup, not timed: "
+        f"{setup_s:.2f} s)"
+    )
+    if target_s is not None:
+        line += f"  [target <= {target_s:g} s in all: {'met' if total <= target_s else 'MISSED'}]"
+    print(line, flush=True)
+    print(
+        f"  emulated {elapsed_s:.1f} s, {handovers} handovers, median uplink interference "
+        f"{np.median(ul_w):.3e} W ({load()})",
+        flush=True,
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--clients", type=int, default=10_000, help="shared-AP round size")
     p.add_argument("--rounds", type=int, default=100, help="shared-AP rounds")
     p.add_argument("--phsfl-rounds", type=int, default=30, help="PHSFL rounds (>= 1)")
     p.add_argument("--simpy-rounds", type=int, default=3)
+    p.add_argument(
+        "--reuse", type=int, choices=(1, 3), default=3, help="moving case: the reuse factor"
+    )
+    p.add_argument(
+        "--only-moving",
+        action="store_true",
+        help="time the moving-clients case alone (issue 28's speed case)",
+    )
     p.add_argument("--methods", nargs="+", default=["auto", "media", "events", "simpy"])
     p.add_argument(
         "--record-dir",
@@ -208,6 +310,9 @@ def main(argv: list[str] | None = None) -> None:
     wifi_run = recorded(WIFI, args.record_dir, {"rounds": 1 if args.quick else 3}, "engine")
     pools = [list(rec.traces.values()) for rec in wifi_run.rounds]
     print(f"  {sum(map(len, pools))} recorded client op-traces, e.g. {pools[0][0]}")
+    if args.only_moving:
+        bench_moving(moving_scenario(args.clients, args.reuse), pools, args.rounds, 15.0)
+        return
     wifi = scaled(WIFI, args.clients)
     bench(
         "shared access point (FedAvg, shared uplink + downlink)",
@@ -223,6 +328,8 @@ def main(argv: list[str] | None = None) -> None:
         args.simpy_rounds,
         None,
     )
+
+    bench_moving(moving_scenario(args.clients, args.reuse), pools, args.rounds, 15.0)
 
     per_epoch = 1 if args.quick else 5
     phsfl_run = recorded(

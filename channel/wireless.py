@@ -196,14 +196,15 @@ class RoundChannel:
 
     def records(self) -> list[dict[str, Any]]:
         """One plain dict per client (Python scalars) for the run's ``clients`` records."""
-        rows = [
-            {"client_id": int(cid)} | {k: float(getattr(self, k)[i]) for k in self._RECORD_KEYS}
-            for i, cid in enumerate(self.client_ids)
+        # column by column: tolist() of a float64 array gives the Python floats float()
+        # gives element by element (the same numbers), without a call per value
+        keys = ("client_id", *self._RECORD_KEYS, *self.extra)
+        columns = [
+            np.asarray(self.client_ids, dtype=np.int64).tolist(),
+            *(np.asarray(getattr(self, k), dtype=np.float64).tolist() for k in self._RECORD_KEYS),
+            *(np.asarray(v, dtype=np.float64).tolist() for v in self.extra.values()),
         ]
-        for key, values in self.extra.items():
-            for i, row in enumerate(rows):
-                row[key] = float(values[i])
-        return rows
+        return [dict(zip(keys, values, strict=True)) for values in zip(*columns, strict=True)]
 
 
 def _check_ids(radio: ClientRadio, client_ids: ArrayLike) -> np.ndarray:

@@ -34,7 +34,7 @@ import numpy as np
 import pytest
 from conftest import tiny
 
-from mecsim.analysis.replay import load_run, replay
+from mecsim.analysis.replay import geometry_axis_refusal, load_run, replay
 from mecsim.analysis.sweep import sweep
 from mecsim.emulation.network import (
     NetworkModel,
@@ -46,6 +46,7 @@ from mecsim.interfaces.metrics import MetricsExporter
 from mecsim.run.preflight import find_problems
 from mecsim.run.setup import ScenarioInfeasible, handover_refusal, prepare
 from mecsim.scenario import scenario_from_dict
+from mecsim.scenario.overrides import OverrideError, apply_overrides, is_timing_path
 from mecsim.store.reader import read_csv_exact
 from mecsim.store.session import run_in_folder
 from mecsim.testing import check_scenario_data
@@ -442,3 +443,91 @@ def test_a_moving_run_gives_the_same_records_in_process_and_on_ray(tmp_path):
     # the case is not trivial: the clients moved, and some changed cell
     assert clients.groupby("client_id")["x_m"].nunique().min() > 1
     assert rounds["handovers"].sum() > 0 and clients["edge_server"].nunique() == 2
+
+
+# --- what-if axes of the geometry (docs/mobility.md, "Replays") ------------------------
+def _waypoint_run(tmp_path, algorithm="fedavg", speed=1.0, rounds=4):
+    """14 clients walking by random waypoint over 7 hexagonal cells 60 m apart, nearest
+    site without hysteresis: a handover whenever a client crosses a cell border."""
+    data = check_scenario_data(algorithm)
+    data.update(rounds=rounds, topology={"clients": 14, "edge_servers": 7})
+    data["geometry"] = {
+        "sites": {"layout": "hex", "rings": 1, "inter_site_distance_m": 60.0},
+        "association": {"rule": "nearest", "hysteresis_m": 0.0, "time_to_trigger_s": 0.0},
+        "mobility": {"model": "random_waypoint", "speed_mps": speed}
+        if speed is not None
+        else {"model": "static"},
+    }
+    sc = scenario_from_dict(data, "x")
+    run_in_folder(sc, tmp_path / algorithm)
+    return tmp_path / algorithm
+
+
+def _handovers_at(scenario, elapsed_s):
+    """The handovers of each round when its rounds end at ``elapsed_s`` (a network model
+    moved round by round to those starts, as a run or a replay does)."""
+    net = NetworkModel(scenario, device_profiles(scenario))
+    starts = [0.0, *elapsed_s[:-1]]
+    return [int(net.move_to(r, t).handovers.sum()) for r, t in enumerate(starts)]
+
+
+def test_mobility_speed_is_a_sweep_axis_without_retraining_for_a_flat_algorithm(tmp_path):
+    """FedAvg, walking at 1 m/s: a sweep over speed replays the run. At the recorded
+    speed it gives the recorded times bit for bit; at 100 m/s the clients cross cell
+    borders between rounds (cells 60 m apart, rounds of tenths of a second: 1 m/s moves a
+    client centimetres, 100 m/s tens of metres), so there are more handovers and the
+    links (distances, media) differ, while training is what was recorded (exact)."""
+    folder = _waypoint_run(tmp_path)
+    run = load_run(folder)
+    recorded = read_csv_exact(folder / "rounds.csv")
+    frame = sweep(run, {"geometry.mobility.speed_mps": [1.0, 100.0]})
+    assert frame["exact"].tolist() == [True, True]
+    assert frame["total_time_s"].iloc[0] == recorded["elapsed_s"].iloc[-1]
+    same = replay(run, {"geometry.mobility.speed_mps": 1.0})
+    for col in ("round_time_s", "elapsed_s", "energy_j"):
+        assert same.rounds[col].tolist() == recorded[col].tolist(), col
+    fast = replay(run, {"geometry.mobility.speed_mps": 100.0})
+    assert fast.exact
+    assert fast.rounds["round_time_s"].tolist() != recorded["round_time_s"].tolist()
+    assert frame["total_time_s"].iloc[1] == fast.rounds["elapsed_s"].iloc[-1]
+    # the handovers: the recorded ones are the network model's at the recorded times
+    # (a check of the counting), and 100 m/s hands over more
+    slow = _handovers_at(run.scenario, recorded["elapsed_s"].tolist())
+    assert slow == recorded["handovers"].tolist()
+    quick = _handovers_at(
+        apply_overrides(run.scenario, {"geometry.mobility.speed_mps": 100.0}),
+        fast.rounds["elapsed_s"].tolist(),
+    )
+    assert sum(quick) > sum(slow), (quick, slow)
+    # the inter-site distance is an axis too (the positions are drawn in the new cells)
+    wide = sweep(run, {"geometry.sites.inter_site_distance_m": [60.0, 120.0]})
+    assert wide["exact"].tolist() == [True, True]
+    assert wide["total_time_s"].iloc[0] == recorded["elapsed_s"].iloc[-1]
+    assert wide["total_time_s"].iloc[1] != recorded["elapsed_s"].iloc[-1]
+
+
+def test_geometry_axes_are_refused_for_a_hierarchical_algorithm_with_the_reason(tmp_path):
+    """PHSFL (static clients: hierarchical algorithms refuse clients that move): the
+    inter-site distance can move clients between edge servers, whose models PHSFL
+    aggregates per edge server, so replaying is refused; a channel axis is not."""
+    folder = _waypoint_run(tmp_path, algorithm="phsfl", speed=None, rounds=1)
+    run = load_run(folder)
+    why = (
+        r"'geometry.sites.inter_site_distance_m': algorithm 'phsfl' is hierarchical \(each "
+        r"edge server aggregates the models of the clients it serves\)"
+    )
+    with pytest.raises(OverrideError, match="grid path " + why):
+        sweep(run, {"geometry.sites.inter_site_distance_m": [60.0, 90.0]})
+    with pytest.raises(OverrideError, match="override " + why):
+        replay(run, {"geometry.sites.inter_site_distance_m": 90.0})
+    # (a static run has no speed to override: the scenario's validation says so; the
+    # reason is the same for a speed axis)
+    assert "'phsfl' is hierarchical" in geometry_axis_refusal(
+        run.scenario, ["geometry.mobility.speed_mps"]
+    )
+    assert geometry_axis_refusal(run.scenario, ["channel.interference.reuse"]) is None
+    assert replay(run, {"channel.interference": None}).exact
+    # other geometry fields stay untimed paths for every algorithm
+    assert is_timing_path("geometry.mobility.speed_mps.1")
+    assert not is_timing_path("geometry.mobility.pause_s")
+    assert not is_timing_path("geometry.association.rule")

@@ -84,15 +84,15 @@ def test_two_cells_two_clients_by_hand():
     for c in (0, 1):
         i_w, s_w = ul[c]
         sinr = s_w / (i_w + N0_W_PER_HZ * 10e6)
-        assert rows[c]["ul_interference_w"] == pytest.approx(i_w, rel=1e-9)
+        assert rows[c]["ul_interference_w"] == pytest.approx(i_w, rel=1e-9, abs=0)
         assert rows[c]["uplink_snr_db"] == pytest.approx(10 * math.log10(sinr), rel=1e-9)
         assert rows[c]["uplink_rate_bps"] == pytest.approx(10e6 * math.log2(1 + sinr), rel=1e-9)
         i_w, s_w = dl[c]
         sinr = s_w / (i_w + N0_W_PER_HZ * 20e6)
-        assert rows[c]["dl_interference_w"] == pytest.approx(i_w, rel=1e-9)
+        assert rows[c]["dl_interference_w"] == pytest.approx(i_w, rel=1e-9, abs=0)
         assert rows[c]["downlink_rate_bps"] == pytest.approx(20e6 * math.log2(1 + sinr), rel=1e-9)
     # the literal numbers of the docstring
-    assert rows[0]["ul_interference_w"] == pytest.approx(2.46329e-15, rel=1e-5)
+    assert rows[0]["ul_interference_w"] == pytest.approx(2.46329e-15, rel=1e-5, abs=0)
     assert rows[0]["uplink_rate_bps"] == pytest.approx(25.1597e6, rel=1e-5)
     assert rows[1]["uplink_rate_bps"] == pytest.approx(3.86510e6, rel=1e-5)
     # alone in a round, nobody interferes: client 0's rate is the interference-free one
@@ -176,15 +176,103 @@ def test_geometric_without_a_geometry_is_refused_naming_the_field():
         tiny(channel=_channel({"model": "geometric"}))
 
 
-def test_geometric_interference_with_moving_clients_is_refused_until_it_follows_them():
-    """Its path losses are the start-of-run ones: with clients that move it would be
-    silently wrong, so it is refused before the start."""
-    base = two_cells().model_dump(mode="json")
-    base["geometry"]["mobility"] = {"model": "random_walk", "speed_mps": 1.0}
-    with pytest.raises(ValueError, match="clients move .geometry.mobility.model: random_walk"):
-        type(two_cells()).model_validate(base)
-    base["geometry"]["mobility"] = {"model": "static"}
-    type(two_cells()).model_validate(base)  # static clients: fine
+WALK_NS2 = """\
+$node_(0) set X_ 200.0
+$node_(0) set Y_ 100.0
+$node_(1) set X_ 500.0
+$node_(1) set Y_ 100.0
+$node_(2) set X_ 250.0
+$node_(2) set Y_ 100.0
+$ns_ at 0.0 "$node_(2) setdest 690.0 100.0 10.0"
+"""
+
+
+def _walking_cells(tmp_path, reuse=1):
+    """Sites A (100, 100) and B (600, 100) as in ``two_cells``; clients 0 at (200, 100)
+    and 1 at (500, 100) stand, client 2 walks from (250, 100) along y = 100 m at 10 m/s
+    (an ns-2 trace: x(t) = 250 + 10 t). Rule nearest, no hysteresis, no time to trigger."""
+    path = tmp_path / "walk.tcl"
+    path.write_text(WALK_NS2)
+    return tiny(
+        topology={"clients": 3, "edge_servers": 2, "participation": 1.0},
+        channel=_channel({"model": "geometric", "reuse": reuse}),
+        geometry={
+            "area": {"width_m": 700, "height_m": 200},
+            "sites": {"layout": "explicit", "positions_m": [[100, 100], [600, 100]]},
+            "association": {"rule": "nearest", "hysteresis_m": 0.0, "time_to_trigger_s": 0.0},
+            "mobility": {"model": "trace", "trace": {"format": "ns2", "path": str(path)}},
+        },
+    )
+
+
+def test_geometric_interference_follows_clients_that_move(tmp_path):
+    """p = 23 dBm = 0.199526 W, g(d) = 10^−4·d^−4, reuse 1, all three selected.
+
+    Round 0 (t = 0): client 2 at x = 250: 150 m from A, 350 m from B: served by A
+    (clients 0 → A, 1 → B: 100 m each).
+      Uplink at A (clients 0, 2) from cell B's client 1, 400 m from A:
+        I = p·g(400) = 0.199526 · 3.90625e-15 = 7.79399e-16 W;
+      at B (client 1) from clients 0 (400 m) and 2 (350 m from B):
+        I = p·(g(400) + g(350)) = 0.199526 · (3.90625e-15 + 6.66389e-15) = 2.10902e-15 W.
+      Downlink (1 W): clients 0 and 2 hear B at 400 m / 350 m: 3.90625e-15, 6.66389e-15 W;
+      client 1 hears A at 400 m: 3.90625e-15 W.
+    Round 1 (t = 20 s): client 2 at x = 450: 350 m from A, 150 m from B: hands over to B.
+      Uplink at A (client 0) from cell B's clients 1 (400 m) and 2 (350 m):
+        I_0 = p·(g(400) + g(350)) = 2.10902e-15 W;
+      at B (clients 1, 2) from client 0, 400 m from B: I_1 = I_2 = p·g(400) = 7.79399e-16 W.
+      Downlink: client 0 hears B at 400 m: 3.90625e-15 W; clients 1 and 2 hear A at
+      400 m and 350 m: 3.90625e-15 and 6.66389e-15 W.
+    With the start's path losses and cells (what geometric interference did before it
+    followed moving clients) round 1 would repeat round 0's numbers."""
+    sc = _walking_cells(tmp_path)
+    net = NetworkModel(sc, device_profiles(sc))
+    p_g400, p_g350 = 7.793993e-16, 1.329621e-15
+    want = {
+        0: ([0, 1, 0], [p_g400, p_g400 + p_g350, p_g400], [g(400), g(400), g(350)]),
+        20.0: ([0, 1, 1], [p_g400 + p_g350, p_g400, p_g400], [g(400), g(400), g(350)]),
+    }
+    for rnd, t in enumerate(want):
+        _, _, _, rows = net.round(rnd, [0, 1, 2], t)
+        serving, ul_w, dl_w = want[t]
+        assert net.edge_server.tolist() == serving
+        assert rows[2]["x_m"] == 250.0 + 10.0 * t
+        got_ul = [rows[c]["ul_interference_w"] for c in (0, 1, 2)]
+        got_dl = [rows[c]["dl_interference_w"] for c in (0, 1, 2)]
+        assert got_ul == pytest.approx(ul_w, rel=1e-6, abs=0)
+        assert got_dl == pytest.approx(dl_w, rel=1e-12, abs=0)
+        # and exactly the formula's numbers (math, not mecsim's functions)
+        assert got_ul[1 - rnd] == pytest.approx(P_UL_W * (g(400) + g(350)), rel=1e-12, abs=0)
+    assert net.round_cells.handovers.tolist() == [False, False, True]
+    # reuse 3 on the two sites (groups 0 and 1): nobody interferes, moved or not
+    sc3 = _walking_cells(tmp_path, reuse=3)
+    net3 = NetworkModel(sc3, device_profiles(sc3))
+    for rnd, t in enumerate((0.0, 20.0)):
+        _, _, _, rows = net3.round(rnd, [0, 1, 2], t)
+        assert [rows[c]["ul_interference_w"] for c in (0, 1, 2)] == [0.0] * 3
+
+
+def test_static_clients_keep_the_interference_of_the_start(tmp_path):
+    """The trace with client 2 standing (no setdest) is the static case: every round's
+    interference is round 0's, and equal to a scenario with explicit static positions."""
+    path = tmp_path / "still.tcl"
+    path.write_text("".join(WALK_NS2.splitlines(keepends=True)[:6]))
+    still = _walking_cells(tmp_path).model_dump(mode="json")
+    still["geometry"]["mobility"]["trace"]["path"] = str(path)
+    sc = type(_walking_cells(tmp_path)).model_validate(still)
+    static = still | {}
+    static["geometry"] = {
+        **still["geometry"],
+        "mobility": {"model": "static"},
+        "clients": {"placement": "explicit", "positions_m": [[200, 100], [500, 100], [250, 100]]},
+    }
+    sc_static = type(sc).model_validate(static)
+    net, net_static = (NetworkModel(s, device_profiles(s)) for s in (sc, sc_static))
+    for rnd, t in enumerate((0.0, 20.0, 40.0)):
+        _, _, _, rows = net.round(rnd, [0, 1, 2], t)
+        _, _, _, rows_static = net_static.round(rnd, [0, 1, 2], t)
+        for c in (0, 1, 2):
+            for key in ("ul_interference_w", "dl_interference_w", "uplink_rate_bps"):
+                assert rows[c][key] == rows_static[c][key], (rnd, c, key)
 
 
 @pytest.mark.parametrize(

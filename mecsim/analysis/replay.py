@@ -35,7 +35,7 @@ import math
 import sys
 import types
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -66,7 +66,12 @@ from mecsim.run.progress import ProgressBar
 from mecsim.run.rows import REPLAY_COLUMNS, timing_columns
 from mecsim.run.setup import ScenarioInfeasible
 from mecsim.scenario import Scenario, ScenarioError, load_recorded_scenario, scenario_from_dict
-from mecsim.scenario.overrides import OverrideError, apply_overrides, is_timing_path
+from mecsim.scenario.overrides import (
+    OverrideError,
+    apply_overrides,
+    is_geometry_axis,
+    is_timing_path,
+)
 from mecsim.store.reader import read_csv_exact
 from mecsim.store.session import BadRun, run_in_folder
 
@@ -518,6 +523,39 @@ def _first_divergence(run: RecordedRun, timed: _Timed, aware: bool) -> tuple[int
     return None, ""
 
 
+def hierarchical(algorithm: str) -> bool:
+    """Is the algorithm hierarchical (``ServerAlgorithm.Edge`` set: its edge servers keep
+    a model and aggregate the clients they serve)?"""
+    server_cls, _ = algorithm_classes(algorithm)
+    return getattr(server_cls, "Edge", None) is not None
+
+
+def geometry_axis_refusal(recorded: Scenario, paths: Iterable[str]) -> str | None:
+    """Why the geometry axes among ``paths`` (mobility speed, inter-site distance:
+    :data:`mecsim.scenario.overrides.GEOMETRY_AXES`) cannot be replayed for this run;
+    None when there are none or the algorithm is flat (who serves a client changes its
+    links, not what it trains: the replay re-derives positions and association)."""
+    axes = [p for p in paths if is_geometry_axis(p)]
+    if not axes or not hierarchical(recorded.algorithm.name):
+        return None
+    return (
+        f"{', '.join(map(repr, axes))}: algorithm {recorded.algorithm.name!r} is hierarchical "
+        "(each edge server aggregates the models of the clients it serves), and where the "
+        "sites are and how fast the clients move can change which edge server a client "
+        "trains with, which the recorded op-traces cannot answer; pass retrain=True "
+        "(--retrain) to re-run with training"
+    )
+
+
+def membership_free(recorded: Scenario) -> bool:
+    """Does a replay of this run re-associate clients anyway? A flat algorithm's run whose
+    clients move: the replay recomputes every round's association from its own times
+    (docs/mobility.md, "Replays"), so an override that changes who serves a client at
+    the start is no different from one that changes it later, and is exact."""
+    g = recorded.geometry
+    return g is not None and g.moves() and not hierarchical(recorded.algorithm.name)
+
+
 def association_changes(recorded: Scenario, scenario: Scenario) -> str:
     """Which clients ``scenario`` serves from another edge server than ``recorded`` did
     at the start (a geometry's association: :class:`NetworkModel`'s ``edge_server``), as
@@ -575,9 +613,13 @@ def replay(
             f"override {', '.join(map(repr, untimed))} changes what the clients execute, so "
             "replaying the recorded op-traces cannot answer it; pass retrain=True (--retrain) "
             "to re-run with training, or override only channel.*, devices.*, deadline_s, "
-            "backhaul.*"
+            "backhaul.*, the geometry's speeds and inter-site distance"
         )
-    moved = association_changes(run.scenario, scenario) if overrides else ""
+    refusal = geometry_axis_refusal(run.scenario, overrides)
+    if refusal and not retrain:
+        raise OverrideError(f"override {refusal}")
+    check_membership = overrides and not membership_free(run.scenario)
+    moved = association_changes(run.scenario, scenario) if check_membership else ""
     if moved and not retrain:
         raise OverrideError(
             f"override {', '.join(map(repr, overrides))} changes which edge server serves "
@@ -600,13 +642,15 @@ def replay(
     timing_dependent = bool(recorded_drops) or aware
 
     first: int | None
-    if untimed or moved:
+    if untimed or moved or refusal:
         first, why = (
             0,
             (
                 f"override of {', '.join(untimed)} changes training"
                 if untimed
                 else f"the association changes ({moved})"
+                if moved
+                else "a geometry axis of a hierarchical algorithm"
             ),
         )
         timed = None

@@ -41,7 +41,9 @@ from mecsim.analysis.replay import (
     ReplayResult,
     RunLoadError,
     association_changes,
+    geometry_axis_refusal,
     load_run,
+    membership_free,
     replay,
     retime,
 )
@@ -384,14 +386,19 @@ def sweep(
         raise OverrideError(
             f"grid path {', '.join(map(repr, untimed))} changes what the clients execute, so "
             "replaying the recorded op-traces cannot answer it; pass retrain=True (--retrain) "
-            "or sweep only channel.*, devices.*, deadline_s, backhaul.*"
+            "or sweep only channel.*, devices.*, deadline_s, backhaul.*, and the geometry's "
+            "speeds and inter-site distance"
         )
     for run in recorded:
+        refusal = geometry_axis_refusal(run.scenario, grid)
+        if refusal and not retrain:
+            raise OverrideError(f"grid path {refusal}")
+        check_membership = not retrain and not membership_free(run.scenario)
         for point in points:
             scenario = apply_overrides(
                 run.scenario, point, f"{run.run_dir or run.run_id}/scenario.yaml"
             )
-            moved = association_changes(run.scenario, scenario) if not retrain else ""
+            moved = association_changes(run.scenario, scenario) if check_membership else ""
             if moved:
                 raise OverrideError(
                     f"grid point {point} changes which edge server serves clients "

@@ -135,7 +135,9 @@ class RoundCells:
     """The cells at one round's start: ``t_s``; each client's position (n, 2), serving
     edge server (n,), whether it handed over at this evaluation (n,), its distance (m)
     to the serving site and, under a 3GPP path loss, that link's LOS state and
-    shadowing; ``held_s`` (n, S) the A3 timers after this evaluation."""
+    shadowing; ``held_s`` (n, S) the A3 timers after this evaluation; ``path_loss_db``
+    (n, S) every link's path loss at the round's start under a Shannon channel (the
+    association's, reused by geometric interference), else None."""
 
     t_s: float
     positions_m: np.ndarray
@@ -144,6 +146,7 @@ class RoundCells:
     distance_m: np.ndarray
     large_scale: LargeScaleDraw | None
     held_s: np.ndarray
+    path_loss_db: np.ndarray | None = None
 
 
 def initial_trace_positions(
@@ -226,14 +229,14 @@ class MovingCells:
             serving, held, since_s = prev.serving, prev.held_s, t_s - prev.t_s
         positions = self.positions.at(t_s)
         d = distances_m(positions, self.cells.sites_m)
-        _, _, metric = link_metric(
+        loss, _, metric = link_metric(
             self.rule, d, self.channel, self.cells.large_scale, self.cells.groups
         )
         new, held = a3_handover(
             metric, serving, held, since_s, self.hysteresis, self.time_to_trigger_s
         )
         distance, large_scale = self._serving_link(d, new)
-        rc = RoundCells(t_s, positions, new, new != serving, distance, large_scale, held)
+        rc = RoundCells(t_s, positions, new, new != serving, distance, large_scale, held, loss)
         self.history.append(rc)
         return rc
 

@@ -372,20 +372,26 @@ class NetworkModel:
     def _geometric_interference(self, selected: list[int]) -> dict[str, np.ndarray]:
         """Under ``channel.interference.model: geometric``, the round's uplink and
         downlink interference (W) of the selected clients, per round from the cells'
-        path losses (:mod:`mecsim.emulation.interference`); else nothing (the draws)."""
+        path losses (:mod:`mecsim.emulation.interference`); else nothing (the draws).
+        Clients that move: the path losses at the round's start, those the association
+        was evaluated with (:attr:`RoundCells.path_loss_db`), and the round's serving
+        cells (``self.edge_server``, set by :meth:`move_to`)."""
         cells = self.cells
         if cells is None or cells.groups is None or cells.path_loss_db is None:
             return {}
+        path_loss = cells.path_loss_db
+        if self.round_cells is not None and self.round_cells.path_loss_db is not None:
+            path_loss = self.round_cells.path_loss_db
         return {
             "ul_interference_w": uplink_interference_w(
-                cells.path_loss_db,
+                path_loss,
                 dbm_to_w(self.tx_power_dbm),
                 self.edge_server,
                 cells.groups,
                 selected,
             ),
             "dl_interference_w": downlink_interference_w(
-                cells.path_loss_db,
+                path_loss,
                 float(dbm_to_w(self.channel.server_tx_power_dbm)),
                 self.edge_server,
                 cells.groups,

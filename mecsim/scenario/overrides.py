@@ -30,9 +30,31 @@ class OverrideError(ValueError):
     """An override that cannot be applied; ``str()`` names the path and what is valid."""
 
 
+#: Fields of ``geometry`` a replay answers too (what-if axes without retraining): the
+#: mobility models' speeds and the hexagonal grid's inter-site distance. A replay
+#: re-derives the positions and every round's association from the scenario, so they
+#: change the links only — for flat algorithms; a hierarchical algorithm (its edge servers
+#: aggregate the clients they serve) refuses them (mecsim.analysis.replay.
+#: geometry_axis_refusal). ``channel.interference.reuse`` and ``channel.path_loss.*`` are
+#: ``channel`` paths.
+GEOMETRY_AXES = (
+    "geometry.mobility.speed_mps",
+    "geometry.mobility.mean_speed_mps",
+    "geometry.mobility.speed_std_mps",
+    "geometry.sites.inter_site_distance_m",
+)
+
+
+def is_geometry_axis(path: str) -> bool:
+    """Is ``path`` one of :data:`GEOMETRY_AXES` (or an item of one: ``speed_mps.1``)?"""
+    return any(path == axis or path.startswith(axis + ".") for axis in GEOMETRY_AXES)
+
+
 def is_timing_path(path: str) -> bool:
-    """Does ``path`` change only timing (so replaying recorded op-traces answers it)?"""
-    return path.split(".", 1)[0] in TIMING_PATHS
+    """Does ``path`` change only timing (so replaying recorded op-traces answers it)?
+    The timing sections, and the geometry's :data:`GEOMETRY_AXES` (for flat algorithms:
+    :func:`mecsim.analysis.replay.geometry_axis_refusal`)."""
+    return path.split(".", 1)[0] in TIMING_PATHS or is_geometry_axis(path)
 
 
 def _keys_of(node: Any) -> str:

@@ -1321,13 +1321,6 @@ class Scenario(_Strict):
             )
         if g is None:
             return self
-        if inter is not None and inter.model == "geometric" and g.mobility.model != "static":
-            raise ValueError(
-                "channel.interference.model: geometric interference is computed from the "
-                "clients' positions at the run's start, and this scenario's clients move "
-                f"(geometry.mobility.model: {g.mobility.model}): not built yet; use "
-                "model: distribution with moving clients (docs/mobility.md)"
-            )
         sites = g.sites_m()
         n_sites, n = len(sites), self.topology.clients
         if n_sites != self.topology.edge_servers:

@@ -93,7 +93,8 @@ def check_sweep(
                     f"set.{i}",
                     f"{path} changes what the clients execute; "
                     "the service replays only channel.*, devices.*, "
-                    "deadline_s, backhaul.* (no retraining)",
+                    "deadline_s, backhaul.*, the geometry's speeds and "
+                    "inter-site distance (no retraining)",
                 )
             )
         grid[path] = values
