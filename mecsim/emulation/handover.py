@@ -82,7 +82,11 @@ class ClientPositions:
         if points <= self._filled:
             return
         if points > self._grid.shape[1]:
-            grown = np.empty((self._grid.shape[0], points, 2), dtype=np.float32)
+            # the capacity at least doubles, so that a run's growing grid is copied
+            # O(log T) times, not once every block (quadratic in the run's length); the
+            # points computed are the same (only those up to ``points`` are filled)
+            capacity = max(points, 2 * self._grid.shape[1])
+            grown = np.empty((self._grid.shape[0], capacity, 2), dtype=np.float32)
             grown[:, : self._filled] = self._grid[:, : self._filled]
             self._grid = grown
         part = self._grid[:, self._filled : points]
