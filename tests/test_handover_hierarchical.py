@@ -202,3 +202,12 @@ def test_a_moving_phsfl_run_gives_the_same_records_in_process_and_on_ray(tmp_pat
     run_in_folder(_scenario(tmp_path, rounds=2, backend="ray"), ray)
     assert read_csv_exact(ray / "rounds.csv")["handover_bytes"].tolist() == [0, 560]
     assert_same_records(local, ray)
+
+
+def test_hsfl_moves_the_same_labels(tmp_path):
+    """HSFL keeps the labels at the ES as PHSFL does (it trains the head too): round 0
+    lasts 0.75193 s there as well, and client 0's 70 labels move in round 1."""
+    run_in_folder(_scenario(tmp_path, rounds=2, algorithm="hsfl"), tmp_path / "run")
+    rounds = read_csv_exact(tmp_path / "run" / "rounds.csv")
+    assert rounds["round_time_s"].iloc[0] > 0.702
+    assert rounds["handover_bytes"].tolist() == [0, 560]
