@@ -123,6 +123,7 @@ class CentralServer(_ServerProcess):
         edge_server_of: dict[int, int] | None = None,
         plugins: registry.Portable | None = None,
         rounds: int | None = None,
+        edge_server_ids: list[int] | None = None,
     ) -> None:
         registry.restore(plugins)  # plugin files and import-string folders of the driver
         server_cls, _ = algorithm_classes(algorithm)
@@ -130,11 +131,19 @@ class CentralServer(_ServerProcess):
         self.algorithm = server_cls(layout, init_weights, client_samples, fraction, params)
         if edge_server_of is not None:  # which edge server serves each client (topology)
             self.algorithm.edge_server_of = dict(edge_server_of)
+        if edge_server_ids is not None:  # clients move: every edge server, each round
+            self.algorithm.edge_server_ids = [int(b) for b in edge_server_ids]
         self.algorithm.seed = int(seed)
         self.algorithm.rounds = None if rounds is None else int(rounds)  # the run's length
         self._stream: _Stream | None = None  # a round's streamed aggregation, while it runs
         # selection draws come from their own stream of the scenario seed
         self.rng = np.random.default_rng(np.random.SeedSequence([seed, 0x5E1EC7]))
+
+    def associate(self, edge_server_of: dict[int, int]) -> None:
+        """The round's serving edge server of every client (clients that move: the
+        association at the round's start), before the round is planned: the algorithm
+        groups the round's clients by it (``ServerAlgorithm.edge_server_of``)."""
+        self.algorithm.edge_server_of = {int(c): int(b) for c, b in edge_server_of.items()}
 
     def plan(self, rnd: int) -> tuple[list[int], list[ClientTask], dict[int, Any]]:
         """(selected clients, their tasks, what each edge server is sent); of a
@@ -234,7 +243,10 @@ class CentralServer(_ServerProcess):
         return AggregateReport(stats.flops, wall, self.rss_bytes(), dict(stats.metrics), rejected)
 
     def edge_servers(self) -> list[int]:
-        """The edge servers that serve clients, in order."""
+        """The edge servers (each an EdgeServer), in order: those serving clients, or,
+        when clients move, every one of the topology."""
+        if self.algorithm.edge_server_ids is not None:
+            return list(self.algorithm.edge_server_ids)
         return sorted(set(self.algorithm.edge_server_of.values()))
 
     def _state(self) -> dict[str, Any]:
@@ -280,6 +292,7 @@ class EdgeServer(_ServerProcess):
         edge_server_of: dict[int, int] | None = None,
         plugins: registry.Portable | None = None,
         rounds: int | None = None,  # the central server's business; accepted with the rest
+        edge_server_ids: list[int] | None = None,  # likewise
     ) -> None:
         registry.restore(plugins)
         server_cls, _ = algorithm_classes(algorithm)

@@ -1,7 +1,7 @@
 """Clients that move and hand over between edge servers at round granularity
 (docs/mobility.md, "Handover"): positions at each round's start, the association
-re-evaluated with A3 hysteresis and time-to-trigger, the records, the refusal for
-hierarchical algorithms, replay against run.
+re-evaluated with A3 hysteresis and time-to-trigger, the records, replay against run
+(hierarchical algorithms: tests/test_handover_hierarchical.py).
 
 The hand-worked case: sites A = (200, 100) m (edge server 0) and B = (800, 100) m (edge
 server 1); client 0 walks along y = 130 m from x = 300 m towards +x at 10 m/s (an ns-2
@@ -44,7 +44,7 @@ from mecsim.emulation.network import (
 )
 from mecsim.interfaces.metrics import MetricsExporter
 from mecsim.run.preflight import find_problems
-from mecsim.run.setup import ScenarioInfeasible, handover_refusal, prepare
+from mecsim.run.setup import moving_hierarchy
 from mecsim.scenario import scenario_from_dict
 from mecsim.scenario.overrides import OverrideError, apply_overrides, is_timing_path
 from mecsim.store.reader import read_csv_exact
@@ -189,7 +189,10 @@ def test_records_of_static_geometry_and_of_no_geometry_keep_their_columns():
     assert client_record_keys(moving)[-3:] == ("x_m", "y_m", "handovers")
 
 
-def test_hierarchical_algorithms_refuse_clients_that_move_before_the_start(tmp_path):
+def test_hierarchical_algorithms_run_with_clients_that_move(tmp_path):
+    """No longer refused (tests/test_handover_hierarchical.py: their edge servers regroup
+    each round and the state moves): the pre-flight finds nothing, and only a
+    hierarchical algorithm whose clients move regroups."""
     data = check_scenario_data("phsfl")
     data["geometry"] = {
         "sites": {"layout": "explicit", "positions_m": [[100, 100], [300, 100]]},
@@ -197,16 +200,13 @@ def test_hierarchical_algorithms_refuse_clients_that_move_before_the_start(tmp_p
         "mobility": {"model": "random_walk"},
     }
     sc = scenario_from_dict(data, "x")
-    assert "hierarchical" in handover_refusal(sc)
-    with pytest.raises(ScenarioInfeasible, match="geometry.mobility: model random_walk"):
-        prepare(sc, "r", tmp_path)
-    problems = find_problems(sc).problems
-    assert [p.field for p in problems] == ["geometry.mobility"], problems
+    assert moving_hierarchy(sc)
+    assert find_problems(sc).problems == []
     data["geometry"]["mobility"] = {"model": "static"}
-    assert handover_refusal(scenario_from_dict(data, "x")) is None
+    assert not moving_hierarchy(scenario_from_dict(data, "x"))
     data["algorithm"] = {"name": "fedavg", "params": {}}
     data["geometry"]["mobility"] = {"model": "random_walk"}
-    assert handover_refusal(scenario_from_dict(data, "x")) is None
+    assert not moving_hierarchy(scenario_from_dict(data, "x"))
 
 
 def test_a_bad_trace_is_refused_by_the_preflight_with_file_and_line(tmp_path):

@@ -178,6 +178,18 @@ class EdgeAlgorithm(ABC):
         """As :meth:`ServerAlgorithm.upload_size`: the whole flat model by default."""
         return self.layout.size
 
+    @classmethod
+    def handover_state_nbytes(cls, params: BaseModel, num_samples: int) -> int:
+        """What moves with a client that hands over: the bytes of the per-client state
+        this edge server keeps for a client of ``num_samples`` training samples, which
+        its new edge server needs (docs/mobility.md, "Handover"). The run moves them
+        old edge server -> central server -> new edge server over the backhaul at the
+        round's start (a :class:`~mecsim.emulation.ops.Handoff` op first in the
+        client's op-trace). The edge model itself does not move: the client downloads
+        its new edge server's model as it does every round. Default 0: the edge server
+        keeps nothing per client (only the latencies of the two hops are charged)."""
+        return 0
+
     def state_dict(self) -> dict[str, Any]:
         """As :meth:`ServerAlgorithm.state_dict`: every attribute but the static ones."""
         return {k: v for k, v in vars(self).items() if k not in self.static_attributes}
@@ -289,6 +301,10 @@ class ServerAlgorithm(ABC):
         self.params = self.Params(**params)
         # client -> edge server; the run loop sets the scenario's topology after construction
         self.edge_server_of: dict[int, int] = dict.fromkeys(self.client_samples, 0)
+        # the edge servers of a hierarchical algorithm (each an EdgeServer), set by the
+        # run loop when clients move (edge_server_of then changes round by round: the
+        # round's serving edge servers); None: those in edge_server_of
+        self.edge_server_ids: list[int] | None = None
         # the scenario seed, set by the run loop after construction: an algorithm that draws
         # at random (e.g. KAPC's initial relation cube) derives its own stream from it
         self.seed = 0
@@ -303,6 +319,7 @@ class ServerAlgorithm(ABC):
         "client_samples",
         "fraction",
         "edge_server_of",
+        "edge_server_ids",
         "seed",
         "rounds",
     )

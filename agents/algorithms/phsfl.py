@@ -83,7 +83,7 @@ from typing import Any, ClassVar, Literal, cast
 
 import numpy as np
 import torch
-from pydantic import Field
+from pydantic import BaseModel, Field
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -104,6 +104,9 @@ from mecsim.agents.training import StepCost, evaluate, make_optimizer
 from mecsim.emulation.ops import Backhaul, Compute, Download, Op, ServerCompute, Upload
 
 INDEX_DTYPE = torch.int32  # the batch indices N sent with the activations (Step 3.4)
+#: bytes of one label kept at the ES (int64, as the data sets hold them): what moves
+#: per training sample when a client hands over (PHSFLEdge.handover_state_nbytes)
+LABEL_NBYTES = 8
 
 
 class PHSFLParams(NoParams):
@@ -413,6 +416,16 @@ class PHSFLEdge(EdgeAlgorithm):
         super().__init__(edge_server, layout, client_samples, params)
         self.model: np.ndarray | None = None  # w_b
 
+    @classmethod
+    def handover_state_nbytes(cls, params: BaseModel, num_samples: int) -> int:
+        """The client's label set D_u,lb, which belongs to its ES (Section II-A: the
+        client holds only the features; the ES looks the labels up by the indices N it
+        is sent, Step 3.5): D_u labels of LABEL_NBYTES each move to the new ES. Nothing
+        else is per client: the ES's copy w_u1 of the server part (Step 3.1) lives
+        within an edge round (Eq. 15 aggregates it at its end), and the edge model w_b
+        is the ES's own (the client downloads its new ES's, as every round)."""
+        return int(num_samples) * LABEL_NBYTES
+
     def configure_fit(self, rnd: int, tasks: list[ClientTask], downlink: Any) -> list[ClientTask]:
         if downlink is not None:  # Eq. 8: the ES starts the global round from w
             self.model = downlink
@@ -491,6 +504,11 @@ class PHSFLServer(ServerAlgorithm):
         self.client_part_nbytes = int(self.masks.client.sum()) * BYTES_PER_ELEMENT
 
     def _servers(self) -> list[int]:
+        """The edge servers: every one of the topology when clients move (each gets w at
+        a global round's start, Eq. 8, so a client that hands over mid global round
+        finds a model at its new ES), else those serving clients."""
+        if self.edge_server_ids is not None:
+            return list(self.edge_server_ids)
         return sorted(set(self.edge_server_of.values()))
 
     def configure_fit(self, rnd: int, selected: list[int]) -> list[ClientTask]:

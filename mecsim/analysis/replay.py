@@ -326,6 +326,8 @@ class _Timed:
     rows: list[dict[str, Any]]
     dropped: list[frozenset[int]]
     finish_s: list[dict[int, float]]
+    # clients that move: every client's serving edge server at each round's start
+    serving: list[np.ndarray] | None = None
 
 
 def retime(run: RecordedRun, scenario: Scenario) -> _Timed:
@@ -407,7 +409,9 @@ def retime(run: RecordedRun, scenario: Scenario) -> _Timed:
         elapsed_s = rows[-1]["elapsed_s"]
         dropped.append(frozenset(t.dropped))
         finish.append({c.client_id: c.finish_s for c in t.clients})
-    return _Timed(rows, dropped, finish)
+    moving = network.moving
+    serving = None if moving is None else [rc.serving for rc in moving.history]
+    return _Timed(rows, dropped, finish, serving)
 
 
 def _row(
@@ -574,6 +578,47 @@ def association_changes(recorded: Scenario, scenario: Scenario) -> str:
     return f"client {c} from edge server {before[c]} to {after[c]}{more}"
 
 
+def moving_hierarchy(scenario: Scenario) -> bool:
+    """A hierarchical algorithm (``ServerAlgorithm.Edge`` set) whose clients move: its
+    edge servers group the clients served at each round's start, so where the clients
+    are at each start decides what they train (:func:`mecsim.run.setup.moving_hierarchy`)."""
+    g = scenario.geometry
+    return (
+        g is not None
+        and g.moves()
+        and algorithm_classes(scenario.algorithm.name)[0].Edge is not None
+    )
+
+
+def membership_changes(run: RecordedRun, timed: _Timed) -> str:
+    """For a :func:`moving_hierarchy` run: the first round whose association at its
+    start differs between the recorded run (its recorded starts: the sums of the
+    recorded round times) and ``timed`` (a re-timing under some overrides, whose starts
+    follow its own round times), as text; "" when every round's is the same (or the run
+    is not such a run)."""
+    if timed.serving is None or not moving_hierarchy(run.scenario):
+        return ""
+    network = NetworkModel(run.scenario, device_profiles(run.scenario))
+    assert network.moving is not None
+    starts, t = [], 0.0
+    for rt in run.round_time_s:
+        starts.append(t)
+        t += rt
+    network.moving.catch_up(starts)
+    for r, (rec, rep) in enumerate(zip(network.moving.history, timed.serving, strict=False)):
+        diff = np.flatnonzero(rec.serving != rep)
+        if diff.size:
+            c = int(diff[0])
+            more = f" and {diff.size - 1} more" if diff.size > 1 else ""
+            start = timed.rows[r - 1]["elapsed_s"] if r > 0 else 0.0
+            return (
+                f"round {r + 1}: client {c} is served by edge server {int(rep[c])} at the "
+                f"replay's start of the round ({start:.6g} s), by {int(rec.serving[c])} in "
+                f"the recorded run (at {starts[r]:.6g} s){more}"
+            )
+    return ""
+
+
 def _edge_servers(scenario: Scenario) -> np.ndarray:
     return NetworkModel(scenario, device_profiles(scenario)).edge_server
 
@@ -657,6 +702,17 @@ def replay(
     else:
         timed = retime(run, scenario)
         first, why = _first_divergence(run, timed, aware)
+        regrouped = membership_changes(run, timed) if overrides else ""
+        if regrouped and not retrain:
+            raise OverrideError(
+                f"override {', '.join(map(repr, overrides))} moves the rounds' starts, so "
+                f"where the clients are at them, and {regrouped}: algorithm "
+                f"{run.algorithm!r} is hierarchical, its edge servers would aggregate "
+                "other groups of clients than the recorded run's; pass retrain=True "
+                "(--retrain) to re-run with training"
+            )
+        if regrouped:
+            first, why = 0, f"the association changes ({regrouped})"
 
     if first is not None and retrain:
         notes.append(f"not exact as a replay ({why}); retrained")

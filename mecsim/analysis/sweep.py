@@ -43,7 +43,9 @@ from mecsim.analysis.replay import (
     association_changes,
     geometry_axis_refusal,
     load_run,
+    membership_changes,
     membership_free,
+    moving_hierarchy,
     replay,
     retime,
 )
@@ -399,6 +401,10 @@ def sweep(
                 run.scenario, point, f"{run.run_dir or run.run_id}/scenario.yaml"
             )
             moved = association_changes(run.scenario, scenario) if check_membership else ""
+            if not moved and not retrain and point and moving_hierarchy(run.scenario):
+                # its edge servers group the clients by where they are at each round's
+                # start, which follows the round times: re-timed to check
+                moved = membership_changes(run, retime(run, scenario))
             if moved:
                 raise OverrideError(
                     f"grid point {point} changes which edge server serves clients "

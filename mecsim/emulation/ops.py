@@ -87,7 +87,31 @@ class Barrier:
     what: str = "decision"
 
 
-Op = Download | Upload | Compute | ServerCompute | Backhaul | Barrier
+@dataclass(frozen=True, slots=True)
+class Handoff:
+    """A client's state moved from its old edge server to its new one after a handover,
+    over the wired backhaul through the central server: ``nbytes`` up the old edge
+    server's backhaul (``from_edge_server``), then down the new (serving) one's, each hop
+    ``latency_s + 8 * nbytes / bandwidth_bps`` of that edge server's backhaul, one after
+    the other. Per client (no barrier, no sharing: the backhaul is not a shared medium in
+    the engine). The client's next op waits for it (the new edge server serves the
+    client once its state is there). Not counted in :func:`trace_bytes` (wireless
+    bytes); see :func:`handoff_bytes`. Only the SimPy model times it (the fast paths
+    leave such rounds to it).
+    """
+
+    nbytes: int
+    from_edge_server: int
+    what: str = "client_state"
+
+    def __post_init__(self) -> None:
+        if self.nbytes < 0:
+            raise ValueError(f"Handoff.nbytes must be >= 0, got {self.nbytes}")
+        if self.from_edge_server < 0:
+            raise ValueError(f"Handoff.from_edge_server must be >= 0, got {self.from_edge_server}")
+
+
+Op = Download | Upload | Compute | ServerCompute | Backhaul | Barrier | Handoff
 OpTrace = tuple[Op, ...]
 
 _OP_TYPES: dict[str, type[Op]] = {
@@ -97,6 +121,7 @@ _OP_TYPES: dict[str, type[Op]] = {
     "server_compute": ServerCompute,
     "backhaul": Backhaul,
     "barrier": Barrier,
+    "handoff": Handoff,
 }
 _OP_NAMES = {cls: name for name, cls in _OP_TYPES.items()}
 # each op type's field names, in order: an op's fields are numbers and strings, so
@@ -122,6 +147,11 @@ def trace_bytes(trace: OpTrace) -> tuple[int, int]:
     up = sum(op.nbytes for op in trace if isinstance(op, Upload))
     down = sum(op.nbytes for op in trace if isinstance(op, Download))
     return up, down
+
+
+def handoff_bytes(trace: OpTrace) -> int:
+    """Bytes of client state moved over the backhaul by one op-trace (Handoff ops)."""
+    return sum(op.nbytes for op in trace if isinstance(op, Handoff))
 
 
 def trace_flops(trace: OpTrace) -> tuple[float, float]:

@@ -20,9 +20,10 @@ from typing import Any
 
 import numpy as np
 
+from mecsim.agents.algorithms import algorithm_classes
 from mecsim.emulation import faults
 from mecsim.emulation.energy import client_energy, round_energy
-from mecsim.emulation.ops import Compute, op_to_dict, trace_bytes, trace_flops
+from mecsim.emulation.ops import Compute, Handoff, op_to_dict, trace_bytes, trace_flops
 from mecsim.emulation.timing import emulate_round
 from mecsim.run.rows import timing_columns
 from mecsim.run.setup import MiB, RunSetup
@@ -63,6 +64,10 @@ def run_round(
     # the last round always evaluates; a server that drives its rounds is asked again
     plan_ahead = plan_next and not evaluates and not drives
     wall0 = time.perf_counter()
+    # a hierarchical algorithm whose clients move: its edge servers group the clients
+    # served at the round's start (known: it depends only on elapsed_s), and what each
+    # client that handed over had at its old edge server moves to the new one
+    handoffs = _associate(rs, rnd, elapsed_s) if rs.hierarchy_moves else {}
     selected, tasks = rs.executor.plan(rnd)
     rf = faults.draw_round(sc.faults, sc.seed, rnd, selected)
     # a client whose link is down all round cannot receive the model: it does not train
@@ -81,6 +86,9 @@ def run_round(
     for t in tasks:
         if t.client_id in rf.outage:
             traces[t.client_id] = faults.outage_trace(t.download_nbytes)
+    for cid, op in handoffs.items():  # first: the new edge server waits for the state
+        if cid in traces:
+            traces[cid] = (op, *traces[cid])
     traces = {cid: traces[cid] for cid in sorted(traces)}
     emulated = emulate_round(
         rs.network, sc.faults, rs.slowdown, rnd, selected, elapsed_s, rf.outage, rf.failed
@@ -181,6 +189,8 @@ def run_round(
             row["accuracy"], row["test_loss"] = evals[cid]
         if moved is not None:  # 1: this client changed edge server at the round's start
             row["handovers"] = int(moved[cid])
+        if rs.hierarchy_moves:  # the bytes of its state moved old -> new edge server
+            row["handover_bytes"] = handoffs[cid].nbytes if cid in handoffs else 0
         client_rows.append(row)
 
     def count(status: str) -> int:
@@ -224,6 +234,11 @@ def run_round(
         "host_aggregate_s": agg.wall_s,
         **agg.metrics,
         **({} if moved is None else {"handovers": int(moved.sum())}),
+        **(
+            {"handover_bytes": sum(op.nbytes for op in handoffs.values())}
+            if rs.hierarchy_moves
+            else {}
+        ),
         **follow_up,
         **{
             f"mean_{k}": _mean([e[k] for e in eval_extras.values()])
@@ -242,6 +257,29 @@ def run_round(
     # the whole round in this process, its records built (not yet written) included
     round_row["host_wall_s"] = time.perf_counter() - wall0
     return round_row, client_rows, trace_record
+
+
+def _associate(rs: RunSetup, rnd: int, elapsed_s: float) -> dict[int, Handoff]:
+    """Round ``rnd``'s association (clients that move, at its start ``elapsed_s``) given
+    to the executor before the round is planned; returns a Handoff op for each client
+    that changed edge server at this start: the state its old edge server kept for it
+    (``EdgeAlgorithm.handover_state_nbytes``), moved old -> central -> new edge server.
+    Every such client's state moves; only the selected ones' ops are timed (a client
+    not in the round waits for nothing)."""
+    sc = rs.info.scenario
+    moving = rs.network.moving
+    assert moving is not None
+    rc = rs.network.move_to(rnd, elapsed_s)
+    rs.executor.associate({cid: int(b) for cid, b in enumerate(rc.serving)})
+    before = moving.history[rnd - 1].serving if rnd > 0 else moving.cells.serving
+    edge = algorithm_classes(sc.algorithm.name)[0].Edge
+    assert edge is not None
+    params = edge.Params(**sc.algorithm.params)
+    samples = rs.info.extra["train_samples"]
+    return {
+        int(cid): Handoff(edge.handover_state_nbytes(params, int(samples[cid])), int(before[cid]))
+        for cid in np.flatnonzero(rc.handovers)
+    }
 
 
 def _follow_up_batches(

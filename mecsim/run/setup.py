@@ -49,6 +49,9 @@ class RunSetup:
     streams: bool = False
     # the server's own code drives the rounds (ServerAlgorithm.drives_rounds: a Flower app)
     drives_rounds: bool = False
+    # a hierarchical algorithm whose clients move (moving_hierarchy): each round's edge
+    # servers group the clients served at its start, and handovers carry Handoff ops
+    hierarchy_moves: bool = False
 
 
 def streams_aggregation(scenario: Scenario) -> bool:
@@ -78,27 +81,19 @@ def streams_aggregation(scenario: Scenario) -> bool:
     )
 
 
-def handover_refusal(scenario: Scenario) -> str | None:
-    """Why clients that move cannot run with this algorithm (None: they can).
-
-    A hierarchical algorithm (``ServerAlgorithm.Edge`` set: PHSFL, HSFL) keeps a model
-    and per-client state at each edge server, and the executors fix each edge server's
-    clients at the start (:class:`mecsim.run.backends.base.ClientMap`); a client that
-    hands over would have to take its state to its new edge server over the backhaul,
-    which is not built yet (docs/mobility.md, "Handover")."""
+def moving_hierarchy(scenario: Scenario) -> bool:
+    """Do the edge servers of a hierarchical algorithm (``ServerAlgorithm.Edge`` set:
+    PHSFL, HSFL) serve other clients from round to round? Yes when its clients move: each
+    round the run loop gives the executor the association at the round's start
+    (:meth:`~mecsim.run.backends.base.Executor.associate`), every edge server of the
+    topology has a process, and a client that changed edge server carries a
+    :class:`~mecsim.emulation.ops.Handoff` of what its old edge server kept for it
+    (docs/mobility.md, "Handover")."""
     g = scenario.geometry
     if g is None or not g.moves():
-        return None
+        return False
     server_cls, _ = algorithm_classes(scenario.algorithm.name)
-    if server_cls.Edge is None:
-        return None
-    return (
-        f"model {g.mobility.model}: clients that move hand over between edge servers, "
-        f"and algorithm {scenario.algorithm.name!r} is hierarchical (each edge server "
-        "keeps its clients' model and state, fixed at the start); moving that state "
-        "over the backhaul is not built yet: use model static, or a flat algorithm "
-        "(e.g. fedavg)"
-    )
+    return server_cls.Edge is not None
 
 
 def _step_cost(model: torch.nn.Module, in_shape, num_classes: int, train: TrainConfig):
@@ -132,9 +127,6 @@ def prepare(
     ray_address: str | None = None,
 ) -> RunSetup:
     """Load data, partition, build the model and network, start hosts and the server."""
-    refusal = handover_refusal(scenario)
-    if refusal is not None:
-        raise ScenarioInfeasible(f"geometry.mobility: {refusal}")
     seed = scenario.seed
     n = scenario.topology.clients
     data_rng = np.random.default_rng(np.random.SeedSequence([seed, 1]))
@@ -200,6 +192,9 @@ def prepare(
         plugins=registry.portable(),
         rounds=scenario.rounds,
     )
+    hierarchy_moves = moving_hierarchy(scenario)
+    if hierarchy_moves:  # every edge server a process: clients may come to any of them
+        server_kwargs["edge_server_ids"] = list(range(scenario.topology.edge_servers))
     backend = backend or scenario.execution.backend
     executor: Executor
     if backend == "ray":
@@ -262,6 +257,7 @@ def prepare(
         slowdown,
         streams_aggregation(scenario),
         algorithm_classes(scenario.algorithm.name)[0].drives_rounds,
+        hierarchy_moves,
     )
 
 

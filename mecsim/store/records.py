@@ -111,14 +111,16 @@ class RecordsWriter(RunObserver):
 
         sc = info.scenario
         server_cls, _ = algorithm_classes(sc.algorithm.name)
+        # a hierarchical algorithm whose clients move: the client state moved at handovers
+        moved = ["handover_bytes"] if server_cls.Edge is not None and round_record_keys(sc) else []
         self.rounds = _AppendCsv(
             self.out_dir / "rounds.csv",
-            ROUND_COLUMNS + list(server_cls.round_metrics) + list(round_record_keys(sc)),
+            ROUND_COLUMNS + list(server_cls.round_metrics) + list(round_record_keys(sc)) + moved,
             append,
         )
         self.clients = _AppendCsv(
             self.out_dir / "clients.csv",
-            CLIENT_COLUMNS + list(client_record_keys(sc)),
+            CLIENT_COLUMNS + list(client_record_keys(sc)) + moved,
             append,
         )
         self.traces = (

@@ -9,6 +9,7 @@ same model faster and are tested against this one.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from collections.abc import Callable, Generator, Mapping, Sequence
@@ -31,6 +32,7 @@ from mecsim.emulation.ops import (
     Barrier,
     Compute,
     Download,
+    Handoff,
     OpTrace,
     ServerCompute,
     Upload,
@@ -276,7 +278,26 @@ _KIND: dict[type, str] = {
     ServerCompute: "server",
     Backhaul: "backhaul",
     Barrier: "barrier",
+    Handoff: "backhaul",
 }
+
+
+def handoff_s(op: Handoff, servers: Sequence[ServerSpec], to_edge_server: int) -> float:
+    """Seconds of a :class:`~mecsim.emulation.ops.Handoff`: the client's state up the old
+    edge server's backhaul to the central server, then down the new one's, one hop after
+    the other, each ``latency_s + 8 * nbytes / bandwidth_bps`` (as an EdgeBackhaul
+    transfer; no bytes: the latencies alone)."""
+    total_s = 0.0
+    for es in (op.from_edge_server, to_edge_server):
+        if not 0 <= es < len(servers):
+            raise ValueError(
+                f"Handoff between edge servers {op.from_edge_server} and "
+                f"{to_edge_server}: no edge server {es}"
+            )
+        spec = servers[es]
+        bw = spec.backhaul_bps
+        total_s += spec.backhaul_latency_s + (8.0 * op.nbytes / bw if op.nbytes > 0 else 0.0)
+    return total_s
 
 
 class _Client:
@@ -293,8 +314,10 @@ class _Client:
         server: EdgeServerCPU | None,
         backhaul: EdgeBackhaul | None = None,
         barrier: RoundBarrier | None = None,
+        handoff: Callable[[Handoff], float] | None = None,
     ) -> None:
         self.env, self.cid, self.trace = env, cid, trace
+        self.handoff = handoff
         self.down, self.up, self.device, self.server = down, up, device, server
         self.backhaul, self.barrier = backhaul, barrier
         self.spent_s = dict.fromkeys(_KIND.values(), 0.0)
@@ -315,6 +338,9 @@ class _Client:
                 yield from self.backhaul.transfer(k_backhaul, op.nbytes)
                 t0_s = self.backhaul.start_s[k_backhaul]  # waiting for peers is not transfer
                 k_backhaul += 1
+            elif isinstance(op, Handoff):
+                assert self.handoff is not None  # _simulate gives every client one
+                yield self.env.timeout(self.handoff(op))
             elif isinstance(op, Download):
                 yield from self.down.transfer(8 * op.nbytes)
             elif isinstance(op, Upload):
@@ -399,6 +425,7 @@ def _simulate(
             server,
             backhauls.get(es),
             barrier,
+            functools.partial(handoff_s, servers=servers, to_edge_server=es),
         )
         procs.append(client)
         env.process(client.run())

@@ -81,6 +81,11 @@ class Executor(Protocol):
         """The round's selected clients and their tasks (planned by the central server,
         filled in by the edge servers of a hierarchical algorithm)."""
 
+    def associate(self, edge_server_of: dict[int, int]) -> None:
+        """The round's serving edge server of every client, before :meth:`plan` (a
+        hierarchical algorithm whose clients move: its edge servers group the round's
+        clients by where they are at its start)."""
+
     def plan_ahead(self, rnd: int) -> None:
         """The next server call will be :meth:`plan` of round ``rnd``: an executor may plan
         it now, overlapping the caller's work (nothing else may reach the server first)."""
@@ -132,6 +137,8 @@ def edge_ids(server_kwargs: dict[str, Any]) -> list[int]:
     server_cls, _ = algorithm_classes(server_kwargs["algorithm"])
     if server_cls.Edge is None:
         return []
+    if server_kwargs.get("edge_server_ids") is not None:  # clients move: every one
+        return [int(b) for b in server_kwargs["edge_server_ids"]]
     serves = server_kwargs.get("edge_server_of") or {}
     return sorted(set(serves.values())) or [0]
 
@@ -156,6 +163,14 @@ class ClientMap:
             cid: math.ceil(n / t.batch_size) * t.epochs + 1
             for cid, n in (server_kwargs.get("client_samples") or {}).items()
         }
+
+    def associate(self, edge_server_of: dict[int, int]) -> None:
+        """The round's serving edge servers (clients that move): :meth:`by_edge` groups
+        by them from now on."""
+        unknown = sorted({b for b in edge_server_of.values() if b not in self.edge_ids})
+        if self.edge_ids and unknown:
+            raise ValueError(f"edge server(s) {unknown} serve clients but have no process")
+        self.edge_of.update({int(c): int(b) for c, b in edge_server_of.items()})
 
     def by_host(self, tasks: list[ClientTask]) -> dict[int, list[ClientTask]]:
         grouped: dict[int, list[ClientTask]] = defaultdict(list)

@@ -80,6 +80,11 @@ class LocalExecutor:
         for host, hs in zip(self.hosts, self.clients.host_states(st), strict=True):
             host.load_state_dict(hs)
 
+    def associate(self, edge_server_of: dict[int, int]) -> None:
+        """See :meth:`~mecsim.run.backends.base.Executor.associate`."""
+        self.clients.associate(edge_server_of)
+        self.server.associate(edge_server_of)
+
     def plan_ahead(self, rnd: int) -> None:
         """Say that the next call to the servers will be :meth:`plan` of round ``rnd``
         (no evaluation, checkpoint or other server call comes first): under Ray the

@@ -247,6 +247,13 @@ class RayExecutor:
         self._kill_all()
         self._start()
 
+    def associate(self, edge_server_of: dict[int, int]) -> None:
+        """See :meth:`~mecsim.run.backends.base.Executor.associate` (the central-server
+        actor runs its calls in order: this one before the round's plan)."""
+        self._no_plan_ahead("an association")
+        self.clients.associate(edge_server_of)
+        self._get(self.server.associate.remote(edge_server_of))
+
     def plan_ahead(self, rnd: int) -> None:
         """A flat algorithm's plan of round ``rnd`` is asked for now (see
         :meth:`~mecsim.run.backends.base.Executor.plan_ahead`): the server actor, which runs
