@@ -19,7 +19,7 @@ from mecsim.emulation.engine.specs import (
     ClientSpec,
     ClientTimeline,
     NetworkSpec,
-    RateSchedule,
+    TimeVaryingRate,
     _timelines,
 )
 from mecsim.emulation.ops import (
@@ -148,8 +148,8 @@ def _closed_form_arrays(
     for cid, spec in zip(ids, specs, strict=True):
         if spec.client_id != cid:
             raise ValueError(f"clients[{cid}] has client_id {spec.client_id}")
-        if isinstance(spec.uplink_rate_bps, RateSchedule) or isinstance(
-            spec.downlink_rate_bps, RateSchedule
+        if isinstance(spec.uplink_rate_bps, TimeVaryingRate) or isinstance(
+            spec.downlink_rate_bps, TimeVaryingRate
         ):
             return None
     plan = plan_traces(traces)

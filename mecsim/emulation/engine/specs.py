@@ -15,8 +15,29 @@ from dataclasses import dataclass
 import numpy as np
 
 
+class TimeVaryingRate:
+    """A dedicated link whose rate changes during the round: what the engines accept in
+    place of a constant rate (b/s) on a dedicated link. They ask only how long a
+    transfer takes, :meth:`transfer_time_s`; a shared medium refuses one.
+
+    :class:`RateSchedule` (a rate trace) and
+    :class:`~mecsim.emulation.moving_rate.MovingRate` (a client that moves) are the two."""
+
+    __slots__ = ()
+
+    def transfer_time_s(self, nbits: float, start_s: float) -> float:
+        """Seconds to move ``nbits`` bits starting at ``start_s`` (emulated seconds
+        since the round started); inf if never done."""
+        raise NotImplementedError
+
+    def with_outages(self, cuts: list[tuple[float, float]]) -> TimeVaryingRate:
+        """The same link at 0 b/s during each interval [a, b) of ``cuts`` (s since the
+        round started, sorted): :func:`mecsim.emulation.faults.with_outages`."""
+        raise NotImplementedError
+
+
 @dataclass(frozen=True)
-class RateSchedule:
+class RateSchedule(TimeVaryingRate):
     """Piecewise-constant rate: ``rates_bps[k]`` holds from ``times_s[k]`` to ``times_s[k+1]``.
 
     Times are emulated seconds since the round started; the last rate holds forever.
@@ -51,7 +72,7 @@ class RateSchedule:
         return math.inf
 
 
-Rate = float | RateSchedule  # bits per second
+Rate = float | TimeVaryingRate  # bits per second
 
 
 @dataclass(frozen=True)
