@@ -200,6 +200,11 @@ def test_hierarchical_algorithms_refuse_clients_that_move_before_the_start(tmp_p
     with pytest.raises(ScenarioInfeasible, match="geometry.mobility: model random_walk"):
         prepare(sc, "r", tmp_path)
     problems = find_problems(sc).problems
+    # PHSFL's personalised downloads share the downlink, where a moving client's rate
+    # cannot follow it (rate: step, the default): refused too, naming the field
+    assert [p.field for p in problems] == ["geometry.mobility", "geometry.mobility.rate"], problems
+    data["geometry"]["mobility"] = {"model": "random_walk", "rate": "round"}
+    problems = find_problems(scenario_from_dict(data, "x")).problems
     assert [p.field for p in problems] == ["geometry.mobility"], problems
     data["geometry"]["mobility"] = {"model": "static"}
     assert handover_refusal(scenario_from_dict(data, "x")) is None
@@ -350,6 +355,9 @@ def test_a_resumed_moving_run_continues_the_a3_timers(tmp_path):
     data = check_scenario_data("fedavg")
     data.update(rounds=4, topology={"clients": 2, "edge_servers": 2})
     data["geometry"] = _geometry(path, ttt_s=1.0)
+    # rates frozen at each round's start: under rate: step the client, 600 m from its
+    # serving site within 1.5 s, would make round 0 last minutes (the timers are the point)
+    data["geometry"]["mobility"]["rate"] = "round"
     sc = scenario_from_dict(data, "x")
     full = tmp_path / "full" / "r"
     run_in_folder(sc, full)

@@ -157,10 +157,10 @@ class MovingRate(TimeVaryingRate):
                     r_part = float(links.goodput_bps(self.j, np.array([(a + end) / 2.0]))[0])
                     end = a + rest / r_part if r_part > 0 else math.inf
                 if end > limit:
-                    return math.inf, sent + self._bits_until(t, limit, starts, ends, rates)
+                    return math.inf, sent + self._bits_until(limit, starts, ends, rates)
                 return end - a0, math.nan
             if float(ends[-1]) > limit:
-                return math.inf, sent + self._bits_until(t, limit, starts, ends, rates)
+                return math.inf, sent + self._bits_until(limit, starts, ends, rates)
             left -= float(cum[-1])
             sent += float(cum[-1])
             t = float(ends[-1])
@@ -168,14 +168,20 @@ class MovingRate(TimeVaryingRate):
             batch *= 4
         return math.inf, sent
 
-    @staticmethod
     def _bits_until(
-        t: float, limit: float, starts: np.ndarray, ends: np.ndarray, rates: np.ndarray
+        self, limit: float, starts: np.ndarray, ends: np.ndarray, rates: np.ndarray
     ) -> float:
-        """Bits moved from ``t`` to ``limit`` over these pieces (the rate of each whole
-        piece; the piece ``limit`` falls in only up to it)."""
-        cut_ends = np.minimum(ends, limit)
-        return float(np.sum(rates * np.maximum(cut_ends - starts, 0.0)))
+        """Bits moved by ``limit`` (absolute s) over these pieces: each whole piece at its
+        rate; the piece ``limit`` falls in up to it, at the midpoint of the part used
+        (as mid* takes the last piece of a transfer)."""
+        whole = ends <= limit
+        bits = float(np.sum(rates[whole] * (ends[whole] - starts[whole])))
+        part = (starts < limit) & ~whole
+        if part.any():
+            a = float(starts[part][0])
+            r = float(self.links.goodput_bps(self.j, np.array([(a + limit) / 2.0]))[0])
+            bits += r * (limit - a)
+        return bits
 
     def transfer_time_s(self, nbits: float, start_s: float) -> float:
         """Seconds to move ``nbits`` bits from ``start_s`` (s since the round started),
