@@ -202,15 +202,12 @@ class _Group:
             # one group's links are all constant or all schedules (media_timelines' key)
             rate = np.array([float(r) for r in cast("list[float]", rates)])
             return np.where(nbits > 0, np.where(rate > 0, nbits / rate, _INF), 0.0)
-        now = self.now_s.tolist()
-        return np.array(
-            [
-                r.transfer_time_s(b, t) if b > 0 else 0.0
-                for r, b, t in zip(
-                    cast("list[TimeVaryingRate]", rates), nbits.tolist(), now, strict=True
-                )
-            ]
-        )
+        links = cast("list[TimeVaryingRate]", rates)
+        kind = type(links[0])
+        if any(type(r) is not kind for r in links):
+            kind = TimeVaryingRate  # one by one
+        # a moving client's links are timed all at once (MovingRate.transfer_times_s)
+        return kind.transfer_times_s(links, nbits.tolist(), self.now_s.tolist())
 
     def _step(self, delay_s: np.ndarray, kind: int) -> None:
         blocked = np.isinf(delay_s) & ~self.stuck

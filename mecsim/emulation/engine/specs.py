@@ -10,6 +10,7 @@ import dataclasses
 import itertools
 import math
 from bisect import bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,6 +30,23 @@ class TimeVaryingRate:
         """Seconds to move ``nbits`` bits starting at ``start_s`` (emulated seconds
         since the round started); inf if never done."""
         raise NotImplementedError
+
+    @classmethod
+    def transfer_times_s(
+        cls,
+        rates: Sequence[TimeVaryingRate],
+        nbits: Sequence[float],
+        starts_s: Sequence[float],
+    ) -> np.ndarray:
+        """:meth:`transfer_time_s` of many links (0.0 for ``nbits <= 0``), one by one; a
+        subclass may time them at once (the same numbers)."""
+        return np.array(
+            [
+                r.transfer_time_s(b, t) if b > 0 else 0.0
+                for r, b, t in zip(rates, nbits, starts_s, strict=True)
+            ],
+            dtype=float,
+        )
 
     def with_outages(self, cuts: list[tuple[float, float]]) -> TimeVaryingRate:
         """The same link at 0 b/s during each interval [a, b) of ``cuts`` (s since the
