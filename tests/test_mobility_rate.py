@@ -17,7 +17,7 @@ import pytest
 from conftest import tiny
 
 from mecsim.analysis.replay import load_run, replay
-from mecsim.emulation.engine import time_round
+from mecsim.emulation.engine import ClientSpec, NetworkSpec, ServerSpec, time_round
 from mecsim.emulation.faults import with_outages
 from mecsim.emulation.handover import ClientPositions
 from mecsim.emulation.mobility import Area
@@ -282,6 +282,67 @@ def test_every_engine_times_moving_rates_as_the_simpy_model_does(method):
     ref = time_round(traces, specs, servers, network, 0.01, method="simpy")
     assert time_round(traces, specs, servers, network, 0.01, method=method) == ref
     assert ref.round_time_s > 0 and all(c.completed for c in ref.clients)
+
+
+def test_every_engine_agrees_on_transfers_spanning_many_pieces():
+    """30 cars, transfers of 0.1-40 MB: some end in the first batch of 8 pieces, some
+    several batches later; the media engine's links timed together equal SimPy's alone."""
+    sc = _moving_scenario()
+    sc = sc.model_copy(update={"topology": sc.topology.model_copy(update={"clients": 30})})
+    net = NetworkModel(sc, device_profiles(sc))
+    sel = list(range(30))
+    net.links(0, sel, 0.0)
+    specs, servers, network, _ = net.round(1, sel, 4.0, records=False)
+    sizes = np.geomspace(1e5, 4e7, 30).astype(int).tolist()
+    traces = {c: (Download(sizes[c] // 4), Compute(1e9, 5), Upload(sizes[c])) for c in sel}
+    ref = time_round(traces, specs, servers, network, method="simpy")
+    for method in ("events", "media"):
+        assert time_round(traces, specs, servers, network, method=method) == ref, method
+    uploads = sorted(c.upload_s for c in ref.clients)
+    assert uploads[0] < 1.0 and uploads[-1] > 40.0, uploads  # 1 piece ... > 4 batches
+
+
+def test_positions_of_one_client_are_those_of_everyone_at_that_time():
+    sc = _moving_scenario()
+    net = NetworkModel(sc, device_profiles(sc))
+    positions = net.moving.positions
+    times = np.array([0.25, 3.0, 77.7, 400.2])  # past the first block of 64 grid points
+    for c in (0, 4):
+        one = positions.client_at(c, times)
+        assert one.tolist() == [positions.at(float(t))[c].tolist() for t in times]
+
+
+def test_a_moving_clients_radio_energy_is_its_transfers_duration():
+    """Air time of a moving link = the transfer's elapsed time minus its latency (the
+    rate changes during it: no single air rate), P_tx × that."""
+    from mecsim.emulation.devices import all_profiles
+    from mecsim.emulation.energy import client_energy
+
+    sc = _moving_scenario()
+    net = NetworkModel(sc, device_profiles(sc))
+    net.links(0, [0], 0.0)
+    specs, *_ = net.round(1, [0], 3.0, records=False)
+    spec = specs[0]
+    trace = (Download(100_000), Compute(1e9, 5), Upload(2_000_000))
+    timing = time_round({0: trace}, specs, [ServerSpec(1e9)], NetworkSpec(), method="simpy")
+    tl = timing.clients[0]
+    up_s = spec.uplink_rate_bps.transfer_time_s(16e6, tl.download_s + tl.compute_s)
+    assert tl.upload_s == pytest.approx(up_s + spec.uplink_latency_s, rel=1e-12)
+    profile = all_profiles()["rpi4"]
+    nan2 = (math.nan, math.nan)
+    e = client_energy(profile, tl, trace, spec, tl.finish_s, idle_policy="idle", air_rates_bps=nan2)
+    e_const = client_energy(
+        profile,
+        tl,
+        trace,
+        ClientSpec(0, 1e6, 1e6, 0.0, 1e9),
+        tl.finish_s,
+        idle_policy="idle",
+        air_rates_bps=(16e6 / up_s, 8e5 / (tl.download_s - spec.downlink_latency_s)),
+    )
+    # the same radio energy as a constant link at the transfer's mean goodput
+    assert e["energy_radio_j"] == pytest.approx(e_const["energy_radio_j"], rel=1e-12)
+    assert e["energy_radio_j"] > 0
 
 
 def test_a_shared_medium_with_moving_rates_is_refused_naming_the_field():
