@@ -17,7 +17,15 @@ import pytest
 from conftest import tiny
 
 from mecsim.analysis.replay import load_run, replay
-from mecsim.emulation.engine import ClientSpec, NetworkSpec, ServerSpec, time_round
+from mecsim.emulation.engine import (
+    ClientSpec,
+    NetworkSpec,
+    ServerSpec,
+    engine_path,
+    plan_traces,
+    time_round,
+    time_round_columns,
+)
 from mecsim.emulation.faults import with_outages
 from mecsim.emulation.handover import ClientPositions
 from mecsim.emulation.mobility import Area
@@ -248,7 +256,9 @@ def test_rate_step_gives_moving_rates_that_start_at_the_rounds_rate_and_round_ke
     links = step.links(1, sel, 7.5)
     specs, *_ = step.round(1, sel, 7.5, records=False)
     assert all(isinstance(specs[c].uplink_rate_bps, MovingRate) for c in sel)
-    assert step.columns(links, sel) is None  # the object path times them
+    cols = step.columns(links, sel)  # the links time the transfers, all at once
+    assert cols.uplink_moving[0] is step.moving_links[0]
+    assert cols.uplink_moving[1].tolist() == [0, 1, 2, 3]
     up, down = step.moving_links
     # at the round's start, the round's own goodputs (one rounding apart)
     at_start = [up.goodput_bps(j, np.array([7.5]))[0] for j in range(len(sel))]
@@ -268,7 +278,7 @@ def test_rate_step_gives_moving_rates_that_start_at_the_rounds_rate_and_round_ke
     assert links_r.uplink_goodput_bps.tolist() == links.uplink_goodput_bps.tolist()
 
 
-@pytest.mark.parametrize("method", ["events", "media", "auto"])
+@pytest.mark.parametrize("method", ["closed_form", "events", "media", "auto"])
 def test_every_engine_times_moving_rates_as_the_simpy_model_does(method):
     sc = _moving_scenario()
     net = NetworkModel(sc, device_profiles(sc))
@@ -296,8 +306,13 @@ def test_every_engine_agrees_on_transfers_spanning_many_pieces():
     sizes = np.geomspace(1e5, 4e7, 30).astype(int).tolist()
     traces = {c: (Download(sizes[c] // 4), Compute(1e9, 5), Upload(sizes[c])) for c in sel}
     ref = time_round(traces, specs, servers, network, method="simpy")
-    for method in ("events", "media"):
+    for method in ("closed_form", "events", "media"):
         assert time_round(traces, specs, servers, network, method=method) == ref, method
+    assert engine_path(traces, specs, servers, network) == "closed_form"
+    # as columns (what replays and sweeps time): the same numbers
+    links = net.links(1, sel, 4.0)
+    cols = time_round_columns(plan_traces(traces), net.columns(links, sel), network)
+    assert cols.timing() == ref
     uploads = sorted(c.upload_s for c in ref.clients)
     assert uploads[0] < 1.0 and uploads[-1] > 40.0, uploads  # 1 piece ... > 4 batches
 

@@ -179,6 +179,11 @@ class MovingRate(TimeVaryingRate):
             return first.links.transfer_times_s(js, np.asarray(nbits), np.asarray(starts_s))
         return super().transfer_times_s(rates, nbits, starts_s)
 
+    def batch_link(self) -> tuple[MovingLinks, int] | None:
+        """(its links, its index) without outages: the closed form times a round's
+        moving links at once (:meth:`MovingLinks.transfer_times_s`)."""
+        return None if self.outages else (self.links, self.j)
+
     def with_outages(self, cuts: Sequence[tuple[float, float]]) -> MovingRate:
         """The same link, down (0 b/s) during each interval [a, b) of ``cuts`` too."""
         merged = sorted((*self.outages, *cuts))

@@ -551,10 +551,16 @@ class NetworkModel:
 
     def columns(self, links: RoundLinks, selected: list[int]) -> ClientColumns | None:
         """The selected clients' specs as columns (what :meth:`round` puts in each
-        ClientSpec, without the objects), or None when the links are rate schedules."""
-        if isinstance(self.channel, TraceChannel) or self.moving_links is not None:
+        ClientSpec, without the objects; moving clients' links as their MovingLinks), or
+        None when the links are rate schedules."""
+        if isinstance(self.channel, TraceChannel):
             return None
+        moving = self.moving_links
+        if moving is not None and (self.network.uplink_shared or self.network.downlink_shared):
+            return None  # refused: a shared medium needs constant rates (the SimPy model says so)
         at = np.asarray(selected, dtype=np.int64)
+        # moving clients (rate: step): their links time the transfers, all at once
+        rows = np.arange(len(selected), dtype=np.int64)
         return ClientColumns(
             links.downlink_goodput_bps,
             links.uplink_goodput_bps,
@@ -564,6 +570,8 @@ class NetworkModel:
             self.flops_per_s[at],
             links.downlink_max_share,
             links.uplink_max_share,
+            downlink_moving=None if moving is None else (moving[1], rows),
+            uplink_moving=None if moving is None else (moving[0], rows),
         )
 
     def round(

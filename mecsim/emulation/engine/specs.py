@@ -12,6 +12,7 @@ import math
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -47,6 +48,12 @@ class TimeVaryingRate:
             ],
             dtype=float,
         )
+
+    def batch_link(self) -> tuple[Any, int] | None:
+        """``(links, j)`` when this link can be timed together with the other links of
+        ``links`` (``links.transfer_times_s(j, nbits, start_s)``, numpy over links: the
+        closed form does), else None (one by one)."""
+        return None
 
     def with_outages(self, cuts: list[tuple[float, float]]) -> TimeVaryingRate:
         """The same link at 0 b/s during each interval [a, b) of ``cuts`` (s since the
