@@ -317,6 +317,28 @@ def test_every_engine_agrees_on_transfers_spanning_many_pieces():
     assert uploads[0] < 1.0 and uploads[-1] > 40.0, uploads  # 1 piece ... > 4 batches
 
 
+def test_a_link_timed_alone_is_the_link_timed_with_the_others():
+    """What makes the engines agree to the bit: the SimPy model asks one link at a
+    time (MovingRate.transfer_time_s), the closed form all at once."""
+    sc = _moving_scenario()
+    sc = sc.model_copy(update={"topology": sc.topology.model_copy(update={"clients": 30})})
+    net = NetworkModel(sc, device_profiles(sc))
+    sel = list(range(30))
+    net.links(0, sel, 0.0)
+    specs, *_ = net.round(1, sel, 4.0, records=False)
+    rng = np.random.default_rng(5)
+    bits = 8 * np.geomspace(1e4, 4e7, 30) * rng.uniform(0.5, 1.5, 30)
+    starts = rng.uniform(0.0, 20.0, 30)
+    up = net.moving_links[0]
+    together = up.transfer_times_s(np.arange(30), bits, starts)
+    alone = [
+        specs[c].uplink_rate_bps.transfer_time_s(b, t)
+        for c, b, t in zip(sel, bits, starts, strict=True)
+    ]
+    assert together.tolist() == alone
+    assert len(set(np.round(together, 3))) == 30 and together.max() > 40  # several batches
+
+
 def test_positions_of_one_client_are_those_of_everyone_at_that_time():
     sc = _moving_scenario()
     net = NetworkModel(sc, device_profiles(sc))

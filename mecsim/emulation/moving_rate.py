@@ -263,6 +263,8 @@ class MovingRate(TimeVaryingRate):
         or not through :data:`MAX_TRANSFER_STEPS` steps after it started)."""
         if nbits <= 0:
             return 0.0
+        if not self.outages:  # the links' number itself (the closed form's, to the bit)
+            return self._run_s(nbits, start_s)[0]
         t, left = start_s, float(nbits)
         for a, b in self.outages:
             if b <= t:
