@@ -44,7 +44,7 @@ from mecsim.emulation.network import (
 )
 from mecsim.interfaces.metrics import MetricsExporter
 from mecsim.run.preflight import find_problems
-from mecsim.run.setup import moving_hierarchy
+from mecsim.run.setup import ScenarioInfeasible, moving_hierarchy, prepare
 from mecsim.scenario import scenario_from_dict
 from mecsim.scenario.overrides import OverrideError, apply_overrides, is_timing_path
 from mecsim.store.reader import read_csv_exact
@@ -201,7 +201,15 @@ def test_hierarchical_algorithms_run_with_clients_that_move(tmp_path):
     }
     sc = scenario_from_dict(data, "x")
     assert moving_hierarchy(sc)
-    assert find_problems(sc).problems == []
+    # PHSFL's personalised downloads share the downlink, where a moving client's rate
+    # cannot follow it (rate: step, the default): refused, naming the field; with
+    # rate: round (each rate frozen at the round's start) it runs
+    problems = find_problems(sc).problems
+    assert [p.field for p in problems] == ["geometry.mobility.rate"], problems
+    with pytest.raises(ScenarioInfeasible, match="geometry.mobility.rate: rate: step"):
+        prepare(sc, "r", tmp_path)
+    data["geometry"]["mobility"] = {"model": "random_walk", "rate": "round"}
+    assert find_problems(scenario_from_dict(data, "x")).problems == []
     data["geometry"]["mobility"] = {"model": "static"}
     assert not moving_hierarchy(scenario_from_dict(data, "x"))
     data["algorithm"] = {"name": "fedavg", "params": {}}
@@ -406,6 +414,9 @@ def test_a_resumed_moving_run_continues_the_a3_timers(tmp_path):
     data = check_scenario_data("fedavg")
     data.update(rounds=4, topology={"clients": 2, "edge_servers": 2})
     data["geometry"] = _geometry(path, ttt_s=1.0)
+    # rates frozen at each round's start: under rate: step the client, 600 m from its
+    # serving site within 1.5 s, would make round 0 last minutes (the timers are the point)
+    data["geometry"]["mobility"]["rate"] = "round"
     sc = scenario_from_dict(data, "x")
     full = tmp_path / "full" / "r"
     run_in_folder(sc, full)

@@ -66,7 +66,13 @@ def _scenario(tmp_path, rounds: int = 4, backend: str = "local", algorithm: str 
         "area": {"width_m": 1000, "height_m": 200},
         "sites": {"layout": "explicit", "positions_m": [[200, 100], [800, 100]]},
         "association": {"rule": "nearest", "hysteresis_m": 20, "time_to_trigger_s": 0},
-        "mobility": {"model": "trace", "trace": {"format": "ns2", "path": str(trace)}},
+        # rate: round: PHSFL's personalised downloads share the downlink, where a moving
+        # client's rate is frozen at the round's start (rate: step is refused there)
+        "mobility": {
+            "model": "trace",
+            "trace": {"format": "ns2", "path": str(trace)},
+            "rate": "round",
+        },
     }
     return scenario_from_dict(data, "walk")
 

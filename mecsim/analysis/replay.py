@@ -50,9 +50,9 @@ from mecsim.channel import TraceChannel
 from mecsim.emulation import faults
 from mecsim.emulation.energy import round_energy_arrays, transfer_arrays
 from mecsim.emulation.engine import (
-    RateSchedule,
     RoundColumns,
     RoundTiming,
+    TimeVaryingRate,
     TracePlan,
     plan_traces,
     time_round_columns,
@@ -437,7 +437,7 @@ def _links(specs, selected: list[int], air_rates: np.ndarray) -> tuple[np.ndarra
     down: its 0; a working constant link: its air rate, ``air_rates``)."""
 
     def rate(r, air: float) -> float:
-        if isinstance(r, RateSchedule):
+        if isinstance(r, TimeVaryingRate):
             return float("nan")
         return float(r) if r <= 0 else float(air)
 

@@ -57,7 +57,7 @@ from typing import Any, Literal
 import numpy as np
 
 from mecsim.emulation.devices import DeviceProfile
-from mecsim.emulation.engine import ClientSpec, ClientTimeline, RateSchedule
+from mecsim.emulation.engine import ClientSpec, ClientTimeline, TimeVaryingRate
 from mecsim.emulation.ops import Download, OpTrace, Upload
 
 #: Energy columns of clients.* and rounds.* (joules; rounds: summed over selected clients).
@@ -120,7 +120,7 @@ def air_rate_bps(goodput_bps: Any, rate_bps: Any, loss_rate: float) -> Any:
 def _air_time_s(
     trace: OpTrace,
     op_type: type[Download] | type[Upload],
-    rate: float | RateSchedule,
+    rate: float | TimeVaryingRate,
     latency_s: float,
     elapsed_s: float,
     air_rate: float | None,
@@ -128,7 +128,7 @@ def _air_time_s(
     ops = [op for op in trace if isinstance(op, op_type) and op.nbytes > 0]
     if not ops:
         return 0.0
-    if isinstance(rate, RateSchedule):  # dedicated link: elapsed = bits at the schedule + L
+    if isinstance(rate, TimeVaryingRate):  # dedicated link: elapsed = bits at the schedule + L
         return max(0.0, elapsed_s - len(ops) * latency_s) if math.isfinite(elapsed_s) else 0.0
     if rate <= 0:
         return 0.0  # the link is down: nothing goes over the air

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mecsim.emulation.engine import ClientSpec, RateSchedule
+from mecsim.emulation.engine import ClientSpec, RateSchedule, TimeVaryingRate
 from mecsim.emulation.ops import Compute, Download, Op, OpTrace, Upload
 
 if TYPE_CHECKING:
@@ -139,12 +139,14 @@ def _down_intervals(
 
 
 def with_outages(
-    rate: float | RateSchedule, intervals: Iterable[tuple[float, float]]
-) -> float | RateSchedule:
+    rate: float | TimeVaryingRate, intervals: Iterable[tuple[float, float]]
+) -> float | TimeVaryingRate:
     """``rate`` (b/s, or a schedule from t=0) with 0 b/s during each interval [a, b)."""
     cuts = sorted((max(a, 0.0), b) for a, b in intervals if b > max(a, 0.0))
     if not cuts:
         return rate
+    if isinstance(rate, TimeVaryingRate) and not isinstance(rate, RateSchedule):
+        return rate.with_outages(cuts)  # a moving client's link: it integrates around them
     sched = rate if isinstance(rate, RateSchedule) else RateSchedule((0.0,), (float(rate),))
     times = set(sched.times_s) | {t for ab in cuts for t in ab if math.isfinite(t)}
     out_t: list[float]

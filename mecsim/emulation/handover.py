@@ -35,6 +35,7 @@ from mecsim.channel.pathloss import LargeScaleDraw
 from mecsim.emulation.geometry import StaticCells, a3_handover, distances_m, link_metric
 from mecsim.emulation.mobility import Area, Trajectory, build_model, check_trace
 from mecsim.emulation.mobility.traces import NodeTrack, TraceError, TraceWarning
+from mecsim.emulation.mobility.trajectory import _GRID_TOLERANCE
 from mecsim.scenario import GeometryConfig
 from mecsim.scenario.mobility import MobilityConfig
 
@@ -131,6 +132,40 @@ class ClientPositions:
         need = int(math.floor(t_s / self.step_s)) + 2
         self._extend(GRID_BLOCK * math.ceil(need / GRID_BLOCK))
         out: np.ndarray = Trajectory(self._grid[:, : self._filled], self.step_s).position_at(t_s)
+        return out
+
+    def client_at(self, client: int, times_s: np.ndarray) -> np.ndarray:
+        """One client's positions (m, float64 ``(m, 2)``) at the emulated times
+        ``times_s``: :meth:`clients_at` of that client."""
+        t = np.asarray(times_s, dtype=np.float64)
+        return self.clients_at(np.full(t.shape, client, dtype=np.int64), t)
+
+    def clients_at(self, clients: np.ndarray, times_s: np.ndarray) -> np.ndarray:
+        """Positions (m, float64, ``times_s.shape + (2,)``) of client ``clients[...]``
+        at emulated time ``times_s[...]`` (each >= 0; the two arrays broadcast): the
+        numbers :meth:`at` gives (linear between grid points), without interpolating
+        every client (a moving client's rate during a round asks for its own positions,
+        piece by piece: :mod:`mecsim.emulation.moving_rate`). The grid is extended as far
+        as the latest time needs."""
+        t = np.asarray(times_s, dtype=np.float64)
+        c = np.broadcast_to(np.asarray(clients, dtype=np.int64), t.shape)
+        if t.size == 0:
+            return np.empty((*t.shape, 2))
+        t_max = float(t.max())
+        if not (math.isfinite(t_max) and float(t.min()) >= 0):
+            raise ValueError(f"times_s must be finite and >= 0 (s), got {t_max!r}")
+        self._check_trace_end(t_max)
+        need = int(math.floor(t_max / self.step_s)) + 2
+        self._extend(GRID_BLOCK * math.ceil(need / GRID_BLOCK))
+        # Trajectory.position_at, element by element
+        last = self._filled - 1
+        x = t / self.step_s
+        held = x >= last - _GRID_TOLERANCE
+        k = np.where(held, last, np.floor(x)).astype(np.int64)
+        w = np.where(held, 0.0, x - k)
+        p = self._grid[c, k].astype(np.float64)
+        nxt = self._grid[c, np.minimum(k + 1, last)].astype(np.float64)
+        out: np.ndarray = p + w[..., None] * (nxt - p)
         return out
 
 

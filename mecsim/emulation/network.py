@@ -29,7 +29,7 @@ import mecsim.registry as registry
 from mecsim.channel import FixedRateChannel, ShannonChannel, Tr38901PathLoss, TraceChannel
 from mecsim.channel.pathloss import RECORD_KEYS as PATH_LOSS_RECORD_KEYS
 from mecsim.channel.transport import jittered_latency_s, mathis_goodput_bps
-from mecsim.channel.units import dbm_to_w
+from mecsim.channel.units import db_to_linear, dbm_to_w
 from mecsim.channel.wireless import RECORD_KEYS, RoundChannel
 from mecsim.emulation.devices import DeviceProfile, all_profiles
 from mecsim.emulation.energy import air_rate_bps, power_array
@@ -39,10 +39,12 @@ from mecsim.emulation.engine import (
     NetworkSpec,
     RateSchedule,
     ServerSpec,
+    TimeVaryingRate,
 )
 from mecsim.emulation.geometry import StaticCells, cells_of
 from mecsim.emulation.handover import MovingCells, RoundCells, area_of, initial_trace_positions
 from mecsim.emulation.interference import downlink_interference_w, uplink_interference_w
+from mecsim.emulation.moving_rate import MovingLinks
 from mecsim.scenario import (
     ChannelConfig,
     FixedRateChannelConfig,
@@ -330,6 +332,16 @@ class NetworkModel:
             self.radio = self.channel.draw_clients(scenario.topology.clients, clients_rng)
         #: each client's position (m) at the start of the round last drawn
         self.positions_m = None if self.cells is None else self.cells.positions_m
+        #: a moving client's rate follows it during the round (geometry.mobility.rate:
+        #: step) where the rate is a function of its distance (a Shannon channel); the
+        #: round's links as MovingLinks (up, down), else None (constant rates)
+        self.follows = (
+            self.moving is not None
+            and g is not None
+            and g.mobility.rate == "step"
+            and isinstance(self.channel, ShannonChannel)
+        )
+        self.moving_links: tuple[MovingLinks, MovingLinks] | None = None
         self.devices = [profiles[name] for name in scenario.client_profiles()]
         # each client's device as columns (ClientColumns of a round index them)
         self.step_overhead_s = np.array([float(d.step_overhead_s) for d in self.devices])
@@ -432,7 +444,11 @@ class NetworkModel:
         # (up, down) air rates (the link rate with the loss rate's retransmissions, never
         # below the goodput: mecsim.emulation.energy.air_rate_bps; NaN where a rate
         # schedule applies) and latencies
-        schedule = isinstance(self.channel, TraceChannel)
+        self.moving_links = (
+            self._moving_links(ch, selected, elapsed_s, up_cap, down_cap) if self.follows else None
+        )
+        # a rate trace or a moving client's rate: the air time is the transfer's duration
+        schedule = isinstance(self.channel, TraceChannel) or self.follows
         self.round_links = (
             np.column_stack(
                 [
@@ -461,6 +477,59 @@ class NetworkModel:
             max_share(ch.downlink_rate_bps, down_good) if self.downlink.loss_rate > 0 else None,
         )
 
+    def _moving_links(
+        self,
+        ch: RoundChannel,
+        selected: list[int],
+        elapsed_s: float,
+        up_cap: np.ndarray,
+        down_cap: np.ndarray,
+    ) -> tuple[MovingLinks, MovingLinks]:
+        """The round's (uplink, downlink) links of clients that move, as functions of
+        their distance to their serving site (:mod:`mecsim.emulation.moving_rate`): the
+        round's draws of :meth:`ShannonChannel.draw_round` held (bandwidth, power,
+        fading, interference), the serving site and, under TR 38.901, the link's LOS
+        state and shadowing those of the round's start."""
+        assert self.moving is not None and self.cells is not None
+        channel = cast(ShannonChannel, self.channel)
+        at = np.asarray(selected, dtype=np.int64)
+        n = len(at)
+        n0 = channel.noise_psd_w_per_hz
+        offset = float(db_to_linear(channel.snr_offset_db))
+        h = np.asarray(ch.fading_gain, dtype=float)
+        b_ul = np.asarray(ch.bandwidth_hz, dtype=float)
+        b_dl = np.full(
+            n, channel.server_bandwidth_hz / (n if channel.downlink_mode == "equal_split" else 1)
+        )
+        k_ul = offset * dbm_to_w(ch.tx_power_dbm) * h / (ch.ul_interference_w + n0 * b_ul)
+        k_dl = (
+            offset
+            * float(dbm_to_w(channel.server_tx_power_dbm))
+            * h
+            / (ch.dl_interference_w + n0 * b_dl)
+        )
+        site = self.cells.sites_m[self.edge_server[at]]
+        radio = self.radio
+        pl = channel.path_loss
+        common: dict[str, Any] = dict(
+            path_loss_db=channel.path_loss_db,
+            reference_distance_m=channel.reference_distance_m,
+            path_loss_exponent=channel.path_loss_exponent,
+            tr38901=pl,
+            los=None if pl is None or radio.los is None else radio.los[at],
+            shadow_fading_db=(
+                None if pl is None or radio.shadow_fading_db is None else radio.shadow_fading_db[at]
+            ),
+        )
+        positions = self.moving.positions
+        up = MovingLinks(
+            positions, elapsed_s, at, site, b_ul, k_ul, np.broadcast_to(up_cap, n), **common
+        )
+        down = MovingLinks(
+            positions, elapsed_s, at, site, b_dl, k_dl, np.broadcast_to(down_cap, n), **common
+        )
+        return up, down
+
     def move_to(self, rnd: int, elapsed_s: float) -> RoundCells:
         """Clients that move, at round ``rnd``'s start ``elapsed_s`` (emulated s): their
         positions, the association re-evaluated (A3: :class:`MovingCells`), each
@@ -488,10 +557,16 @@ class NetworkModel:
 
     def columns(self, links: RoundLinks, selected: list[int]) -> ClientColumns | None:
         """The selected clients' specs as columns (what :meth:`round` puts in each
-        ClientSpec, without the objects), or None when the links are rate schedules."""
+        ClientSpec, without the objects; moving clients' links as their MovingLinks), or
+        None when the links are rate schedules."""
         if isinstance(self.channel, TraceChannel):
             return None
+        moving = self.moving_links
+        if moving is not None and (self.network.uplink_shared or self.network.downlink_shared):
+            return None  # refused: a shared medium needs constant rates (the SimPy model says so)
         at = np.asarray(selected, dtype=np.int64)
+        # moving clients (rate: step): their links time the transfers, all at once
+        rows = np.arange(len(selected), dtype=np.int64)
         return ClientColumns(
             links.downlink_goodput_bps,
             links.uplink_goodput_bps,
@@ -501,6 +576,8 @@ class NetworkModel:
             self.flops_per_s[at],
             links.downlink_max_share,
             links.uplink_max_share,
+            downlink_moving=None if moving is None else (moving[1], rows),
+            uplink_moving=None if moving is None else (moving[0], rows),
         )
 
     def round(
@@ -521,8 +598,10 @@ class NetworkModel:
         )
         specs: dict[int, ClientSpec] = {}
         for i, cid in enumerate(selected):
-            up: float | RateSchedule = float(up_good[i])
-            down: float | RateSchedule = float(down_good[i])
+            up: float | TimeVaryingRate = float(up_good[i])
+            down: float | TimeVaryingRate = float(down_good[i])
+            if self.moving_links is not None:
+                up, down = self.moving_links[0].rate(i), self.moving_links[1].rate(i)
             if isinstance(self.channel, TraceChannel):
                 (ut, ur), (dt, dr) = self.channel.schedules(cid)
                 up = schedule_from(ut, np.minimum(ur, links.uplink_cap_bps[i]), elapsed_s)

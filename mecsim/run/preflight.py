@@ -52,6 +52,7 @@ from mecsim.emulation.mobility import TraceError
 from mecsim.emulation.network import NetworkModel, device_profiles
 from mecsim.run import limits as run_limits
 from mecsim.run.limits import Limits
+from mecsim.run.setup import moving_rate_refusal
 from mecsim.run.torch_rng import untouched
 from mecsim.scenario import Scenario, ScenarioError, TraceChannelConfig
 
@@ -149,6 +150,9 @@ def _find_problems(
         check_metrics(scenario.metrics.host, scenario.metrics.port, scenario.metrics.public, found)
     if backend == "ray" and address:
         check_ray_address(address, found)
+    refusal = moving_rate_refusal(scenario)
+    if refusal is not None:
+        found.problem("geometry.mobility.rate", refusal)
     pools = check_dataset(scenario, found)
     built = check_model_and_memory(scenario, pools, backend, hosts, address, found)
     if built is not None:

@@ -96,6 +96,30 @@ def moving_hierarchy(scenario: Scenario) -> bool:
     return server_cls.Edge is not None
 
 
+def moving_rate_refusal(scenario: Scenario) -> str | None:
+    """Why a moving client's rate cannot follow it on this scenario's media (None: it
+    can). ``geometry.mobility.rate: step`` gives each moving client's link a rate that
+    changes during the round; the engines integrate such a rate on a dedicated link, but
+    a shared medium's processor sharing needs each flow's rate constant over the round
+    (docs/mobility.md, "Mobility in a run")."""
+    g = scenario.geometry
+    if g is None or not g.moves() or g.mobility.rate != "step":
+        return None
+    if scenario.channel.model != "shannon":
+        return None  # rates that do not follow a distance: nothing changes in a round
+    up, down = scenario.channel.shared_media(scenario.algorithm.name)
+    if not (up or down):
+        return None
+    which = " and ".join(d for d, shared in (("uplink", up), ("downlink", down)) if shared)
+    return (
+        f"rate: step makes a moving client's rate change during the round, and the "
+        f"{which} is a shared medium (processor-shared among an edge server's clients), "
+        "which the engines time only with rates constant over the round: set "
+        "geometry.mobility.rate: round (each client's rate frozen at the round's start), "
+        "or dedicated links (channel.uplink.shared: false, channel.downlink.mode: full)"
+    )
+
+
 def _step_cost(model: torch.nn.Module, in_shape, num_classes: int, train: TrainConfig):
     """FLOPs and memory of one training step at the scenario's batch size (before the run)."""
     x = torch.zeros((train.batch_size, *in_shape))
@@ -127,6 +151,9 @@ def prepare(
     ray_address: str | None = None,
 ) -> RunSetup:
     """Load data, partition, build the model and network, start hosts and the server."""
+    refusal = moving_rate_refusal(scenario)
+    if refusal is not None:
+        raise ScenarioInfeasible(f"geometry.mobility.rate: {refusal}")
     seed = scenario.seed
     n = scenario.topology.clients
     data_rng = np.random.default_rng(np.random.SeedSequence([seed, 1]))

@@ -186,6 +186,14 @@ class MobilityConfig(_Strict):
         description="the time grid (s): positions are computed every step_s and linear "
         "between; a link's rate is taken as constant over one step",
     )
+    rate: Literal["step", "round"] = Field(
+        default="step",
+        description="how a moving client's link rate follows it during a round: step (the "
+        "default) takes the rate at its distance to its serving site piece by piece over "
+        "the step_s grid and integrates it over each transfer (docs/mobility.md, Mobility "
+        "in a run); round freezes it at the round's start (mecsim before this field). "
+        "Static clients: no difference",
+    )
     speed_mps: SpeedRange = Field(
         default=None,
         description="random_waypoint (> 0) and random_walk (>= 0): speed in m/s, a number or "
@@ -256,7 +264,7 @@ class MobilityConfig(_Strict):
             return data  # the Literal refuses it, naming the field
         own = MODEL_PARAMETERS[model]
         for key, value in data.items():
-            if key in ("model", "step_s") or key in own or value is None:
+            if key in ("model", "step_s", "rate") or key in own or value is None:
                 continue
             owners = [m for m, params in MODEL_PARAMETERS.items() if key in params]
             if owners:

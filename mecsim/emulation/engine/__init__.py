@@ -40,6 +40,7 @@ from mecsim.emulation.engine.specs import (
     RoundColumns,
     RoundTiming,
     ServerSpec,
+    TimeVaryingRate,
 )
 
 __all__ = [
@@ -50,6 +51,7 @@ __all__ = [
     "NetworkSpec",
     "Rate",
     "RateSchedule",
+    "TimeVaryingRate",
     "RoundColumns",
     "RoundTiming",
     "ServerSpec",

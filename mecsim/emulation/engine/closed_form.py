@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, Literal, cast
 
 import numpy as np
 
@@ -19,7 +20,7 @@ from mecsim.emulation.engine.specs import (
     ClientSpec,
     ClientTimeline,
     NetworkSpec,
-    RateSchedule,
+    TimeVaryingRate,
     _timelines,
 )
 from mecsim.emulation.ops import (
@@ -49,22 +50,60 @@ class ClientColumns:
     flops_per_s: np.ndarray
     downlink_max_share: np.ndarray | None = None
     uplink_max_share: np.ndarray | None = None
+    #: moving clients' links (``rate: step``), timed at once: ``(links, j)``, row i's
+    #: link being ``links``' link ``j[i]`` (``links.transfer_times_s(j, nbits, start_s)``,
+    #: :class:`~mecsim.emulation.moving_rate.MovingLinks`); None: the rate columns
+    downlink_moving: tuple[Any, np.ndarray] | None = None
+    uplink_moving: tuple[Any, np.ndarray] | None = None
 
     @classmethod
     def of(cls, specs: Sequence[ClientSpec], *, max_shares: bool = True) -> ClientColumns:
-        """The columns of ``specs`` (their rates must be numbers, not schedules);
-        ``max_shares=False`` leaves out the max shares (nothing shared: not read)."""
-        names: tuple[str, ...] = (
-            "downlink_rate_bps",
-            "uplink_rate_bps",
-            "downlink_latency_s",
-            "uplink_latency_s",
-            "step_overhead_s",
-            "flops_per_s",
+        """The columns of ``specs`` (their rates numbers, or every one of a direction a
+        link of one batch: :func:`batch_links`); ``max_shares=False`` leaves out the max
+        shares (nothing shared: not read)."""
+        moving = {
+            name: batch_links([getattr(s, name) for s in specs])
+            for name in ("downlink_rate_bps", "uplink_rate_bps")
+        }
+        if any(m is False for m in moving.values()):
+            raise ValueError("ClientColumns.of: rates that are neither numbers nor one batch")
+        down_moving, up_moving = (cast("tuple[Any, np.ndarray] | None", m) for m in moving.values())
+
+        def column(name: str) -> np.ndarray:
+            if moving.get(name) is not None:  # timed by the links: no rate column
+                return np.full(len(specs), np.nan)
+            return np.array([float(getattr(s, name)) for s in specs])
+
+        return cls(
+            column("downlink_rate_bps"),
+            column("uplink_rate_bps"),
+            column("downlink_latency_s"),
+            column("uplink_latency_s"),
+            column("step_overhead_s"),
+            column("flops_per_s"),
+            column("downlink_max_share") if max_shares else None,
+            column("uplink_max_share") if max_shares else None,
+            downlink_moving=down_moving,
+            uplink_moving=up_moving,
         )
-        if max_shares:
-            names += ("downlink_max_share", "uplink_max_share")
-        return cls(*(np.array([float(getattr(s, name)) for s in specs]) for name in names))
+
+
+def batch_links(rates: Sequence[object]) -> tuple[Any, np.ndarray] | None | Literal[False]:
+    """One direction of a round's rates: None when all are numbers; ``(links, j)`` when
+    all are links of one batch (:meth:`TimeVaryingRate.batch_link`, e.g. a round's
+    moving clients); False otherwise (a rate trace, outages, a mix: not as columns)."""
+    if not any(isinstance(r, TimeVaryingRate) for r in rates):
+        return None
+    first = rates[0].batch_link() if isinstance(rates[0], TimeVaryingRate) else None
+    if first is None:
+        return False
+    js = []
+    for r in rates:
+        link = r.batch_link() if isinstance(r, TimeVaryingRate) else None
+        if link is None or link[0] is not first[0]:
+            return False
+        js.append(link[1])
+    return first[0], np.array(js, dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -148,10 +187,9 @@ def _closed_form_arrays(
     for cid, spec in zip(ids, specs, strict=True):
         if spec.client_id != cid:
             raise ValueError(f"clients[{cid}] has client_id {spec.client_id}")
-        if isinstance(spec.uplink_rate_bps, RateSchedule) or isinstance(
-            spec.downlink_rate_bps, RateSchedule
-        ):
-            return None
+    for name in ("uplink_rate_bps", "downlink_rate_bps"):
+        if batch_links([getattr(s, name) for s in specs]) is False:
+            return None  # a rate trace (or outages): the SimPy model or the media path
     plan = plan_traces(traces)
     if plan is None:
         return None
@@ -195,7 +233,15 @@ def _advance_group(group: PlanGroup, clients: ClientColumns) -> tuple[np.ndarray
             else:  # DedicatedLink.transfer
                 (nbits,) = sizes
                 rate, lat_s = (down_bps, down_lat_s) if kind == 0 else (up_bps, up_lat_s)
-                delay_s = np.where(nbits > 0, np.where(rate > 0, nbits / rate + lat_s, np.inf), 0.0)
+                moving = clients.downlink_moving if kind == 0 else clients.uplink_moving
+                if moving is None:
+                    delay_s = np.where(
+                        nbits > 0, np.where(rate > 0, nbits / rate + lat_s, np.inf), 0.0
+                    )
+                else:  # a moving client's link: its rate integrated from now (mid*)
+                    links, js = moving
+                    took_s = links.transfer_times_s(js[at], nbits, now_s)
+                    delay_s = np.where(nbits > 0, took_s + lat_s, 0.0)
             blocked = np.isinf(delay_s) & ~stuck
             stuck_kind[blocked] = kind
             stuck |= blocked

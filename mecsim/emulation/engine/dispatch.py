@@ -48,7 +48,7 @@ def time_round(
 
     ``traces`` maps client_id -> op-trace (its order is the output order); ``clients``
     must hold a spec for each. Raises ValueError for a shared medium with a
-    :class:`RateSchedule` rate, or a ServerCompute on a missing edge server.
+    :class:`TimeVaryingRate` rate, or a ServerCompute on a missing edge server.
 
     ``method`` picks how the model is solved. Every way gives the SimPy model's timelines
     float for float (tests check thousands of random rounds), except that when two

@@ -38,8 +38,8 @@ from mecsim.emulation.engine.specs import (
     ClientSpec,
     ClientTimeline,
     NetworkSpec,
-    RateSchedule,
     ServerSpec,
+    TimeVaryingRate,
     _made_it,
 )
 from mecsim.emulation.ops import Backhaul, Compute, Download, OpTrace, ServerCompute, Upload
@@ -50,14 +50,16 @@ _INF = math.inf
 _DOWN, _COMP, _UP, _SERVER, _BACKHAUL = 0, 1, 2, 3, 4
 # Op codes of the compiled traces: (code, kind, x, y)
 _FIXED = 0  # x = delay_s (> 0, maybe inf), y unused: the client's own link or CPU
-_SCHEDULE = 1  # x = nbits (> 0), y = RateSchedule: a dedicated link with a rate trace
+_SCHEDULE = (
+    1  # x = nbits (> 0), y = TimeVaryingRate: a dedicated link with a rate trace or a moving client
+)
 _SHARED = 2  # x = resource index, y = work / rate (s of solo service, maybe inf)
 _BARRIER = 3  # x = barrier index (edge server, k-th Backhaul op), y unused
 _CAPPED = 4  # x = resource index, y = (s of solo service, max share): a capped medium
 # What a queued event does: a client goes on, or a backhaul transfer ends
 _RESUME, _RELEASE = 0, 1
 
-_Op = tuple[int, int, float | int, float | RateSchedule | tuple[float, float] | None]
+_Op = tuple[int, int, float | int, float | TimeVaryingRate | tuple[float, float] | None]
 # _compile's answer: per-client programs, the number of processor-sharing resources, the
 # clients expected at each backhaul barrier, each barrier's transfer seconds, and the
 # resources that are media with capped flows (water-filling, not processor sharing)
@@ -90,7 +92,7 @@ def _compile(
     spec: ClientSpec | ServerSpec
     # Typed by hand where the checks that decide the type are beyond mypy (and casts
     # would cost a call per client or op): a client's rates (Rate: a shared medium's is a
-    # float, a RateSchedule there raises _Unsupported), and an op, dispatched on through
+    # float, a TimeVaryingRate there raises _Unsupported), and an op, dispatched on through
     # ``kind = type(op)`` (each branch reads the fields of the type it tests).
     down: Any
     up: Any
@@ -107,9 +109,9 @@ def _compile(
             raise ValueError(f"clients[{cid}] has client_id {spec.client_id}")
         es = spec.edge_server
         down, up = spec.downlink_rate_bps, spec.uplink_rate_bps
-        # the SimPy model refuses a RateSchedule on a shared medium (and says so)
-        if (down_shared and isinstance(down, RateSchedule)) or (
-            up_shared and isinstance(up, RateSchedule)
+        # the SimPy model refuses a TimeVaryingRate on a shared medium (and says so)
+        if (down_shared and isinstance(down, TimeVaryingRate)) or (
+            up_shared and isinstance(up, TimeVaryingRate)
         ):
             raise _Unsupported
         down_f = float(down) if down_shared else 0.0  # SharedLink keeps float(rate)
@@ -138,7 +140,7 @@ def _compile(
                     prog.append((_SHARED, col, r, nbits / rate if rate > 0 else _INF))
                     continue
                 rate_bps = down if is_down else up  # DedicatedLink.transfer
-                if isinstance(rate_bps, RateSchedule):
+                if isinstance(rate_bps, TimeVaryingRate):
                     prog.append((_SCHEDULE, col, nbits, rate_bps))
                     continue
                 delay_s = nbits / rate_bps if rate_bps > 0 else _INF

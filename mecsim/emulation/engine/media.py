@@ -37,8 +37,8 @@ from mecsim.emulation.engine.specs import (
     ClientSpec,
     ClientTimeline,
     NetworkSpec,
-    RateSchedule,
     ServerSpec,
+    TimeVaryingRate,
     _timelines,
 )
 from mecsim.emulation.ops import (
@@ -198,19 +198,16 @@ class _Group:
     def _transfer_s(self, down: bool, k: int) -> np.ndarray:
         nbits = 8.0 * self._column("nbytes", k)
         rates = [s.downlink_rate_bps if down else s.uplink_rate_bps for s in self.specs]
-        if not isinstance(rates[0], RateSchedule):
+        if not isinstance(rates[0], TimeVaryingRate):
             # one group's links are all constant or all schedules (media_timelines' key)
             rate = np.array([float(r) for r in cast("list[float]", rates)])
             return np.where(nbits > 0, np.where(rate > 0, nbits / rate, _INF), 0.0)
-        now = self.now_s.tolist()
-        return np.array(
-            [
-                r.transfer_time_s(b, t) if b > 0 else 0.0
-                for r, b, t in zip(
-                    cast("list[RateSchedule]", rates), nbits.tolist(), now, strict=True
-                )
-            ]
-        )
+        links = cast("list[TimeVaryingRate]", rates)
+        kind = type(links[0])
+        if any(type(r) is not kind for r in links):
+            kind = TimeVaryingRate  # one by one
+        # a moving client's links are timed all at once (MovingRate.transfer_times_s)
+        return kind.transfer_times_s(links, nbits.tolist(), self.now_s.tolist())
 
     def _step(self, delay_s: np.ndarray, kind: int) -> None:
         blocked = np.isinf(delay_s) & ~self.stuck
@@ -376,8 +373,8 @@ def media_timelines(
         spec = clients[cid]
         if spec.client_id != cid:
             raise ValueError(f"clients[{cid}] has client_id {spec.client_id}")
-        down_sched = isinstance(spec.downlink_rate_bps, RateSchedule)
-        up_sched = isinstance(spec.uplink_rate_bps, RateSchedule)
+        down_sched = isinstance(spec.downlink_rate_bps, TimeVaryingRate)
+        up_sched = isinstance(spec.uplink_rate_bps, TimeVaryingRate)
         if (down_sched and network.downlink_shared) or (up_sched and network.uplink_shared):
             return None  # the SimPy model reports it
         types = tuple(map(type, traces[cid]))

@@ -23,8 +23,8 @@ from mecsim.emulation.engine.specs import (
     ClientTimeline,
     NetworkSpec,
     Rate,
-    RateSchedule,
     ServerSpec,
+    TimeVaryingRate,
     _made_it,
 )
 from mecsim.emulation.ops import (
@@ -145,7 +145,7 @@ class DedicatedLink:
     def transfer(self, nbits: float) -> _Proc:
         if nbits <= 0:
             return
-        if isinstance(self.rate_bps, RateSchedule):
+        if isinstance(self.rate_bps, TimeVaryingRate):
             delay_s = self.rate_bps.transfer_time_s(nbits, self.env.now) + self.latency_s
         else:
             delay_s = nbits / self.rate_bps + self.latency_s if self.rate_bps > 0 else math.inf
@@ -386,10 +386,10 @@ def _simulate(
         latency_s = spec.uplink_latency_s if up else spec.downlink_latency_s
         if not shared:
             return DedicatedLink(env, rate, latency_s)
-        if isinstance(rate, RateSchedule):
+        if isinstance(rate, TimeVaryingRate):
             raise ValueError(
                 f"client {spec.client_id}: a shared {direction} medium needs a "
-                "constant rate, not a RateSchedule"
+                "constant rate, not a time-varying one (a rate trace or a moving client)"
             )
         key = (direction, spec.edge_server)
         if key not in media:

@@ -10,13 +10,59 @@ import dataclasses
 import itertools
 import math
 from bisect import bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 
+class TimeVaryingRate:
+    """A dedicated link whose rate changes during the round: what the engines accept in
+    place of a constant rate (b/s) on a dedicated link. They ask only how long a
+    transfer takes, :meth:`transfer_time_s`; a shared medium refuses one.
+
+    :class:`RateSchedule` (a rate trace) and
+    :class:`~mecsim.emulation.moving_rate.MovingRate` (a client that moves) are the two."""
+
+    __slots__ = ()
+
+    def transfer_time_s(self, nbits: float, start_s: float) -> float:
+        """Seconds to move ``nbits`` bits starting at ``start_s`` (emulated seconds
+        since the round started); inf if never done."""
+        raise NotImplementedError
+
+    @classmethod
+    def transfer_times_s(
+        cls,
+        rates: Sequence[TimeVaryingRate],
+        nbits: Sequence[float],
+        starts_s: Sequence[float],
+    ) -> np.ndarray:
+        """:meth:`transfer_time_s` of many links (0.0 for ``nbits <= 0``), one by one; a
+        subclass may time them at once (the same numbers)."""
+        return np.array(
+            [
+                r.transfer_time_s(b, t) if b > 0 else 0.0
+                for r, b, t in zip(rates, nbits, starts_s, strict=True)
+            ],
+            dtype=float,
+        )
+
+    def batch_link(self) -> tuple[Any, int] | None:
+        """``(links, j)`` when this link can be timed together with the other links of
+        ``links`` (``links.transfer_times_s(j, nbits, start_s)``, numpy over links: the
+        closed form does), else None (one by one)."""
+        return None
+
+    def with_outages(self, cuts: list[tuple[float, float]]) -> TimeVaryingRate:
+        """The same link at 0 b/s during each interval [a, b) of ``cuts`` (s since the
+        round started, sorted): :func:`mecsim.emulation.faults.with_outages`."""
+        raise NotImplementedError
+
+
 @dataclass(frozen=True)
-class RateSchedule:
+class RateSchedule(TimeVaryingRate):
     """Piecewise-constant rate: ``rates_bps[k]`` holds from ``times_s[k]`` to ``times_s[k+1]``.
 
     Times are emulated seconds since the round started; the last rate holds forever.
@@ -51,7 +97,7 @@ class RateSchedule:
         return math.inf
 
 
-Rate = float | RateSchedule  # bits per second
+Rate = float | TimeVaryingRate  # bits per second
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,285 @@
+"""A moving client's link rate during a round (``geometry.mobility.rate: step``;
+docs/mobility.md, "Mobility in a run").
+
+The rate of client i's link at emulated time t of a round that started at R is the
+Shannon rate at its distance d(t) = |p_i(t) − s| to its serving site s (fixed for the
+round: the association is evaluated at round starts only), every other quantity held at
+the round's draws:
+
+    r(t) = B · log2(1 + k · G(d(t))),    k = 10^(offset/10) · p · h / (I + N0 · B)
+
+with G the path-loss gain (the exponent model 10^(PL0/10) (d/d0)^−γ, or TR 38.901's
+10^(−PL(d, LOS, SF)/10) with the link's LOS state and shadowing of the run), B, p the
+bandwidth and transmit power, h the round's fading, I the round's interference (drawn,
+or geometric from the round's start positions). The goodput is min(r(t), Mathis cap),
+the cap of the round's latencies, per piece as for a constant link.
+
+The engine integrates the goodput over pieces of the mobility grid (``k · step_s``,
+absolute emulated time): the goodput is taken as constant over each piece, at the
+piece's midpoint; in the piece where the transfer ends, at the midpoint of the part it
+uses, its end found by three fixed-point iterations (the "mid*" rule; within 0.4 % of
+the continuous integral at 1 s steps, 0.01 % at 0.1 s, benchmarks/mobility_piecewise.py).
+Pieces are computed as a transfer needs them, a few at a time, from the client's own
+positions (:meth:`mecsim.emulation.handover.ClientPositions.client_at`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from mecsim.channel import Tr38901PathLoss
+from mecsim.channel.units import db_to_linear
+from mecsim.emulation.engine import TimeVaryingRate
+from mecsim.emulation.handover import ClientPositions
+
+#: a transfer not through this many grid steps after it started never finishes (an
+#: outage: the client is out of range; the positions of every client would otherwise be
+#: computed as far as the transfer lasts)
+MAX_TRANSFER_STEPS = 3600
+#: fixed-point iterations for the end of the last piece (the mid* rule)
+END_ITERATIONS = 3
+#: pieces evaluated at once (then 4 times as many, ...): most transfers of a round end
+#: within a few steps
+_FIRST_BATCH = 8
+#: grid times within this fraction of a step of a transfer's time are that time
+_TOLERANCE = 1e-9
+
+
+@dataclass(frozen=True, eq=False)
+class MovingLinks:
+    """One direction of a round's links of clients that move: per selected client (in
+    selection order) the client's index, its serving site (m), bandwidth B (Hz), the SINR
+    per unit path-loss gain k, the Mathis cap (b/s) and, under TR 38.901, the link's LOS
+    state and shadow fading (dB); the round's start (emulated s) and the positions."""
+
+    positions: ClientPositions
+    round_start_s: float
+    clients: np.ndarray
+    site_m: np.ndarray
+    bandwidth_hz: np.ndarray
+    sinr_per_gain: np.ndarray
+    cap_bps: np.ndarray
+    path_loss_db: float = -40.0
+    reference_distance_m: float = 1.0
+    path_loss_exponent: float = 4.0
+    tr38901: Tr38901PathLoss | None = None
+    los: np.ndarray | None = None
+    shadow_fading_db: np.ndarray | None = None
+
+    @property
+    def step_s(self) -> float:
+        return self.positions.step_s
+
+    def gain(self, j: np.ndarray | int, distance_m: np.ndarray) -> np.ndarray:
+        """The path-loss gain G(d) of links ``j`` at distances ``distance_m`` (linear;
+        the two broadcast)."""
+        if self.tr38901 is None:
+            out: np.ndarray = db_to_linear(self.path_loss_db) * (
+                distance_m / self.reference_distance_m
+            ) ** (-self.path_loss_exponent)
+            return out
+        assert self.los is not None and self.shadow_fading_db is not None
+        pl = self.tr38901.path_loss_db(distance_m, self.los[j], self.shadow_fading_db[j])
+        return np.asarray(db_to_linear(-pl), dtype=float)
+
+    def goodput_bps(self, j: np.ndarray | int, t_s: np.ndarray) -> np.ndarray:
+        """The goodput min(B log2(1 + k G(d(t))), cap) of links ``j`` at the emulated
+        times ``t_s`` (absolute, s; the two broadcast)."""
+        t = np.asarray(t_s, dtype=np.float64)
+        j = np.broadcast_to(np.asarray(j, dtype=np.int64), t.shape)
+        p = self.positions.clients_at(self.clients[j], t)
+        site = self.site_m[j]
+        d = np.hypot(p[..., 0] - site[..., 0], p[..., 1] - site[..., 1])
+        rate = self.bandwidth_hz[j] * np.log2(1.0 + self.sinr_per_gain[j] * self.gain(j, d))
+        out: np.ndarray = np.minimum(rate, self.cap_bps[j])
+        return out
+
+    def transfer_times_s(self, j: np.ndarray, nbits: np.ndarray, start_s: np.ndarray) -> np.ndarray:
+        """Seconds to move ``nbits[i]`` bits over link ``j[i]`` from ``start_s[i]`` (s
+        since the round started), by the mid* rule (the module's docstring), all links
+        at once; inf for a transfer not through :data:`MAX_TRANSFER_STEPS` steps after
+        it started. Each link's arithmetic is that of one link alone (pieces in batches
+        of 8, 32, 128, ... for every link), so a link's time is the same number whatever
+        links are timed with it."""
+        j = np.asarray(j, dtype=np.int64)
+        left = np.array(nbits, dtype=np.float64)
+        a0 = self.round_start_s + np.asarray(start_s, dtype=np.float64)
+        out = np.zeros(len(j))
+        t = a0.copy()
+        idx = np.flatnonzero(left > 0)
+        step = self.step_s
+        pieces, batch = 0, _FIRST_BATCH
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            while idx.size and pieces < MAX_TRANSFER_STEPS:
+                ti, ji, li = t[idx], j[idx], left[idx]
+                first = (np.floor(ti / step + _TOLERANCE) + 1) * step
+                first = np.where(first - ti > _TOLERANCE * step, first, first + step)
+                ends = first[:, None] + np.arange(batch, dtype=np.float64) * step
+                starts = np.concatenate([ti[:, None], ends[:, :-1]], axis=1)
+                rates = self.goodput_bps(ji[:, None], (starts + ends) / 2.0)
+                cum = np.cumsum(rates * (ends - starts), axis=1)
+                hit = cum >= li[:, None]
+                done = hit.any(axis=1)
+                rows = np.flatnonzero(done)
+                if rows.size:
+                    k = hit[rows].argmax(axis=1)
+                    before = np.where(k > 0, cum[rows, np.maximum(k - 1, 0)], 0.0)
+                    rest, a, r = li[rows] - before, starts[rows, k], rates[rows, k]
+                    end = np.where(r > 0, a + rest / r, np.inf)
+                    for _ in range(END_ITERATIONS):  # mid*: the midpoint of the part used
+                        go = np.isfinite(end) & (end > a)
+                        if not go.any():
+                            break
+                        r_part = self.goodput_bps(ji[rows][go], (a[go] + end[go]) / 2.0)
+                        end[go] = np.where(r_part > 0, a[go] + rest[go] / r_part, np.inf)
+                    out[idx[rows]] = end - a0[idx[rows]]
+                going = ~done
+                left[idx[going]] = li[going] - cum[going, -1]
+                t[idx[going]] = ends[going, -1]
+                idx = idx[going]
+                pieces += batch
+                batch *= 4
+        out[idx] = np.inf
+        return out
+
+    def rate(self, j: int) -> MovingRate:
+        return MovingRate(self, j)
+
+
+class MovingRate(TimeVaryingRate):
+    """Link ``j`` of :class:`MovingLinks`: how long a transfer takes, by the mid* rule
+    (the module's docstring). ``outages``: intervals (s since the round's start) when the
+    link is down (0 b/s: :func:`mecsim.emulation.faults.with_outages`)."""
+
+    __slots__ = ("j", "links", "outages")
+
+    def __init__(
+        self, links: MovingLinks, j: int, outages: Sequence[tuple[float, float]] = ()
+    ) -> None:
+        self.links, self.j, self.outages = links, j, tuple(outages)
+
+    def __repr__(self) -> str:
+        return f"MovingRate(client={int(self.links.clients[self.j])}, outages={self.outages})"
+
+    @classmethod
+    def transfer_times_s(
+        cls, rates: Sequence[TimeVaryingRate], nbits: Sequence[float], starts_s: Sequence[float]
+    ) -> np.ndarray:
+        """:meth:`transfer_time_s` of many links: at once when they are links of one
+        :class:`MovingLinks` without outages (the same numbers), else one by one."""
+        first = rates[0]
+        if isinstance(first, MovingRate) and all(
+            isinstance(r, MovingRate) and r.links is first.links and not r.outages for r in rates
+        ):
+            js = np.array([r.j for r in rates if isinstance(r, MovingRate)], dtype=np.int64)
+            return first.links.transfer_times_s(js, np.asarray(nbits), np.asarray(starts_s))
+        return super().transfer_times_s(rates, nbits, starts_s)
+
+    def batch_link(self) -> tuple[MovingLinks, int] | None:
+        """(its links, its index) without outages: the closed form times a round's
+        moving links at once (:meth:`MovingLinks.transfer_times_s`)."""
+        return None if self.outages else (self.links, self.j)
+
+    def with_outages(self, cuts: Sequence[tuple[float, float]]) -> MovingRate:
+        """The same link, down (0 b/s) during each interval [a, b) of ``cuts`` too."""
+        merged = sorted((*self.outages, *cuts))
+        return MovingRate(self.links, self.j, merged)
+
+    def _next_bound(self, t_s: float) -> float:
+        """The first grid time after ``t_s`` (absolute s), at least a tolerance later."""
+        step = self.links.step_s
+        k = math.floor(t_s / step + _TOLERANCE)
+        end = (k + 1) * step
+        return end if end - t_s > _TOLERANCE * step else end + step
+
+    def _pieces(self, t_s: float, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """(starts, ends) of the next ``count`` pieces from ``t_s`` (absolute s)."""
+        first = self._next_bound(t_s)
+        ends = first + np.arange(count, dtype=np.float64) * self.links.step_s
+        starts = np.concatenate([[t_s], ends[:-1]])
+        return starts, ends
+
+    def _run_s(self, nbits: float, t0_s: float, limit_s: float = math.inf) -> tuple[float, float]:
+        """Without outages: (seconds to move ``nbits`` from ``t0_s``, s since the round
+        started, or inf; the bits moved by ``limit_s`` if that comes first)."""
+        links = self.links
+        if limit_s == math.inf:  # the common case: the links' own (vectorised) rule
+            done = links.transfer_times_s(np.array([self.j]), np.array([nbits]), np.array([t0_s]))
+            return float(done[0]), math.nan
+        a0 = links.round_start_s + t0_s
+        t, left, sent = a0, float(nbits), 0.0
+        limit = links.round_start_s + limit_s
+        pieces, batch = 0, _FIRST_BATCH
+        while pieces < MAX_TRANSFER_STEPS:
+            starts, ends = self._pieces(t, batch)
+            rates = links.goodput_bps(self.j, (starts + ends) / 2.0)
+            bits = rates * (ends - starts)
+            cum = np.cumsum(bits)
+            k = int(np.searchsorted(cum, left))  # the first piece by whose end all is sent
+            if k < batch:
+                before = float(cum[k - 1]) if k > 0 else 0.0
+                rest, a = left - before, float(starts[k])
+                r = float(rates[k])
+                end = a + rest / r if r > 0 else math.inf
+                for _ in range(END_ITERATIONS):  # mid*: the midpoint of the part used
+                    if not math.isfinite(end) or end <= a:
+                        break
+                    r_part = float(links.goodput_bps(self.j, np.array([(a + end) / 2.0]))[0])
+                    end = a + rest / r_part if r_part > 0 else math.inf
+                if end > limit:
+                    return math.inf, sent + self._bits_until(limit, starts, ends, rates)
+                return end - a0, math.nan
+            if float(ends[-1]) > limit:
+                return math.inf, sent + self._bits_until(limit, starts, ends, rates)
+            left -= float(cum[-1])
+            sent += float(cum[-1])
+            t = float(ends[-1])
+            pieces += batch
+            batch *= 4
+        return math.inf, sent
+
+    def _bits_until(
+        self, limit: float, starts: np.ndarray, ends: np.ndarray, rates: np.ndarray
+    ) -> float:
+        """Bits moved by ``limit`` (absolute s) over these pieces: each whole piece at its
+        rate; the piece ``limit`` falls in up to it, at the midpoint of the part used
+        (as mid* takes the last piece of a transfer)."""
+        whole = ends <= limit
+        bits = float(np.sum(rates[whole] * (ends[whole] - starts[whole])))
+        part = (starts < limit) & ~whole
+        if part.any():
+            a = float(starts[part][0])
+            r = float(self.links.goodput_bps(self.j, np.array([(a + limit) / 2.0]))[0])
+            bits += r * (limit - a)
+        return bits
+
+    def transfer_time_s(self, nbits: float, start_s: float) -> float:
+        """Seconds to move ``nbits`` bits from ``start_s`` (s since the round started),
+        the goodput integrated piece by piece (mid*); inf if never done (down for ever,
+        or not through :data:`MAX_TRANSFER_STEPS` steps after it started)."""
+        if nbits <= 0:
+            return 0.0
+        if not self.outages:  # the links' number itself (the closed form's, to the bit)
+            return self._run_s(nbits, start_s)[0]
+        t, left = start_s, float(nbits)
+        for a, b in self.outages:
+            if b <= t:
+                continue
+            if a <= t:  # down now: wait until the link is back
+                t = b
+                continue
+            done_s, sent = self._run_s(left, t, limit_s=a)
+            if math.isfinite(done_s):
+                return t + done_s - start_s
+            left -= sent
+            if left <= 0:
+                return a - start_s
+            t = b
+        if not math.isfinite(t):
+            return math.inf
+        done_s, _ = self._run_s(left, t)
+        return t + done_s - start_s
