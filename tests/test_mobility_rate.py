@@ -428,3 +428,38 @@ def test_a_replay_of_a_moving_step_run_reproduces_its_times_bit_for_bit(tmp_path
     assert same.exact
     for col in ("round_time_s", "elapsed_s", "ul_time_s", "dl_time_s", "energy_j"):
         assert same.rounds[col].tolist() == step[col].tolist(), col
+
+
+def test_after_the_horizon_the_client_is_held_and_the_rest_is_sent_at_once():
+    """The round's deadline is the links' horizon (MovingLinks.horizon_s): a car driving
+    away from 100 m at 30 m/s, 1 s steps, a horizon at 5 s. By hand: the 5 whole pieces
+    before it at their midpoints' rates (d = 115, 145, 175, 205, 235 m), then the rest at
+    the rate of the held position (d = 250 m): end = 5 + (bits - sent) / r(250). A
+    transfer that ends before the horizon is the same number as without one, and one
+    that does not end computes no positions past the horizon."""
+    import dataclasses
+
+    start, velocity, _ = CAR_AWAY
+
+    def rate(d: float) -> float:
+        return BANDWIDTH_HZ * math.log2(1.0 + 10**8.7 * d**-4.0)
+
+    bits = 50e6
+    sent = sum(rate(100.0 + 30.0 * (k + 0.5)) for k in range(5))
+    assert sent < bits  # the transfer is still going at the horizon
+    by_hand = 5.0 + (bits - sent) / rate(250.0)
+    links = dataclasses.replace(_links(_track(start, velocity), (0.0, 0.0), 1.0), horizon_s=5.0)
+    got = float(links.transfer_times_s(np.array([0]), np.array([bits]), np.array([0.0]))[0])
+    assert got == pytest.approx(by_hand, rel=1e-9)
+    assert MovingRate(links, 0).transfer_time_s(bits, 0.0) == got  # the scalar path too
+    assert links.positions._filled <= 64  # one block: nothing computed past the horizon
+
+    # a transfer through before the horizon: the horizon changes nothing
+    free = _links(_track(start, velocity), (0.0, 0.0), 1.0)
+    small = np.array([0.8e6 * 8])
+    args = (np.array([0]), small, np.array([0.0]))
+    assert links.transfer_times_s(*args)[0] == free.transfer_times_s(*args)[0] < 5.0
+
+    # without a horizon, a transfer that never ends walks every client's grid far ahead
+    free.transfer_times_s(np.array([0]), np.array([1e15]), np.array([0.0]))
+    assert free.positions._filled > 1000

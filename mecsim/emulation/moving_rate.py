@@ -69,6 +69,12 @@ class MovingLinks:
     tr38901: Tr38901PathLoss | None = None
     los: np.ndarray | None = None
     shadow_fading_db: np.ndarray | None = None
+    #: the emulated time (absolute s) after which every client is held where it is then:
+    #: the round's deadline when it has one (a transfer still going there is dropped
+    #: whatever its rate does after; only its recorded finish time uses the held
+    #: position), so that a transfer of a client out of range does not compute
+    #: everyone's positions thousands of steps ahead
+    horizon_s: float = math.inf
 
     @property
     def step_s(self) -> float:
@@ -88,8 +94,9 @@ class MovingLinks:
 
     def goodput_bps(self, j: np.ndarray | int, t_s: np.ndarray) -> np.ndarray:
         """The goodput min(B log2(1 + k G(d(t))), cap) of links ``j`` at the emulated
-        times ``t_s`` (absolute, s; the two broadcast)."""
-        t = np.asarray(t_s, dtype=np.float64)
+        times ``t_s`` (absolute, s; the two broadcast; a time after :attr:`horizon_s` is
+        taken as the horizon: the clients held there)."""
+        t = np.minimum(np.asarray(t_s, dtype=np.float64), self.horizon_s)
         j = np.broadcast_to(np.asarray(j, dtype=np.int64), t.shape)
         p = self.positions.clients_at(self.clients[j], t)
         site = self.site_m[j]
@@ -102,9 +109,10 @@ class MovingLinks:
         """Seconds to move ``nbits[i]`` bits over link ``j[i]`` from ``start_s[i]`` (s
         since the round started), by the mid* rule (the module's docstring), all links
         at once; inf for a transfer not through :data:`MAX_TRANSFER_STEPS` steps after
-        it started. Each link's arithmetic is that of one link alone (pieces in batches
-        of 8, 32, 128, ... for every link), so a link's time is the same number whatever
-        links are timed with it."""
+        it started (after :attr:`horizon_s` the rate is constant: the rest of a transfer
+        still going there takes rest / rate, inf at rate 0). Each link's arithmetic is
+        that of one link alone (pieces in batches of 8, 32, 128, ... for every link), so
+        a link's time is the same number whatever links are timed with it."""
         j = np.asarray(j, dtype=np.int64)
         left = np.array(nbits, dtype=np.float64)
         a0 = self.round_start_s + np.asarray(start_s, dtype=np.float64)
@@ -115,6 +123,15 @@ class MovingLinks:
         pieces, batch = 0, _FIRST_BATCH
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             while idx.size and pieces < MAX_TRANSFER_STEPS:
+                held = t[idx] >= self.horizon_s
+                if held.any():  # past the horizon the rate is constant: the rest at once
+                    rows = idx[held]
+                    r_h = self.goodput_bps(j[rows], np.full(rows.size, self.horizon_s))
+                    end = np.where(r_h > 0, t[rows] + left[rows] / r_h, np.inf)
+                    out[rows] = end - a0[rows]
+                    idx = idx[~held]
+                    if not idx.size:
+                        break
                 ti, ji, li = t[idx], j[idx], left[idx]
                 first = (np.floor(ti / step + _TOLERANCE) + 1) * step
                 first = np.where(first - ti > _TOLERANCE * step, first, first + step)

@@ -20,6 +20,7 @@ medium's time is shared max-min fairly (water-filling: :mod:`mecsim.emulation.en
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -521,6 +522,9 @@ class NetworkModel:
                 None if pl is None or radio.shadow_fading_db is None else radio.shadow_fading_db[at]
             ),
         )
+        # with a deadline, the clients are held where they are at it (MovingLinks.horizon_s)
+        deadline_s = self.network.deadline_s
+        common["horizon_s"] = math.inf if deadline_s is None else elapsed_s + deadline_s
         positions = self.moving.positions
         up = MovingLinks(
             positions, elapsed_s, at, site, b_ul, k_ul, np.broadcast_to(up_cap, n), **common
