@@ -542,3 +542,32 @@ def test_geometry_axes_are_refused_for_a_hierarchical_algorithm_with_the_reason(
     assert is_timing_path("geometry.mobility.speed_mps.1")
     assert not is_timing_path("geometry.mobility.pause_s")
     assert not is_timing_path("geometry.association.rule")
+
+
+def test_a_trace_next_to_the_scenario_file_is_found_from_any_directory(tmp_path, monkeypatch):
+    """A relative trace path not found from the working directory is looked for next to
+    the scenario file, and the scenario then names it by its absolute path (the run's
+    scenario.yaml too); one found from the working directory is kept as written; the
+    service's loader (beside_file=False) does not look."""
+    import yaml
+
+    from mecsim.scenario.loader import load_scenario
+
+    folder = tmp_path / "study"
+    (folder / "traces").mkdir(parents=True)
+    (folder / "traces" / "walk.tcl").write_text(NS2.format(speed=10.0))
+    data = check_scenario_data("fedavg")
+    data.update(topology={"clients": 2, "edge_servers": 2})
+    data["geometry"] = _geometry("traces/walk.tcl", ttt_s=0.0)
+    (folder / "walk.yaml").write_text(yaml.safe_dump(data))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    sc = load_scenario(folder / "walk.yaml")
+    assert sc.geometry.mobility.trace.path == str(folder / "traces" / "walk.tcl")
+    assert find_problems(sc).problems == []
+    problems = find_problems(load_scenario(folder / "walk.yaml", beside_file=False)).problems
+    assert [p.field for p in problems] == ["geometry.mobility.trace"], problems
+    assert "cannot read the trace" in str(problems[0])
+    monkeypatch.chdir(folder)  # found from the working directory: kept as written
+    assert load_scenario(folder / "walk.yaml").geometry.mobility.trace.path == "traces/walk.tcl"

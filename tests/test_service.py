@@ -359,8 +359,18 @@ def test_prometheus_scrapes_the_service_across_two_runs_without_a_gap(server, cl
         )
         t0 = time.time()
         ids = []
-        for seed in (21, 22):  # two consecutive runs, one after the other
-            ids.append(client.submit(tiny_yaml(rounds=2, seed=seed)))
+        # two consecutive runs, one after the other, whose clients walk over two cells
+        # (so that the cells' and handovers' panels have data too)
+        walking = {
+            "topology": {"clients": 4, "edge_servers": 2},
+            "geometry": {
+                "area": {"width_m": 1000, "height_m": 200},
+                "sites": {"layout": "explicit", "positions_m": [[200, 100], [800, 100]]},
+                "mobility": {"model": "random_walk"},
+            },
+        }
+        for seed in (21, 22):
+            ids.append(client.submit(tiny_yaml(rounds=2, seed=seed, **walking)))
             assert client.wait(ids[-1], timeout_s=120)["status"] == "finished"
 
         def scraped(run_id: str) -> bool:  # no series yet until a scrape has seen the run

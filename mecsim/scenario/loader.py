@@ -203,14 +203,45 @@ def read_scenario_text(path: str | Path) -> str:
     return text.removeprefix("\ufeff")
 
 
-def load_scenario(path: str | Path) -> Scenario:
+def load_scenario(path: str | Path, *, beside_file: bool = True) -> Scenario:
+    """The scenario of a YAML file, validated. ``beside_file``: a relative trace path
+    not found from the working directory is looked for next to the file
+    (:func:`_find_relative_files`; the service, which confines paths, does not)."""
     path = Path(path)
     data = parse_yaml(read_scenario_text(path), str(path))
     if data is None:
         raise ScenarioError(
             f"{path}: empty scenario; run `mecsim run` without a file for the defaults"
         )
+    if beside_file:
+        _find_relative_files(data, path.parent)
     return scenario_from_dict(data, str(path))
+
+
+def _find_relative_files(data: Any, folder: Path) -> None:
+    """A file a scenario names by a relative path (``geometry.mobility.trace.path``, a
+    trace channel's ``channel.path``) is read relative to the working directory; when it
+    is not there but is next to the scenario file (``folder``), that one is meant: its
+    path is made absolute in ``data``, so the run's resolved scenario.yaml names it too
+    (a shipped scenario then runs from any directory)."""
+    if not isinstance(data, dict):
+        return
+    holders = []
+    channel = data.get("channel")
+    if isinstance(channel, dict) and channel.get("model") == "trace":
+        holders.append(channel)
+    geometry = data.get("geometry")
+    mobility = geometry.get("mobility") if isinstance(geometry, dict) else None
+    trace = mobility.get("trace") if isinstance(mobility, dict) else None
+    if isinstance(trace, dict):
+        holders.append(trace)
+    for holder in holders:
+        name = holder.get("path")
+        if not isinstance(name, str) or not name or Path(name).is_absolute():
+            continue
+        beside = folder / name
+        if not Path(name).exists() and beside.is_file():
+            holder["path"] = str(beside.resolve())
 
 
 def load_recorded_scenario(path: str | Path) -> Scenario:

@@ -98,7 +98,7 @@ def _validate_text(text: str, tmp_dir: Path, *, preflight: bool = False) -> Scen
     spool = tmp_dir / f"submitted-{os.getpid()}-{secrets.token_hex(8)}.yaml"
     spool.write_text(text)
     try:
-        sc = load_scenario(spool)
+        sc = load_scenario(spool, beside_file=False)  # paths: confined below
         if preflight:
             data = sc.model_dump(mode="json")
             data["metrics"]["enabled"] = False  # the service's /metrics carries the run
