@@ -17,7 +17,7 @@ recorded (each recorded once, in-process, into ``--record-dir``, and reused):
    clients. Target: <= 0.05 s a round. (--quick: one batch of one epoch, one client
    per edge server.)
 
-4. **Moving clients, geometric interference** (issue 28's speed case): the shared-AP
+4. **Moving clients, geometric interference** (the mobility speed case): the shared-AP
    scenario's clients (``--clients``, all selected, the same op-traces dealt out) on 7
    hexagonal 3GPP UMi cells 200 m apart, walking by random waypoint (0.5-1.5 m/s, pauses
    up to 60 s, as ``scenarios/mec-campus-walk.yaml``), association ``strongest`` with 3 dB
@@ -218,7 +218,7 @@ def moving_scenario(clients: int, reuse: int):
 
 
 def bench_moving(scenario, pools: list[list[tuple]], n_rounds: int, target_s: float | None):
-    """Issue 28's speed case, each round starting at the emulated time the previous one
+    """The mobility speed case, each round starting at the emulated time the previous one
     ended, timed two ways on the same rounds:
 
     - **engine** (the target): what re-timing such a run takes, as a replay or a what-if
@@ -325,7 +325,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--only-moving",
         action="store_true",
-        help="time the moving-clients case alone (issue 28's speed case)",
+        help="time the moving-clients case alone (the mobility speed case)",
     )
     p.add_argument("--methods", nargs="+", default=["auto", "media", "events", "simpy"])
     p.add_argument(

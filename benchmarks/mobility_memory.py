@@ -1,6 +1,6 @@
 """Memory and time of mobility: positions of 10,000 clients over 1,000 time steps.
 
-Issue 28's target: at most 200 MB. The positions themselves are float32 (n, T, 2), T =
+The target: at most 200 MB. The positions themselves are float32 (n, T, 2), T =
 1,001 grid points for 1,000 steps: 10,000 × 1,001 × 2 × 4 B = 80.08 MB; what a model
 needs besides (its per-client state, the float64 temporaries of one step) is what this
 measures. Per model, in this process:

@@ -1,4 +1,4 @@
-"""Mobility (issue 28, item 2): the models against hand-worked numbers and independent
+"""Mobility: the models against hand-worked numbers and independent
 statistics, the border rule, the time grid and its interpolation, determinism from the
 seed, the four trace formats parsed from tiny hand-written files, every refusal of a bad
 trace with its line, the size limit, the config's validation, and the shipped highway
