@@ -17,6 +17,7 @@ import pytest
 from conftest import tiny
 
 from mecsim.analysis.replay import load_run, replay
+from mecsim.analysis.sweep import sweep
 from mecsim.emulation.engine import (
     ClientSpec,
     NetworkSpec,
@@ -38,6 +39,7 @@ from mecsim.run.setup import moving_rate_refusal
 from mecsim.scenario import scenario_from_dict
 from mecsim.scenario.loader import ScenarioError
 from mecsim.scenario.mobility import MobilityConfig
+from mecsim.scenario.overrides import OverrideError
 from mecsim.store.reader import read_csv_exact
 from mecsim.store.session import run_in_folder
 from mecsim.testing import check_scenario_data
@@ -428,6 +430,25 @@ def test_a_replay_of_a_moving_step_run_reproduces_its_times_bit_for_bit(tmp_path
     assert same.exact
     for col in ("round_time_s", "elapsed_s", "ul_time_s", "dl_time_s", "energy_j"):
         assert same.rounds[col].tolist() == step[col].tolist(), col
+    # rate is a what-if axis of a flat algorithm's moving run: replayed as round, the step
+    # run gives the round run's times (FedAvg trains the same either way), bit for bit
+    as_round = replay(load_run(tmp_path / "step"), {"geometry.mobility.rate": "round"})
+    assert as_round.exact
+    for col in ("round_time_s", "elapsed_s", "ul_time_s", "dl_time_s", "energy_j"):
+        assert as_round.rounds[col].tolist() == frozen[col].tolist(), col
+    grid = sweep(tmp_path / "step", {"geometry.mobility.rate": ["step", "round"]}, workers=1)
+    assert grid["total_time_s"].tolist() == [
+        step["elapsed_s"].iloc[-1],
+        frozen["elapsed_s"].iloc[-1],
+    ]
+    # a what-if that puts moving rates on a shared medium is refused before any work,
+    # naming the field (the engines time only constant rates there)
+    for shared in (
+        lambda: replay(load_run(tmp_path / "step"), {"channel.uplink.shared": True}),
+        lambda: sweep(tmp_path / "step", {"channel.uplink.shared": [False, True]}, workers=1),
+    ):
+        with pytest.raises(OverrideError, match="geometry.mobility.rate: rate: step makes"):
+            shared()
 
 
 def test_after_the_horizon_the_client_is_held_and_the_rest_is_sent_at_once():

@@ -64,7 +64,7 @@ from mecsim.run.loop import run as run_loop
 from mecsim.run.observers import RunObserver
 from mecsim.run.progress import ProgressBar
 from mecsim.run.rows import REPLAY_COLUMNS, timing_columns
-from mecsim.run.setup import ScenarioInfeasible
+from mecsim.run.setup import ScenarioInfeasible, moving_rate_refusal
 from mecsim.scenario import Scenario, ScenarioError, load_recorded_scenario, scenario_from_dict
 from mecsim.scenario.overrides import (
     OverrideError,
@@ -671,6 +671,11 @@ def replay(
             f"clients ({moved}: geometry.association), so the clients would train in "
             "other groups than the recorded run's; pass retrain=True (--retrain) to re-run "
             "with training"
+        )
+    moving = moving_rate_refusal(scenario)
+    if moving is not None:
+        raise OverrideError(
+            f"override {', '.join(map(repr, overrides))}: geometry.mobility.rate: {moving}"
         )
     check_feasible(run, scenario)
 

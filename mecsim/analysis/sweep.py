@@ -51,6 +51,7 @@ from mecsim.analysis.replay import (
 )
 from mecsim.run.observers import RunObserver
 from mecsim.run.progress import ProgressBar
+from mecsim.run.setup import moving_rate_refusal
 from mecsim.scenario import Scenario, load_scenario, resolved_yaml, scenario_from_dict
 from mecsim.scenario.overrides import OverrideError, apply_overrides, is_timing_path
 from mecsim.store.runfolder import RunFolderFinished, prepare_resume
@@ -400,6 +401,9 @@ def sweep(
             scenario = apply_overrides(
                 run.scenario, point, f"{run.run_dir or run.run_id}/scenario.yaml"
             )
+            moving = moving_rate_refusal(scenario)
+            if moving is not None:  # a moving client's rate on a shared medium
+                raise OverrideError(f"grid point {point}: geometry.mobility.rate: {moving}")
             moved = association_changes(run.scenario, scenario) if check_membership else ""
             if not moved and not retrain and point and moving_hierarchy(run.scenario):
                 # its edge servers group the clients by where they are at each round's

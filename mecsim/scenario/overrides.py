@@ -30,14 +30,16 @@ class OverrideError(ValueError):
     """An override that cannot be applied; ``str()`` names the path and what is valid."""
 
 
-#: Fields of ``geometry`` a replay answers too (what-if axes without retraining): the
-#: mobility models' speeds and the hexagonal grid's inter-site distance. A replay
+#: Fields of ``geometry`` a replay answers too (what-if axes without retraining): whether a
+#: moving client's rate follows it during a round (``rate``), the mobility models' speeds
+#: and the hexagonal grid's inter-site distance. A replay
 #: re-derives the positions and every round's association from the scenario, so they
 #: change the links only — for flat algorithms; a hierarchical algorithm (its edge servers
 #: aggregate the clients they serve) refuses them (mecsim.analysis.replay.
 #: geometry_axis_refusal). ``channel.interference.reuse`` and ``channel.path_loss.*`` are
 #: ``channel`` paths.
 GEOMETRY_AXES = (
+    "geometry.mobility.rate",
     "geometry.mobility.speed_mps",
     "geometry.mobility.mean_speed_mps",
     "geometry.mobility.speed_std_mps",

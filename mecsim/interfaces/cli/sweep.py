@@ -25,7 +25,9 @@ against the first --set parameter, one line per run/algorithm).
 RUN is a run directory written by `mecsim run` (it must hold optraces.jsonl), or a
 scenario YAML, which is first run once with training and recorded in OUT/recorded/.
 
-Only timing can be replayed: channel.*, devices.*, deadline_s, backhaul.*. A point is
+Only timing can be replayed: channel.*, devices.*, deadline_s, backhaul.*, and for
+runs with clients that move (flat algorithms) geometry.mobility.rate, the mobility
+speeds and geometry.sites.inter_site_distance_m. A point is
 marked not exact (column `exact`, red crosses in the plot) when the run's outcome would
 have depended on timing there: a deadline dropping other clients than the recorded run
 did, or an algorithm that decides from emulated time. --retrain re-runs such points
