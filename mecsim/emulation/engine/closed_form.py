@@ -57,14 +57,19 @@ class ClientColumns:
     uplink_moving: tuple[Any, np.ndarray] | None = None
 
     @classmethod
-    def of(cls, specs: Sequence[ClientSpec], *, max_shares: bool = True) -> ClientColumns:
+    def of(
+        cls,
+        specs: Sequence[ClientSpec],
+        *,
+        max_shares: bool = True,
+        moving: dict[str, Any] | None = None,
+    ) -> ClientColumns:
         """The columns of ``specs`` (their rates numbers, or every one of a direction a
         link of one batch: :func:`batch_links`); ``max_shares=False`` leaves out the max
-        shares (nothing shared: not read)."""
-        moving = {
-            name: batch_links([getattr(s, name) for s in specs])
-            for name in ("downlink_rate_bps", "uplink_rate_bps")
-        }
+        shares (nothing shared: not read); ``moving``: :func:`rate_batches` of ``specs``
+        when the caller has it already."""
+        if moving is None:
+            moving = rate_batches(specs)
         if any(m is False for m in moving.values()):
             raise ValueError("ClientColumns.of: rates that are neither numbers nor one batch")
         down_moving, up_moving = (cast("tuple[Any, np.ndarray] | None", m) for m in moving.values())
@@ -86,6 +91,14 @@ class ClientColumns:
             downlink_moving=down_moving,
             uplink_moving=up_moving,
         )
+
+
+def rate_batches(specs: Sequence[ClientSpec]) -> dict[str, Any]:
+    """:func:`batch_links` of each direction's rates of ``specs``, by rate field name."""
+    return {
+        name: batch_links([getattr(s, name) for s in specs])
+        for name in ("downlink_rate_bps", "uplink_rate_bps")
+    }
 
 
 def batch_links(rates: Sequence[object]) -> tuple[Any, np.ndarray] | None | Literal[False]:
@@ -187,13 +200,14 @@ def _closed_form_arrays(
     for cid, spec in zip(ids, specs, strict=True):
         if spec.client_id != cid:
             raise ValueError(f"clients[{cid}] has client_id {spec.client_id}")
-    for name in ("uplink_rate_bps", "downlink_rate_bps"):
-        if batch_links([getattr(s, name) for s in specs]) is False:
-            return None  # a rate trace (or outages): the SimPy model or the media path
+    moving = rate_batches(specs)  # each direction's rates looked at once, used twice
+    if any(m is False for m in moving.values()):
+        return None  # a rate trace (or outages): the SimPy model or the media path
     plan = plan_traces(traces)
     if plan is None:
         return None
-    finish_s, spent_s = closed_form_columns(plan, ClientColumns.of(specs, max_shares=False))
+    columns = ClientColumns.of(specs, max_shares=False, moving=moving)
+    finish_s, spent_s = closed_form_columns(plan, columns)
     return ids, finish_s, spent_s
 
 
