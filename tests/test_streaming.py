@@ -11,7 +11,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from conftest import tiny
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from mecsim.agents.algorithms import ClientResult, fedavg
 from mecsim.agents.algorithms.fedavg import WeightedSum
@@ -54,20 +57,30 @@ def test_weighted_sum_hand_numbers_and_parts_give_the_same_bits():
         WeightedSum().result()
 
 
-@pytest.mark.parametrize("block,threads", [(3, 1), (3, 3), (64, 2), (65_536, 2)])
+@pytest.mark.parametrize(
+    "block,threads,path",
+    [(3, 1, "numpy"), (3, 3, "numpy"), (64, 2, "numpy"), (65_536, 2, "numpy")]
+    + [(65_536, 1, "torch"), (65_536, 2, "torch")],
+)
 def test_add_many_gives_the_bits_of_adding_one_by_one_and_leaves_out_non_finite(
-    block, threads, monkeypatch
+    block, threads, path, monkeypatch
 ):
-    """add_many (block by block, each vector read once, blocks shared among threads)
-    equals add() of the same vectors in the same order, bit for bit; a vector with NaN or
-    inf is left out, its position returned, and the sum is that of the others (to the
-    bit, too)."""
+    """add_many (numpy: block by block, each vector read once, blocks shared among
+    threads; torch: vector by vector, on threads) equals add() of the same vectors in the
+    same order, bit for bit; a vector with NaN or inf is left out, its position returned,
+    and the sum is that of the others (to the bit, too)."""
 
     monkeypatch.setattr(fedavg, "FOLD_BLOCK_ELEMENTS", block)
     monkeypatch.setattr(fedavg, "FOLD_THREADS", threads)
+    if path == "numpy":
+        monkeypatch.setattr(fedavg, "_exact_products", lambda *_: False)
+    else:
+        real = fedavg._add_whole
+        calls: list[int] = []
+        monkeypatch.setattr(fedavg, "_add_whole", lambda *a: calls.append(1) or real(*a))
     rng = np.random.default_rng(3)
     vectors = [
-        rng.normal(size=1000).astype(np.float32) * 10.0 ** rng.integers(-3, 4) for _ in range(12)
+        (rng.normal(size=1000) * 10.0 ** rng.integers(-3, 4)).astype(np.float32) for _ in range(12)
     ]
     counts = [int(n) for n in rng.integers(1, 2**20, size=12)]
     one, many = WeightedSum(), WeightedSum()
@@ -88,6 +101,77 @@ def test_add_many_gives_the_bits_of_adding_one_by_one_and_leaves_out_non_finite(
     assert many.add_many([], []) == []
     with pytest.raises(ValueError, match="different sizes"):
         many.add_many([np.zeros(3, dtype=np.float32)], [1])
+    if path == "torch":
+        assert len(calls) == 3  # two parts, the second one again without the bad three
+
+
+def _numpy_fold(vectors: list[np.ndarray], weights: list[float], parts: int) -> np.ndarray:
+    """The float64 sum by the numpy path (the blocks), fed in ``parts`` calls."""
+    total = np.zeros(vectors[0].size, dtype=np.float64)
+    step = max(1, -(-len(vectors) // parts))
+    for lo in range(0, len(vectors), step):
+        fedavg_blocks(total, vectors[lo : lo + step], weights[lo : lo + step])
+    return total
+
+
+def fedavg_blocks(total: np.ndarray, vectors: list[np.ndarray], weights: list[float]) -> None:
+    with pytest.MonkeyPatch.context() as mp:  # the block path whatever the weights
+        mp.setattr(fedavg, "_exact_products", lambda *_: False)
+        WeightedSum._add_blocks(total, vectors, weights)
+
+
+_F32 = st.floats(width=32, allow_nan=False, allow_infinity=False)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    data=st.lists(
+        st.tuples(
+            st.lists(_F32, min_size=7, max_size=7),
+            st.integers(0, fedavg.EXACT_WEIGHT_LIMIT - 1),
+        ),
+        min_size=1,
+        max_size=9,
+    ),
+    parts=st.integers(1, 3),
+)
+def test_the_torch_fold_gives_the_bits_of_the_numpy_fold(data, parts) -> None:
+    """Integer weights and float32 vectors (any finite values: huge, tiny, subnormal,
+    signed zeros) take the torch path; its float64 sum has the bits of the numpy block
+    path's, fed in the same parts, because every product n_k * w_k is exact."""
+    vectors = [np.array(v, dtype=np.float32) for v, _ in data]
+    weights = [n for _, n in data]
+    assert fedavg._exact_products(vectors, weights)
+    fast = WeightedSum()
+    step = max(1, -(-len(vectors) // parts))
+    for lo in range(0, len(vectors), step):
+        assert fast.add_many(vectors[lo : lo + step], weights[lo : lo + step]) == []
+    slow = _numpy_fold(vectors, weights, parts)
+    assert fast.sum is not None and fast.sum.tobytes() == slow.tobytes()
+
+
+def test_weights_or_vectors_whose_products_may_round_take_the_numpy_path() -> None:
+    """The torch path only where a fused multiply-add cannot change a bit; its torch
+    thread count is put back."""
+    v32, v64 = np.ones(3, dtype=np.float32), np.ones(3, dtype=np.float64)
+    assert fedavg._exact_products([v32, v32], [3, np.int64(2**29 - 1)])
+    assert fedavg._exact_products([v32], [7.0])
+    assert not fedavg._exact_products([v32], [0.5])  # not an integer
+    assert not fedavg._exact_products([v32], [2**29])  # 24 + 30 bits: may round
+    assert not fedavg._exact_products([v32], [float("nan")])
+    assert not fedavg._exact_products([v64], [3])  # a float64 upload: 53 + 2 bits
+    threads = torch.get_num_threads()
+    rng = np.random.default_rng(5)
+    vectors = [rng.normal(size=100).astype(np.float32) for _ in range(4)]
+    weights = [0.3, 1.7, 2.5, 0.1]
+    acc, one = WeightedSum(), WeightedSum()
+    acc.add_many(vectors, weights)
+    for v, w in zip(vectors, weights, strict=True):
+        one.add(v, w)
+    assert acc.sum is not None and one.sum is not None
+    assert acc.sum.tobytes() == one.sum.tobytes()
+    acc.add_many(vectors, [1, 2, 3, 4])
+    assert torch.get_num_threads() == threads
 
 
 def _server() -> tuple[CentralServer, int]:
