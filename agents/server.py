@@ -205,10 +205,15 @@ class CentralServer(_ServerProcess):
             r.weights = None
         return len(part) - len(rejected)
 
-    def stream_fold_split(self, rnd: int, keep: frozenset[int], n_hosts: int, *parts: Any) -> int:
+    def stream_fold_split(
+        self, rnd: int, keep: frozenset[int] | None, n_hosts: int, *parts: Any
+    ) -> int:
         """:meth:`stream_fold` of one part from ``n_hosts`` hosts: their results (as
-        ClientHost.fit_split returns them) then their uploads, by reference."""
+        ClientHost.fit_split returns them) then their uploads, by reference. ``keep``
+        None: every client of the part."""
         results = [r for part in parts[:n_hosts] for r in part]
+        if keep is None:
+            keep = frozenset(r.client_id for r in results)
         wanted = [r for r in results if r.client_id in keep]
         self._attach_uploads(wanted, parts[n_hosts:])
         return self.stream_fold(rnd, keep, wanted)

@@ -690,11 +690,13 @@ def test_rounds_planned_ahead_under_ray_give_the_in_process_records_and_resume_t
         )
 
     ahead: list[int] = []
+    chains: list[bool] = []
     real_plan_ahead = ray_executor.RayExecutor.plan_ahead
 
-    def plan_ahead(self, rnd):
+    def plan_ahead(self, rnd, chain=False):
         ahead.append(rnd)
-        real_plan_ahead(self, rnd)
+        chains.append(chain)
+        real_plan_ahead(self, rnd, chain)
 
     monkeypatch.setattr(ray_executor.RayExecutor, "plan_ahead", plan_ahead)
     local = tmp_path / "local"
@@ -711,6 +713,7 @@ def test_rounds_planned_ahead_under_ray_give_the_in_process_records_and_resume_t
     # round 0 -> 1, 1 -> 2; round 2 evaluates, a checkpoint follows round 3; 4 -> 5
     # (before the kill), and 4 -> 5 again in the resumed run
     assert ahead == [1, 2, 5, 5]
+    assert not any(chains)  # faults may be drawn: the hosts wait for the driver
     assert_same_records(local, cut)
     # held rounds (aggregated after the timing) are planned ahead after the aggregate
     held = tmp_path / "held"
@@ -729,3 +732,69 @@ def test_rounds_planned_ahead_under_ray_give_the_in_process_records_and_resume_t
             rs.executor.plan(1)
     finally:
         rs.executor.close()
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_chained_rounds_under_ray_give_the_in_process_records_and_resume_the_same(
+    tmp_path, monkeypatch
+):
+    """With no fault to draw, a round's hosts start on the server's plan while the round
+    before is still being timed and recorded (RayExecutor.plan_ahead with chain): 9 of 12
+    clients drawn each round, in parts of 5 (the first part chained, the second
+    submitted by the driver), two hosts that lend each other clients; a round after one
+    that evaluates (every 3rd) or is followed by a checkpoint (every 4th) is not chained.
+    The records are the in-process run's bit for bit, also for a run killed after round
+    4 (its round 5 already started on the hosts) and resumed from its checkpoint."""
+    from test_resume import SimulatedKill, StopAfter, assert_same_records
+
+    from mecsim.store.runfolder import prepare_resume
+
+    monkeypatch.setattr(balance, "STREAM_PART_CLIENTS", 5)
+
+    def scenario(backend: str):
+        return tiny(
+            rounds=7,
+            topology={"clients": 12, "participation": 0.75},
+            evaluation={"every": 3},
+            checkpoint={"every": 4, "keep": 2},
+            execution={"backend": backend, "hosts": 2},
+        )
+
+    chained: list[int] = []
+    taken: list[int] = []
+    real_submit = ray_executor.RayExecutor._submit_chained
+    real_fit = ray_executor.RayExecutor._fit_streamed
+
+    def submit(self, rnd, plan):
+        chained.append(rnd)
+        return real_submit(self, rnd, plan)
+
+    def fit_streamed(self, rnd, tasks, lost, fold):
+        before = self.chained_rounds
+        out = real_fit(self, rnd, tasks, lost, fold)
+        if self.chained_rounds > before:
+            taken.append(rnd)
+        return out
+
+    monkeypatch.setattr(ray_executor.RayExecutor, "_submit_chained", submit)
+    monkeypatch.setattr(ray_executor.RayExecutor, "_fit_streamed", fit_streamed)
+    local = tmp_path / "local"
+    run_in_folder(scenario("local"), local)
+    whole = tmp_path / "whole"
+    run_in_folder(scenario("ray"), whole)
+    # rounds 2 and 5 evaluate, a checkpoint follows round 3, round 6 is the last
+    assert chained == taken == [1, 2, 5]
+    assert_same_records(local, whole)
+    cut = tmp_path / "cut" / "r"
+    with pytest.raises(SimulatedKill):  # at the end of round 4, round 5 on the hosts
+        run_in_folder(scenario("ray"), cut, observers=[StopAfter(4)])
+    assert chained == [1, 2, 5, 1, 2, 5] and taken == [1, 2, 5, 1, 2]
+    target = prepare_resume(cut)
+    try:
+        assert target.rounds_done == 4  # the checkpoint after round 3
+        run_in_folder(None, resume=target)
+    finally:
+        target.lock.release()
+    assert chained[6:] == taken[5:] == [5]
+    assert_same_records(local, cut)

@@ -74,6 +74,11 @@ class RoundFaults:
         return out
 
 
+def draws_any(cfg: FaultsConfig | None) -> bool:
+    """Can :func:`draw_round` draw a fault (an outage, crash or drop-out) for any round?"""
+    return cfg is not None and (cfg.outage_prob > 0 or cfg.crash_prob > 0 or cfg.dropout_prob > 0)
+
+
 def active(cfg: FaultsConfig | None) -> bool:
     """Does this ``faults`` configuration inject anything?"""
     return cfg is not None and (

@@ -77,7 +77,9 @@ def run_round(
     results = rs.executor.fit(rnd, trained, frozenset(rf.crash_at), fold=fold)
     train_wall = time.perf_counter() - wall0
     if plan_ahead and rs.streams:  # the server has been asked for all of this round's work
-        rs.executor.plan_ahead(rnd + 1)
+        # with no fault to draw, the next round trains every client planned, folds them
+        # all and loses none: its hosts may start from the plan itself (chain=True)
+        rs.executor.plan_ahead(rnd + 1, chain=not faults.draws_any(sc.faults))
     traces = {r.client_id: r.trace for r in results}
     for cid, at in rf.crash_at.items():
         traces[cid] = faults.crash_trace(traces[cid], at)

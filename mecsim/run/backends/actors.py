@@ -17,6 +17,8 @@ from mecsim.agents.host import ClientHost, HostSetup
 from mecsim.agents.server import CentralServer, EdgeServer
 from mecsim.data import DataPools
 from mecsim.run.backends import shared_model, shared_uploads
+from mecsim.run.backends.balance import stream_parts
+from mecsim.run.backends.base import ClientMap
 
 #: A host call whose clients' uploads together take at most this many bytes keeps them
 #: until the call returns, then hands them over as one object (one copy into the object
@@ -156,6 +158,36 @@ class ClientHostActor(ClientHost):
             result.weights = row
             self._held += 1
         return result
+
+    _client_map: ClientMap | None = None
+
+    def use_client_map(self, clients: ClientMap) -> None:
+        """Keep the executor's :class:`ClientMap` for :meth:`fit_planned` (sent once, not
+        with every call: 1,000 clients' sample indices take ~3 ms to unpickle)."""
+        self._client_map = clients
+
+    def fit_planned(
+        self,
+        rnd: int,
+        plan: tuple[list[int], list[ClientTask]],
+        host: int,
+        part_clients: int,
+        shared_slot: int | None = None,
+    ) -> tuple[list[ClientResult], Any]:
+        """:meth:`fit_split` of this host's share of round ``rnd``'s first streamed part,
+        read off the server's plan (which Ray hands over when the server has made it: see
+        :meth:`~mecsim.run.backends.ray_executor.RayExecutor.plan_ahead`): the part
+        :func:`~mecsim.run.backends.balance.stream_parts` cuts with ``part_clients``,
+        shared out by the :class:`ClientMap` of :meth:`use_client_map` as the executor's
+        fit would. No client is lost (no fault can be drawn when rounds are chained)."""
+        if self._client_map is None:
+            raise RuntimeError("fit_planned before use_client_map")
+        _, tasks = plan
+        parts = stream_parts(tasks, part_clients)
+        group, guests = (
+            self._client_map.assign(parts[0]).get(host, ([], None)) if parts else ([], None)
+        )
+        return self.fit_split(rnd, group, frozenset(), guests, shared_slot=shared_slot)
 
     def fit_split(
         self,

@@ -86,9 +86,12 @@ class Executor(Protocol):
         hierarchical algorithm whose clients move: its edge servers group the round's
         clients by where they are at its start)."""
 
-    def plan_ahead(self, rnd: int) -> None:
+    def plan_ahead(self, rnd: int, chain: bool = False) -> None:
         """The next server call will be :meth:`plan` of round ``rnd``: an executor may plan
-        it now, overlapping the caller's work (nothing else may reach the server first)."""
+        it now, overlapping the caller's work (nothing else may reach the server first).
+        ``chain``: round ``rnd``'s :meth:`fit` will train every planned client, lose none
+        and fold them all (no fault can be drawn), so an executor may start its hosts on
+        the plan as soon as the server has made it, without waiting for the caller."""
 
     def fit(
         self,

@@ -85,11 +85,12 @@ class LocalExecutor:
         self.clients.associate(edge_server_of)
         self.server.associate(edge_server_of)
 
-    def plan_ahead(self, rnd: int) -> None:
+    def plan_ahead(self, rnd: int, chain: bool = False) -> None:
         """Say that the next call to the servers will be :meth:`plan` of round ``rnd``
         (no evaluation, checkpoint or other server call comes first): under Ray the
         central server then plans it at once, while this process times the round that
-        ends. In-process there is nothing to overlap."""
+        ends (and, with ``chain``, the hosts start on it). In-process there is nothing
+        to overlap."""
 
     def plan(self, rnd: int) -> tuple[list[int], list[ClientTask]]:
         """The round's clients and tasks: planned by the central server, filled in by
