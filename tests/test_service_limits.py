@@ -78,7 +78,14 @@ def test_mecsim_run_refuses_a_typo_sized_run_and_lifts_its_limits_on_request(
 ):
     monkeypatch.chdir(tmp_path)
     path = tmp_path / "huge.yaml"
-    path.write_text(tiny_yaml(training={"epochs": 1_000_000_000, "batch_size": 16}))
+    # metrics on any free port: validate checks the port, and another test process may
+    # hold the default one (9464) meanwhile
+    path.write_text(
+        tiny_yaml(
+            training={"epochs": 1_000_000_000, "batch_size": 16},
+            metrics={"enabled": True, "port": 0},
+        )
+    )
     assert main(["run", str(path), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "training.epochs" in err and "--max-steps" in err and "Traceback" not in err
