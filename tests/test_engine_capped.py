@@ -92,8 +92,9 @@ def test_ten_capped_flows_from_a_scenario_with_latency_and_loss():
                     "shared": True,
                     "latency_s": 0.02,
                     "loss_rate": 0.005,
+                    "transport": "ideal",  # the Mathis cap this case is worked for
                 },
-                "downlink": {"rate_bps": 100e6, "latency_s": 0.02},
+                "downlink": {"rate_bps": 100e6, "latency_s": 0.02, "transport": "ideal"},
             },
         },
         "ten.yaml",

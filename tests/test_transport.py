@@ -49,8 +49,9 @@ def test_transfer_time_and_jitter_hand_numbers():
 
 
 def _scenario(**channel_links):
-    up = {"rate_bps": 10e6, **channel_links.get("uplink", {})}
-    down = {"rate_bps": 10e6, **channel_links.get("downlink", {})}
+    # the ideal transport these hand numbers are worked for (tests/test_tcp.py: tcp)
+    up = {"rate_bps": 10e6, "transport": "ideal", **channel_links.get("uplink", {})}
+    down = {"rate_bps": 10e6, "transport": "ideal", **channel_links.get("downlink", {})}
     data = {
         "topology": {"clients": 4},
         "channel": {"model": "fixed_rate", "uplink": up, "downlink": down},
@@ -190,8 +191,8 @@ def test_loss_rate_swept_from_the_command_line_hand_computed(tmp_path):
             "dataset": {"train_size": 300, "test_size": 60},
             "channel": {
                 "model": "fixed_rate",
-                "uplink": {"rate_bps": 2e6},
-                "downlink": {"rate_bps": 8e6},
+                "uplink": {"rate_bps": 2e6, "transport": "ideal"},
+                "downlink": {"rate_bps": 8e6, "transport": "ideal"},
             },
             "execution": {"backend": "local"},
             "metrics": {"enabled": False},

@@ -29,6 +29,7 @@ import numpy as np
 import mecsim.registry as registry
 from mecsim.channel import FixedRateChannel, ShannonChannel, Tr38901PathLoss, TraceChannel
 from mecsim.channel.pathloss import RECORD_KEYS as PATH_LOSS_RECORD_KEYS
+from mecsim.channel.tcp import CONNECTION_SETUP_ROUND_TRIPS, TcpColumns, TcpFlow, header_efficiency
 from mecsim.channel.transport import jittered_latency_s, mathis_goodput_bps
 from mecsim.channel.units import db_to_linear, dbm_to_w
 from mecsim.channel.wireless import RECORD_KEYS, RoundChannel
@@ -253,6 +254,9 @@ class RoundLinks:
     # None: no loss in that direction, so every share is 1.0 (nothing to compute)
     uplink_max_share: np.ndarray | None
     downlink_max_share: np.ndarray | None
+    # each selected client's TCP flow per direction (None: transport ideal)
+    uplink_tcp: tuple[TcpFlow, ...] | None = None
+    downlink_tcp: tuple[TcpFlow, ...] | None = None
 
 
 def max_share(rate_bps: ArrayLike, goodput_bps: ArrayLike) -> np.ndarray:
@@ -263,6 +267,34 @@ def max_share(rate_bps: ArrayLike, goodput_bps: ArrayLike) -> np.ndarray:
     good = np.asarray(goodput_bps, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(good < rate, good / rate, 1.0)
+
+
+def payload_share(link: LinkTransport) -> float:
+    """The share of a link's rate that carries payload: ``mss / (mss + header)`` under
+    ``transport: tcp`` (:func:`~mecsim.channel.tcp.header_efficiency`), 1.0 under ideal."""
+    return header_efficiency(link.mss_bytes, link.header_bytes) if link.tcp() else 1.0
+
+
+def tcp_flows(
+    link: LinkTransport, rtt_s: np.ndarray, flows: np.ndarray
+) -> tuple[TcpFlow, ...] | None:
+    """Each client's :class:`~mecsim.channel.tcp.TcpFlow` on ``link`` (round trips
+    ``rtt_s``, ``flows`` sharing its medium), or None under ``transport: ideal``."""
+    if not link.tcp():
+        return None
+    return tuple(
+        TcpFlow(
+            rtt_s=float(r),
+            mss_bytes=link.mss_bytes,
+            initial_window=link.initial_window_segments,
+            setup_round_trips=CONNECTION_SETUP_ROUND_TRIPS[link.connection],
+            loss_rate=link.loss_rate,
+            congestion_control=link.congestion_control,
+            min_rto_s=link.min_rto_s,
+            flows=int(k),
+        )
+        for r, k in zip(rtt_s.tolist(), flows.tolist(), strict=True)
+    )
 
 
 def _air_rate(goodput_bps: np.ndarray, rate_bps: np.ndarray, loss_rate: float) -> np.ndarray:
@@ -367,8 +399,13 @@ class NetworkModel:
         bh = self.scenario.backhaul  # each edge server's wired link to the central server
         n = self.scenario.topology.edge_servers
         lat = jittered_latency_s(bh.latency_s, bh.jitter_s, rng.uniform(-1.0, 1.0, size=n))
-        bps = mathis_goodput_bps(
-            np.full(n, bh.bandwidth_bps), 2.0 * lat, bh.loss_rate, bh.mss_bytes
+        # under tcp the backhaul's headers (its window and losses are not modelled)
+        bps = (
+            np.full(n, bh.bandwidth_bps * payload_share(bh))
+            if bh.tcp()
+            else mathis_goodput_bps(
+                np.full(n, bh.bandwidth_bps), 2.0 * lat, bh.loss_rate, bh.mss_bytes
+            )
         )
         server = self.server_profile
         servers = [
@@ -434,19 +471,24 @@ class NetworkModel:
         up_lat = jittered_latency_s(self.uplink.latency_s, self.uplink.jitter_s, u[:, 0])
         down_lat = jittered_latency_s(self.downlink.latency_s, self.downlink.jitter_s, u[:, 1])
         rtt = up_lat + down_lat  # data one way, acknowledgements the other
-        # the Mathis bound alone (rate inf): applied to constant rates and to every segment
-        # of a trace schedule
-        up_cap = mathis_goodput_bps(np.inf, rtt, self.uplink.loss_rate, self.uplink.mss_bytes)
-        down_cap = mathis_goodput_bps(np.inf, rtt, self.downlink.loss_rate, self.downlink.mss_bytes)
-        up_good = np.minimum(ch.uplink_rate_bps, up_cap)
-        down_good = np.minimum(ch.downlink_rate_bps, down_cap)
+        # transport ideal: the Mathis bound alone (rate inf), applied to constant rates and
+        # to every segment of a trace schedule; tcp: no cap (a finite flow's losses are
+        # timed per transfer, TcpFlow), the payload's share of the rate
+        up_cap, down_cap = self._cap(self.uplink, rtt), self._cap(self.downlink, rtt)
+        up_share, down_share = payload_share(self.uplink), payload_share(self.downlink)
+        up_rate = ch.uplink_rate_bps * up_share
+        down_rate = ch.downlink_rate_bps * down_share
+        up_good = np.minimum(up_rate, up_cap)
+        down_good = np.minimum(down_rate, down_cap)
         servers, bh_lat, bh_bps = self._backhaul(t_rng)
         # the round's links as arrays in selection order, for the energy of its clients:
         # (up, down) air rates (the link rate with the loss rate's retransmissions, never
         # below the goodput: mecsim.emulation.energy.air_rate_bps; NaN where a rate
         # schedule applies) and latencies
         self.moving_links = (
-            self._moving_links(ch, selected, elapsed_s, up_cap, down_cap) if self.follows else None
+            self._moving_links(ch, selected, elapsed_s, up_cap, down_cap, up_share, down_share)
+            if self.follows
+            else None
         )
         # a rate trace or a moving client's rate: the air time is the transfer's duration
         schedule = isinstance(self.channel, TraceChannel) or self.follows
@@ -455,10 +497,10 @@ class NetworkModel:
                 [
                     np.full(len(selected), np.nan)
                     if schedule
-                    else _air_rate(up_good, ch.uplink_rate_bps, self.uplink.loss_rate),
+                    else _air_rate(up_good, up_rate, self.uplink.loss_rate),
                     np.full(len(selected), np.nan)
                     if schedule
-                    else _air_rate(down_good, ch.downlink_rate_bps, self.downlink.loss_rate),
+                    else _air_rate(down_good, down_rate, self.downlink.loss_rate),
                 ]
             ),
             np.column_stack([up_lat, down_lat]),
@@ -474,9 +516,32 @@ class NetworkModel:
             servers,
             bh_lat,
             bh_bps,
-            max_share(ch.uplink_rate_bps, up_good) if self.uplink.loss_rate > 0 else None,
-            max_share(ch.downlink_rate_bps, down_good) if self.downlink.loss_rate > 0 else None,
+            max_share(up_rate, up_good) if self._capped(self.uplink) else None,
+            max_share(down_rate, down_good) if self._capped(self.downlink) else None,
+            tcp_flows(self.uplink, rtt, self._flows(selected, self.network.uplink_shared)),
+            tcp_flows(self.downlink, rtt, self._flows(selected, self.network.downlink_shared)),
         )
+
+    @staticmethod
+    def _cap(link: LinkTransport, rtt_s: np.ndarray) -> np.ndarray:
+        """The Mathis bound of an ideal link with loss (b/s); inf otherwise."""
+        if link.tcp():
+            return np.full(len(rtt_s), np.inf)
+        return mathis_goodput_bps(np.inf, rtt_s, link.loss_rate, link.mss_bytes)
+
+    @staticmethod
+    def _capped(link: LinkTransport) -> bool:
+        """Can a flow on this link be capped below its rate (an ideal link with loss)?"""
+        return link.loss_rate > 0 and not link.tcp()
+
+    def _flows(self, selected: list[int], shared: bool) -> np.ndarray:
+        """How many of the round's flows share each selected client's medium: the
+        round's clients of its edge server on a shared medium, else 1 (its own link)."""
+        if not shared:
+            return np.ones(len(selected), dtype=np.int64)
+        es = self.edge_server[np.asarray(selected, dtype=np.int64)]
+        counts = np.bincount(es, minlength=int(es.max(initial=0)) + 1)
+        return counts[es]
 
     def _moving_links(
         self,
@@ -485,6 +550,8 @@ class NetworkModel:
         elapsed_s: float,
         up_cap: np.ndarray,
         down_cap: np.ndarray,
+        up_share: float = 1.0,
+        down_share: float = 1.0,
     ) -> tuple[MovingLinks, MovingLinks]:
         """The round's (uplink, downlink) links of clients that move, as functions of
         their distance to their serving site (:mod:`mecsim.emulation.moving_rate`): the
@@ -526,11 +593,26 @@ class NetworkModel:
         deadline_s = self.network.deadline_s
         common["horizon_s"] = math.inf if deadline_s is None else elapsed_s + deadline_s
         positions = self.moving.positions
+        # the rate is B log2(1 + SINR): the payload's share of it by the bandwidth's factor
         up = MovingLinks(
-            positions, elapsed_s, at, site, b_ul, k_ul, np.broadcast_to(up_cap, n), **common
+            positions,
+            elapsed_s,
+            at,
+            site,
+            b_ul * up_share,
+            k_ul,
+            np.broadcast_to(up_cap, n),
+            **common,
         )
         down = MovingLinks(
-            positions, elapsed_s, at, site, b_dl, k_dl, np.broadcast_to(down_cap, n), **common
+            positions,
+            elapsed_s,
+            at,
+            site,
+            b_dl * down_share,
+            k_dl,
+            np.broadcast_to(down_cap, n),
+            **common,
         )
         return up, down
 
@@ -582,6 +664,8 @@ class NetworkModel:
             links.uplink_max_share,
             downlink_moving=None if moving is None else (moving[1], rows),
             uplink_moving=None if moving is None else (moving[0], rows),
+            downlink_tcp=TcpColumns.of(list(links.downlink_tcp or ())),
+            uplink_tcp=TcpColumns.of(list(links.uplink_tcp or ())),
         )
 
     def round(
@@ -608,8 +692,16 @@ class NetworkModel:
                 up, down = self.moving_links[0].rate(i), self.moving_links[1].rate(i)
             if isinstance(self.channel, TraceChannel):
                 (ut, ur), (dt, dr) = self.channel.schedules(cid)
-                up = schedule_from(ut, np.minimum(ur, links.uplink_cap_bps[i]), elapsed_s)
-                down = schedule_from(dt, np.minimum(dr, links.downlink_cap_bps[i]), elapsed_s)
+                up = schedule_from(
+                    ut,
+                    np.minimum(ur * payload_share(self.uplink), links.uplink_cap_bps[i]),
+                    elapsed_s,
+                )
+                down = schedule_from(
+                    dt,
+                    np.minimum(dr * payload_share(self.downlink), links.downlink_cap_bps[i]),
+                    elapsed_s,
+                )
             dev = self.devices[cid]
             es = int(self.edge_server[cid])
             specs[cid] = ClientSpec(
@@ -623,6 +715,8 @@ class NetworkModel:
                 downlink_latency_s=float(down_lat[i]),
                 uplink_max_share=1.0 if up_share is None else float(up_share[i]),
                 downlink_max_share=1.0 if down_share is None else float(down_share[i]),
+                uplink_tcp=None if links.uplink_tcp is None else links.uplink_tcp[i],
+                downlink_tcp=None if links.downlink_tcp is None else links.downlink_tcp[i],
             )
             if records:
                 rows[int(cid)].update(

@@ -249,13 +249,21 @@ def load_recorded_scenario(path: str | Path) -> Scenario:
     asks for: a Shannon uplink with ``shared: true`` and per-client bands written before
     ``channel.uplink.access`` existed ran as ``access: shared_own_band`` (the network
     reads only ``shared`` and the band) and loads so, for reports, replays, sweeps and
-    resumes. Everything else is validated as :func:`load_scenario` does."""
+    resumes; a link (uplink, downlink, backhaul) without ``transport`` was written before
+    transfers were timed as TCP flows and loads as ``transport: ideal``. Everything else
+    is validated as :func:`load_scenario` does."""
     path = Path(path)
     data = parse_yaml(read_scenario_text(path), str(path))
     if data is None:
         raise ScenarioError(f"{path}: empty scenario")
     channel = data.get("channel") if isinstance(data, dict) else None
     uplink = channel.get("uplink") if isinstance(channel, dict) else None
+    # a link written before ``transport`` existed was timed as latency + bits / goodput
+    links = [channel.get(k) for k in ("uplink", "downlink")] if isinstance(channel, dict) else []
+    links.append(data.get("backhaul") if isinstance(data, dict) else None)
+    for link in links:
+        if isinstance(link, dict) and "transport" not in link:
+            link["transport"] = "ideal"
     if isinstance(uplink, dict):
         band = uplink.get("bandwidth_hz")
         if (

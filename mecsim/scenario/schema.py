@@ -470,22 +470,29 @@ else:
 
 
 class LinkTransport(_Strict):
-    """Latency, jitter and packet loss of one link class (uplink, downlink or backhaul).
+    """Latency, jitter, packet loss and transport of one link class (uplink, downlink or
+    backhaul).
 
-    A transfer of n bytes takes ``latency + 8*n / goodput``; the latency is drawn per
-    client-round as ``max(0, latency_s + jitter_s * U[-1, 1])`` from the scenario seed; a
-    loss rate p limits the goodput to the Mathis et al. TCP bound
-    ``min(rate, 8*MSS/(RTT*sqrt(p)) * sqrt(3/2))`` (docs/channel.md).
+    The latency is drawn per client-round as ``max(0, latency_s + jitter_s * U[-1, 1])``
+    from the scenario seed. ``transport: tcp`` (the default) times each transfer as a
+    finite TCP flow on an open connection: header bytes on the wire, slow start from
+    ``initial_window_segments``, the connection's set-up and, with a loss rate, the
+    expected loss recovery and congestion avoidance of ``congestion_control``
+    (:mod:`mecsim.channel.tcp`). ``transport: ideal`` keeps ``latency + 8*n / goodput``,
+    a loss rate limiting the goodput to the Mathis et al. bound
+    ``min(rate, 8*MSS/(RTT*sqrt(p)) * sqrt(3/2))`` (docs/channel.md, "Transport").
     """
 
     latency_s: float = Field(
         default=0.0,
         ge=0,
+        le=3600,
         description="one-way propagation + queueing delay added to every transfer (s)",
     )
     jitter_s: float = Field(
         default=0.0,
         ge=0,
+        le=3600,
         description="latency varies per client-round "
         "uniformly in [latency_s - jitter_s, latency_s + jitter_s], "
         "clipped at 0 (s)",
@@ -494,11 +501,66 @@ class LinkTransport(_Strict):
         default=0.0,
         ge=0,
         lt=1,
-        description="packet-loss probability; > 0 limits TCP goodput to the Mathis et al. bound",
+        description="packet-loss probability: tcp, the expected loss recovery of a finite "
+        "flow (Cardwell et al.); ideal, the Mathis et al. bound on the goodput",
+    )
+    transport: Literal["tcp", "ideal"] = Field(
+        default="tcp",
+        description="tcp: a finite TCP flow per transfer (headers, slow start, set-up, "
+        "loss recovery); ideal: latency + 8*bytes/goodput, for papers that time bits/rate "
+        "(docs/channel.md)",
     )
     mss_bytes: int = Field(
-        default=1460, gt=0, description="TCP maximum segment size for the Mathis bound (bytes)"
+        default=1448,
+        gt=0,
+        le=65495,
+        description="TCP payload per segment (bytes); default 1448 under tcp (a 1,500-byte "
+        "MTU with timestamps), 1460 under ideal (what its Mathis bound assumes)",
     )
+    header_bytes: int = Field(
+        default=52,
+        ge=0,
+        le=65535,
+        description="tcp: bytes on the wire per segment besides its payload (IPv4 20 + TCP "
+        "20 + timestamps 12)",
+    )
+    initial_window_segments: int = Field(
+        default=10,
+        ge=1,
+        le=10000,
+        description="tcp: the initial congestion window in segments (RFC 6928: 10)",
+    )
+    connection: Literal["persistent", "new", "tls"] = Field(
+        default="persistent",
+        description="tcp: persistent (FL clients keep their connection: no set-up), new "
+        "(one round trip of handshake per transfer) or tls (two)",
+    )
+    congestion_control: Literal["cubic", "newreno"] = Field(
+        default="cubic", description="tcp: the congestion control whose loss recovery is timed"
+    )
+    min_rto_s: float = Field(
+        default=0.2,
+        gt=0,
+        le=60,
+        description="tcp: the retransmission timeout's floor (s; Linux 0.2, RFC 6298 1.0)",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mss_follows_transport(cls, data: Any) -> Any:
+        """An MSS left out is 1,460 bytes under ``transport: ideal`` (the Mathis bound's
+        figure before ``transport`` existed) and 1,448 under tcp."""
+        if isinstance(data, dict) and "mss_bytes" not in data and data.get("transport") == "ideal":
+            return {**data, "mss_bytes": IDEAL_MSS_BYTES}
+        return data
+
+    def tcp(self) -> bool:
+        """Are this link's transfers finite TCP flows (``transport: tcp``)?"""
+        return self.transport == "tcp"
+
+
+#: the MSS of an ideal link's Mathis bound when none is given (bytes)
+IDEAL_MSS_BYTES = 1460
 
 
 def personalised_downloads(algorithm: str) -> bool:

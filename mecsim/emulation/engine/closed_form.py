@@ -16,6 +16,7 @@ from typing import Any, Literal, cast
 
 import numpy as np
 
+from mecsim.channel.tcp import TcpColumns
 from mecsim.emulation.engine.specs import (
     ClientSpec,
     ClientTimeline,
@@ -34,6 +35,7 @@ from mecsim.emulation.ops import (
 # Exact types only: a subclass (or any op type added later) goes to the SimPy model.
 _CLOSED_FORM_KIND: dict[type, int] = {Download: 0, Compute: 1, Upload: 2}
 _COMPUTE = 1
+_TCP_FIELDS = ("downlink_tcp", "uplink_tcp")
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,9 @@ class ClientColumns:
     #: :class:`~mecsim.emulation.moving_rate.MovingLinks`); None: the rate columns
     downlink_moving: tuple[Any, np.ndarray] | None = None
     uplink_moving: tuple[Any, np.ndarray] | None = None
+    #: each direction's TCP flows as columns (None: no flow adds time to a transfer)
+    downlink_tcp: TcpColumns | None = None
+    uplink_tcp: TcpColumns | None = None
 
     @classmethod
     def of(
@@ -90,6 +95,8 @@ class ClientColumns:
             column("uplink_max_share") if max_shares else None,
             downlink_moving=down_moving,
             uplink_moving=up_moving,
+            downlink_tcp=TcpColumns.of([s.downlink_tcp for s in specs]),
+            uplink_tcp=TcpColumns.of([s.uplink_tcp for s in specs]),
         )
 
 
@@ -203,6 +210,8 @@ def _closed_form_arrays(
     moving = rate_batches(specs)  # each direction's rates looked at once, used twice
     if any(m is False for m in moving.values()):
         return None  # a rate trace (or outages): the SimPy model or the media path
+    if not all(TcpColumns.uniform([getattr(s, k) for s in specs]) for k in _TCP_FIELDS):
+        return None  # TCP flows of different kinds in one direction: the SimPy model
     plan = plan_traces(traces)
     if plan is None:
         return None
@@ -248,13 +257,24 @@ def _advance_group(group: PlanGroup, clients: ClientColumns) -> tuple[np.ndarray
                 (nbits,) = sizes
                 rate, lat_s = (down_bps, down_lat_s) if kind == 0 else (up_bps, up_lat_s)
                 moving = clients.downlink_moving if kind == 0 else clients.uplink_moving
+                tcp = clients.downlink_tcp if kind == 0 else clients.uplink_tcp
                 if moving is None:
-                    delay_s = np.where(
-                        nbits > 0, np.where(rate > 0, nbits / rate + lat_s, np.inf), 0.0
-                    )
+                    if tcp is None:
+                        delay_s = np.where(
+                            nbits > 0, np.where(rate > 0, nbits / rate + lat_s, np.inf), 0.0
+                        )
+                    else:  # DedicatedLink.transfer with its TCP flow
+                        extra_s = tcp.extra_s(at, nbits / 8.0, rate)
+                        delay_s = np.where(
+                            nbits > 0,
+                            np.where(rate > 0, nbits / rate + extra_s + lat_s, np.inf),
+                            0.0,
+                        )
                 else:  # a moving client's link: its rate integrated from now (mid*)
                     links, js = moving
                     took_s = links.transfer_times_s(js[at], nbits, now_s)
+                    if tcp is not None:  # at the rate the transfer averaged
+                        took_s = took_s + tcp.extra_s(at, nbits / 8.0, nbits / took_s)
                     delay_s = np.where(nbits > 0, took_s + lat_s, 0.0)
             blocked = np.isinf(delay_s) & ~stuck
             stuck_kind[blocked] = kind

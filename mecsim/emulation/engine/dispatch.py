@@ -156,7 +156,12 @@ def time_round_columns(
         if network.uplink_shared or network.downlink_shared:
             if servers is None or edge_server is None:
                 return None
-            if clients.uplink_latency_s.any() or clients.downlink_latency_s.any():
+            if (
+                clients.uplink_latency_s.any()
+                or clients.downlink_latency_s.any()
+                or clients.uplink_tcp is not None
+                or clients.downlink_tcp is not None
+            ):
                 return None  # time_round leaves such rounds to the SimPy model
             solved = media.media_columns(
                 plan,
@@ -199,9 +204,9 @@ def _solve(
 ) -> tuple[str, tuple[ClientTimeline, ...]]:
     """(path, timelines): the first path from ``method`` on that covers the round."""
 
-    # the media and event paths do not model per-link latency yet: such rounds go to
-    # the closed form (which does) or to SimPy
-    latency = any(s.uplink_latency_s or s.downlink_latency_s for s in clients.values())
+    # the media and event paths do not model per-link latency or TCP flows whose window
+    # can hold a transfer yet: such rounds go to the closed form (which does) or to SimPy
+    latency = any(s.adds_time() for s in clients.values())
     for path in _PATHS[0 if method == "auto" else _PATHS.index(method) :]:
         if latency and path in ("media", "events"):
             continue

@@ -17,6 +17,7 @@ from typing import Any, cast
 
 import simpy
 
+from mecsim.channel.tcp import TcpFlow
 from mecsim.emulation.engine.sharing import CappedSharing
 from mecsim.emulation.engine.specs import (
     ClientSpec,
@@ -134,21 +135,37 @@ class CappedProcessorSharing:
 
 class DedicatedLink:
     """A client's own link: no contention; it owns its transfer delay
-    (``nbits / rate + latency_s``)."""
+    (``nbits / rate + latency_s``, plus a TCP flow's :meth:`TcpFlow.extra_s`)."""
 
-    def __init__(self, env: simpy.Environment, rate_bps: Rate, latency_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        env: simpy.Environment,
+        rate_bps: Rate,
+        latency_s: float = 0.0,
+        tcp: TcpFlow | None = None,
+    ) -> None:
         self.env, self.rate_bps, self.latency_s = env, rate_bps, latency_s
+        self.tcp = tcp if tcp is not None and tcp.adds_time else None
 
     def __repr__(self) -> str:
-        return f"DedicatedLink(rate_bps={self.rate_bps!r}, latency_s={self.latency_s})"
+        return (
+            f"DedicatedLink(rate_bps={self.rate_bps!r}, latency_s={self.latency_s}, "
+            f"tcp={self.tcp!r})"
+        )
 
     def transfer(self, nbits: float) -> _Proc:
         if nbits <= 0:
             return
         if isinstance(self.rate_bps, TimeVaryingRate):
-            delay_s = self.rate_bps.transfer_time_s(nbits, self.env.now) + self.latency_s
+            took_s = self.rate_bps.transfer_time_s(nbits, self.env.now)
+            # a schedule's TCP flow runs at the rate the transfer averaged
+            extra_s = self.tcp.extra_s(nbits / 8.0, nbits / took_s) if self.tcp else 0.0
+            delay_s = took_s + extra_s + self.latency_s
+        elif self.rate_bps > 0:
+            extra_s = self.tcp.extra_s(nbits / 8.0, self.rate_bps) if self.tcp else 0.0
+            delay_s = nbits / self.rate_bps + extra_s + self.latency_s
         else:
-            delay_s = nbits / self.rate_bps + self.latency_s if self.rate_bps > 0 else math.inf
+            delay_s = math.inf
         # an infinitely long transfer waits on an event that never fires
         yield self.env.event() if math.isinf(delay_s) else self.env.timeout(delay_s)
 
@@ -164,9 +181,11 @@ class SharedLink:
         rate_bps: float,
         latency_s: float = 0.0,
         max_share: float = 1.0,
+        tcp: TcpFlow | None = None,
     ) -> None:
         self.medium, self.rate_bps, self.latency_s = medium, rate_bps, latency_s
         self.max_share = max_share
+        self.tcp = tcp if tcp is not None and tcp.adds_time else None
 
     def __repr__(self) -> str:
         return (
@@ -180,8 +199,13 @@ class SharedLink:
                 yield self.medium.serve(nbits, self.rate_bps, self.max_share)
             else:
                 yield self.medium.serve(nbits, self.rate_bps)
-            if self.latency_s > 0:
-                yield self.medium.env.timeout(self.latency_s)
+            # a TCP flow's window and losses hold it at its fair share of the medium
+            # (TcpFlow.flows), after its bits: the medium is not held meanwhile
+            wait_s = self.latency_s + (
+                self.tcp.extra_s(nbits / 8.0, self.rate_bps) if self.tcp else 0.0
+            )
+            if wait_s > 0:
+                yield self.medium.env.timeout(wait_s)
 
 
 class Device:
@@ -384,8 +408,9 @@ def _simulate(
     def link(spec: ClientSpec, rate: Rate, shared: bool, direction: str) -> _Link:
         up = direction == "uplink"
         latency_s = spec.uplink_latency_s if up else spec.downlink_latency_s
+        tcp = spec.uplink_tcp if up else spec.downlink_tcp
         if not shared:
-            return DedicatedLink(env, rate, latency_s)
+            return DedicatedLink(env, rate, latency_s, tcp)
         if isinstance(rate, TimeVaryingRate):
             raise ValueError(
                 f"client {spec.client_id}: a shared {direction} medium needs a "
@@ -396,7 +421,7 @@ def _simulate(
             kind = CappedProcessorSharing if key in capped else ProcessorSharing
             media[key] = kind(env, f"server{key[1]}.{direction}")
         max_share = spec.uplink_max_share if up else spec.downlink_max_share
-        return SharedLink(media[key], float(rate), latency_s, max_share)
+        return SharedLink(media[key], float(rate), latency_s, max_share, tcp)
 
     backhauls = _edge_backhauls(env, traces, clients, servers)
     barriers = [sum(isinstance(op, Barrier) for op in trace) for trace in traces.values()]

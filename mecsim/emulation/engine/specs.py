@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from mecsim.channel.tcp import TcpFlow
+
 
 class TimeVaryingRate:
     """A dedicated link whose rate changes during the round: what the engines accept in
@@ -106,6 +108,8 @@ class ClientSpec:
 
     A transfer of ``nbits`` takes ``nbits / rate + latency`` on its link (the rate is the
     goodput; the latency, one-way, is added to every transfer after its last bit is sent).
+    A link with a ``*_tcp`` flow adds :meth:`TcpFlow.extra_s` of the transfer's bytes to
+    that (slow start, set-up, loss recovery: :mod:`mecsim.channel.tcp`); None: nothing.
 
     ``*_max_share`` matter on a shared medium only: the largest fraction of the medium's
     time the client's flow can use, its goodput over its link's rate (``c / r`` when a
@@ -124,6 +128,19 @@ class ClientSpec:
     downlink_latency_s: float = 0.0
     uplink_max_share: float = 1.0
     downlink_max_share: float = 1.0
+    uplink_tcp: TcpFlow | None = None
+    downlink_tcp: TcpFlow | None = None
+
+    def adds_time(self) -> bool:
+        """Does a transfer of this client take more than its bits at the rate (a latency,
+        or a TCP flow whose window or losses can hold it)? The media and event paths
+        time only links that do not."""
+        return bool(
+            self.uplink_latency_s
+            or self.downlink_latency_s
+            or (self.uplink_tcp is not None and self.uplink_tcp.adds_time)
+            or (self.downlink_tcp is not None and self.downlink_tcp.adds_time)
+        )
 
 
 @dataclass(frozen=True)
