@@ -111,7 +111,8 @@ def slow_start_stall_s(
         fill = _first_power(np.where(tau > 0, r / (iw * tau), 0.0))  # K
     last = _first_power(n / iw + 1.0) - 1.0  # j: the round of the last segment
     k = np.maximum(np.minimum(fill, last), 0.0)
-    stall = k * r - iw * (_pow2(k) - 1.0) * tau
+    with np.errstate(invalid="ignore"):  # an infinite τ (no rate): answered below
+        stall = k * r - iw * (_pow2(k) - 1.0) * tau
     return np.where((n > 0) & np.isfinite(tau), np.maximum(stall, 0.0), 0.0)
 
 
@@ -159,6 +160,7 @@ def tcp_extra_s(
     rtt = np.asarray(rtt_s, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
         tau = np.where(g > 0, 8.0 * mss_bytes / g, np.inf)  # one segment's serialisation
+    tau = np.where(np.isfinite(tau), tau, 0.0)  # no rate: inf below, whatever the rest
     d = np.ceil(nb / mss_bytes)  # segments
     r = rtt + tau
     extra = setup_round_trips * r
