@@ -12,7 +12,8 @@
 // BE_MaxAmpduSize 65,535 bytes, Block Ack window 64 MPDUs, no A-MSDU, no RTS/CTS),
 // WifiNetDevice MTU set to 1,500 bytes.
 // TCP: Cubic, SegmentSize 1,448 (1,500-byte packets with timestamps), InitialCwnd 10,
-// SACK, timestamps, delayed ACKs (2 segments), send/receive buffers --tcp_buffer_bytes.
+// SACK, timestamps, delayed ACKs (2 segments), send/receive buffers --tcp_buffer_bytes,
+// MinRto --min_rto_ms (200 ms as Linux; ns-3's default 1 s), SYN timeout 200 ms.
 //
 // No hidden terminals: every station stands on the same ray from the AP (x axis), so two
 // stations are at most max(d) - min(d) apart; the program computes every pair's received
@@ -218,6 +219,7 @@ main(int argc, char* argv[])
     uint32_t warmupPackets = 3;
     double marginDb = 0;
     double maxTimeS = 600;
+    double minRtoMs = 200;
     uint32_t seed = 1;
 
     CommandLine cmd;
@@ -235,6 +237,7 @@ main(int argc, char* argv[])
     cmd.AddValue("tcp_buffer_bytes", "TCP send and receive buffers (bytes)", tcpBufferBytes);
     cmd.AddValue("warmup_packets", "UDP echoes per station before TCP", warmupPackets);
     cmd.AddValue("margin_db", "required margin over -82 dBm between any two stations", marginDb);
+    cmd.AddValue("min_rto_ms", "TCP minimum retransmission timeout (ms)", minRtoMs);
     cmd.AddValue("max_time_s", "simulated time limit after the start (s)", maxTimeS);
     cmd.AddValue("seed", "RNG run number", seed);
     cmd.Parse(argc, argv);
@@ -281,6 +284,10 @@ main(int argc, char* argv[])
     Config::SetDefault("ns3::TcpSocket::SndBufSize", UintegerValue(tcpBufferBytes));
     Config::SetDefault("ns3::TcpSocket::RcvBufSize", UintegerValue(tcpBufferBytes));
     Config::SetDefault("ns3::TcpSocketBase::Sack", BooleanValue(true));
+    // Linux's 200 ms minimum RTO (ns-3's default is 1 s), and a SYN lost despite the
+    // warm-up is sent again after 200 ms, well before the start
+    Config::SetDefault("ns3::TcpSocketBase::MinRto", TimeValue(MilliSeconds(minRtoMs)));
+    Config::SetDefault("ns3::TcpSocket::ConnTimeout", TimeValue(MilliSeconds(200)));
     Config::SetDefault("ns3::TcpSocketBase::Timestamp", BooleanValue(true));
 
     NodeContainer staNodes;
