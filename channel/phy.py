@@ -518,3 +518,50 @@ def wifi_cell_upload_times_s(
         done_s[finished] = now_s
         active[finished] = False
     return done_s.reshape(np.shape(np.asarray(upload_bytes, dtype=float) * np.ones(np.shape(mcs))))
+
+
+def wifi_station_rates_bps(
+    mcs: ArrayLike,
+    channel_width_mhz: int = 20,
+    nss: int = 1,
+    gi_ns: float = 800,
+    mac: WifiCellMac | None = None,
+) -> FloatArray:
+    """Each station's rate on the air of one 802.11ax cell whose stations in ``mcs`` all
+    send (b/s of IP packets per second of the cell's time the station's exchanges take).
+
+    The cycle of :func:`wifi_cell_goodput_bps` split by whose it is: station i's share is
+    its own A-MPDU exchange, the AP's exchange returning its TCP ACKs and two accesses'
+    idle and collision time, ``T_i``; it carries ``k_i`` packets of ``ip_packet_bytes``,
+    so its rate is ``8 · k_i · ip_packet_bytes / T_i``. Timed as a medium that shares
+    its time among the stations sending (processor sharing, what mecsim's shared cell
+    does), n stations that start together with equal uploads end when the cell has spent
+    ``Σ T_i`` per cycle on them, as under DCF: the last upload is DCF's (within a few %
+    of ns-3's, docs/validation.md); nearer stations end earlier than DCF's equal
+    throughput would let them. A station with no MCS (out of range, ``mcs < 0``): 0 b/s.
+    """
+    mac = mac or WifiCellMac()
+    m_in = np.atleast_1d(np.asarray(mcs, dtype=np.int64))
+    out = np.zeros(m_in.shape, dtype=float)
+    ok = m_in >= 0
+    m = m_in[ok]
+    n = m.size
+    if n == 0:
+        return out.reshape(np.shape(mcs))
+    k = ampdu_mpdus(m, channel_width_mhz, nss, gi_ns, mac)
+    data_subframe = _pad4(mac.ip_packet_bytes + mac.mac_overhead_bytes + mac.ampdu_delimiter_bytes)
+    ack_subframe = _pad4(mac.tcp_ack_ip_bytes + mac.mac_overhead_bytes + mac.ampdu_delimiter_bytes)
+    n_acks = np.ceil(k / mac.segments_per_tcp_ack)
+    data_s = _exchange_s(k * data_subframe, m, channel_width_mhz, nss, gi_ns, mac)
+    ack_s = _exchange_s(n_acks * ack_subframe, m, channel_width_mhz, nss, gi_ns, mac)
+    contenders = n + 1
+    p = bianchi_collision_probability(contenders, mac.cw_min, mac.cw_max)
+    tau = bianchi_tau(p, mac.cw_min, mac.cw_max)
+    p_tr = 1.0 - (1.0 - tau) ** contenders
+    p_s = contenders * tau * (1.0 - tau) ** (contenders - 1) / p_tr
+    idle_per_success_s = mac.slot_s * (1.0 - p_tr) / (p_tr * p_s)
+    collision_s = mac.collision_cost * float(np.mean(data_s))
+    overhead_per_success_s = idle_per_success_s + (1.0 - p_s) / p_s * collision_s
+    own_s = data_s + ack_s + 2.0 * overhead_per_success_s
+    out[ok] = 8.0 * k * mac.ip_packet_bytes / own_s
+    return out.reshape(np.shape(mcs))

@@ -23,27 +23,32 @@ speed and carries no headers. A real transfer of a model is a finite TCP flow on
    default: FL clients keep their connection to the server) none.
 
 With a **loss rate** ``p`` the expected time of the transfer follows the decomposition
-of Cardwell, Savage and Anderson ("Modeling TCP latency", INFOCOM 2000): the initial
-slow start sends ``E[d_ss] = (1 − (1−p)^d)(1−p)/p + 1`` of the ``d`` segments before
-the first loss (Eq. 5), timed as above; with probability ``1 − (1−p)^d`` a loss is then
-recovered, by a timeout with probability ``Q(p, w)`` (Eq. 16 after Padhye et al.) at
-``E[Z_TO] = G(p)·T0/(1−p)``, else by fast retransmit in one round trip; the
-``d − E[d_ss]`` segments left go at the congestion-avoidance rate of the flow's
-congestion control, capped by the link. Cubic's is the larger of its response function
-(RFC 9438 §5.2: ``W = (C·(3+β)/(4·(1−β)))^(1/4) · (R/p)^(3/4)``, C = 0.4, β = 0.7) and
-its Reno-friendly window ``√(3/(2p))``; NewReno's Reno window with ACKs for every
-second segment, ``√(3/(2·b·p))``, b = 2. Either rate is Padhye et al.'s with that
-window: ``1 / (R/W + T0·min(1, 3·√(3·b·p/8))·p·(1 + 32·p²))`` segments a second. The
-retransmission timeout is ``T0 = max(min_rto_s, 2·R)`` (RFC 6298's SRTT + 4·RTTVAR
-once RTTVAR has settled near a quarter of the round trip). It is the expectation; single
-transfers spread around it (docs/validation.md gives the spread ns-3 shows).
+of Cardwell, Savage and Anderson ("Modeling TCP latency", INFOCOM 2000) for its start:
+the initial slow start sends ``E[d_ss] = (1 − (1−p)^d)(1−p)/p + 1`` of the ``d``
+segments before the first loss (their Eq. 5), timed as above; with probability
+``1 − (1−p)^d`` that loss is then recovered, by a timeout with probability ``Q(p, w)``
+(their Eq. 16, after Padhye et al.) at ``E[Z_TO] = G(p)·T0/(1−p)``, else by a fast
+retransmit in one round trip. Cardwell et al. send the rest at the steady-state rate;
+a finite flow on a fast link never reaches it (its window, cut from where slow start
+left it, takes many losses to come down), so here congestion avoidance is followed
+round trip by round trip on the window's expected course: a round trip sends
+``s = min(w, pipe)`` segments (``pipe = R/τ``, what the link carries in a round trip),
+loses one of them with probability ``1 − (1−p)^s`` — costing a round trip of fast
+recovery, or a timeout with probability ``Q(p, w)``, and a timeout when the
+retransmission is lost too (``p``) — and the window moves by its expectation,
+``w ← (1 − (1 − (1−p)^s)·(1 − β))·w + α``: Cubic's Reno-friendly AIMD (RFC 9438 §4.3:
+β = 0.7, α = 3(1−β)/(1+β)), NewReno's β = 0.5 and α = 1/2 (an ACK per second
+segment). After :data:`AVOIDANCE_ROUNDS` round trips the rest goes at the last one's
+rate. The retransmission timeout is ``T0 = max(min_rto_s, 2·R)`` (RFC 6298's
+SRTT + 4·RTTVAR once RTTVAR has settled near a quarter of the round trip). It is the
+expectation; single transfers spread widely around it (a timeout or none), and
+docs/validation.md gives the spread ns-3 shows.
 
 Pure numpy, vectorised over transfers; no engine, no scenario.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal, cast
 
@@ -127,14 +132,62 @@ def _timeout_probability(p: float, window: np.ndarray) -> np.ndarray:
     return np.where(w <= 3.0, 1.0, np.minimum(1.0, out))
 
 
-def _avoidance_window(p: float, rtt_s: np.ndarray, cc: CongestionControl) -> np.ndarray:
-    """The mean congestion window (segments) in congestion avoidance at loss rate ``p``."""
-    if cc == "newreno":
-        return np.full_like(rtt_s, math.sqrt(3.0 / (2.0 * 2.0 * p)))
-    cubic = (CUBIC_C * (3.0 + CUBIC_BETA) / (4.0 * (1.0 - CUBIC_BETA))) ** 0.25 * (
-        rtt_s / p
-    ) ** 0.75
-    return np.maximum(cubic, math.sqrt(3.0 / (2.0 * p)))
+#: (multiplicative decrease β, additive increase α segments per round trip) in congestion
+#: avoidance: Cubic's Reno-friendly AIMD (RFC 9438 §4.3, α = 3(1−β)/(1+β)); NewReno's
+#: halving, and +1/2 a round trip with an ACK per second segment (ns-3 counts ACKs)
+_AIMD = {
+    "cubic": (CUBIC_BETA, 3.0 * (1.0 - CUBIC_BETA) / (1.0 + CUBIC_BETA)),
+    "newreno": (0.5, 0.5),
+}
+#: round trips of congestion avoidance followed one by one before the rest of a transfer
+#: goes at the last one's rate (the window has long settled by then)
+AVOIDANCE_ROUNDS = 300
+
+
+def _lossy_time_s(
+    d: np.ndarray,
+    rtt_s: np.ndarray,
+    tau: np.ndarray,
+    iw: float,
+    p: float,
+    cc: CongestionControl,
+    min_rto_s: float,
+) -> np.ndarray:
+    """Expected seconds to send ``d`` segments at loss rate ``p`` (the module's
+    docstring): slow start to the first loss, its recovery, then congestion avoidance
+    round trip by round trip on the window's expected course."""
+    q = 1.0 - p
+    r = rtt_s + tau
+    pipe = r / tau  # segments a round trip carries at the link's rate
+    d_ss = np.minimum(d, (1.0 - q**d) * q / p + 1.0)  # Cardwell et al. Eq. 5
+    lost = 1.0 - q**d  # a loss happens at all
+    w_ss = (d_ss + iw) / 2.0  # the window when it does (Eq. 7, γ = 2)
+    t0 = np.maximum(min_rto_s, 2.0 * r)
+    g_p = 1.0 + p + 2 * p**2 + 4 * p**3 + 8 * p**4 + 16 * p**5 + 32 * p**6
+    z_to = g_p * t0 / q  # a timeout with its back-offs (Cardwell et al. Eq. 17)
+    timeout = _timeout_probability(p, w_ss)
+    t = slow_start_stall_s(d_ss, rtt_s, tau, iw) + d_ss * tau
+    t = t + lost * (timeout * z_to + (1.0 - timeout) * r)
+    beta, alpha = _AIMD[cc]
+    w = np.maximum(beta * w_ss, 1.0)
+    left = d - d_ss
+    for _ in range(AVOIDANCE_ROUNDS):
+        going = left > 0
+        if not going.any():
+            break
+        sent = np.minimum(w, pipe)
+        last = left <= sent
+        # a round trip, or the last segments back to back at the link's rate
+        dt = np.where(last, left * tau, r)
+        # this round's loss: recovered by a timeout (Q), else by fast retransmit in a round
+        # trip; a retransmission lost too times out
+        hit = 1.0 - q ** np.minimum(sent, left)
+        timeout = _timeout_probability(p, w)
+        dt = dt + hit * (timeout * z_to + (1.0 - timeout) * r + p * z_to)
+        t = np.where(going, t + dt, t)
+        left = np.where(going, left - sent, left)
+        w = np.where(going, np.maximum((1.0 - hit * (1.0 - beta)) * w + alpha, 1.0), w)
+    return t + np.where(left > 0, left / np.minimum(w, pipe) * r, 0.0)
 
 
 def tcp_extra_s(
@@ -169,23 +222,7 @@ def tcp_extra_s(
     if p <= 0.0:
         extra = extra + slow_start_stall_s(d, rtt, tau, iw)
     else:
-        q = 1.0 - p
-        d_ss = np.minimum(d, (1.0 - q**d) * q / p + 1.0)  # Cardwell et al. Eq. 5
-        lost = 1.0 - q**d  # a loss happens at all
-        w_ss = (d_ss + iw) / 2.0  # the window when it does (Eq. 7, γ = 2)
-        t0 = np.maximum(min_rto_s, 2.0 * r)
-        g_p = 1.0 + p + 2 * p**2 + 4 * p**3 + 8 * p**4 + 16 * p**5 + 32 * p**6
-        z_to = g_p * t0 / q
-        timeout = _timeout_probability(p, w_ss)
-        recovery = lost * (timeout * z_to + (1.0 - timeout) * r)
-        b = 2.0 if congestion_control == "newreno" else 1.0
-        window = _avoidance_window(p, r, congestion_control)
-        per_segment_s = r / window + t0 * min(1.0, 3.0 * math.sqrt(3.0 * b * p / 8.0)) * p * (
-            1.0 + 32.0 * p**2
-        )
-        # congestion avoidance: the segments left at the slower of the flow and the link
-        avoidance = (d - d_ss) * np.maximum(per_segment_s - tau, 0.0)
-        extra = extra + slow_start_stall_s(d_ss, rtt, tau, iw) + recovery + avoidance
+        extra = extra + _lossy_time_s(d, rtt, tau, iw, p, congestion_control, min_rto_s) - d * tau
     out = np.where(g > 0, extra, np.inf)
     return np.where(nb > 0, out, 0.0)
 

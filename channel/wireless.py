@@ -281,6 +281,10 @@ class ShannonChannel:
     downlink_mode: Literal["full", "equal_split"] = "full"
     snr_offset_db: float = 0.0
     path_loss: Tr38901PathLoss | None = None
+    #: the rate of an SINR (:mod:`mecsim.channel.phy_models`); None: B · log2(1 + SINR)
+    phy: Any = None
+    #: the receivers' noise figure (dB), added to the thermal noise N0 · B
+    noise_figure_db: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("uplink_bandwidth_range_hz", "tx_power_range_dbm", "distance_range_m"):
@@ -306,7 +310,8 @@ class ShannonChannel:
 
     @property
     def noise_psd_w_per_hz(self) -> float:
-        return float(dbm_to_w(self.noise_psd_dbm_per_hz))
+        """The receiver's noise per Hz: thermal ``N0`` plus the noise figure (W/Hz)."""
+        return float(dbm_to_w(self.noise_psd_dbm_per_hz + self.noise_figure_db))
 
     def draw_clients(
         self,
@@ -356,6 +361,8 @@ class ShannonChannel:
         time_s: float = 0.0,
         ul_interference_w: ArrayLike | None = None,
         dl_interference_w: ArrayLike | None = None,
+        ul_cells: np.ndarray | None = None,
+        dl_cells: np.ndarray | None = None,
     ) -> RoundChannel:
         """Per client-round draws, in this order: Exp(1) fading (n), uplink interference (n),
         downlink interference (n). All three are always drawn, so switching fading or
@@ -364,7 +371,11 @@ class ShannonChannel:
         ``ul_interference_w`` / ``dl_interference_w`` (n,): interference in watts computed
         elsewhere (a geometry's co-channel cells: :mod:`mecsim.emulation.interference`),
         used instead of that direction's draw (which is still made, and discarded); the
-        record's raw value is then the power in W."""
+        record's raw value is then the power in W.
+
+        ``ul_cells`` / ``dl_cells`` (n,): which clients share one medium in that direction
+        this round (equal numbers), for a ``phy`` whose MAC depends on who else sends
+        (802.11ax); None: each client's link its own."""
         ids = _check_ids(radio, client_ids)
         n = len(ids)
         exp = rng.exponential(1.0, size=n)
@@ -420,8 +431,12 @@ class ShannonChannel:
             dl_raw,
             i_ul,
             i_dl,
-            b_ul * np.log2(1.0 + s_ul),
-            b_dl * np.log2(1.0 + s_dl),
+            b_ul * np.log2(1.0 + s_ul)
+            if self.phy is None
+            else self.phy.rates_bps(s_ul, b_ul, ul_cells, "ul"),
+            b_dl * np.log2(1.0 + s_dl)
+            if self.phy is None
+            else self.phy.rates_bps(s_dl, b_dl, dl_cells, "dl"),
             linear_to_db(s_ul),
             linear_to_db(s_dl),
             extra,

@@ -29,6 +29,7 @@ import numpy as np
 import mecsim.registry as registry
 from mecsim.channel import FixedRateChannel, ShannonChannel, Tr38901PathLoss, TraceChannel
 from mecsim.channel.pathloss import RECORD_KEYS as PATH_LOSS_RECORD_KEYS
+from mecsim.channel.phy_models import NrPhy, TruncatedShannonPhy, WifiAxPhy
 from mecsim.channel.tcp import CONNECTION_SETUP_ROUND_TRIPS, TcpColumns, TcpFlow, header_efficiency
 from mecsim.channel.transport import jittered_latency_s, mathis_goodput_bps
 from mecsim.channel.units import db_to_linear, dbm_to_w
@@ -119,6 +120,19 @@ def _path_loss(cfg: ShannonChannelConfig) -> Tr38901PathLoss | None:
     )
 
 
+def _phy(cfg: ShannonChannelConfig) -> Any:
+    """The rate model of ``channel.phy`` (:mod:`mecsim.channel.phy_models`); None for
+    ``shannon`` (the channel's own B · log2(1 + SINR), float for float as before)."""
+    p = cfg.phy
+    if p.model == "truncated_shannon":
+        return TruncatedShannonPhy(p.alpha, p.sinr_min_db, p.max_spectral_efficiency)
+    if p.model == "wifi_ax":
+        return WifiAxPhy(p.spatial_streams, p.guard_interval_ns)
+    if p.model == "nr":
+        return NrPhy(p.subcarrier_spacing_khz, p.layers, p.cqi_table, p.frequency_range)
+    return None
+
+
 def build_channel(cfg: ChannelConfig) -> Any:
     """The link model of a scenario's ``channel`` section: a built-in one, or a channel
     plugin's class built with its validated ``Params`` (the
@@ -157,6 +171,8 @@ def build_channel(cfg: ChannelConfig) -> Any:
             downlink_mode="equal_split" if cfg.downlink.mode == "equal_split" else "full",
             snr_offset_db=cfg.snr_offset_db,
             path_loss=_path_loss(cfg),
+            phy=_phy(cfg),
+            noise_figure_db=cfg.noise_figure_db,
         )
     if isinstance(cfg, FixedRateChannelConfig):
         return FixedRateChannel(cfg.uplink.rate_bps, cfg.downlink.rate_bps)
@@ -419,6 +435,19 @@ class NetworkModel:
         ]
         return servers, lat, bps
 
+    def _cells(self, selected: list[int]) -> dict[str, np.ndarray | None]:
+        """For a PHY whose MAC depends on who else sends (802.11ax): which of the round's
+        clients share a medium in each direction (their edge server on a shared medium,
+        else each its own); nothing for the other channels."""
+        if getattr(self.channel, "phy", None) is None:
+            return {}
+        es = self.edge_server[np.asarray(selected, dtype=np.int64)]
+        own = np.arange(len(selected))
+        return {
+            "ul_cells": es if self.network.uplink_shared else own,
+            "dl_cells": es if self.network.downlink_shared else own,
+        }
+
     def _geometric_interference(self, selected: list[int]) -> dict[str, np.ndarray]:
         """Under ``channel.interference.model: geometric``, the round's uplink and
         downlink interference (W) of the selected clients, per round from the cells'
@@ -463,6 +492,7 @@ class NetworkModel:
             rng,
             time_s=elapsed_s,
             **self._geometric_interference(selected),
+            **self._cells(selected),
         )
         # latency jitter: (uplink, downlink) per selected client in selection order, then
         # one per edge server's backhaul

@@ -740,8 +740,104 @@ class PathLossConfig(_Strict):
         return self
 
 
+#: 802.11ax channel widths (Hz); NR's (bandwidth MHz, SCS kHz) pairs of TS 38.101-1/-2
+WIFI_AX_BANDWIDTHS_HZ = (20e6, 40e6, 80e6, 160e6)
+NR_BANDWIDTHS_MHZ = {
+    (1, 15): (5, 10, 15, 20, 25, 30, 40, 50),
+    (1, 30): (5, 10, 15, 20, 25, 30, 40, 50, 60, 70, 80, 90, 100),
+    (1, 60): (10, 15, 20, 25, 30, 40, 50, 60, 70, 80, 90, 100),
+    (2, 60): (50, 100, 200),
+    (2, 120): (50, 100, 200, 400),
+}
+
+
+class PhyConfig(_Strict):
+    """What an SINR is worth in b/s (``channel.phy``, docs/channel.md "The radio's
+    rate"): ``shannon`` (B·log2(1+SINR), the default), ``truncated_shannon`` (3GPP TR
+    36.942 Annex A.2), ``wifi_ax`` (802.11ax HE-MCS with ns-3's IdealWifiManager
+    thresholds and the cell's MAC) or ``nr`` (5G NR CQI tables, TS 38.214 / 38.306)."""
+
+    model: Literal["shannon", "truncated_shannon", "wifi_ax", "nr"] = "shannon"
+    alpha: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="truncated_shannon: the attenuation α "
+        "(null: the annex's, uplink 0.4 / downlink 0.6)",
+    )
+    sinr_min_db: float | None = Field(
+        default=None, ge=-50, le=50, description="truncated_shannon: SINR_MIN (dB; null: -10)"
+    )
+    max_spectral_efficiency: float | None = Field(
+        default=None,
+        gt=0,
+        le=50,
+        description="truncated_shannon: Thr_MAX (b/s/Hz; null: uplink 2.0 / downlink 4.4)",
+    )
+    spatial_streams: int = Field(default=1, ge=1, le=4, description="wifi_ax: 1-4")
+    guard_interval_ns: Literal[800, 1600, 3200] = Field(
+        default=800, description="wifi_ax: the HE guard interval (ns)"
+    )
+    subcarrier_spacing_khz: Literal[15, 30, 60, 120] = Field(
+        default=30, description="nr: the numerology's subcarrier spacing 15 · 2^μ kHz"
+    )
+    layers: int = Field(default=1, ge=1, le=8, description="nr: MIMO layers")
+    cqi_table: Literal[1, 2] = Field(default=2, description="nr: CQI table 1 (64QAM) or 2 (256QAM)")
+    frequency_range: Literal[1, 2] = Field(default=1, description="nr: FR1 or FR2")
+
+    @model_validator(mode="after")
+    def _fields_of_the_model(self) -> PhyConfig:
+        owners = {
+            "truncated_shannon": ("alpha", "sinr_min_db", "max_spectral_efficiency"),
+            "wifi_ax": ("spatial_streams", "guard_interval_ns"),
+            "nr": ("subcarrier_spacing_khz", "layers", "cqi_table", "frequency_range"),
+        }
+        for owner, names in owners.items():
+            if owner == self.model:
+                continue
+            for name in names:
+                if name in self.model_fields_set:
+                    raise ValueError(f"{name}: a field of model {owner}, not of {self.model}")
+        if self.model == "nr" and (self.frequency_range, self.subcarrier_spacing_khz) not in (
+            NR_BANDWIDTHS_MHZ
+        ):
+            raise ValueError(
+                f"subcarrier_spacing_khz: {self.subcarrier_spacing_khz} kHz is not a "
+                f"numerology of FR{self.frequency_range} (FR1: 15, 30, 60; FR2: 60, 120)"
+            )
+        return self
+
+    def check_bandwidth(self, name: str, bandwidth_hz: float) -> None:
+        """Refuse a band this PHY does not have, naming the field ``name``."""
+        if self.model == "wifi_ax" and bandwidth_hz not in WIFI_AX_BANDWIDTHS_HZ:
+            raise ValueError(
+                f"{name}: 802.11ax has channel widths of 20, 40, 80 and 160 MHz, not "
+                f"{bandwidth_hz / 1e6:g} MHz"
+            )
+        if self.model == "nr":
+            allowed = NR_BANDWIDTHS_MHZ[(self.frequency_range, self.subcarrier_spacing_khz)]
+            if bandwidth_hz / 1e6 not in allowed:
+                raise ValueError(
+                    f"{name}: an NR carrier of FR{self.frequency_range} at "
+                    f"{self.subcarrier_spacing_khz} kHz has a bandwidth of {allowed} MHz, not "
+                    f"{bandwidth_hz / 1e6:g} MHz"
+                )
+
+
 class ShannonChannelConfig(_Strict):
     model: Literal["shannon"] = "shannon"
+    phy: PhyConfig = Field(
+        default_factory=PhyConfig,
+        description="the rate of an SINR: shannon (the default), truncated_shannon, "
+        "wifi_ax or nr (docs/channel.md)",
+    )
+    noise_figure_db: float = Field(
+        default=0.0,
+        ge=0,
+        le=30,
+        description="the receivers' noise figure (dB), added to "
+        "the thermal noise (ns-3's Wi-Fi default: 7)",
+    )
     uplink: ShannonUplink = Field(default_factory=ShannonUplink)
     downlink: ShannonDownlink = Field(default_factory=ShannonDownlink)
     interference: Interference | None = Field(default=None, description="null: no interference")
@@ -771,6 +867,19 @@ class ShannonChannelConfig(_Strict):
     @model_validator(mode="after")
     def _loss_needs_rtt(self) -> ShannonChannelConfig:
         _check_client_loss(self.uplink, self.downlink)
+        return self
+
+    @model_validator(mode="after")
+    def _bands_the_phy_has(self) -> ShannonChannelConfig:
+        b = self.uplink.bandwidth_hz
+        for value in (b,) if isinstance(b, (int, float)) else b:
+            self.phy.check_bandwidth("uplink.bandwidth_hz", float(value))
+        self.phy.check_bandwidth("downlink.bandwidth_hz", float(self.downlink.bandwidth_hz))
+        if self.phy.model == "wifi_ax" and self.downlink.mode == "equal_split":
+            raise ValueError(
+                "downlink.mode: equal_split gives each client a sub-band of the "
+                "802.11ax channel, which has no such widths; use full or shared"
+            )
         return self
 
     @model_validator(mode="after")
@@ -1341,6 +1450,24 @@ class Scenario(_Strict):
                     "channel shares a medium (a shared medium's rate cannot "
                     "vary in time yet)"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _moving_rates_are_shannon(self) -> Scenario:
+        """A moving client's rate followed during the round is B·log2(1+SINR(d(t))):
+        another PHY's rate steps (MCS, CQI) are not integrated along a path yet."""
+        g, ch = self.geometry, self.channel
+        if (
+            g is not None
+            and g.moves()
+            and g.mobility.rate == "step"
+            and isinstance(ch, ShannonChannelConfig)
+            and ch.phy.model != "shannon"
+        ):
+            raise ValueError(
+                f"geometry.mobility.rate: step follows a Shannon rate along the path; "
+                f"channel.phy.model {ch.phy.model} is not built for it: set rate: round"
+            )
         return self
 
     @model_validator(mode="after")
