@@ -501,6 +501,9 @@ class NetworkModel:
         up_lat = jittered_latency_s(self.uplink.latency_s, self.uplink.jitter_s, u[:, 0])
         down_lat = jittered_latency_s(self.downlink.latency_s, self.downlink.jitter_s, u[:, 1])
         rtt = up_lat + down_lat  # data one way, acknowledgements the other
+        phy = getattr(self.channel, "phy", None)
+        if isinstance(phy, WifiAxPhy):  # and a station's turn on the cell's air
+            rtt = rtt + phy.turn_s(ch.uplink_snr_db, ch.uplink_rate_bps, ch.bandwidth_hz)
         # transport ideal: the Mathis bound alone (rate inf), applied to constant rates and
         # to every segment of a trace schedule; tcp: no cap (a finite flow's losses are
         # timed per transfer, TcpFlow), the payload's share of the rate

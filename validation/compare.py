@@ -1,0 +1,292 @@
+"""mecsim beside ns-3: every case of the stored reference, timed by mecsim through a
+scenario file as a user would write it, and the table of both.
+
+    python -m validation.compare                  # the table, both kinds of case
+    python -m validation.compare --markdown       # as docs/validation.md shows it
+    python -m validation.compare --plot docs/img/validation.png
+
+The reference (``validation/reference/tcp.json``, ``wifi.json``) holds ns-3.37's times
+(``python -m validation.cases --write``, ``python validation/wifi_reference.py``): each
+case's mean over its seeds, min and max, and NewReno's mean beside Cubic's. mecsim's
+side: a scenario with the case's link (``fixed_rate`` for a bottleneck; a Shannon
+channel with ``phy: wifi_ax`` and the stations placed on the case's distances for a
+cell), every flow one upload of the case's bytes, started together; its time is the
+last upload's end (one-way latency included), as ns-3's is the last byte received.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mecsim.emulation.engine import time_round
+from mecsim.emulation.network import NetworkModel, device_profiles
+from mecsim.emulation.ops import Upload
+from mecsim.scenario import Scenario, load_scenario
+
+ROOT = Path(__file__).resolve().parent
+REFERENCE = ROOT / "reference"
+#: the point-to-point link of ns-3's cell between the access point and the server (s)
+WIFI_WIRED_DELAY_S = 0.001
+
+
+@dataclass(frozen=True)
+class Row:
+    """One case: ns-3's Cubic mean [min, max] and NewReno mean, mecsim's time (s)."""
+
+    kind: str  # p2p, shared, wifi
+    case: str
+    ns3_s: float
+    ns3_min_s: float
+    ns3_max_s: float
+    newreno_s: float | None
+    mecsim_s: float
+    seeds: int
+
+    @property
+    def error(self) -> float:
+        """mecsim / ns-3 − 1."""
+        return self.mecsim_s / self.ns3_s - 1.0
+
+
+def tcp_scenario(case: dict[str, Any]) -> dict[str, Any]:
+    """The scenario of a bottleneck case: ``flows`` clients on one fixed-rate uplink
+    (shared when there are several), the one-way delay both ways, the loss on the
+    uplink, ns-3's minimum RTO."""
+    flows = int(case["flows"])
+    up: dict[str, Any] = {
+        "rate_bps": case["rate_bps"],
+        "latency_s": case["delay_s"],
+        "min_rto_s": case.get("min_rto_s", 0.2),
+        "shared": flows > 1,
+    }
+    if case.get("loss"):
+        up["loss_rate"] = case["loss"]
+    return {
+        "name": f"validation-{case['id']}",
+        "topology": {"clients": flows, "participation": 1.0},
+        "channel": {
+            "model": "fixed_rate",
+            "uplink": up,
+            "downlink": {"rate_bps": case["rate_bps"], "latency_s": case["delay_s"]},
+        },
+    }
+
+
+def wifi_scenario(run: dict[str, Any]) -> dict[str, Any]:
+    """The scenario of an 802.11ax cell case: the stations on a ray from the access point
+    at the case's distances, ns-3's log-distance path loss (exponent 3, 46.6777 dB at
+    1 m), its noise (k·290 K, 7 dB noise figure) and transmit power; the cell's uplink a
+    shared medium; the wired hop to the server as the latency."""
+    summary, stations = run["summary"], run["stations"]
+    width_hz = float(summary["width_mhz"]) * 1e6
+    power = float(summary["tx_power_dbm"])
+    n = len(stations)
+    return {
+        "name": "validation-wifi",
+        "topology": {"clients": n, "participation": 1.0},
+        "channel": {
+            "model": "shannon",
+            "phy": {"model": "wifi_ax", "guard_interval_ns": int(summary["gi_ns"])},
+            "noise_figure_db": float(summary["noise_figure_db"]),
+            # ns-3's k = 1.3803e-23 J/K at 290 K: -173.975 dBm/Hz
+            "noise_psd_dbm_per_hz": 10 * math.log10(1.3803e-23 * 290 * 1e3),
+            "path_loss_db": -46.6777,
+            "reference_distance_m": 1.0,
+            "path_loss_exponent": 3.0,
+            "uplink": {
+                "access": "shared_cell",
+                "bandwidth_hz": width_hz,
+                "tx_power_dbm": power,
+                "latency_s": WIFI_WIRED_DELAY_S,
+            },
+            "downlink": {
+                "bandwidth_hz": width_hz,
+                "tx_power_dbm": power,
+                "latency_s": WIFI_WIRED_DELAY_S,
+            },
+        },
+        "geometry": {
+            "margin_m": 100.0,
+            "min_distance_m": 1.0,
+            "sites": {"layout": "explicit", "positions_m": [[0.0, 0.0]]},
+            "clients": {
+                "placement": "explicit",
+                "positions_m": [[float(s["distance_m"]), 0.0] for s in stations],
+            },
+        },
+    }
+
+
+def mecsim_time_s(data: dict[str, Any], nbytes: list[int]) -> float:
+    """Write ``data`` as a scenario file, load it as ``mecsim run`` does, and time one
+    upload of ``nbytes[i]`` by each client, all starting together: the last one's end."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "scenario.yaml"
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        scenario: Scenario = load_scenario(path)
+    model = NetworkModel(scenario, device_profiles(scenario))
+    clients = list(range(len(nbytes)))
+    specs, servers, network, _ = model.round(0, clients, records=False)
+    traces = {c: (Upload(int(nbytes[c])),) for c in clients}
+    return float(time_round(traces, specs, servers, network).round_time_s)
+
+
+def tcp_rows(reference: dict[str, Any]) -> list[Row]:
+    rows = []
+    for case in reference["cases"]:
+        cubic = case["cubic"]["time_s"]
+        reno = case.get("newreno", {}).get("time_s", {}).get("mean")
+        t = mecsim_time_s(tcp_scenario(case), [int(case["bytes"])] * int(case["flows"]))
+        rows.append(
+            Row(
+                case["kind"],
+                case["id"],
+                cubic["mean"],
+                cubic["min"],
+                cubic["max"],
+                reno,
+                t,
+                int(case.get("seeds", 1)),
+            )
+        )
+    return rows
+
+
+def wifi_rows(reference: dict[str, Any]) -> list[Row]:
+    rows = []
+    for case in reference["cases"]:
+        runs = case["runs"]
+        last = [float(r["summary"]["last_time_s"]) for r in runs]
+        nbytes = [int(s["bytes"]) for s in runs[0]["stations"]]
+        t = mecsim_time_s(wifi_scenario(runs[0]), nbytes)
+        rows.append(
+            Row("wifi", case["case"], statistics.fmean(last), min(last), max(last), None, t, len(runs))
+        )
+    return rows
+
+
+def all_rows() -> list[Row]:
+    """Every stored case, mecsim beside ns-3."""
+    tcp = json.loads((REFERENCE / "tcp.json").read_text())
+    wifi = json.loads((REFERENCE / "wifi.json").read_text())
+    return tcp_rows(tcp) + wifi_rows(wifi)
+
+
+def summary(rows: list[Row]) -> dict[str, dict[str, float]]:
+    """Per kind (and for TCP, point-to-point and shared together): cases, median and
+    largest |error|, cases within 25 % (TCP) or 15 % (Wi-Fi)."""
+    out = {}
+    groups = {
+        "tcp": [r for r in rows if r.kind in ("p2p", "shared")],
+        "tcp, no loss": [r for r in rows if r.kind in ("p2p", "shared") and "loss" not in r.case],
+        "tcp, loss": [r for r in rows if "loss" in r.case],
+        "wifi": [r for r in rows if r.kind == "wifi"],
+    }
+    for name, group in groups.items():
+        if not group:
+            continue
+        errors = [abs(r.error) for r in group]
+        bound = 0.15 if name == "wifi" else 0.25
+        out[name] = {
+            "cases": len(group),
+            "median_abs_error": statistics.median(errors),
+            "max_abs_error": max(errors),
+            "within": sum(e <= bound for e in errors),
+            "bound": bound,
+        }
+    return out
+
+
+def markdown(rows: list[Row]) -> str:
+    lines = [
+        "| kind | case | ns-3 Cubic mean [min–max] (s) | ns-3 NewReno (s) | mecsim (s) | error |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        reno = f"{r.newreno_s:.4g}" if r.newreno_s is not None else "–"
+        spread = f" [{r.ns3_min_s:.4g}–{r.ns3_max_s:.4g}]" if r.seeds > 1 else ""
+        lines.append(
+            f"| {r.kind} | {r.case} | {r.ns3_s:.4g}{spread} ({r.seeds} seed"
+            f"{'s' if r.seeds > 1 else ''}) | {reno} | {r.mecsim_s:.4g} | {100 * r.error:+.1f} % |"
+        )
+    return "\n".join(lines)
+
+
+def plot(rows: list[Row], path: Path) -> None:
+    import matplotlib  # deferred: only the figure needs it
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # deferred: only the figure needs it
+
+    fig, ax = plt.subplots(figsize=(6.0, 6.0))
+    for kind, marker in (("p2p", "o"), ("shared", "s"), ("wifi", "^")):
+        mine = [r for r in rows if r.kind == kind]
+        lossy = [r for r in mine if "loss" in r.case]
+        clean = [r for r in mine if "loss" not in r.case]
+        for group, label, fill in ((clean, kind, True), (lossy, f"{kind}, loss", False)):
+            if not group:
+                continue
+            ax.scatter(
+                [r.ns3_s for r in group],
+                [r.mecsim_s for r in group],
+                marker=marker,
+                label=label,
+                facecolors=None if fill else "none",
+                edgecolors="C0" if not fill else None,
+            )
+    lo = min(min(r.ns3_s, r.mecsim_s) for r in rows) * 0.8
+    hi = max(max(r.ns3_s, r.mecsim_s) for r in rows) * 1.25
+    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+    for f in (0.75, 1.25):
+        ax.plot([lo, hi], [lo * f, hi * f], "k:", lw=0.6)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("ns-3.37 (s, Cubic; mean over seeds)")
+    ax.set_ylabel("mecsim (s)")
+    ax.set_title("One case a point; dotted: ±25 %")
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m validation.compare",
+        description="mecsim's transfer times beside ns-3's stored reference, case by case.",
+    )
+    parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    parser.add_argument("--plot", type=Path, help="write the figure (PNG) here")
+    args = parser.parse_args(argv)
+    rows = all_rows()
+    if args.markdown:
+        print(markdown(rows))
+    else:
+        for r in rows:
+            print(
+                f"{r.kind:6s} {r.case:34s} ns-3 {r.ns3_s:9.4f} mecsim {r.mecsim_s:9.4f} "
+                f"{100 * r.error:+6.1f} %"
+            )
+    for name, s in summary(rows).items():
+        print(
+            f"{name}: {s['cases']} cases, median |error| {100 * s['median_abs_error']:.1f} %, "
+            f"largest {100 * s['max_abs_error']:.1f} %, {s['within']} within "
+            f"{100 * s['bound']:.0f} %"
+        )
+    if args.plot:
+        plot(rows, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
