@@ -126,3 +126,15 @@ def test_the_build_is_cached() -> None:
     first = ns3.build("tcp_flows")
     assert first.exists() and first == ns3.build("tcp_flows")
     assert first.name.startswith("tcp_flows-")
+
+
+def test_the_reference_is_of_this_program() -> None:
+    # tcp.json records the SHA-256 of the source it was produced by: an edited program
+    # needs `python -m validation.cases --write` again
+    import hashlib
+
+    doc = json.loads(REFERENCE.read_text())
+    src = (ROOT / doc["program"]).read_bytes()
+    assert doc["program_sha256"] == hashlib.sha256(src).hexdigest()
+    assert doc["ns3_version"] == ns3.ns3_available()
+    assert len(doc["cases"]) >= 30

@@ -14,7 +14,8 @@
 // in it. One JSON object per flow on stdout:
 //   {"flow": i, "bytes": n, "start_s": ..., "end_s": ..., "time_s": ...}
 // With --trace_cwnd=1, flow 0's congestion window, slow-start threshold and congestion
-// state changes are printed too, as {"trace": "cwnd"|"ssthresh"|"state", ...} lines;
+// state changes and RTT samples are printed too, as {"trace": "cwnd"|"ssthresh"|"state"|"rtt",
+// ...} lines;
 // with --trace_segments=1, flow 0's segments sent and ACKs received ("tx", "rx").
 // Any ns-3 attribute can be given as --ns3::TypeId::Attribute=value (e.g.
 // --ns3::TcpCubic::HyStart=false); the TCP defaults below are set before parsing, so
@@ -33,6 +34,10 @@
 // RTO leaves cwnd at 1 segment, the lone segment's ACK is held 200 ms, the RTO (200 ms)
 // fires first, cwnd stays 1, and the flow crawls one segment per 200 ms: 2 flows of
 // 800 kB over 10 Mb/s took 44 and 82 s instead of ~1.5 s).
+// Cubic's HyStart is on, as ns-3.37 has it: its delay test exits slow start when a round's
+// minimum RTT exceeds the base RTT by the base RTT itself (clamped to [4 ms, 1 s]), not by
+// Linux's RTT/8 (clamped to [4, 16] ms), so at a 40 ms round trip it waits for 80 ms and
+// FqCoDel drops first; --ns3::TcpCubic::HyStartDelayMax=5ms gives Linux's threshold.
 // The bottleneck's queue: an FqCoDelQueueDisc on the router's bottleneck device with a
 // 1-packet device queue beneath it (so the packets wait in the queue disc, where CoDel
 // sees them, not in the device's 100-packet DropTail queue). Random per-packet loss
@@ -70,7 +75,7 @@ uint32_t g_done = 0;
 bool g_traceSeg = false;
 
 void
-SocketTx(uint32_t i, Ptr<const Packet> p, const TcpHeader& h, Ptr<const TcpSocketBase> s)
+SocketTx(uint32_t i, Ptr<const Packet> p, const TcpHeader& h, Ptr<const TcpSocketBase>)
 {
     if (g_flows[i].start < 0 && p->GetSize() > 0)
     {
@@ -89,7 +94,7 @@ SocketTx(uint32_t i, Ptr<const Packet> p, const TcpHeader& h, Ptr<const TcpSocke
 }
 
 void
-SocketRx(Ptr<const Packet> p, const TcpHeader& h, Ptr<const TcpSocketBase> s)
+SocketRx(Ptr<const Packet>, const TcpHeader& h, Ptr<const TcpSocketBase>)
 {
     std::printf("{\"trace\": \"rx\", \"flow\": 0, \"t\": %.9f, \"ack\": %u, \"flags\": %u, "
                 "\"header\": \"%s\"}\n",
@@ -100,7 +105,7 @@ SocketRx(Ptr<const Packet> p, const TcpHeader& h, Ptr<const TcpSocketBase> s)
 }
 
 void
-SinkRx(uint32_t i, Ptr<const Packet> p, const Address& from)
+SinkRx(uint32_t i, Ptr<const Packet> p, const Address&)
 {
     Flow& f = g_flows[i];
     f.received += p->GetSize();
@@ -141,6 +146,14 @@ StateTrace(TcpSocketState::TcpCongState_t oldv, TcpSocketState::TcpCongState_t n
                 TcpSocketState::TcpCongStateName[newv]);
 }
 
+void
+RttTrace(Time, Time newv)
+{
+    std::printf("{\"trace\": \"rtt\", \"flow\": 0, \"t\": %.9f, \"rtt_s\": %.9f}\n",
+                Simulator::Now().GetSeconds(),
+                newv.GetSeconds());
+}
+
 // The socket exists once the application has started (at t0): hook its traces then.
 void
 HookSocket(uint32_t i, bool traceCwnd)
@@ -153,6 +166,7 @@ HookSocket(uint32_t i, bool traceCwnd)
         s->TraceConnectWithoutContext("CongestionWindow", MakeCallback(&CwndTrace));
         s->TraceConnectWithoutContext("SlowStartThreshold", MakeCallback(&SsthTrace));
         s->TraceConnectWithoutContext("CongState", MakeCallback(&StateTrace));
+        s->TraceConnectWithoutContext("RTT", MakeCallback(&RttTrace));
     }
     if (g_traceSeg && i == 0)
     {
