@@ -1,0 +1,1 @@
+"""Validation of mecsim's communication times against packet-level references (ns-3)."""

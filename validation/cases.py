@@ -1,0 +1,250 @@
+"""The TCP cases mecsim's transfer times are validated on, and their ns-3 reference numbers.
+
+Each case is one run of ``validation/ns3/tcp_flows.cc`` per seed and congestion control:
+``flows`` flows of ``bytes`` each through one bottleneck of ``rate_bps`` and ``delay_s``
+(one way; the ACKs take the same delay back) with per-packet loss ``loss`` on the data
+direction, all starting together on already-open connections. The time of a run is its
+last flow's (from its first data segment sent to its last byte received); over the seeds
+(``--seed=1 --run=k``, k = 1..seeds) the reference keeps mean, min and max, for Cubic
+(the default) and for NewReno (ns-3's own variant, to show the spread beside Cubic).
+Cases without loss have nothing random in them and run once.
+
+``python -m validation.cases --write`` runs the grid and writes
+``validation/reference/tcp.json``; without ``--write`` it prints the table only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from validation import ns3
+
+PROGRAM = "tcp_flows"
+REFERENCE = Path(__file__).resolve().parent / "reference" / "tcp.json"
+#: the seeds of a lossy case (a few key cases have more, see GRID)
+SEEDS = 10
+#: TCP and queue configuration of every case (tcp_flows.cc's defaults; recorded in the
+#: reference so the numbers say what they are the numbers of)
+CONFIG = {
+    "topology": "dumbbell: senders -10 Gb/s, 0 s- router -rate_bps, delay_s- router2 "
+    "-10 Gb/s, 0 s- receiver",
+    "segment_size_bytes": 1448,
+    "wire_bytes_per_full_segment": 1502,
+    "initial_cwnd_segments": 10,
+    "sack": True,
+    "timestamps": True,
+    "send_receive_buffer_bytes": 1 << 27,
+    "del_ack_count": 2,
+    "del_ack_timeout_s": 0.04,
+    "hystart": True,
+    "recovery": "ns3::TcpPrrRecovery (ns-3 default)",
+    "bottleneck_queue_disc": "ns3::FqCoDelQueueDisc (ns-3 defaults: 5 ms target, 100 ms interval)",
+    "bottleneck_device_queue": "1p",
+    "loss_model": "RateErrorModel, per packet, on router2's receiving bottleneck device",
+    "timing": "first data segment sent (connection already open) to last byte received",
+    "seeds": "--seed=1 --run=k, k = 1..seeds",
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    bytes: int
+    rate_bps: float
+    delay_s: float
+    loss: float = 0.0
+    flows: int = 1
+    seeds: int = 1
+    min_rto_s: float = 0.2
+
+    @property
+    def kind(self) -> str:
+        return "p2p" if self.flows == 1 else "shared"
+
+    @property
+    def id(self) -> str:
+        rate = f"{self.rate_bps / 1e9:g}G" if self.rate_bps >= 1e9 else f"{self.rate_bps / 1e6:g}M"
+        out = f"{self.bytes}B-{rate}-{self.delay_s * 1e3:g}ms"
+        if self.loss:
+            out += f"-loss{self.loss:g}"
+        if self.flows > 1:
+            out += f"-x{self.flows}"
+        return out
+
+    def args(self, cc: str, run: int) -> dict[str, Any]:
+        return {
+            "flows": self.flows,
+            "bytes": self.bytes,
+            "rate_bps": self.rate_bps,
+            "delay_s": self.delay_s,
+            "loss": self.loss,
+            "cc": cc,
+            "min_rto_s": self.min_rto_s,
+            "seed": 1,
+            "run": run,
+        }
+
+
+KB200, KB800, MB5, MB40 = 200_000, 800_040, 5_000_000, 40_000_000
+M1, M10, M100, G1 = 1e6, 10e6, 100e6, 1e9
+
+
+def _lossy(bytes_: int, rate: float, delay: float, loss: float, seeds: int = SEEDS) -> Case:
+    return Case(bytes_, rate, delay, loss, seeds=seeds)
+
+
+#: ~30 point-to-point cases spanning sizes, rates, delays and losses (not their product:
+#: a 40 MB flow at 1 Mb/s is 5 simulated minutes, and 40 MB at 1 Gb/s costs ns-3 minutes of
+#: wall time in its SACK scoreboard, so those are left out), then shared bottlenecks
+GRID: list[Case] = [
+    # no loss
+    Case(KB200, M1, 0.02),
+    Case(KB200, M10, 0.002),
+    Case(KB200, M10, 0.02),
+    Case(KB200, M100, 0.02),
+    Case(KB200, G1, 0.002),
+    Case(KB200, G1, 0.1),
+    Case(KB800, M1, 0.02),
+    Case(KB800, M10, 0.002),
+    Case(KB800, M10, 0.02),
+    Case(KB800, M10, 0.1),
+    Case(KB800, M100, 0.002),
+    Case(KB800, M100, 0.02),
+    Case(KB800, M100, 0.1),
+    Case(KB800, G1, 0.02),
+    Case(MB5, M1, 0.02),
+    Case(MB5, M10, 0.02),
+    Case(MB5, M100, 0.002),
+    Case(MB5, M100, 0.02),
+    Case(MB5, M100, 0.1),
+    Case(MB5, G1, 0.02),
+    Case(MB40, M100, 0.002),
+    Case(MB40, M100, 0.02),
+    # random loss (seeds)
+    _lossy(KB200, M10, 0.02, 0.01),
+    _lossy(KB800, M1, 0.1, 0.01),
+    _lossy(KB800, M10, 0.002, 0.01),
+    _lossy(KB800, M10, 0.02, 0.001, seeds=30),
+    _lossy(KB800, M10, 0.02, 0.01, seeds=30),
+    _lossy(KB800, M100, 0.02, 0.001, seeds=30),
+    _lossy(KB800, M100, 0.02, 0.01),
+    _lossy(MB5, M10, 0.02, 0.001),
+    _lossy(MB5, M100, 0.02, 0.001),
+    _lossy(MB5, M100, 0.002, 0.01),
+    # shared bottleneck, 20 ms
+    *(Case(KB800, rate, 0.02, flows=n) for rate in (M10, M100) for n in (2, 5, 10, 20)),
+]
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    return {
+        "mean": statistics.fmean(values),
+        "min": min(values),
+        "max": max(values),
+    }
+
+
+def run_cc(case: Case, cc: str) -> dict[str, Any]:
+    """Run ``case`` with congestion control ``cc`` over its seeds."""
+    last, first, per_flow = [], [], []
+    for k in range(1, case.seeds + 1):
+        rows = [r for r in ns3.run(PROGRAM, **case.args(cc, k)) if "time_s" in r]
+        if len(rows) != case.flows:
+            raise ns3.Ns3Error(f"{case.id} {cc} run {k}: {len(rows)} flows of {case.flows}")
+        times = [r["time_s"] for r in sorted(rows, key=lambda r: r["flow"])]
+        last.append(max(times))
+        first.append(min(times))
+        if k == 1:
+            per_flow = times
+    out: dict[str, Any] = {"cc": cc, "time_s": _stats(last), "runs_s": last}
+    if case.flows > 1:
+        out["first_flow_s"] = _stats(first)
+        out["flow_times_s_run1"] = per_flow
+    return out
+
+
+def run_case(case: Case) -> dict[str, Any]:
+    t = time.perf_counter()
+    cubic = run_cc(case, "cubic")
+    wall_cubic = time.perf_counter() - t
+    newreno = run_cc(case, "newreno")
+    wall = time.perf_counter() - t
+    return {
+        "id": case.id,
+        "kind": case.kind,
+        **asdict(case),
+        "cubic": cubic,
+        "newreno": newreno,
+        "ns3_wall_s": {"cubic": round(wall_cubic, 3), "total": round(wall, 3)},
+    }
+
+
+def row_text(r: dict[str, Any]) -> str:
+    c, n = r["cubic"]["time_s"], r["newreno"]["time_s"]
+    seeds = f"{r['seeds']} seeds" if r["seeds"] > 1 else ""
+    return (
+        f"{r['id']:<32} cubic {c['mean']:9.4f} [{c['min']:.4f}-{c['max']:.4f}]"
+        f"  newreno {n['mean']:9.4f}  wall {r['ns3_wall_s']['total']:6.1f} s  {seeds}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m validation.cases",
+        description="Run the TCP case grid on ns-3 (tcp_flows.cc) and print or write the "
+        "reference times (last flow, from first data byte sent to last byte received).",
+    )
+    parser.add_argument("--write", action="store_true", help=f"write the results to {REFERENCE}")
+    parser.add_argument("--only", metavar="TEXT", help="run only the cases whose id contains TEXT")
+    parser.add_argument("--list", action="store_true", help="list the cases and exit")
+    parser.add_argument("--out", type=Path, default=REFERENCE, help="where --write writes")
+    args = parser.parse_args(argv)
+
+    cases = [c for c in GRID if not args.only or args.only in c.id]
+    if args.list:
+        for c in cases:
+            print(c.id, f"seeds={c.seeds}")
+        return 0
+    if args.write and args.only:
+        parser.error("--write writes the whole grid; leave --only out")
+    version = ns3.ns3_available()
+    if version is None:
+        print("ns-3 is not installed (needs g++, pkg-config, libns3-dev)", file=sys.stderr)
+        return 2
+    ns3.build(PROGRAM)
+    results = []
+    t0 = time.perf_counter()
+    for i, case in enumerate(cases, 1):
+        r = run_case(case)
+        results.append(r)
+        print(f"[{i}/{len(cases)}] {row_text(r)}", file=sys.stderr, flush=True)
+    total = time.perf_counter() - t0
+    print(f"{len(cases)} cases, ns-3 wall {total:.1f} s", file=sys.stderr)
+    for r in results:
+        print(row_text(r))
+    if args.write:
+        src = ns3.source(PROGRAM).read_bytes()
+        doc = {
+            "ns3_version": version,
+            "program": f"validation/ns3/{PROGRAM}.cc",
+            "program_sha256": hashlib.sha256(src).hexdigest(),
+            "config": CONFIG,
+            "time": "last flow of a run: first data segment sent -> last byte received, s",
+            "ns3_wall_s": round(total, 1),
+            "cases": results,
+        }
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
