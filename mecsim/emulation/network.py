@@ -298,19 +298,24 @@ def tcp_flows(
     ``rtt_s``, ``flows`` sharing its medium), or None under ``transport: ideal``."""
     if not link.tcp():
         return None
-    return tuple(
-        TcpFlow(
-            rtt_s=float(r),
-            mss_bytes=link.mss_bytes,
-            initial_window=link.initial_window_segments,
-            setup_round_trips=CONNECTION_SETUP_ROUND_TRIPS[link.connection],
-            loss_rate=link.loss_rate,
-            congestion_control=link.congestion_control,
-            min_rto_s=link.min_rto_s,
-            flows=int(k),
-        )
-        for r, k in zip(rtt_s.tolist(), flows.tolist(), strict=True)
-    )
+    made: dict[tuple[float, int], TcpFlow] = {}  # one object per (round trip, flows)
+
+    def flow(rtt: float, k: int) -> TcpFlow:
+        found = made.get((rtt, k))
+        if found is None:
+            found = made[(rtt, k)] = TcpFlow(
+                rtt_s=rtt,
+                mss_bytes=link.mss_bytes,
+                initial_window=link.initial_window_segments,
+                setup_round_trips=CONNECTION_SETUP_ROUND_TRIPS[link.connection],
+                loss_rate=link.loss_rate,
+                congestion_control=link.congestion_control,
+                min_rto_s=link.min_rto_s,
+                flows=k,
+            )
+        return found
+
+    return tuple(map(flow, rtt_s.tolist(), flows.tolist()))
 
 
 def _air_rate(goodput_bps: np.ndarray, rate_bps: np.ndarray, loss_rate: float) -> np.ndarray:
