@@ -188,7 +188,7 @@ def _fixed(up=None, down=None, clients=4, **extra):
 
 def test_a_scenario_times_an_upload_as_a_tcp_flow_by_default():
     sc = _fixed(up={"latency_s": 0.02}, down={"latency_s": 0.02})
-    assert sc.channel.uplink.transport == "tcp" and sc.channel.uplink.mss_bytes == 1448
+    assert sc.channel.uplink.transport == "tcp" and sc.channel.uplink.segment_bytes() == 1448
     nm = NetworkModel(sc, device_profiles(sc))
     specs, servers, net, rows = nm.round(0, [0])
     assert specs[0].uplink_rate_bps == pytest.approx(10e6 * EFF, rel=1e-15)
@@ -198,7 +198,7 @@ def test_a_scenario_times_an_upload_as_a_tcp_flow_by_default():
     ideal = _fixed(
         up={"latency_s": 0.02, "transport": "ideal"}, down={"latency_s": 0.02, "transport": "ideal"}
     )
-    assert ideal.channel.uplink.mss_bytes == 1460  # what its Mathis bound always used
+    assert ideal.channel.uplink.segment_bytes() == 1460  # what its Mathis bound always used
     specs_i, servers_i, net_i, _ = NetworkModel(ideal, device_profiles(ideal)).round(0, [0])
     ti = time_round({0: (Upload(MODEL_BYTES),)}, specs_i, servers_i, net_i)
     assert ti.round_time_s == 0.02 + 8 * MODEL_BYTES / 10e6
@@ -292,6 +292,50 @@ def test_a_recorded_scenario_without_transport_loads_as_ideal(tmp_path):
     path.write_text(text)
     sc = load_recorded_scenario(path)
     assert sc.channel.uplink.transport == sc.channel.downlink.transport == "ideal"
-    assert sc.backhaul.transport == "ideal" and sc.channel.downlink.mss_bytes == 1460
+    assert sc.backhaul.transport == "ideal" and sc.channel.downlink.segment_bytes() == 1460
     path.write_text(text.replace("mss_bytes: 1460", "transport: tcp"))
     assert load_recorded_scenario(path).channel.uplink.transport == "tcp"
+
+
+def test_transport_is_a_sweep_axis_replayed_exactly(tmp_path):
+    """Record a tiny run once (transport ideal), then sweep the uplink's transport and
+    latency: each point's upload is the hand formula of its transport, and the points
+    are replays (exact), not retraining."""
+    import pandas as pd
+
+    from mecsim.interfaces.cli import main
+    from mecsim.store.session import run_in_folder
+
+    sc = scenario_from_dict(
+        {
+            "name": "tiny-tcp",
+            "rounds": 2,
+            "seed": 5,
+            "topology": {"clients": 3},
+            "dataset": {"train_size": 300, "test_size": 60},
+            "channel": {
+                "model": "fixed_rate",
+                "uplink": {"rate_bps": 10e6, "transport": "ideal"},
+                "downlink": {"rate_bps": 10e6, "transport": "ideal"},
+            },
+            "execution": {"backend": "local"},
+            "metrics": {"enabled": False},
+        },
+        "tiny.yaml",
+    )
+    rec = tmp_path / "rec"
+    run_in_folder(sc, rec)
+    nbytes = int(pd.read_csv(rec / "clients.csv")["bytes_up"].iloc[0])
+    out = tmp_path / "sweep"
+    args = ["sweep", str(rec), "--set", "channel.uplink.transport=ideal,tcp"]
+    args += ["--set", "channel.uplink.latency_s=0.02", "--set", "channel.downlink.latency_s=0.02"]
+    assert main([*args, "--metric", "ul_time_mean_s", "--out", str(out), "--quiet"]) == 0
+    df = pd.read_csv(out / "sweep.csv")
+    ideal = df[df["channel.uplink.transport"] == "ideal"].iloc[0]
+    tcp = df[df["channel.uplink.transport"] == "tcp"].iloc[0]
+    assert bool(ideal["exact"]) and bool(tcp["exact"])
+    assert ideal["ul_time_mean_s"] == pytest.approx(8 * nbytes / 10e6 + 0.02, rel=1e-12)
+    good = 10e6 * EFF
+    expect = 8 * nbytes / good + float(tcp_extra_s(nbytes, good, 0.04)) + 0.02
+    assert tcp["ul_time_mean_s"] == pytest.approx(expect, rel=1e-12)
+    assert tcp["ul_time_mean_s"] > ideal["ul_time_mean_s"]

@@ -55,7 +55,7 @@ def _scenario(**channel_links):
     data = {
         "topology": {"clients": 4},
         "channel": {"model": "fixed_rate", "uplink": up, "downlink": down},
-        "backhaul": channel_links.get("backhaul", {}),
+        "backhaul": {"transport": "ideal", **channel_links.get("backhaul", {})},
     }
     return scenario_from_dict(data, "test.yaml")
 

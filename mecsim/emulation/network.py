@@ -288,7 +288,7 @@ def max_share(rate_bps: ArrayLike, goodput_bps: ArrayLike) -> np.ndarray:
 def payload_share(link: LinkTransport) -> float:
     """The share of a link's rate that carries payload: ``mss / (mss + header)`` under
     ``transport: tcp`` (:func:`~mecsim.channel.tcp.header_efficiency`), 1.0 under ideal."""
-    return header_efficiency(link.mss_bytes, link.header_bytes) if link.tcp() else 1.0
+    return header_efficiency(link.segment_bytes(), link.header_bytes) if link.tcp() else 1.0
 
 
 def tcp_flows(
@@ -305,7 +305,7 @@ def tcp_flows(
         if found is None:
             found = made[(rtt, k)] = TcpFlow(
                 rtt_s=rtt,
-                mss_bytes=link.mss_bytes,
+                mss_bytes=link.segment_bytes(),
                 initial_window=link.initial_window_segments,
                 setup_round_trips=CONNECTION_SETUP_ROUND_TRIPS[link.connection],
                 loss_rate=link.loss_rate,
@@ -425,7 +425,7 @@ class NetworkModel:
             np.full(n, bh.bandwidth_bps * payload_share(bh))
             if bh.tcp()
             else mathis_goodput_bps(
-                np.full(n, bh.bandwidth_bps), 2.0 * lat, bh.loss_rate, bh.mss_bytes
+                np.full(n, bh.bandwidth_bps), 2.0 * lat, bh.loss_rate, bh.segment_bytes()
             )
         )
         server = self.server_profile
@@ -565,7 +565,7 @@ class NetworkModel:
         """The Mathis bound of an ideal link with loss (b/s); inf otherwise."""
         if link.tcp():
             return np.full(len(rtt_s), np.inf)
-        return mathis_goodput_bps(np.inf, rtt_s, link.loss_rate, link.mss_bytes)
+        return mathis_goodput_bps(np.inf, rtt_s, link.loss_rate, link.segment_bytes())
 
     @staticmethod
     def _capped(link: LinkTransport) -> bool:

@@ -510,11 +510,11 @@ class LinkTransport(_Strict):
         "loss recovery); ideal: latency + 8*bytes/goodput, for papers that time bits/rate "
         "(docs/channel.md)",
     )
-    mss_bytes: int = Field(
-        default=1448,
+    mss_bytes: int | None = Field(
+        default=None,
         gt=0,
         le=65495,
-        description="TCP payload per segment (bytes); default 1448 under tcp (a 1,500-byte "
+        description="TCP payload per segment (bytes); null: 1448 under tcp (a 1,500-byte "
         "MTU with timestamps), 1460 under ideal (what its Mathis bound assumes)",
     )
     header_bytes: int = Field(
@@ -545,14 +545,11 @@ class LinkTransport(_Strict):
         description="tcp: the retransmission timeout's floor (s; Linux 0.2, RFC 6298 1.0)",
     )
 
-    @model_validator(mode="before")
-    @classmethod
-    def _mss_follows_transport(cls, data: Any) -> Any:
-        """An MSS left out is 1,460 bytes under ``transport: ideal`` (the Mathis bound's
-        figure before ``transport`` existed) and 1,448 under tcp."""
-        if isinstance(data, dict) and "mss_bytes" not in data and data.get("transport") == "ideal":
-            return {**data, "mss_bytes": IDEAL_MSS_BYTES}
-        return data
+    def segment_bytes(self) -> int:
+        """The MSS in force: ``mss_bytes``, or the transport's (tcp 1448, ideal 1460)."""
+        if self.mss_bytes is not None:
+            return self.mss_bytes
+        return TCP_MSS_BYTES if self.tcp() else IDEAL_MSS_BYTES
 
     def tcp(self) -> bool:
         """Are this link's transfers finite TCP flows (``transport: tcp``)?"""
@@ -561,6 +558,8 @@ class LinkTransport(_Strict):
 
 #: the MSS of an ideal link's Mathis bound when none is given (bytes)
 IDEAL_MSS_BYTES = 1460
+#: a TCP link's when none is given: a 1,500-byte MTU less IPv4, TCP and timestamps (bytes)
+TCP_MSS_BYTES = 1448
 
 
 def personalised_downloads(algorithm: str) -> bool:
