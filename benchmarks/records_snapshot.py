@@ -9,9 +9,12 @@ after a refactor must be identical byte for byte::
     python benchmarks/records_snapshot.py take /tmp/before          # on the old revision
     python benchmarks/records_snapshot.py take /tmp/after           # on the new one
     python benchmarks/records_snapshot.py compare /tmp/before /tmp/after
+    python benchmarks/records_snapshot.py changes /tmp/before /tmp/after   # by how much
 
-``compare`` prints each file that differs with its first differing row and column, and
-exits 1 if any does. Only the ``mecsim`` command is used, so the script runs unchanged on
+``changes`` says, for a change meant to change results, by how much: per run and file,
+each column that differs with the mean and range of its relative change over the rows
+(a Markdown table). ``compare`` prints each file that differs with its first differing
+row and column, and exits 1 if any does. Only the ``mecsim`` command is used, so the script runs unchanged on
 any revision whose CLI has ``run --rounds --backend --out --run-id --quiet --no-plots
 --no-metrics``. Snapshots of the same revision on two machines with other SIMD units
 (AVX-512 vs AVX2) differ in the last bits of floats; compare on one machine.
@@ -25,6 +28,7 @@ import hashlib
 import io
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -167,6 +171,56 @@ def compare(a: Path, b: Path) -> int:
     return 1 if bad else 0
 
 
+def _columns(path: Path) -> tuple[list[str], list[list[str]]]:
+    rows = list(csv.reader(io.StringIO(path.read_text())))
+    return (rows[0], rows[1:]) if rows else ([], [])
+
+
+def _relative(a: str, b: str) -> float | None:
+    """(b − a) / |a| of two numeric cells; None where either is not a number or a is 0."""
+    try:
+        x, y = float(a), float(b)
+    except ValueError:
+        return None
+    if x == 0.0 or x != x or y != y:
+        return None
+    return (y - x) / abs(x)
+
+
+def changes(a: Path, b: Path) -> int:
+    """Per run and CSV file, every column whose values differ, with the mean and range of
+    the relative change over its rows: the table a change meant to change results gives."""
+    keys = sorted(p.name for p in a.iterdir() if p.is_dir() and (b / p.name).is_dir())
+    print("| run | file | column | rows changed | mean change | range |")
+    print("|---|---|---|---|---|---|")
+    same = []
+    for key in keys:
+        differs = False
+        for f in FILES:
+            if not f.endswith(".csv"):
+                continue
+            ha, ra = _columns(a / key / f)
+            hb, rb = _columns(b / key / f)
+            for name in [h for h in ha if h in hb]:
+                ia, ib = ha.index(name), hb.index(name)
+                pairs = [(x[ia], y[ib]) for x, y in zip(ra, rb, strict=False)]
+                changed = [(x, y) for x, y in pairs if x != y]
+                if not changed:
+                    continue
+                differs = True
+                rel = [r for r in (_relative(x, y) for x, y in changed) if r is not None]
+                mean = f"{100 * statistics.fmean(rel):+.2f} %" if rel else "(not numeric)"
+                span = f"{100 * min(rel):+.2f} … {100 * max(rel):+.2f} %" if rel else ""
+                print(f"| {key} | {f} | {name} | {len(changed)}/{len(pairs)} | {mean} | {span} |")
+            for name in sorted(set(ha) ^ set(hb)):
+                differs = True
+                print(f"| {key} | {f} | {name} | only in {'a' if name in ha else 'b'} | | |")
+        if not differs:
+            same.append(key)
+    print(f"\nunchanged: {', '.join(same) if same else 'none'}")
+    return 0
+
+
 def quick() -> int:
     """The suite's check of this script: the default scenario, 1 round in-process, taken
     twice into a temporary folder and compared (the same seed gives the same records)."""
@@ -200,9 +254,14 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("compare", help="compare two snapshots")
     c.add_argument("a", type=Path)
     c.add_argument("b", type=Path)
+    ch = sub.add_parser("changes", help="by how much two snapshots differ, column by column")
+    ch.add_argument("a", type=Path)
+    ch.add_argument("b", type=Path)
     args = p.parse_args(argv)
     if args.cmd == "take":
         return take(args.out, args.rounds, args.backends.split(","), args.only)
+    if args.cmd == "changes":
+        return changes(args.a, args.b)
     return compare(args.a, args.b)
 
 
