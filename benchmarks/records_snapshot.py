@@ -14,9 +14,9 @@ after a refactor must be identical byte for byte::
 ``changes`` says, for a change meant to change results, by how much: per run and file,
 each column that differs with the mean and range of its relative change over the rows
 (a Markdown table). ``compare`` prints each file that differs with its first differing
-row and column, and exits 1 if any does. Only the ``mecsim`` command is used, so the script runs unchanged on
-any revision whose CLI has ``run --rounds --backend --out --run-id --quiet --no-plots
---no-metrics``. Snapshots of the same revision on two machines with other SIMD units
+row and column, and exits 1 if any does. Only the ``mecsim`` command is used, so the
+script runs unchanged on any revision whose CLI has ``run --rounds --backend --out
+--run-id --quiet --no-plots --no-metrics``. Snapshots of the same revision on two machines with other SIMD units
 (AVX-512 vs AVX2) differ in the last bits of floats; compare on one machine.
 """
 
