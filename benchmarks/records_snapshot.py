@@ -16,8 +16,9 @@ each column that differs with the mean and range of its relative change over the
 (a Markdown table). ``compare`` prints each file that differs with its first differing
 row and column, and exits 1 if any does. Only the ``mecsim`` command is used, so the
 script runs unchanged on any revision whose CLI has ``run --rounds --backend --out
---run-id --quiet --no-plots --no-metrics``. Snapshots of the same revision on two machines with other SIMD units
-(AVX-512 vs AVX2) differ in the last bits of floats; compare on one machine.
+--run-id --quiet --no-plots --no-metrics``. Snapshots of the same revision on two
+machines with other SIMD units (AVX-512 vs AVX2) differ in the last bits of floats;
+compare on one machine.
 """
 
 from __future__ import annotations
