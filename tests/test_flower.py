@@ -10,6 +10,7 @@ Skipped, with the reason, where Flower is not installed (``pip install "mecsim[f
 from __future__ import annotations
 
 import copy
+import json
 import os
 import subprocess
 import sys
@@ -556,3 +557,34 @@ def test_the_service_refuses_a_submitted_app_folder_and_takes_an_allowed_one(
     assert "runs only installed Flower apps" in problem.msg
     run_id, sc = prepare_submission(text, allow_imports=True, **kwargs)
     assert sc.algorithm.name == "flower" and run_id
+
+
+@pytest.mark.parametrize("how", ["sys.exit(0)", "raise KeyboardInterrupt"])
+def test_a_clientapp_that_exits_fails_the_run_in_one_line(
+    tmp_path: Path, monkeypatch, how: str
+) -> None:
+    """A ClientApp's sys.exit(0) (or a KeyboardInterrupt nobody sent) used to end
+    `mecsim run` with exit 0 and nothing printed: it is a failed run naming where."""
+    name = "exitapp" if "exit" in how else "interruptapp"  # one module per case
+    pkg = tmp_path / name
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "client_app.py").write_text(
+        "import sys\n"
+        "from flwr.clientapp import ClientApp\n"
+        "app = ClientApp()\n"
+        "@app.train()\n"
+        "def train(msg, context):\n"
+        f"    {how}\n"
+    )
+    monkeypatch.syspath_prepend(str(APP))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    params = {"serverapp": "seededapp.server_app:app", "clientapp": f"{name}.client_app:app"}
+    path = scenario(tmp_path, rounds=1, algorithm={"name": "flower", "params": params})
+    run = mecsim_run(path, "--backend", "local")
+    assert run.returncode == 1, run.stderr
+    exc = "SystemExit(0)" if "exit" in how else "KeyboardInterrupt()"
+    assert f"algorithm flower: fit of client 0 raised {exc} (user code)" in run.stderr
+    assert "Traceback" not in run.stderr
+    (meta,) = [json.loads(p.read_text()) for p in (tmp_path / "runs").glob("*/run.json")]
+    assert meta["status"] == "failed"

@@ -24,13 +24,32 @@ _depth = 0
 _pending: BaseException | None = None
 
 
+#: set on the KeyboardInterrupt the handler raises and on the handler itself, so that
+#: code that catches a KeyboardInterrupt can tell a signal from an algorithm's own
+#: ``raise KeyboardInterrupt`` (mecsim.agents.algorithms.base.from_signal)
+SIGNAL_MARK = "mecsim_from_signal"
+
+
 def _handler(signum: int, frame) -> None:  # noqa: ARG001 - signal handler signature
     global _pending
     exc: BaseException = Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+    setattr(exc, SIGNAL_MARK, True)
     if _depth:
         _pending = exc
         return
     raise exc
+
+
+setattr(_handler, SIGNAL_MARK, True)
+
+
+def from_signal(exc: KeyboardInterrupt) -> bool:
+    """Did ``exc`` come from Ctrl-C or SIGTERM, as far as can be told? Yes when
+    :func:`_handler` raised it; no when that handler is installed and did not (code of
+    the run raised it: a failed run, not an interrupted one); yes otherwise."""
+    if getattr(exc, SIGNAL_MARK, False):
+        return True
+    return not getattr(signal.getsignal(signal.SIGINT), SIGNAL_MARK, False)
 
 
 @contextmanager
