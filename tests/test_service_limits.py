@@ -891,3 +891,33 @@ def test_a_sweep_naming_code_in_its_grid_is_422_before_anything_is_imported(
         registry.CHANNELS.unregister("test-link")
     for module in ("antigravity", "this"):
         assert module in before or module not in sys.modules
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+@pytest.mark.own_ray
+def test_a_real_server_imports_no_module_a_submission_names(tmp_path):
+    """`mecsim serve` in its own process, its log read afterwards: the installed
+    packages' __main__ modules named as a Flower app are refused with
+    422 naming the field; nothing they would print reaches its log, trio's REPL does not
+    start, certifi's and jsonschema's SystemExit end no thread (no 500), and it answers on."""
+    pytest.importorskip("flwr", reason="Flower is not installed")
+    from service_support import ServeProcess
+
+    server = ServeProcess(tmp_path / "state").start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=60) as c:
+            for module in ("PIL", "trio", "certifi", "jsonschema"):
+                ref = f"{module}.__main__:x"
+                text = tiny_yaml(**_flower(serverapp=ref, clientapp=ref))
+                r = c.post("/runs", json={"scenario": text})
+                assert r.status_code == 422, r.text
+                assert _fields(r) == ["algorithm.params.serverapp"], r.text
+                assert c.get("/healthz").status_code == 200
+            assert c.get("/runs").json()["total"] == 0
+        assert server.proc.poll() is None
+    finally:
+        server.stop()
+    log = server.log_text()
+    for printed in ("PIL SETTINGS", "Pillow", "trio REPL", ">>>", "Traceback", "SystemExit"):
+        assert printed not in log, log
