@@ -921,3 +921,59 @@ def test_a_real_server_imports_no_module_a_submission_names(tmp_path):
     log = server.log_text()
     for printed in ("PIL SETTINGS", "Pillow", "trio REPL", ">>>", "Traceback", "SystemExit"):
         assert printed not in log, log
+
+
+@pytest.mark.parametrize("how", ["sys.exit(0)", "a BaseException of its own"])
+def test_a_plugin_that_exits_while_a_submission_is_checked_is_a_422(no_imports_api, how):
+    """The pre-flight builds the algorithm's server: a plugin whose constructor calls
+    sys.exit(0) used to raise SystemExit in the validation thread (a 500; raised in the
+    event loop it could stop the server). It is a 422, and the server answers on."""
+    import mecsim.registry as registry
+    from mecsim.agents.algorithms.fedavg import FedAvgClient, FedAvgServer
+
+    class Boom(BaseException):
+        pass
+
+    class Exits(FedAvgServer):
+        Client = FedAvgClient
+
+        def __init__(self, *args, **kwargs):
+            if how == "sys.exit(0)":
+                sys.exit(0)
+            raise Boom("its own")
+
+    registry.ALGORITHMS.register("exits-on-check", (Exits, FedAvgClient))
+    try:
+        text = tiny_yaml(algorithm={"name": "exits-on-check"})
+        with httpx.Client(base_url=no_imports_api.url, timeout=60) as c:
+            r = c.post("/runs", json={"scenario": text})
+            assert r.status_code == 422, r.text
+            assert "SystemExit(0)" in r.text or "Boom('its own')" in r.text, r.text
+            assert c.get("/healthz").status_code == 200
+    finally:
+        registry.ALGORITHMS.unregister("exits-on-check")
+
+
+def test_a_run_whose_code_exits_in_a_worker_thread_fails_and_the_worker_goes_on(
+    tmp_path, monkeypatch
+):
+    """sys.exit(0) (or a BaseException of a plugin's own) raised on the server's side
+    of a run ended the worker's thread, leaving the run `running` for ever: the run
+    fails, naming it, and the worker takes the next run."""
+    from mecsim.interfaces.service.worker import Worker
+
+    store = Store(tmp_path / "state")
+    worker = Worker(store)
+    for i, exc in enumerate((SystemExit(0), KeyboardInterrupt())):
+        store.add_run(f"r{i}", "tiny", "fedavg", tiny_yaml(), 2, 10)
+        run = store.claim_next()
+
+        def start(r, exc=exc):
+            raise exc
+
+        monkeypatch.setattr(worker, "_start", start)
+        worker._execute(run)
+        view = store.get_run(run.id)
+        assert view.status == "failed", view
+        assert f"raised {exc!r} (user code)" in view.error
+    store.close()
