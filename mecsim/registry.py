@@ -113,9 +113,9 @@ def check_import(target: str, field: str) -> None:
         return
     raise ImportRefused(
         f"{field}: {target!r} is not an installed plugin or Flower app of this server, "
-        "and it runs no other code (nothing was imported); installed: "
-        f"{', '.join(sorted(allowed)) or 'none'} (its operator may list more with "
-        "--flower-app, or start it with --allow-imports)"
+        "and it runs no other code (nothing was imported); GET /plugins lists what it "
+        "has (its operator may list more with --flower-app, or start it with "
+        "--allow-imports)"
     )
 
 

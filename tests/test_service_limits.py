@@ -977,3 +977,11 @@ def test_a_run_whose_code_exits_in_a_worker_thread_fails_and_the_worker_goes_on(
         assert view.status == "failed", view
         assert f"raised {exc!r} (user code)" in view.error
     store.close()
+
+
+def test_get_plugins_lists_the_flower_components_a_submission_may_name(no_imports_api):
+    page = httpx.get(f"{no_imports_api.url}/plugins", timeout=30).json()
+    assert page["allow_imports"] is False
+    listed = {row["component"]: row["declared_by"] for row in page["flower_apps"]}
+    assert listed["seededapp.server_app:app"] == f"--flower-app {SEEDED_APP}"
+    assert "seededapp.client_app:app" in listed
