@@ -30,7 +30,7 @@ from mecsim.agents.algorithms import (
     TrainConfig,
     algorithm_classes,
 )
-from mecsim.agents.algorithms.base import check_upload
+from mecsim.agents.algorithms.base import UserCodeExit, check_upload, user_code
 from mecsim.agents.models import build_model, model_layout, store_flat
 from mecsim.agents.state import BlobSink, decode, encode
 from mecsim.agents.training import StepCosts
@@ -162,7 +162,10 @@ class ClientHost:
         )
         start = time.perf_counter()
         try:
-            result = self.algorithm.fit(ctx, task)
+            with user_code(self.setup.algorithm, f"fit of client {cid}"):
+                result = self.algorithm.fit(ctx, task)
+        except UserCodeExit:
+            raise
         except Exception as exc:  # the algorithm's own code: named, with the client
             raise AlgorithmError(
                 f"algorithm {self.setup.algorithm!r} failed in fit of client {cid}: "
@@ -221,7 +224,10 @@ class ClientHost:
         for task in tasks:
             ctx = self._context(task.client_id, rnd, purpose=2)
             try:
-                acc, loss, *extras = self.algorithm.evaluate(ctx, task)
+                with user_code(self.setup.algorithm, f"evaluate of client {task.client_id}"):
+                    acc, loss, *extras = self.algorithm.evaluate(ctx, task)
+            except UserCodeExit:
+                raise
             except Exception as exc:  # the algorithm's own code: named, with the client
                 raise AlgorithmError(
                     f"algorithm {self.setup.algorithm!r} failed in evaluate of client "

@@ -25,7 +25,7 @@ import psutil
 
 import mecsim.registry as registry
 from mecsim.agents.algorithms import ClientResult, ClientTask, EdgeReport, algorithm_classes
-from mecsim.agents.algorithms.base import check_upload, finite_upload
+from mecsim.agents.algorithms.base import check_upload, finite_upload, user_code
 from mecsim.agents.models import ModelLayout
 from mecsim.agents.state import BlobSink, decode, encode
 
@@ -148,9 +148,12 @@ class CentralServer(_ServerProcess):
     def plan(self, rnd: int) -> tuple[list[int], list[ClientTask], dict[int, Any]]:
         """(selected clients, their tasks, what each edge server is sent); of a
         hierarchical algorithm, the edge servers fill in the tasks (EdgeServer.plan)."""
-        selected = self.algorithm.select(rnd, self.rng)
-        tasks = self.algorithm.configure_fit(rnd, selected)
-        downlinks = self.algorithm.configure_edges(rnd) if self.algorithm.Edge else {}
+        with user_code(self.algorithm_name, "select"):
+            selected = self.algorithm.select(rnd, self.rng)
+        with user_code(self.algorithm_name, "configure_fit"):
+            tasks = self.algorithm.configure_fit(rnd, selected)
+        with user_code(self.algorithm_name, "configure_edges"):
+            downlinks = self.algorithm.configure_edges(rnd) if self.algorithm.Edge else {}
         return selected, tasks, downlinks
 
     def aggregate(self, rnd: int, results: list[ClientResult]) -> AggregateReport:
@@ -161,7 +164,8 @@ class CentralServer(_ServerProcess):
         rejected = tuple(sorted(r.client_id for r in results if not finite_upload(r)))
         kept = [r for r in results if r.client_id not in rejected]
         start = time.perf_counter()
-        stats = self.algorithm.aggregate_fit(rnd, sorted(kept, key=lambda r: r.client_id))
+        with user_code(self.algorithm_name, "aggregate_fit"):
+            stats = self.algorithm.aggregate_fit(rnd, sorted(kept, key=lambda r: r.client_id))
         wall = time.perf_counter() - start
         return AggregateReport(stats.flops, wall, self.rss_bytes(), dict(stats.metrics), rejected)
 
@@ -178,7 +182,8 @@ class CentralServer(_ServerProcess):
 
     def stream_begin(self, rnd: int) -> None:
         """Start the round's streamed aggregation (any unfinished one is dropped)."""
-        self._stream = _Stream(rnd, self.algorithm.begin_aggregate(rnd))
+        with user_code(self.algorithm_name, "begin_aggregate"):
+            self._stream = _Stream(rnd, self.algorithm.begin_aggregate(rnd))
 
     def stream_fold(self, rnd: int, keep: frozenset[int], results: list[ClientResult]) -> int:
         """Fold the uploads of ``results`` whose clients are in ``keep`` (those the round
@@ -196,7 +201,8 @@ class CentralServer(_ServerProcess):
             )
         self._check_uploads(part)
         start = time.perf_counter()
-        rejected = self.algorithm.fold_finite(stream.acc, part)
+        with user_code(self.algorithm_name, "fold"):
+            rejected = self.algorithm.fold_finite(stream.acc, part)
         stream.rejected += rejected
         stream.wall_s += time.perf_counter() - start
         if part:
@@ -224,7 +230,8 @@ class CentralServer(_ServerProcess):
         if stream is None or stream.rnd != rnd:
             raise RuntimeError(f"round {rnd}: no streamed aggregation was begun")
         start = time.perf_counter()
-        stats = self.algorithm.end_aggregate(rnd, stream.acc)
+        with user_code(self.algorithm_name, "end_aggregate"):
+            stats = self.algorithm.end_aggregate(rnd, stream.acc)
         wall = stream.wall_s + time.perf_counter() - start
         return AggregateReport(
             stats.flops, wall, self.rss_bytes(), dict(stats.metrics), tuple(sorted(stream.rejected))
@@ -242,7 +249,8 @@ class CentralServer(_ServerProcess):
             (r for r in results if r.client_id not in rejected), key=lambda r: r.client_id
         )
         start = time.perf_counter()
-        stats = self.algorithm.aggregate_edges(rnd, kept, by_server)
+        with user_code(self.algorithm_name, "aggregate_edges"):
+            stats = self.algorithm.aggregate_edges(rnd, kept, by_server)
         # the edge servers aggregate side by side: the slowest one, then the central one
         wall = time.perf_counter() - start + max((rep.wall_s for rep in reports), default=0.0)
         return AggregateReport(stats.flops, wall, self.rss_bytes(), dict(stats.metrics), rejected)
@@ -272,7 +280,8 @@ class CentralServer(_ServerProcess):
         return {b: encode({"algorithm": st}, "edge") for b, st in legacy.items()}
 
     def evaluation_tasks(self, rnd: int, clients: list[int]) -> list[ClientTask]:
-        return self.algorithm.configure_evaluate(rnd, clients)
+        with user_code(self.algorithm_name, "configure_evaluate"):
+            return self.algorithm.configure_evaluate(rnd, clients)
 
     def close(self) -> None:
         """The run is over: the algorithm lets go of what it holds (see
@@ -311,7 +320,8 @@ class EdgeServer(_ServerProcess):
 
     def plan(self, rnd: int, tasks: list[ClientTask], downlink: Any) -> list[ClientTask]:
         """Its clients' tasks with what it sends them filled in."""
-        return self.algorithm.configure_fit(rnd, tasks, downlink)
+        with user_code(self.algorithm_name, f"configure_fit of edge server {self.edge_server}"):
+            return self.algorithm.configure_fit(rnd, tasks, downlink)
 
     def aggregate(self, rnd: int, results: list[ClientResult]) -> EdgeReport:
         """Aggregate its clients' results whose uploads are finite (as the central server
@@ -322,7 +332,8 @@ class EdgeServer(_ServerProcess):
             (r for r in results if r.client_id not in rejected), key=lambda r: r.client_id
         )
         start = time.perf_counter()
-        report = self.algorithm.aggregate_fit(rnd, kept)
+        with user_code(self.algorithm_name, f"aggregate_fit of edge server {self.edge_server}"):
+            report = self.algorithm.aggregate_fit(rnd, kept)
         return replace(report, rejected=rejected, wall_s=time.perf_counter() - start)
 
     def aggregate_split(

@@ -10,8 +10,10 @@ after the other differed by up to 20 % with no abuse at all). While the mix is o
   ``--hostile-interval`` seconds between requests: a 1 MB form of 100,000 unknown keys,
   a 10 KB YAML alias bomb (2,000 references to a 2,000-element list), 900 levels of
   nesting in YAML and in JSON, NaN, lone surrogates, integers beyond 2^63, ``epochs:
-  1e9``, ``hosts: 500``, ``rounds: 1e20``, sweep grids of 10^9 and 10^6 points; each
-  one's status and time;
+  1e9``, ``hosts: 500``, ``rounds: 1e20``, sweep grids of 10^9 and 10^6 points, and
+  code to import (a Flower app's ``PIL.__main__`` and ``trio.__main__``, ``os:system``
+  as the algorithm, a private submodule as the model, ``this`` as the data set: each
+  must be 422 with nothing imported or printed); each one's status and time;
 - **slow clients**: ``--slow-clients`` connections that send half a request header and
   then nothing (the server must close them: its header deadline is 10 s);
 - an **SSE flood**: ``--sse-streams`` clients following the training run's events;
@@ -130,6 +132,36 @@ def hostile_requests(finished_run: str) -> dict[str, dict]:
             "method": "POST",
             "url": "/runs",
             "json": {"scenario": default, "set": {"rounds": 1e20}},
+        },
+        # code the server must not import (422 before any import; nothing printed)
+        "flower serverapp PIL.__main__": {
+            "method": "POST",
+            "url": "/runs",
+            "json": {
+                "scenario": default,
+                "set": {
+                    "algorithm": {
+                        "name": "flower",
+                        "params": {"serverapp": "PIL.__main__:x", "clientapp": "trio.__main__:x"},
+                    },
+                    "checkpoint.every": 0,
+                },
+            },
+        },
+        "algorithm os:system": {
+            "method": "POST",
+            "url": "/runs",
+            "json": {"scenario": default, "set": {"algorithm.name": "os:system"}},
+        },
+        "model: a private submodule": {
+            "method": "POST",
+            "url": "/runs",
+            "json": {"scenario": default, "set": {"model.name": "jsonschema._keywords:ref"}},
+        },
+        "dataset `this` (prints)": {
+            "method": "POST",
+            "url": "/runs",
+            "json": {"scenario": default, "set": {"dataset.name": "this:s"}},
         },
         "sweep of 10^9 points": {
             "method": "POST",
@@ -497,6 +529,9 @@ def main() -> int:
         print(f"target {name}: {'met' if ok else 'MISSED'}")
     if "Traceback" in log:
         errors.append("a traceback in the server's log:\n" + log[-2000:])
+    for printed in ("Beautiful is better than ugly", "PIL SETTINGS", "trio REPL"):
+        if printed in log:  # a module a hostile request named was imported
+            errors.append(f"the server's log has {printed!r}: a named module was imported")
     if final["status"] != "finished":
         errors.append(f"the training run ended {final['status']}")
     for e in errors[:20]:

@@ -27,6 +27,12 @@ in its own process. Besides installed entry points a name may be
   as a module and calls :func:`register`. Its source travels to every Ray worker with
   the run (:func:`portable`, :func:`restore`), so workers on other nodes load it too.
 
+Every import a scenario can cause passes one gate, :func:`check_import`: where imports
+are refused (a service's validation threads, :func:`imports`), only the values of
+installed ``mecsim.*`` entry points and the components of Flower apps the operator
+installed or listed (:func:`flower_components`) load, decided from metadata before
+anything is imported.
+
 Every entry resolved by a run is remembered (:func:`used`) with where it came from:
 ``run.json`` records its name, kind, distribution and version (a plugin file's sha256).
 """
@@ -40,7 +46,7 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -70,15 +76,171 @@ def imports_allowed() -> bool:
 
 
 @contextmanager
-def imports(allowed: bool) -> Iterator[None]:
+def imports(allowed: bool, flower_apps: Iterable[str] = ()) -> Iterator[None]:
     """Allow or refuse import strings in this thread for a while (a service validating a
-    submission: ``with registry.imports(config.allow_imports): ...``)."""
-    previous = getattr(_THREAD, "allow_imports", None)
+    submission: ``with registry.imports(config.allow_imports, config.flower_apps): ...``).
+    ``flower_apps``: what the operator listed with ``mecsim serve --flower-app`` (Flower
+    app folders, or components as ``module:attribute``), loadable even when imports are
+    refused (:func:`operator_flower_apps`)."""
+    previous = getattr(_THREAD, "allow_imports", None), getattr(_THREAD, "flower_apps", ())
     _THREAD.allow_imports = allowed
+    _THREAD.flower_apps = tuple(flower_apps)
     try:
         yield
     finally:
-        _THREAD.allow_imports = previous
+        _THREAD.allow_imports, _THREAD.flower_apps = previous
+
+
+def operator_flower_apps() -> tuple[str, ...]:
+    """What :func:`imports` was given as ``flower_apps`` in this thread."""
+    return tuple(getattr(_THREAD, "flower_apps", ()))
+
+
+class ImportRefused(ValueError):
+    """An import a submission asked for that this thread may not do (:func:`check_import`)."""
+
+
+def check_import(target: str, field: str) -> None:
+    """Refuse, with :class:`ImportRefused` naming ``field``, an import of ``target``
+    (``module:attribute``) that this thread may not do. Nothing is imported: the answer
+    comes from installed distributions' metadata (:func:`loadable_targets`) and what the
+    operator listed. Where imports are allowed (``mecsim run``, ``mecsim serve
+    --allow-imports``) everything passes."""
+    if imports_allowed():
+        return
+    allowed = loadable_targets()
+    if target in allowed:
+        return
+    raise ImportRefused(
+        f"{field}: {target!r} is not an installed plugin or Flower app of this server, "
+        "and it runs no other code (nothing was imported); GET /plugins lists what it "
+        "has (its operator may list more with --flower-app, or start it with "
+        "--allow-imports)"
+    )
+
+
+def loadable_targets() -> dict[str, str]:
+    """Every ``module:attribute`` a thread where imports are refused may still load, with
+    where it is declared: the values of installed entry points of the ``mecsim.*`` groups,
+    the components of installed Flower apps (:func:`flower_components`) and those of the
+    operator's ``--flower-app`` list. Read from metadata, never by importing."""
+    with _LOCK:
+        if _GROUPS is None:
+            _entry_points("")
+        groups = dict(_GROUPS or {})
+    out: dict[str, str] = {}
+    for group, eps in groups.items():
+        for ep in eps:
+            out.setdefault(ep.value, f"entry point {ep.name} of {group} ({ep.distribution})")
+    out.update({k: v for k, v in flower_components().items() if k not in out})
+    return out
+
+
+#: the entry-point group of installed Flower apps' components (besides a Flower app's
+#: own pyproject.toml: :func:`flower_components`)
+FLOWER_GROUP = "mecsim.flower_apps"
+
+
+def flower_components() -> dict[str, str]:
+    """The Flower app components (``module:attribute``) this thread may load where imports
+    are refused, with where each is declared:
+
+    * the entry points of :data:`FLOWER_GROUP` of installed distributions;
+    * the ``[tool.flwr.app.components]`` of an installed Flower app: a distribution
+      installed from a local folder (``pip install [-e] DIR``: its ``direct_url.json``
+      names the folder) whose ``pyproject.toml`` declares them;
+    * the operator's ``--flower-app`` list (:func:`operator_flower_apps`): folders (their
+      ``pyproject.toml``'s components) and components given as ``module:attribute``.
+
+    A submission can change none of these: they are files of the server's installation
+    and the server's command line."""
+    out: dict[str, str] = {}
+    for ep in _entry_points(FLOWER_GROUP):
+        out.setdefault(ep.value, f"entry point {ep.name} of {FLOWER_GROUP} ({ep.distribution})")
+    for dist, folder in _installed_from_folders():
+        for ref in flower_app_components(folder):
+            out.setdefault(ref, f"Flower app {dist} (installed from {folder})")
+    for item in operator_flower_apps():
+        if is_import_string(item):
+            out.setdefault(item, "--flower-app")
+        else:
+            for ref in flower_app_components(item):
+                out.setdefault(ref, f"--flower-app {item}")
+    return out
+
+
+def flower_app_components(folder: str | Path) -> tuple[str, ...]:
+    """The ``serverapp`` and ``clientapp`` of ``folder/pyproject.toml``'s
+    ``[tool.flwr.app.components]``, or () when it has none (read as text, not imported)."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # Flower's own dependency
+        import tomli as tomllib
+    try:
+        text = (Path(folder) / "pyproject.toml").read_text(encoding="utf-8")
+        project = tomllib.loads(text)
+    except (OSError, UnicodeDecodeError, ValueError):
+        return ()
+    tool = project.get("tool")
+    flwr = tool.get("flwr") if isinstance(tool, dict) else None
+    app = flwr.get("app") if isinstance(flwr, dict) else None
+    components = app.get("components") if isinstance(app, dict) else None
+    if not isinstance(components, dict):
+        return ()
+    refs = (components.get("serverapp"), components.get("clientapp"))
+    return tuple(r for r in refs if isinstance(r, str) and is_import_string(r))
+
+
+_FOLDERS: list[tuple[str, str]] | None = None
+
+
+def _installed_from_folders() -> list[tuple[str, str]]:
+    """(distribution, folder) of every distribution on ``sys.path`` installed from a
+    local folder (``direct_url.json`` with ``dir_info``), once per process."""
+    global _FOLDERS
+    with _LOCK:
+        if _FOLDERS is not None:
+            return list(_FOLDERS)
+    import json
+    from urllib.parse import unquote, urlparse
+
+    found: list[tuple[str, str]] = []
+    for folder, entry in _dist_infos():
+        try:
+            with open(os.path.join(folder, entry, "direct_url.json"), encoding="utf-8") as f:
+                direct = json.load(f)
+        except (OSError, ValueError):
+            continue
+        url = direct.get("url") if isinstance(direct, dict) else None
+        if not (isinstance(url, str) and "dir_info" in direct and url.startswith("file:")):
+            continue
+        name, _ = _name_and_version(os.path.join(folder, entry), entry)
+        found.append((name, unquote(urlparse(url).path)))
+    with _LOCK:
+        _FOLDERS = found
+        return list(found)
+
+
+def _dist_infos() -> Iterator[tuple[str, str]]:
+    """(sys.path folder, metadata folder name) of every distribution on ``sys.path``."""
+    for folder in sys.path:
+        try:
+            names = sorted(os.listdir(folder or "."))
+        except OSError:  # a missing folder, a zip file on sys.path
+            continue
+        for entry in names:
+            if entry.endswith((".dist-info", ".egg-info")):
+                yield folder or ".", entry
+
+
+def rescan() -> None:
+    """Forget what was read of the installed distributions (tests that install one)."""
+    global _GROUPS, _FOLDERS
+    with _LOCK:
+        _GROUPS, _FOLDERS = None, None
+        for reg in REGISTRIES.values():
+            reg._entries = None
+            reg._conflicts = {}
 
 
 #: The distribution that provides mecsim's built-ins.
@@ -106,8 +268,11 @@ class PluginInfo:
         return asdict(self)
 
 
-def load(target: str) -> Any:
-    """The object an import string ``package.module:attribute.attribute`` names."""
+def load(target: str, field: str = "") -> Any:
+    """The object an import string ``package.module:attribute.attribute`` names.
+    :class:`ImportRefused` (naming ``field``), before anything is imported, where this
+    thread may not import it (:func:`check_import`)."""
+    check_import(target, field or target)
     module_name, _, attrs = target.partition(":")
     obj: Any = importlib.import_module(module_name)
     for attr in attrs.split(".") if attrs else []:
@@ -241,7 +406,10 @@ class Registry:
             else:
                 try:
                     obj = load(info.target)
-                except Exception as exc:  # any import-time failure of a plugin's own code
+                except KeyboardInterrupt:
+                    raise
+                except BaseException as exc:  # any import-time failure of a plugin's own
+                    # code, SystemExit included: one line, not a server thread's end
                     where = f" (from {info.distribution})" if info.distribution else ""
                     raise PluginError(
                         f"{self.kind} plugin {name!r}{where} failed to load: {_one_line(exc)}"

@@ -1094,6 +1094,12 @@ def check_algorithm(
                     result = PropertyResult(prop, False, exc.reason, exc.first_difference)
                 except Exception as exc:  # the kit's own run of the algorithm blew up
                     result = PropertyResult(prop, False, _one_line(exc))
+                except KeyboardInterrupt:
+                    raise
+                except BaseException as exc:  # sys.exit() or a BaseException of its own,
+                    # from the algorithm's code where the kit calls it itself: a failure
+                    what = " ".join(repr(exc).split())[:300]
+                    result = PropertyResult(prop, False, f"raised {what} (user code)")
             result.seconds = round(time.perf_counter() - t0, 3)
             results.append(result)
             if on_result is not None:

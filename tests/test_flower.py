@@ -10,6 +10,7 @@ Skipped, with the reason, where Flower is not installed (``pip install "mecsim[f
 from __future__ import annotations
 
 import copy
+import json
 import os
 import subprocess
 import sys
@@ -314,8 +315,132 @@ def test_a_server_without_allow_imports_runs_only_installed_apps() -> None:
     with registry.imports(False):
         with pytest.raises(FlowerAppError, match="runs only installed Flower apps"):
             resolve_app(FlowerParams(app=str(APP)), 3)
-        with pytest.raises(FlowerAppError, match="not in an installed distribution"):
+        with pytest.raises(FlowerAppError, match="not a component of a Flower app installed"):
             resolve_app(FlowerParams(serverapp="seededapp.x:app", clientapp="seededapp:y"), 3)
+        # an installed distribution is not a Flower app: its modules are not components
+        before = set(sys.modules)
+        for ref in ("PIL.__main__:x", "certifi.__main__:x", "flwr.cli.app:app"):
+            with pytest.raises(FlowerAppError, match="algorithm.params.serverapp.*nothing was"):
+                resolve_app(FlowerParams(serverapp=ref, clientapp=ref), 3)
+        assert "PIL.__main__" in before or "PIL.__main__" not in sys.modules
+        assert "certifi.__main__" in before or "certifi.__main__" not in sys.modules
+    # mecsim run (a local user's own command line) keeps taking any import string
+    app = resolve_app(FlowerParams(serverapp="anything.at:all", clientapp="x.y:z"), 3)
+    assert app.serverapp == "anything.at:all"
+
+
+def _fake_install(site: Path, name: str, *, direct_url: Path | None = None, eps: str = ""):
+    """A distribution's metadata folder as pip leaves it (no code: what the server reads
+    is the metadata), in ``site``."""
+    import json
+
+    meta = site / f"{name}-1.0.0.dist-info"
+    meta.mkdir(parents=True)
+    (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0.0\n")
+    if direct_url is not None:
+        url = {"url": direct_url.as_uri(), "dir_info": {"editable": True}}
+        (meta / "direct_url.json").write_text(json.dumps(url))
+    if eps:
+        (meta / "entry_points.txt").write_text(eps)
+
+
+@pytest.mark.parametrize("how", ["pip install -e APP", "entry points", "--flower-app APP"])
+def test_a_server_runs_the_flower_apps_its_operator_installed_or_listed(
+    tmp_path: Path, monkeypatch, how: str
+) -> None:
+    """Where imports are refused, a Flower app's components load when the operator
+    installed the app (a distribution installed from the app's folder, whose
+    pyproject.toml declares them; or one declaring them as mecsim.flower_apps entry
+    points) or listed it (mecsim serve --flower-app): a submission can fake none of
+    these. Components of another app, or of no app, stay refused."""
+    import mecsim.registry as registry
+    from mecsim.agents.algorithms.flower_bridge import load_components
+    from mecsim.interfaces.service.submission import Rejected, prepare_submission
+
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(APP))  # the app's code, importable once allowed
+    monkeypatch.syspath_prepend(str(site))
+    listed: tuple[str, ...] = ()
+    if how == "pip install -e APP":
+        _fake_install(site, "seededapp", direct_url=APP)
+    elif how == "entry points":
+        _fake_install(
+            site,
+            "seededapp",
+            eps="[mecsim.flower_apps]\nserverapp = seededapp.server_app:app\n"
+            "clientapp = seededapp.client_app:app\n",
+        )
+    else:
+        listed = (str(APP),)
+    registry.rescan()
+    try:
+        with registry.imports(False, listed):
+            refs = registry.flower_components()
+            assert {"seededapp.server_app:app", "seededapp.client_app:app"} <= set(refs)
+            params = FlowerParams(
+                serverapp="seededapp.server_app:app", clientapp="seededapp.client_app:app"
+            )
+            server_app, client_app = load_components(resolve_app(params, 1))
+            assert type(server_app).__name__ == "ServerApp"
+            with pytest.raises(FlowerAppError, match="algorithm.params.clientapp"):
+                resolve_app(
+                    FlowerParams(serverapp="seededapp.server_app:app", clientapp="os:system"), 1
+                )
+            if how == "--flower-app APP":  # the listed folder may be named as the app
+                assert resolve_app(FlowerParams(app=str(APP)), 1).app_dir == str(APP)
+            else:
+                with pytest.raises(FlowerAppError, match="algorithm.params.app"):
+                    resolve_app(FlowerParams(app=str(APP)), 1)
+        text = yaml.safe_dump(
+            {
+                "name": "installed-app",
+                "rounds": 1,
+                "topology": {"clients": 2},
+                "algorithm": {"name": "flower", "params": dict(params)},
+                "checkpoint": {"every": 0},
+            }
+        )
+        kwargs = dict(
+            rounds=None,
+            overrides={},
+            data_root=None,
+            tmp_dir=tmp_path / "tmp",
+            runs_dir=tmp_path / "runs",
+            flower_apps=listed,
+        )
+        _, sc = prepare_submission(text, **kwargs)
+        assert sc.algorithm.params["serverapp"] == "seededapp.server_app:app"
+        # another attribute of the app's own modules is no component: refused
+        other = text.replace("seededapp.client_app:app", "seededapp.server_app:main")
+        with pytest.raises(Rejected) as refused:
+            prepare_submission(other, **kwargs)
+        assert [p.field for p in refused.value.problems] == ["algorithm.params.clientapp"]
+        if listed:  # the same server without the operator's list: refused
+            with pytest.raises(Rejected) as refused:
+                prepare_submission(text, **{**kwargs, "flower_apps": ()})
+            assert [p.field for p in refused.value.problems] == ["algorithm.params.serverapp"]
+    finally:
+        monkeypatch.undo()
+        registry.rescan()
+
+
+def test_mecsim_serve_refuses_a_flower_app_option_that_names_no_app(tmp_path: Path) -> None:
+    from mecsim.interfaces.cli import main
+
+    assert (
+        main(
+            ["serve", "--port", "0", "--state", str(tmp_path / "s"), "--flower-app", str(tmp_path)]
+        )
+        == 2
+    )
+    assert (
+        main(
+            ["serve", "--port", "0", "--state", str(tmp_path / "s"), "--flower-app", "not a folder"]
+        )
+        == 2
+    )
+    assert not (tmp_path / "s").exists()
 
 
 def test_flops_counted_on_the_first_message_equal_flops_counted_on_every_one(
@@ -432,3 +557,34 @@ def test_the_service_refuses_a_submitted_app_folder_and_takes_an_allowed_one(
     assert "runs only installed Flower apps" in problem.msg
     run_id, sc = prepare_submission(text, allow_imports=True, **kwargs)
     assert sc.algorithm.name == "flower" and run_id
+
+
+@pytest.mark.parametrize("how", ["sys.exit(0)", "raise KeyboardInterrupt"])
+def test_a_clientapp_that_exits_fails_the_run_in_one_line(
+    tmp_path: Path, monkeypatch, how: str
+) -> None:
+    """A ClientApp's sys.exit(0) (or a KeyboardInterrupt nobody sent) used to end
+    `mecsim run` with exit 0 and nothing printed: it is a failed run naming where."""
+    name = "exitapp" if "exit" in how else "interruptapp"  # one module per case
+    pkg = tmp_path / name
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "client_app.py").write_text(
+        "import sys\n"
+        "from flwr.clientapp import ClientApp\n"
+        "app = ClientApp()\n"
+        "@app.train()\n"
+        "def train(msg, context):\n"
+        f"    {how}\n"
+    )
+    monkeypatch.syspath_prepend(str(APP))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    params = {"serverapp": "seededapp.server_app:app", "clientapp": f"{name}.client_app:app"}
+    path = scenario(tmp_path, rounds=1, algorithm={"name": "flower", "params": params})
+    run = mecsim_run(path, "--backend", "local")
+    assert run.returncode == 1, run.stderr
+    exc = "SystemExit(0)" if "exit" in how else "KeyboardInterrupt()"
+    assert f"algorithm flower: fit of client 0 raised {exc} (user code)" in run.stderr
+    assert "Traceback" not in run.stderr
+    (meta,) = [json.loads(p.read_text()) for p in (tmp_path / "runs").glob("*/run.json")]
+    assert meta["status"] == "failed"

@@ -356,3 +356,58 @@ def test_cli_errors_are_one_line_and_exit_2(runs, tmp_path, capsys):
         )
         == 2
     )
+
+
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM"])
+def test_a_sweep_s_workers_die_with_it(runs, tmp_path, sig):
+    """`mecsim sweep --workers 2` killed (kill -9) or terminated while its two replay
+    workers work: no worker outlives it (they used to go on, orphaned)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mecsim",
+            "sweep",
+            str(runs["base"].run_dir),
+            "--set",
+            f"{BW}=1e6:2e7:20000",  # minutes of replays: it is killed long before
+            "--workers",
+            "2",
+            "--quiet",
+            "--out",
+            str(tmp_path / "sweep"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    parent = psutil.Process(proc.pid)
+    workers: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 120
+        while len(workers) < 2:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert time.monotonic() < deadline, "the sweep never started its two workers"
+            workers = parent.children()
+            time.sleep(0.2)
+        time.sleep(1.0)  # the workers are replaying
+        assert all(w.is_running() for w in workers)
+        proc.send_signal(getattr(signal, sig))
+        proc.wait(30)
+        gone, alive = psutil.wait_procs(workers, timeout=5)
+        assert not alive, f"workers {[w.pid for w in alive]} outlived the sweep ({sig})"
+    finally:
+        for w in workers:  # only the processes this test started, by their PIDs
+            try:
+                w.kill()
+            except psutil.NoSuchProcess:
+                pass
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)

@@ -9,7 +9,9 @@ import logging
 import math
 import re
 import socket
+import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -716,3 +718,270 @@ def test_steps_that_algorithms_take_besides_the_epochs_are_counted():
     )
     (problem,) = limits.check(sc, limits.Limits(None, None, None, None, None, 47))
     assert "4 clients x 12, train and test" in problem[1]
+
+
+# ----------------------------------------------------------------------------- imports
+
+#: the tests' Flower app (tests/data/flower_seeded_app), listed by the operator below
+SEEDED_APP = Path(__file__).parent / "data" / "flower_seeded_app"
+SEEDED = {"serverapp": "seededapp.server_app:app", "clientapp": "seededapp.client_app:app"}
+
+
+def _flower(**params: str) -> dict:
+    return {"algorithm": {"name": "flower", "params": params}, "checkpoint": {"every": 0}}
+
+
+#: Submissions naming code the server must not import: (id, scenario sections, set,
+#: the field the 422 names, modules that must not be imported by the request). Each
+#: module was chosen for what importing it does: PIL's __main__ prints a report, trio's
+#: starts a REPL on the server's stdin, certifi's and jsonschema's raise SystemExit,
+#: `this` prints, `antigravity` opens a web browser.
+IMPORT_CASES = [
+    (
+        "flower serverapp PIL.__main__ (prints)",
+        _flower(serverapp="PIL.__main__:x", clientapp="PIL.__main__:x"),
+        {},
+        "algorithm.params.serverapp",
+        ["PIL.__main__"],
+    ),
+    (
+        "flower serverapp trio.__main__ (a REPL on stdin)",
+        _flower(serverapp="trio.__main__:x", clientapp=SEEDED["clientapp"]),
+        {},
+        "algorithm.params.serverapp",
+        ["trio.__main__", "trio"],
+    ),
+    (
+        "flower clientapp certifi.__main__ (SystemExit)",
+        _flower(serverapp=SEEDED["serverapp"], clientapp="certifi.__main__:x"),
+        {},
+        "algorithm.params.clientapp",
+        ["certifi.__main__", "seededapp", "seededapp.server_app"],
+    ),
+    (
+        "flower serverapp jsonschema.__main__ by --set",
+        _flower(**SEEDED),
+        {"algorithm.params.serverapp": "jsonschema.__main__:x"},
+        "algorithm.params.serverapp",
+        ["jsonschema.__main__", "jsonschema"],
+    ),
+    (
+        "flower clientapp os:system",
+        _flower(serverapp=SEEDED["serverapp"], clientapp="os:system"),
+        {},
+        "algorithm.params.clientapp",
+        [],
+    ),
+    (
+        "flower serverapp: a private submodule of an installed package",
+        _flower(serverapp="flwr.cli.new.new:new", clientapp=SEEDED["clientapp"]),
+        {},
+        "algorithm.params.serverapp",
+        ["flwr.cli.new.new"],
+    ),
+    (
+        "flower app: a folder the operator did not list",
+        _flower(app=str(SEEDED_APP.parent)),
+        {},
+        "algorithm.params.app",
+        [],
+    ),
+    ("algorithm os:system", {"algorithm": {"name": "os:system"}}, {}, "algorithm.name", []),
+    ("model subprocess:run", {"model": {"name": "subprocess:run"}}, {}, "model.name", []),
+    ("dataset this (prints)", {"dataset": {"name": "this:s"}}, {}, "dataset.name", ["this"]),
+    (
+        "model by --set: a private submodule",
+        {},
+        {"model.name": "jsonschema._keywords:ref"},
+        "model.name",
+        ["jsonschema._keywords"],
+    ),
+    (
+        "channel antigravity (a browser)",
+        {"channel": {"model": "plugin", "name": "antigravity:x"}},
+        {},
+        "channel",
+        ["antigravity"],
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def no_imports_api(tmp_path_factory):
+    """The app as `mecsim serve --flower-app tests/data/flower_seeded_app` starts it:
+    no token, no --allow-imports, no workers."""
+    base = tmp_path_factory.mktemp("imports")
+    config = ServiceConfig(
+        state_dir=base / "state", start_workers=False, flower_apps=(str(SEEDED_APP),)
+    )
+    with ThreadServer(create_app(config)) as server:
+        yield server
+
+
+@pytest.mark.parametrize(
+    "sections, sets, field, modules",
+    [case[1:] for case in IMPORT_CASES],
+    ids=[case[0] for case in IMPORT_CASES],
+)
+def test_a_submission_naming_code_is_422_before_anything_is_imported(
+    no_imports_api, capfd, sections, sets, field, modules
+):
+    if "flower" in json.dumps(sections):
+        pytest.importorskip("flwr", reason="Flower is not installed")
+    before = set(sys.modules)
+    text = tiny_yaml(**sections)
+    with httpx.Client(base_url=no_imports_api.url, timeout=60) as c:
+        r = c.post("/runs", json={"scenario": text, "set": sets})
+        assert r.status_code == 422, r.text
+        problems = r.json()["detail"]
+        assert any(p["field"].startswith(field) for p in problems), problems
+        assert "nothing was imported" in r.text or "runs only installed" in r.text, r.text
+        assert "Traceback" not in r.text
+        assert c.get("/healthz").status_code == 200  # the server still answers
+        assert c.get("/runs").json()["total"] == 0  # nothing queued
+    for module in modules:
+        assert module in before or module not in sys.modules, f"{module} was imported"
+    out, err = capfd.readouterr()
+    assert "Beautiful is better than ugly" not in out + err  # `this`
+    assert "PIL SETTINGS" not in out + err and "Pillow" not in out + err  # PIL.__main__
+    assert "trio REPL" not in out + err and ">>>" not in out + err
+
+
+def test_a_sweep_naming_code_in_its_grid_is_422_before_anything_is_imported(
+    no_imports_api, monkeypatch
+):
+    """A sweep's axes may set channel.* of finished runs: of a run on a plugin channel,
+    channel.name could name an import string. Its grid is checked as a submission is:
+    refused, naming the axis, before anything is imported."""
+    import types
+
+    import mecsim.registry as registry
+    from mecsim.interfaces.service import sweeps
+
+    class Link:  # a plugin channel of a test (registered, not installed)
+        pass
+
+    registry.CHANNELS.register("test-link", Link)
+    try:
+        recorded = tiny(channel={"model": "plugin", "name": "test-link"})
+        monkeypatch.setattr(
+            sweeps, "load_run", lambda folder: types.SimpleNamespace(scenario=recorded)
+        )
+        store = no_imports_api.server.config.app.state.store
+        store.add_run("plugin-link-1", "tiny", "fedavg", "", 2, 10)
+        store.set_status("plugin-link-1", "finished")
+        before = set(sys.modules)
+        for value in ("antigravity:x", "this:s", "os:system"):
+            r = httpx.post(
+                f"{no_imports_api.url}/sweeps",
+                json={"runs": ["plugin-link-1"], "set": [f"channel.name={value}"]},
+                timeout=60,
+            )
+            assert r.status_code == 422, r.text
+            assert "import string" in r.text and "--allow-imports" in r.text, r.text
+            assert "Traceback" not in r.text
+        # the same grid with a registered name passes the check (202: queued)
+        ok = httpx.post(
+            f"{no_imports_api.url}/sweeps",
+            json={"runs": ["plugin-link-1"], "set": ["channel.name=test-link"]},
+            timeout=60,
+        )
+        assert ok.status_code == 202, ok.text
+    finally:
+        registry.CHANNELS.unregister("test-link")
+    for module in ("antigravity", "this"):
+        assert module in before or module not in sys.modules
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+@pytest.mark.own_ray
+def test_a_real_server_imports_no_module_a_submission_names(tmp_path):
+    """`mecsim serve` in its own process, its log read afterwards: the installed
+    packages' __main__ modules named as a Flower app are refused with
+    422 naming the field; nothing they would print reaches its log, trio's REPL does not
+    start, certifi's and jsonschema's SystemExit end no thread (no 500), and it answers on."""
+    pytest.importorskip("flwr", reason="Flower is not installed")
+    from service_support import ServeProcess
+
+    server = ServeProcess(tmp_path / "state").start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=60) as c:
+            for module in ("PIL", "trio", "certifi", "jsonschema"):
+                ref = f"{module}.__main__:x"
+                text = tiny_yaml(**_flower(serverapp=ref, clientapp=ref))
+                r = c.post("/runs", json={"scenario": text})
+                assert r.status_code == 422, r.text
+                assert _fields(r) == ["algorithm.params.serverapp"], r.text
+                assert c.get("/healthz").status_code == 200
+            assert c.get("/runs").json()["total"] == 0
+        assert server.proc.poll() is None
+    finally:
+        server.stop()
+    log = server.log_text()
+    for printed in ("PIL SETTINGS", "Pillow", "trio REPL", ">>>", "Traceback", "SystemExit"):
+        assert printed not in log, log
+
+
+@pytest.mark.parametrize("how", ["sys.exit(0)", "a BaseException of its own"])
+def test_a_plugin_that_exits_while_a_submission_is_checked_is_a_422(no_imports_api, how):
+    """The pre-flight builds the algorithm's server: a plugin whose constructor calls
+    sys.exit(0) used to raise SystemExit in the validation thread (a 500; raised in the
+    event loop it could stop the server). It is a 422, and the server answers on."""
+    import mecsim.registry as registry
+    from mecsim.agents.algorithms.fedavg import FedAvgClient, FedAvgServer
+
+    class Boom(BaseException):
+        pass
+
+    class Exits(FedAvgServer):
+        Client = FedAvgClient
+
+        def __init__(self, *args, **kwargs):
+            if how == "sys.exit(0)":
+                sys.exit(0)
+            raise Boom("its own")
+
+    registry.ALGORITHMS.register("exits-on-check", (Exits, FedAvgClient))
+    try:
+        text = tiny_yaml(algorithm={"name": "exits-on-check"})
+        with httpx.Client(base_url=no_imports_api.url, timeout=60) as c:
+            r = c.post("/runs", json={"scenario": text})
+            assert r.status_code == 422, r.text
+            assert "SystemExit(0)" in r.text or "Boom('its own')" in r.text, r.text
+            assert c.get("/healthz").status_code == 200
+    finally:
+        registry.ALGORITHMS.unregister("exits-on-check")
+
+
+def test_a_run_whose_code_exits_in_a_worker_thread_fails_and_the_worker_goes_on(
+    tmp_path, monkeypatch
+):
+    """sys.exit(0) (or a BaseException of a plugin's own) raised on the server's side
+    of a run ended the worker's thread, leaving the run `running` for ever: the run
+    fails, naming it, and the worker takes the next run."""
+    from mecsim.interfaces.service.worker import Worker
+
+    store = Store(tmp_path / "state")
+    worker = Worker(store)
+    for i, exc in enumerate((SystemExit(0), KeyboardInterrupt())):
+        store.add_run(f"r{i}", "tiny", "fedavg", tiny_yaml(), 2, 10)
+        run = store.claim_next()
+
+        def start(r, exc=exc):
+            raise exc
+
+        monkeypatch.setattr(worker, "_start", start)
+        worker._execute(run)
+        view = store.get_run(run.id)
+        assert view.status == "failed", view
+        assert f"raised {exc!r} (user code)" in view.error
+    store.close()
+
+
+def test_get_plugins_lists_the_flower_components_a_submission_may_name(no_imports_api):
+    page = httpx.get(f"{no_imports_api.url}/plugins", timeout=30).json()
+    assert page["allow_imports"] is False
+    listed = {row["component"]: row["declared_by"] for row in page["flower_apps"]}
+    assert listed["seededapp.server_app:app"] == f"--flower-app {SEEDED_APP}"
+    assert "seededapp.client_app:app" in listed

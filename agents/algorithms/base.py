@@ -26,9 +26,11 @@ moments, private layers) lives in ``ctx.state``, a dict the host keeps per clien
 
 from __future__ import annotations
 
+import signal
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeAlias
 
@@ -203,6 +205,58 @@ class AlgorithmError(RuntimeError):
     """An algorithm's own code failed, or broke its contract (an upload of the wrong shape
     or dtype): ``str()`` is one line naming the algorithm and the client. The run fails
     with it (exit 1); its finished rounds are kept, and it resumes after a fix."""
+
+
+#: the attribute mecsim's Ctrl-C / SIGTERM handler (``mecsim.run.interrupts``) sets on
+#: the KeyboardInterrupt it raises, and on itself: a KeyboardInterrupt without it, raised
+#: while that handler is installed, did not come from a signal but from code
+SIGNAL_MARK = "mecsim_from_signal"
+
+
+def from_signal(exc: KeyboardInterrupt) -> bool:
+    """Did ``exc`` come from the user (Ctrl-C, SIGTERM), as far as can be told? Yes when
+    mecsim's handler raised it; no when that handler is installed and did not (the
+    algorithm's own code raised it); yes otherwise (Python's own handler: it may be)."""
+    if getattr(exc, SIGNAL_MARK, False):
+        return True
+    try:
+        handler = signal.getsignal(signal.SIGINT)
+    except (ValueError, OSError):  # pragma: no cover - no signals here
+        return True
+    return not getattr(handler, SIGNAL_MARK, False)
+
+
+class UserCodeExit(AlgorithmError):
+    """An algorithm's own code raised what is not an Exception (:func:`user_code`)."""
+
+
+def _call_repr(exc: BaseException) -> str:
+    return " ".join(repr(exc).split())[:300]
+
+
+@contextmanager
+def user_code(algorithm: str, where: str) -> Iterator[None]:
+    """Around a call into an algorithm's own code (a plugin's too): what it raises that
+    is not an :class:`Exception` — ``SystemExit`` (``sys.exit(0)`` included), a
+    ``KeyboardInterrupt`` no signal raised, a ``BaseException`` of its own — becomes an
+    :class:`AlgorithmError`, one line naming the algorithm and where: the run fails
+    (exit 1), it does not end as if it had succeeded or been interrupted. Exceptions pass
+    through unchanged (each call site names them its own way); a real Ctrl-C or SIGTERM
+    stops the run as before."""
+    try:
+        yield
+    except Exception:
+        raise
+    except KeyboardInterrupt as exc:
+        if from_signal(exc):
+            raise
+        raise UserCodeExit(
+            f"algorithm {algorithm}: {where} raised {_call_repr(exc)} (user code)"
+        ) from exc
+    except BaseException as exc:
+        raise UserCodeExit(
+            f"algorithm {algorithm}: {where} raised {_call_repr(exc)} (user code)"
+        ) from exc
 
 
 def check_upload(algorithm: str, result: ClientResult, expected_size: int | None) -> None:

@@ -128,11 +128,12 @@ def resolve_app(params: FlowerParams, rounds: int | None) -> FlowerApp:
 
     if params.app is not None:
         folder = Path(params.app).expanduser().resolve()
-        if not registry.imports_allowed():
+        if not registry.imports_allowed() and not _operator_folder(folder):
             raise FlowerAppError(
                 f"algorithm.params.app: {params.app!r} is a folder, and this server runs "
-                "only installed Flower apps (pip install the app on the server and name "
-                "its components as serverapp and clientapp)"
+                "only installed Flower apps (pip install the app on the server, or list its "
+                "folder with mecsim serve --flower-app, and name its components as "
+                "serverapp and clientapp)"
             )
         if not folder.is_dir():
             raise FlowerAppError(f"algorithm.params.app: no folder {str(folder)!r}")
@@ -172,18 +173,34 @@ def resolve_app(params: FlowerParams, rounds: int | None) -> FlowerApp:
                 raise FlowerAppError(
                     f"algorithm.params.{field}: {ref!r} is not an import string (module:attribute)"
                 )
-            if not registry.imports_allowed():
-                dist, _ = registry.distribution_of(ref.partition(":")[0])
-                if not dist:
-                    raise FlowerAppError(
-                        f"algorithm.params.{field}: {ref!r} is not in an installed "
-                        "distribution, and this server runs only installed Flower apps"
-                    )
+            # before anything is imported: where imports are refused (a service), only
+            # the components of the Flower apps its operator installed or listed
+            if not registry.imports_allowed() and ref not in registry.flower_components():
+                known = ", ".join(sorted(registry.flower_components())) or "none"
+                raise FlowerAppError(
+                    f"algorithm.params.{field}: {ref!r} is not a component of a Flower app "
+                    "installed on this server, and it runs no other code (nothing was "
+                    f"imported); installed: {known} (its operator may list more with "
+                    "mecsim serve --flower-app)"
+                )
         config, app_dir = {}, None
     config.update(params.run_config)
     if rounds is not None:
         config["num-server-rounds"] = int(rounds)
     return FlowerApp(server_ref, client_ref, app_dir, config)
+
+
+def _operator_folder(folder: Path) -> bool:
+    """Is ``folder`` one the operator listed with ``mecsim serve --flower-app``?"""
+    for item in registry.operator_flower_apps():
+        if registry.is_import_string(item):
+            continue
+        try:
+            if Path(item).expanduser().resolve() == folder:
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
 
 
 def node_ids(clients: list[int], seed: int) -> dict[int, int]:

@@ -32,6 +32,7 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.flop_counter import FlopCounterMode
 
+import mecsim.registry as registry
 from mecsim.agents.algorithms.base import AlgorithmError, ClientContext, ClientTask
 from mecsim.agents.algorithms.flower_app import (
     ACCURACY_KEYS,
@@ -63,24 +64,33 @@ _LOADED: dict[tuple[str, str, str | None], tuple[Any, Any]] = {}
 def load_components(app: FlowerApp) -> tuple[ServerApp, ClientApp]:
     """The app's ServerApp and ClientApp objects (imported once per process; the app's
     folder, if any, is put on ``sys.path`` first, as ``flwr run`` does)."""
+    field = "app" if app.app_dir is not None else None
+    components = (
+        ("serverapp", app.serverapp, ServerApp),
+        ("clientapp", app.clientapp, ClientApp),
+    )
+    for name, ref, _ in components:  # where imports are refused (a service): before any
+        try:
+            registry.check_import(ref, f"algorithm.params.{field or name}")
+        except registry.ImportRefused as exc:
+            raise FlowerAppError(str(exc)) from None
     key = (app.serverapp, app.clientapp, app.app_dir)
     if key in _LOADED:
         return _LOADED[key]
     if app.app_dir is not None and app.app_dir not in sys.path:
         sys.path.insert(0, app.app_dir)
-    field = "app" if app.app_dir is not None else None
     loaded = []
-    for name, ref, cls in (
-        ("serverapp", app.serverapp, ServerApp),
-        ("clientapp", app.clientapp, ClientApp),
-    ):
+    for name, ref, cls in components:
         where = f"algorithm.params.{field or name}"
         module_name, _, attr = ref.partition(":")
         try:
             obj: Any = importlib.import_module(module_name)
             for part in attr.split("."):
                 obj = getattr(obj, part)
-        except Exception as exc:  # the app's own import-time code, or a wrong name
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # the app's own import-time code (SystemExit too),
+            # or a wrong name: one line naming the field
             raise FlowerAppError(f"{where}: cannot load {name} {ref!r}: {_one_line(exc)}") from None
         if not isinstance(obj, cls):
             raise FlowerAppError(

@@ -49,6 +49,7 @@ from mecsim.analysis.replay import (
     replay,
     retime,
 )
+from mecsim.run.interrupts import die_with_parent
 from mecsim.run.observers import RunObserver
 from mecsim.run.progress import ProgressBar
 from mecsim.run.setup import moving_rate_refusal
@@ -302,7 +303,14 @@ def _point(
 _WORKER_RUNS: list[RecordedRun] = []
 
 
-def _init_worker(runs: list[RecordedRun]) -> None:
+#: how often a pool worker checks that its parent is alive (besides PR_SET_PDEATHSIG)
+PARENT_WATCH_S = 1.0
+
+
+def _init_worker(runs: list[RecordedRun], parent_pid: int) -> None:
+    # a worker dies with the sweep that forked it, however the sweep dies (kill -9,
+    # SIGTERM): no orphan replaying on for nobody
+    die_with_parent(parent_pid, watch_s=PARENT_WATCH_S)
     global _WORKER_RUNS
     _WORKER_RUNS = runs
 
@@ -337,7 +345,7 @@ def _replay_all(
         chunks = [full[k::n_chunks] for k in range(n_chunks)]
         ctx = multiprocessing.get_context("fork")
         with ProcessPoolExecutor(
-            workers, mp_context=ctx, initializer=_init_worker, initargs=(runs,)
+            workers, mp_context=ctx, initializer=_init_worker, initargs=(runs, os.getpid())
         ) as pool:
             for done in pool.map(_work, chunks):
                 for i, row in done:

@@ -38,7 +38,7 @@ from mecsim.interfaces.cli.report import add_report_parser, cmd_report
 from mecsim.interfaces.cli.service import HANDLERS as SERVICE_HANDLERS
 from mecsim.interfaces.cli.service import add_service_parsers
 from mecsim.interfaces.cli.sweep import add_sweep_parser, cmd_sweep
-from mecsim.run.interrupts import Terminated
+from mecsim.run.interrupts import Terminated, from_signal
 from mecsim.scenario import ScenarioError
 
 EXIT_BAD_INPUT = 2
@@ -197,5 +197,27 @@ def main(argv: list[str] | None = None) -> int:
         print(str(exc), file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt as exc:
+        if command in USER_CODE_COMMANDS and not from_signal(exc):
+            return _user_code_exit(command, exc)
         print("interrupted", file=sys.stderr)
         return 143 if isinstance(exc, Terminated) else 130
+    except BaseException as exc:
+        # sys.exit() or a BaseException of its own from a plugin's or an algorithm's code
+        # (mecsim's own commands raise neither): a failure, one line, never an exit 0
+        if command not in USER_CODE_COMMANDS:
+            raise
+        return _user_code_exit(command, exc)
+
+
+#: the commands that run code of plugins and algorithms (validate: the pre-flight builds
+#: the algorithm's server; run; check)
+USER_CODE_COMMANDS = ("run", "validate", "check")
+
+
+def _user_code_exit(command: str, exc: BaseException) -> int:
+    what = " ".join(repr(exc).split())[:300]
+    print(
+        f"error: mecsim {command}: code of a plugin or algorithm raised {what} (user code)",
+        file=sys.stderr,
+    )
+    return 1

@@ -171,6 +171,8 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         _error(str(exc))
         return EXIT_BAD_INPUT
     except KeyboardInterrupt as exc:
+        if not interrupts.from_signal(exc):  # code of the run raised it, nobody pressed Ctrl-C
+            return _user_code_exit(exc, out_dir)
         done = int(read_meta(out_dir).get("rounds_done") or 0)
         print(
             f"interrupted after {done} of {scenario.rounds} rounds; the finished rounds "
@@ -201,6 +203,10 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
             file=sys.stderr,
         )
         return 1
+    except BaseException as exc:  # sys.exit() or a BaseException of its own, raised by
+        # code of the run outside the algorithm calls mecsim names (those are
+        # AlgorithmErrors): a failed run, one line, not an exit 0 or a traceback
+        return _user_code_exit(exc, out_dir)
     finally:
         restore_signals()
         if progress:
@@ -321,3 +327,23 @@ def cmd_algorithms(args: argparse.Namespace, console: Console) -> int:
         doc = " ".join(module_doc.split("\n\n")[0].split())  # first paragraph
         console.print(f"[bold]{name}[/]: {doc}")
     return 0
+
+
+def _user_code_exit(exc: BaseException, out_dir: Path) -> int:
+    """A run that code of its own (an algorithm, a plugin) ended with what is not an
+    Exception (``sys.exit(0)``, a ``raise KeyboardInterrupt`` nobody sent, a
+    BaseException of its own): a failed run, one line, exit 1."""
+    what = " ".join(repr(exc).split())[:300]
+    log: Path | None = out_dir / "error.txt"
+    try:
+        log.write_text("".join(traceback.format_exception(exc)))  # type: ignore[union-attr]
+    except OSError:
+        log = None
+    print(
+        f"error: the run failed: code of the run raised {what} (user code). Its finished "
+        "rounds are kept"
+        + (f"; the traceback is in {log}" if log else "")
+        + f". Resume with: mecsim run --resume {out_dir}",
+        file=sys.stderr,
+    )
+    return 1

@@ -27,6 +27,7 @@ from typing import Any
 
 from rich.console import Console
 
+import mecsim.registry as registry
 from mecsim.interfaces.console import list_table
 from mecsim.interfaces.service.client import Client, ScenarioRejected, ServiceError
 from mecsim.run import limits
@@ -131,6 +132,15 @@ def add_service_parsers(sub: argparse._SubParsersAction) -> None:
         help="let submitted scenarios name import strings (pkg.module:Attr): code of the "
         "submitter's choosing then runs on this server. Default: only installed plugins "
         "(GET /plugins lists them)",
+    )
+    serve.add_argument(
+        "--flower-app",
+        action="append",
+        default=[],
+        metavar="DIR|MODULE:ATTR",
+        help="a Flower app submitted scenarios may name besides the installed ones: its "
+        "folder (the components of its pyproject.toml; the folder may then be named as "
+        "algorithm.params.app) or one component as module:attribute (repeatable)",
     )
     serve.add_argument(
         "--max-queued",
@@ -333,6 +343,20 @@ def cmd_serve(args: argparse.Namespace, console: Console) -> int:
         data_root = Path(args.data_root).expanduser()
         if not data_root.is_dir():
             return _fail(f"--data-root {args.data_root}: not a folder")
+    flower_apps: list[str] = []
+    for item in args.flower_app:
+        if registry.is_import_string(item) and not Path(item).is_dir():
+            flower_apps.append(item)
+            continue
+        folder = Path(item).expanduser()
+        if not folder.is_dir():
+            return _fail(f"--flower-app {item}: neither a folder nor module:attribute")
+        if len(registry.flower_app_components(folder)) != 2:
+            return _fail(
+                f"--flower-app {item}: its pyproject.toml has no [tool.flwr.app.components] "
+                "serverapp and clientapp: not a Flower app"
+            )
+        flower_apps.append(str(folder.resolve()))
     if not 0 <= args.port <= 65535:
         return _fail(f"--port {args.port}: not a port number")
     _raise_open_files(args.max_connections + 256)  # the connections, Ray's sockets, files
@@ -361,6 +385,7 @@ def cmd_serve(args: argparse.Namespace, console: Console) -> int:
         token=token,
         data_root=data_root,
         allow_imports=args.allow_imports,
+        flower_apps=tuple(flower_apps),
         max_body_bytes=args.max_body_kib * 1024,
         max_queued=args.max_queued,
         metrics_retention_s=args.metrics_retention,

@@ -62,6 +62,7 @@ def queue_run(
         runs_dir=store.runs_dir,
         limits=config.limits,
         allow_imports=config.allow_imports,
+        flower_apps=config.flower_apps,
     )
     run = store.add_run(
         run_id, sc.name, sc.algorithm.name, resolved_yaml(sc), sc.rounds, config.max_queued

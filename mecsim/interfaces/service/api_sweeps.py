@@ -12,6 +12,7 @@ import pandas as pd
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import FileResponse, JSONResponse
 
+import mecsim.registry as plugin_registry
 from mecsim.interfaces.service.bounded import WorkPool, parse_model
 from mecsim.interfaces.service.config import ServiceConfig
 from mecsim.interfaces.service.schemas import ID_PATTERN, Message, Problems, SweepRequest, SweepView
@@ -89,15 +90,18 @@ def sweeps_router(
 
         def work() -> SweepView:
             body = parse_model(raw, SweepRequest)
-            check_sweep(
-                store,
-                body.runs,
-                body.set,
-                body.metric,
-                body.target_accuracy,
-                config.data_root,
-                config.limits,
-            )
+            # a grid's values are checked as a submission's are: a plugin name that is an
+            # import string (channel.name=pkg.mod:X) is refused before it is imported
+            with plugin_registry.imports(config.allow_imports, config.flower_apps):
+                check_sweep(
+                    store,
+                    body.runs,
+                    body.set,
+                    body.metric,
+                    body.target_accuracy,
+                    config.data_root,
+                    config.limits,
+                )
             sweep_id = new_sweep_id()
             store.add_sweep(sweep_id, body.model_dump(), config.max_queued)
             sweeps.wake()

@@ -199,7 +199,13 @@ def create_app(config: ServiceConfig, store: Store | None = None) -> FastAPI:
         """What submitted scenarios may name: every installed algorithm, model, dataset,
         channel and device entry (name, kind, distribution, version, whether it loads),
         and whether this server accepts import strings (``--allow-imports``)."""
-        return {"allow_imports": config.allow_imports, "plugins": plugin_registry.listing()}
+        with plugin_registry.imports(config.allow_imports, config.flower_apps):
+            flower = plugin_registry.flower_components()
+        return {
+            "allow_imports": config.allow_imports,
+            "plugins": plugin_registry.listing(),
+            "flower_apps": [{"component": k, "declared_by": v} for k, v in sorted(flower.items())],
+        }
 
     @service.get("/openapi.json", include_in_schema=False)
     def openapi() -> JSONResponse:

@@ -180,6 +180,21 @@ def _lower_priority() -> None:
         pass
 
 
+def _contained(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``, with what is not an Exception (``sys.exit()`` or a BaseException of
+    its own in an installed plugin's code, run by the pre-flight) turned into a 422:
+    raised in the event loop, a SystemExit would stop the server."""
+    try:
+        return fn(*args)
+    except Exception:
+        raise
+    except BaseException as exc:
+        what = " ".join(repr(exc).split())[:200]
+        raise BadBody(
+            [("(scenario)", f"an installed plugin's code raised {what} while it was checked")]
+        ) from None
+
+
 class WorkPool:
     """``workers`` threads of their own (at a lower CPU priority than the rest of the
     server and its runs) for the CPU-bound part of requests, at most ``max_waiting``
@@ -207,7 +222,9 @@ class WorkPool:
             )
         self.in_flight += 1
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+            return await asyncio.get_running_loop().run_in_executor(
+                self._executor, _contained, fn, *args
+            )
         finally:
             self.in_flight -= 1
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from mecsim.run.limits import SERVICE, Limits
@@ -33,3 +33,7 @@ class ServiceConfig:
     #: whether submitted scenarios may name import strings (``pkg.module:Attr``): False,
     #: the service runs installed plugins only (``mecsim serve --allow-imports``)
     allow_imports: bool = False
+    #: Flower apps submitted scenarios may name besides the installed ones: folders
+    #: (their pyproject.toml's components) or ``module:attribute`` components
+    #: (``mecsim serve --flower-app``)
+    flower_apps: tuple[str, ...] = field(default=())

@@ -16,7 +16,6 @@ leaves no child drawing into a run folder the restarted service draws into again
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 from mecsim.analysis.maps import write_map
 from mecsim.analysis.plots import PlotWriter, label_runs, write_plots
 from mecsim.analysis.tables import from_rows
+from mecsim.run.interrupts import die_with_parent  # the plot job dies with the server
 
 #: A child that takes longer than this is killed and the run goes on without figures.
 PLOT_TIMEOUT_S = 600.0
@@ -91,26 +91,6 @@ def draw_in_child(run_dir: Path, planned_rounds: int) -> list[Path]:
         print(f"mecsim: plots not written to {out_dir}: {last}", file=sys.stderr)
         return []
     return [Path(p) for p in done.stdout.split("\n") if p]
-
-
-PR_SET_PDEATHSIG = 1  # prctl(2)
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """Have the kernel kill this process when ``parent_pid``, the process that started
-    it, dies (Linux's PR_SET_PDEATHSIG; elsewhere nothing). A parent that died before the
-    request was made is not waited for: the process exits at once."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent_pid:
-        os._exit(1)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -200,12 +200,15 @@ def prepare_submission(
     runs_dir: Path,
     limits: Limits | None = None,
     allow_imports: bool = False,
+    flower_apps: tuple[str, ...] = (),
 ) -> tuple[str, Scenario]:
     """Validate, override, confine and place a submission: (run id, scenario to run).
-    With ``limits``, a scenario above them is refused before its data are read. A name
-    that is an import string (``pkg.module:Attr``) is refused, before anything is
-    imported, unless ``allow_imports``: the service runs installed plugins only."""
-    with registry.imports(allow_imports):
+    With ``limits``, a scenario above them is refused before its data are read. Code a
+    submission names is refused, before anything is imported, unless ``allow_imports``:
+    an import string as a plugin name (``pkg.module:Attr``), a Flower app's components
+    that are not those of an installed app or of the operator's ``flower_apps``
+    (``--flower-app``); the service runs installed plugins only."""
+    with registry.imports(allow_imports, flower_apps):
         return _prepare(scenario, rounds, overrides, data_root, tmp_dir, runs_dir, limits)
 
 

@@ -428,6 +428,12 @@ class Worker:
                     run.id, "failed", error=first, traceback=traceback.format_exc()
                 )
                 print(f"mecsim serve: run {run.id} failed: {first}", file=sys.stderr)
+        except BaseException as exc:  # noqa: BLE001 - sys.exit() or a BaseException of a
+            # plugin's own in this thread (no signal reaches it): the run failed, the
+            # worker goes on taking runs
+            first = f"code of the run raised {' '.join(repr(exc).split())[:200]} (user code)"
+            self.store.set_status(run.id, "failed", error=first, traceback=traceback.format_exc())
+            print(f"mecsim serve: run {run.id} failed: {first}", file=sys.stderr)
         else:
             planned = self._scenario(run).rounds
             if len(rows) >= planned:
