@@ -169,7 +169,16 @@ def wifi_rows(reference: dict[str, Any]) -> list[Row]:
         nbytes = [int(s["bytes"]) for s in runs[0]["stations"]]
         t = mecsim_time_s(wifi_scenario(runs[0]), nbytes)
         rows.append(
-            Row("wifi", case["case"], statistics.fmean(last), min(last), max(last), None, t, len(runs))
+            Row(
+                "wifi",
+                case["case"],
+                statistics.fmean(last),
+                min(last),
+                max(last),
+                None,
+                t,
+                len(runs),
+            )
         )
     return rows
 

@@ -732,12 +732,17 @@ class NetworkModel:
                 (ut, ur), (dt, dr) = self.channel.schedules(cid)
                 up = schedule_from(
                     ut,
-                    np.minimum(ur * payload_share(self.uplink), links.uplink_cap_bps[i]),
+                    np.minimum(
+                        np.asarray(ur, float) * payload_share(self.uplink), links.uplink_cap_bps[i]
+                    ),
                     elapsed_s,
                 )
                 down = schedule_from(
                     dt,
-                    np.minimum(dr * payload_share(self.downlink), links.downlink_cap_bps[i]),
+                    np.minimum(
+                        np.asarray(dr, float) * payload_share(self.downlink),
+                        links.downlink_cap_bps[i],
+                    ),
                     elapsed_s,
                 )
             dev = self.devices[cid]
