@@ -29,7 +29,16 @@ TINY: dict[str, Any] = {
     },
     "model": {"name": "mlp_2nn"},
     "topology": {"clients": 4},
-    "channel": {"model": "shannon", "interference": {"unit": "noise"}},
+    # links timed as latency + bits / rate (transport: ideal), the arithmetic the tests
+    # built on this scenario work by hand; tests/test_tcp.py and test_validation.py time
+    # the default TCP flow
+    "channel": {
+        "model": "shannon",
+        "interference": {"unit": "noise"},
+        "uplink": {"transport": "ideal"},
+        "downlink": {"transport": "ideal"},
+    },
+    "backhaul": {"transport": "ideal"},
     "training": {"epochs": 1, "batch_size": 16, "lr": 0.05},
     "metrics": {"enabled": False},
     "execution": {"backend": "local", "hosts": 2},

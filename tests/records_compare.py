@@ -27,8 +27,13 @@ from mecsim.store.reader import read_csv_exact
 #: golden records on AVX2 kernels differ from the AVX-512 ones that wrote them by at most
 #: 2.4e-16 relative, one ulp; a margin of several orders of magnitude).
 FLOAT_RTOL = 1e-9
-#: Relative tolerance of round 0's losses and accuracies.
-LEARNING_RTOL = 1e-4
+#: Relative tolerance of round 0's losses and accuracies against another CPU's. Measured:
+#: tests/data/legacy_runs (written with AVX-512 kernels) against this version's round 0
+#: of the same scenario on an AMD EPYC and on an Intel Xeon: mean_test_loss 1.71991 /
+#: 1.71991 against 1.72206, 0.125 % both, one round of SGD having grown the kernels'
+#: last-bit differences; 1 % is eight times that, and far below what a wrong training
+#: (other data, another step, a lost update) moves round 0's loss by.
+LEARNING_RTOL = 1e-2
 
 
 def learning_column(name: str) -> bool:

@@ -383,10 +383,11 @@ def _tiny(tmp_path: Path | None = None, **extra):
         "dataset": {"train_size": 400, "test_size": 100},
         "topology": {"clients": 4},
         "devices": {"clients": [{"profile": "rpi2b", "count": 2}, {"profile": "rpi5"}]},
+        # the ideal transport (bits / rate) these hand numbers are worked for
         "channel": {
             "model": "fixed_rate",
-            "uplink": {"rate_bps": 2e6},
-            "downlink": {"rate_bps": 5e6},
+            "uplink": {"rate_bps": 2e6, "transport": "ideal"},
+            "downlink": {"rate_bps": 5e6, "transport": "ideal"},
         },
         "execution": {"backend": "local"},
         "metrics": {"enabled": False},
@@ -606,8 +607,8 @@ def test_run_with_loss_records_air_time_at_the_link_rate_and_replays_it(tmp_path
             "model": "fixed_rate",
             # 2 Mbit/s with 2 % loss and a 0.1 s round trip: the Mathis bound is
             # 8 * 1460 * sqrt(1.5) / (0.1 * sqrt(0.02)) = 1,011,518 bit/s < 2 Mbit/s
-            "uplink": {"rate_bps": 2e6, "loss_rate": 0.02, "latency_s": 0.05},
-            "downlink": {"rate_bps": 5e6, "latency_s": 0.05},
+            "uplink": {"rate_bps": 2e6, "loss_rate": 0.02, "latency_s": 0.05, "transport": "ideal"},
+            "downlink": {"rate_bps": 5e6, "latency_s": 0.05, "transport": "ideal"},
         }
     )
     out = tmp_path / "lossy"
@@ -637,8 +638,23 @@ def test_energy_section_at_its_default_keeps_older_runs_digest():
     is left out at its default); another idle policy is another run."""
     from mecsim.store.checkpoints import scenario_digest
 
-    sc = scenario_from_dict({}, "s.yaml")
-    # the default scenario's digest as the code before the energy section computed it
+    # the default scenario as recorded before transfers were TCP flows (its links ideal:
+    # what a run folder without the field loads as), its digest as the code before the
+    # energy section computed it
+    ideal = {"transport": "ideal"}
+    sc = scenario_from_dict(
+        {"channel": {"model": "shannon", "uplink": ideal, "downlink": ideal}, "backhaul": ideal},
+        "s.yaml",
+    )
     assert scenario_digest(sc) == "fdd895b31d294df9aacc6effcc81e8b837e4de4471528217a0e60d4d120274ee"
-    idle = scenario_from_dict({"energy": {"idle_policy": "idle"}}, "s.yaml")
+    idle = scenario_from_dict(
+        {
+            "channel": {"model": "shannon", "uplink": ideal, "downlink": ideal},
+            "backhaul": ideal,
+            "energy": {"idle_policy": "idle"},
+        },
+        "s.yaml",
+    )
     assert scenario_digest(idle) != scenario_digest(sc)
+    # and a TCP run is another run
+    assert scenario_digest(scenario_from_dict({}, "s.yaml")) != scenario_digest(sc)

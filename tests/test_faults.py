@@ -36,7 +36,12 @@ UNIT = {
     "flops_source": "test",
     "step_overhead_source": "test",
 }
-FIXED = {"model": "fixed_rate", "uplink": {"rate_bps": 1e6}, "downlink": {"rate_bps": 2e6}}
+# the ideal transport (bits / rate) the hand numbers below are worked for
+FIXED = {
+    "model": "fixed_rate",
+    "uplink": {"rate_bps": 1e6, "transport": "ideal"},
+    "downlink": {"rate_bps": 2e6, "transport": "ideal"},
+}
 
 
 def _faulted(tmp_path: Path, faults_cfg: dict, **kw) -> tuple[pd.DataFrame, pd.DataFrame]:

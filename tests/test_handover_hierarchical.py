@@ -62,6 +62,13 @@ def _scenario(tmp_path, rounds: int = 4, backend: str = "local", algorithm: str 
     data.update(rounds=rounds, topology={"clients": 3, "edge_servers": 2})
     data["algorithm"]["name"] = algorithm
     data["execution"]["backend"] = backend
+    # links and backhaul timed as bits / rate: the recorded round time and the hops above
+    for link in (
+        data["channel"].setdefault("uplink", {}),
+        data["channel"].setdefault("downlink", {}),
+    ):
+        link["transport"] = "ideal"
+    data.setdefault("backhaul", {})["transport"] = "ideal"
     data["geometry"] = {
         "area": {"width_m": 1000, "height_m": 200},
         "sites": {"layout": "explicit", "positions_m": [[200, 100], [800, 100]]},

@@ -64,7 +64,8 @@ def test_a_legacy_interrupted_run_resumes_to_the_records_of_a_fresh_run(
     meta = json.loads((interrupted / "run.json").read_text())
     assert meta["status"] == "finished" and [r["from_round"] for r in meta["resumes"]] == [2]
     fresh = tmp_path / "fresh" / "fedavg-interrupted"
-    run_in_folder(load_scenario(interrupted / "scenario.yaml"), fresh)
+    # the same scenario as its run folder holds it (links without transport: ideal)
+    run_in_folder(load_recorded_scenario(interrupted / "scenario.yaml"), fresh)
     # rounds 0-1 were recorded by 0.1: their energy and aggregation figures are 0.1's,
     # and energy_sleep_j, added since, is empty there (run.json says so)
     assert_records_close(fresh, interrupted, old_rounds=2)
@@ -153,6 +154,7 @@ def test_a_scenario_with_its_own_profiles_keeps_the_digest_its_checkpoints_carry
         Path(__file__).resolve().parent / "data" / "digest" / "profiles-before-energy-states.yaml"
     )
     digest_then = "58a176bad4fca1921e1e091028dc9fc545db7272ae42a916018530e7c9dc3433"
-    scenario = load_scenario(path)
+    # as a resume reads it: a run folder's scenario (links without transport: ideal)
+    scenario = load_recorded_scenario(path)
     assert scenario.devices.profiles  # the case: a scenario with profiles of its own
     assert scenario_digest(scenario) == digest_then

@@ -441,7 +441,14 @@ def test_a_channel_plugin_times_transfers_and_its_quantities_reach_the_records(
     try:
         registry.load_plugin_file(path)
         data = json.loads(json.dumps(TINY))
-        data["channel"] = {"model": "plugin", "name": "slot", "params": {"base_bps": 2e6}}
+        data["channel"] = {
+            "model": "plugin",
+            "name": "slot",
+            "params": {"base_bps": 2e6},
+            # bits / rate, as the hand numbers below
+            "uplink": {"transport": "ideal"},
+            "downlink": {"transport": "ideal"},
+        }
         bad = json.loads(json.dumps(data))
         bad["channel"]["params"] = {"base_bps": 0}
         with pytest.raises(ScenarioError, match=r"params.base_bps: .* \(channel slot\)"):

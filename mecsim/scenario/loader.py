@@ -259,11 +259,17 @@ def load_recorded_scenario(path: str | Path) -> Scenario:
     channel = data.get("channel") if isinstance(data, dict) else None
     uplink = channel.get("uplink") if isinstance(channel, dict) else None
     # a link written before ``transport`` existed was timed as latency + bits / goodput
-    links = [channel.get(k) for k in ("uplink", "downlink")] if isinstance(channel, dict) else []
-    links.append(data.get("backhaul") if isinstance(data, dict) else None)
-    for link in links:
-        if isinstance(link, dict) and "transport" not in link:
-            link["transport"] = "ideal"
+    # (a section left out took every default then: ideal too)
+    if isinstance(data, dict):
+        holders = (
+            [(channel, k) for k in ("uplink", "downlink")] if isinstance(channel, dict) else []
+        )
+        for holder, key in [*holders, (data, "backhaul")]:
+            if holder.get(key) is None:
+                holder[key] = {}
+            link = holder[key]
+            if isinstance(link, dict) and "transport" not in link:
+                link["transport"] = "ideal"
     if isinstance(uplink, dict):
         band = uplink.get("bandwidth_hz")
         if (

@@ -35,6 +35,7 @@ from mecsim.run.interrupts import atomic_section
 from mecsim.run.loop import Checkpoint
 from mecsim.scenario import Scenario
 from mecsim.scenario.mobility import MobilityConfig
+from mecsim.scenario.schema import PhyConfig
 from mecsim.store.files import fsync_dir
 
 FORMAT_VERSION = 1
@@ -73,7 +74,7 @@ _NEW_PROFILE_FIELDS = {
 _RESTATED = (("uplink", "access"),)
 #: Channel fields added after runs were recorded: left out of the digest while at their
 #: defaults (``path_loss``: the exponent model every earlier run used).
-_NEW_CHANNEL_AT_DEFAULT: dict[str, dict[str, Any]] = {
+_NEW_CHANNEL_AT_DEFAULT: dict[str, Any] = {
     "path_loss": {
         "model": "exponent",
         "carrier_ghz": None,
@@ -82,6 +83,23 @@ _NEW_CHANNEL_AT_DEFAULT: dict[str, dict[str, Any]] = {
         "los": "random",
         "shadowing": True,
     }
+}
+
+
+#: The PHY's fields, added after runs were recorded, at the defaults every earlier run
+#: used (``B · log2(1 + SINR)``, no noise figure)
+_NEW_CHANNEL_AT_DEFAULT["phy"] = PhyConfig().model_dump(mode="json")
+_NEW_CHANNEL_AT_DEFAULT["noise_figure_db"] = 0.0
+#: A link's (uplink, downlink, backhaul) transport fields, added after runs were recorded:
+#: left out while at the values an earlier run had (``transport: ideal``, which a run
+#: folder without the field loads as) and the defaults of the TCP-only ones
+_NEW_LINK_AT_DEFAULT: dict[str, Any] = {
+    "transport": "ideal",
+    "header_bytes": 52,
+    "initial_window_segments": 10,
+    "connection": "persistent",
+    "congestion_control": "cubic",
+    "min_rto_s": 0.2,
 }
 
 
@@ -102,6 +120,13 @@ def scenario_digest(scenario: Scenario) -> str:
     for key, channel_default in _NEW_CHANNEL_AT_DEFAULT.items():
         if channel.get(key) == channel_default:
             channel.pop(key)
+    for link in (channel.get("uplink"), channel.get("downlink"), data.get("backhaul")):
+        if isinstance(link, dict) and link.get("transport") == "ideal":
+            if link.get("mss_bytes") is None:  # what null means under ideal, and was written
+                link["mss_bytes"] = 1460
+            for key, default in _NEW_LINK_AT_DEFAULT.items():
+                if link.get(key) == default:
+                    link.pop(key)
     inter = channel.get("interference")
     if isinstance(inter, dict):
         for key, default in _NEW_INTERFERENCE_AT_DEFAULT.items():
