@@ -49,6 +49,7 @@ Pure numpy, vectorised over transfers; no engine, no scenario.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, cast
 
@@ -238,19 +239,27 @@ class TcpColumns:
     flows: np.ndarray
 
     @staticmethod
-    def uniform(flows: list[TcpFlow | None]) -> bool:
+    def uniform(flows: Sequence[TcpFlow | None]) -> bool:
         """Can these flows be columns (all None, or all alike but for rtt and flows)?"""
         first = flows[0] if flows else None
+        if all(f is first for f in flows):  # one object for all (no latency): at C speed
+            return True
         if first is None:
             return all(f is None for f in flows)
         key = first.kind()
         return all(f is not None and f.kind() == key for f in flows)
 
     @classmethod
-    def of(cls, flows: list[TcpFlow | None]) -> TcpColumns | None:
+    def of(cls, flows: Sequence[TcpFlow | None]) -> TcpColumns | None:
         """The columns of ``flows`` (:meth:`uniform` ones); None when no flow adds time
         (then every transfer is its bits at the rate plus its latency)."""
-        if not flows or not any(f is not None and f.adds_time for f in flows):
+        if not flows:
+            return None
+        first = flows[0]
+        if all(f is first for f in flows):  # one object for all (no latency)
+            if first is None or not first.adds_time:
+                return None
+        elif not any(f is not None and f.adds_time for f in flows):
             return None
         if not cls.uniform(flows):
             raise ValueError("TcpColumns.of: flows of different kinds in one direction")

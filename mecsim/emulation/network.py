@@ -315,6 +315,9 @@ def tcp_flows(
             )
         return found
 
+    n = len(rtt_s)
+    if n and (rtt_s == rtt_s[0]).all() and (flows == flows[0]).all():
+        return (flow(float(rtt_s[0]), int(flows[0])),) * n  # one object, shared
     return tuple(map(flow, rtt_s.tolist(), flows.tolist()))
 
 
@@ -702,8 +705,8 @@ class NetworkModel:
             links.uplink_max_share,
             downlink_moving=None if moving is None else (moving[1], rows),
             uplink_moving=None if moving is None else (moving[0], rows),
-            downlink_tcp=TcpColumns.of(list(links.downlink_tcp or ())),
-            uplink_tcp=TcpColumns.of(list(links.uplink_tcp or ())),
+            downlink_tcp=TcpColumns.of(links.downlink_tcp or ()),
+            uplink_tcp=TcpColumns.of(links.uplink_tcp or ()),
         )
 
     def round(

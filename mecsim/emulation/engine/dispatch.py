@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from mecsim.channel.tcp import TcpFlow
 from mecsim.emulation.engine import events, media
 from mecsim.emulation.engine.closed_form import (
     ClientColumns,
@@ -206,7 +207,10 @@ def _solve(
 
     # the media and event paths do not model per-link latency or TCP flows whose window
     # can hold a transfer yet: such rounds go to the closed form (which does) or to SimPy
-    latency = any(s.adds_time() for s in clients.values())
+    specs = list(clients.values())
+    latency = any(s.uplink_latency_s or s.downlink_latency_s for s in specs) or any(
+        _flows_add_time([getattr(s, k) for s in specs]) for k in ("uplink_tcp", "downlink_tcp")
+    )
     for path in _PATHS[0 if method == "auto" else _PATHS.index(method) :]:
         if latency and path in ("media", "events"):
             continue
@@ -227,6 +231,15 @@ def _solve(
         if timelines is not None:
             return path, timelines
     raise AssertionError("the SimPy model covers every round")
+
+
+def _flows_add_time(flows: list[TcpFlow | None]) -> bool:
+    """Can any of a direction's TCP flows hold a transfer (``TcpFlow.adds_time``)? One
+    flow object shared by every client (the usual case without latency) is asked once."""
+    first = flows[0] if flows else None
+    if all(f is first for f in flows):
+        return first is not None and first.adds_time
+    return any(f is not None and f.adds_time for f in flows)
 
 
 @contextlib.contextmanager
