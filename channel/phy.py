@@ -445,6 +445,30 @@ def _exchange_s(
     )
 
 
+def _station_cycles_s(
+    m: IntArray, channel_width_mhz: int, nss: int, gi_ns: float, mac: WifiCellMac
+) -> tuple[FloatArray, FloatArray]:
+    """(k_i, T_i): each station's data MPDUs per A-MPDU and its share of the cell's cycle
+    — its own exchange, the AP's exchange returning its TCP ACKs, and two accesses' idle
+    and collision time (Bianchi with the stations and the AP contending)."""
+    n = m.size
+    k = ampdu_mpdus(m, channel_width_mhz, nss, gi_ns, mac)
+    data_subframe = _pad4(mac.ip_packet_bytes + mac.mac_overhead_bytes + mac.ampdu_delimiter_bytes)
+    ack_subframe = _pad4(mac.tcp_ack_ip_bytes + mac.mac_overhead_bytes + mac.ampdu_delimiter_bytes)
+    n_acks = np.ceil(k / mac.segments_per_tcp_ack)
+    data_s = _exchange_s(k * data_subframe, m, channel_width_mhz, nss, gi_ns, mac)
+    ack_s = _exchange_s(n_acks * ack_subframe, m, channel_width_mhz, nss, gi_ns, mac)
+    contenders = n + 1
+    p = bianchi_collision_probability(contenders, mac.cw_min, mac.cw_max)
+    tau = bianchi_tau(p, mac.cw_min, mac.cw_max)
+    p_tr = 1.0 - (1.0 - tau) ** contenders
+    p_s = contenders * tau * (1.0 - tau) ** (contenders - 1) / p_tr
+    idle_per_success_s = mac.slot_s * (1.0 - p_tr) / (p_tr * p_s)
+    collision_s = mac.collision_cost * float(np.mean(data_s))
+    overhead_per_success_s = idle_per_success_s + (1.0 - p_s) / p_s * collision_s
+    return k, data_s + ack_s + 2.0 * overhead_per_success_s
+
+
 def wifi_cell_goodput_bps(
     mcs: ArrayLike,
     channel_width_mhz: int = 20,
@@ -466,26 +490,10 @@ def wifi_cell_goodput_bps(
     """
     mac = mac or WifiCellMac()
     m = np.atleast_1d(np.asarray(mcs, dtype=np.int64))
-    n = m.size
-    if n == 0:
+    if m.size == 0:
         return np.zeros(0)
-    k = ampdu_mpdus(m, channel_width_mhz, nss, gi_ns, mac)
-    data_subframe = _pad4(mac.ip_packet_bytes + mac.mac_overhead_bytes + mac.ampdu_delimiter_bytes)
-    ack_subframe = _pad4(mac.tcp_ack_ip_bytes + mac.mac_overhead_bytes + mac.ampdu_delimiter_bytes)
-    n_acks = np.ceil(k / mac.segments_per_tcp_ack)
-    data_s = _exchange_s(k * data_subframe, m, channel_width_mhz, nss, gi_ns, mac)
-    ack_s = _exchange_s(n_acks * ack_subframe, m, channel_width_mhz, nss, gi_ns, mac)
-
-    contenders = n + 1
-    p = bianchi_collision_probability(contenders, mac.cw_min, mac.cw_max)
-    tau = bianchi_tau(p, mac.cw_min, mac.cw_max)
-    p_tr = 1.0 - (1.0 - tau) ** contenders
-    p_s = contenders * tau * (1.0 - tau) ** (contenders - 1) / p_tr
-    idle_per_success_s = mac.slot_s * (1.0 - p_tr) / (p_tr * p_s)
-    collision_s = mac.collision_cost * float(np.mean(data_s))
-    overhead_per_success_s = idle_per_success_s + (1.0 - p_s) / p_s * collision_s
-
-    cycle_s = float(np.sum(data_s) + np.sum(ack_s)) + 2 * n * overhead_per_success_s
+    k, own_s = _station_cycles_s(m, channel_width_mhz, nss, gi_ns, mac)
+    cycle_s = float(np.sum(own_s))
     return np.asarray(k * mac.mss_bytes * 8.0 / cycle_s, dtype=float).reshape(np.shape(mcs))
 
 
@@ -544,24 +552,8 @@ def wifi_station_rates_bps(
     m_in = np.atleast_1d(np.asarray(mcs, dtype=np.int64))
     out = np.zeros(m_in.shape, dtype=float)
     ok = m_in >= 0
-    m = m_in[ok]
-    n = m.size
-    if n == 0:
+    if not ok.any():
         return out.reshape(np.shape(mcs))
-    k = ampdu_mpdus(m, channel_width_mhz, nss, gi_ns, mac)
-    data_subframe = _pad4(mac.ip_packet_bytes + mac.mac_overhead_bytes + mac.ampdu_delimiter_bytes)
-    ack_subframe = _pad4(mac.tcp_ack_ip_bytes + mac.mac_overhead_bytes + mac.ampdu_delimiter_bytes)
-    n_acks = np.ceil(k / mac.segments_per_tcp_ack)
-    data_s = _exchange_s(k * data_subframe, m, channel_width_mhz, nss, gi_ns, mac)
-    ack_s = _exchange_s(n_acks * ack_subframe, m, channel_width_mhz, nss, gi_ns, mac)
-    contenders = n + 1
-    p = bianchi_collision_probability(contenders, mac.cw_min, mac.cw_max)
-    tau = bianchi_tau(p, mac.cw_min, mac.cw_max)
-    p_tr = 1.0 - (1.0 - tau) ** contenders
-    p_s = contenders * tau * (1.0 - tau) ** (contenders - 1) / p_tr
-    idle_per_success_s = mac.slot_s * (1.0 - p_tr) / (p_tr * p_s)
-    collision_s = mac.collision_cost * float(np.mean(data_s))
-    overhead_per_success_s = idle_per_success_s + (1.0 - p_s) / p_s * collision_s
-    own_s = data_s + ack_s + 2.0 * overhead_per_success_s
+    k, own_s = _station_cycles_s(m_in[ok], channel_width_mhz, nss, gi_ns, mac)
     out[ok] = 8.0 * k * mac.ip_packet_bytes / own_s
     return out.reshape(np.shape(mcs))
