@@ -516,6 +516,10 @@ def test_the_flwr_new_example_app_runs_and_gives_the_same_records_on_ray_and_in_
     app = ROOT / "examples" / "flower-app"
     data = yaml.safe_load((app / "flower-app.yaml").read_text())
     data["algorithm"]["params"]["app"] = str(app)
+    # the final model in the test's folder: never the working directory of a process
+    # (on Ray, the repository's root where the suite started Ray)
+    saved = tmp_path / "final_model.pt"
+    data["algorithm"]["params"]["run_config"] = {"final-model-path": str(saved)}
     data["rounds"] = 2
     data["outputs"] = {"dir": str(tmp_path / "runs")}
     data["metrics"] = {"enabled": False}
@@ -528,6 +532,7 @@ def test_the_flwr_new_example_app_runs_and_gives_the_same_records_on_ray_and_in_
     assert first_difference(runs / "local", runs / "ray") is None
     rounds = pd.read_csv(runs / "local" / "rounds.csv")
     assert rounds["mean_accuracy"].iloc[-1] > 0.5 and (rounds["selected"] == 5).all()
+    assert saved.is_file() and not (ROOT / "final_model.pt").exists()
 
 
 def test_the_service_refuses_a_submitted_app_folder_and_takes_an_allowed_one(

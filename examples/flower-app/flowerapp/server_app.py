@@ -1,4 +1,11 @@
-"""flowerapp: A Flower / PyTorch app."""
+"""flowerapp: A Flower / PyTorch app.
+
+As `flwr new` generates it, but for where the final model is saved: the template writes
+``final_model.pt`` into the working directory, which under mecsim is that of the process
+the ServerApp runs in (on Ray, where Ray was started). Here the path is the run config's
+``final-model-path`` (absolute, e.g. in the run's folder or a temporary one); empty, the
+default, saves nothing.
+"""
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context
@@ -35,7 +42,9 @@ def main(grid: Grid, context: Context) -> None:
         num_rounds=num_rounds,
     )
 
-    # Save final model to disk
-    print("\nSaving final model to disk...")
-    state_dict = result.arrays.to_torch_state_dict()
-    torch.save(state_dict, "final_model.pt")
+    # Save final model to disk, where the run config says (nowhere by default)
+    path = str(context.run_config.get("final-model-path", ""))
+    if path:
+        print(f"\nSaving final model to {path}...")
+        state_dict = result.arrays.to_torch_state_dict()
+        torch.save(state_dict, path)
