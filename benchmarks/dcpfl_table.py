@@ -219,9 +219,9 @@ def markdown(t: pd.DataFrame, target: float, dkl: list[float], seeds: int) -> st
         f"Times are emulated seconds up to that round. To {pct}: the first round whose "
         f"mean user accuracy reaches the common target, its emulated time and the MiB "
         f"sent and received until then.\n"
-        f"Final accuracy ordered ('>' beyond the spread, '≈' within it): "
+        f"Final accuracy, every pair compared ('>' beyond the spread, '≈' level): "
         f"{ordering(final)}.\n"
-        f"Time to {pct} ordered ('<' beyond the spread): "
+        f"Time to {pct}, every pair compared ('<' beyond the spread, '≈' level): "
         f"{ordering(to_goal, higher_is_better=False)}.\n"
     )
     finite = [d for d in dkl if d is not None and math.isfinite(d)]

@@ -154,8 +154,8 @@ def main(argv: list[str] | None = None) -> None:
         print(lines[-1], flush=True)
     table = "\n".join(lines)
     table += (
-        f"\n\nSeeds 0-{args.seeds - 1}: mean ± std (ddof 1). Best mean accuracy, ordered "
-        f"('>' beyond the spread, '≈' within it): {ordering(best)}.\n"
+        f"\n\nSeeds 0-{args.seeds - 1}: mean ± std (ddof 1). Best mean accuracy, every pair "
+        f"compared ('>' beyond the spread, '≈' level): {ordering(best)}.\n"
     )
     print(table)
     out.mkdir(parents=True, exist_ok=True)

@@ -276,7 +276,8 @@ def main(argv: list[str] | None = None) -> None:
     lines.append(f"Seeds 0-{args.seeds - 1}: mean ± std (ddof 1) of the final global round.")
     for alpha, accs in personal.items():
         lines.append(
-            f"Personalised accuracy at alpha = {alpha:g} ('>' beyond the spread): {ordering(accs)}."
+            f"Personalised accuracy at alpha = {alpha:g}, every pair compared ('>' beyond "
+            f"the spread, '≈' level): {ordering(accs)}."
         )
     table = "\n".join(lines)
     (args.out / f"{stem}.md").write_text(table + "\n")

@@ -24,6 +24,7 @@ import math
 import shutil
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -87,21 +88,72 @@ def beyond_spread(a: Sequence[float], b: Sequence[float]) -> bool:
     return ma - sa > mb + sb
 
 
+@dataclass(frozen=True)
+class Comparison:
+    """Every pair of labels compared (:func:`compare_all`). ``order``: the labels, best
+    mean first. ``ahead[a]``: the labels ``a`` is better than beyond the spread (in
+    ``order``). ``level``: groups of labels whose intervals mean ± std all overlap (the
+    maximal ones); two labels are level exactly when some group holds both."""
+
+    order: list[str]
+    ahead: dict[str, list[str]]
+    level: list[list[str]]
+
+    def is_level(self, a: str, b: str) -> bool:
+        return any(a in group and b in group for group in self.level)
+
+
+def _interval(values: Sequence[float]) -> tuple[float, float]:
+    mean, std, _ = mean_std(values)
+    std = 0.0 if math.isnan(std) else std
+    return mean - std, mean + std
+
+
+def compare_all(values: dict[str, Sequence[float]], higher_is_better: bool = True) -> Comparison:
+    """Compare every pair, not only neighbours in the order of the means: a chain of
+    level neighbours (A ≈ B ≈ C) may hide A beyond the spread of C. The relation
+    "beyond the spread" (:func:`beyond_spread`) between intervals is a partial order."""
+    kept = {label: v for label, v in values.items() if mean_std(v)[2] > 0}
+    order = [
+        label
+        for _, label in sorted(
+            ((mean_std(v)[0], label) for label, v in kept.items()), reverse=higher_is_better
+        )
+    ]
+
+    def better(a: str, b: str) -> bool:
+        return (
+            beyond_spread(kept[a], kept[b]) if higher_is_better else beyond_spread(kept[b], kept[a])
+        )
+
+    ahead = {a: [b for b in order if b != a and better(a, b)] for a in order}
+    # maximal groups of pairwise overlapping intervals: those holding a common point
+    # (intervals on a line), found at each interval's start
+    spans = {label: _interval(kept[label]) for label in order}
+    groups: list[list[str]] = []
+    for _, start in sorted((lo, label) for label, (lo, _) in spans.items()):
+        lo = spans[start][0]
+        group = [x for x in order if spans[x][0] <= lo <= spans[x][1]]
+        if len(group) > 1 and not any(set(group) <= set(g) for g in groups):
+            groups = [g for g in groups if not set(g) < set(group)] + [group]
+    groups.sort(key=lambda g: order.index(g[0]))
+    return Comparison(order, ahead, groups)
+
+
 def ordering(values: dict[str, Sequence[float]], higher_is_better: bool = True) -> str:
-    """The labels in order of their means, '>' between neighbours whose order holds beyond
-    the spread and '≈' where the intervals overlap, e.g. 'KAPC > FedProx ≈ Local'."""
-    items = sorted(
-        ((mean_std(v)[0], label) for label, v in values.items() if mean_std(v)[2] > 0),
-        reverse=higher_is_better,
-    )
-    if not items:
+    """Every pair compared, as a partial order: for each label (best mean first) the labels
+    it is better than beyond the spread, then the groups that are level, e.g.
+    'FedProx > KAPC, FedAvg; Local > FedAvg; KAPC > FedAvg; level: FedProx ≈ Local,
+    Local ≈ KAPC'. ('>': higher beyond the spread; '<': lower, when lower is better.)"""
+    c = compare_all(values, higher_is_better)
+    if not c.order:
         return ""
-    out = items[0][1]
-    for (_, hi), (_, lo) in zip(items, items[1:], strict=False):
-        a, b = (values[hi], values[lo]) if higher_is_better else (values[lo], values[hi])
-        sign = "<" if not higher_is_better else ">"
-        out += f" {sign if beyond_spread(a, b) else '≈'} {lo}"
-    return out
+    sign = ">" if higher_is_better else "<"
+    parts = [f"{a} {sign} {', '.join(c.ahead[a])}" for a in c.order if c.ahead[a]]
+    text = "; ".join(parts) if parts else f"no pair beyond the spread ({', '.join(c.order)})"
+    if c.level:
+        text += "; level: " + ", ".join(" ≈ ".join(g) for g in c.level)
+    return text
 
 
 def run_dir(out: Path, variant: str, seed: int) -> Path:

@@ -95,3 +95,49 @@ def test_a_run_another_process_is_running_is_neither_deleted_nor_run_twice(tmp_p
     finally:
         lock.release()
     assert sorted(p.name for p in path.rglob("*")) == before
+
+
+def _spread(mean: float, std: float) -> list[float]:
+    """Three values whose mean and sample std (ddof 1) are ``mean`` and ``std``."""
+    return [mean - std, mean, mean + std]
+
+
+def test_ordering_compares_every_pair_not_only_neighbours() -> None:
+    # neighbours level (A ≈ B, B ≈ C), yet A beyond the spread of C
+    values = {"A": _spread(10, 1), "B": _spread(8.5, 1), "C": _spread(7, 1)}
+    assert seeds.ordering(values) == "A > C; level: A ≈ B, B ≈ C"
+    assert seeds.ordering({"A": _spread(1, 1), "B": _spread(1.5, 1)}) == (
+        "no pair beyond the spread (B, A); level: B ≈ A"
+    )
+    # lower is better: times
+    assert seeds.ordering({"fast": _spread(3, 1), "slow": _spread(6, 1)}, False) == "fast < slow"
+
+
+def test_k1s_figures_put_fedprox_above_kapc_beyond_the_spread() -> None:
+    """docs/fidelity.md K1 (seeds 0-2): the neighbours-only ordering printed 'FedProx ≈
+    Local ≈ ... ≈ KAPC > FedAvg'; FedProx 88.85 ± 1.55 against KAPC 82.96 ± 2.95 is not
+    level (87.30 > 85.91)."""
+    k1 = {
+        "Local": _spread(87.71, 2.29),
+        "FedAvg": _spread(73.76, 1.71),
+        "FedProx": _spread(88.85, 1.55),
+        "KAPC": _spread(82.96, 2.95),
+        "KAPC+BLS": _spread(83.93, 2.28),
+    }
+    c = seeds.compare_all(k1)
+    assert c.order == ["FedProx", "Local", "KAPC+BLS", "KAPC", "FedAvg"]
+    assert c.ahead["FedProx"] == ["KAPC+BLS", "KAPC", "FedAvg"]
+    assert not c.is_level("FedProx", "KAPC") and c.is_level("Local", "KAPC")
+    assert c.level == [["FedProx", "Local"], ["Local", "KAPC+BLS", "KAPC"]]
+    assert seeds.ordering(k1) == (
+        "FedProx > KAPC+BLS, KAPC, FedAvg; Local > FedAvg; KAPC+BLS > FedAvg; "
+        "KAPC > FedAvg; level: FedProx ≈ Local, Local ≈ KAPC+BLS ≈ KAPC"
+    )
+    # D1's time to 90 % (s, lower is better): k-means faster than DC-PFL beyond the spread
+    d1 = {
+        "FedAvg": _spread(126, 10),
+        "Per-FedAvg": _spread(117, 13),
+        "k-means": _spread(106, 6),
+        "DC-PFL": _spread(130, 13),
+    }
+    assert seeds.compare_all(d1, higher_is_better=False).ahead["k-means"] == ["FedAvg", "DC-PFL"]
