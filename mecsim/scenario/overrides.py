@@ -8,7 +8,9 @@ Which paths a *replay* can answer is decided here too: replay re-times the recor
 op-traces, so it can change only what the timing depends on (channel, devices,
 deadline, backhaul). Anything else changes what the clients execute and needs training.
 
-Command-line values (``--set path=v1,v2,...``) are parsed by :func:`parse_values`.
+Command-line values are parsed here once: a sweep's grid axis (``--set path=v1,v2,...``)
+by :func:`parse_set`, the one value of ``mecsim run / validate / submit --set path=value``
+(and of the service's form) by :func:`parse_assignment`, the same syntax.
 """
 
 from __future__ import annotations
@@ -106,11 +108,9 @@ def check_path(data: dict[str, Any], path: str) -> None:
         walked = f"{walked}.{part}" if walked else part
 
 
-def apply_overrides(
-    scenario: Scenario, overrides: Mapping[str, Any], source: str = "scenario"
-) -> Scenario:
-    """A new scenario with each ``path: value`` of ``overrides`` set, validated again."""
-    data = scenario.model_dump(mode="json")
+def set_paths(data: dict[str, Any], overrides: Mapping[str, Any]) -> None:
+    """Set each ``path: value`` of ``overrides`` in the scenario mapping ``data`` (in
+    place, in order); OverrideError, naming the path, for one that is not a field."""
     for path, value in overrides.items():
         check_path(data, path)
         *parents, last = path.split(".")
@@ -121,6 +121,14 @@ def apply_overrides(
             node[int(last)] = copy.deepcopy(value)
         else:
             node[last] = copy.deepcopy(value)
+
+
+def apply_overrides(
+    scenario: Scenario, overrides: Mapping[str, Any], source: str = "scenario"
+) -> Scenario:
+    """A new scenario with each ``path: value`` of ``overrides`` set, validated again."""
+    data = scenario.model_dump(mode="json")
+    set_paths(data, overrides)
     if not overrides:
         return scenario
     text = ", ".join(f"{p}={v!r}" for p, v in overrides.items())
@@ -133,12 +141,24 @@ def apply_overrides(
 # --------------------------------------------------------------------------- CLI values
 
 
+_QUOTES = "'\""
+
+
 def _split_top(text: str) -> list[str]:
-    """Split at commas outside brackets/braces: ``1,[2,3],{a: 1, b: 2}`` -> 3 parts."""
+    """Split at commas outside brackets/braces and quotes: ``1,[2,3],{a: 1, b: 2}`` -> 3
+    parts, ``"a, b",c`` -> 2. A quote opens a quoted string only at the start of a value
+    (``O'Brien`` is plain text)."""
     cur: list[str]
     parts, depth, cur = [], 0, []
+    quote = ""
     for ch in text:
-        if ch in "[{":
+        if quote:
+            quote = "" if ch == quote else quote
+            cur.append(ch)
+            continue
+        if ch in _QUOTES and not "".join(cur).strip(" [{"):
+            quote = ch
+        elif ch in "[{":
             depth += 1
         elif ch in "]}":
             depth -= 1
@@ -151,6 +171,8 @@ def _split_top(text: str) -> list[str]:
             cur.append(ch)
     if depth != 0:
         raise OverrideError(f"unbalanced brackets in {text!r}")
+    if quote:
+        raise OverrideError(f"unterminated quote {quote} in {text!r}")
     parts.append("".join(cur))
     return [p.strip() for p in parts]
 
@@ -174,8 +196,11 @@ def parse_scalar(text: str) -> Any:
 
 
 def parse_value(text: str) -> Any:
-    """One value: a scalar, a ``[a, b]`` list (of values) or a ``{k: v}`` YAML mapping."""
+    """One value: a scalar, a quoted string (``"a, b"`` or ``'3'``: the text between the
+    quotes, never a number), a ``[a, b]`` list (of values) or a ``{k: v}`` YAML mapping."""
     text = text.strip()
+    if len(text) >= 2 and text[0] in _QUOTES and text[-1] == text[0]:
+        return text[1:-1]
     if text.startswith("["):
         if not text.endswith("]"):
             raise OverrideError(f"a list value must end with ']': {text!r}")
@@ -238,8 +263,9 @@ def parse_values(text: str, max_values: int = MAX_VALUES) -> list[Any]:
         return [float(start + i * step) for i in range(count - 1)] + [float(stop)]
     parts = _split_top(text)
     if len(parts) > max_values:
+        one = " (a list is one value, written [a, b])" if max_values == 1 else ""
         raise OverrideError(
-            f"{len(parts):,} values, more than the {max_values:,} one axis may have"
+            f"{len(parts):,} values, more than the {max_values:,} one axis may have{one}"
         )
     values = [parse_value(p) for p in parts]
     if any(v == "" for v in values):
@@ -256,3 +282,28 @@ def parse_set(text: str, max_values: int = MAX_VALUES) -> tuple[str, list[Any]]:
             "channel.uplink.bandwidth_hz=5e6,10e6,20e6"
         )
     return path.strip(), parse_values(values, max_values)
+
+
+def parse_assignment(text: str) -> tuple[str, Any]:
+    """``path=value`` -> (path, value): the one value of ``mecsim run / validate / submit
+    --set`` and of the service's form, in a sweep's syntax (:func:`parse_set`) with at most
+    one value, so a list of values is never made: ``topology.clients=4``, ``5e6``, ``[a,
+    b]`` (a list is one value), ``{k: v}``, ``"a, b"`` (a quoted string)."""
+    path, values = parse_set(text, max_values=1)
+    return path, values[0]
+
+
+def parse_sets(texts: list[str]) -> dict[str, Any]:
+    """The ``--set PATH=VALUE`` options of a command, in order, as ``{path: value}``;
+    OverrideError naming the option for the first that cannot be parsed."""
+    out: dict[str, Any] = {}
+    for text in texts:
+        try:
+            path, value = parse_assignment(text)
+        except OverrideError as exc:
+            message = str(exc)
+            if not message.startswith("--set"):
+                message = f"--set {text}: {message}"
+            raise OverrideError(message) from None
+        out[path] = value
+    return out

@@ -28,6 +28,7 @@ from rich.console import Console
 
 from mecsim.interfaces.cli.check import add_check_parser, cmd_check
 from mecsim.interfaces.cli.new import add_new_parser, cmd_new
+from mecsim.interfaces.cli.options import add_set_option
 from mecsim.interfaces.cli.plugins import (
     add_plugin_option,
     add_plugins_parser,
@@ -76,6 +77,7 @@ def _parser() -> argparse.ArgumentParser:
         "from its last checkpoint; its records end up equal to an uninterrupted "
         "run's. Takes no scenario file: the run's own scenario.yaml is used",
     )
+    add_set_option(run)
     run.add_argument("--rounds", type=int, help="override the scenario's rounds")
     run.add_argument("--seed", type=int, help="override the scenario's seed")
     run.add_argument("--out", help="records directory (default: the scenario's outputs.dir)")
@@ -139,6 +141,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Validate scenario files; prints one line per problem.",
     )
     val.add_argument("files", nargs="+")
+    add_set_option(val)
     add_plugin_option(val)
     sch = sub.add_parser(
         "schema",

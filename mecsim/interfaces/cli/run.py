@@ -30,6 +30,7 @@ from mecsim.scenario import (
     load_scenario,
     scenario_from_dict,
 )
+from mecsim.scenario.overrides import OverrideError, parse_sets, set_paths
 from mecsim.store.runfolder import RunFolderError, prepare_resume, read_meta, status_line
 from mecsim.store.session import BadRun, new_run_id, run_in_folder
 from mecsim.store.summary import energy_line, run_notes, summarise, target_lines
@@ -37,8 +38,25 @@ from mecsim.store.summary import energy_line, run_notes, summarise, target_lines
 EXIT_BAD_INPUT = 2
 
 
-def _apply_overrides(scenario: Scenario, args: argparse.Namespace, source: str) -> Scenario:
+def set_options(scenario: Scenario, sets: list[str], source: str) -> Scenario:
+    """``scenario`` with the ``--set PATH=VALUE`` options applied in order and validated
+    again as a file is: ScenarioError (exit 2) with one line naming ``source`` and the
+    option or the field."""
+    if not sets:
+        return scenario
     data = scenario.model_dump(mode="json")
+    try:
+        set_paths(data, parse_sets(sets))
+    except OverrideError as exc:
+        raise ScenarioError(f"{source}: {exc}") from None
+    return scenario_from_dict(data, f"{source} (with --set {' --set '.join(sets)})")
+
+
+def _apply_overrides(scenario: Scenario, args: argparse.Namespace, source: str) -> Scenario:
+    """The command line's changes to ``scenario``: the ``--set`` options first, then the
+    named options (``--rounds``, ``--seed``, ...), which win over a ``--set`` of the same
+    field."""
+    data = set_options(scenario, args.sets, source).model_dump(mode="json")
     if args.rounds is not None:
         data["rounds"] = args.rounds
     if args.seed is not None:
@@ -76,11 +94,13 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
             or args.run_id
             or args.out
             or args.target
+            or args.sets
         ):
             _error(
-                "error: --resume continues a run as it was planned: give no scenario "
-                "file, --rounds, --seed, --run-id, --out or --target with it (--hosts, "
-                "--backend, --ray-address and the metrics options may differ)"
+                "error: --resume continues a run as it was planned (its scenario.yaml, "
+                "--set overrides included): give no scenario file, --set, --rounds, --seed, "
+                "--run-id, --out or --target with it (--hosts, --backend, --ray-address and "
+                "the metrics options may differ)"
             )
             return EXIT_BAD_INPUT
         try:
@@ -231,11 +251,11 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def validate_file(path: str | Path) -> list[str]:
+def validate_file(path: str | Path, sets: list[str] | None = None) -> list[str]:
     """Every check ``mecsim validate`` makes on one file: the schema and the pre-flight of
-    ``mecsim run`` with the file's own settings. Raises ScenarioError (one line per
-    problem); returns the warnings."""
-    return preflight.check(load_scenario(path), str(path))
+    ``mecsim run`` with the file's own settings, after the ``--set`` options ``sets``.
+    Raises ScenarioError (one line per problem); returns the warnings."""
+    return preflight.check(set_options(load_scenario(path), sets or [], str(path)), str(path))
 
 
 def cmd_validate(args: argparse.Namespace, console: Console) -> int:
@@ -244,7 +264,7 @@ def cmd_validate(args: argparse.Namespace, console: Console) -> int:
     bad = 0
     for f in args.files:
         try:
-            for line in validate_file(f):
+            for line in validate_file(f, args.sets):
                 _error(line)
             print(f"{f}: ok")
         except ScenarioError as exc:

@@ -28,10 +28,11 @@ from typing import Any
 from rich.console import Console
 
 import mecsim.registry as registry
+from mecsim.interfaces.cli.options import add_set_option
 from mecsim.interfaces.console import list_table
 from mecsim.interfaces.service.client import Client, ScenarioRejected, ServiceError
 from mecsim.run import limits
-from mecsim.scenario.overrides import OverrideError, parse_set
+from mecsim.scenario.overrides import OverrideError, parse_sets
 
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
@@ -227,14 +228,7 @@ def add_service_parsers(sub: argparse._SubParsersAction) -> None:
         "scenario", nargs="?", help="scenario YAML or JSON (default: the embedded default scenario)"
     )
     submit.add_argument("--rounds", type=_positive, help="override the scenario's rounds")
-    submit.add_argument(
-        "--set",
-        dest="sets",
-        action="append",
-        default=[],
-        metavar="PATH=VALUE",
-        help="override a scenario field (repeat for several)",
-    )
+    add_set_option(submit)
     how = submit.add_mutually_exclusive_group()
     how.add_argument("--wait", action="store_true", help="wait until the run has ended")
     how.add_argument(
@@ -483,17 +477,11 @@ def cmd_submit(args: argparse.Namespace, console: Console) -> int:
         except OSError as exc:
             print(f"{args.scenario}: cannot read scenario file ({exc.strerror})", file=sys.stderr)
             return EXIT_BAD_INPUT
-    overrides: dict[str, Any] = {}
-    for s in args.sets:
-        try:
-            path, values = parse_set(s)
-        except OverrideError as exc:
-            print(f"--set {s}: {exc}", file=sys.stderr)
-            return EXIT_BAD_INPUT
-        if len(values) != 1:
-            print(f"--set {s}: one value per run (a list is written [a, b])", file=sys.stderr)
-            return EXIT_BAD_INPUT
-        overrides[path] = values[0]
+    try:
+        overrides = parse_sets(args.sets)
+    except OverrideError as exc:
+        print(str(exc), file=sys.stderr)
+        return EXIT_BAD_INPUT
     with _client(args) as client:
         try:
             run_id = client.submit(text, rounds=args.rounds, set=overrides)

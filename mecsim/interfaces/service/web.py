@@ -27,7 +27,7 @@ from mecsim.interfaces.service.bounded import Busy, WorkPool
 from mecsim.interfaces.service.store import TERMINAL, QueueFull, Run, Store
 from mecsim.interfaces.service.submission import Problem, Rejected
 from mecsim.interfaces.service.views import plot_names, read_records
-from mecsim.scenario.overrides import OverrideError, parse_set
+from mecsim.scenario.overrides import OverrideError, parse_assignment
 from mecsim.store.summary import summarise, table_rows
 
 TEMPLATES = Path(__file__).with_name("templates")
@@ -67,16 +67,11 @@ def parse_set_lines(text: str) -> dict[str, Any]:
         if not line:
             continue
         try:
-            path, values = parse_set(line, max_values=1)  # one value: no lists made
+            path, value = parse_assignment(line)  # one value: no lists made
         except OverrideError as exc:
             problems.append(Problem("set", str(exc)))
             continue
-        if len(values) != 1:
-            problems.append(
-                Problem(path, f"one value per run, got {len(values)} (a list is written [a, b])")
-            )
-            continue
-        out[path] = values[0]
+        out[path] = value
     if problems:
         raise Rejected(problems)
     return out
