@@ -87,7 +87,7 @@ class Run:
 
     @property
     def rounds(self) -> pd.DataFrame:
-        """``rounds.csv``: one row per round (columns: README's Records, docs/reports.md)."""
+        """``rounds.csv``: one row per round (columns: docs/reports.md)."""
         return self.records.rounds
 
     @property

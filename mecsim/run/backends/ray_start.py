@@ -44,7 +44,7 @@ def attach(ray, kwargs: dict[str, Any], address: str) -> None:
             f"execution.ray_address: the Ray cluster at {address} refused the connection "
             "(InvalidAuthToken): it uses token authentication; set RAY_AUTH_MODE=token and "
             "give this process the cluster's token (RAY_AUTH_TOKEN_PATH=FILE, RAY_AUTH_TOKEN, "
-            "or ~/.ray/auth_token); see the README's Ray section"
+            "or ~/.ray/auth_token); see docs/cluster.md, Commands"
         ) from None
 
 
