@@ -1,6 +1,7 @@
-"""Every relative link of README.md and docs/*.md points at a file of the repository and,
-when it names an anchor, at a heading of that file (GitHub's slugs: lower case, what is
-not a letter, digit, space, ``-`` or ``_`` dropped, spaces to ``-``, repeats numbered)."""
+"""Every relative link of README.md, CHANGELOG.md and docs/*.md points at a file of the
+repository and, when it names an anchor, at a heading of that file (GitHub's slugs: lower
+case, what is not a letter, digit, space, ``-`` or ``_`` dropped, spaces to ``-``,
+repeats numbered)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^(```|~~~)")
 
