@@ -13,36 +13,67 @@ speed and carries no headers. A real transfer of a model is a finite TCP flow on
    Cubic do) until the window covers the path (the bandwidth-delay product); from then
    on the link is busy. With a segment's serialisation ``τ = 8·mss / goodput`` and the
    round trip ``R = rtt + τ`` (the scenario's latencies both ways plus one segment), round
-   ``k`` starts at ``k·R`` and sends ``iw·2^k`` segments back to back. The link fills in
-   round ``K``, the first with ``iw·2^K·τ ≥ R``; the last segment leaves in round ``j``,
-   the first with ``iw·(2^(j+1) − 1) ≥ n``. The transfer ends ``k·R + (n − S_k)·τ`` after
-   it began, ``k = min(K, j)``, ``S_k = iw·(2^k − 1)`` segments sent before round ``k``;
-   the time beyond ``n·τ`` is :func:`slow_start_stall_s` (0 when ``rtt`` is 0).
+   ``k`` starts at ``k·R``. The receiver ACKs every second segment (RFC 5681 §4.2; ns-3's
+   and Linux's delayed ACKs), so a round of an even number of segments is ACKed whole, but
+   from the second round on one segment is odd: its ACK waits for the next segment or the
+   delayed-ACK timer (:data:`DELAYED_ACK_TIMEOUT_S`, Linux's 40 ms). When the round trip
+   is short (``R − iw·τ ≤ 40 ms``) the next round's first segment comes first, and that
+   segment is ACKed a round late: the window grows by the ``w − 1`` segments ACKed, one
+   segment stays in flight, and the rounds send ``iw, 2(iw−1), 4(iw−1), …`` segments —
+   ``S_k = (iw−1)(2^k − 1) + 1`` before round ``k`` (``k ≥ 1``; e.g. 10, 18, 36, 72: a
+   200 kB model needs a fifth round at 100 Mb/s and 40 ms, as in ns-3). On a long round
+   trip the timer fires within the round and the rounds send ``iw·2^k``:
+   ``S_k = iw·(2^k − 1)``. Either way ``S_k = g·(2^k − 1) + c·[k ≥ 1]``, a round's window
+   is ``g·2^k + c``; the link fills in round ``K``, the first with ``(g·2^K + c)·τ ≥ R``; the
+   last segment leaves in round ``j``, the first with ``S_(j+1) ≥ n``. The transfer ends
+   ``k·R + (n − S_k)·τ`` after it began, ``k = min(K, j)``; the time beyond ``n·τ`` is
+   :func:`slow_start_stall_s` (0 when ``rtt`` is 0). (Linux's receiver also ACKs every
+   segment for a while after a connection starts or idles, "quick ACKs", which speeds
+   its first rounds; ns-3 does not, and ns-3 is the reference: docs/validation.md.)
 3. **Set-up.** ``connection: new`` costs one more round trip (the handshake before the
    first byte), ``tls`` two (TCP's and a TLS 1.3 handshake's). ``persistent`` (the
    default: FL clients keep their connection to the server) none.
 
-With a **loss rate** ``p`` the expected time of the transfer follows the decomposition
-of Cardwell, Savage and Anderson ("Modeling TCP latency", INFOCOM 2000) for its start:
-the initial slow start sends ``E[d_ss] = (1 − (1−p)^d)(1−p)/p + 1`` of the ``d``
-segments before the first loss (their Eq. 5), timed as above; with probability
-``1 − (1−p)^d`` that loss is then recovered, by a timeout with probability ``Q(p, w)``
-(their Eq. 16, after Padhye et al.) at ``E[Z_TO] = G(p)·T0/(1−p)``, else by a fast
-retransmit in one round trip. Cardwell et al. send the rest at the steady-state rate;
-a finite flow on a fast link never reaches it (its window, cut from where slow start
-left it, takes many losses to come down), so here congestion avoidance is followed
-round trip by round trip on the window's expected course: a round trip sends
-``s = min(w, pipe)`` segments (``pipe = R/τ``, what the link carries in a round trip),
-loses one of them with probability ``1 − (1−p)^s`` — costing a round trip of fast
-recovery, or a timeout with probability ``Q(p, w)``, and a timeout when the
-retransmission is lost too (``p``) — and the window moves by its expectation,
-``w ← (1 − (1 − (1−p)^s)·(1 − β))·w + α``: Cubic's Reno-friendly AIMD (RFC 9438 §4.3:
-β = 0.7, α = 3(1−β)/(1+β)), NewReno's β = 0.5 and α = 1/2 (an ACK per second
-segment). After :data:`AVOIDANCE_ROUNDS` round trips the rest goes at the last one's
-rate. The retransmission timeout is ``T0 = max(min_rto_s, 2·R)`` (RFC 6298's
-SRTT + 4·RTTVAR once RTTVAR has settled near a quarter of the round trip). It is the
-expectation; single transfers spread widely around it (a timeout or none), and
-docs/validation.md gives the spread ns-3 shows.
+With a **loss rate** ``p`` (random, independent per segment) the time is an
+**expectation over sample paths**: :data:`LOSS_PATHS` transfers are followed round trip
+by round trip, each drawing its own losses, and the mean of their times is the
+transfer's. (Closed forms were tried first: Cardwell, Savage and Anderson's "Modeling TCP
+latency" (INFOCOM 2000) with Padhye et al.'s timeout probability, then the window's
+expected course; both put the lossy ns-3 cases 20-50 % off, because a finite flow's
+time is decided by *when* its few losses fall — an early one leaves the window small
+for the rest of the transfer — and an average window cannot say that.) A round trip of
+a path sends ``s = min(w, pipe, left)`` segments (``pipe = R/τ``) and loses one of them
+with probability ``1 − (1−p)^s`` (the draw says which: position ``i``):
+
+- no loss: the round takes ``R`` (the last one, ``left·τ``) and the window grows — in
+  slow start as above (iw, 2(iw−c), doubling), until the queue the window builds beyond
+  the pipe reaches HyStart's delay threshold ``clamp(R/8, 4 ms, 16 ms)`` (Linux's; the
+  window stops at ``pipe + threshold/τ``, :func:`_queue_window`); in congestion
+  avoidance by Cubic's window function ``W(t) = W_max + C·(t − K)³`` (RFC 9438 §4.2,
+  ``C = 0.4``, ``K = ∛((W_max − W₀)/C)``, fast convergence), with the integer
+  arithmetic of Linux's and ns-3's ``bictcp_update`` (``cnt = ⌊w / (⌊W(t)⌋ − ⌊w⌋)⌋``
+  ACKs per increment, at most 1.5× a round trip, 5 % a round trip before the first
+  loss) — as ns-3.37 implements it, *without* the Reno-friendly region of §4.3 that
+  Linux adds (docs/channel.md says what that changes) — or NewReno's ``+1/2`` segment
+  (an ACK per second segment); never beyond what the bottleneck's queue lets stand
+  (``pipe + threshold/τ``: an AQM such as fq_codel drops beyond it);
+- a loss: three duplicate ACKs need a window's worth of segments behind the lost one
+  (``min(w − 1, behind) + min(2, beyond)`` with limited transmit's two new ones, RFC
+  3042); with them, fast recovery (SACK, PRR): the round and one more, ``2·R``, deliver
+  ``s + β·s`` segments, the window is cut to ``max(β·w', 2)`` (``w'``: slow start's
+  window once the ACKs before the lost one have grown it) and a new Cubic epoch starts
+  (``W_max = w'``, or ``w'(1+β)/2`` below the last ``W_max``); without them (a loss
+  among a transfer's last segments, a window of one), or when the retransmission is lost
+  too (probability ``p``), a retransmission timeout ``T0 = max(min_rto_s, 2·R)``
+  (RFC 6298's SRTT + 4·RTTVAR once RTTVAR has settled near a quarter of the round trip;
+  3·T0 when the retransmission is lost again: the timer backs off), after which the
+  window restarts at one segment in slow start. β is 0.7 for Cubic, 0.5 for NewReno.
+
+The draws are the same for every transfer (common random numbers from a fixed seed),
+so a transfer's time does not depend on what else it is timed with and engines agree to
+the bit. Single
+transfers spread widely around the expectation (:func:`lossy_transfer_times_s` gives
+the paths; docs/validation.md sets their spread beside ns-3's).
 
 Pure numpy, vectorised over transfers; no engine, no scenario.
 """
@@ -51,6 +82,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal, cast
 
 import numpy as np
@@ -58,11 +90,13 @@ from numpy.typing import ArrayLike
 
 __all__ = [
     "CONNECTION_SETUP_ROUND_TRIPS",
+    "DELAYED_ACK_TIMEOUT_S",
     "TCP_HEADER_BYTES",
     "TCP_MSS_BYTES",
     "TcpColumns",
     "TcpFlow",
     "header_efficiency",
+    "lossy_transfer_times_s",
     "slow_start_stall_s",
     "tcp_extra_s",
 ]
@@ -73,6 +107,9 @@ TCP_HEADER_BYTES = 52
 TCP_MSS_BYTES = 1448
 #: round trips before the first byte, by ``connection``
 CONNECTION_SETUP_ROUND_TRIPS = {"persistent": 0, "new": 1, "tls": 2}
+#: the receiver's delayed-ACK timer (Linux's TCP_DELACK_MIN; ns-3's reference runs set it
+#: too): a segment left alone at the end of a round is ACKed after it
+DELAYED_ACK_TIMEOUT_S = 0.04
 #: Cubic's constants (RFC 9438): the scaling constant C and the multiplicative decrease β
 CUBIC_C = 0.4
 CUBIC_BETA = 0.7
@@ -107,42 +144,150 @@ def slow_start_stall_s(
 ) -> np.ndarray:
     """Seconds a transfer of ``segments`` spends beyond ``segments · segment_s`` because
     slow start leaves the link idle while the window grows (item 2 of the module's
-    docstring): ``k·R − iw·(2^k − 1)·τ`` with ``R = rtt_s + segment_s``,
-    ``k = min(K, j)``. ``segments`` may be fractional (an expected count)."""
+    docstring): ``k·R − S_k·τ`` with ``R = rtt_s + segment_s``, ``k = min(K, j)``,
+    ``S_k = g·(2^k − 1) + c·[k ≥ 1]`` (``g, c = iw − 1, 1`` when a delayed ACK holds a
+    segment a round, ``iw, 0`` when its timer fires within the round or ``iw < 2``).
+    ``segments`` may be fractional (an expected count)."""
     n = np.asarray(segments, dtype=float)
     tau = np.asarray(segment_s, dtype=float)
     r = np.asarray(rtt_s, dtype=float) + tau
     iw = float(initial_window)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        fill = _first_power(np.where(tau > 0, r / (iw * tau), 0.0))  # K
-    last = _first_power(n / iw + 1.0) - 1.0  # j: the round of the last segment
-    k = np.maximum(np.minimum(fill, last), 0.0)
     with np.errstate(invalid="ignore"):  # an infinite τ (no rate): answered below
-        stall = k * r - iw * (_pow2(k) - 1.0) * tau
+        held = (r - iw * tau <= DELAYED_ACK_TIMEOUT_S) & (iw >= 2.0)
+    g = np.where(held, iw - 1.0, iw)  # segments a round adds, doubling
+    c = np.where(held, 1.0, 0.0)  # the segment a delayed ACK keeps in flight
+    with np.errstate(divide="ignore", invalid="ignore"):
+        fill = _first_power(np.where(tau > 0, (r / tau - c) / g, 0.0))  # K
+    last = _first_power((n - c) / g + 1.0) - 1.0  # j: the round of the last segment
+    k = np.maximum(np.minimum(fill, last), 0.0)
+    sent = np.where(k > 0, g * (_pow2(k) - 1.0) + c, 0.0)  # S_k
+    with np.errstate(invalid="ignore"):
+        stall = k * r - sent * tau
     return np.where((n > 0) & np.isfinite(tau), np.maximum(stall, 0.0), 0.0)
 
 
-def _timeout_probability(p: float, window: np.ndarray) -> np.ndarray:
-    """Q(p, w): the chance that a loss in a window of ``w`` segments is recovered by a
-    timeout, not a fast retransmit (Padhye et al., as Cardwell et al. Eq. 16 use it)."""
-    q = 1.0 - p
-    w = np.maximum(window, 1.0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        num = (1.0 - q**3) * (1.0 + q**3 * (1.0 - q ** np.maximum(w - 3.0, 0.0)))
-        out = num / (1.0 - q**w)
-    return np.where(w <= 3.0, 1.0, np.minimum(1.0, out))
+#: sample paths behind a lossy transfer's expected time
+LOSS_PATHS = 256
+#: round trips a path is followed for; the rest of a transfer goes at the last one's rate
+LOSS_ROUNDS = 4000
+#: the seed of the loss model's draws (common random numbers: fixed, never the scenario's)
+LOSS_SEED = 20261128
+#: HyStart's delay threshold's bounds (Linux's HYSTART_DELAY_MIN / MAX), s
+HYSTART_DELAY_MIN_S, HYSTART_DELAY_MAX_S = 0.004, 0.016
+_draws_cache: list[np.ndarray] = []
 
 
-#: (multiplicative decrease β, additive increase α segments per round trip) in congestion
-#: avoidance: Cubic's Reno-friendly AIMD (RFC 9438 §4.3, α = 3(1−β)/(1+β)); NewReno's
-#: halving, and +1/2 a round trip with an ACK per second segment (ns-3 counts ACKs)
-_AIMD = {
-    "cubic": (CUBIC_BETA, 3.0 * (1.0 - CUBIC_BETA) / (1.0 + CUBIC_BETA)),
-    "newreno": (0.5, 0.5),
-}
-#: round trips of congestion avoidance followed one by one before the rest of a transfer
-#: goes at the last one's rate (the window has long settled by then)
-AVOIDANCE_ROUNDS = 300
+def _loss_draws() -> np.ndarray:
+    """``(LOSS_ROUNDS, 4, LOSS_PATHS)`` uniforms: per round and path, whether a segment is
+    lost, which one, whether its retransmission is lost, and whether again."""
+    if not _draws_cache:
+        _draws_cache.append(np.random.default_rng(LOSS_SEED).random((LOSS_ROUNDS, 4, LOSS_PATHS)))
+    return _draws_cache[0]
+
+
+def _queue_window(pipe: np.ndarray, r: np.ndarray, tau: np.ndarray) -> np.ndarray:
+    """The window at which slow start ends and beyond which no window stands: the pipe
+    plus the queue HyStart's delay threshold allows, ``clamp(R/8, 4 ms, 16 ms) / τ``."""
+    return pipe + np.clip(r / 8.0, HYSTART_DELAY_MIN_S, HYSTART_DELAY_MAX_S) / tau
+
+
+def lossy_transfer_times_s(
+    d: ArrayLike,
+    rtt_s: ArrayLike,
+    tau: ArrayLike,
+    iw: float,
+    p: float,
+    cc: CongestionControl = "cubic",
+    min_rto_s: float = 0.2,
+    draws: np.ndarray | None = None,
+) -> np.ndarray:
+    """Seconds each sample path takes to deliver ``d`` segments (shape ``(len(d), paths)``)
+    at loss rate ``p`` (the module's docstring): rows are transfers (``d``, ``rtt_s``,
+    ``tau``: segments, the round trip without serialisation, one segment's
+    serialisation), columns paths. ``draws`` (``(rounds, 4, paths)`` uniforms) replaces
+    the model's own, for tests that follow a path by hand."""
+    u = _loss_draws() if draws is None else np.asarray(draws, dtype=float)
+    paths = u.shape[2]
+    dd = np.atleast_1d(np.asarray(d, dtype=float))[:, None]
+    tt = np.atleast_1d(np.asarray(tau, dtype=float))[:, None]
+    r = np.atleast_1d(np.asarray(rtt_s, dtype=float))[:, None] + tt
+    shape = np.broadcast_shapes(dd.shape, r.shape, (1, paths))
+    pipe = r / tt  # segments a round trip carries at the link's rate
+    cap = _queue_window(pipe, r, tt)
+    t0 = np.maximum(min_rto_s, 2.0 * r)
+    held = (r - iw * tt <= DELAYED_ACK_TIMEOUT_S) & (iw >= 2.0)
+    c = np.where(held, 1.0, 0.0)  # the segment a delayed ACK holds a round (slow start)
+    beta = CUBIC_BETA if cc == "cubic" else 0.5
+    log_q = np.log1p(-p)
+
+    t = np.zeros(shape)
+    left = np.broadcast_to(dd, shape).copy()
+    w = np.full(shape, float(iw))  # segments a round sends
+    ssthresh = np.full(shape, np.inf)
+    in_ss = np.ones(shape, dtype=bool)
+    first = np.ones(shape, dtype=bool)
+    w_max = np.zeros(shape)  # Cubic's W_max (0: no loss yet)
+    origin = np.zeros(shape)
+    k_s = np.zeros(shape)  # Cubic's K
+    epoch_s = np.zeros(shape)  # time since the epoch began
+    for k in range(u.shape[0]):
+        going = left > 0
+        if not going.any():
+            break
+        lost_u, where_u, rtx_u, again_u = u[k]
+        fits = np.where(w + np.where(first, 0.0, c) >= pipe, pipe, w)  # link-limited?
+        s = np.minimum(fits, left)
+        last = left <= fits
+        loss = lost_u >= np.exp(s * log_q)  # P(no loss in s segments) = (1-p)^s
+
+        # no loss: a round trip (the last segments: their serialisation) and growth
+        dt_ok = np.where(last, left * tt, r)
+        w_ss = np.where(first, 2.0 * (w - c), 2.0 * w)
+        leave_ss = (w_ss >= ssthresh) | (w_ss >= cap)
+        w_ss = np.minimum(w_ss, np.minimum(ssthresh, np.maximum(cap, w)))
+        if cc == "cubic":
+            epoch_next = epoch_s + r
+            target = origin + CUBIC_C * (epoch_next - k_s) ** 3
+            fw, ft = np.floor(w), np.floor(target)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                cnt = np.maximum(np.floor(fw / np.maximum(ft - fw, 1.0)), 1.0)
+            inc = np.where(ft > fw, w / cnt, 0.01)  # else cnt = 100·w: +1/100 a round trip
+            inc = np.where(w_max == 0, np.maximum(inc, 0.05 * w), inc)
+            w_ca = np.minimum(w + inc, 1.5 * w)
+        else:
+            epoch_next = epoch_s
+            w_ca = w + 0.5
+        w_ca = np.minimum(w_ca, np.maximum(cap, w))
+
+        # a loss: fast recovery, or a timeout
+        pos = np.floor(where_u * s)  # segments of the round before the lost one
+        behind = left - pos - 1.0
+        dupacks = np.minimum(w - 1.0, behind) + np.minimum(2.0, np.maximum(behind - (w - 1.0), 0.0))
+        timeout = (dupacks < 3.0) | (rtx_u < p)
+        dt_loss = np.where(timeout, t0 * np.where(again_u < p, 3.0, 1.0), 2.0 * r)
+        got_loss = np.where(timeout, s - 1.0, s + beta * s)
+        w_seen = np.where(in_ss, w + pos, w)
+        w_max_new = np.where(w_seen < w_max, w_seen * (1.0 + beta) / 2.0, w_seen)
+        w_cut = np.maximum(beta * w_seen, 2.0)
+
+        t = np.where(going, t + np.where(loss, dt_loss, dt_ok), t)
+        left = np.where(going, np.maximum(left - np.where(loss, got_loss, s), 0.0), left)
+        ok, hit = going & ~loss, going & loss
+        grow_ss, grow_ca = ok & in_ss, ok & ~in_ss
+        w_new = np.where(grow_ss, w_ss, np.where(grow_ca, w_ca, w))
+        w_new = np.where(hit, np.where(timeout, 1.0, w_cut), w_new)
+        epoch_s = np.where(grow_ca, epoch_next, epoch_s)
+        ssthresh = np.where(hit, w_cut, ssthresh)
+        w_max = np.where(hit, w_max_new, w_max)
+        # a new Cubic epoch: after a fast recovery, or when slow start ends
+        new_epoch = (hit & ~timeout) | (grow_ss & leave_ss)
+        origin = np.where(new_epoch, np.maximum(w_max, w_new), origin)
+        k_s = np.where(new_epoch, np.cbrt(np.maximum(w_max - w_new, 0.0) / CUBIC_C), k_s)
+        epoch_s = np.where(new_epoch, 0.0, epoch_s)
+        in_ss = np.where(hit, timeout, np.where(grow_ss & leave_ss, False, in_ss))
+        first = first & ~going
+        w = w_new
+    return t + np.where(left > 0, left / np.minimum(w, pipe) * r, 0.0)
 
 
 def _lossy_time_s(
@@ -154,41 +299,9 @@ def _lossy_time_s(
     cc: CongestionControl,
     min_rto_s: float,
 ) -> np.ndarray:
-    """Expected seconds to send ``d`` segments at loss rate ``p`` (the module's
-    docstring): slow start to the first loss, its recovery, then congestion avoidance
-    round trip by round trip on the window's expected course."""
-    q = 1.0 - p
-    r = rtt_s + tau
-    pipe = r / tau  # segments a round trip carries at the link's rate
-    d_ss = np.minimum(d, (1.0 - q**d) * q / p + 1.0)  # Cardwell et al. Eq. 5
-    lost = 1.0 - q**d  # a loss happens at all
-    w_ss = (d_ss + iw) / 2.0  # the window when it does (Eq. 7, γ = 2)
-    t0 = np.maximum(min_rto_s, 2.0 * r)
-    g_p = 1.0 + p + 2 * p**2 + 4 * p**3 + 8 * p**4 + 16 * p**5 + 32 * p**6
-    z_to = g_p * t0 / q  # a timeout with its back-offs (Cardwell et al. Eq. 17)
-    timeout = _timeout_probability(p, w_ss)
-    t = slow_start_stall_s(d_ss, rtt_s, tau, iw) + d_ss * tau
-    t = t + lost * (timeout * z_to + (1.0 - timeout) * r)
-    beta, alpha = _AIMD[cc]
-    w = np.maximum(beta * w_ss, 1.0)
-    left = d - d_ss
-    for _ in range(AVOIDANCE_ROUNDS):
-        going = left > 0
-        if not going.any():
-            break
-        sent = np.minimum(w, pipe)
-        last = left <= sent
-        # a round trip, or the last segments back to back at the link's rate
-        dt = np.where(last, left * tau, r)
-        # this round's loss: recovered by a timeout (Q), else by fast retransmit in a round
-        # trip; a retransmission lost too times out
-        hit = 1.0 - q ** np.minimum(sent, left)
-        timeout = _timeout_probability(p, w)
-        dt = dt + hit * (timeout * z_to + (1.0 - timeout) * r + p * z_to)
-        t = np.where(going, t + dt, t)
-        left = np.where(going, left - sent, left)
-        w = np.where(going, np.maximum((1.0 - hit * (1.0 - beta)) * w + alpha, 1.0), w)
-    return t + np.where(left > 0, left / np.minimum(w, pipe) * r, 0.0)
+    """Expected seconds to send ``d`` segments at loss rate ``p``: the mean of
+    :func:`lossy_transfer_times_s`' paths."""
+    return lossy_transfer_times_s(d, rtt_s, tau, iw, p, cc, min_rto_s).mean(axis=1)
 
 
 def tcp_extra_s(
@@ -209,9 +322,13 @@ def tcp_extra_s(
     docstring). ``goodput_bps`` is the payload rate the link gives the flow (its rate
     times :func:`header_efficiency`); ``rtt_s`` the round trip of the path without
     serialisation. 0 for ``nbytes <= 0``; inf where the goodput is 0."""
-    nb = np.asarray(nbytes, dtype=float)
-    g = np.asarray(goodput_bps, dtype=float)
-    rtt = np.asarray(rtt_s, dtype=float)
+    shape = np.broadcast(nbytes, goodput_bps, rtt_s).shape
+    # at least 1-d: numpy times a 0-d array's powers with the C library's pow and an
+    # array's with its SIMD kernels (AVX-512 ones differ in the last bit), so one
+    # transfer timed alone (SimPy) and in a column (the closed form) must both be arrays
+    nb = np.atleast_1d(np.asarray(nbytes, dtype=float))
+    g = np.atleast_1d(np.asarray(goodput_bps, dtype=float))
+    rtt = np.atleast_1d(np.asarray(rtt_s, dtype=float))
     with np.errstate(divide="ignore", invalid="ignore"):
         tau = np.where(g > 0, 8.0 * mss_bytes / g, np.inf)  # one segment's serialisation
     tau = np.where(np.isfinite(tau), tau, 0.0)  # no rate: inf below, whatever the rest
@@ -225,7 +342,7 @@ def tcp_extra_s(
     else:
         extra = extra + _lossy_time_s(d, rtt, tau, iw, p, congestion_control, min_rto_s) - d * tau
     out = np.where(g > 0, extra, np.inf)
-    return np.where(nb > 0, out, 0.0)
+    return np.where(nb > 0, out, 0.0).reshape(shape)
 
 
 @dataclass(frozen=True)
@@ -330,7 +447,13 @@ class TcpFlow:
         return self.rtt_s > 0 or self.setup_round_trips > 0 or self.loss_rate > 0
 
     def extra_s(self, nbytes: float, goodput_bps: float) -> float:
-        """:func:`tcp_extra_s` of one transfer on this link (at ``goodput / flows``)."""
+        """:func:`tcp_extra_s` of one transfer on this link (at ``goodput / flows``); a
+        lossy one is remembered (its sample paths cost milliseconds, and a round's
+        transfers repeat from round to round on fixed rates)."""
+        if self.loss_rate > 0:
+            return _lossy_extra_s(
+                self.kind(), self.rtt_s, self.flows, float(nbytes), float(goodput_bps)
+            )
         return float(self.extra_array(np.asarray(nbytes), np.asarray(goodput_bps)))
 
     def extra_array(self, nbytes: np.ndarray, goodput_bps: np.ndarray) -> np.ndarray:
@@ -346,3 +469,25 @@ class TcpFlow:
             congestion_control=self.congestion_control,
             min_rto_s=self.min_rto_s,
         )
+
+
+@lru_cache(maxsize=1 << 16)
+def _lossy_extra_s(
+    kind: tuple[object, ...], rtt_s: float, flows: int, nbytes: float, goodput_bps: float
+) -> float:
+    """:meth:`TcpFlow.extra_s` of a lossy flow, remembered (the same arithmetic as
+    :meth:`TcpFlow.extra_array`: the cache changes no bit)."""
+    mss, iw, setup, loss, cc, min_rto = kind
+    return float(
+        tcp_extra_s(
+            np.asarray(nbytes),
+            np.asarray(goodput_bps, dtype=float) / flows,
+            rtt_s,
+            mss_bytes=cast(int, mss),
+            initial_window=cast(int, iw),
+            setup_round_trips=cast(int, setup),
+            loss_rate=cast(float, loss),
+            congestion_control=cast(CongestionControl, cc),
+            min_rto_s=cast(float, min_rto),
+        )
+    )

@@ -16,6 +16,7 @@ from mecsim.channel.tcp import (
     TcpColumns,
     TcpFlow,
     header_efficiency,
+    lossy_transfer_times_s,
     slow_start_stall_s,
     tcp_extra_s,
 )
@@ -36,22 +37,38 @@ def test_header_efficiency_is_payload_over_wire():
 
 def test_slow_start_at_10_mbps_20_ms_by_hand():
     # τ = 12,000 bit / 10 Mb/s = 1.2 ms; R = 40 ms + τ = 41.2 ms; iw·τ = 12 ms.
-    # K: 12 ms · 2^K >= 41.2 ms -> K = 2 (48 ms). j: 10·(2^(j+1) - 1) >= 553 -> j = 5.
-    # k = 2: stall = 2 · 41.2 - 10 · (4 - 1) · 1.2 = 82.4 - 36 = 46.4 ms
-    assert float(slow_start_stall_s(553, 0.04, 0.0012, 10)) == pytest.approx(0.0464, abs=1e-12)
-    # the whole transfer: 20 ms + 553 · 1.2 ms (its wire bits) + 46.4 ms = 0.7298 s
+    # R - iw·τ = 29.2 ms <= 40 ms: a delayed ACK holds a segment a round (g = 9, c = 1).
+    # K: (9·2^K + 1)·1.2 ms >= 41.2 ms -> 2^K >= 3.70 -> K = 2.
+    # j: 9·(2^(j+1) - 1) + 1 >= 553 -> 2^(j+1) >= 62.3 -> j = 5.
+    # k = 2: S_2 = 9·3 + 1 = 28; stall = 2 · 41.2 - 28 · 1.2 = 82.4 - 33.6 = 48.8 ms
+    assert float(slow_start_stall_s(553, 0.04, 0.0012, 10)) == pytest.approx(0.0488, abs=1e-12)
+    # the whole transfer: 20 ms + 553 · 1.2 ms (its wire bits) + 48.8 ms = 0.7318 s
     # (the last segment is 752 bytes, so 8·800,040/goodput is 0.66364 s, not 0.6636)
     good = 10e6 * EFF
     total = 0.02 + 8 * MODEL_BYTES / good + float(tcp_extra_s(MODEL_BYTES, good, 0.04))
-    assert total == pytest.approx(0.02 + 8 * 800_040 * 1500 / 1448 / 10e6 + 0.0464, rel=1e-12)
-    assert total == pytest.approx(0.72942, abs=1e-5)
+    assert total == pytest.approx(0.02 + 8 * 800_040 * 1500 / 1448 / 10e6 + 0.0488, rel=1e-12)
+    assert total == pytest.approx(0.73182, abs=1e-5)
 
 
 def test_slow_start_at_100_mbps_is_most_of_the_transfer():
-    # τ = 0.12 ms, R = 40.12 ms: K = 6 (1.2 ms · 64 = 76.8 ms >= R); j = 5 (10·63 >= 553)
-    # k = 5: stall = 5 · 40.12 - 10 · 31 · 0.12 = 200.6 - 37.2 = 163.4 ms
+    # τ = 0.12 ms, R = 40.12 ms, held (R - 1.2 ms <= 40 ms): K = 6 ((9·64 + 1)·0.12 ms
+    # >= R); j = 5 (9·63 + 1 >= 553). k = 5: S_5 = 9·31 + 1 = 280;
+    # stall = 5 · 40.12 - 280 · 0.12 = 200.6 - 33.6 = 167.0 ms
     good = 100e6 * EFF
-    assert float(tcp_extra_s(MODEL_BYTES, good, 0.04)) == pytest.approx(0.1634, abs=1e-12)
+    assert float(tcp_extra_s(MODEL_BYTES, good, 0.04)) == pytest.approx(0.1670, abs=1e-12)
+
+
+def test_a_delayed_ack_costs_a_200_kb_transfer_a_fifth_round_as_in_ns3():
+    """200 kB = 139 segments at 100 Mb/s, 20 ms each way: the rounds send 10, 18, 36, 72
+    (136 segments), so the last 3 go in a fifth round. ns-3.37 (validation/reference,
+    200000B-100M-20ms): 0.180771 s. Doubling (10, 20, 40, 80) would end a round early:
+    0.1485 s, 18 % short."""
+    good = 100e6 * EFF
+    # k = 4: S_4 = 9·15 + 1 = 136; stall = 4 · 40.12 - 136 · 0.12 = 144.16 ms
+    assert float(tcp_extra_s(200_000, good, 0.04)) == pytest.approx(0.14416, abs=1e-12)
+    total = 0.02 + 8 * 200_000 / good + 0.14416
+    assert total == pytest.approx(0.180735, abs=1e-6)
+    assert abs(total / 0.180771146 - 1) < 0.001
 
 
 def test_slow_start_edges():
@@ -59,11 +76,19 @@ def test_slow_start_edges():
     assert float(slow_start_stall_s(553, 0.0, 0.0012, 10)) == 0.0
     # everything fits in the initial window: no stall, whatever the round trip
     assert float(slow_start_stall_s(10, 0.5, 0.0012, 10)) == 0.0
-    # 11 segments: one round trip to get the 11th going: R - 10·τ
+    assert float(slow_start_stall_s(10, 0.02, 0.001, 10)) == 0.0
+    # a long round trip (R - iw·τ > 40 ms): the delayed-ACK timer fires within the round
+    # and the rounds send 10, 20, 40: 11 segments need one round trip more: R - 10·τ
     assert float(slow_start_stall_s(11, 0.1, 0.001, 10)) == pytest.approx(0.101 - 0.01)
     # exactly at a round's boundary: 30 segments end round 1 (10 + 20), k = 1
     assert float(slow_start_stall_s(30, 0.1, 0.001, 10)) == pytest.approx(0.101 - 0.01)
     assert float(slow_start_stall_s(31, 0.1, 0.001, 10)) == pytest.approx(2 * 0.101 - 0.03)
+    # a short one (R = 21 ms): rounds of 10, 18, 36 (S_1 = 10, S_2 = 28)
+    assert float(slow_start_stall_s(11, 0.02, 0.001, 10)) == pytest.approx(0.021 - 0.010)
+    assert float(slow_start_stall_s(28, 0.02, 0.001, 10)) == pytest.approx(0.021 - 0.010)
+    assert float(slow_start_stall_s(29, 0.02, 0.001, 10)) == pytest.approx(0.042 - 0.028)
+    # an initial window of 1: nothing to pair with, its ACK is the timer's: doubling
+    assert float(slow_start_stall_s(4, 0.02, 0.001, 1)) == pytest.approx(2 * 0.021 - 3 * 0.001)
     # a link filled from the start (iw·τ >= R): K = 0
     assert float(slow_start_stall_s(10_000, 0.001, 0.001, 10)) == 0.0
     # zero segments and an infinitely slow link add nothing here (the bits are inf)
@@ -84,53 +109,60 @@ def test_connection_set_up_is_round_trips():
     )
 
 
-def _lossy_by_hand(d, rtt, tau, p, beta, alpha, iw=10, min_rto=0.2, rounds=300):
-    """The loss model of mecsim.channel.tcp written out with floats, one step at a time."""
-    q = 1 - p
-    r = rtt + tau
-
-    def qto(w):  # Padhye et al.'s Q(p, w)
-        if w <= 3:
-            return 1.0
-        return min(1.0, (1 - q**3) * (1 + q**3 * (1 - q ** (w - 3))) / (1 - q**w))
-
-    d_ss = min(d, (1 - q**d) * q / p + 1)
-    t0 = max(min_rto, 2 * r)
-    z = (1 + p + 2 * p**2 + 4 * p**3 + 8 * p**4 + 16 * p**5 + 32 * p**6) * t0 / q
-    w = (d_ss + iw) / 2
-    t = float(slow_start_stall_s(d_ss, rtt, tau, iw)) + d_ss * tau
-    t += (1 - q**d) * (qto(w) * z + (1 - qto(w)) * r)
-    w, left, pipe = max(beta * w, 1.0), d - d_ss, r / tau
-    for _ in range(rounds):
-        if left <= 0:
-            break
-        sent = min(w, pipe)
-        dt = left * tau if left <= sent else r
-        hit = 1 - q ** min(sent, left)
-        dt += hit * (qto(w) * z + (1 - qto(w)) * r + p * z)
-        t, left = t + dt, left - sent
-        w = max((1 - hit * (1 - beta)) * w + alpha, 1.0)
-    if left > 0:
-        t += left / min(w, pipe) * r
-    return t - d * tau
+def _draws(rounds, **at):
+    """One path's draws: no loss in any round but those given as ``{round: (which,
+    retransmission, again)}`` (``which``: the lost segment's place in the round, 0-1)."""
+    u = np.zeros((rounds, 4, 1))
+    u[:, 1:, 0] = 0.5
+    for k, (which, rtx, again) in at.items():
+        u[int(k[1:]), :, 0] = (0.999999, which, rtx, again)
+    return u
 
 
-def test_loss_recovery_at_10_mbps_1_percent_step_by_step():
-    """p = 0.01, d = 553, R = 41.2 ms: E[d_ss] = 99.618 segments before the first loss,
-    then the window's expected course through congestion avoidance."""
-    p, d, tau = 0.01, 553, 0.0012
-    q = 1 - p
-    assert (1 - q**d) * q / p + 1 == pytest.approx(99.618, abs=1e-3)
+def test_a_lossy_path_by_hand():
+    """100 segments, R = 41.2 ms, τ = 1.2 ms (pipe 34.33, queue window 38.63: HyStart's
+    threshold R/8 = 5.15 ms = 4.29 segments), iw 10, a delayed ACK holding one (c = 1).
+    Rounds 0, 1: 10, 18 segments, no loss (t = 82.4 ms, 72 left, window 36).
+    Round 2 sends the pipe, 34.33, and loses its 18th (pos 17): 54 segments behind it,
+    35 + 2 duplicate ACKs: fast recovery, 2·R, delivering 34.33 · 1.7 = 58.37 (13.63 left);
+    slow start's ACKs had grown the window to 36 + 17 = 53: W_max 53, cut to 37.1.
+    Round 3: the last 13.63 segments at the link's rate: 16.36 ms. 0.18116 s."""
+    u = _draws(6, r2=(0.5, 0.5, 0.5))
+    got = lossy_transfer_times_s(100, 0.04, 0.0012, 10, 0.01, "cubic", 0.2, draws=u)
+    assert got.shape == (1, 1)
+    assert float(got[0, 0]) == pytest.approx(0.0824 + 0.0824 + 13.6333333 * 0.0012, abs=1e-9)
+    # NewReno halves: 53 -> 26.5, recovery delivers 34.33 · 1.5 = 51.5 (20.5 left), the
+    # window-limited last round sends them back to back: 24.6 ms
+    reno = lossy_transfer_times_s(100, 0.04, 0.0012, 10, 0.01, "newreno", 0.2, draws=u)
+    assert float(reno[0, 0]) == pytest.approx(0.1648 + 20.5 * 0.0012, abs=1e-9)
+    # the same, and a loss in the last round among its last segments (pos 13 of 13.63):
+    # no segment behind it, no duplicate ACK: a timeout, T0 = max(0.2, 2R) = 0.2 s; the
+    # last segment then goes alone (window 1): 1.2 ms. 0.1648 + 0.2 + 0.0012 = 0.366 s
+    tail = _draws(6, r2=(0.5, 0.5, 0.5), r3=(0.99, 0.5, 0.5))
+    got = lossy_transfer_times_s(100, 0.04, 0.0012, 10, 0.01, "cubic", 0.2, draws=tail)
+    assert float(got[0, 0]) == pytest.approx(0.366, abs=1e-9)
+    # a lost retransmission times out too, and backs off (3·T0) when lost again
+    rtx = _draws(6, r2=(0.5, 0.0, 0.5))
+    got = lossy_transfer_times_s(100, 0.04, 0.0012, 10, 0.01, "cubic", 0.2, draws=rtx)
+    again = _draws(6, r2=(0.5, 0.0, 0.0))
+    worse = lossy_transfer_times_s(100, 0.04, 0.0012, 10, 0.01, "cubic", 0.2, draws=again)
+    assert float(worse[0, 0]) - float(got[0, 0]) == pytest.approx(2 * 0.2, abs=1e-9)
+
+
+def test_the_lossy_expectation_is_the_mean_of_its_paths():
     good = 10e6 * EFF
-    got = float(tcp_extra_s(MODEL_BYTES, good, 0.04, loss_rate=p))
-    cubic = _lossy_by_hand(d, 0.04, tau, p, 0.7, 3 * 0.3 / 1.7)
-    assert got == pytest.approx(cubic, rel=1e-9)
-    reno = float(tcp_extra_s(MODEL_BYTES, good, 0.04, loss_rate=p, congestion_control="newreno"))
-    assert reno == pytest.approx(_lossy_by_hand(d, 0.04, tau, p, 0.5, 0.5), rel=1e-9)
-    assert reno > got  # halving and +1/2 a round trip recover slower than Cubic's AIMD
-    # ns-3 (validation/reference/tcp.json, 30 seeds): 1.444 s Cubic, 0.768-5.476 s; here
-    # 20 ms + 0.66364 s of bits + the extra
-    assert 0.02 + 8 * MODEL_BYTES / good + got == pytest.approx(1.28, abs=0.01)
+    tau = 8 * 1448 / good
+    paths = lossy_transfer_times_s(553, 0.04, tau, 10, 0.01)
+    assert paths.shape == (1, 256)
+    got = float(tcp_extra_s(MODEL_BYTES, good, 0.04, loss_rate=0.01))
+    assert got == pytest.approx(paths.mean() - 553 * tau, rel=1e-12)
+    # single transfers spread: some finish in the loss-free time, some pay timeouts
+    clean = 553 * tau + float(slow_start_stall_s(553, 0.04, tau, 10))
+    assert clean <= paths.min() < 1.1 * clean and paths.max() > 2 * clean
+    # ns-3.37 (validation/reference/tcp.json, 30 seeds): 1.653 s, 0.77-5.48 s
+    assert 0.02 + 8 * MODEL_BYTES / good + got == pytest.approx(1.80, abs=0.01)
+    reno = float(tcp_extra_s(MODEL_BYTES, good, 0.04, loss_rate=0.01, congestion_control="newreno"))
+    assert reno > got  # halving and +1/2 a round trip recover slower than Cubic
 
 
 def test_a_tiny_loss_rate_tends_to_the_loss_free_flow():
@@ -157,8 +189,9 @@ def test_flow_scalar_and_columns_agree_bit_for_bit():
         ]
         cols = TcpColumns.of(flows)
         assert cols is not None
-        nbytes = rng.integers(1, 50_000_000, size=50).astype(float)
-        good = rng.uniform(1e5, 1e9, size=50)
+        top, slowest = (50_000_000, 1e5) if loss == 0 else (3_000_000, 1e6)  # paths cost
+        nbytes = rng.integers(1, top, size=50).astype(float)
+        good = rng.uniform(slowest, 1e9, size=50)
         one = [f.extra_s(b, g) for f, b, g in zip(flows, nbytes, good, strict=True)]
         assert cols.extra_s(slice(None), nbytes, good).tolist() == one
 
@@ -194,7 +227,7 @@ def test_a_scenario_times_an_upload_as_a_tcp_flow_by_default():
     assert specs[0].uplink_rate_bps == pytest.approx(10e6 * EFF, rel=1e-15)
     assert rows[0]["uplink_goodput_bps"] == specs[0].uplink_rate_bps
     t = time_round({0: (Upload(MODEL_BYTES),)}, specs, servers, net)
-    assert t.round_time_s == pytest.approx(0.72942, abs=1e-5)  # the hand number above
+    assert t.round_time_s == pytest.approx(0.73182, abs=1e-5)  # the hand number above
     ideal = _fixed(
         up={"latency_s": 0.02, "transport": "ideal"}, down={"latency_s": 0.02, "transport": "ideal"}
     )
@@ -215,7 +248,7 @@ def test_ten_flows_share_a_medium_each_ramping_at_its_fair_share():
     traces = {c: (Upload(MODEL_BYTES),) for c in specs}
     t = time_round(traces, specs, servers, net)
     assert t.round_time_s == pytest.approx(10 * 8 * MODEL_BYTES / (10e6 * EFF) + 0.02, rel=1e-12)
-    # at 100 Mb/s each flow's fair share (10 Mb/s) ramps as one flow at 10 Mb/s does: +46.4 ms
+    # at 100 Mb/s each flow's fair share (10 Mb/s) ramps as one flow at 10 Mb/s does: +48.8 ms
     fast = _fixed(
         up={"rate_bps": 100e6, "latency_s": 0.02, "shared": True},
         down={"latency_s": 0.02},
@@ -223,7 +256,7 @@ def test_ten_flows_share_a_medium_each_ramping_at_its_fair_share():
     )
     specs, servers, net, _ = NetworkModel(fast, device_profiles(fast)).round(0, list(range(10)))
     t = time_round(traces, specs, servers, net)
-    expect = 10 * 8 * MODEL_BYTES / (100e6 * EFF) + 0.02 + 0.0464
+    expect = 10 * 8 * MODEL_BYTES / (100e6 * EFF) + 0.02 + 0.0488
     assert t.round_time_s == pytest.approx(expect, rel=1e-9)
 
 
@@ -233,14 +266,15 @@ def test_every_engine_path_times_tcp_flows_alike(loss):
     on a shared medium the auto path (SimPy) and the events/media paths' refusal."""
     rng = np.random.default_rng(3)
     longer = 0
-    for _ in range(60):
+    rounds = 60 if loss == 0 else 30  # a lossy transfer's sample paths cost milliseconds
+    for _ in range(rounds):
         n = int(rng.integers(1, 12))
         traces, specs = {}, {}
         for cid in range(n):
             ops = []
             for _ in range(int(rng.integers(1, 5))):
                 k = int(rng.integers(3))
-                size = int(rng.integers(0, 3_000_000))
+                size = int(rng.integers(0, 3_000_000 if loss == 0 else 300_000))
                 ops.append(
                     Download(size) if k == 0 else Upload(size) if k == 2 else Compute(1e9, 5)
                 )
@@ -249,8 +283,8 @@ def test_every_engine_path_times_tcp_flows_alike(loss):
             flow = TcpFlow(rtt, loss_rate=loss)
             specs[cid] = ClientSpec(
                 cid,
-                float(rng.uniform(1e5, 1e9)),
-                float(rng.uniform(1e5, 1e9)),
+                float(rng.uniform(1e5 if loss == 0 else 2e6, 1e9)),
+                float(rng.uniform(1e5 if loss == 0 else 2e6, 1e9)),
                 0.01,
                 5e9,
                 uplink_latency_s=rtt / 2,
@@ -264,7 +298,7 @@ def test_every_engine_path_times_tcp_flows_alike(loss):
         slow = time_round(traces, specs, [ServerSpec(1e10)], net, method="simpy")
         assert fast == slow
         longer += any(s.adds_time() for s in specs.values())
-    assert longer > 30  # most rounds had flows that add time
+    assert longer > rounds // 2  # most rounds had flows that add time
 
 
 def test_bad_transport_fields_are_refused_naming_the_field():

@@ -570,15 +570,16 @@ def personalised_downloads(algorithm: str) -> bool:
 
 
 def _check_client_loss(uplink: LinkTransport, downlink: LinkTransport) -> None:
-    """A loss rate needs a round trip: the Mathis bound divides by the RTT."""
+    """A loss rate needs a round trip: TCP's loss recovery runs in round trips, and the
+    Mathis bound (``transport: ideal``) divides by the RTT."""
     if uplink.latency_s + downlink.latency_s > 0:
         return
     for name, link in (("uplink", uplink), ("downlink", downlink)):
         if link.loss_rate > 0:
             raise ValueError(
-                f"{name}.loss_rate: a loss rate needs a round-trip time for the "
-                "Mathis bound (RTT = uplink.latency_s + downlink.latency_s); set "
-                "a latency_s > 0"
+                f"{name}.loss_rate: a loss rate needs a round-trip time (TCP recovers "
+                "losses in round trips; RTT = uplink.latency_s + downlink.latency_s); "
+                "set a latency_s > 0"
             )
 
 
@@ -1021,8 +1022,8 @@ class BackhaulConfig(LinkTransport):
     def _loss_needs_rtt(self) -> BackhaulConfig:
         if self.loss_rate > 0 and self.latency_s == 0:
             raise ValueError(
-                "loss_rate: a loss rate needs a round-trip time for the Mathis "
-                "bound (RTT = 2 * latency_s); set latency_s > 0"
+                "loss_rate: a loss rate needs a round-trip time (TCP recovers losses "
+                "in round trips; RTT = 2 * latency_s); set latency_s > 0"
             )
         return self
 
