@@ -5,7 +5,9 @@ by mecsim through a scenario file, as ``python -m validation.compare`` does, and
 the figures the validation states: TCP (point-to-point and shared bottlenecks) median
 |error| <= 10 % and each case within 25 %, but for the cases named in
 :data:`OUTSIDE_25` (each held to its own measured error, so it cannot drift either);
-every 802.11ax cell's last upload within 15 %. Needs no ns-3: the reference is data.
+every 802.11ax cell's last upload within 15 %; the held-out TCP cases
+(``reference/tcp_holdout.json``) to the same figures. Needs no ns-3: the reference is
+data.
 
 With ns-3 installed, a few cases are also run live in ns-3 (a few seconds) and held to
 the same tolerance, so a change to the programs or to ns-3 that moves the reference is
@@ -29,17 +31,15 @@ from validation import compare  # noqa: E402
 from validation.ns3 import ns3_available, run  # noqa: E402
 
 #: TCP cases mecsim misses by more than 25 %, with the error measured when the model was
-#: fitted (mecsim / ns-3 - 1) and why; each is held within 5 points of it
+#: fitted (mecsim / ns-3 - 1) and why; each is held within 5 points of it. The grid has
+#: none; the held-out cases (never used to adjust a model) have one:
 OUTSIDE_25 = {
-    # one of ten seeds took 4.69 s (timeouts), the others 0.63-2.32 s: the mean is the
-    # tail's; the median run (0.632 s) is within 30 % of mecsim's 0.818 s
-    "5000000B-100M-20ms-loss0.001": -0.358,
-    # ns-3's Cubic stays at 3-7 segments for tens of seconds at 1 % loss and a 4 ms round
-    # trip: 4.61 s where its NewReno takes 2.00 s (mecsim 2.66 s, between them)
-    "5000000B-100M-2ms-loss0.01": -0.423,
-    # ns-3's first flow's retransmission is dropped again: two timeouts, 1.96 s against
-    # the other flow's 1.52 s; NewReno's two flows end together at 1.577 s (mecsim 1.364)
-    "800040B-10M-20ms-x2": -0.304,
+    # 3 MB at 5 Mb/s, 60 ms each way: FqCoDel's interval (100 ms, its default) is shorter
+    # than the 120 ms round trip (RFC 8289 §4.3 asks for the worst-case RTT), so slow
+    # start's overshoot (HyStart sees the queue a doubling late: 98 segments for a path of
+    # 50) draws drops, a retransmission is dropped again and two timeouts follow. Through
+    # a 100-packet FIFO ns-3 takes 5.243 s, mecsim 5.232 s (-0.2 %).
+    "3000000B-5M-60ms": -0.297,
 }
 
 
@@ -48,9 +48,7 @@ def rows() -> list[compare.Row]:
     return compare.all_rows()
 
 
-def test_tcp_times_hold_against_ns3(rows):
-    tcp = [r for r in rows if r.kind in ("p2p", "shared")]
-    assert len(tcp) >= 40 and {r.kind for r in tcp} == {"p2p", "shared"}
+def _hold(tcp: list[compare.Row]) -> None:
     errors = {r.case: r.error for r in tcp}
     assert statistics.median(abs(e) for e in errors.values()) <= 0.10
     for case, error in errors.items():
@@ -58,6 +56,34 @@ def test_tcp_times_hold_against_ns3(rows):
             assert abs(error - OUTSIDE_25[case]) <= 0.05, (case, error)
         else:
             assert abs(error) <= 0.25, (case, error)
+
+
+def test_tcp_times_hold_against_ns3(rows):
+    tcp = [r for r in rows if r.kind in ("p2p", "shared") and r.grid == "grid"]
+    assert len(tcp) >= 40 and {r.kind for r in tcp} == {"p2p", "shared"}
+    assert sum("loss" in r.case for r in tcp) >= 10
+    _hold(tcp)
+
+
+def test_tcp_times_hold_on_the_held_out_cases(rows):
+    """Cases the models were never adjusted on (other sizes, rates, delays, losses and
+    flow counts: validation/cases.py HOLDOUT) are held to the same figures."""
+    held = [r for r in rows if r.kind in ("p2p", "shared") and r.grid == "held-out"]
+    assert len(held) >= 15 and {r.kind for r in held} == {"p2p", "shared"}
+    assert sum("loss" in r.case for r in held) >= 5
+    _hold(held)
+
+
+def test_single_lossy_transfers_spread_like_ns3s(rows):
+    """The expectation is what the engines use; single transfers spread around it. Over
+    the lossy point-to-point cases mecsim's sample paths' 90th percentile lies within
+    40 % of ns-3's runs' (the 10th percentiles are both near the loss-free time)."""
+    lossy = [r for r in rows if r.mecsim_p10_p90_s is not None]
+    assert len(lossy) >= 15
+    for r in lossy:
+        assert r.ns3_p10_p90_s is not None
+        ns3_p90, mine_p90 = r.ns3_p10_p90_s[1], r.mecsim_p10_p90_s[1]
+        assert abs(mine_p90 / ns3_p90 - 1) <= 0.40, (r.case, ns3_p90, mine_p90)
 
 
 def test_wifi_cells_last_upload_within_15_percent(rows):
@@ -71,9 +97,10 @@ def test_wifi_cells_last_upload_within_15_percent(rows):
 def test_the_reference_is_what_the_docs_table_shows():
     """docs/validation.md's table is this comparison's, case for case."""
     doc = (ROOT / "docs" / "validation.md").read_text()
-    tcp = json.loads((compare.REFERENCE / "tcp.json").read_text())
-    for case in tcp["cases"]:
-        assert f"| {case['kind']} | {case['id']} |" in doc, case["id"]
+    for name in ("tcp.json", "tcp_holdout.json"):
+        tcp = json.loads((compare.REFERENCE / name).read_text())
+        for case in tcp["cases"]:
+            assert f"| {case['kind']} | {case['id']} |" in doc, case["id"]
 
 
 #: cases run live in ns-3 by the suite: (case id in the reference, tolerance)

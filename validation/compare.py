@@ -5,6 +5,11 @@ scenario file as a user would write it, and the table of both.
     python -m validation.compare --markdown       # as docs/validation.md shows it
     python -m validation.compare --plot docs/img/validation.png
 
+The TCP cases come in two sets: the grid (``reference/tcp.json``), on which the models
+were built, and the held-out cases (``reference/tcp_holdout.json``: other sizes, rates,
+delays, losses and flow counts), never used to adjust a model; both are shown and held
+to the same figures.
+
 The reference (``validation/reference/tcp.json``, ``wifi.json``) holds ns-3.37's times
 (``python -m validation.cases --write``, ``python validation/wifi_reference.py``): each
 case's mean over its seeds, min and max, and NewReno's mean beside Cubic's. mecsim's
@@ -25,8 +30,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
+from mecsim.channel.tcp import (
+    TCP_HEADER_BYTES,
+    TCP_MSS_BYTES,
+    header_efficiency,
+    lossy_transfer_times_s,
+)
 from mecsim.emulation.engine import time_round
 from mecsim.emulation.network import NetworkModel, device_profiles
 from mecsim.emulation.ops import Upload
@@ -50,6 +62,12 @@ class Row:
     newreno_s: float | None
     mecsim_s: float
     seeds: int
+    #: the grid the case is from: "grid" or "held-out" (TCP); "grid" for Wi-Fi
+    grid: str = "grid"
+    #: 10th and 90th percentiles of single transfers, ns-3's runs and mecsim's sample
+    #: paths (lossy point-to-point cases; None elsewhere)
+    ns3_p10_p90_s: tuple[float, float] | None = None
+    mecsim_p10_p90_s: tuple[float, float] | None = None
 
     @property
     def error(self) -> float:
@@ -140,12 +158,33 @@ def mecsim_time_s(data: dict[str, Any], nbytes: list[int]) -> float:
     return float(time_round(traces, specs, servers, network).round_time_s)
 
 
-def tcp_rows(reference: dict[str, Any]) -> list[Row]:
+def mecsim_spread_s(case: dict[str, Any]) -> tuple[float, float]:
+    """10th and 90th percentiles of single transfers of a lossy point-to-point case:
+    mecsim's sample paths (:func:`~mecsim.channel.tcp.lossy_transfer_times_s`), each
+    timed as the engine times the expectation (latency + bits at the goodput + the
+    path's time beyond its segments' serialisation)."""
+    goodput = float(case["rate_bps"]) * header_efficiency(TCP_MSS_BYTES, TCP_HEADER_BYTES)
+    tau = 8.0 * TCP_MSS_BYTES / goodput
+    d = math.ceil(int(case["bytes"]) / TCP_MSS_BYTES)
+    paths = lossy_transfer_times_s(
+        d, 2 * float(case["delay_s"]), tau, 10, float(case["loss"]), "cubic", case["min_rto_s"]
+    )[0]
+    base = float(case["delay_s"]) + 8.0 * int(case["bytes"]) / goodput - d * tau
+    p10, p90 = np.percentile(paths + base, [10, 90])
+    return float(p10), float(p90)
+
+
+def tcp_rows(reference: dict[str, Any], grid: str = "grid") -> list[Row]:
     rows = []
     for case in reference["cases"]:
         cubic = case["cubic"]["time_s"]
         reno = case.get("newreno", {}).get("time_s", {}).get("mean")
         t = mecsim_time_s(tcp_scenario(case), [int(case["bytes"])] * int(case["flows"]))
+        spreads: tuple[Any, Any] = (None, None)
+        if case.get("loss") and int(case["flows"]) == 1:
+            runs = case["cubic"]["runs_s"]
+            ns3_p = np.percentile(runs, [10, 90])
+            spreads = ((float(ns3_p[0]), float(ns3_p[1])), mecsim_spread_s(case))
         rows.append(
             Row(
                 case["kind"],
@@ -156,6 +195,8 @@ def tcp_rows(reference: dict[str, Any]) -> list[Row]:
                 reno,
                 t,
                 int(case.get("seeds", 1)),
+                grid,
+                *spreads,
             )
         )
     return rows
@@ -184,21 +225,28 @@ def wifi_rows(reference: dict[str, Any]) -> list[Row]:
 
 
 def all_rows() -> list[Row]:
-    """Every stored case, mecsim beside ns-3."""
+    """Every stored case, mecsim beside ns-3: the TCP grid, the Wi-Fi cells, then the
+    held-out TCP cases."""
     tcp = json.loads((REFERENCE / "tcp.json").read_text())
     wifi = json.loads((REFERENCE / "wifi.json").read_text())
-    return tcp_rows(tcp) + wifi_rows(wifi)
+    held = json.loads((REFERENCE / "tcp_holdout.json").read_text())
+    return tcp_rows(tcp) + wifi_rows(wifi) + tcp_rows(held, "held-out")
 
 
 def summary(rows: list[Row]) -> dict[str, dict[str, float]]:
     """Per kind (and for TCP, point-to-point and shared together): cases, median and
     largest |error|, cases within 25 % (TCP) or 15 % (Wi-Fi)."""
     out = {}
+    tcp = [r for r in rows if r.kind in ("p2p", "shared") and r.grid == "grid"]
+    held = [r for r in rows if r.kind in ("p2p", "shared") and r.grid == "held-out"]
     groups = {
-        "tcp": [r for r in rows if r.kind in ("p2p", "shared")],
-        "tcp, no loss": [r for r in rows if r.kind in ("p2p", "shared") and "loss" not in r.case],
-        "tcp, loss": [r for r in rows if "loss" in r.case],
+        "tcp": tcp,
+        "tcp, no loss": [r for r in tcp if "loss" not in r.case],
+        "tcp, loss": [r for r in tcp if "loss" in r.case],
         "wifi": [r for r in rows if r.kind == "wifi"],
+        "tcp held out": held,
+        "tcp held out, no loss": [r for r in held if "loss" not in r.case],
+        "tcp held out, loss": [r for r in held if "loss" in r.case],
     }
     for name, group in groups.items():
         if not group:
@@ -215,17 +263,28 @@ def summary(rows: list[Row]) -> dict[str, dict[str, float]]:
     return out
 
 
-def markdown(rows: list[Row]) -> str:
+def markdown(rows: list[Row], grid: str | None = None) -> str:
+    """The table of ``rows`` (of one ``grid`` when given): ns-3's Cubic mean [min–max]
+    and, for lossy point-to-point cases, the 10th–90th percentiles of single transfers,
+    ns-3's runs beside mecsim's sample paths."""
     lines = [
-        "| kind | case | ns-3 Cubic mean [min–max] (s) | ns-3 NewReno (s) | mecsim (s) | error |",
-        "|---|---|---|---|---|---|",
+        "| kind | case | ns-3 Cubic mean [min–max] (s) | ns-3 NewReno (s) | mecsim (s) | error "
+        "| single transfers p10–p90, ns-3 / mecsim (s) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        if grid is not None and r.grid != grid:
+            continue
         reno = f"{r.newreno_s:.4g}" if r.newreno_s is not None else "–"
         spread = f" [{r.ns3_min_s:.4g}–{r.ns3_max_s:.4g}]" if r.seeds > 1 else ""
+        single = "–"
+        if r.ns3_p10_p90_s and r.mecsim_p10_p90_s:
+            (a, b), (c, d) = r.ns3_p10_p90_s, r.mecsim_p10_p90_s
+            single = f"{a:.3g}–{b:.3g} / {c:.3g}–{d:.3g}"
         lines.append(
             f"| {r.kind} | {r.case} | {r.ns3_s:.4g}{spread} ({r.seeds} seed"
-            f"{'s' if r.seeds > 1 else ''}) | {reno} | {r.mecsim_s:.4g} | {100 * r.error:+.1f} % |"
+            f"{'s' if r.seeds > 1 else ''}) | {reno} | {r.mecsim_s:.4g} | {100 * r.error:+.1f} % "
+            f"| {single} |"
         )
     return "\n".join(lines)
 
@@ -278,12 +337,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rows = all_rows()
     if args.markdown:
-        print(markdown(rows))
+        print("Grid and Wi-Fi cells:\n")
+        print(markdown(rows, "grid"))
+        print("\nHeld-out TCP cases:\n")
+        print(markdown(rows, "held-out"))
+        print()
     else:
         for r in rows:
             print(
                 f"{r.kind:6s} {r.case:34s} ns-3 {r.ns3_s:9.4f} mecsim {r.mecsim_s:9.4f} "
-                f"{100 * r.error:+6.1f} %"
+                f"{100 * r.error:+6.1f} %{'  (held out)' if r.grid == 'held-out' else ''}"
             )
     for name, s in summary(rows).items():
         print(

@@ -19,8 +19,8 @@
 // with --trace_segments=1, flow 0's segments sent and ACKs received ("tx", "rx").
 // Any ns-3 attribute can be given as --ns3::TypeId::Attribute=value (e.g.
 // --ns3::TcpCubic::HyStart=false); the TCP defaults below are set before parsing, so
-// those override them (except SocketType, SegmentSize, InitialCwnd, DelAck*, MinRto,
-// which have options of their own).
+// those override them (except SocketType, SegmentSize, InitialCwnd, DelAck*, MinRto and
+// TcpCubic::HyStartDelayMin/Max, which have options of their own).
 //
 // TCP as ns-3 and Linux use it: Cubic (or --cc newreno), initial window 10 segments,
 // SegmentSize 1448 (1448 + 20 IP + 32 TCP with the timestamp option = 1500, the MTU; a
@@ -34,10 +34,14 @@
 // RTO leaves cwnd at 1 segment, the lone segment's ACK is held 200 ms, the RTO (200 ms)
 // fires first, cwnd stays 1, and the flow crawls one segment per 200 ms: 2 flows of
 // 800 kB over 10 Mb/s took 44 and 82 s instead of ~1.5 s).
-// Cubic's HyStart is on, as ns-3.37 has it: its delay test exits slow start when a round's
-// minimum RTT exceeds the base RTT by the base RTT itself (clamped to [4 ms, 1 s]), not by
-// Linux's RTT/8 (clamped to [4, 16] ms), so at a 40 ms round trip it waits for 80 ms and
-// FqCoDel drops first; --ns3::TcpCubic::HyStartDelayMax=5ms gives Linux's threshold.
+// Cubic's HyStart is on, with Linux's delay threshold: slow start ends when a round's
+// minimum RTT exceeds the base RTT by RTT/8, clamped to [4, 16] ms (Linux's tcp_cubic.c,
+// HYSTART_DELAY_MIN/MAX). ns-3.37 clamps the base RTT itself to [HyStartDelayMin,
+// HyStartDelayMax] = [4 ms, 1 s] instead (no /8), so at a 40 ms round trip it waits for
+// 40 ms of queue, slow start overshoots to ~5x the path, and FqCoDel's drops cost the flow
+// 7-14 % at 10 Mb/s (and one of two flows an RTO); with both attributes set to Linux's
+// threshold for the base round trip 2 * delay_s, the delay test is Linux's.
+// --hystart_delay_s=0 keeps ns-3.37's own rule; a positive value sets the threshold.
 // The bottleneck's queue: an FqCoDelQueueDisc on the router's bottleneck device with a
 // 1-packet device queue beneath it (so the packets wait in the queue disc, where CoDel
 // sees them, not in the device's 100-packet DropTail queue). Random per-packet loss
@@ -51,6 +55,7 @@
 #include "ns3/point-to-point-module.h"
 #include "ns3/traffic-control-module.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 #include <string>
@@ -197,6 +202,7 @@ main(int argc, char* argv[])
     uint32_t initialCwnd = 10;
     uint32_t delAckCount = 2;
     double delAckTimeoutS = 0.04;
+    double hystartDelayS = -1.0;
 
     // set before parsing: --ns3::TcpSocket::SndBufSize=... and the like override these
     Config::SetDefault("ns3::TcpSocket::SndBufSize", UintegerValue(1u << 27));
@@ -227,6 +233,10 @@ main(int argc, char* argv[])
     cmd.AddValue("initial_cwnd", "initial window, segments", initialCwnd);
     cmd.AddValue("del_ack_count", "segments per delayed ACK", delAckCount);
     cmd.AddValue("del_ack_timeout_s", "delayed ACK timeout, s (Linux: 0.04)", delAckTimeoutS);
+    cmd.AddValue("hystart_delay_s",
+                 "Cubic's HyStart delay threshold, s (-1: Linux's, clamp(2 * delay_s / 8, "
+                 "4 ms, 16 ms); 0: ns-3.37's own rule)",
+                 hystartDelayS);
     cmd.Parse(argc, argv);
     NS_ABORT_MSG_IF(flows < 1, "--flows must be at least 1");
     NS_ABORT_MSG_IF(bytes < 1, "--bytes must be at least 1");
@@ -253,6 +263,15 @@ main(int argc, char* argv[])
     Config::SetDefault("ns3::TcpSocket::DelAckCount", UintegerValue(delAckCount));
     Config::SetDefault("ns3::TcpSocket::DelAckTimeout", TimeValue(Seconds(delAckTimeoutS)));
     Config::SetDefault("ns3::TcpSocketBase::MinRto", TimeValue(Seconds(minRtoS)));
+    if (hystartDelayS < 0)
+    {
+        hystartDelayS = std::min(std::max(2.0 * delayS / 8.0, 0.004), 0.016);
+    }
+    if (hystartDelayS > 0)
+    {
+        Config::SetDefault("ns3::TcpCubic::HyStartDelayMin", TimeValue(Seconds(hystartDelayS)));
+        Config::SetDefault("ns3::TcpCubic::HyStartDelayMax", TimeValue(Seconds(hystartDelayS)));
+    }
 
     // nodes: senders 0..N-1, router, router2, receiver
     NodeContainer senders;
