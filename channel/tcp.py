@@ -82,7 +82,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Literal, cast
 
 import numpy as np
@@ -167,22 +167,25 @@ def slow_start_stall_s(
 
 
 #: sample paths behind a lossy transfer's expected time
-LOSS_PATHS = 256
+LOSS_PATHS = 1024
 #: round trips a path is followed for; the rest of a transfer goes at the last one's rate
 LOSS_ROUNDS = 4000
 #: the seed of the loss model's draws (common random numbers: fixed, never the scenario's)
 LOSS_SEED = 20261128
 #: HyStart's delay threshold's bounds (Linux's HYSTART_DELAY_MIN / MAX), s
 HYSTART_DELAY_MIN_S, HYSTART_DELAY_MAX_S = 0.004, 0.016
-_draws_cache: list[np.ndarray] = []
+#: rounds of draws made at a time (a chunk is 3.3 MB; most transfers need the first only)
+LOSS_CHUNK_ROUNDS = 100
 
 
-def _loss_draws() -> np.ndarray:
-    """``(LOSS_ROUNDS, 4, LOSS_PATHS)`` uniforms: per round and path, whether a segment is
-    lost, which one, whether its retransmission is lost, and whether again."""
-    if not _draws_cache:
-        _draws_cache.append(np.random.default_rng(LOSS_SEED).random((LOSS_ROUNDS, 4, LOSS_PATHS)))
-    return _draws_cache[0]
+@cache
+def _loss_draws(chunk: int) -> np.ndarray:
+    """Chunk ``chunk`` of the draws: ``(LOSS_CHUNK_ROUNDS, 4, LOSS_PATHS)`` uniforms, per
+    round and path whether a segment is lost, which one, whether its retransmission is
+    lost, and whether again; chunk ``i`` from its own stream of :data:`LOSS_SEED`, so the
+    draws of a round never depend on how many were made before."""
+    seed = np.random.SeedSequence(LOSS_SEED, spawn_key=(chunk,))
+    return np.random.default_rng(seed).random((LOSS_CHUNK_ROUNDS, 4, LOSS_PATHS))
 
 
 def _queue_window(pipe: np.ndarray, r: np.ndarray, tau: np.ndarray) -> np.ndarray:
@@ -206,51 +209,64 @@ def lossy_transfer_times_s(
     ``tau``: segments, the round trip without serialisation, one segment's
     serialisation), columns paths. ``draws`` (``(rounds, 4, paths)`` uniforms) replaces
     the model's own, for tests that follow a path by hand."""
-    u = _loss_draws() if draws is None else np.asarray(draws, dtype=float)
-    paths = u.shape[2]
+    given = None if draws is None else np.asarray(draws, dtype=float)
+    paths = LOSS_PATHS if given is None else given.shape[2]
+    rounds = LOSS_ROUNDS if given is None else given.shape[0]
     dd = np.atleast_1d(np.asarray(d, dtype=float))[:, None]
     tt = np.atleast_1d(np.asarray(tau, dtype=float))[:, None]
-    r = np.atleast_1d(np.asarray(rtt_s, dtype=float))[:, None] + tt
-    shape = np.broadcast_shapes(dd.shape, r.shape, (1, paths))
-    pipe = r / tt  # segments a round trip carries at the link's rate
-    cap = _queue_window(pipe, r, tt)
+    rr = np.atleast_1d(np.asarray(rtt_s, dtype=float))[:, None] + tt
+    shape = np.broadcast_shapes(dd.shape, rr.shape, (1, paths))
+
+    def flat(a: np.ndarray) -> np.ndarray:  # one element a path of a transfer, row-major
+        return np.broadcast_to(a, shape).ravel().copy()
+
+    # the paths still going, as flat arrays (finished ones are dropped as they finish:
+    # every operation is element by element, so no path's arithmetic depends on others)
+    ids = np.arange(shape[0] * shape[1])
+    path = ids % paths
+    tau_, r = flat(tt), flat(rr)
+    pipe = r / tau_  # segments a round trip carries at the link's rate
+    cap = _queue_window(pipe, r, tau_)
     t0 = np.maximum(min_rto_s, 2.0 * r)
-    held = (r - iw * tt <= DELAYED_ACK_TIMEOUT_S) & (iw >= 2.0)
-    c = np.where(held, 1.0, 0.0)  # the segment a delayed ACK holds a round (slow start)
+    c = np.where((r - iw * tau_ <= DELAYED_ACK_TIMEOUT_S) & (iw >= 2.0), 1.0, 0.0)
     beta = CUBIC_BETA if cc == "cubic" else 0.5
     log_q = np.log1p(-p)
 
-    t = np.zeros(shape)
-    left = np.broadcast_to(dd, shape).copy()
-    w = np.full(shape, float(iw))  # segments a round sends
-    ssthresh = np.full(shape, np.inf)
-    in_ss = np.ones(shape, dtype=bool)
-    first = np.ones(shape, dtype=bool)
-    w_max = np.zeros(shape)  # Cubic's W_max (0: no loss yet)
-    origin = np.zeros(shape)
-    k_s = np.zeros(shape)  # Cubic's K
-    epoch_s = np.zeros(shape)  # time since the epoch began
-    for k in range(u.shape[0]):
-        going = left > 0
-        if not going.any():
+    out = np.zeros(ids.size)
+    t = np.zeros(ids.size)
+    left = flat(dd)
+    w = np.full(ids.size, float(iw))  # segments a round sends
+    ssthresh = np.full(ids.size, np.inf)
+    in_ss = np.ones(ids.size, dtype=bool)
+    w_max = np.zeros(ids.size)  # Cubic's W_max (0: no loss yet)
+    origin = np.zeros(ids.size)
+    k_s = np.zeros(ids.size)  # Cubic's K
+    epoch_s = np.zeros(ids.size)  # time since the epoch began
+    for k in range(rounds):
+        if ids.size == 0:
             break
-        lost_u, where_u, rtx_u, again_u = u[k]
-        fits = np.where(w + np.where(first, 0.0, c) >= pipe, pipe, w)  # link-limited?
+        u = (
+            _loss_draws(k // LOSS_CHUNK_ROUNDS)[k % LOSS_CHUNK_ROUNDS]
+            if given is None
+            else given[k]
+        )
+        lost_u, where_u, rtx_u, again_u = u[0][path], u[1][path], u[2][path], u[3][path]
+        held = 0.0 if k == 0 else c  # the segment a delayed ACK holds from round 1 on
+        fits = np.where(w + held >= pipe, pipe, w)  # link-limited?
         s = np.minimum(fits, left)
         last = left <= fits
         loss = lost_u >= np.exp(s * log_q)  # P(no loss in s segments) = (1-p)^s
 
         # no loss: a round trip (the last segments: their serialisation) and growth
-        dt_ok = np.where(last, left * tt, r)
-        w_ss = np.where(first, 2.0 * (w - c), 2.0 * w)
+        dt_ok = np.where(last, left * tau_, r)
+        w_ss = 2.0 * (w - c) if k == 0 else 2.0 * w
         leave_ss = (w_ss >= ssthresh) | (w_ss >= cap)
         w_ss = np.minimum(w_ss, np.minimum(ssthresh, np.maximum(cap, w)))
         if cc == "cubic":
             epoch_next = epoch_s + r
             target = origin + CUBIC_C * (epoch_next - k_s) ** 3
             fw, ft = np.floor(w), np.floor(target)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                cnt = np.maximum(np.floor(fw / np.maximum(ft - fw, 1.0)), 1.0)
+            cnt = np.maximum(np.floor(fw / np.maximum(ft - fw, 1.0)), 1.0)
             inc = np.where(ft > fw, w / cnt, 0.01)  # else cnt = 100·w: +1/100 a round trip
             inc = np.where(w_max == 0, np.maximum(inc, 0.05 * w), inc)
             w_ca = np.minimum(w + inc, 1.5 * w)
@@ -270,24 +286,34 @@ def lossy_transfer_times_s(
         w_max_new = np.where(w_seen < w_max, w_seen * (1.0 + beta) / 2.0, w_seen)
         w_cut = np.maximum(beta * w_seen, 2.0)
 
-        t = np.where(going, t + np.where(loss, dt_loss, dt_ok), t)
-        left = np.where(going, np.maximum(left - np.where(loss, got_loss, s), 0.0), left)
-        ok, hit = going & ~loss, going & loss
-        grow_ss, grow_ca = ok & in_ss, ok & ~in_ss
+        t = t + np.where(loss, dt_loss, dt_ok)
+        left = np.maximum(left - np.where(loss, got_loss, s), 0.0)
+        grow_ss, grow_ca = ~loss & in_ss, ~loss & ~in_ss
         w_new = np.where(grow_ss, w_ss, np.where(grow_ca, w_ca, w))
-        w_new = np.where(hit, np.where(timeout, 1.0, w_cut), w_new)
+        w_new = np.where(loss, np.where(timeout, 1.0, w_cut), w_new)
         epoch_s = np.where(grow_ca, epoch_next, epoch_s)
-        ssthresh = np.where(hit, w_cut, ssthresh)
-        w_max = np.where(hit, w_max_new, w_max)
+        ssthresh = np.where(loss, w_cut, ssthresh)
+        w_max = np.where(loss, w_max_new, w_max)
         # a new Cubic epoch: after a fast recovery, or when slow start ends
-        new_epoch = (hit & ~timeout) | (grow_ss & leave_ss)
+        new_epoch = (loss & ~timeout) | (grow_ss & leave_ss)
         origin = np.where(new_epoch, np.maximum(w_max, w_new), origin)
         k_s = np.where(new_epoch, np.cbrt(np.maximum(w_max - w_new, 0.0) / CUBIC_C), k_s)
         epoch_s = np.where(new_epoch, 0.0, epoch_s)
-        in_ss = np.where(hit, timeout, np.where(grow_ss & leave_ss, False, in_ss))
-        first = first & ~going
+        in_ss = np.where(loss, timeout, np.where(grow_ss & leave_ss, False, in_ss))
         w = w_new
-    return t + np.where(left > 0, left / np.minimum(w, pipe) * r, 0.0)
+
+        done = left <= 0
+        if done.any():
+            out[ids[done]] = t[done]
+            keep = ~done
+            ids, path, tau_, r, pipe, cap, t0, c = (
+                a[keep] for a in (ids, path, tau_, r, pipe, cap, t0, c)
+            )
+            t, left, w, ssthresh, in_ss = t[keep], left[keep], w[keep], ssthresh[keep], in_ss[keep]
+            w_max, origin, k_s, epoch_s = w_max[keep], origin[keep], k_s[keep], epoch_s[keep]
+    # paths still going after the last round: the rest at their last round's rate
+    out[ids] = t + left / np.minimum(w, pipe) * r
+    return out.reshape(shape)
 
 
 def _lossy_time_s(

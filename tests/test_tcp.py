@@ -153,14 +153,14 @@ def test_the_lossy_expectation_is_the_mean_of_its_paths():
     good = 10e6 * EFF
     tau = 8 * 1448 / good
     paths = lossy_transfer_times_s(553, 0.04, tau, 10, 0.01)
-    assert paths.shape == (1, 256)
+    assert paths.shape == (1, 1024)
     got = float(tcp_extra_s(MODEL_BYTES, good, 0.04, loss_rate=0.01))
     assert got == pytest.approx(paths.mean() - 553 * tau, rel=1e-12)
     # single transfers spread: some finish in the loss-free time, some pay timeouts
     clean = 553 * tau + float(slow_start_stall_s(553, 0.04, tau, 10))
     assert clean <= paths.min() < 1.1 * clean and paths.max() > 2 * clean
-    # ns-3.37 (validation/reference/tcp.json, 30 seeds): 1.653 s, 0.77-5.48 s
-    assert 0.02 + 8 * MODEL_BYTES / good + got == pytest.approx(1.80, abs=0.01)
+    # ns-3.37 (validation/reference/tcp.json, 100 seeds): 1.723 s, 0.76-5.48 s
+    assert 0.02 + 8 * MODEL_BYTES / good + got == pytest.approx(1.706, abs=0.001)
     reno = float(tcp_extra_s(MODEL_BYTES, good, 0.04, loss_rate=0.01, congestion_control="newreno"))
     assert reno > got  # halving and +1/2 a round trip recover slower than Cubic
 
