@@ -24,6 +24,7 @@ import os
 import platform
 import sys
 import time
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +36,17 @@ from mecsim.run.observers import RunInfo, RunObserver
 from mecsim.run.rows import CLIENT_COLUMNS, ROUND_COLUMNS
 from mecsim.scenario import resolved_yaml
 from mecsim.store.files import atomic_write_text
-from mecsim.store.reader import read_csv_exact, rows_from_csv
+from mecsim.store.reader import (
+    RECORDS_FORMAT,
+    read_csv_exact,
+    read_meta,
+    rows_from_csv,
+    scenario_sha256,
+)
 from mecsim.store.runfolder import (
     LOCK_NAME,
     RunFolderError,
     csv_header_ok,
-    read_meta,
     status_line,
     write_meta,
 )
@@ -100,14 +106,17 @@ def _add_columns(path: Path, header: list[str], columns: list[str]) -> list[str]
 
 
 def _versions() -> dict[str, str]:
-    """What a run or a resume ran on: mecsim's, Python's, PyTorch's and numpy's versions."""
+    """What a run or a resume ran on: mecsim's (its installed distribution's), Python's,
+    PyTorch's and numpy's versions."""
     import numpy
-    import torch
+    import torch  # already imported by the run (its models); not by this module's readers
 
-    from mecsim import __version__
-
+    try:
+        mecsim_version = metadata.version("mecsim")
+    except metadata.PackageNotFoundError:  # a source tree that is not installed
+        mecsim_version = "unknown"
     return {
-        "mecsim_version": __version__,
+        "mecsim_version": mecsim_version,
         "python_version": platform.python_version(),
         "torch_version": str(torch.__version__),
         "numpy_version": numpy.__version__,
@@ -202,9 +211,13 @@ class RecordsWriter(RunObserver):
         if any(p.name != LOCK_NAME for p in self.out_dir.iterdir()):
             raise FileExistsError(f"{self.out_dir}: not empty; records go to a new folder")
         sc = info.scenario
-        atomic_write_text(self.out_dir / "scenario.yaml", resolved_yaml(sc))
+        scenario_text = resolved_yaml(sc)
+        atomic_write_text(self.out_dir / "scenario.yaml", scenario_text)
         self._open_files(info, append=False)
         self.meta = {
+            # what readers check the folder against (mecsim.store.reader)
+            "records_format": RECORDS_FORMAT,
+            "scenario_sha256": scenario_sha256(scenario_text),
             "run_id": info.run_id,
             "status": "running",
             "rounds_done": 0,
