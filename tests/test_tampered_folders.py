@@ -439,7 +439,10 @@ CASES: list[tuple[str, Callable[[Path], None], str | None, int | None]] = [
     ("clients-selected-maybe", _cell("clients.csv", 4, "selected", "maybe"), "clients.csv", 4),
     ("clients-finish-negative", _cell("clients.csv", 4, "finish_s", "-3"), "clients.csv", 4),
     ("clients-bytes-negative", _cell("clients.csv", 4, "bytes_up", "-800040"), "clients.csv", 4),
-    ("clients-gflops-NaN-text", _cell("clients.csv", 4, "gflops", "inf"), "clients.csv", 4),
+    ("clients-gflops-inf", _cell("clients.csv", 4, "gflops", "inf"), "clients.csv", 4),
+    ("clients-download-negative", _cell("clients.csv", 5, "download_s", "-1"), "clients.csv", 5),
+    ("clients-upload-minus-inf", _cell("clients.csv", 5, "upload_s", "-inf"), "clients.csv", 5),
+    ("clients-energy-text", _cell("clients.csv", 2, "energy_j", "lots"), "clients.csv", 2),
     (
         "clients-missing-column",
         _csv("clients.csv", lambda f: f.drop(columns=["client_id"])),

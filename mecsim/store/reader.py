@@ -261,13 +261,13 @@ ROUND_CHECKS: dict[str, str] = {
 CLIENT_CHECKS: dict[str, str] = {
     "round": _COUNT,
     "client_id": _COUNT,
-    **dict.fromkeys(("start_s", "finish_s"), _TIME_OR_EMPTY),
+    # a client whose link was down never finishes its download: inf seconds
+    **dict.fromkeys(
+        ("start_s", "finish_s", "download_s", "compute_s", "upload_s", "server_compute_s"),
+        _TIME_OR_EMPTY,
+    ),
     **dict.fromkeys(
         (
-            "download_s",
-            "compute_s",
-            "upload_s",
-            "server_compute_s",
             "bytes_up",
             "bytes_down",
             "gflops",
