@@ -212,3 +212,58 @@ def test_check_models_names_the_model_and_the_layers() -> None:
     assert f"NaN in layer {layout.layer_names[last]} " in text and "\n" not in text
     with pytest.raises(AlgorithmError, match=r"model 'cluster 1' not finite"):
         check_models("a", {"weights": np.zeros(3), "cluster 1": {"x": [np.inf]}}, "x", layout)
+
+
+EDGE_PLUGIN = """
+import numpy as np
+
+from mecsim.agents.algorithms.phsfl import PHSFLClient, PHSFLEdge, PHSFLServer
+from mecsim.api import register
+
+
+class SpoilingEdge(PHSFLEdge):
+    def aggregate_fit(self, rnd, results):
+        report = super().aggregate_fit(rnd, results)
+        if self.edge_server == 1 and self.model is not None:
+            self.model = np.full_like(self.model, np.nan)
+        return report
+
+
+class Server(PHSFLServer):
+    Edge = SpoilingEdge
+
+
+register("algorithm", "spoil_edge", (Server, PHSFLClient))
+"""
+
+
+def test_an_edge_server_whose_model_turns_nan_fails_the_run_naming_it(
+    tmp_path: Path, capfd
+) -> None:
+    plugin = tmp_path / "edge.py"
+    plugin.write_text(EDGE_PLUGIN)
+    data = json.loads(json.dumps(TINY))
+    data.update(
+        rounds=2,
+        model={"name": "phsfl_cnn"},
+        topology={"clients": 4, "edge_servers": 2},
+        algorithm={
+            "name": "spoil_edge",
+            "params": {"edge_rounds": 2, "finetune_steps": 2, "batches_per_epoch": 2},
+        },
+        outputs={"dir": str(tmp_path / "runs")},
+    )
+    (tmp_path / "spoil_edge.yaml").write_text(yaml.safe_dump(data))
+    try:
+        code = _run(tmp_path, "spoil_edge", plugin, "r")
+    finally:
+        _forget("spoil_edge")
+    err = capfd.readouterr().err
+    assert code == 1, err
+    (line,) = _failed_lines(err)
+    assert (
+        "algorithm 'spoil_edge': aggregate_fit of edge server 1 of round 1 left the server's "
+        "model 'model' not finite: NaN in layers"
+    ) in line, line
+    meta = json.loads((tmp_path / "runs" / "r" / "run.json").read_text())
+    assert (meta["status"], meta["rounds_done"]) == ("failed", 0)
