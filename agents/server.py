@@ -25,7 +25,7 @@ import psutil
 
 import mecsim.registry as registry
 from mecsim.agents.algorithms import ClientResult, ClientTask, EdgeReport, algorithm_classes
-from mecsim.agents.algorithms.base import check_upload, finite_upload, user_code
+from mecsim.agents.algorithms.base import check_models, check_upload, finite_upload, user_code
 from mecsim.agents.models import ModelLayout
 from mecsim.agents.state import BlobSink, decode, encode
 
@@ -70,6 +70,14 @@ class _ServerProcess:
         size = self.algorithm.upload_size()
         for r in results:
             check_upload(self.algorithm_name, r, size)
+
+    def _check_models(self, rnd: int, where: str) -> None:
+        """The server's output, checked after it aggregated (:func:`check_models`)."""
+        with user_code(self.algorithm_name, "models"):
+            models = self.algorithm.models()
+        check_models(
+            self.algorithm_name, models, f"{where} of round {rnd + 1}", self.algorithm.layout
+        )
 
     def fetch(self, uploads: list[Any]) -> list[Any]:
         """The uploads themselves, from what the hosts handed over (a hook: under Ray they
@@ -167,6 +175,7 @@ class CentralServer(_ServerProcess):
         with user_code(self.algorithm_name, "aggregate_fit"):
             stats = self.algorithm.aggregate_fit(rnd, sorted(kept, key=lambda r: r.client_id))
         wall = time.perf_counter() - start
+        self._check_models(rnd, "aggregate_fit")
         return AggregateReport(stats.flops, wall, self.rss_bytes(), dict(stats.metrics), rejected)
 
     def aggregate_split(
@@ -233,6 +242,7 @@ class CentralServer(_ServerProcess):
         with user_code(self.algorithm_name, "end_aggregate"):
             stats = self.algorithm.end_aggregate(rnd, stream.acc)
         wall = stream.wall_s + time.perf_counter() - start
+        self._check_models(rnd, "end_aggregate")
         return AggregateReport(
             stats.flops, wall, self.rss_bytes(), dict(stats.metrics), tuple(sorted(stream.rejected))
         )
@@ -253,6 +263,7 @@ class CentralServer(_ServerProcess):
             stats = self.algorithm.aggregate_edges(rnd, kept, by_server)
         # the edge servers aggregate side by side: the slowest one, then the central one
         wall = time.perf_counter() - start + max((rep.wall_s for rep in reports), default=0.0)
+        self._check_models(rnd, "aggregate_edges")
         return AggregateReport(stats.flops, wall, self.rss_bytes(), dict(stats.metrics), rejected)
 
     def edge_servers(self) -> list[int]:
@@ -334,7 +345,9 @@ class EdgeServer(_ServerProcess):
         start = time.perf_counter()
         with user_code(self.algorithm_name, f"aggregate_fit of edge server {self.edge_server}"):
             report = self.algorithm.aggregate_fit(rnd, kept)
-        return replace(report, rejected=rejected, wall_s=time.perf_counter() - start)
+        wall = time.perf_counter() - start
+        self._check_models(rnd, f"aggregate_fit of edge server {self.edge_server}")
+        return replace(report, rejected=rejected, wall_s=wall)
 
     def aggregate_split(
         self, rnd: int, results: list[ClientResult], *weights_by_host: dict[int, Any]

@@ -130,6 +130,10 @@ def test_a_run_folder_from_before_uplink_access_loads_as_it_ran(tmp_path: Path) 
     text = path.read_text()
     assert text.count("access: shared_own_band") == 1
     path.write_text("".join(ln for ln in text.splitlines(True) if "access:" not in ln))
+    # ... and whose run.json did not record the scenario's sha256 (a version before it)
+    meta = json.loads((folder / "run.json").read_text())
+    del meta["scenario_sha256"], meta["records_format"]
+    (folder / "run.json").write_text(json.dumps(meta))
     with pytest.raises(ScenarioError, match=r"channel\.uplink\.access: .*say which you mean"):
         load_scenario(path)
     legacy = load_recorded_scenario(path)

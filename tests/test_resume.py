@@ -22,6 +22,7 @@ import pandas as pd
 import pytest
 from conftest import BUILTIN_ALGORITHMS, tiny
 
+from mecsim.analysis.replay import load_run, reproduces
 from mecsim.run import interrupts
 from mecsim.run.observers import RunObserver
 from mecsim.store.checkpoints import CheckpointStore
@@ -144,6 +145,8 @@ def test_every_algorithm_resumes_exactly(name: str, tmp_path: Path) -> None:
     run_in_folder(sc, full)
     out = _interrupted_then_resumed(sc, tmp_path, stop_at)
     assert_same_records(full, out)
+    # the strict reader reads every algorithm's resumed folder, and it re-times exactly
+    assert reproduces(load_run(out))
 
 
 def test_resume_with_another_number_of_hosts(tmp_path: Path) -> None:

@@ -180,6 +180,11 @@ class EdgeAlgorithm(ABC):
         """As :meth:`ServerAlgorithm.upload_size`: the whole flat model by default."""
         return self.layout.size
 
+    def models(self) -> dict[str, Any]:
+        """As :meth:`ServerAlgorithm.models`: the models this edge server keeps and sends
+        its clients (checked finite after each of its aggregations); none by default."""
+        return {}
+
     @classmethod
     def handover_state_nbytes(cls, params: BaseModel, num_samples: int) -> int:
         """What moves with a client that hands over: the bytes of the per-client state
@@ -292,6 +297,36 @@ def all_finite(value: Any) -> bool:
     if isinstance(value, torch.Tensor):
         return not value.is_floating_point() or bool(torch.isfinite(value).all())
     return True
+
+
+def check_models(algorithm: str, models: dict[str, Any], where: str, layout: Any = None) -> None:
+    """AlgorithmError, one line naming the algorithm, ``where`` (the call and the round)
+    and the first model and layer holding NaN or inf, when one of ``models`` (a
+    server's :meth:`ServerAlgorithm.models`) is not finite: a server that hands its
+    clients a NaN model would otherwise go on, every later upload rejected."""
+    for name, value in models.items():
+        if all_finite(value):
+            continue
+        detail = ""
+        if isinstance(value, np.ndarray) and layout is not None and value.size == layout.size:
+            flat = value.reshape(-1)
+            bad = [
+                layout.layer_names[i]
+                for i in range(layout.num_layers)
+                if any(not np.isfinite(flat[sl]).all() for sl in layout.layer_slices(i))
+            ]
+            kinds = ", ".join(
+                k
+                for k, hit in (("NaN", np.isnan(flat).any()), ("inf", np.isinf(flat).any()))
+                if hit
+            )
+            shown = ", ".join(bad[:4]) + (f" and {len(bad) - 4} more" if len(bad) > 4 else "")
+            detail = f": {kinds} in layer{'s' if len(bad) > 1 else ''} {shown}"
+        raise AlgorithmError(
+            f"algorithm {algorithm!r}: {where} left the server's model {name!r} not "
+            f"finite{detail} (the round is not recorded; the run stops and keeps its last "
+            "good checkpoint)"
+        )
 
 
 def finite_upload(result: ClientResult) -> bool:
@@ -432,6 +467,16 @@ class ServerAlgorithm(ABC):
 
     def configure_fit(self, rnd: int, selected: list[int]) -> list[ClientTask]:
         return [ClientTask(c, self.weights, self.layout.nbytes) for c in selected]
+
+    def models(self) -> dict[str, Any]:
+        """The models the server keeps and hands its clients, by name: the global model
+        (``weights``) by default. An algorithm that keeps more (group, cluster or
+        personalised models) names them too. After every aggregation the server checks
+        that each is finite (:func:`check_models`): a NaN or inf there fails the run,
+        naming the algorithm and the round, before the round is recorded or
+        checkpointed."""
+        weights = getattr(self, "weights", None)
+        return {} if weights is None else {"weights": weights}
 
     def upload_size(self) -> int | None:
         """How many values a client's upload holds (``ClientResult.weights``, when it

@@ -123,6 +123,11 @@ class KMeansClusterServer(FedAvgServer):
     def configure_fit(self, rnd: int, selected: list[int]) -> list[ClientTask]:
         return [ClientTask(c, self._model_of(c), self.layout.nbytes) for c in selected]
 
+    def models(self) -> dict[str, np.ndarray]:
+        """The global model and every cluster's (what clients download)."""
+        clusters = {f"cluster {g}": m for g, m in self.cluster_models.items()}
+        return {"weights": self.weights, **clusters}
+
     def configure_evaluate(self, rnd: int, clients: list[int]) -> list[ClientTask]:
         return [ClientTask(c, self._model_of(c), 0) for c in clients]
 

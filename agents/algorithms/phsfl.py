@@ -416,6 +416,9 @@ class PHSFLEdge(EdgeAlgorithm):
         super().__init__(edge_server, layout, client_samples, params)
         self.model: np.ndarray | None = None  # w_b
 
+    def models(self) -> dict[str, Any]:
+        return {} if self.model is None else {"model": self.model}
+
     @classmethod
     def handover_state_nbytes(cls, params: BaseModel, num_samples: int) -> int:
         """The client's label set D_u,lb, which belongs to its ES (Section II-A: the

@@ -58,7 +58,7 @@ from mecsim.emulation.engine import (
     time_round_columns,
 )
 from mecsim.emulation.network import NetworkModel, device_profiles
-from mecsim.emulation.ops import OpTrace, op_from_dict, trace_bytes
+from mecsim.emulation.ops import OpTrace, trace_bytes
 from mecsim.emulation.timing import emulate_round
 from mecsim.run.loop import run as run_loop
 from mecsim.run.observers import RunObserver
@@ -72,7 +72,17 @@ from mecsim.scenario.overrides import (
     is_geometry_axis,
     is_timing_path,
 )
-from mecsim.store.reader import read_csv_exact
+from mecsim.store.reader import (
+    CLIENT_CHECKS,
+    ROUND_CHECKS,
+    RecordError,
+    check_client_rows,
+    check_rounds_in_order,
+    check_scenario,
+    read_meta,
+    read_table,
+    read_traces,
+)
 from mecsim.store.session import BadRun, run_in_folder
 
 MiB = 1024 * 1024
@@ -143,24 +153,30 @@ class RecordedRun:
 
 def _read_csv(path: Path) -> pd.DataFrame:
     try:
-        return read_csv_exact(path)
-    except FileNotFoundError:
-        raise RunLoadError(f"{path}: missing; is this a run directory?") from None
-    except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
-        raise RunLoadError(f"{path}: cannot read ({exc})") from None
+        return read_table(path, ROUND_CHECKS)
+    except RecordError as exc:
+        raise RunLoadError(str(exc)) from None
 
 
 def _true(column: pd.Series) -> pd.Series:
-    return column.astype(str).str.lower() == "true"
+    return column.astype(str).str.strip().str.lower() == "true"
 
 
 def load_run(run_dir: str | Path) -> RecordedRun:
     """Load a run directory written by ``mecsim run`` (a killed run: its finished rounds).
 
     Needs ``scenario.yaml``, ``rounds.csv``, ``clients.csv`` and ``optraces.jsonl``
-    (written unless the scenario set ``outputs.save_optraces: false``).
+    (written unless the scenario set ``outputs.save_optraces: false``). Every file is
+    read strictly (:mod:`mecsim.store.reader`): a folder that was tampered with or
+    written by a newer version is a :class:`RunLoadError` naming the file and the line.
     """
-    run_dir = Path(run_dir)
+    try:
+        return _load_run(Path(run_dir))
+    except RecordError as exc:
+        raise RunLoadError(str(exc)) from None
+
+
+def _load_run(run_dir: Path) -> RecordedRun:
     if not run_dir.is_dir():
         raise RunLoadError(
             f"{run_dir}: not a directory (expected a run directory "
@@ -171,30 +187,28 @@ def load_run(run_dir: str | Path) -> RecordedRun:
     try:
         scenario = load_recorded_scenario(run_dir / "scenario.yaml")
     except ScenarioError as exc:
-        raise RunLoadError(str(exc)) from None
+        raise RunLoadError(" ".join(str(exc).split())) from None
+    meta = read_meta(run_dir, strict=True)
+    clients = scenario.topology.clients
+    check_scenario(run_dir, meta, clients)
     traces_path = run_dir / "optraces.jsonl"
     if not traces_path.exists():
         raise RunLoadError(
             f"{traces_path}: missing; the run did not keep its op-traces "
             "(outputs.save_optraces: false), so it cannot be replayed"
         )
-    rounds_df = _read_csv(run_dir / "rounds.csv")
-    clients_df = _read_csv(run_dir / "clients.csv")
-
-    records: dict[int, dict[str, Any]] = {}
-    for line in traces_path.read_text().splitlines():
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            break  # a line cut short by a killed run: keep the rounds before it
-        records[int(rec["round"])] = rec
-    # a round counts when both its row and its traces were written, from round 0 on
-    done = set(rounds_df["round"].astype(int)) & set(records)
-    n_rounds = 0
-    while n_rounds in done:
-        n_rounds += 1
+    rounds_path, clients_path = run_dir / "rounds.csv", run_dir / "clients.csv"
+    rounds_df = read_table(rounds_path, ROUND_CHECKS, ("round", "round_time_s", "mean_accuracy"))
+    check_rounds_in_order(rounds_path, rounds_df)
+    clients_df = read_table(
+        clients_path, CLIENT_CHECKS, ("round", "client_id", "selected", "finish_s")
+    )
+    if "status" not in clients_df.columns and "completed" not in clients_df.columns:
+        raise RunLoadError(f"{clients_path}:1: no 'status' (or older 'completed') column")
+    check_client_rows(clients_path, clients_df, clients)
+    records = read_traces(traces_path, clients)
+    # a round counts when its row, its clients' rows and its traces were written
+    n_rounds = min(len(rounds_df), len(records))
     if n_rounds == 0:
         raise RunLoadError(f"{run_dir}: no finished round with op-traces to replay")
     if n_rounds < len(rounds_df):  # said, not silent: a sweep of it covers fewer rounds
@@ -203,11 +217,19 @@ def load_run(run_dir: str | Path) -> RecordedRun:
             f"op-traces in {traces_path.name} (a run killed while writing it, or a cut "
             "file); only those are replayed",
             RuntimeWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
 
     rounds_df = rounds_df.set_index("round").sort_index()
     sel = clients_df[_true(clients_df["selected"])]
+    # every selected client of a replayed round has its row, the same as its traces
+    for r in range(n_rounds):
+        ids = set(sel.loc[sel["round"] == r, "client_id"].astype(int))
+        if ids != set(records[r].traces):
+            raise RunLoadError(
+                f"{clients_path}: round {r} selects clients {sorted(ids)[:8]}, its "
+                f"op-traces ({traces_path.name}:{r + 1}) {sorted(records[r].traces)[:8]}"
+            )
     # dropped by the timing (deadline, crash, outage...); an update rejected for NaN/inf
     # arrived in time, so replay counts it as the engine does
     if "status" in sel.columns:
@@ -222,25 +244,19 @@ def load_run(run_dir: str | Path) -> RecordedRun:
     }
 
     rounds = []
-    for r in range(n_rounds):
-        rec = records[r]
-        traces = {
-            int(cid): tuple(op_from_dict(d) for d in ops) for cid, ops in rec["clients"].items()
-        }
-        if "selected" in rec:  # the selection order the run drew the channel in
-            traces = {int(cid): traces[int(cid)] for cid in rec["selected"]}
-        up = sum(trace_bytes(t)[0] for t in traces.values())
-        down = sum(trace_bytes(t)[1] for t in traces.values())
-        failed = {int(c): str(st) for c, st in rec.get("failed", {}).items()}
-        outage = frozenset(int(c) for c in rec.get("outage", []))
+    for rec in records[:n_rounds]:
+        up = sum(trace_bytes(t)[0] for t in rec.traces.values())
+        down = sum(trace_bytes(t)[1] for t in rec.traces.values())
         rounds.append(
-            RecordedRound(r, traces, float(rec["aggregate_flops"]), up, down, failed, outage)
+            RecordedRound(
+                rec.round, rec.traces, rec.aggregate_flops, up, down, rec.failed, rec.outage
+            )
         )
-    meta_path = run_dir / "run.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
     step_mem = meta.get("step_memory_bytes")
     return RecordedRun(
-        run_id=str(rounds_df["run_id"].iloc[0]) if len(rounds_df) else run_dir.name,
+        run_id=str(rounds_df["run_id"].iloc[0])
+        if "run_id" in rounds_df.columns and len(rounds_df)
+        else run_dir.name,
         scenario=scenario,
         rounds=tuple(rounds),
         mean_accuracy=tuple(float(rounds_df.loc[r, "mean_accuracy"]) for r in range(n_rounds)),

@@ -23,7 +23,7 @@ from mecsim.analysis import maps, plots
 from mecsim.analysis.tables import ReportError, RunRecords, Tables, build_tables
 from mecsim.analysis.tables import load_run as load_records
 from mecsim.scenario import Scenario, ScenarioError, load_recorded_scenario
-from mecsim.store.runfolder import read_meta
+from mecsim.store.reader import read_meta
 from mecsim.store.session import Outcome
 
 #: what :meth:`Run.plot` draws, by name

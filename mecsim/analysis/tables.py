@@ -48,6 +48,14 @@ import yaml
 
 from mecsim.analysis import convergence
 from mecsim.scenario import ScenarioError, load_recorded_scenario
+from mecsim.store.reader import (
+    CLIENT_CHECKS,
+    ROUND_CHECKS,
+    RecordError,
+    check_client_rows,
+    check_rounds_in_order,
+    read_table,
+)
 from mecsim.store.summary import run_notes
 
 MiB = 1024 * 1024
@@ -127,37 +135,34 @@ def load_run(path: str | Path) -> RunRecords:
     rounds_file = path / "rounds.csv"
     if not rounds_file.is_file():
         raise ReportError(f"{path}: not a run directory (no rounds.csv)")
-    try:
-        rounds = pd.read_csv(rounds_file)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-        raise ReportError(f"{rounds_file}: unreadable ({exc})") from None
-    missing = [c for c in REQUIRED_COLUMNS if c not in rounds.columns]
-    if missing:
-        raise ReportError(f"{rounds_file}: missing columns {', '.join(missing)}")
-    if rounds.empty:
-        raise ReportError(f"{rounds_file}: no rounds recorded")
-    rounds = rounds.sort_values("round", kind="stable").reset_index(drop=True)
-    clients = None
-    clients_file = path / "clients.csv"
-    if clients_file.is_file():
-        try:
-            clients = pd.read_csv(clients_file)
-        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-            raise ReportError(f"{clients_file}: unreadable ({exc})") from None
-    planned = None
-    notes: list[str] = []
     scenario_file = path / "scenario.yaml"
+    planned, clients = None, None
     if scenario_file.is_file():
         try:
-            planned_text: Any = (yaml.safe_load(scenario_file.read_text()) or {}).get("rounds")
-            planned = int(planned_text)
-        except (yaml.YAMLError, TypeError, ValueError, AttributeError):
-            planned = None
+            data: Any = yaml.safe_load(scenario_file.read_text()) or {}
+            planned = int(data.get("rounds"))
+            clients = int(data.get("topology", {}).get("clients"))
+        except (yaml.YAMLError, TypeError, ValueError, AttributeError, RecursionError):
+            pass
+    try:  # read strictly: a tampered file is refused naming its line (mecsim.store.reader)
+        rounds = read_table(rounds_file, ROUND_CHECKS, REQUIRED_COLUMNS)
+        if rounds.empty:
+            raise ReportError(f"{rounds_file}: no rounds recorded")
+        check_rounds_in_order(rounds_file, rounds)
+        client_rows = None
+        clients_file = path / "clients.csv"
+        if clients_file.is_file():
+            client_rows = read_table(clients_file, CLIENT_CHECKS, ("round", "client_id"))
+            check_client_rows(clients_file, client_rows, clients)
+    except RecordError as exc:
+        raise ReportError(str(exc)) from None
+    notes: list[str] = []
+    if scenario_file.is_file():
         notes = _scenario_notes(scenario_file, rounds)
     run_id = str(rounds["run_id"].iloc[0]) if "run_id" in rounds.columns else path.name
     algorithms = sorted(set(rounds["algorithm"].astype(str)))
     return RunRecords(
-        path, run_id, "+".join(algorithms), rounds, clients, planned, extra={"notes": notes}
+        path, run_id, "+".join(algorithms), rounds, client_rows, planned, extra={"notes": notes}
     )
 
 
@@ -168,7 +173,7 @@ def _scenario_notes(scenario_file: Path, rounds: pd.DataFrame) -> list[str]:
 
     try:
         scenario = load_recorded_scenario(scenario_file)
-    except (ScenarioError, ValueError):
+    except (ScenarioError, ValueError, RecursionError):
         return []
     return run_notes(scenario, rounds.to_dict("records"))
 

@@ -21,7 +21,10 @@ import csv
 import io
 import json
 import os
+import platform
+import sys
 import time
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +36,17 @@ from mecsim.run.observers import RunInfo, RunObserver
 from mecsim.run.rows import CLIENT_COLUMNS, ROUND_COLUMNS
 from mecsim.scenario import resolved_yaml
 from mecsim.store.files import atomic_write_text
-from mecsim.store.reader import read_csv_exact, rows_from_csv
+from mecsim.store.reader import (
+    RECORDS_FORMAT,
+    read_csv_exact,
+    read_meta,
+    rows_from_csv,
+    scenario_sha256,
+)
 from mecsim.store.runfolder import (
     LOCK_NAME,
     RunFolderError,
     csv_header_ok,
-    read_meta,
     status_line,
     write_meta,
 )
@@ -97,6 +105,70 @@ def _add_columns(path: Path, header: list[str], columns: list[str]) -> list[str]
     return [c for c in columns if c not in header]
 
 
+def _versions() -> dict[str, str]:
+    """What a run or a resume ran on: mecsim's (its installed distribution's), Python's,
+    PyTorch's and numpy's versions."""
+    import numpy
+    import torch  # already imported by the run (its models); not by this module's readers
+
+    try:
+        mecsim_version = metadata.version("mecsim")
+    except metadata.PackageNotFoundError:  # a source tree that is not installed
+        mecsim_version = "unknown"
+    return {
+        "mecsim_version": mecsim_version,
+        "python_version": platform.python_version(),
+        "torch_version": str(torch.__version__),
+        "numpy_version": numpy.__version__,
+    }
+
+
+def _plugin_key(info: dict[str, Any]) -> tuple[str, str]:
+    return (str(info.get("kind")), str(info.get("name")))
+
+
+def _plugin_source(info: dict[str, Any]) -> str:
+    """A plugin as a person tells versions apart: a file's sha256, a package's version."""
+    if info.get("sha256"):
+        return f"{info.get('target')} (sha256 {str(info['sha256'])[:12]})"
+    version = f" {info['version']}" if info.get("version") else ""
+    return f"{info.get('target')}{version}"
+
+
+def _identity(info: dict[str, Any]) -> tuple[Any, ...]:
+    """A plugin file is its content (the same file under another path is the same
+    plugin); anything else its import string, distribution and version."""
+    if info.get("sha256"):
+        return ("file", info["sha256"])
+    return (info.get("target"), info.get("distribution"), info.get("version"))
+
+
+def _changed_plugins(meta: dict[str, Any], plugins: list[dict[str, Any]]) -> list[str]:
+    """One line per plugin a resume runs from another file or version than the rounds
+    before it did (the last resume's, else the run's start), or that it adds or drops."""
+    before = meta.get("plugins") or []
+    for entry in meta.get("resumes") or []:
+        if isinstance(entry, dict) and isinstance(entry.get("plugins"), list):
+            before = entry["plugins"]
+    old = {_plugin_key(i): i for i in before if isinstance(i, dict)}
+    new = {_plugin_key(i): i for i in plugins}
+    lines = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        what = f"{key[0]} {key[1]!r}"
+        if a is None or b is None:
+            lines.append(
+                f"{what}: {'not used' if a is None else _plugin_source(a)} before the "
+                f"resume, {'not used' if b is None else _plugin_source(b)} from it on"
+            )
+        elif _identity(a) != _identity(b):
+            lines.append(
+                f"{what} changed at the resume: {_plugin_source(a)} before, "
+                f"{_plugin_source(b)} from it on (run.json records both)"
+            )
+    return lines
+
+
 class RecordsWriter(RunObserver):
     """Writes a run's records; ``run.json`` follows its status round by round."""
 
@@ -139,9 +211,13 @@ class RecordsWriter(RunObserver):
         if any(p.name != LOCK_NAME for p in self.out_dir.iterdir()):
             raise FileExistsError(f"{self.out_dir}: not empty; records go to a new folder")
         sc = info.scenario
-        atomic_write_text(self.out_dir / "scenario.yaml", resolved_yaml(sc))
+        scenario_text = resolved_yaml(sc)
+        atomic_write_text(self.out_dir / "scenario.yaml", scenario_text)
         self._open_files(info, append=False)
         self.meta = {
+            # what readers check the folder against (mecsim.store.reader)
+            "records_format": RECORDS_FORMAT,
+            "scenario_sha256": scenario_sha256(scenario_text),
             "run_id": info.run_id,
             "status": "running",
             "rounds_done": 0,
@@ -156,6 +232,7 @@ class RecordsWriter(RunObserver):
             "resumes": [],
             "faults": [],
             **info.extra,
+            **_versions(),
         }
         self._write_meta()
 
@@ -163,11 +240,23 @@ class RecordsWriter(RunObserver):
         self._open_files(info, append=True)
         added = {f.path.name: f.added for f in (self.rounds, self.clients) if f.added}
         self.meta = read_meta(self.out_dir) or {"run_id": info.run_id}
+        plugins = list(info.extra.get("plugins") or [])
+        changed = _changed_plugins(self.meta, plugins)
+        for line in changed:
+            print(f"mecsim: warning: {line}", file=sys.stderr)
         resumes = list(self.meta.get("resumes", [])) + [
             {
                 "from_round": len(rounds),
                 "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 "pid": os.getpid(),
+                # what this process ran the rounds from here on with: the plugins (a
+                # file's sha256, a package's version), mecsim's and the libraries'
+                # versions, the backend and hosts (a resume may change any of them)
+                "plugins": plugins,
+                **({"plugins_changed": changed} if changed else {}),
+                **_versions(),
+                "backend": info.extra.get("backend"),
+                "hosts": info.extra.get("hosts"),
                 # columns this version records that the rounds before did not
                 **({"added_columns": added} if added else {}),
                 # the rate this process's edge server aggregates at (a replay times the

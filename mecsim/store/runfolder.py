@@ -33,7 +33,20 @@ from mecsim.run.loop import ResumePoint
 from mecsim.scenario import Scenario, ScenarioError, load_recorded_scenario
 from mecsim.store.checkpoints import CheckpointError, CheckpointStore, scenario_digest
 from mecsim.store.files import atomic_write_text
-from mecsim.store.reader import rows_from_csv
+from mecsim.store.reader import (
+    CLIENT_CHECKS,
+    CLIENT_REQUIRED,
+    ROUND_CHECKS,
+    ROUND_REQUIRED,
+    RecordError,
+    check_client_rows,
+    check_rounds_in_order,
+    check_scenario,
+    read_meta,
+    read_table,
+    read_traces,
+    rows_from_csv,
+)
 
 STATUSES = ("running", "finished", "interrupted", "cancelled", "failed")
 LOCK_NAME = ".lock"
@@ -105,15 +118,6 @@ def is_locked(run_dir: Path) -> bool:
     finally:
         os.close(fd)
     return False
-
-
-def read_meta(run_dir: Path) -> dict[str, Any]:
-    path = Path(run_dir) / "run.json"
-    try:
-        meta = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return meta if isinstance(meta, dict) else {}
 
 
 def write_meta(run_dir: Path, meta: dict[str, Any]) -> None:
@@ -204,6 +208,29 @@ def _cut_jsonl(path: Path, rounds_done: int) -> None:
     atomic_write_text(path, "".join(kept))
 
 
+def _check_records(run_dir: Path, meta: dict[str, Any], clients: int) -> None:
+    """The folder's records as :mod:`mecsim.store.reader` reads them: a tampered file,
+    or one of a newer version, is refused before the resume changes anything."""
+    check_scenario(run_dir, meta, clients)
+    for name, checks, required in (
+        ("rounds.csv", ROUND_CHECKS, ROUND_REQUIRED),
+        ("clients.csv", CLIENT_CHECKS, CLIENT_REQUIRED),
+    ):
+        path = run_dir / name
+        try:
+            if b"\n" not in path.read_bytes():  # none, or killed before its header was whole
+                continue
+        except FileNotFoundError:
+            continue
+        frame = read_table(path, checks, required)
+        if name == "rounds.csv":
+            check_rounds_in_order(path, frame)
+        else:
+            check_client_rows(path, frame, clients)
+    if (run_dir / "optraces.jsonl").exists():
+        read_traces(run_dir / "optraces.jsonl", clients)
+
+
 def prepare_resume(
     run_dir: str | Path,
     warn: Callable[[str], None] | None = None,
@@ -226,7 +253,10 @@ def prepare_resume(
         )
     lock = RunLock(run_dir).acquire()
     try:
-        meta = read_meta(run_dir)
+        try:
+            meta = read_meta(run_dir, strict=True)
+        except RecordError as exc:
+            raise RunFolderError(str(exc)) from None
         if meta.get("status") == "finished":
             raise RunFolderFinished(
                 f"{run_dir}: the run is finished; nothing to resume",
@@ -236,6 +266,10 @@ def prepare_resume(
             scenario = load_recorded_scenario(run_dir / "scenario.yaml")
         except ScenarioError as exc:
             raise RunFolderError(f"{run_dir}: its scenario.yaml is not valid: {exc}") from None
+        try:  # every record read strictly before anything is cut (nothing half-done)
+            _check_records(run_dir, meta, scenario.topology.clients)
+        except RecordError as exc:
+            raise RunFolderError(str(exc)) from None
         run_id = str(meta.get("run_id") or run_dir.name)
         store = CheckpointStore(
             run_dir, run_id, scenario_digest(scenario), scenario.checkpoint.keep
@@ -274,6 +308,6 @@ def csv_header_ok(path: Path) -> bool:
     try:
         with path.open(newline="") as f:
             first = f.readline()
-    except OSError:
+    except (OSError, ValueError):  # not text (UnicodeDecodeError): no header
         return False
     return first.endswith("\n") and bool(next(csv.reader(io.StringIO(first)), []))

@@ -31,7 +31,8 @@ from mecsim.scenario import (
     scenario_from_dict,
 )
 from mecsim.scenario.overrides import OverrideError, parse_sets, set_paths
-from mecsim.store.runfolder import RunFolderError, prepare_resume, read_meta, status_line
+from mecsim.store.reader import read_meta
+from mecsim.store.runfolder import RunFolderError, prepare_resume, status_line
 from mecsim.store.session import BadRun, new_run_id, run_in_folder
 from mecsim.store.summary import energy_line, run_notes, summarise, target_lines
 

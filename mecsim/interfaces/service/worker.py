@@ -40,13 +40,12 @@ from mecsim.interfaces.service.store import Run, Store
 from mecsim.run.backends.ray_start import ensure_ray
 from mecsim.run.observers import RunInfo, RunObserver
 from mecsim.scenario import Scenario, ScenarioError, scenario_from_dict
-from mecsim.store.reader import read_csv_exact, rows_from_csv
+from mecsim.store.reader import read_csv_exact, read_meta, rows_from_csv
 from mecsim.store.runfolder import (
     RunFolderError,
     RunFolderFinished,
     RunFolderInUse,
     prepare_resume,
-    read_meta,
 )
 from mecsim.store.session import BadRun, run_in_folder
 
