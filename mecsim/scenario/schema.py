@@ -1066,6 +1066,15 @@ class MetricsConfig(_Strict):
     )
 
 
+#: execution.call_timeout_s by default: an hour for one client's fit or one aggregation
+#: is far beyond real work on a host (a round of the paper scenarios' clients takes
+#: seconds), short enough that a hung call does not hold a run (or a service's worker)
+#: for days
+DEFAULT_CALL_TIMEOUT_S = 3600.0
+#: the largest call_timeout_s (a week); null for none
+MAX_CALL_TIMEOUT_S = 7 * 86400.0
+
+
 class ExecutionConfig(_Strict):
     backend: Literal["ray", "local"] = Field(
         default="ray", description="ray: host actors in Ray; local: in-process (tests, debugging)"
@@ -1079,6 +1088,17 @@ class ExecutionConfig(_Strict):
         "deadline, no wait_for_fraction, no link or edge-server outages, no rate traces) "
         "and the algorithm can (FedAvg, FedProx, Per-FedAvg); off: hold every upload "
         "until the round is timed. The same bits either way",
+    )
+    call_timeout_s: float | None = Field(
+        default=DEFAULT_CALL_TIMEOUT_S,
+        gt=0,
+        le=MAX_CALL_TIMEOUT_S,
+        description="the longest one call into an algorithm's code may take (s): a "
+        "client's fit or evaluate, the server's select, configure_fit, aggregate_fit, "
+        "..., a Flower ClientApp's message or the ServerApp's turn; a call still running "
+        "then fails the run (exit 1), naming the algorithm, the call and the round. "
+        "null: no limit (the calls then run in the caller's thread). See "
+        "docs/reliability.md for what a call that overran can still do",
     )
 
 
