@@ -31,6 +31,12 @@ import mecsim.registry as registry
 from mecsim.scenario.mobility import MobilityConfig
 
 PositiveFloat = Annotated[float, Field(gt=0)]
+#: the longest emulated time a scenario may name (s; ~32 years): a finite-but-absurd
+#: time (1e308) would overflow the emulation's sums to inf, then pass as a number
+MAX_EMULATED_S = 1e9
+#: an emulated time of that range (s)
+EmulatedSeconds = Annotated[float, Field(ge=0, le=MAX_EMULATED_S)]
+PositiveEmulatedSeconds = Annotated[float, Field(gt=0, le=MAX_EMULATED_S)]
 
 
 #: Quantities in dB or dBm: finite, and small enough that 10^(x/10) is a finite float.
@@ -261,7 +267,7 @@ class TopologyConfig(_Strict):
 
 class CustomProfile(_Strict):
     flops_per_s: float = Field(ge=1, description="at least 1 FLOP/s")
-    step_overhead_s: float = Field(ge=0)
+    step_overhead_s: float = Field(ge=0, le=3600)
     ram_bytes: int = Field(gt=0)
     description: str = ""
     flops_source: str = Field(description="where flops_per_s comes from")
@@ -1014,7 +1020,7 @@ class BackhaulConfig(LinkTransport):
 
     bandwidth_bps: float = Field(default=1e9, ge=1, description="at least 1 b/s")
     latency_s: float = Field(
-        default=0.005, ge=0, description="one-way latency of each transfer (s)"
+        default=0.005, ge=0, le=3600, description="one-way latency of each transfer (s)"
     )
 
     @model_validator(mode="after")
@@ -1128,16 +1134,16 @@ class StragglerConfig(_Strict):
 
 
 class LinkOutage(_Strict):
-    start_s: float = Field(ge=0, description="emulated seconds since the run started")
-    duration_s: PositiveFloat
+    start_s: EmulatedSeconds = Field(description="emulated seconds since the run started")
+    duration_s: PositiveEmulatedSeconds
     clients: Literal["all"] | list[Annotated[int, Field(ge=0)]] = "all"
     direction: Literal["both", "uplink", "downlink"] = "both"
 
 
 class EdgeServerOutage(_Strict):
     edge_server: int = Field(ge=0)
-    start_s: float = Field(ge=0, description="emulated seconds since the run started")
-    duration_s: PositiveFloat
+    start_s: EmulatedSeconds = Field(description="emulated seconds since the run started")
+    duration_s: PositiveEmulatedSeconds
 
 
 class FaultsConfig(_Strict):
@@ -1426,7 +1432,9 @@ class Scenario(_Strict):
     backhaul: BackhaulConfig = Field(default_factory=BackhaulConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
-    deadline_s: float | None = Field(default=None, gt=0, description="round deadline (emulated s)")
+    deadline_s: float | None = Field(
+        default=None, gt=0, le=MAX_EMULATED_S, description="round deadline (emulated s)"
+    )
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
     outputs: OutputsConfig = Field(default_factory=OutputsConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
