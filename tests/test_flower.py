@@ -297,7 +297,8 @@ def test_a_clientapp_that_raises_or_replies_nan_fails_the_run_naming_the_client(
     run = mecsim_run(scenario(tmp_path, rounds=1), "--backend", "local", env=env)
     assert run.returncode == 1
     client = env.get("SEEDEDAPP_RAISE") or env.get("SEEDEDAPP_NAN")
-    assert f"fit of client {client}:" in run.stderr and says in run.stderr
+    said = f"the ClientApp's train of client {client} in round 1:"
+    assert said in run.stderr and says in run.stderr, run.stderr
     assert "Traceback" not in run.stderr
 
 
@@ -658,17 +659,17 @@ def _wrapped_apps(tmp_path: Path, name: str, train: str, evaluate: str, server: 
             "pass",
             "time.sleep(20)",
             "pass",
-            1.0,
+            3.0,
             "CallTimeout: algorithm 'flower': the ClientApp's evaluate of client 0 in round 1 "
-            "did not return within 1 s (execution.call_timeout_s)",
+            "did not return within 3 s (execution.call_timeout_s)",
         ),
         (
             "serverblocks",
             "pass",
             "pass",
             "time.sleep(20)",
-            1.0,
-            "CallTimeout: algorithm 'flower': select in round 1 did not return within 1 s "
+            3.0,
+            "CallTimeout: algorithm 'flower': select in round 1 did not return within 3 s "
             "(execution.call_timeout_s)",
         ),
     ],

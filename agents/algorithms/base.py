@@ -282,71 +282,78 @@ class _Overran(Exception):
     """The watchdog's own: the call did not return in time."""
 
 
+class _Worker:
+    """The thread that runs one caller thread's calls into user code, one at a time."""
+
+    def __init__(self, caller: threading.Thread) -> None:
+        self.caller = caller
+        self.jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.abandoned = False
+        self.thread = threading.Thread(target=self._run, name="mecsim-user-code", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self.abandoned:
+                try:
+                    job = self.jobs.get(timeout=30.0)
+                except queue.Empty:
+                    if not self.caller.is_alive():  # its caller is gone: so is it
+                        return
+                    continue
+                fn, args, kwargs, context, grad, out = job
+                try:
+                    torch.set_grad_enabled(grad)
+                    out.put((True, context.run(fn, *args, **kwargs)))
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller as it is
+                    out.put((False, exc))
+                del job, fn, args, kwargs, out
+        except CallAbandoned:  # raised in it after its call overran: it ends here
+            return
+
+
 class _Watchdog:
-    """Runs calls into user code in a worker thread (daemon, one per process, made anew
-    when a call overran) and waits for each at most its timeout. A call that overruns
-    is abandoned: its thread is left (Python cannot kill a thread), :class:`CallAbandoned`
-    is raised in it at its next bytecode, and the next call gets a new thread. The
-    caller's context variables (numpy's error state) and torch's grad mode go with the
-    call; the global generators are the process's, as in the caller."""
+    """Runs calls into user code in a worker thread (a daemon; one per calling thread,
+    made anew when a call overran) and waits for each at most its timeout. A call that
+    overruns is abandoned: its thread is left (Python cannot kill a thread),
+    :class:`CallAbandoned` is raised in it at its next bytecode, and the next call gets
+    a new thread. The caller's context variables (numpy's error state) and torch's grad
+    mode go with the call; the global generators are the process's, as in the caller."""
 
     def __init__(self) -> None:
+        self._local = threading.local()
         self._lock = threading.Lock()
-        self._jobs: queue.SimpleQueue[Any] | None = None
-        self._thread: threading.Thread | None = None
         self.abandoned = 0  # calls abandoned in this process (tests)
         self.left: list[threading.Thread] = []  # their threads, the last few (tests)
 
-    def _worker(self, jobs: queue.SimpleQueue[Any]) -> None:
-        while True:
-            job = jobs.get()
-            if job is None:
-                return
-            fn, args, kwargs, context, grad, out = job
-            try:
-                torch.set_grad_enabled(grad)
-                out.put((True, context.run(fn, *args, **kwargs)))
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller as it is
-                out.put((False, exc))
-            del job, fn, args, kwargs, out
-            if self._jobs is not jobs:  # its call was abandoned: a new thread took over
-                return
-
-    def _queue(self) -> queue.SimpleQueue[Any]:
-        with self._lock:
-            if self._jobs is None or self._thread is None or not self._thread.is_alive():
-                self._jobs = queue.SimpleQueue()
-                self._thread = threading.Thread(
-                    target=self._worker, args=(self._jobs,), name="mecsim-user-code", daemon=True
-                )
-                self._thread.start()
-            return self._jobs
-
     def call(self, fn: Callable[..., _T], args: Any, kwargs: Any, timeout_s: float) -> _T:
+        worker: _Worker | None = getattr(self._local, "worker", None)
+        if worker is None or worker.abandoned or not worker.thread.is_alive():
+            worker = self._local.worker = _Worker(threading.current_thread())
         out: queue.SimpleQueue[tuple[bool, Any]] = queue.SimpleQueue()
-        jobs = self._queue()
-        thread = self._thread
-        jobs.put((fn, args, kwargs, contextvars.copy_context(), torch.is_grad_enabled(), out))
+        worker.jobs.put(
+            (fn, args, kwargs, contextvars.copy_context(), torch.is_grad_enabled(), out)
+        )
         try:
             ok, value = out.get(timeout=timeout_s)
         except queue.Empty:
-            self._abandon(thread)
+            self._abandon(worker)
             raise _Overran from None
         except BaseException:  # Ctrl-C while waiting: the call is left behind too
-            self._abandon(thread)
+            self._abandon(worker)
             raise
         if ok:
             return cast(_T, value)
         raise value
 
-    def _abandon(self, thread: threading.Thread | None) -> None:
+    def _abandon(self, worker: _Worker) -> None:
+        worker.abandoned = True
+        self._local.worker = None
+        thread = worker.thread
         with self._lock:
-            if thread is not None and thread is self._thread:
-                self._jobs, self._thread = None, None
-        self.abandoned += 1
-        if thread is not None:
+            self.abandoned += 1
             self.left = [*self.left[-7:], thread]
-        if thread is not None and thread.ident is not None:
+        if thread.ident is not None and thread.is_alive():
             ctypes.pythonapi.PyThreadState_SetAsyncExc(
                 ctypes.c_ulong(thread.ident), ctypes.py_object(CallAbandoned)
             )
