@@ -6,6 +6,7 @@ Kept apart from :mod:`mecsim.analysis.sweep` so that building the CLI parser imp
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 import warnings
@@ -180,16 +181,21 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
 
 
 def _unusable_out(out: Path) -> str | None:
-    """Why ``--out`` cannot take the sweep's files (it is made if missing, and a file
-    written and removed in it), or None."""
-    if out.exists() and not out.is_dir():
-        return f"--out {out}: exists and is not a folder"
+    """Why ``--out`` cannot take the sweep's files, or None: it, or the nearest folder
+    above it that exists, must be a folder in which a folder can be made (one is made
+    and removed there to find out; ``os.access`` says yes to root on /proc). Nothing is
+    left behind: a refused sweep leaves no ``--out``."""
+    here = Path(os.path.abspath(out))
+    for folder in [here, *here.parents]:
+        if os.path.lexists(folder):
+            break
+    if not folder.is_dir():
+        what = "exists and is not a folder" if folder == here else f"{folder} is not a folder"
+        return f"--out {out}: {what}"
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=out, prefix=".mecsim-sweep-"):
-            pass
+        os.rmdir(tempfile.mkdtemp(prefix=".mecsim-sweep-", dir=folder))
     except OSError as exc:
-        return f"--out {out}: cannot make or write it ({exc.strerror or exc})"
+        return f"--out {out}: cannot make or write it in {folder} ({exc.strerror or exc})"
     return None
 
 
