@@ -30,7 +30,7 @@ from mecsim.agents.algorithms import (
     TrainConfig,
     algorithm_classes,
 )
-from mecsim.agents.algorithms.base import UserCodeExit, check_upload, user_code
+from mecsim.agents.algorithms.base import call_user, check_upload
 from mecsim.agents.models import build_model, model_layout, store_flat
 from mecsim.agents.state import BlobSink, decode, encode
 from mecsim.agents.training import StepCosts
@@ -51,6 +51,7 @@ class HostSetup:
     init_weights: np.ndarray
     torch_threads: int = 1
     plugins: registry.Portable | None = None  # the driver's plugin files (registry.portable)
+    call_timeout_s: float | None = None  # each call into the algorithm's code, at most
 
 
 def client_seed(seed: int, rnd: int, client_id: int, purpose: int = 0) -> int:
@@ -161,19 +162,19 @@ class ClientHost:
             client_seed(self.setup.seed, rnd, cid, purpose=1)
         )
         start = time.perf_counter()
-        try:
-            with user_code(self.setup.algorithm, f"fit of client {cid}"):
-                result = self.algorithm.fit(ctx, task)
-        except UserCodeExit:
-            raise
-        except Exception as exc:  # the algorithm's own code: named, with the client
-            raise AlgorithmError(
-                f"algorithm {self.setup.algorithm!r} failed in fit of client {cid}: "
-                f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
-            ) from exc
+        result = call_user(
+            self.setup.algorithm,
+            f"{self.algorithm.call_name(task)} of client {cid}",
+            self.algorithm.fit,
+            ctx,
+            task,
+            rnd=rnd,
+            timeout_s=self.setup.call_timeout_s,
+        )
         if not isinstance(result, ClientResult) or result.client_id != cid:
             raise AlgorithmError(
-                f"algorithm {self.setup.algorithm!r}: fit of client {cid} returned "
+                f"algorithm {self.setup.algorithm!r}: {self.algorithm.call_name(task)} of "
+                f"client {cid} in round {rnd + 1} returned "
                 f"{type(result).__name__}"
                 + (f" of client {result.client_id}" if isinstance(result, ClientResult) else "")
                 + ", not its ClientResult"
@@ -223,17 +224,22 @@ class ClientHost:
         out: list[tuple[Any, ...]] = []
         for task in tasks:
             ctx = self._context(task.client_id, rnd, purpose=2)
-            try:
-                with user_code(self.setup.algorithm, f"evaluate of client {task.client_id}"):
-                    acc, loss, *extras = self.algorithm.evaluate(ctx, task)
-            except UserCodeExit:
-                raise
-            except Exception as exc:  # the algorithm's own code: named, with the client
+            where = f"evaluate of client {task.client_id}"
+            got = call_user(
+                self.setup.algorithm,
+                where,
+                self.algorithm.evaluate,
+                ctx,
+                task,
+                rnd=rnd,
+                timeout_s=self.setup.call_timeout_s,
+            )
+            if not isinstance(got, tuple) or len(got) not in (2, 3):
                 raise AlgorithmError(
-                    f"algorithm {self.setup.algorithm!r} failed in evaluate of client "
-                    f"{task.client_id}: {type(exc).__name__}: "
-                    f"{' '.join(str(exc).split())[:300]}"
-                ) from exc
+                    f"algorithm {self.setup.algorithm!r}: {where} in round {rnd + 1} "
+                    f"returned {type(got).__name__}, not (accuracy, loss[, extras])"
+                )
+            acc, loss, *extras = got
             out.append((task.client_id, acc, loss, int(ctx.y_test.shape[0]), *extras))
         return out
 

@@ -24,8 +24,20 @@ import numpy as np
 import psutil
 
 import mecsim.registry as registry
-from mecsim.agents.algorithms import ClientResult, ClientTask, EdgeReport, algorithm_classes
-from mecsim.agents.algorithms.base import check_models, check_upload, finite_upload, user_code
+from mecsim.agents.algorithms import (
+    AggregateStats,
+    ClientResult,
+    ClientTask,
+    EdgeReport,
+    algorithm_classes,
+)
+from mecsim.agents.algorithms.base import (
+    call_user,
+    check_models,
+    check_upload,
+    finite_upload,
+    returned,
+)
 from mecsim.agents.models import ModelLayout
 from mecsim.agents.state import BlobSink, decode, encode
 
@@ -63,6 +75,14 @@ class _ServerProcess:
 
     algorithm: Any  # the algorithm's server (ServerAlgorithm) or edge (EdgeAlgorithm) side
     algorithm_name = ""
+    call_timeout_s: float | None = None  # each call into the algorithm's code, at most
+
+    def _call(self, where: str, rnd: int, fn: Any, *args: Any) -> Any:
+        """A call into the algorithm's code: named in errors, bounded in time
+        (:func:`~mecsim.agents.algorithms.base.call_user`)."""
+        return call_user(
+            self.algorithm_name, where, fn, *args, rnd=rnd, timeout_s=self.call_timeout_s
+        )
 
     def _check_uploads(self, results: list[ClientResult]) -> None:
         """Refuse uploads of the wrong shape or dtype before anything is aggregated
@@ -73,8 +93,7 @@ class _ServerProcess:
 
     def _check_models(self, rnd: int, where: str) -> None:
         """The server's output, checked after it aggregated (:func:`check_models`)."""
-        with user_code(self.algorithm_name, "models"):
-            models = self.algorithm.models()
+        models = self._call("models", rnd, self.algorithm.models)
         check_models(
             self.algorithm_name, models, f"{where} of round {rnd + 1}", self.algorithm.layout
         )
@@ -132,10 +151,12 @@ class CentralServer(_ServerProcess):
         plugins: registry.Portable | None = None,
         rounds: int | None = None,
         edge_server_ids: list[int] | None = None,
+        call_timeout_s: float | None = None,
     ) -> None:
         registry.restore(plugins)  # plugin files and import-string folders of the driver
         server_cls, _ = algorithm_classes(algorithm)
         self.algorithm_name = algorithm
+        self.call_timeout_s = call_timeout_s
         self.algorithm = server_cls(layout, init_weights, client_samples, fraction, params)
         if edge_server_of is not None:  # which edge server serves each client (topology)
             self.algorithm.edge_server_of = dict(edge_server_of)
@@ -156,12 +177,14 @@ class CentralServer(_ServerProcess):
     def plan(self, rnd: int) -> tuple[list[int], list[ClientTask], dict[int, Any]]:
         """(selected clients, their tasks, what each edge server is sent); of a
         hierarchical algorithm, the edge servers fill in the tasks (EdgeServer.plan)."""
-        with user_code(self.algorithm_name, "select"):
-            selected = self.algorithm.select(rnd, self.rng)
-        with user_code(self.algorithm_name, "configure_fit"):
-            tasks = self.algorithm.configure_fit(rnd, selected)
-        with user_code(self.algorithm_name, "configure_edges"):
-            downlinks = self.algorithm.configure_edges(rnd) if self.algorithm.Edge else {}
+        selected = self._call("select", rnd, self.algorithm.select, rnd, self.rng)
+        tasks = self._call("configure_fit", rnd, self.algorithm.configure_fit, rnd, selected)
+        returned(self.algorithm_name, "configure_fit", rnd, tasks, list)
+        downlinks = (
+            self._call("configure_edges", rnd, self.algorithm.configure_edges, rnd)
+            if self.algorithm.Edge
+            else {}
+        )
         return selected, tasks, downlinks
 
     def aggregate(self, rnd: int, results: list[ClientResult]) -> AggregateReport:
@@ -172,8 +195,14 @@ class CentralServer(_ServerProcess):
         rejected = tuple(sorted(r.client_id for r in results if not finite_upload(r)))
         kept = [r for r in results if r.client_id not in rejected]
         start = time.perf_counter()
-        with user_code(self.algorithm_name, "aggregate_fit"):
-            stats = self.algorithm.aggregate_fit(rnd, sorted(kept, key=lambda r: r.client_id))
+        stats = self._call(
+            "aggregate_fit",
+            rnd,
+            self.algorithm.aggregate_fit,
+            rnd,
+            sorted(kept, key=lambda r: r.client_id),
+        )
+        returned(self.algorithm_name, "aggregate_fit", rnd, stats, AggregateStats)
         wall = time.perf_counter() - start
         self._check_models(rnd, "aggregate_fit")
         return AggregateReport(stats.flops, wall, self.rss_bytes(), dict(stats.metrics), rejected)
@@ -191,8 +220,8 @@ class CentralServer(_ServerProcess):
 
     def stream_begin(self, rnd: int) -> None:
         """Start the round's streamed aggregation (any unfinished one is dropped)."""
-        with user_code(self.algorithm_name, "begin_aggregate"):
-            self._stream = _Stream(rnd, self.algorithm.begin_aggregate(rnd))
+        acc = self._call("begin_aggregate", rnd, self.algorithm.begin_aggregate, rnd)
+        self._stream = _Stream(rnd, acc)
 
     def stream_fold(self, rnd: int, keep: frozenset[int], results: list[ClientResult]) -> int:
         """Fold the uploads of ``results`` whose clients are in ``keep`` (those the round
@@ -210,8 +239,7 @@ class CentralServer(_ServerProcess):
             )
         self._check_uploads(part)
         start = time.perf_counter()
-        with user_code(self.algorithm_name, "fold"):
-            rejected = self.algorithm.fold_finite(stream.acc, part)
+        rejected = self._call("fold", rnd, self.algorithm.fold_finite, stream.acc, part)
         stream.rejected += rejected
         stream.wall_s += time.perf_counter() - start
         if part:
@@ -239,8 +267,8 @@ class CentralServer(_ServerProcess):
         if stream is None or stream.rnd != rnd:
             raise RuntimeError(f"round {rnd}: no streamed aggregation was begun")
         start = time.perf_counter()
-        with user_code(self.algorithm_name, "end_aggregate"):
-            stats = self.algorithm.end_aggregate(rnd, stream.acc)
+        stats = self._call("end_aggregate", rnd, self.algorithm.end_aggregate, rnd, stream.acc)
+        returned(self.algorithm_name, "end_aggregate", rnd, stats, AggregateStats)
         wall = stream.wall_s + time.perf_counter() - start
         self._check_models(rnd, "end_aggregate")
         return AggregateReport(
@@ -259,8 +287,10 @@ class CentralServer(_ServerProcess):
             (r for r in results if r.client_id not in rejected), key=lambda r: r.client_id
         )
         start = time.perf_counter()
-        with user_code(self.algorithm_name, "aggregate_edges"):
-            stats = self.algorithm.aggregate_edges(rnd, kept, by_server)
+        stats = self._call(
+            "aggregate_edges", rnd, self.algorithm.aggregate_edges, rnd, kept, by_server
+        )
+        returned(self.algorithm_name, "aggregate_edges", rnd, stats, AggregateStats)
         # the edge servers aggregate side by side: the slowest one, then the central one
         wall = time.perf_counter() - start + max((rep.wall_s for rep in reports), default=0.0)
         self._check_models(rnd, "aggregate_edges")
@@ -291,8 +321,11 @@ class CentralServer(_ServerProcess):
         return {b: encode({"algorithm": st}, "edge") for b, st in legacy.items()}
 
     def evaluation_tasks(self, rnd: int, clients: list[int]) -> list[ClientTask]:
-        with user_code(self.algorithm_name, "configure_evaluate"):
-            return self.algorithm.configure_evaluate(rnd, clients)
+        tasks = self._call(
+            "configure_evaluate", rnd, self.algorithm.configure_evaluate, rnd, clients
+        )
+        returned(self.algorithm_name, "configure_evaluate", rnd, tasks, list)
+        return tasks
 
     def close(self) -> None:
         """The run is over: the algorithm lets go of what it holds (see
@@ -318,8 +351,10 @@ class EdgeServer(_ServerProcess):
         plugins: registry.Portable | None = None,
         rounds: int | None = None,  # the central server's business; accepted with the rest
         edge_server_ids: list[int] | None = None,  # likewise
+        call_timeout_s: float | None = None,
     ) -> None:
         registry.restore(plugins)
+        self.call_timeout_s = call_timeout_s
         server_cls, _ = algorithm_classes(algorithm)
         if server_cls.Edge is None:
             raise ValueError(f"{algorithm} is a flat algorithm: it has no edge servers' side")
@@ -331,8 +366,10 @@ class EdgeServer(_ServerProcess):
 
     def plan(self, rnd: int, tasks: list[ClientTask], downlink: Any) -> list[ClientTask]:
         """Its clients' tasks with what it sends them filled in."""
-        with user_code(self.algorithm_name, f"configure_fit of edge server {self.edge_server}"):
-            return self.algorithm.configure_fit(rnd, tasks, downlink)
+        where = f"configure_fit of edge server {self.edge_server}"
+        out = self._call(where, rnd, self.algorithm.configure_fit, rnd, tasks, downlink)
+        returned(self.algorithm_name, where, rnd, out, list)
+        return out
 
     def aggregate(self, rnd: int, results: list[ClientResult]) -> EdgeReport:
         """Aggregate its clients' results whose uploads are finite (as the central server
@@ -343,10 +380,11 @@ class EdgeServer(_ServerProcess):
             (r for r in results if r.client_id not in rejected), key=lambda r: r.client_id
         )
         start = time.perf_counter()
-        with user_code(self.algorithm_name, f"aggregate_fit of edge server {self.edge_server}"):
-            report = self.algorithm.aggregate_fit(rnd, kept)
+        where = f"aggregate_fit of edge server {self.edge_server}"
+        report = self._call(where, rnd, self.algorithm.aggregate_fit, rnd, kept)
+        returned(self.algorithm_name, where, rnd, report, EdgeReport)
         wall = time.perf_counter() - start
-        self._check_models(rnd, f"aggregate_fit of edge server {self.edge_server}")
+        self._check_models(rnd, where)
         return replace(report, rejected=rejected, wall_s=wall)
 
     def aggregate_split(

@@ -57,6 +57,10 @@ class UnknownName(ValueError):
     """A name no entry of a registry has; ``str()`` lists the known ones."""
 
 
+#: what a registered name may be (register(); entry points are named by their packages)
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
+
+
 class PluginError(ValueError):
     """A plugin that cannot be used: ``str()`` is one line naming it and why."""
 
@@ -427,7 +431,15 @@ class Registry:
 
     def register(self, name: str, obj: Any, info: PluginInfo | None = None) -> None:
         """Add ``name`` (a plugin file's :func:`register` call, or a test's); a name an
-        installed entry or another registration already has is refused."""
+        installed entry or another registration already has is refused, and so is a
+        name that is not :data:`NAME_PATTERN` (it is printed, written to records and
+        put in scenario files: no newlines, no Rich markup, no spaces)."""
+        if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
+            shown = " ".join(repr(name).split())[:80]
+            raise PluginError(
+                f"{self.kind} name {shown} is not a plugin name: 1 to 64 letters, digits, "
+                "'_', '-' or '.', starting with a letter or digit (e.g. my_fedavg)"
+            )
         with _LOCK:
             if info is None:
                 info = PluginInfo(self.kind, name, repr(obj), "", "", "registered")

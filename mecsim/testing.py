@@ -108,6 +108,8 @@ PROPERTIES: tuple[str, ...] = (
 
 #: The default scenario: the tests' tiny one (tests/conftest.py), 3 rounds. A hierarchical
 #: algorithm (``server class.Edge`` set) gets 2 edge servers.
+#: execution.call_timeout_s of the kit's tiny scenario (s; mecsim check --call-timeout)
+CHECK_CALL_TIMEOUT_S = 120.0
 TINY: dict[str, Any] = {
     "name": "check",
     "seed": 3,
@@ -123,7 +125,9 @@ TINY: dict[str, Any] = {
     "channel": {"model": "shannon", "interference": {"unit": "noise"}},
     "training": {"epochs": 1, "batch_size": 16, "lr": 0.05},
     "metrics": {"enabled": False},
-    "execution": {"backend": "local", "hosts": 2},
+    # a tiny scenario's calls take milliseconds: a plugin's call that hangs fails its
+    # property in two minutes, not the hour of execution.call_timeout_s's default
+    "execution": {"backend": "local", "hosts": 2, "call_timeout_s": CHECK_CALL_TIMEOUT_S},
 }
 
 _DCPFL_FAST = {
@@ -1055,6 +1059,7 @@ def check_algorithm(
     properties: Iterable[str] | None = None,
     workdir: str | Path | None = None,
     on_result: Callable[[PropertyResult], None] | None = None,
+    call_timeout_s: float | None = None,
 ) -> CheckReport:
     """Check algorithm ``name`` (see the module docstring) and return the report.
 
@@ -1063,6 +1068,9 @@ def check_algorithm(
     :data:`PROPERTIES` (the others are reported skipped). The runs go to a temporary
     folder removed at the end, or to ``workdir`` (kept, for a look at the records).
     ``on_result`` is called with each property's result as soon as it is known.
+    ``call_timeout_s``: the runs' ``execution.call_timeout_s`` (default: the scenario's;
+    the tiny one's is :data:`CHECK_CALL_TIMEOUT_S`): a call of the algorithm that has not
+    returned by then fails the property, naming the call.
 
     Raises :class:`~mecsim.registry.UnknownName` / :class:`~mecsim.registry.PluginError`
     for a name that does not resolve and :class:`~mecsim.scenario.ScenarioError` for a
@@ -1074,6 +1082,10 @@ def check_algorithm(
         raise ValueError(f"unknown properties {unknown}; known: {', '.join(PROPERTIES)}")
     ALGORITHMS.get(name)  # UnknownName / PluginError first
     data = check_scenario_data(name, scenario, validate=True)  # ScenarioError: no run
+    if call_timeout_s is not None:
+        if not (math.isfinite(call_timeout_s) and call_timeout_s > 0):
+            raise ValueError(f"call_timeout_s must be a time > 0 (s), got {call_timeout_s!r}")
+        data = _merge(data, {"execution": {"call_timeout_s": float(call_timeout_s)}})
     start = time.perf_counter()
     results: list[PropertyResult] = []
     with tempfile.TemporaryDirectory(prefix="mecsim-check-") as tmp:

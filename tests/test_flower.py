@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -296,7 +297,8 @@ def test_a_clientapp_that_raises_or_replies_nan_fails_the_run_naming_the_client(
     run = mecsim_run(scenario(tmp_path, rounds=1), "--backend", "local", env=env)
     assert run.returncode == 1
     client = env.get("SEEDEDAPP_RAISE") or env.get("SEEDEDAPP_NAN")
-    assert f"fit of client {client}:" in run.stderr and says in run.stderr
+    said = f"the ClientApp's train of client {client} in round 1:"
+    assert said in run.stderr and says in run.stderr, run.stderr
     assert "Traceback" not in run.stderr
 
 
@@ -589,7 +591,109 @@ def test_a_clientapp_that_exits_fails_the_run_in_one_line(
     run = mecsim_run(path, "--backend", "local")
     assert run.returncode == 1, run.stderr
     exc = "SystemExit(0)" if "exit" in how else "KeyboardInterrupt()"
-    assert f"algorithm flower: fit of client 0 raised {exc} (user code)" in run.stderr
+    said = (
+        f"algorithm flower: the ClientApp's train of client 0 in round 1 raised {exc} (user code)"
+    )
+    assert said in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr
+    (meta,) = [json.loads(p.read_text()) for p in (tmp_path / "runs").glob("*/run.json")]
+    assert meta["status"] == "failed"
+
+
+def _wrapped_apps(tmp_path: Path, name: str, train: str, evaluate: str, server: str) -> dict:
+    """A package ``name`` with a ClientApp and a ServerApp around the seeded app's, each
+    running a line of code first (``pass``: nothing)."""
+    pkg = tmp_path / name
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "client_app.py").write_text(
+        "import time\n"
+        "from flwr.clientapp import ClientApp\n"
+        "from seededapp import client_app as seeded\n"
+        "app = ClientApp()\n"
+        "@app.train()\n"
+        "def train(msg, context):\n"
+        f"    {train}\n"
+        "    return seeded.train_fn(msg, context)\n"
+        "@app.evaluate()\n"
+        "def evaluate(msg, context):\n"
+        f"    {evaluate}\n"
+        "    return seeded.evaluate_fn(msg, context)\n"
+    )
+    (pkg / "server_app.py").write_text(
+        "import time\n"
+        "from flwr.serverapp import ServerApp\n"
+        "from seededapp import server_app as seeded\n"
+        "app = ServerApp()\n"
+        "@app.main()\n"
+        "def main(grid, context):\n"
+        f"    {server}\n"
+        "    return seeded.main(grid, context)\n"
+    )
+    return {"serverapp": f"{name}.server_app:app", "clientapp": f"{name}.client_app:app"}
+
+
+@pytest.mark.parametrize(
+    ("name", "train", "evaluate", "server", "timeout", "says"),
+    [
+        (
+            "evalfails",
+            "pass",
+            "raise ValueError('no test data')",
+            "pass",
+            None,
+            "AlgorithmError: algorithm 'flower' failed in the ClientApp's evaluate of client 0 "
+            "in round 1: ValueError: no test data",
+        ),
+        (
+            "trainfails",
+            "raise ValueError('no train data')",
+            "pass",
+            "pass",
+            None,
+            "AlgorithmError: algorithm 'flower' failed in the ClientApp's train of client 0 "
+            "in round 1: ValueError: no train data",
+        ),
+        (
+            "evalsleeps",
+            "pass",
+            "time.sleep(20)",
+            "pass",
+            3.0,
+            "CallTimeout: algorithm 'flower': the ClientApp's evaluate of client 0 in round 1 "
+            "did not return within 3 s (execution.call_timeout_s)",
+        ),
+        (
+            "serverblocks",
+            "pass",
+            "pass",
+            "time.sleep(20)",
+            3.0,
+            "CallTimeout: algorithm 'flower': select in round 1 did not return within 3 s "
+            "(execution.call_timeout_s)",
+        ),
+    ],
+)
+def test_a_flower_app_s_failure_or_hang_names_the_app_s_call_and_the_round(
+    tmp_path: Path, monkeypatch, name, train, evaluate, server, timeout, says
+) -> None:
+    """A ClientApp that fails in evaluate used to be reported as failed in fit; a
+    ServerApp that blocks or a ClientApp that sleeps held the run until Ctrl-C."""
+    monkeypatch.syspath_prepend(str(APP))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    params = _wrapped_apps(tmp_path, name, train, evaluate, server)
+    path = scenario(
+        tmp_path,
+        rounds=1,
+        algorithm={"name": "flower", "params": params},
+        execution={"backend": "local", "call_timeout_s": timeout},
+    )
+    start = time.monotonic()
+    run = mecsim_run(path)
+    assert time.monotonic() - start < 30
+    assert run.returncode == 1, run.stderr
+    lines = [line for line in run.stderr.splitlines() if "the run failed" in line]
+    assert len(lines) == 1 and lines[0].startswith(f"error: the run failed: {says}"), run.stderr
     assert "Traceback" not in run.stderr
     (meta,) = [json.loads(p.read_text()) for p in (tmp_path / "runs").glob("*/run.json")]
     assert meta["status"] == "failed"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import math
+import tracemalloc
 import warnings
 from pathlib import Path
 
@@ -33,6 +34,8 @@ from mecsim.emulation.mobility import (
     mobility_rng,
     trajectory,
 )
+from mecsim.emulation.mobility import traces as traces_module
+from mecsim.emulation.mobility.traces import FORMATS
 from mecsim.scenario.mobility import MobilityConfig, TraceConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -728,3 +731,115 @@ def test_the_highway_trace_reads_back():
     script = _highway_script()
     assert HIGHWAY.read_text() == script.fcd_xml(script.vehicles(30, 28, 2.0), 120)
     assert script.fcd_xml(script.vehicles(30, 5, 2.0), 120) != HIGHWAY.read_text()
+
+
+# --- traces: memory bounded by what the scenario uses --------------------------------------
+def _one_sample_bonnmotion(n: int) -> str:
+    return "".join(f"0 {1 + i % 50} {1 + i % 7}\n" for i in range(n))
+
+
+def _many_nodes(fmt: str, n: int) -> str:
+    """A trace of ``n`` nodes, one sample each, in each format."""
+    if fmt == "bonnmotion":
+        return _one_sample_bonnmotion(n)
+    if fmt == "one":
+        return "0 10 0 100 0 100\n" + "".join(f"0 n{i} 1 2\n" for i in range(n))
+    if fmt == "ns2":
+        return "".join(f"$node_({i}) set X_ 1\n$node_({i}) set Y_ 2\n" for i in range(n))
+    steps = "".join(f'<vehicle id="v{i}" x="1" y="2"/>\n' for i in range(n))
+    return f'<fcd-export>\n<timestep time="0">\n{steps}</timestep>\n</fcd-export>\n'
+
+
+@pytest.mark.parametrize(
+    ("fmt", "line"), [("bonnmotion", 51), ("one", 52), ("ns2", 101), ("sumo_fcd", 53)]
+)
+def test_a_trace_of_more_nodes_than_the_limit_is_refused_at_the_first_one_over(
+    tmp_path: Path, fmt, line
+):
+    path = _write(tmp_path, "many.trace", _many_nodes(fmt, 60))
+    load_trace(path, fmt, area=AREA, max_nodes=60)  # at the limit: read
+    with pytest.raises(TraceError) as info:
+        load_trace(path, fmt, area=AREA, max_nodes=50)
+    message = str(info.value)
+    assert message.startswith(f"{path}:{line}: "), message
+    assert "node number 51: a trace may have at most 50 nodes" in message, message
+
+
+def test_the_node_limit_applies_to_a_scenario_s_trace(tmp_path: Path, monkeypatch):
+    path = _write(tmp_path, "many.movements", _one_sample_bonnmotion(30))
+    config = MobilityConfig(model="trace", trace={"format": "bonnmotion", "path": str(path)})
+    assert len(check_trace(config, 4, AREA).nodes) == 4
+    monkeypatch.setattr(traces_module, "MAX_TRACE_NODES", 20)
+    with pytest.raises(TraceError, match=r"many.movements:21: .*at most 20 nodes"):
+        check_trace(config, 4, AREA)
+
+
+def _peak_bytes(call) -> int:
+    tracemalloc.start()
+    try:
+        call()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_many_one_sample_nodes_are_read_in_memory_bounded_by_the_clients(tmp_path: Path):
+    """The issue's case, scaled down: one-sample BonnMotion nodes (8.7 M in 52 MB took
+    > 4.4 GB before). A scenario of 4 clients keeps 4 nodes: the parse holds about the
+    file's bytes, not tens of times them."""
+    text = _one_sample_bonnmotion(90_000)
+    path = _write(tmp_path, "flood.movements", text)
+    size = len(text)
+    config = MobilityConfig(model="trace", trace={"format": "bonnmotion", "path": str(path)})
+    peak = _peak_bytes(lambda: check_trace(config, 4, AREA))
+    assert peak < 2 * size + 2**20, (peak, size)
+    # one followed node of many samples (a single 3 MB line): kept as float64 triples
+    waypoints = 100_000
+    line = " ".join(f"{t} 5 5" for t in range(waypoints)) + "\n"
+    long_path = _write(tmp_path, "long.movements", line + "0 1 1\n")
+    peak = _peak_bytes(lambda: load_trace(long_path, "bonnmotion", area=AREA, keep=1))
+    assert peak < 2 * len(line) + 24 * waypoints * 3 + 2**20, (peak, len(line))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_keeping_the_clients_nodes_only_gives_the_same_positions(tmp_path: Path, fmt):
+    text = {"sumo_fcd": FCD, "ns2": NS2, "one": ONE, "bonnmotion": BONN}[fmt]
+    path = _write(tmp_path, "t.trace", text)
+    area = Area.of_size(1000, 1000)
+    full = load_trace(path, fmt, area=area)
+    for keep in (1, frozenset({full.node_ids[-1]})):
+        part = load_trace(path, fmt, area=area, keep=keep)
+        assert part.n_nodes == full.n_nodes and part.end_s == full.end_s
+        for node in part.nodes:
+            same = full.nodes[full.node_ids.index(node.node_id)]
+            assert node.first_line == same.first_line
+            assert np.array_equal(node.times_s, same.times_s)
+            assert np.array_equal(node.xy_m, same.xy_m) and node.xy_m.dtype == np.float64
+    one = load_trace(path, fmt, area=area, keep=1)
+    with pytest.raises(TraceError, match="names node 'nope', which"):
+        one.assign(1, {"nope": 0})
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("0 1 1 0 10 2 2 0\n", "two places at time 0 s"),
+        ("0 1 1 9 10 5 5 0\n", "8 numbers, not a multiple of 3"),
+        ("0 1 1 0 10 2 2 0 20 3 3 0\n", "two places at time 0 s"),
+        ("0 1 1 5 10 2 2 5 20 3 3 5 30 4 4 5\n", "times must be sorted"),
+    ],
+)
+def test_a_3d_bonnmotion_trace_is_refused_as_3d(tmp_path: Path, text, words):
+    path = _write(tmp_path, "3d.movements", text)
+    with pytest.raises(TraceError) as info:
+        load_trace(path, "bonnmotion", area=AREA)
+    message = str(info.value)
+    assert message.startswith(f"{path}:1: ") and words in message, message
+    assert "reads as 3-D waypoints" in message and "2-D BonnMotion traces only" in message
+
+
+def test_a_bad_2d_bonnmotion_line_is_not_called_3d(tmp_path: Path):
+    path = _write(tmp_path, "b.movements", "0 1 1 5 2 2 3 3 3\n")  # 9 numbers: 2-D only
+    with pytest.raises(TraceError) as info:
+        load_trace(path, "bonnmotion", area=AREA)
+    assert "times must be sorted" in str(info.value) and "3-D" not in str(info.value)

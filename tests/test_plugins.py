@@ -537,7 +537,8 @@ def test_a_plugin_that_raises_in_fit_fails_the_run_naming_it_and_resumes_after_a
     assert out.returncode == 1
     line = out.stderr.strip().splitlines()[-1]
     assert line.startswith(
-        "error: the run failed: AlgorithmError: algorithm 'flaky' failed in fit of client 2: "
+        "error: the run failed: AlgorithmError: algorithm 'flaky' failed in fit of client 2 "
+        "in round 2: "
         "RuntimeError: the licence expired. Its finished rounds are kept"
     ), out.stderr
     meta = json.loads((tmp_path / "f" / "run.json").read_text())

@@ -6,6 +6,7 @@ it. A real Ctrl-C in the middle of ``fit`` still interrupts the run (exit 130)."
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -14,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -69,14 +71,31 @@ def act(where, rnd):
     if how == "sleep":  # a long fit: the test sends a real SIGINT meanwhile
         open(env["EXITS_MARK"], "w").close()
         time.sleep(120)
+    if how == "raise":
+        raise ValueError("bad\\n  thing")
+    if how == "hang":  # blocked in C: the watchdog abandons it
+        time.sleep(20)
+    if how == "spin":  # a Python loop: the watchdog abandons it and stops it
+        end = time.monotonic() + 20
+        while time.monotonic() < end:
+            pass
+    return how
 
 
 class C(FedAvgClient):
     def fit(self, ctx, task):
         rnd = ctx.state.get("fits", 0)  # every client trains every round
         ctx.state["fits"] = rnd + 1
-        act("fit", rnd)
+        if act("fit", rnd) == "none":
+            return None
         return super().fit(ctx, task)
+
+    def evaluate(self, ctx, task):
+        rnd = ctx.state.get("evals", 0)
+        ctx.state["evals"] = rnd + 1
+        if act("evaluate", rnd) == "none":
+            return None
+        return super().evaluate(ctx, task)
 
 
 class S(FedAvgServer):
@@ -86,8 +105,14 @@ class S(FedAvgServer):
         act("init", 0)
         super().__init__(*args, **kwargs)
 
+    def configure_fit(self, rnd, selected):
+        if act("configure_fit", rnd) == "none":
+            return None
+        return super().configure_fit(rnd, selected)
+
     def aggregate_fit(self, rnd, results):
-        act("aggregate_fit", rnd)
+        if act("aggregate_fit", rnd) == "none":
+            return None
         return super().aggregate_fit(rnd, results)
 
 
@@ -123,11 +148,26 @@ def _run(tmp_path: Path, monkeypatch, capfd, where: str, how: str, rnd: int = 0)
 @pytest.mark.parametrize(
     "where, how, rnd, says",
     [
-        ("fit", "exit0", 0, "algorithm exits: fit of client 0 raised SystemExit(0) (user code)"),
-        ("fit", "exit3", 1, "algorithm exits: fit of client 0 raised SystemExit(3) (user code)"),
-        ("fit", "keyboard", 0, "fit of client 0 raised KeyboardInterrupt() (user code)"),
-        ("aggregate_fit", "exit0", 1, "algorithm exits: aggregate_fit raised SystemExit(0)"),
-        ("aggregate_fit", "boom", 0, "aggregate_fit raised Boom('its own') (user code)"),
+        (
+            "fit",
+            "exit0",
+            0,
+            "algorithm exits: fit of client 0 in round 1 raised SystemExit(0) (user code)",
+        ),
+        (
+            "fit",
+            "exit3",
+            1,
+            "algorithm exits: fit of client 0 in round 2 raised SystemExit(3) (user code)",
+        ),
+        ("fit", "keyboard", 0, "fit of client 0 in round 1 raised KeyboardInterrupt() (user code)"),
+        (
+            "aggregate_fit",
+            "exit0",
+            1,
+            "algorithm exits: aggregate_fit in round 2 raised SystemExit(0)",
+        ),
+        ("aggregate_fit", "boom", 0, "aggregate_fit in round 1 raised Boom('its own') (user code)"),
     ],
 )
 def test_code_of_the_run_that_exits_fails_the_run_in_one_line(
@@ -165,7 +205,7 @@ def test_mecsim_check_reports_an_algorithm_that_exits(files, monkeypatch, capfd)
     code = main(["check", "exits", "--plugin", "exits.py", "--no-ray", "--property", "params"])
     out, err = capfd.readouterr()
     assert code == 1, (out, err)
-    assert "FAIL params" in out and "fit of client 0 raised SystemExit(0)" in out, out
+    assert "FAIL params" in out and "fit of client 0 in round 1 raised SystemExit(0)" in out, out
 
 
 def test_a_real_ctrl_c_in_the_middle_of_fit_still_interrupts_the_run(files):
@@ -220,7 +260,222 @@ def test_on_ray_an_exit_in_an_actor_fails_the_run_in_one_line(files, monkeypatch
     code = main(args)
     _, err = capfd.readouterr()
     assert code == 1, err
-    says = "fit of client 0" if where == "fit" else "aggregate_fit"
+    says = "fit of client 0 in round 1" if where == "fit" else "aggregate_fit in round 1"
     lines = [line for line in err.splitlines() if "the run failed" in line]
     assert len(lines) == 1 and f"{says} raised SystemExit(0) (user code)" in lines[0], err
     assert "Traceback" not in err
+
+
+# --- errors that name the algorithm, the call and the round (issue 41, item 8) -------------
+@pytest.mark.parametrize(
+    "where, how, rnd, says",
+    [
+        (
+            "aggregate_fit",
+            "raise",
+            1,
+            "algorithm 'exits' failed in aggregate_fit in round 2: ValueError: bad thing",
+        ),
+        (
+            "aggregate_fit",
+            "none",
+            0,
+            "algorithm 'exits': aggregate_fit in round 1 returned NoneType, not AggregateStats",
+        ),
+        (
+            "configure_fit",
+            "raise",
+            1,
+            "algorithm 'exits' failed in configure_fit in round 2: ValueError: bad thing",
+        ),
+        (
+            "configure_fit",
+            "none",
+            0,
+            "algorithm 'exits': configure_fit in round 1 returned NoneType, not list",
+        ),
+        (
+            "fit",
+            "none",
+            1,
+            "algorithm 'exits': fit of client 0 in round 2 returned NoneType, not its ClientResult",
+        ),
+        (
+            "evaluate",
+            "raise",
+            0,
+            "algorithm 'exits' failed in evaluate of client 0 in round 1: ValueError: bad thing",
+        ),
+        (
+            "evaluate",
+            "none",
+            1,
+            "algorithm 'exits': evaluate of client 0 in round 2 returned NoneType, not "
+            "(accuracy, loss[, extras])",
+        ),
+    ],
+)
+def test_an_algorithm_s_error_names_the_algorithm_the_call_and_the_round(
+    files, monkeypatch, capfd, where, how, rnd, says
+):
+    code, out, err, meta = _run(files, monkeypatch, capfd, where, how, rnd)
+    assert code == 1, (out, err)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: the run failed: AlgorithmError: " + says), err
+    assert "Traceback" not in err
+    assert meta["status"] == "failed" and says in meta["error"], meta
+    assert meta["rounds_done"] == rnd  # the rounds before are kept
+
+
+# --- a watchdog on every call (issue 41, item 10) ------------------------------------------
+def _with_timeout(files: Path, timeout: object) -> None:
+    data = yaml.safe_load((files / "s.yaml").read_text())
+    data["execution"]["call_timeout_s"] = timeout
+    (files / "s.yaml").write_text(yaml.safe_dump(data))
+
+
+@pytest.mark.parametrize(
+    "where, how, rnd, says",
+    [
+        ("fit", "hang", 1, "fit of client 0 in round 2"),
+        ("fit", "spin", 0, "fit of client 0 in round 1"),
+        ("aggregate_fit", "hang", 0, "aggregate_fit in round 1"),
+        ("evaluate", "spin", 1, "evaluate of client 0 in round 2"),
+        ("configure_fit", "hang", 1, "configure_fit in round 2"),
+    ],
+)
+def test_a_call_that_does_not_return_in_time_fails_the_run(
+    files, monkeypatch, capfd, where, how, rnd, says
+):
+    from mecsim.agents.algorithms import base
+
+    _with_timeout(files, 2.0)  # a cold first fit on a loaded machine takes over 0.5 s
+    before = base._WATCHDOG.abandoned
+    start = time.monotonic()
+    code, out, err, meta = _run(files, monkeypatch, capfd, where, how, rnd)
+    took = time.monotonic() - start
+    assert code == 1, (out, err)
+    assert took < 15, took  # not the 20 s the call would take
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    said = (
+        f"error: the run failed: CallTimeout: algorithm 'exits': {says} did not return within "
+        "2 s (execution.call_timeout_s)"
+    )
+    assert lines[0].startswith(said), err
+    assert meta["status"] == "failed" and "did not return within 2 s" in meta["error"]
+    assert meta["rounds_done"] == rnd  # what finished is kept
+    assert base._WATCHDOG.abandoned == before + 1
+    left = base._WATCHDOG.left[-1]
+    if how == "spin":  # a Python loop is stopped where it runs (CallAbandoned), not left
+        left.join(timeout=5)
+        assert not left.is_alive()
+    else:  # blocked in C (a sleep): it goes on, abandoned, until it returns
+        assert left.is_alive()
+
+
+def test_calls_that_return_in_time_give_the_same_run_as_without_a_watchdog(
+    files, monkeypatch, capfd
+):
+    """The watchdog's thread changes nothing a run computes: the records of a run with
+    it are those of a run whose calls run in the caller's thread (call_timeout_s null)."""
+    monkeypatch.setenv("EXITS_HOW", "none-such")
+    outs = {}
+    for label, timeout in (("watched", 30.0), ("direct", None)):
+        _with_timeout(files, timeout)
+        code = main(
+            ["run", "s.yaml", "--plugin", "exits.py", "--quiet", "--no-plots", "--run-id", label]
+        )
+        assert code == 0, capfd.readouterr()
+        outs[label] = (files / "runs" / label / "rounds.csv").read_text()
+    assert len(outs["watched"].splitlines()) == 3  # a header and two rounds
+    watched, direct = (pd.read_csv(io.StringIO(outs[k])) for k in ("watched", "direct"))
+    measured = ["run_id", "server_rss_mb", "host_wall_s", "host_train_wall_s", "host_aggregate_s"]
+    assert set(measured) <= set(watched.columns)
+    pd.testing.assert_frame_equal(watched.drop(columns=measured), direct.drop(columns=measured))
+
+
+@pytest.mark.parametrize(
+    "value, words",
+    [
+        (0, "greater than 0"),
+        (-1, "greater than 0"),
+        (".nan", "finite number"),
+        (".inf", "finite number"),
+        (1e9, "less than or equal to 604800"),
+        ("soon", "valid number"),
+    ],
+)
+def test_bad_call_timeouts_are_refused_naming_the_field(files, capfd, value, words):
+    text = (files / "s.yaml").read_text()
+    data = yaml.safe_load(text)
+    data["execution"]["call_timeout_s"] = "PLACEHOLDER"
+    (files / "s.yaml").write_text(yaml.safe_dump(data).replace("PLACEHOLDER", str(value)))
+    code = main(["validate", "s.yaml", "--plugin", "exits.py"])
+    _, err = capfd.readouterr()
+    assert code == 2, err
+    assert "s.yaml: execution.call_timeout_s:" in err and words in err, err
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize(
+    "where, how, timeout, says",
+    [
+        (
+            "aggregate_fit",
+            "raise",
+            None,
+            "AlgorithmError: algorithm 'exits' failed in aggregate_fit in round 2: "
+            "ValueError: bad thing",
+        ),
+        (
+            "aggregate_fit",
+            "none",
+            None,
+            "AlgorithmError: algorithm 'exits': aggregate_fit in round 2 returned NoneType",
+        ),
+        (
+            "fit",
+            "hang",
+            5.0,  # a cold actor's first fit on a loaded machine takes over a second
+            "CallTimeout: algorithm 'exits': fit of client 0 in round 2 did not return "
+            "within 5 s (execution.call_timeout_s)",
+        ),
+    ],
+)
+def test_on_ray_an_algorithm_s_error_or_timeout_is_one_plain_line(
+    files, capfd, where, how, timeout, says
+):
+    """Under Ray the calls run in actors: their errors and timeouts are the same one
+    line as in-process (not a Ray traceback with ANSI colour codes)."""
+    settings = {"EXITS_WHERE": where, "EXITS_HOW": how, "EXITS_ROUND": "1"}
+    (files / "exits.json").write_text(json.dumps(settings))
+    _with_timeout(files, timeout)
+    args = ["run", "s.yaml", "--plugin", "exits.py", "--quiet", "--no-plots", "--backend", "ray"]
+    code = main(args)
+    _, err = capfd.readouterr()
+    assert code == 1, err
+    lines = [line for line in err.splitlines() if "the run failed" in line]
+    assert len(lines) == 1 and lines[0].startswith(f"error: the run failed: {says}"), err
+    assert "Traceback" not in err and "\x1b[" not in err, err
+    (meta,) = [json.loads(p.read_text()) for p in (files / "runs").glob("*/run.json")]
+    assert meta["status"] == "failed" and meta["rounds_done"] == 1
+
+
+def test_mecsim_check_applies_the_call_timeout(files, monkeypatch, capfd):
+    monkeypatch.setenv("EXITS_WHERE", "fit")
+    monkeypatch.setenv("EXITS_HOW", "hang")
+    args = ["check", "exits", "--plugin", "exits.py", "--no-ray", "--property", "params"]
+    start = time.monotonic()
+    code = main([*args, "--call-timeout", "2"])
+    out, err = capfd.readouterr()
+    assert code == 1, (out, err)
+    assert time.monotonic() - start < 15
+    assert "FAIL params" in out, out
+    assert "fit of client 0 in round 1 did not return within 2 s" in out, out
+    for bad in ("0", "-2", "nan", "inf", "soon"):
+        with pytest.raises(SystemExit) as usage:
+            main([*args, "--call-timeout", bad])
+        assert usage.value.code == 2
+        assert "--call-timeout" in capfd.readouterr().err

@@ -26,13 +26,17 @@ moments, private layers) lives in ``ctx.state``, a dict the host keeps per clien
 
 from __future__ import annotations
 
+import contextvars
+import ctypes
+import queue
 import signal
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeAlias
+from typing import Any, ClassVar, TypeAlias, TypeVar, cast
 
 import numpy as np
 import torch
@@ -247,7 +251,8 @@ def user_code(algorithm: str, where: str) -> Iterator[None]:
     :class:`AlgorithmError`, one line naming the algorithm and where: the run fails
     (exit 1), it does not end as if it had succeeded or been interrupted. Exceptions pass
     through unchanged (each call site names them its own way); a real Ctrl-C or SIGTERM
-    stops the run as before."""
+    stops the run as before. (:func:`call_user` also names Exceptions and bounds the
+    call's time.)"""
     try:
         yield
     except Exception:
@@ -262,6 +267,165 @@ def user_code(algorithm: str, where: str) -> Iterator[None]:
         raise UserCodeExit(
             f"algorithm {algorithm}: {where} raised {_call_repr(exc)} (user code)"
         ) from exc
+
+
+class CallTimeout(AlgorithmError):
+    """A call into an algorithm's code did not return within ``execution.call_timeout_s``
+    (:func:`call_user`): the run fails; the call is abandoned (see :class:`_Watchdog`)."""
+
+
+class CallAbandoned(BaseException):
+    """Raised, where it can be, in the thread of a call that overran its time: it stops
+    code that runs Python bytecode (a loop); code blocked in C (a sleep, a lock, I/O, a
+    long torch operation) goes on until it returns, or until the process ends."""
+
+
+_T = TypeVar("_T")
+
+
+class _Overran(Exception):
+    """The watchdog's own: the call did not return in time."""
+
+
+class _Worker:
+    """The thread that runs one caller thread's calls into user code, one at a time."""
+
+    def __init__(self, caller: threading.Thread) -> None:
+        self.caller = caller
+        self.jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.abandoned = False
+        self.thread = threading.Thread(target=self._run, name="mecsim-user-code", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self.abandoned:
+                try:
+                    job = self.jobs.get(timeout=30.0)
+                except queue.Empty:
+                    if not self.caller.is_alive():  # its caller is gone: so is it
+                        return
+                    continue
+                fn, args, kwargs, context, grad, out = job
+                try:
+                    torch.set_grad_enabled(grad)
+                    out.put((True, context.run(fn, *args, **kwargs)))
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller as it is
+                    out.put((False, exc))
+                del job, fn, args, kwargs, out
+        except CallAbandoned:  # raised in it after its call overran: it ends here
+            return
+
+
+class _Watchdog:
+    """Runs calls into user code in a worker thread (a daemon; one per calling thread,
+    made anew when a call overran) and waits for each at most its timeout. A call that
+    overruns is abandoned: its thread is left (Python cannot kill a thread),
+    :class:`CallAbandoned` is raised in it at its next bytecode, and the next call gets
+    a new thread. The caller's context variables (numpy's error state) and torch's grad
+    mode go with the call; the global generators are the process's, as in the caller."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self.abandoned = 0  # calls abandoned in this process (tests)
+        self.left: list[threading.Thread] = []  # their threads, the last few (tests)
+
+    def call(self, fn: Callable[..., _T], args: Any, kwargs: Any, timeout_s: float) -> _T:
+        worker: _Worker | None = getattr(self._local, "worker", None)
+        if worker is None or worker.abandoned or not worker.thread.is_alive():
+            worker = self._local.worker = _Worker(threading.current_thread())
+        out: queue.SimpleQueue[tuple[bool, Any]] = queue.SimpleQueue()
+        worker.jobs.put(
+            (fn, args, kwargs, contextvars.copy_context(), torch.is_grad_enabled(), out)
+        )
+        try:
+            ok, value = out.get(timeout=timeout_s)
+        except queue.Empty:
+            self._abandon(worker)
+            raise _Overran from None
+        except BaseException:  # Ctrl-C while waiting: the call is left behind too
+            self._abandon(worker)
+            raise
+        if ok:
+            return cast(_T, value)
+        raise value
+
+    def _abandon(self, worker: _Worker) -> None:
+        worker.abandoned = True
+        self._local.worker = None
+        thread = worker.thread
+        with self._lock:
+            self.abandoned += 1
+            self.left = [*self.left[-7:], thread]
+        if thread.ident is not None and thread.is_alive():
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                ctypes.c_ulong(thread.ident), ctypes.py_object(CallAbandoned)
+            )
+
+
+_WATCHDOG = _Watchdog()
+
+
+def call_user(
+    algorithm: str,
+    where: str,
+    fn: Callable[..., _T],
+    *args: Any,
+    rnd: int | None = None,
+    timeout_s: float | None = None,
+    **kwargs: Any,
+) -> _T:
+    """``fn(*args, **kwargs)``, a call into an algorithm's own code (a plugin's, a Flower
+    app's), named: whatever it raises becomes one line naming the algorithm, the call
+    (``where``) and the round (``rnd``, 0-based; said 1-based) — an
+    :class:`AlgorithmError` (an Exception, or one it raised itself, passes as it is), a
+    :class:`UserCodeExit` (what is not an Exception, as :func:`user_code`); a real Ctrl-C
+    or SIGTERM passes. With ``timeout_s`` (``execution.call_timeout_s``) the call runs in
+    :class:`_Watchdog`'s thread and one that has not returned by then is a
+    :class:`CallTimeout`."""
+    in_round = "" if rnd is None else f" in round {rnd + 1}"
+    try:
+        if timeout_s is None:
+            return fn(*args, **kwargs)
+        return _WATCHDOG.call(fn, args, kwargs, timeout_s)
+    except _Overran:
+        raise CallTimeout(
+            f"algorithm {algorithm!r}: {where}{in_round} did not return within "
+            f"{timeout_s:g} s (execution.call_timeout_s); the run stops here, the call "
+            "is abandoned"
+        ) from None
+    except AlgorithmError:
+        raise
+    except Exception as exc:
+        raise AlgorithmError(
+            f"algorithm {algorithm!r} failed in {where}{in_round}: {_one_line(exc)}"
+        ) from exc
+    except KeyboardInterrupt as exc:
+        if from_signal(exc):
+            raise
+        raise UserCodeExit(
+            f"algorithm {algorithm}: {where}{in_round} raised {_call_repr(exc)} (user code)"
+        ) from exc
+    except BaseException as exc:
+        raise UserCodeExit(
+            f"algorithm {algorithm}: {where}{in_round} raised {_call_repr(exc)} (user code)"
+        ) from exc
+
+
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+
+
+def returned(algorithm: str, where: str, rnd: int | None, value: Any, kind: type) -> None:
+    """Refuse what a call returned when it is not a ``kind`` (an aggregate_fit that
+    returns None): one line naming the algorithm, the call and the round."""
+    if not isinstance(value, kind):
+        in_round = "" if rnd is None else f" in round {rnd + 1}"
+        raise AlgorithmError(
+            f"algorithm {algorithm!r}: {where}{in_round} returned {type(value).__name__}, "
+            f"not {kind.__name__}"
+        )
 
 
 def check_upload(algorithm: str, result: ClientResult, expected_size: int | None) -> None:
@@ -576,6 +740,11 @@ class ClientAlgorithm(ABC):
         host's clients) and return what it uploads with its op-trace
         (:func:`trained_result` builds the usual one). Draw randomness only from
         ``ctx.generator``; keep what must outlive the round in ``ctx.state``."""
+
+    def call_name(self, task: ClientTask) -> str:
+        """What :meth:`fit` of ``task`` is called in errors (``fit``; a Flower client:
+        the ClientApp's ``train`` or ``evaluate``)."""
+        return "fit"
 
     def evaluate(self, ctx: ClientContext, task: ClientTask) -> EvalResult:
         """(accuracy, loss) on the client's own test data of the model in ``task``.

@@ -155,6 +155,9 @@ class FlowerClient(ClientAlgorithm):
         super().__init__(params)
         self._runner: Any = None
 
+    def call_name(self, task: ClientTask) -> str:
+        return f"the ClientApp's {task.config.get('flower_category', 'train')}"
+
     def fit(self, ctx: ClientContext, task: ClientTask) -> ClientResult:
         if self._runner is None:
             # deferred: flwr, an optional dependency

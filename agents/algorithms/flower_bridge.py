@@ -288,6 +288,7 @@ class Bridge:
             wire = to_wire(self._batch[cid])
             config = {
                 "flower_message": wire,
+                "flower_category": _category(self._batch[cid]),
                 "flower_app": self.app,
                 "node_id": self.node_of[cid],
                 "num_partitions": n,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.markup import escape
 from rich.table import Table
 
 from mecsim.store.summary import summarise, table_rows
@@ -57,8 +58,8 @@ def fitting_tables(
         table.add_column(header[0], width=widths[0], no_wrap=True)
         for j in cols:
             table.add_column(header[j], justify="right", width=widths[j])
-        for r in rows:
-            table.add_row(r[0], *(r[j] for j in cols))
+        for r in rows:  # a method's name may be a plugin's: printed literally
+            table.add_row(escape(r[0]), *(escape(r[j]) for j in cols))
         tables.append(table)
     return tables
 
@@ -110,6 +111,6 @@ def list_table(
         table.add_column(
             header[j], no_wrap=True, min_width=least[j], justify="right" if j in right else "left"
         )
-    for r in rows:
-        table.add_row(*(r[j] for j in cols))
+    for r in rows:  # ids, names: printed literally
+        table.add_row(*(escape(r[j]) for j in cols))
     return table

@@ -35,6 +35,7 @@ import ipaddress
 import os
 import shutil
 import socket
+import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -197,6 +198,10 @@ def check_outputs(
     elif not os.access(existing, os.W_OK | os.X_OK):
         what = "create run folders in" if existing == base else f"create {base} under"
         found.problem("outputs.dir", f"no permission to {what} {existing}")
+    elif problem := _cannot_make_folders(existing):
+        # os.access says yes to root everywhere: /proc, /sys, a read-only mount
+        what = "run folders" if existing == base else f"{base}"
+        found.problem("outputs.dir", f"cannot make {what} in {existing} ({problem})")
     elif run_dir is not None and resume:
         if not run_dir.is_dir():
             found.problem("outputs.run_id", f"there is no run folder {run_dir} to resume")
@@ -205,6 +210,16 @@ def check_outputs(
             "outputs.run_id",
             f"the run folder {run_dir} already exists; choose another run id (--run-id)",
         )
+
+
+def _cannot_make_folders(folder: Path) -> str | None:
+    """Why no folder can be made in ``folder`` (an empty one is made and removed to
+    find out), or None."""
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".mecsim-check-", dir=folder))
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    return None
 
 
 def checkpoint_bytes(scenario: Scenario, layout: ModelLayout) -> int:

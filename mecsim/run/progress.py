@@ -6,6 +6,7 @@ import sys
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -35,7 +36,7 @@ class ProgressBar(RunObserver):
     def on_run_start(self, info: RunInfo) -> None:
         self.progress.start()
         self.task = self.progress.add_task(
-            f"{info.scenario.algorithm.name} rounds",
+            f"{escape(info.scenario.algorithm.name)} rounds",  # the column renders markup
             total=info.scenario.rounds,
             status="",
             completed=info.resumed_from,

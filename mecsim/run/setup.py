@@ -201,6 +201,7 @@ def prepare(
         seed,
         init_weights,
         plugins=registry.portable(),
+        call_timeout_s=scenario.execution.call_timeout_s,
     )
     # the network first: with a geometry its association (each client's edge server at
     # the start) is what the servers and the records use
@@ -218,6 +219,7 @@ def prepare(
         edge_server_of={cid: int(network.edge_server[cid]) for cid in range(n)},
         plugins=registry.portable(),
         rounds=scenario.rounds,
+        call_timeout_s=scenario.execution.call_timeout_s,
     )
     hierarchy_moves = moving_hierarchy(scenario)
     if hierarchy_moves:  # every edge server a process: clients may come to any of them

@@ -31,6 +31,12 @@ import mecsim.registry as registry
 from mecsim.scenario.mobility import MobilityConfig
 
 PositiveFloat = Annotated[float, Field(gt=0)]
+#: the longest emulated time a scenario may name (s; ~32 years): a finite-but-absurd
+#: time (1e308) would overflow the emulation's sums to inf, then pass as a number
+MAX_EMULATED_S = 1e9
+#: an emulated time of that range (s)
+EmulatedSeconds = Annotated[float, Field(ge=0, le=MAX_EMULATED_S)]
+PositiveEmulatedSeconds = Annotated[float, Field(gt=0, le=MAX_EMULATED_S)]
 
 
 #: Quantities in dB or dBm: finite, and small enough that 10^(x/10) is a finite float.
@@ -261,7 +267,7 @@ class TopologyConfig(_Strict):
 
 class CustomProfile(_Strict):
     flops_per_s: float = Field(ge=1, description="at least 1 FLOP/s")
-    step_overhead_s: float = Field(ge=0)
+    step_overhead_s: float = Field(ge=0, le=3600)
     ram_bytes: int = Field(gt=0)
     description: str = ""
     flops_source: str = Field(description="where flops_per_s comes from")
@@ -1015,7 +1021,7 @@ class BackhaulConfig(LinkTransport):
 
     bandwidth_bps: float = Field(default=1e9, ge=1, description="at least 1 b/s")
     latency_s: float = Field(
-        default=0.005, ge=0, description="one-way latency of each transfer (s)"
+        default=0.005, ge=0, le=3600, description="one-way latency of each transfer (s)"
     )
 
     @model_validator(mode="after")
@@ -1067,6 +1073,15 @@ class MetricsConfig(_Strict):
     )
 
 
+#: execution.call_timeout_s by default: an hour for one client's fit or one aggregation
+#: is far beyond real work on a host (a round of the paper scenarios' clients takes
+#: seconds), short enough that a hung call does not hold a run (or a service's worker)
+#: for days
+DEFAULT_CALL_TIMEOUT_S = 3600.0
+#: the largest call_timeout_s (a week); null for none
+MAX_CALL_TIMEOUT_S = 7 * 86400.0
+
+
 class ExecutionConfig(_Strict):
     backend: Literal["ray", "local"] = Field(
         default="ray", description="ray: host actors in Ray; local: in-process (tests, debugging)"
@@ -1080,6 +1095,17 @@ class ExecutionConfig(_Strict):
         "deadline, no wait_for_fraction, no link or edge-server outages, no rate traces) "
         "and the algorithm can (FedAvg, FedProx, Per-FedAvg); off: hold every upload "
         "until the round is timed. The same bits either way",
+    )
+    call_timeout_s: float | None = Field(
+        default=DEFAULT_CALL_TIMEOUT_S,
+        gt=0,
+        le=MAX_CALL_TIMEOUT_S,
+        description="the longest one call into an algorithm's code may take (s): a "
+        "client's fit or evaluate, the server's select, configure_fit, aggregate_fit, "
+        "..., a Flower ClientApp's message or the ServerApp's turn; a call still running "
+        "then fails the run (exit 1), naming the algorithm, the call and the round. "
+        "null: no limit (the calls then run in the caller's thread). See "
+        "docs/reliability.md for what a call that overran can still do",
     )
 
 
@@ -1109,16 +1135,16 @@ class StragglerConfig(_Strict):
 
 
 class LinkOutage(_Strict):
-    start_s: float = Field(ge=0, description="emulated seconds since the run started")
-    duration_s: PositiveFloat
+    start_s: EmulatedSeconds = Field(description="emulated seconds since the run started")
+    duration_s: PositiveEmulatedSeconds
     clients: Literal["all"] | list[Annotated[int, Field(ge=0)]] = "all"
     direction: Literal["both", "uplink", "downlink"] = "both"
 
 
 class EdgeServerOutage(_Strict):
     edge_server: int = Field(ge=0)
-    start_s: float = Field(ge=0, description="emulated seconds since the run started")
-    duration_s: PositiveFloat
+    start_s: EmulatedSeconds = Field(description="emulated seconds since the run started")
+    duration_s: PositiveEmulatedSeconds
 
 
 class FaultsConfig(_Strict):
@@ -1407,7 +1433,9 @@ class Scenario(_Strict):
     backhaul: BackhaulConfig = Field(default_factory=BackhaulConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
-    deadline_s: float | None = Field(default=None, gt=0, description="round deadline (emulated s)")
+    deadline_s: float | None = Field(
+        default=None, gt=0, le=MAX_EMULATED_S, description="round deadline (emulated s)"
+    )
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
     outputs: OutputsConfig = Field(default_factory=OutputsConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)

@@ -58,15 +58,19 @@ def check_trace(
     base_dir: str | Path | None = None,
 ) -> Trace | None:
     """Read and check the trace of ``config`` (None for the synthetic models): the file,
-    its lines, and its nodes against the clients. Refuses with file and line."""
+    its lines, and its nodes against the clients. Refuses with file and line. Only the
+    samples of the nodes the clients follow are kept (the first ``n_clients``, or those
+    of ``trace.node_map``): memory stays bounded by what the scenario uses."""
     if config.model != "trace":
         return None
     assert config.trace is not None  # the config's validator requires it
+    node_map = config.trace.node_map
     trace = load_trace(
         _trace_path(config.trace, base_dir),
         config.trace.format,
         area=area,
         max_bytes=config.trace.max_bytes,
+        keep=n_clients if node_map is None else frozenset(node_map),
     )
     trace.assign(n_clients, config.trace.node_map)
     return trace

@@ -5,8 +5,16 @@ movement format and BonnMotion's native format, read into positions on the grid
 Everything wrong with a trace is refused when it is read, before anything runs, with
 the file and the line (:class:`TraceError`): a file over the size limit, a line that is
 not the format's, times that go backwards, one node twice at one time, NaN or infinite
-numbers, positions outside the area; then, when the trace is mapped to clients, ids the
-map names that the trace lacks and fewer trace nodes than clients.
+numbers, positions outside the area, more than :data:`MAX_TRACE_NODES` nodes; then, when
+the trace is mapped to clients, ids the map names that the trace lacks and fewer trace
+nodes than clients.
+
+Memory: the byte limit alone does not bound what a parse holds (52 MB of one-sample
+BonnMotion nodes are 8.7 M nodes), so a trace is read line by line (a line's numbers one
+by one) without a list of its lines or tokens; every node is checked, but the samples
+are kept only of the nodes the scenario's clients follow (``keep``: the first ``n`` in
+order of first appearance, or the ids of ``trace.node_map``), as flat float64 arrays
+(24 bytes a sample), and the nodes themselves are capped (:data:`MAX_TRACE_NODES`).
 
 Between two samples of a node its position is interpolated linearly; before its first
 sample a node is where it was first seen, after its last sample it stays where it was
@@ -28,7 +36,8 @@ import io
 import math
 import re
 import warnings
-from collections.abc import Mapping
+from array import array
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -44,6 +53,14 @@ FORMATS: tuple[TraceFormat, ...] = ("sumo_fcd", "ns2", "one", "bonnmotion")
 
 #: files (and what a .gz decompresses to) larger than this are refused unread
 DEFAULT_MAX_BYTES = 50 * 2**20
+#: the most distinct nodes a trace may have: a scenario's clients follow one node each
+#: (at most a few thousand), and checking a node costs memory (its last time and line)
+#: whether it is followed or not, so the nodes are bounded, not only the bytes
+MAX_TRACE_NODES = 100_000
+
+#: which nodes' samples a parse keeps: None every node; n the first n in order of first
+#: appearance; a set of ids those nodes (the others are checked, then dropped)
+Keep = int | frozenset[str] | None
 
 
 class TraceError(ValueError):
@@ -80,6 +97,16 @@ class Trace:
     #: the last time the trace says anything (s, trace time); ``inf`` where the format
     #: defines the motion for ever (ns-2: a node stays at its last destination)
     end_s: float
+    #: how many nodes the file has (``nodes`` holds those kept: see ``load_trace``'s
+    #: ``keep``), and the first few ids in order of first appearance (for messages)
+    n_nodes: int = -1
+    first_ids: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.n_nodes < 0:
+            self.n_nodes = len(self.nodes)
+        if not self.first_ids:
+            self.first_ids = tuple(node.node_id for node in self.nodes[:5])
 
     @property
     def node_ids(self) -> list[str]:
@@ -94,7 +121,7 @@ class Trace:
         if node_map is None:
             if len(self.nodes) < n_clients:
                 raise TraceError(
-                    f"{self.path}: {len(self.nodes)} trace nodes for {n_clients} clients: each "
+                    f"{self.path}: {self.n_nodes} trace nodes for {n_clients} clients: each "
                     "client follows one node of the trace (in order of first appearance), "
                     "so the trace needs at least as many nodes as there are clients"
                 )
@@ -104,8 +131,8 @@ class Trace:
         for raw_id, client in node_map.items():
             node_id = str(raw_id)
             if node_id not in by_id:
-                known = ", ".join(repr(i) for i in self.node_ids[:5])
-                more = ", ..." if len(self.nodes) > 5 else ""
+                known = ", ".join(repr(i) for i in self.first_ids[:5])
+                more = ", ..." if self.n_nodes > 5 else ""
                 raise TraceError(
                     f"trace.node_map: names node {node_id!r}, which {self.path} does not have "
                     f"(its ids: {known}{more})"
@@ -171,6 +198,20 @@ class Trace:
 # --- reading ----------------------------------------------------------------------------
 
 
+def _read_at_most(f: Any, limit: int, chunk: int = 2**20) -> bytes:
+    """Up to ``limit`` bytes of ``f``, read in chunks: ``f.read(limit)`` would take a
+    buffer of ``limit`` bytes (50 MiB) whatever the file's size."""
+    parts: list[bytes] = []
+    got = 0
+    while got < limit:
+        part = f.read(min(chunk, limit - got))
+        if not part:
+            break
+        parts.append(part)
+        got += len(part)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
 def read_limited(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
     """The file's bytes (a ``.gz`` file's decompressed bytes), refused when over
     ``max_bytes`` before it is read (and while a .gz decompresses)."""
@@ -186,11 +227,15 @@ def read_limited(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
             f"{path}: {size:,} bytes, over the limit of {max_bytes:,} bytes (trace.max_bytes)"
         )
     with p.open("rb") as f:
-        data = f.read(max_bytes + 1)
+        data = f.read(size + 1)  # a buffer of the file's size (not of the limit)
+        if len(data) > size:  # it grew since it was measured
+            data += _read_at_most(f, max_bytes + 1 - len(data))
+    if len(data) > max_bytes:  # it grew since it was measured
+        raise TraceError(f"{path}: over the limit of {max_bytes:,} bytes (trace.max_bytes)")
     if p.suffix == ".gz":
         try:
             with gzip.GzipFile(fileobj=io.BytesIO(data)) as g:
-                data = g.read(max_bytes + 1)
+                data = _read_at_most(g, max_bytes + 1)
         except (OSError, EOFError) as exc:
             raise TraceError(f"{path}: not a readable gzip file ({exc})") from None
         if len(data) > max_bytes:
@@ -200,12 +245,20 @@ def read_limited(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
     return data
 
 
-def _text(data: bytes, path: str) -> str:
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise TraceError(f"{path}:{line}: not UTF-8 text") from None
+#: a line of a text trace: universal newlines (\n, \r\n, \r), found one at a time
+_LINE = re.compile(rb"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
+#: a token of a line (whitespace-separated), found one at a time
+_TOKEN = re.compile(r"\S+")
+
+
+def _lines(data: bytes, path: str) -> Iterator[tuple[int, str]]:
+    """``(line number, text)`` of each line, one at a time (never a list of them: 8.7 M
+    short lines would be 500 MB of str objects), each checked to be UTF-8."""
+    for number, match in enumerate(_LINE.finditer(data), start=1):
+        try:
+            yield number, match.group().decode("utf-8")
+        except UnicodeDecodeError:
+            raise TraceError(f"{path}:{number}: not UTF-8 text") from None
 
 
 def load_trace(
@@ -214,35 +267,51 @@ def load_trace(
     *,
     area: Area | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
+    keep: Keep = None,
+    max_nodes: int | None = None,
 ) -> Trace:
     """Read and check a trace file (refused with ``file:line`` on the first problem);
-    ``area``: every position must lie inside it (None: not checked)."""
+    ``area``: every position must lie inside it (None: not checked). ``keep``: whose
+    samples to keep (:data:`Keep`; the others are checked and dropped: a run reads its
+    trace with its clients' nodes); a file with more than ``max_nodes`` nodes is
+    refused at the line of the first one over (default :data:`MAX_TRACE_NODES`)."""
     if format not in FORMATS:
         raise ValueError(f"format: must be one of {', '.join(FORMATS)}, got {format!r}")
     name = str(path)
     data = read_limited(path, max_bytes)
+    tracks = _Tracks(name, area, keep, MAX_TRACE_NODES if max_nodes is None else max_nodes)
     if format == "sumo_fcd":
-        return parse_sumo_fcd(data, name, area)
-    text = _text(data, name)
+        return parse_sumo_fcd(data, name, area, tracks=tracks)
     if format == "ns2":
-        return parse_ns2(text, name, area)
+        return parse_ns2(data, name, area, tracks=tracks)
     if format == "one":
-        return parse_one(text, name, area)
-    return parse_bonnmotion(text, name, area)
+        return parse_one(data, name, area, tracks=tracks)
+    return parse_bonnmotion(data, name, area, tracks=tracks)
 
 
-@dataclass
 class _Tracks:
     """Samples collected per node, checked as they come: finite numbers, inside the
-    area, times increasing per node."""
+    area, times increasing per node, at most ``max_nodes`` nodes. Every node's last
+    time and line are kept (for the checks); its samples only when ``keep`` says."""
 
-    path: str
-    area: Area | None
-    order: list[str] = field(default_factory=list)
-    times: dict[str, list[float]] = field(default_factory=dict)
-    xs: dict[str, list[float]] = field(default_factory=dict)
-    ys: dict[str, list[float]] = field(default_factory=dict)
-    lines: dict[str, list[int]] = field(default_factory=dict)
+    def __init__(
+        self,
+        path: str,
+        area: Area | None,
+        keep: Keep = None,
+        max_nodes: int | None = None,
+    ) -> None:
+        self.path = path
+        self.area = area
+        self.keep = keep
+        self.max_nodes = MAX_TRACE_NODES if max_nodes is None else max_nodes
+        self.n_nodes = 0
+        self.first_ids: list[str] = []
+        self.order: list[str] = []  # the kept nodes, in order of first appearance
+        self.samples: dict[str, array[float]] = {}  # kept node -> t, x, y, t, x, y, ...
+        self.first_line: dict[str, int] = {}  # kept node -> its first line
+        self.last: dict[str, tuple[float, int]] = {}  # every node -> its last time, line
+        self.end_s = -math.inf
 
     def where(self, line: int) -> str:
         return f"{self.path}:{line}"
@@ -255,44 +324,74 @@ class _Tracks:
                 f"x [{a.x_min_m:g}, {a.x_max_m:g}], y [{a.y_min_m:g}, {a.y_max_m:g}]"
             )
 
+    def new_node(self, node_id: str, line: int) -> bool:
+        """Count a node seen for the first time (refused past ``max_nodes``); whether
+        its samples are kept."""
+        self.n_nodes += 1
+        if self.n_nodes > self.max_nodes:
+            raise TraceError(
+                f"{self.where(line)}: node {node_id!r} is the trace's node number "
+                f"{self.n_nodes:,}: a trace may have at most {self.max_nodes:,} nodes "
+                "(each client follows one; the others are checked all the same, which "
+                "costs memory)"
+            )
+        if len(self.first_ids) < 5:
+            self.first_ids.append(node_id)
+        keep = self.keep
+        kept = (
+            keep is None
+            or (isinstance(keep, int) and len(self.order) < keep)
+            or (isinstance(keep, frozenset) and node_id in keep)
+        )
+        if kept:
+            self.order.append(node_id)
+            self.samples[node_id] = array("d")
+            self.first_line[node_id] = line
+        return kept
+
     def add(self, node_id: str, t: float, x: float, y: float, line: int) -> None:
         self.check_position(node_id, x, y, line)
-        if node_id not in self.times:
-            self.order.append(node_id)
-            self.times[node_id], self.xs[node_id], self.ys[node_id] = [], [], []
-            self.lines[node_id] = []
-        times = self.times[node_id]
-        if times and t <= times[-1]:
-            prev = self.lines[node_id][-1]
-            if t == times[-1]:
+        before = self.last.get(node_id)
+        if before is None:
+            self.new_node(node_id, line)
+        elif t <= before[0]:
+            if t == before[0]:
                 raise TraceError(
                     f"{self.where(line)}: node {node_id!r} appears twice at time {t:g} s "
-                    f"(first on line {prev}): duplicate node id"
+                    f"(first on line {before[1]}): duplicate node id"
                 )
             raise TraceError(
                 f"{self.where(line)}: time {t:g} s of node {node_id!r} is before its time "
-                f"{times[-1]:g} s on line {prev}: times must be sorted"
+                f"{before[0]:g} s on line {before[1]}: times must be sorted"
             )
-        times.append(t)
-        self.xs[node_id].append(x)
-        self.ys[node_id].append(y)
-        self.lines[node_id].append(line)
+        self.last[node_id] = (t, line)
+        self.end_s = max(self.end_s, t)
+        samples = self.samples.get(node_id)
+        if samples is not None:
+            samples.extend((t, x, y))
 
     def trace(self, format: TraceFormat, end_s: float | None = None) -> Trace:
-        if not self.order:
+        if not self.n_nodes:
             raise TraceError(f"{self.path}: the trace has no node positions")
-        nodes = [
-            NodeTrack(
-                node_id=i,
-                times_s=np.array(self.times[i], dtype=np.float64),
-                xy_m=np.stack([np.array(self.xs[i]), np.array(self.ys[i])], axis=1),
-                first_line=self.lines[i][0],
+        nodes = []
+        for i in self.order:
+            flat = np.frombuffer(self.samples.pop(i), dtype=np.float64).reshape(-1, 3)
+            nodes.append(
+                NodeTrack(
+                    node_id=i,
+                    times_s=flat[:, 0].copy(),
+                    xy_m=flat[:, 1:].copy(),
+                    first_line=self.first_line[i],
+                )
             )
-            for i in self.order
-        ]
-        if end_s is None:
-            end_s = max(float(node.times_s[-1]) for node in nodes)
-        return Trace(path=self.path, format=format, nodes=nodes, end_s=end_s)
+        return Trace(
+            path=self.path,
+            format=format,
+            nodes=nodes,
+            end_s=self.end_s if end_s is None else end_s,
+            n_nodes=self.n_nodes,
+            first_ids=tuple(self.first_ids),
+        )
 
 
 def _number(token: str, what: str, where: str) -> float:
@@ -311,12 +410,14 @@ def _number(token: str, what: str, where: str) -> float:
 _FCD_MOVERS = ("vehicle", "person", "container")
 
 
-def parse_sumo_fcd(data: bytes, path: str, area: Area | None = None) -> Trace:
+def parse_sumo_fcd(
+    data: bytes, path: str, area: Area | None = None, *, tracks: _Tracks | None = None
+) -> Trace:
     """``sumo --fcd-output``: ``<fcd-export><timestep time="t"><vehicle id="v" x="…"
     y="…" …/>…</timestep>…</fcd-export>``; persons and containers count as nodes too,
     other elements are skipped. Timestep times must increase; an id twice in one
     timestep is refused."""
-    tracks = _Tracks(path, area)
+    tracks = tracks or _Tracks(path, area)
     parser = expat.ParserCreate()
     stack: list[str] = []
     state: dict[str, float | None] = {"time": None}
@@ -399,9 +500,12 @@ _NS2_GOD = re.compile(r"^(\$god_\s|\$ns_\s+at\s+\S+\s+\"\$god_\s)")
 @dataclass
 class _Ns2Node:
     first_line: int
+    kept: bool  # whether its moves are kept (the others are checked, then dropped)
     x: tuple[float, int] | None = None  # value, line
     y: tuple[float, int] | None = None
     moves: list[tuple[float, float, float, float, int]] = field(default_factory=list)
+    last_move: tuple[float, int] | None = None  # time, line
+    first_move_line: int | None = None
 
 
 def _ns2_samples(
@@ -413,7 +517,7 @@ def _ns2_samples(
     straight line at v m/s and stops there; a later setdest replaces the destination from
     the point reached. ns-2's semantics, computed exactly."""
     if node.x is None or node.y is None:
-        line = node.moves[0][4] if node.moves else node.first_line
+        line = node.first_move_line or node.first_line
         missing = [a for a, v in (("X_", node.x), ("Y_", node.y)) if v is None]
         verb = "are" if len(missing) == 2 else "is"
         raise TraceError(
@@ -460,14 +564,23 @@ def _ns2_samples(
     return times, points
 
 
-def parse_ns2(text: str, path: str, area: Area | None = None) -> Trace:
+def parse_ns2(
+    data: bytes, path: str, area: Area | None = None, *, tracks: _Tracks | None = None
+) -> Trace:
     """An ns-2 mobility script (CMU ``setdest`` output, BonnMotion's NSFile): initial
     positions ``$node_(i) set X_ x`` / ``Y_ y`` (``Z_`` ignored) and moves ``$ns_ at t
     "$node_(i) setdest x y v"``; ``$god_`` lines are skipped, ``#`` starts a comment. A
     node's moves must be in time order; it is at its initial position from time 0."""
     nodes: dict[str, _Ns2Node] = {}
-    bounds = _Tracks(path, area)
-    for number, raw in enumerate(text.splitlines(), start=1):
+    bounds = tracks or _Tracks(path, area)
+
+    def node_of(node_id: str, number: int) -> _Ns2Node:
+        node = nodes.get(node_id)
+        if node is None:
+            node = nodes[node_id] = _Ns2Node(number, bounds.new_node(node_id, number))
+        return node
+
+    for number, raw in _lines(data, path):
         line = raw.strip()
         if not line or line.startswith("#") or _NS2_GOD.match(line):
             continue
@@ -475,7 +588,7 @@ def parse_ns2(text: str, path: str, area: Area | None = None) -> Trace:
         if m := _NS2_SET.match(line):
             node_id, axis, token = m.group(1), m.group(2), m.group(3)
             value = _number(token, f"{axis}_", where)
-            node = nodes.setdefault(node_id, _Ns2Node(first_line=number))
+            node = node_of(node_id, number)
             if axis == "Z":
                 continue
             before = node.x if axis == "X" else node.y
@@ -499,13 +612,16 @@ def parse_ns2(text: str, path: str, area: Area | None = None) -> Trace:
             if t < 0 or v < 0:
                 raise TraceError(f"{where}: time and speed must be >= 0, got {t:g} s, {v:g} m/s")
             bounds.check_position(node_id, x, y, number)
-            node = nodes.setdefault(node_id, _Ns2Node(first_line=number))
-            if node.moves and t < node.moves[-1][0]:
+            node = node_of(node_id, number)
+            if node.last_move is not None and t < node.last_move[0]:
                 raise TraceError(
                     f"{where}: time {t:g} s of node {node_id!r} is before its time "
-                    f"{node.moves[-1][0]:g} s on line {node.moves[-1][4]}: times must be sorted"
+                    f"{node.last_move[0]:g} s on line {node.last_move[1]}: times must be sorted"
                 )
-            node.moves.append((t, x, y, v, number))
+            node.last_move = (t, number)
+            node.first_move_line = node.first_move_line or number
+            if node.kept:
+                node.moves.append((t, x, y, v, number))
         else:
             shown = line if len(line) <= 60 else line[:57] + "..."
             raise TraceError(
@@ -514,10 +630,14 @@ def parse_ns2(text: str, path: str, area: Area | None = None) -> Trace:
             )
     if not nodes:
         raise TraceError(f"{path}: the trace has no node positions")
-    tracks = []
+    tracks_out = []
     for node_id, node in nodes.items():
+        if not node.kept:
+            if node.x is None or node.y is None:
+                _ns2_samples(node_id, node, path)  # refuses: no initial position
+            continue
         times, points = _ns2_samples(node_id, node, path)
-        tracks.append(
+        tracks_out.append(
             NodeTrack(
                 node_id=node_id,
                 times_s=np.array(times, dtype=np.float64),
@@ -525,22 +645,31 @@ def parse_ns2(text: str, path: str, area: Area | None = None) -> Trace:
                 first_line=node.first_line,
             )
         )
-    return Trace(path=path, format="ns2", nodes=tracks, end_s=math.inf)
+    return Trace(
+        path=path,
+        format="ns2",
+        nodes=tracks_out,
+        end_s=math.inf,
+        n_nodes=bounds.n_nodes,
+        first_ids=tuple(bounds.first_ids),
+    )
 
 
 # --- the ONE ----------------------------------------------------------------------------
 
 
-def parse_one(text: str, path: str, area: Area | None = None) -> Trace:
+def parse_one(
+    data: bytes, path: str, area: Area | None = None, *, tracks: _Tracks | None = None
+) -> Trace:
     """The ONE simulator's external movement format (``ExternalMovementReader``): a
     header ``minTime maxTime minX maxX minY maxY [minZ maxZ]``, then ``time id x y``
     lines sorted by time; ``#`` lines and blank lines skipped. As the ONE does by default,
     times count from ``minTime`` and positions from ``(minX, minY)``; samples outside the
     header's bounds are refused."""
-    tracks = _Tracks(path, area)
+    tracks = tracks or _Tracks(path, area)
     header: list[float] | None = None
     last: tuple[float, int] | None = None
-    for number, raw in enumerate(text.splitlines(), start=1):
+    for number, raw in _lines(data, path):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
@@ -587,40 +716,85 @@ def parse_one(text: str, path: str, area: Area | None = None) -> Trace:
 # --- BonnMotion -------------------------------------------------------------------------
 
 
-def parse_bonnmotion(text: str, path: str, area: Area | None = None) -> Trace:
+def _bonnmotion_3d(line: str) -> bool:
+    """Does a BonnMotion line read as 3-D waypoints (``t x y z``: a multiple of 4 finite
+    numbers, the times every fourth one, increasing)?"""
+    tokens = line.split()
+    if not tokens or len(tokens) % 4:
+        return False
+    try:
+        values = [float(tok) for tok in tokens]
+    except ValueError:
+        return False
+    times = values[::4]
+    return all(math.isfinite(v) for v in values) and all(
+        a < b for a, b in zip(times, times[1:], strict=False)
+    )
+
+
+def _refuse_bonnmotion(message: str, where: str, line: str) -> TraceError:
+    """A BonnMotion line refused; when it reads as 3-D waypoints, the message says so."""
+    if _bonnmotion_3d(line):
+        message += (
+            f"; the line reads as 3-D waypoints ({len(line.split())} numbers, t x y z, the "
+            "times every fourth increasing): mecsim reads 2-D BonnMotion traces only "
+            "(t x y per waypoint, BonnMotion's default -J 2D); drop each waypoint's z"
+        )
+    return TraceError(f"{where}: {message}")
+
+
+def parse_bonnmotion(
+    data: bytes, path: str, area: Area | None = None, *, tracks: _Tracks | None = None
+) -> Trace:
     """BonnMotion's native ``.movements`` format: one line per node (node ``0`` first),
     ``t1 x1 y1 t2 x2 y2 ...``, times increasing along a line; a waypoint repeated at its
     own time is dropped, two places at one time are refused. Blank lines are skipped.
-    (3D traces, ``t x y z``, are not read.)"""
-    tracks = _Tracks(path, area)
+    3-D traces (``t x y z``) are not read: a line refused that reads as 3-D waypoints
+    says so. A line's numbers are read one at a time (a node of a
+    million waypoints is not a list of three million strings first)."""
+    tracks = tracks or _Tracks(path, area)
     node = 0
-    for number, raw in enumerate(text.splitlines(), start=1):
-        tokens = raw.split()
-        if not tokens:
-            continue
+    for number, raw in _lines(data, path):
         where = f"{path}:{number}"
-        if len(tokens) % 3:
-            raise TraceError(
-                f"{where}: {len(tokens)} numbers, not a multiple of 3 (t x y per waypoint; "
-                "3D traces, t x y z, are not read)"
-            )
         node_id = str(node)
-        values = [_number(tok, "value", where) for tok in tokens]
-        for k in range(0, len(values), 3):
-            t, x, y = values[k : k + 3]
-            times = tracks.times.get(node_id)
-            if times and t == times[-1]:
-                if (x, y) == (tracks.xs[node_id][-1], tracks.ys[node_id][-1]):
+        count = 0
+        values: list[float] = []
+        prev: tuple[float, float, float] | None = None
+        for match in _TOKEN.finditer(raw):
+            count += 1
+            token = match.group()
+            values.append(_number(token, "value", where))  # a 3-D line's are numbers too
+            if len(values) < 3:
+                continue
+            t, x, y = values
+            values.clear()
+            k = count // 3
+            if prev is not None and t == prev[0]:
+                if (x, y) == prev[1:]:
                     continue
-                raise TraceError(
-                    f"{where}: node {node_id} is at two places at time {t:g} s "
-                    f"(waypoint {k // 3 + 1})"
+                raise _refuse_bonnmotion(
+                    f"node {node_id} is at two places at time {t:g} s (waypoint {k})",
+                    where,
+                    raw,
                 )
-            if times and t < times[-1]:
-                raise TraceError(
-                    f"{where}: waypoint {k // 3 + 1} of node {node_id}: time {t:g} s is "
-                    f"before the previous {times[-1]:g} s: times must be sorted"
+            if prev is not None and t < prev[0]:
+                raise _refuse_bonnmotion(
+                    f"waypoint {k} of node {node_id}: time {t:g} s is before the previous "
+                    f"{prev[0]:g} s: times must be sorted",
+                    where,
+                    raw,
                 )
+            prev = (t, x, y)
             tracks.add(node_id, t, x, y, number)
+        tracks.last.pop(node_id, None)  # a node is one line: its checks end with it
+        if not count:
+            continue
+        if count % 3:
+            raise _refuse_bonnmotion(
+                f"{count} numbers, not a multiple of 3 (t x y per waypoint; 3-D traces, "
+                "t x y z, are not read)",
+                where,
+                raw,
+            )
         node += 1
     return tracks.trace("bonnmotion")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from typing import Any
@@ -21,6 +22,17 @@ from mecsim.scenario import ScenarioError
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
+
+
+def positive_seconds(text: str) -> float:
+    """A time in seconds > 0, finite (argparse type: a usage error, exit 2, otherwise)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite time > 0 (s), got {text!r}")
+    return value
 
 
 def add_check_parser(sub: Any) -> None:
@@ -48,6 +60,14 @@ def add_check_parser(sub: Any) -> None:
         action="append",
         metavar="NAME",
         help="check only this property (repeatable)",
+    )
+    p.add_argument(
+        "--call-timeout",
+        type=positive_seconds,
+        metavar="S",
+        help="the longest one call of the algorithm may take in the kit's runs "
+        "(execution.call_timeout_s; default 120 s for the tiny scenario, else the "
+        "scenario's): one that has not returned fails its property",
     )
 
 
@@ -96,6 +116,7 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
             ray=not args.no_ray,
             properties=wanted,
             on_result=show,
+            call_timeout_s=args.call_timeout,
         )
     except ScenarioError as exc:
         print(str(exc), file=sys.stderr)

@@ -182,10 +182,18 @@ def check_dir(folder: Path) -> None:
         raise BadInput(f"mecsim new: {folder} exists and is not a folder; nothing written")
     if folder.is_dir() and any(folder.iterdir()):
         raise BadInput(f"mecsim new: {folder} exists and is not empty; nothing written")
-    for parent in folder.parents:
+    here = Path(os.path.abspath(folder))
+    for parent in [here, *here.parents]:
         if parent.exists():
             if not parent.is_dir():
                 raise BadInput(f"mecsim new: {parent} is not a folder; nothing written")
+            try:  # where the package would be made: can a folder be made there at all?
+                os.rmdir(tempfile.mkdtemp(prefix=".mecsim-new-", dir=parent))
+            except OSError as exc:
+                raise BadInput(
+                    f"mecsim new: --dir {folder}: cannot make a folder in {parent} "
+                    f"({exc.strerror or exc}); nothing written"
+                ) from None
             break
 
 

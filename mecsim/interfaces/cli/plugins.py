@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 import mecsim.registry as registry
@@ -66,12 +67,17 @@ def cmd_plugins(args: argparse.Namespace, console: Console) -> int:
     for col in ("kind", "name", "distribution", "version", "loads"):
         table.add_column(col)
     for row in rows:
-        table.add_row(
-            row["kind"],
-            row["name"],
-            row["distribution"] or row["origin"],
-            row["version"] or (row["sha256"][:12] if row["sha256"] else "-"),
-            "yes" if row["loads"] else "no",
+        table.add_row(  # names and versions are the plugins': printed literally
+            *(
+                escape(str(cell))
+                for cell in (
+                    row["kind"],
+                    row["name"],
+                    row["distribution"] or row["origin"],
+                    row["version"] or (row["sha256"][:12] if row["sha256"] else "-"),
+                    "yes" if row["loads"] else "no",
+                )
+            )
         )
     console.print(table)
     for row in rows:

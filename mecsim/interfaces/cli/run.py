@@ -322,7 +322,7 @@ def cmd_devices(args: argparse.Namespace, console: Console) -> int:
         )
 
     for p in all_profiles().values():
-        table.add_row(
+        cells = (
             p.name,
             f"{p.flops_per_s / 1e9:.2f}",
             "-" if p.aggregate_flops_per_s is None else f"{p.aggregate_flops_per_s / 1e9:.2f}",
@@ -333,6 +333,7 @@ def cmd_devices(args: argparse.Namespace, console: Console) -> int:
             p.flops_source,
             p.power_source or "-",
         )
+        table.add_row(*(escape(c) for c in cells))  # a plugin's profile: literally
     console.print(table)
     return 0
 
@@ -346,7 +347,7 @@ def cmd_algorithms(args: argparse.Namespace, console: Console) -> int:
             continue
         module_doc = (sys.modules[server_cls.__module__].__doc__ or "").strip()
         doc = " ".join(module_doc.split("\n\n")[0].split())  # first paragraph
-        console.print(f"[bold]{name}[/]: {doc}")
+        console.print(f"[bold]{escape(name)}[/]: {escape(doc)}")
     return 0
 
 

@@ -6,13 +6,17 @@ Kept apart from :mod:`mecsim.analysis.sweep` so that building the CLI parser imp
 from __future__ import annotations
 
 import argparse
+import os
+import tempfile
 import time
 import warnings
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from mecsim.interfaces.cli.plugins import add_plugin_option
+from mecsim.interfaces.cli.report import _fraction, _positive_int
 
 EXIT_BAD_INPUT = 2
 DEFAULT_METRIC = "round_time_mean_s"
@@ -74,11 +78,14 @@ def add_sweep_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     )
     p.add_argument(
         "--target-accuracy",
-        type=float,
-        help="mean user accuracy for rounds_to_target / time_to_target_s",
+        type=_fraction,
+        help="mean user accuracy for rounds_to_target / time_to_target_s (a fraction in "
+        "(0, 1], e.g. 0.8)",
     )
     p.add_argument(
-        "--workers", type=int, help="replay processes (default: one per core for large sweeps)"
+        "--workers",
+        type=_positive_int,
+        help="replay processes, >= 1 (default: one per core for large sweeps)",
     )
     p.add_argument(
         "--retrain",
@@ -104,8 +111,8 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
     from mecsim.scenario import ScenarioError
     from mecsim.scenario.overrides import OverrideError, parse_set
 
-    def fail(msg: str) -> int:
-        console.print(f"[red]error:[/] {msg}", highlight=False, soft_wrap=True)
+    def fail(msg: str) -> int:  # msg holds what the user typed: printed literally
+        console.print(f"[red]error:[/] {escape(msg)}", highlight=False, soft_wrap=True)
         return EXIT_BAD_INPUT
 
     try:
@@ -123,6 +130,9 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
     if args.metric in ("time_to_target_s", "rounds_to_target") and args.target_accuracy is None:
         return fail(f"--metric {args.metric} needs --target-accuracy")
     out = Path(args.out) if args.out else Path("sweeps") / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}"
+    unusable = _unusable_out(out)  # before the work, not after it
+    if unusable:
+        return fail(unusable)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", RuntimeWarning)
@@ -140,7 +150,9 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
     except (OverrideError, RunLoadError, ScenarioError, ReplayInfeasible) as exc:
         return fail(str(exc))
     for w in caught:
-        console.print(f"[yellow]warning:[/] {w.message}", highlight=False, soft_wrap=True)
+        console.print(
+            f"[yellow]warning:[/] {escape(str(w.message))}", highlight=False, soft_wrap=True
+        )
 
     out.mkdir(parents=True, exist_ok=True)
     csv_path = out / "sweep.csv"
@@ -158,9 +170,33 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
             "(the outcome depended on timing; see the notes column, or --retrain)"
         )
     console.print(
-        f"wrote {csv_path}" + (f" and {png_path}" if png_path else " (no --set: nothing to plot)")
+        escape(
+            f"wrote {csv_path}"
+            + (f" and {png_path}" if png_path else " (no --set: nothing to plot)")
+        ),
+        highlight=False,
+        soft_wrap=True,
     )
     return 0
+
+
+def _unusable_out(out: Path) -> str | None:
+    """Why ``--out`` cannot take the sweep's files, or None: it, or the nearest folder
+    above it that exists, must be a folder in which a folder can be made (one is made
+    and removed there to find out; ``os.access`` says yes to root on /proc). Nothing is
+    left behind: a refused sweep leaves no ``--out``."""
+    here = Path(os.path.abspath(out))
+    for folder in [here, *here.parents]:
+        if os.path.lexists(folder):
+            break
+    if not folder.is_dir():
+        what = "exists and is not a folder" if folder == here else f"{folder} is not a folder"
+        return f"--out {out}: {what}"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".mecsim-sweep-", dir=folder))
+    except OSError as exc:
+        return f"--out {out}: cannot make or write it in {folder} ({exc.strerror or exc})"
+    return None
 
 
 def _print_table(console: Console, frame, paths: list[str], metric: str) -> None:
@@ -170,11 +206,11 @@ def _print_table(console: Console, frame, paths: list[str], metric: str) -> None
     if metric not in cols:
         cols.insert(len(paths) + 1, metric)
     table = Table(title=f"sweep: {len(frame)} points")
-    for c in cols:
-        table.add_column(c, justify="right")
+    for c in cols:  # the --set paths and the values are the user's: printed literally
+        table.add_column(escape(c), justify="right")
     shown = frame if len(frame) <= 40 else frame.iloc[:: max(1, len(frame) // 40)]
     for _, row in shown.iterrows():
-        table.add_row(*(f"{v:.4g}" if isinstance(v, float) else str(v) for v in row[cols]))
+        table.add_row(*(escape(f"{v:.4g}" if isinstance(v, float) else str(v)) for v in row[cols]))
     console.print(table)
     if len(shown) < len(frame):
         console.print(f"(every {len(frame) // 40}th point shown; all in sweep.csv)")

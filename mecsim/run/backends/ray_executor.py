@@ -231,7 +231,9 @@ class RayExecutor:
                 if isinstance(inner, deaths):
                     raise ActorFailure(f"{type(getattr(cause, 'cause', inner)).__name__}") from exc
                 if isinstance(inner, AlgorithmError):  # the algorithm's own code: one line
-                    raise AlgorithmError(str(getattr(cause, "cause", inner))) from exc
+                    original = getattr(cause, "cause", inner)  # (a CallTimeout stays one)
+                    kind = type(original) if isinstance(original, AlgorithmError) else None
+                    raise (kind or AlgorithmError)(str(original)) from exc
                 cause = getattr(cause, "cause", None)
                 if not isinstance(cause, rex.RayTaskError):
                     break
