@@ -14,9 +14,10 @@ after a refactor must be identical byte for byte::
 ``changes`` says, for a change meant to change results, by how much: per run and file,
 each column that differs with the mean and range of its relative change over the rows
 (a Markdown table). ``compare`` prints each file that differs with its first differing
-row and column, and exits 1 if any does. Only the ``mecsim`` command is used, so the
-script runs unchanged on any revision whose CLI has ``run --rounds --backend --out
---run-id --quiet --no-plots --no-metrics``. Snapshots of the same revision on two
+row and column (:func:`mecsim.testing.first_difference`), and exits 1 if any does. The
+runs go through the ``mecsim`` command only (``run --rounds --backend --out --run-id
+--quiet --no-plots --no-metrics``); the columns blanked are those
+:func:`mecsim.testing.compared_columns` leaves out. Snapshots of the same revision on two
 machines with other SIMD units (AVX-512 vs AVX2) differ in the last bits of floats;
 compare on one machine.
 """
@@ -37,14 +38,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 FILES = ("rounds.csv", "clients.csv", "optraces.jsonl")
-#: Columns a host measures (wall clock, resident memory): they differ run to run. Any
-#: column with ``host`` among its words is one (``kapc_plan_host_s``); ``run_id`` is the
-#: folder's name.
-HOST_COLUMNS = {"server_rss_mb", "run_id"}
-
-
-def is_host_column(name: str) -> bool:
-    return name in HOST_COLUMNS or "host" in name.split("_")
 
 
 def _mecsim() -> str:
@@ -62,7 +55,10 @@ def scenarios(only: list[str] | None) -> list[tuple[str, str | None]]:
 
 
 def normalised(path: Path) -> str:
-    """The file's text with the host columns of a CSV blanked."""
+    """The file's text with the columns of a CSV that differ run to run blanked: those a
+    host measures (wall clock, resident memory) and ``run_id``, the folder's name."""
+    from mecsim.testing import compared_columns  # deferred: imports torch
+
     text = path.read_text()
     if path.suffix != ".csv":
         return text
@@ -70,7 +66,8 @@ def normalised(path: Path) -> str:
     if not rows:
         return text
     header = rows[0]
-    blank = [i for i, name in enumerate(header) if is_host_column(name)]
+    kept = set(compared_columns(header))
+    blank = [i for i, name in enumerate(header) if name not in kept]
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(header)
@@ -131,24 +128,9 @@ def take(out: Path, rounds: int, backends: list[str], only: list[str] | None) ->
     return 1 if failed else 0
 
 
-def _first_difference(a: str, b: str) -> str:
-    la, lb = a.splitlines(), b.splitlines()
-    for i, (x, y) in enumerate(zip(la, lb, strict=False)):
-        if x != y:
-            if i == 0:
-                return f"header differs:\n  {x}\n  {y}"
-            header = la[0].split(",")
-            cx, cy = next(csv.reader([x])), next(csv.reader([y]))
-            cols = [
-                header[j] if j < len(header) else str(j)
-                for j in range(max(len(cx), len(cy)))
-                if (cx[j] if j < len(cx) else None) != (cy[j] if j < len(cy) else None)
-            ]
-            return f"line {i + 1} differs in {', '.join(cols[:6]) or 'its text'}"
-    return f"{len(la)} lines vs {len(lb)}"
-
-
 def compare(a: Path, b: Path) -> int:
+    from mecsim.testing import first_difference  # deferred: imports torch
+
     keys = sorted(
         {p.name for p in a.iterdir() if p.is_dir() and not p.name.startswith(".")}
         | {p.name for p in b.iterdir() if p.is_dir() and not p.name.startswith(".")}
@@ -161,9 +143,9 @@ def compare(a: Path, b: Path) -> int:
                 print(f"{key}/{f}: only in {a if pa.exists() else b}")
                 bad += 1
                 continue
-            ta, tb = pa.read_text(), pb.read_text()
-            if ta != tb:
-                print(f"{key}/{f}: {_first_difference(ta, tb)}")
+            if pa.read_text() != pb.read_text():
+                where = first_difference(pa.parent, pb.parent, (f,))
+                print(f"{key}/{f}: {where or 'the same values, written otherwise'}")
                 bad += 1
     print(
         f"{len(keys)} runs x {len(FILES)} files compared: "

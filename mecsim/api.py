@@ -32,6 +32,9 @@ from typing import Any
 
 from rich.console import Console
 
+from mecsim import registry as _registry
+from mecsim.agents import models as _models
+from mecsim.agents.algorithms import base as _base
 from mecsim.agents.algorithms.base import (
     AggregateStats,
     ClientAlgorithm,
@@ -40,7 +43,6 @@ from mecsim.agents.algorithms.base import (
     ClientTask,
     EdgeAlgorithm,
     EdgeReport,
-    EvalResult,
     ServerAlgorithm,
     TrainConfig,
     all_finite,
@@ -51,20 +53,16 @@ from mecsim.agents.algorithms.base import (
 )
 from mecsim.agents.algorithms.base import NoParams as Params
 from mecsim.agents.algorithms.fedavg import WeightedSum, weighted_average
-from mecsim.agents.models import BYTES_PER_ELEMENT, ModelLayout, get_flat, model_layout, set_flat
+from mecsim.agents.models import ModelLayout, get_flat, model_layout, set_flat
 from mecsim.agents.training import TrainStats, evaluate, model_optimizer, train_epochs
 from mecsim.analysis.plots import PlotWriter
 from mecsim.analysis.run import Run, load_run
 from mecsim.channel.wireless import ChannelModel, ClientRadio, RoundChannel
 from mecsim.data.datasets import DatasetSpec
+from mecsim.emulation import ops as _ops
 from mecsim.emulation.devices import DeviceProfile
-from mecsim.emulation.ops import Compute, Download, OpTrace, Upload
+from mecsim.emulation.ops import Compute, Download, Upload
 from mecsim.registry import (
-    ALGORITHMS,
-    CHANNELS,
-    DATASETS,
-    DEVICES,
-    MODELS,
     PluginError,
     PluginInfo,
     UnknownName,
@@ -86,6 +84,30 @@ from mecsim.store.session import Outcome, new_run_id, run_in_folder
 #: The public API's version: a plugin written against 1.x runs on every mecsim whose
 #: ``VERSION`` starts with 1.
 VERSION = "1.0"
+
+#: The registry of algorithms: ``(server class, client class)`` pairs by name (the
+#: ``mecsim.algorithms`` entry points, plugin files' :func:`register` calls, import strings).
+ALGORITHMS = _registry.ALGORITHMS
+#: The registry of models: factories ``(in_shape, num_classes) -> torch.nn.Module`` by name
+#: (the ``mecsim.models`` entry points).
+MODELS = _registry.MODELS
+#: The registry of data sets: :class:`DatasetSpec` (or callables returning one) by name (the
+#: ``mecsim.datasets`` entry points).
+DATASETS = _registry.DATASETS
+#: The registry of channel models: :class:`ChannelModel` classes by name (the
+#: ``mecsim.channels`` entry points).
+CHANNELS = _registry.CHANNELS
+#: The registry of device profiles: ``{profile name: fields}`` mappings (the
+#: ``mecsim.devices`` entry points).
+DEVICES = _registry.DEVICES
+#: Bytes of one model parameter on the air (float32).
+BYTES_PER_ELEMENT = _models.BYTES_PER_ELEMENT
+#: What :meth:`ClientAlgorithm.evaluate` returns: ``(accuracy, loss)``, or ``(accuracy,
+#: loss, extra figures by name)``.
+EvalResult = _base.EvalResult
+#: A client's op-trace for one round: its :class:`Download`, :class:`Compute` and
+#: :class:`Upload` operations (and the others of :mod:`mecsim.emulation.ops`), in order.
+OpTrace = _ops.OpTrace
 
 __all__ = [
     "ALGORITHMS",

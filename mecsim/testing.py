@@ -51,6 +51,18 @@ The default scenario is :data:`TINY` (the embedded MNIST, 4 clients, the 2NN, 3 
 built-ins that need other settings on it. The ``optraces``, ``movable`` and ``nan_guard``
 properties wrap the algorithm's classes in subclasses to watch (or poison) what passes
 through them: those runs are in-process only.
+
+The pieces the kit is made of serve an author's own tests too (and mecsim's):
+
+- comparing run folders: :func:`assert_same_records` (two runs of one machine, value for
+  value), :func:`first_difference` (where they differ, in one line),
+  :func:`assert_records_close` (against records another machine wrote, at the stated
+  :data:`FLOAT_RTOL` and :data:`LEARNING_RTOL`); all leave out the columns
+  :func:`compared_columns` names (those :func:`is_host_column` says a host measures,
+  and ``run_id``);
+- stopping a run the way a kill would, to test resuming it: :class:`StopAfter` raises
+  :class:`SimulatedKill` at the end of a round, after its records are written and before
+  its checkpoint; :func:`resume_run` resumes it.
 """
 
 from __future__ import annotations
@@ -88,6 +100,7 @@ from mecsim.agents.state import decode, encode
 from mecsim.emulation.ops import Compute, Download, ServerCompute, Upload
 from mecsim.registry import ALGORITHMS
 from mecsim.run.observers import RunObserver
+from mecsim.run.rows import is_host_column
 from mecsim.run.setup import streams_aggregation
 from mecsim.scenario import Scenario, load_scenario, scenario_from_dict
 from mecsim.store.reader import read_csv_exact
@@ -181,12 +194,6 @@ BUILTIN_OVERRIDES: dict[str, dict[str, Any]] = {
 
 #: Records compared between runs.
 RECORD_FILES = ("rounds.csv", "clients.csv", "optraces.jsonl")
-
-
-def is_host_column(name: str) -> bool:
-    """Columns that measure this machine (wall times, resident memory: any column with
-    ``host`` among its words) or name the run folder: left out of comparisons."""
-    return name in ("server_rss_mb", "run_id") or "host" in name.split("_")
 
 
 # --------------------------------------------------------------------------- the report
@@ -287,6 +294,153 @@ class _Skip(Exception):
 
 
 # --------------------------------------------------------------------------- records
+#
+# Two run folders of one machine (a resumed run against an uninterrupted one, a backend
+# against the other, before and after a refactor) must hold the same records exactly:
+# :func:`assert_same_records`, and :func:`first_difference` to say where they do not.
+# Against records written on another machine: :func:`assert_records_close`.
+
+
+def compared_columns(columns: Iterable[str], ignore: Iterable[str] = ()) -> list[str]:
+    """``columns`` without those no comparison of records looks at: the host-measured
+    ones (:func:`~mecsim.run.rows.is_host_column`), ``run_id`` (the folder's name) and
+    ``ignore``; in their order."""
+    skip = {"run_id", *ignore}
+    return [c for c in columns if not is_host_column(c) and c not in skip]
+
+
+def assert_same_records(a: Path, b: Path, ignore: tuple[str, ...] = ()) -> None:
+    """Run folders ``a`` and ``b`` hold the same records, value for value: ``rounds.csv``
+    and ``clients.csv`` (and their Parquet copies where either folder has one) equal but
+    for the columns :func:`compared_columns` leaves out (and ``ignore``),
+    ``optraces.jsonl`` equal byte for byte, ``summary.md`` equal but for its host-time and
+    server-memory figures. Raises AssertionError (for pytest) where they differ."""
+    for name in ("rounds", "clients"):
+        x, y = read_csv_exact(a / f"{name}.csv"), read_csv_exact(b / f"{name}.csv")
+        assert list(x.columns) == list(y.columns)
+        cols = compared_columns(x.columns, ignore)
+        pd.testing.assert_frame_equal(x[cols], y[cols], check_exact=True)
+        if (a / f"{name}.parquet").exists() or (b / f"{name}.parquet").exists():
+            px, py = pd.read_parquet(a / f"{name}.parquet"), pd.read_parquet(b / f"{name}.parquet")
+            pd.testing.assert_frame_equal(px[cols], py[cols], check_exact=True)
+    assert (a / "optraces.jsonl").read_text() == (b / "optraces.jsonl").read_text()
+    assert _masked_summary((a / "summary.md").read_text()) == _masked_summary(
+        (b / "summary.md").read_text()
+    )
+
+
+def _masked_summary(text: str) -> list[str]:
+    """summary.md without the figures that measure this machine: host seconds per round,
+    and the Server mem (MiB) cell of the table whose header names it."""
+    text = re.sub(r"[0-9.]+ host seconds per round", "H host seconds per round", text)
+    lines = re.sub(r"^# Run .*$", "# Run ID", text, flags=re.M).splitlines()
+    for i, line in enumerate(lines):
+        if "Server mem (MiB)" in line:
+            col = line.split("|").index(" Server mem (MiB) ")
+            cells = lines[i + 2].split("|")
+            cells[col] = " M "
+            lines[i + 2] = "|".join(cells)
+    return lines
+
+
+#: Relative tolerance of float columns against records of another CPU (measured: the
+#: golden records on AVX2 kernels differ from the AVX-512 ones that wrote them by at most
+#: 2.4e-16 relative, one ulp; a margin of several orders of magnitude).
+FLOAT_RTOL = 1e-9
+#: Relative tolerance of round 0's losses and accuracies against another CPU's. Measured:
+#: tests/data/legacy_runs (written with AVX-512 kernels) against this version's round 0
+#: of the same scenario on an AMD EPYC and on an Intel Xeon: mean_test_loss 1.71991 /
+#: 1.71991 against 1.72206, 0.125 % both, one round of SGD having grown the kernels'
+#: last-bit differences; 1 % is eight times that, and far below what a wrong training
+#: (other data, another step, a lost update) moves round 0's loss by.
+LEARNING_RTOL = 1e-2
+
+
+def learning_column(name: str) -> bool:
+    """Figures that follow the trained weights' last bits."""
+    return "loss" in name or "accuracy" in name
+
+
+#: What the records of mecsim 0.1 (tests/data/legacy_runs) hold that this version computes
+#: otherwise: the energy model (idle/sleep states, transmit draw from tx_power_dbm),
+#: the server's aggregation FLOPs (FedAvg's final division counted) and their time (at
+#: the edge server's measured aggregation rate), and what follows from those. In rounds
+#: recorded by 0.1 these columns are not compared; ``elapsed_s`` carries their round
+#: times into every later round, so there it must differ by one constant.
+CHANGED_SINCE_0_1 = ("energy", "server_time_s", "server_gflops", "round_time_s")
+
+
+def assert_records_close(expected: Path, got: Path, old_rounds: int = 0) -> None:
+    """``got``'s rounds.csv, clients.csv and optraces.jsonl agree with ``expected``'s,
+    which another machine wrote (golden records, old run folders).
+
+    The last bits of floating-point results depend on the CPU: numpy and PyTorch pick
+    their kernels by instruction set (AVX-512 or AVX2), and a kernel's order of summation
+    with it. So against records written elsewhere, counts, ids, statuses, bytes and
+    op-traces must be equal exactly; emulated times, energies and channel draws (floats)
+    within a relative :data:`FLOAT_RTOL`; and what follows the trained weights (losses,
+    accuracies, :func:`learning_column`), which a few rounds turn a last-bit difference
+    into a visibly different number, to :data:`LEARNING_RTOL` in round 0 and only present
+    (or NaN) where expected afterwards. Host-measured columns and run ids are not
+    compared. Comparisons on one machine (a backend against the other, a resumed run
+    against an uninterrupted one, before and after a refactor) stay exact:
+    :func:`assert_same_records`.
+
+    ``old_rounds``: ``got``'s first rounds were recorded by mecsim 0.1 and resumed by
+    this version: :data:`CHANGED_SINCE_0_1` and the op-traces' ``aggregate_flops`` are
+    not compared there (``energy_sleep_j``, added since, must be empty there)."""
+    old_x, old_y = _optraces(expected), _optraces(got)
+    assert len(old_x) == len(old_y)
+    for x, y in zip(old_x, old_y, strict=True):
+        if x["round"] < old_rounds:
+            x.pop("aggregate_flops"), y.pop("aggregate_flops")
+        assert x == y, f"optraces.jsonl round {x['round']}"
+    if not old_rounds:
+        assert (expected / "optraces.jsonl").read_text() == (got / "optraces.jsonl").read_text()
+    for name in ("rounds", "clients"):
+        x, y = read_csv_exact(expected / f"{name}.csv"), read_csv_exact(got / f"{name}.csv")
+        assert list(x.columns) == list(y.columns), name
+        assert len(x) == len(y), name
+        for col in compared_columns(x.columns):
+            a, b = x[col], y[col]
+            where = f"{name}.csv: {col}"
+            if old_rounds and col.startswith(CHANGED_SINCE_0_1):
+                old = y["round"] < old_rounds
+                if col == "energy_sleep_j":
+                    assert b[old].isna().all(), where
+                a, b = a[~old], b[~old]
+            if old_rounds and col == "elapsed_s":
+                offset = (b - a).to_numpy()  # the 0.1 rounds' time difference, carried on
+                later = (y["round"] >= old_rounds).to_numpy()
+                carried = offset[~later][-1]
+                np.testing.assert_allclose(offset[later], carried, rtol=FLOAT_RTOL, err_msg=where)
+                continue
+            if learning_column(col):
+                first = x["round"] == 0
+                np.testing.assert_allclose(
+                    a[first].astype(float),
+                    b[first].astype(float),
+                    rtol=LEARNING_RTOL,
+                    equal_nan=True,
+                    err_msg=where,
+                )
+                assert (a.isna() == b.isna()).all(), where
+            elif pd.api.types.is_float_dtype(a) or pd.api.types.is_float_dtype(b):
+                np.testing.assert_allclose(
+                    a.astype(float),
+                    b.astype(float),
+                    rtol=FLOAT_RTOL,
+                    atol=0,
+                    equal_nan=True,
+                    err_msg=where,
+                )
+            else:
+                pd.testing.assert_series_equal(a, b, check_exact=True, obj=where)
+
+
+def _optraces(folder: Path) -> list[dict]:
+    with (folder / "optraces.jsonl").open() as f:
+        return [json.loads(line) for line in f]
 
 
 def _fmt(value: Any) -> str:
@@ -323,8 +477,8 @@ def _row_name(df: pd.DataFrame, i: int) -> str:
 
 def _csv_difference(name: str, pa: Path, pb: Path) -> str | None:
     x, y = read_csv_exact(pa), read_csv_exact(pb)
-    cols_x = [c for c in x.columns if not is_host_column(c)]
-    cols_y = [c for c in y.columns if not is_host_column(c)]
+    cols_x = compared_columns(x.columns)
+    cols_y = compared_columns(y.columns)
     if cols_x != cols_y:
         only = sorted(set(cols_x) ^ set(cols_y))
         return f"{name}: different columns ({', '.join(only) or 'order'})"
@@ -478,20 +632,43 @@ def check_scenario_data(
 # --------------------------------------------------------------------------- wrappers
 
 
-class _StopAfter(RunObserver):
-    """Stops a run at the end of round ``rnd``: its records written, its checkpoint not
-    (the worst moment for a kill)."""
+class SimulatedKill(BaseException):
+    """Stands for a kill (``kill -9``) in-process: raised by :class:`StopAfter`; not an
+    Exception, so nothing in the run loop swallows it."""
+
+
+class StopAfter(RunObserver):
+    """A run observer that stops the run at the end of round ``rnd`` (0-based) by raising
+    :class:`SimulatedKill`: the round's records written, its checkpoint not (the worst
+    moment for a kill). The run folder is then what a killed run leaves, to be resumed
+    with :func:`mecsim.store.runfolder.prepare_resume`::
+
+        with pytest.raises(SimulatedKill):
+            run_in_folder(scenario, out, observers=[StopAfter(2)])
+    """
 
     def __init__(self, rnd: int) -> None:
         self.rnd = rnd
 
+    def __repr__(self) -> str:
+        return f"StopAfter({self.rnd})"
+
     def on_round_end(self, info, row, client_rows, traces) -> None:
         if row["round"] == self.rnd:
-            raise _Stopped()
+            raise SimulatedKill()
 
 
-class _Stopped(BaseException):  # noqa: N818 - stands for a kill, not an error
-    """Stands for a kill: not an Exception, so nothing in the run loop swallows it."""
+def resume_run(run_dir: Path, **options: Any) -> int:
+    """Resume the stopped run in ``run_dir`` from its newest readable checkpoint and run it
+    to its end, as ``mecsim run --resume`` does; returns the number of rounds that
+    checkpoint holds (the round the resumed run began with). ``options`` go to
+    :func:`~mecsim.store.session.run_in_folder` (``hosts``, ``backend``, ``observers``)."""
+    target = prepare_resume(run_dir)
+    try:
+        run_in_folder(None, resume=target, **options)
+    finally:
+        target.lock.release()
+    return target.rounds_done
 
 
 def _nbytes(value: Any) -> int:
@@ -858,9 +1035,9 @@ class _Kit:
         out = self.folder / "resumed"
         try:
             run_in_folder(
-                self._scenario(), out, observers=[_StopAfter(stop_at)], backend="local", hosts=1
+                self._scenario(), out, observers=[StopAfter(stop_at)], backend="local", hosts=1
             )
-        except _Stopped:
+        except SimulatedKill:
             pass
         except Exception as exc:
             raise _Fail(f"the run to be interrupted failed: {_one_line(exc)}") from None
@@ -1121,12 +1298,23 @@ def check_algorithm(
 
 __all__ = [
     "BUILTIN_OVERRIDES",
+    "CHANGED_SINCE_0_1",
+    "FLOAT_RTOL",
+    "LEARNING_RTOL",
     "PROPERTIES",
+    "RECORD_FILES",
     "TINY",
     "CheckReport",
     "PropertyResult",
+    "SimulatedKill",
+    "StopAfter",
+    "assert_records_close",
+    "assert_same_records",
     "check_algorithm",
     "check_scenario_data",
+    "compared_columns",
     "first_difference",
     "is_host_column",
+    "learning_column",
+    "resume_run",
 ]

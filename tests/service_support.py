@@ -16,20 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pandas as pd
 import psutil
 import yaml
 from conftest import TINY
 
-#: Columns that measure this machine rather than the emulated testbed.
-HOST_COLUMNS = {
-    "host_wall_s",
-    "host_train_wall_s",
-    "host_aggregate_s",
-    "server_rss_mb",
-    "host_train_s",
-    "run_id",
-}
+from mecsim.testing import first_difference
+
 TOKEN = "test-token-0123456789abcdef"
 
 
@@ -57,12 +49,10 @@ def wait_for(check: Callable[[], Any], timeout_s: float, what: str, every_s: flo
 
 
 def same_records(a: Path, b: Path) -> None:
-    """rounds.csv and clients.csv of two run folders are equal but for host columns."""
-    for name in ("rounds", "clients"):
-        fa, fb = pd.read_csv(a / f"{name}.csv"), pd.read_csv(b / f"{name}.csv")
-        cols = [c for c in fa.columns if c not in HOST_COLUMNS]
-        assert list(fa.columns) == list(fb.columns), name
-        pd.testing.assert_frame_equal(fa[cols], fb[cols], check_exact=True, obj=name)
+    """rounds.csv and clients.csv of two run folders are equal but for host columns and
+    run ids (:func:`mecsim.testing.first_difference`)."""
+    diff = first_difference(a, b, ("rounds.csv", "clients.csv"))
+    assert diff is None, diff
 
 
 class ServeProcess:

@@ -315,3 +315,50 @@ def test_pyproject_lists_every_package_and_only_mecsim_installs() -> None:
         "mecsim.agents": "agents",
         "mecsim.channel": "channel",
     }
+
+
+def _test_modules_imported(source: str, test_modules: set[str]) -> list[tuple[int, str]]:
+    """(line, name) of every import in ``source`` of a module in ``test_modules`` (by its
+    last dotted part: ``test_resume``, ``tests.test_resume``, ``from tests import
+    test_resume``, ``importlib.import_module("test_resume")``), at any depth."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            names = [base, *(f"{base}.{a.name}" for a in node.names)]
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, (ast.Name, ast.Attribute))
+            and (getattr(node.func, "id", None) or getattr(node.func, "attr", None))
+            in ("import_module", "__import__")
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            names = [node.args[0].value]
+        found += [(node.lineno, n) for n in names if n.rpartition(".")[2] in test_modules]
+    return found
+
+
+def test_no_test_module_imports_another() -> None:
+    """Helpers that tests share live in one importable place (tests/helpers.py, a
+    conftest fixture, or :mod:`mecsim.testing` where plugin authors need them too), never
+    in a test module that others import: that ties test files together (moving or
+    deleting one breaks others) and runs one module's set-up inside another's."""
+    tests = ROOT / "tests"
+    test_modules = {p.stem for p in tests.rglob("test_*.py")}
+    assert _test_modules_imported(
+        "from test_resume import x\nimport tests.test_faults\n"
+        "def f():\n    from tests import test_flower\n"
+        "    importlib.import_module('test_api')\n",
+        {"test_resume", "test_faults", "test_flower", "test_api"},
+    ) == [(1, "test_resume"), (2, "tests.test_faults"), (4, "tests.test_flower"), (5, "test_api")]
+    bad = [
+        f"{path.relative_to(ROOT)}:{line} imports {name}"
+        for path in sorted(tests.rglob("*.py"))
+        for line, name in _test_modules_imported(path.read_text(), test_modules)
+    ]
+    assert bad == []

@@ -32,13 +32,13 @@ import pytest
 import yaml
 from cluster_support import FAST_NODE_DEATH, RAY_CLI, LocalCluster
 from conftest import TINY, tiny
-from test_resume import assert_same_records
 
 from mecsim.run.backends import placement, ray_start
 from mecsim.run.loop import run
 from mecsim.run.setup import RunFailed
 from mecsim.store.reader import read_csv_exact
 from mecsim.store.session import run_in_folder
+from mecsim.testing import assert_same_records
 
 needs_ray_cli = pytest.mark.skipif(not RAY_CLI.exists(), reason="no `ray` command here")
 

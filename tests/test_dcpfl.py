@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 import torch
 from conftest import tiny
+from helpers import DCPFL_E2E, DCPFL_FAST
 
 from mecsim.agents.algorithms import ClientContext, ClientResult, ClientTask, TrainConfig
 from mecsim.agents.algorithms.dcpfl import (
@@ -537,7 +538,7 @@ def test_low_discrepancy_metrics_and_the_warning_when_no_layer_is_ever_low():
                     "low_ratio": 10.0,
                 },
             },
-            **E2E,
+            **DCPFL_E2E,
         ),
         "low",
     )
@@ -668,31 +669,9 @@ def test_dcpfl_needs_full_participation_and_valid_params():
 
 # --------------------------------------------------------------------------- end to end
 
-E2E = dict(
-    topology={"clients": 6},
-    dataset={
-        "name": "mnist-embedded",
-        "train_size": 600,
-        "test_size": 150,
-        "partition": {
-            "method": "primary_secondary",
-            "samples_per_client": 80,
-            "test_samples_per_client": 20,
-        },
-    },
-    channel={"model": "fixed_rate", "uplink": {"rate_bps": 2e6}, "downlink": {"rate_bps": 2e6}},
-)
-FAST = {
-    "warmup_rounds": 2,
-    "loss_window": 2,
-    "observe_rounds": 1,
-    "hold_rounds": 1,
-    "gamma_step": 0.3,
-}
-
 
 def test_dcpfl_run_records_a_trial_round_with_double_download_and_compute(tmp_path):
-    sc = tiny(rounds=11, algorithm={"name": "dcpfl", "params": FAST}, **E2E)
+    sc = tiny(rounds=11, algorithm={"name": "dcpfl", "params": DCPFL_FAST}, **DCPFL_E2E)
     out = tmp_path / "run"
     run_in_folder(sc, out)
     rounds = pd.read_csv(out / "rounds.csv")
@@ -753,7 +732,7 @@ def test_barrier_holds_every_client_until_the_last_report_by_hand():
 
 
 def test_dataset_heterogeneity_is_recorded(tmp_path):
-    sc = tiny(rounds=1, **E2E)
+    sc = tiny(rounds=1, **DCPFL_E2E)
     out = tmp_path / "run"
     run_in_folder(sc, out)
     rng = np.random.default_rng(np.random.SeedSequence([sc.seed, 1]))
@@ -777,7 +756,7 @@ def test_dataset_heterogeneity_is_recorded(tmp_path):
     ],
 )
 def test_two_round_smoke_runs(name, params):
-    rows = run(tiny(rounds=2, algorithm={"name": name, "params": params}, **E2E), "smoke")
+    rows = run(tiny(rounds=2, algorithm={"name": name, "params": params}, **DCPFL_E2E), "smoke")
     assert len(rows) == 2 and all(r["round_time_s"] > 0 for r in rows)
     assert not math.isnan(rows[-1]["mean_accuracy"])
     if name in ("dcpfl_nodc", "kmeans_cluster"):
@@ -789,7 +768,7 @@ def test_nola_sends_every_layer_and_nodc_keeps_its_groups():
         tiny(
             rounds=6,
             algorithm={"name": "dcpfl_nola", "params": {"warmup_rounds": 1, "low_ratio": 10.0}},
-            **E2E,
+            **DCPFL_E2E,
         ),
         "nola",
     )
@@ -802,7 +781,7 @@ def test_nola_sends_every_layer_and_nodc_keeps_its_groups():
                 "name": "dcpfl_nodc",
                 "params": {"warmup_rounds": 1, "fixed_gamma_tilde": 0.5},
             },
-            **E2E,
+            **DCPFL_E2E,
         ),
         "nodc",
     )

@@ -10,8 +10,9 @@ them on 2 edge servers). Host-measuring columns (wall times, RSS) are not compar
 
 The golden records were written on another machine, whose CPU may round floats in the
 last bits otherwise (numpy and PyTorch pick their kernels by instruction set): they are
-compared as :mod:`records_compare` says (counts, ids, bytes and op-traces exactly, float
-columns to a stated relative tolerance, learning figures in round 0); the exact,
+compared as :func:`mecsim.testing.assert_records_close` says (counts, ids, bytes and
+op-traces exactly, float columns to a stated relative tolerance, learning figures in round
+0); the exact,
 bit-for-bit comparisons (a resumed run, a run whose actors were killed) are against the
 same case run in-process on the same machine.
 Regenerate the golden records only on purpose: ``python tests/test_edge_actors.py``
@@ -30,10 +31,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from conftest import tiny  # noqa: E402
-from records_compare import assert_records_close  # noqa: E402
-from test_resume import assert_same_records  # noqa: E402
+from helpers import interrupted_then_resumed, run_killing_actors  # noqa: E402
 
 from mecsim.store.session import run_in_folder
+from mecsim.testing import assert_records_close, assert_same_records
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "edge_golden"
 FILES = (
@@ -140,9 +141,8 @@ def test_a_run_stopped_mid_global_round_resumes_with_its_edge_models(
     round starts from each edge server's own model, not from the global one) and resumed
     from its checkpoint: the records equal those of the uninterrupted run. The checkpoint
     holds one state per edge server."""
-    from test_resume import _interrupted_then_resumed
 
-    out = _interrupted_then_resumed(case("phsfl_2x2_half"), tmp_path, stop_at)
+    out = interrupted_then_resumed(case("phsfl_2x2_half"), tmp_path, stop_at)
     assert_same_records(reference("phsfl_2x2_half", tmp_path_factory), out)
     last = sorted((out / "checkpoints").glob("round-*.pt"))[-1]
     assert sorted(torch.load(last, weights_only=True)["edges"]) == [0, 1]
@@ -169,7 +169,6 @@ def test_a_killed_edge_server_actor_is_recreated_and_the_records_unchanged(
     """A hierarchical run under Ray, one edge-server actor kill -9'ed after round 1 (its
     edge model mid-global-round) and the central one after round 4: the run recovers
     from its checkpoints and its records equal those of the in-process run."""
-    from test_faults import run_killing_actors
 
     out = run_killing_actors(
         case("phsfl_2x2_half"), tmp_path, [(1, "EdgeServerActor"), (4, "CentralServerActor")]

@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 import pytest
+from helpers import assert_timing_close, random_round
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -32,7 +33,6 @@ from mecsim.emulation.engine.sharing import capped_processor_sharing, progress_r
 from mecsim.emulation.network import NetworkModel, device_profiles, max_share
 from mecsim.emulation.ops import Compute, Download, Upload
 from mecsim.scenario import scenario_from_dict
-from tests.test_engine_events import _assert_close, _random_round
 
 SERVERS = [ServerSpec(1e9)]
 UP = NetworkSpec(uplink_shared=True)
@@ -328,17 +328,17 @@ def test_fast_paths_equal_simpy_on_random_rounds_with_capped_flows():
     seen = {"capped": 0, "media": 0, "identical": 0}
     rounds = 400
     for _ in range(rounds):
-        traces, specs, servers, net, agg = _random_round(rng)
+        traces, specs, servers, net, agg = random_round(rng)
         specs = _capped(rng, specs)
         ref = time_round(traces, specs, servers, net, agg, method="simpy")
         events = engine_events.event_timelines(traces, specs, servers, net)
         assert events is not None
         got = dispatch._summarise(events, net.deadline_s, agg)
-        _assert_close(got, ref)
+        assert_timing_close(got, ref)
         seen["identical"] += got == ref
         media = engine_media.media_timelines(traces, specs, servers, net)
         if media is not None:
-            _assert_close(dispatch._summarise(media, net.deadline_s, agg), ref)
+            assert_timing_close(dispatch._summarise(media, net.deadline_s, agg), ref)
             seen["media"] += 1
         seen["capped"] += any(
             (net.uplink_shared and s.uplink_max_share < 1)
@@ -378,6 +378,6 @@ def test_columns_equal_specs_with_capped_flows():
         if got is None:  # groups too small for the media path
             continue
         ref = time_round(traces, specs, SERVERS * 2, net, method="simpy")
-        _assert_close(got.timing(), ref)
+        assert_timing_close(got.timing(), ref)
         checked += 1
     assert checked > 20

@@ -7,13 +7,13 @@ import math
 
 import numpy as np
 import pytest
+from helpers import assert_timing_close, random_round
 
 from mecsim.emulation.engine import (
     METHODS,
     ClientSpec,
     NetworkSpec,
     RateSchedule,
-    RoundTiming,
     ServerSpec,
     dispatch,
     engine_path,
@@ -27,126 +27,13 @@ from mecsim.emulation.ops import Backhaul, Compute, Download, ServerCompute, Upl
 FAST = ("media", "events", "auto")
 
 
-def _schedule(rng: np.random.Generator, quantized: bool) -> RateSchedule:
-    k = int(rng.integers(1, 5))
-    if quantized:
-        times = [float(t) for t in range(k)]
-        rates = [float(rng.choice([0.0, 1e6, 2e6])) for _ in range(k)]
-    else:
-        times = [0.0, *np.sort(rng.uniform(0.01, 20.0, k - 1)).tolist()]
-        rates = [0.0 if rng.random() < 0.2 else float(rng.uniform(1e5, 5e7)) for _ in range(k)]
-    if rates[-1] == 0.0 and rng.random() < 0.8:  # mostly not dead for ever
-        rates[-1] = 1e6
-    return RateSchedule(tuple(times), tuple(rates))
-
-
-def _random_round(rng: np.random.Generator, quantized: bool = False):
-    """A random round: 1-30 clients (sometimes 100) on 1-3 edge servers, shared or dedicated
-    links (constant, zero, or rate traces), random or FedAvg-like op-traces with server
-    compute and backhaul transfers, zero-work ops, a deadline or none. ``quantized``
-    draws sizes, rates and speeds from a few round numbers, so that many events fall on
-    the very same instant."""
-    n = int(rng.integers(1, 100 if rng.random() < 0.05 else 30))
-    n_es = int(rng.integers(1, 4))
-    ids = rng.permutation(1000)[:n].tolist()
-    up_shared, down_shared = bool(rng.random() < 0.6), bool(rng.random() < 0.6)
-    structured, server_first = rng.random() < 0.6, rng.random() < 0.5
-    same_for_all = rng.random() < 0.15
-
-    def pick(lo: float, hi: float, grid: list[float]) -> float:
-        return float(rng.choice(grid)) if quantized else float(rng.uniform(lo, hi))
-
-    def nbytes() -> int:
-        if rng.random() < 0.1:
-            return 0
-        return int(rng.integers(0, 4)) * 125_000 if quantized else int(rng.integers(1, 3e6))
-
-    def flops() -> float:
-        return 0.0 if rng.random() < 0.1 else pick(1e6, 5e10, [1e9, 2e9, 3e9])
-
-    servers = [
-        ServerSpec(
-            0.0 if rng.random() < 0.03 else pick(1e9, 1e11, [1e9, 2e9, 4e9]),
-            float(rng.choice([0.0, 0.01, 0.25])),
-            pick(1e8, 1e10, [1e6, 8e6]),
-            pick(0.0, 0.01, [0.0, 0.5]),
-        )
-        for _ in range(n_es)
-    ]
-    backhaul = {
-        es: [
-            Backhaul(int(rng.integers(0, 10_000_000)), d)
-            for d in ("down", "up")[: int(rng.integers(0, 3))]
-        ]
-        for es in range(n_es)
-    }
-    traces, specs, common = {}, {}, None
-    for cid in ids:
-        es = int(rng.integers(n_es))
-        if same_for_all and common is not None:
-            ops = list(common)
-        elif structured:  # download, compute, [server], upload, [server]: one order
-            ops = [Download(nbytes())] if rng.random() < 0.9 else []
-            ops += [
-                Compute(flops(), int(rng.integers(0, 20))) for _ in range(int(rng.integers(0, 3)))
-            ]
-            if server_first and rng.random() < 0.5:
-                ops.append(ServerCompute(flops(), 1))
-            if rng.random() < 0.9:
-                ops.append(Upload(nbytes()))
-            if not server_first and rng.random() < 0.5:
-                ops.append(ServerCompute(flops(), 1))
-        else:  # any order, resources visited again and again
-            ops = []
-            for _ in range(int(rng.integers(0, 10))):
-                kind = int(rng.integers(4))
-                ops.append(
-                    Download(nbytes())
-                    if kind == 0
-                    else Upload(nbytes())
-                    if kind == 2
-                    else Compute(flops(), int(rng.integers(0, 20)))
-                    if kind == 1
-                    else ServerCompute(flops(), int(rng.integers(0, 3)))
-                )
-        common = common or list(ops)
-        mine = backhaul[es][: int(rng.integers(0, len(backhaul[es]) + 1))]
-        for op in mine:  # down first, up last
-            ops.insert(0 if op.direction == "down" else len(ops), op)
-        traces[cid] = tuple(ops)
-
-        def rate(shared: bool) -> float | RateSchedule:
-            if same_for_all:
-                return 2e6
-            if not shared and rng.random() < 0.3:
-                return _schedule(rng, quantized)
-            return 0.0 if rng.random() < 0.04 else pick(1e5, 5e7, [1e6, 2e6, 4e6])
-
-        specs[cid] = ClientSpec(
-            cid,
-            rate(up_shared),
-            rate(down_shared),
-            float(rng.choice([0.0, 0.25, 0.5] if quantized else [0.0, rng.uniform(0, 0.1)])),
-            0.0 if rng.random() < 0.02 else pick(1e8, 3e10, [1e9, 2e9, 4e9]),
-            es,
-        )
-    deadline = None if rng.random() < 0.4 else float(rng.uniform(0.1, 60.0))
-    return (
-        traces,
-        specs,
-        servers,
-        NetworkSpec(up_shared, down_shared, deadline),
-        float(rng.uniform(0, 1)),
-    )
-
-
 def test_fast_paths_equal_simpy_on_random_rounds():
     rng = np.random.default_rng(20261123)
     seen = dict.fromkeys(
         ("media", "stuck", "dropped", "schedule", "backhaul", "server", "shared"), 0
     )
     for _ in range(1500):
-        traces, specs, servers, net, agg = _random_round(rng)
+        traces, specs, servers, net, agg = random_round(rng)
         ref = time_round(traces, specs, servers, net, agg, method="simpy")
         media = engine_media.media_timelines(traces, specs, servers, net)
         if media is not None:  # it covers the round (one order of resources)
@@ -171,45 +58,17 @@ def test_fast_paths_equal_simpy_on_random_rounds():
     assert min(seen.values()) > 100, seen
 
 
-def _close(x: float, y: float) -> bool:
-    return x == y or math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-12)
-
-
-def _assert_close(got: RoundTiming, ref: RoundTiming) -> None:
-    assert len(got.clients) == len(ref.clients)
-    for a, b in zip(got.clients, ref.clients, strict=True):
-        assert (a.client_id, a.completed) == (b.client_id, b.completed)
-        for f in (
-            "finish_s",
-            "download_s",
-            "compute_s",
-            "upload_s",
-            "server_compute_s",
-            "backhaul_s",
-        ):
-            assert _close(getattr(a, f), getattr(b, f)), (f, a, b)
-    assert got.dropped == ref.dropped
-    assert _close(got.round_time_s, ref.round_time_s) and _close(got.wait_s, ref.wait_s)
-    if got.critical_client != ref.critical_client:  # a tie for the last to finish
-        by_id = {c.client_id: c for c in ref.clients}
-        a, b = by_id[got.critical_client], by_id[ref.critical_client]
-        assert _close(a.finish_s, b.finish_s)
-    else:
-        for f in ("download_s", "client_s", "upload_s", "server_s", "idle_s", "backhaul_s"):
-            assert _close(getattr(got, f), getattr(ref, f)), f
-
-
 def test_fast_paths_within_1e9_of_simpy_on_rounds_full_of_ties():
     # Round numbers make many events coincide; the fast paths may then take two events
     # of one instant in another order than SimPy and round differently (a few ulps).
     rng = np.random.default_rng(7)
     identical = 0
     for _ in range(600):
-        traces, specs, servers, net, agg = _random_round(rng, quantized=True)
+        traces, specs, servers, net, agg = random_round(rng, quantized=True)
         ref = time_round(traces, specs, servers, net, agg, method="simpy")
         for method in FAST:
             got = time_round(traces, specs, servers, net, agg, method=method)
-            _assert_close(got, ref)
+            assert_timing_close(got, ref)
             identical += got == ref
     assert identical > 0.99 * 600 * len(FAST)  # nearly always float for float all the same
 
@@ -333,9 +192,9 @@ def test_rounds_with_link_latency_are_timed_as_simpy_does() -> None:
 
 
 def _dcu_round(rng: np.random.Generator, quantized: bool):
-    """:func:`_random_round` with only what columns carry: Download/Compute/Upload ops
+    """:func:`random_round` with only what columns carry: Download/Compute/Upload ops
     and constant rates (schedules replaced by their first rate)."""
-    traces, specs, servers, net, agg = _random_round(rng, quantized)
+    traces, specs, servers, net, agg = random_round(rng, quantized)
     traces = {
         cid: tuple(op for op in ops if isinstance(op, (Download, Compute, Upload)))
         for cid, ops in traces.items()

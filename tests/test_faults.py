@@ -4,19 +4,13 @@ resume of faulted runs, and real Ray actors killed with SIGKILL mid-run."""
 from __future__ import annotations
 
 import math
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import psutil
 import pytest
 from conftest import tiny
-from test_resume import SimulatedKill, StopAfter, assert_same_records
+from helpers import run_killing_actors
 
 from mecsim.agents.algorithms import ClientResult
 from mecsim.agents.models import build_model, get_flat, model_layout
@@ -26,8 +20,8 @@ from mecsim.emulation import faults
 from mecsim.emulation.engine import RateSchedule
 from mecsim.emulation.ops import Compute, Download, Upload
 from mecsim.store.reader import read_csv_exact
-from mecsim.store.runfolder import prepare_resume
 from mecsim.store.session import run_in_folder
+from mecsim.testing import SimulatedKill, StopAfter, assert_same_records, resume_run
 
 UNIT = {
     "flops_per_s": 1e9,
@@ -228,11 +222,7 @@ def test_a_faulted_run_replays_exactly_and_resumes_exactly(tmp_path: Path) -> No
     out = tmp_path / "cut" / "r"
     with pytest.raises(SimulatedKill):
         run_in_folder(sc, out, observers=[StopAfter(2)])
-    target = prepare_resume(out)
-    try:
-        run_in_folder(None, resume=target)
-    finally:
-        target.lock.release()
+    resume_run(out)
     assert_same_records(full, out)
 
 
@@ -297,78 +287,6 @@ def test_a_diverging_run_is_flagged_and_its_model_untouched(tmp_path: Path, caps
 
 
 # --------------------------------------------------------------------------- real Ray
-
-
-def _ray_actor_pids(root: int, kind: str) -> list[int]:
-    """Processes of ``kind`` actors of the Ray instance started by process ``root`` (its
-    descendants only: other Ray instances on the machine are left alone)."""
-    out = []
-    try:
-        procs = psutil.Process(root).children(recursive=True)
-    except psutil.Error:
-        return out
-    for proc in procs:
-        try:
-            cmd = " ".join(proc.cmdline())
-        except psutil.Error:
-            continue
-        if f"ray::{kind}" in cmd:
-            out.append(proc.pid)
-    return out
-
-
-def run_killing_actors(sc, tmp_path: Path, plan: list[tuple[int, str]]) -> Path:
-    """Run ``sc`` with Ray in a ``mecsim run`` subprocess, kill -9 one actor of class
-    ``kind`` once ``rounds`` rounds are recorded, for each ``(rounds, kind)`` of ``plan``;
-    asserts every kill happened and the run finished with one fault each; returns its
-    run folder."""
-    data = sc.model_dump(mode="json")
-    data["execution"]["backend"] = "ray"
-    data["outputs"]["dir"] = str(tmp_path / "runs")
-    path = tmp_path / "s.yaml"
-    path.write_text(__import__("json").dumps(data))
-    out = tmp_path / "runs" / "r"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mecsim",
-            "run",
-            str(path),
-            "--run-id",
-            "r",
-            "--quiet",
-            "--no-plots",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    plan, kills = list(plan), len(plan)
-    killed: list[int] = []
-    deadline = time.monotonic() + 300
-    try:
-        while proc.poll() is None and plan and time.monotonic() < deadline:
-            rounds = out / "rounds.csv"
-            done = len(rounds.read_text().splitlines()) - 1 if rounds.exists() else 0
-            if done >= plan[0][0]:
-                pids = [p for p in _ray_actor_pids(proc.pid, plan[0][1]) if p not in killed]
-                if pids:
-                    os.kill(pids[0], signal.SIGKILL)
-                    killed.append(pids[0])
-                    plan.pop(0)
-            time.sleep(0.02)
-        _, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert len(killed) == kills, err
-    assert proc.returncode == 0, err
-    meta = __import__("json").loads((out / "run.json").read_text())
-    assert meta["status"] == "finished" and len(meta["faults"]) == kills
-    rounds = read_csv_exact(out / "rounds.csv")
-    assert rounds["faults"].sum() == kills
-    return out
 
 
 @pytest.mark.ray

@@ -33,6 +33,7 @@ import math
 import numpy as np
 import pytest
 from conftest import tiny
+from helpers import interrupted_then_resumed
 
 from mecsim.analysis.replay import geometry_axis_refusal, load_run, replay
 from mecsim.analysis.sweep import sweep
@@ -49,7 +50,7 @@ from mecsim.scenario import scenario_from_dict
 from mecsim.scenario.overrides import OverrideError, apply_overrides, is_timing_path
 from mecsim.store.reader import read_csv_exact
 from mecsim.store.session import run_in_folder
-from mecsim.testing import check_scenario_data
+from mecsim.testing import assert_same_records, check_scenario_data
 
 NS2 = """\
 $node_(0) set X_ 300.0
@@ -407,7 +408,6 @@ def test_a_resumed_moving_run_continues_the_a3_timers(tmp_path):
     its checkpoint re-evaluates rounds 0 and 1 at their recorded starts first: its
     records are the uninterrupted run's (without that, round 2 would see the condition
     for the first time and not hand over)."""
-    from test_resume import _interrupted_then_resumed, assert_same_records
 
     path = tmp_path / "walk.tcl"
     path.write_text(NS2.format(speed=400.0))
@@ -424,7 +424,7 @@ def test_a_resumed_moving_run_continues_the_a3_timers(tmp_path):
     starts = [0.0, *rounds["elapsed_s"].tolist()[:-1]]
     assert 0.53 < starts[1] < 1.0 and starts[2] - starts[1] >= 1.0, starts
     assert rounds["handovers"].tolist() == [0, 0, 1, 0]
-    out = _interrupted_then_resumed(sc, tmp_path, stop_at=2)
+    out = interrupted_then_resumed(sc, tmp_path, stop_at=2)
     assert_same_records(full, out)
 
 
@@ -434,7 +434,6 @@ def test_a_moving_run_gives_the_same_records_in_process_and_on_ray(tmp_path):
     """Same seed, every backend: clients that walk fast between two cells (random
     waypoint at 50-80 m/s over 1 km, so that some hand over within 4 rounds) give the
     same positions, associations, handovers and records in-process and under Ray."""
-    from test_resume import assert_same_records
 
     sc = tiny(
         rounds=4,

@@ -26,6 +26,7 @@ import json
 
 import numpy as np
 import pytest
+from helpers import interrupted_then_resumed
 
 from mecsim.analysis.replay import load_run, replay
 from mecsim.analysis.sweep import sweep
@@ -39,7 +40,7 @@ from mecsim.scenario import scenario_from_dict
 from mecsim.scenario.overrides import OverrideError
 from mecsim.store.reader import read_csv_exact
 from mecsim.store.session import run_in_folder
-from mecsim.testing import check_scenario_data
+from mecsim.testing import assert_same_records, check_scenario_data
 
 NS2 = """\
 $node_(0) set X_ 300.0
@@ -176,12 +177,11 @@ def test_each_round_s_edge_servers_group_the_clients_served_at_its_start(tmp_pat
 
 
 def test_a_resumed_phsfl_walk_keeps_its_groups(tmp_path):
-    from test_resume import _interrupted_then_resumed, assert_same_records
 
     sc = _scenario(tmp_path)
     full = tmp_path / "full" / "r"
     run_in_folder(sc, full)
-    out = _interrupted_then_resumed(sc, tmp_path, stop_at=2)
+    out = interrupted_then_resumed(sc, tmp_path, stop_at=2)
     assert_same_records(full, out)
 
 
@@ -208,7 +208,6 @@ def test_a_replay_that_keeps_the_groups_is_exact_one_that_regroups_is_refused(tm
 
 @pytest.mark.ray
 def test_a_moving_phsfl_run_gives_the_same_records_in_process_and_on_ray(tmp_path):
-    from test_resume import assert_same_records
 
     local, ray = tmp_path / "local", tmp_path / "ray"
     run_in_folder(_scenario(tmp_path, rounds=2), local)

@@ -11,8 +11,9 @@ machine, in-process with 2 hosts:
 - ``fedavg-finished``: the tiny scenario, 3 rounds, finished (checkpoints deleted).
 
 The resumed run is compared with the same scenario run from round 0 by this version as
-:mod:`records_compare` says (exact counts, bytes and op-traces; floats within a stated
-tolerance, since the fixture's first rounds were computed on another CPU).
+:func:`mecsim.testing.assert_records_close` says (exact counts, bytes and op-traces;
+floats within a stated tolerance, since the fixture's first rounds were computed on another
+CPU).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import tiny
-from records_compare import assert_records_close
 
 from mecsim.agents.state import decode
 from mecsim.agents.training import StepCost
@@ -35,6 +35,7 @@ from mecsim.scenario import ScenarioError, load_recorded_scenario, load_scenario
 from mecsim.store.checkpoints import scenario_digest
 from mecsim.store.runfolder import prepare_resume
 from mecsim.store.session import run_in_folder
+from mecsim.testing import assert_records_close
 
 LEGACY = Path(__file__).resolve().parent / "data" / "legacy_runs"
 

@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 import yaml
 from conftest import tiny
+from helpers import DASHBOARD_FILES, dashboards, exprs, panels, substitute, variable_queries
 from prometheus_client.parser import text_string_to_metric_families
 
 from mecsim.interfaces.metrics import METRICS, RATE_BUCKETS, MetricsExporter
@@ -36,7 +37,6 @@ from mecsim.run.observers import RunObserver
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARDS = ROOT / "dashboards"
-DASHBOARD_FILES = sorted(DASHBOARDS.glob("*.json"))
 NO_PROMETHEUS = "no `prometheus` binary on PATH (Debian: apt-get install prometheus)"
 NO_PROMTOOL = "no `promtool` binary on PATH (Debian: apt-get install prometheus)"
 
@@ -236,31 +236,11 @@ def test_linger_keeps_metrics_up_after_the_last_round():
 # ----------------------------------------------------------------------------- dashboards
 
 
-def _dashboards() -> dict[str, dict]:
-    return {p.name: json.loads(p.read_text()) for p in DASHBOARD_FILES}
-
-
-def _panels(dash: dict) -> list[dict]:
-    out = []
-    for p in dash["panels"]:
-        out.append(p)
-        out += p.get("panels", [])  # collapsed rows hold their panels
-    return out
-
-
-def _exprs(dash: dict) -> list[str]:
-    return [t["expr"] for p in _panels(dash) for t in p.get("targets", [])]
-
-
-def _variable_queries(dash: dict) -> list[str]:
-    return [v["query"] for v in dash["templating"]["list"] if v["type"] == "query"]
-
-
 SELECTOR = re.compile(r"([A-Za-z_:][A-Za-z0-9_:]*)\s*\{([^}]*)\}")
 
 
 def test_three_dashboards_with_run_and_algorithm_variables():
-    dashes = _dashboards()
+    dashes = dashboards()
     assert set(dashes) == {"mecsim-overview.json", "mecsim-algorithms.json", "mecsim-network.json"}
     assert len({d["uid"] for d in dashes.values()}) == 3
     for name, d in dashes.items():
@@ -271,9 +251,9 @@ def test_three_dashboards_with_run_and_algorithm_variables():
         for var in ("run", "algorithm"):
             assert variables[var]["multi"] and variables[var]["includeAll"]
             assert variables[var]["query"].startswith("label_values(mecsim_run_info")
-        ids = [p["id"] for p in _panels(d)]
+        ids = [p["id"] for p in panels(d)]
         assert len(ids) == len(set(ids)), f"{name}: duplicate panel ids"
-        graphs = [p for p in _panels(d) if p["type"] != "row"]
+        graphs = [p for p in panels(d) if p["type"] != "row"]
         assert len(graphs) >= 8, name
         for p in graphs:
             where = f"{name}: panel {p['title']!r}"
@@ -289,11 +269,11 @@ def test_three_dashboards_with_run_and_algorithm_variables():
 def test_every_dashboard_query_names_only_exported_metrics_and_filters_by_run(scraped):
     page, _, _ = scraped
     exported = _exposed_names(page)
-    for name, d in _dashboards().items():
-        for query in _variable_queries(d):
+    for name, d in dashboards().items():
+        for query in variable_queries(d):
             m = re.fullmatch(r"label_values\((mecsim_\w+)(\{[^}]*\})?,\s*(run|algorithm)\)", query)
             assert m and m.group(1) in exported, f"{name}: variable query {query!r}"
-        for expr in _exprs(d):
+        for expr in exprs(d):
             selectors = SELECTOR.findall(expr)
             assert selectors, f"{name}: no metric selector in {expr!r}"
             for metric, matchers in selectors:
@@ -366,7 +346,7 @@ def test_dashboard_json_round_trips_through_the_sdk_model():
     from grafana_foundation_sdk.cog.encoder import JSONEncoder
     from grafana_foundation_sdk.models.dashboard import Dashboard
 
-    for name, d in _dashboards().items():
+    for name, d in dashboards().items():
         back = json.loads(json.dumps(Dashboard.from_json(d), cls=JSONEncoder))
         assert back == d, f"{name}: the SDK's dashboard model does not reproduce it"
 
@@ -418,15 +398,6 @@ class _WaitForScrape(RunObserver):
             30,
             f"Prometheus to scrape round {row['round']}",
         )
-
-
-def _substitute(expr: str, run_id: str, algorithm: str, range_s: int) -> str:
-    return (
-        expr.replace("$__rate_interval", "1m")
-        .replace("$__range", f"{range_s}s")
-        .replace("$run", run_id)
-        .replace("$algorithm", algorithm)
-    )
 
 
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason=NO_PROMETHEUS)
@@ -499,18 +470,18 @@ def test_real_prometheus_scrapes_a_run_and_every_dashboard_query_returns_data(tm
         assert float(series["values"][-1][1]) == sum(r["bytes_up"] for r in rows)
 
         failures, checked = [], 0
-        for name, dash in _dashboards().items():
-            for expr in _exprs(dash):
-                promql = _substitute(expr, "e2e", "fedavg", int(end - start) + 60)
+        for name, dash in dashboards().items():
+            for expr in exprs(dash):
+                promql = substitute(expr, "e2e", "fedavg", int(end - start) + 60)
                 result = query_range(promql)
                 values = [float(v) for s in result for _, v in s["values"]]
                 checked += 1
                 if not any(math.isfinite(v) for v in values):
                     failures.append(f"{name}: {promql} -> {len(result)} series, no finite value")
-            for query in _variable_queries(dash):
+            for query in variable_queries(dash):
                 m = re.fullmatch(r"label_values\((.*),\s*(\w+)\)", query)
                 assert m, query
-                selector = _substitute(m.group(1), "e2e", "fedavg", 0)
+                selector = substitute(m.group(1), "e2e", "fedavg", 0)
                 params = urllib.parse.urlencode({"match[]": selector, "start": start, "end": end})
                 values = _get(f"{api}/label/{m.group(2)}/values?{params}")["data"]
                 checked += 1

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -21,75 +20,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from conftest import BUILTIN_ALGORITHMS, tiny
+from helpers import DCPFL_E2E, DCPFL_FAST, interrupted_then_resumed
 
 from mecsim.analysis.replay import load_run, reproduces
 from mecsim.run import interrupts
-from mecsim.run.observers import RunObserver
 from mecsim.store.checkpoints import CheckpointStore
-from mecsim.store.reader import read_csv_exact
 from mecsim.store.runfolder import RunFolderError, prepare_resume, run_status
 from mecsim.store.session import run_in_folder
-
-# columns that measure this machine, not the emulated testbed
-HOST_COLUMNS = {
-    "host_wall_s",
-    "host_train_wall_s",
-    "host_aggregate_s",
-    "server_rss_mb",
-    "host_train_s",
-}
-
-
-def is_host_column(name: str) -> bool:
-    """Columns measured on this machine (wall time, RSS), e.g. ``kapc_plan_host_s``."""
-    return name in HOST_COLUMNS or "host" in name.split("_")
-
-
-class SimulatedKill(BaseException):
-    """Stands for a kill: not an Exception, so nothing in the run loop swallows it."""
-
-
-class StopAfter(RunObserver):
-    """Raises SimulatedKill at the end of round ``rnd`` (after its records are written,
-    before its checkpoint)."""
-
-    def __init__(self, rnd: int) -> None:
-        self.rnd = rnd
-
-    def on_round_end(self, info, row, client_rows, traces) -> None:
-        if row["round"] == self.rnd:
-            raise SimulatedKill()
-
-
-def assert_same_records(a: Path, b: Path, ignore: tuple[str, ...] = ()) -> None:
-    """rounds.*, clients.*, optraces.jsonl equal except host columns (and ``ignore``);
-    summary.md equal except its host-time and server-memory figures."""
-    for name in ("rounds", "clients"):
-        x, y = read_csv_exact(a / f"{name}.csv"), read_csv_exact(b / f"{name}.csv")
-        assert list(x.columns) == list(y.columns)
-        cols = [c for c in x.columns if not is_host_column(c) and c != "run_id" and c not in ignore]
-        pd.testing.assert_frame_equal(x[cols], y[cols], check_exact=True)
-        if (a / f"{name}.parquet").exists() or (b / f"{name}.parquet").exists():
-            px, py = pd.read_parquet(a / f"{name}.parquet"), pd.read_parquet(b / f"{name}.parquet")
-            pd.testing.assert_frame_equal(px[cols], py[cols], check_exact=True)
-    assert (a / "optraces.jsonl").read_text() == (b / "optraces.jsonl").read_text()
-    assert _masked_summary((a / "summary.md").read_text()) == _masked_summary(
-        (b / "summary.md").read_text()
-    )
-
-
-def _masked_summary(text: str) -> list[str]:
-    """summary.md without the figures that measure this machine: host seconds per round,
-    and the Server mem (MiB) cell of the table whose header names it."""
-    text = re.sub(r"[0-9.]+ host seconds per round", "H host seconds per round", text)
-    lines = re.sub(r"^# Run .*$", "# Run ID", text, flags=re.M).splitlines()
-    for i, line in enumerate(lines):
-        if "Server mem (MiB)" in line:
-            col = line.split("|").index(" Server mem (MiB) ")
-            cells = lines[i + 2].split("|")
-            cells[col] = " M "
-            lines[i + 2] = "|".join(cells)
-    return lines
+from mecsim.testing import SimulatedKill, StopAfter, assert_same_records, resume_run
 
 
 def _algorithm_scenario(name: str, rounds: int):
@@ -102,14 +40,12 @@ def _algorithm_scenario(name: str, rounds: int):
         params = {"strategy": "fedavg_adam"}
         extra = dict(training={"optimizer": "adam", "lr": 0.001, "batch_size": 16})
     elif name.startswith("dcpfl"):
-        from test_dcpfl import E2E, FAST
-
         params = (
-            dict(FAST)
+            dict(DCPFL_FAST)
             if name != "dcpfl_nodc"
-            else {k: v for k, v in FAST.items() if k != "gamma_step"}
+            else {k: v for k, v in DCPFL_FAST.items() if k != "gamma_step"}
         )
-        extra = dict(E2E)
+        extra = dict(DCPFL_E2E)
     elif name == "kmeans_cluster":
         params = {"warmup_rounds": 2, "clusters": 2}
     elif name == "kapc_bls":
@@ -119,23 +55,6 @@ def _algorithm_scenario(name: str, rounds: int):
     return tiny(rounds=rounds, algorithm={"name": name, "params": params}, **extra)
 
 
-def _interrupted_then_resumed(sc, tmp_path: Path, stop_at: int, hosts=(2, 2)) -> Path:
-    out = tmp_path / "resumed" / "r"
-    with pytest.raises(SimulatedKill):
-        run_in_folder(sc, out, observers=[StopAfter(stop_at)], hosts=hosts[0])
-    assert json.loads((out / "run.json").read_text())["status"] == "failed"
-    target = prepare_resume(out)
-    try:
-        # cut back to the checkpoint before the stopped round
-        assert target.rounds_done == stop_at
-        assert len(pd.read_csv(out / "rounds.csv")) == stop_at
-        run_in_folder(None, resume=target, hosts=hosts[1])
-    finally:
-        target.lock.release()
-    assert json.loads((out / "run.json").read_text())["status"] == "finished"
-    return out
-
-
 @pytest.mark.parametrize("name", BUILTIN_ALGORITHMS)
 def test_every_algorithm_resumes_exactly(name: str, tmp_path: Path) -> None:
     rounds = 11 if name.startswith("dcpfl") else 5
@@ -143,7 +62,7 @@ def test_every_algorithm_resumes_exactly(name: str, tmp_path: Path) -> None:
     sc = _algorithm_scenario(name, rounds)
     full = tmp_path / "full" / "r"
     run_in_folder(sc, full)
-    out = _interrupted_then_resumed(sc, tmp_path, stop_at)
+    out = interrupted_then_resumed(sc, tmp_path, stop_at)
     assert_same_records(full, out)
     # the strict reader reads every algorithm's resumed folder, and it re-times exactly
     assert reproduces(load_run(out))
@@ -154,7 +73,7 @@ def test_resume_with_another_number_of_hosts(tmp_path: Path) -> None:
     sc = _algorithm_scenario("kapc_bls", 4)
     full = tmp_path / "full" / "r"
     run_in_folder(sc, full, hosts=2)
-    out = _interrupted_then_resumed(sc, tmp_path, 1, hosts=(2, 3))
+    out = interrupted_then_resumed(sc, tmp_path, 1, hosts=(2, 3))
     assert_same_records(full, out)
 
 
@@ -389,11 +308,7 @@ def test_a_checkpoint_writes_only_what_changed(tmp_path: Path) -> None:
     cut = tmp_path / "c" / "r"
     with pytest.raises(SimulatedKill):
         run_in_folder(sc, cut, observers=[StopAfter(2)])
-    target = prepare_resume(cut)
-    try:
-        run_in_folder(None, resume=target)
-    finally:
-        target.lock.release()
+    resume_run(cut)
     assert_same_records(full, cut)
 
 

@@ -27,6 +27,7 @@ import httpx
 import pandas as pd
 import pytest
 import yaml
+from helpers import dashboards, exprs, substitute, variable_queries
 from prometheus_client.parser import text_string_to_metric_families
 from service_support import TOKEN, ServeProcess, same_records, tiny_yaml, wait_for
 
@@ -317,8 +318,6 @@ def _prom_get(api: str, path: str, **params) -> dict:
 
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason=NO_PROMETHEUS)
 def test_prometheus_scrapes_the_service_across_two_runs_without_a_gap(server, client, tmp_path):
-    from test_monitoring import _dashboards, _exprs, _substitute, _variable_queries
-
     host_port = urllib.parse.urlparse(server.url).netloc
     port = _free_port()
     config = tmp_path / "prometheus.yml"
@@ -399,16 +398,16 @@ def test_prometheus_scrapes_the_service_across_two_runs_without_a_gap(server, cl
         assert set(ids) <= set(runs)  # the dashboards' Run variable lists both
         failures, checked = [], 0
         for run_id in ids:
-            for name, dash in _dashboards().items():
-                for expr in _exprs(dash):
-                    promql = _substitute(expr, run_id, "fedavg", span + 60)
+            for name, dash in dashboards().items():
+                for expr in exprs(dash):
+                    promql = substitute(expr, run_id, "fedavg", span + 60)
                     result = _prom_get(api, "query_range", query=promql, start=t0, end=t1, step=1)[
                         "result"
                     ]
                     checked += 1
                     if not any(math.isfinite(float(v)) for s in result for _, v in s["values"]):
                         failures.append(f"{name}: {promql}")
-                for query in _variable_queries(dash):
+                for query in variable_queries(dash):
                     assert query.startswith("label_values(mecsim_run_info")
         assert checked >= 80 and not failures, "\n".join(failures)
         page = httpx.get(f"{server.url}/metrics", timeout=30).text  # no token needed

@@ -32,6 +32,7 @@ from mecsim.run.round import run_round
 from mecsim.run.setup import prepare, streams_aggregation
 from mecsim.scenario import scenario_from_dict
 from mecsim.store.session import run_in_folder
+from mecsim.testing import SimulatedKill, StopAfter, assert_same_records, resume_run
 
 
 def test_weighted_sum_hand_numbers_and_parts_give_the_same_bits():
@@ -675,9 +676,6 @@ def test_rounds_planned_ahead_under_ray_give_the_in_process_records_and_resume_t
     each round, for a run killed after round 4 and resumed from its checkpoint, and for
     a run whose rounds are aggregated after the timing (not streamed); and a server call
     other than that plan refuses to run after it."""
-    from test_resume import SimulatedKill, StopAfter, assert_same_records
-
-    from mecsim.store.runfolder import prepare_resume
 
     def scenario(backend: str, stream: str = "auto"):
         return tiny(
@@ -704,12 +702,7 @@ def test_rounds_planned_ahead_under_ray_give_the_in_process_records_and_resume_t
     cut = tmp_path / "cut" / "r"
     with pytest.raises(SimulatedKill):  # at the end of round 4, before its checkpoint
         run_in_folder(scenario("ray"), cut, observers=[StopAfter(4)])
-    target = prepare_resume(cut)
-    try:
-        assert target.rounds_done == 4  # the checkpoint after round 3
-        run_in_folder(None, resume=target)
-    finally:
-        target.lock.release()
+    assert resume_run(cut) == 4  # from the checkpoint after round 3
     # round 0 -> 1, 1 -> 2; round 2 evaluates, a checkpoint follows round 3; 4 -> 5
     # (before the kill), and 4 -> 5 again in the resumed run
     assert ahead == [1, 2, 5, 5]
@@ -746,10 +739,6 @@ def test_chained_rounds_under_ray_give_the_in_process_records_and_resume_the_sam
     that evaluates (every 3rd) or is followed by a checkpoint (every 4th) is not chained.
     The records are the in-process run's bit for bit, also for a run killed after round
     4 (its round 5 already started on the hosts) and resumed from its checkpoint."""
-    from test_resume import SimulatedKill, StopAfter, assert_same_records
-
-    from mecsim.store.runfolder import prepare_resume
-
     monkeypatch.setattr(balance, "STREAM_PART_CLIENTS", 5)
 
     def scenario(backend: str):
@@ -790,11 +779,6 @@ def test_chained_rounds_under_ray_give_the_in_process_records_and_resume_the_sam
     with pytest.raises(SimulatedKill):  # at the end of round 4, round 5 on the hosts
         run_in_folder(scenario("ray"), cut, observers=[StopAfter(4)])
     assert chained == [1, 2, 5, 1, 2, 5] and taken == [1, 2, 5, 1, 2]
-    target = prepare_resume(cut)
-    try:
-        assert target.rounds_done == 4  # the checkpoint after round 3
-        run_in_folder(None, resume=target)
-    finally:
-        target.lock.release()
+    assert resume_run(cut) == 4  # from the checkpoint after round 3
     assert chained[6:] == taken[5:] == [5]
     assert_same_records(local, cut)

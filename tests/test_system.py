@@ -17,24 +17,15 @@ from mecsim.interfaces.cli import main
 from mecsim.interfaces.metrics import MetricsExporter
 from mecsim.run.loop import run
 from mecsim.run.observers import RunObserver
-from mecsim.run.rows import CLIENT_COLUMNS, ROUND_COLUMNS
+from mecsim.run.rows import CLIENT_COLUMNS, ROUND_COLUMNS, is_host_column
 from mecsim.scenario import load_scenario, scenario_from_dict
 from mecsim.store.session import run_in_folder
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Columns that measure this machine rather than the emulated testbed.
-HOST_COLUMNS = {
-    "host_wall_s",
-    "host_train_wall_s",
-    "host_aggregate_s",
-    "server_rss_mb",
-    "host_train_s",
-}
-
 
 def _emulated(rows):
-    return [{k: v for k, v in r.items() if k not in HOST_COLUMNS} for r in rows]
+    return [{k: v for k, v in r.items() if not is_host_column(k)} for r in rows]
 
 
 def test_records_are_complete_and_consistent(tmp_path):

@@ -5,7 +5,8 @@ The run loop (:mod:`mecsim.run.round`) fills every column; a replay
 (:mod:`mecsim.analysis.replay`) re-computes :data:`REPLAY_COLUMNS` (the same names, a
 subset) with the same :func:`timing_columns`. A new timing column is one entry of
 :data:`TIMING`; a new round column one name in :data:`ROUND_COLUMNS` (and the value the
-round computes for it).
+round computes for it). The columns that measure the machine running the emulation rather
+than the emulated testbed are told by :func:`is_host_column`.
 """
 
 from __future__ import annotations
@@ -110,6 +111,20 @@ CLIENT_COLUMNS = [
     *ENERGY_KEYS,
     *CHANNEL_COLUMNS,
 ]
+
+
+#: The host-measured columns without ``host`` among their words: the server process's
+#: resident memory (the others are ``host_wall_s``, ``host_train_s``, ...).
+HOST_MEASURED = ("server_rss_mb",)
+
+
+def is_host_column(name: str) -> bool:
+    """Whether column ``name`` measures the machine running the emulation (wall seconds,
+    resident memory) rather than the emulated testbed: :data:`HOST_MEASURED` and any
+    column with ``host`` among its ``_``-separated words (``host_wall_s``, an algorithm's
+    ``kapc_plan_host_s``). Such a column differs from run to run of the same scenario, so
+    comparisons of records leave it out."""
+    return name in HOST_MEASURED or "host" in name.split("_")
 
 
 def timing_columns(timing: RoundTiming, elapsed_before_s: float) -> dict[str, float]:
