@@ -14,6 +14,7 @@ import mecsim
 from mecsim.scenario import ScenarioError
 
 
+@pytest.mark.slow
 def test_simulate_runs_a_scenario_into_a_run_folder_with_overrides(tmp_path: Path) -> None:
     outcome = mecsim.simulate(
         TINY,

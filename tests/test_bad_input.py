@@ -84,6 +84,7 @@ def test_run_refuses_before_anything_starts(case, tmp_path, capsys, monkeypatch)
     assert err.strip(), "refused without a word"  # (assert_refused checks each line)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="the in-process tests cover these as non-root")
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs util-linux setpriv")
 @pytest.mark.parametrize("case", UNPRIVILEGED, ids=[c.name for c in UNPRIVILEGED])

@@ -283,6 +283,7 @@ def test_first_difference_names_the_file_row_and_column(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- the built-ins
 
 
+@pytest.mark.slow
 def test_fedavg_keeps_every_promise_in_process() -> None:
     report = check_algorithm("fedavg", ray=False)
     report.assert_ok()

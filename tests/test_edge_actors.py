@@ -123,6 +123,7 @@ def test_records_agree_with_the_golden_ones(name: str, tmp_path: Path) -> None:
     assert_records_close(GOLDEN / name, _run(name, tmp_path / name))
 
 
+@pytest.mark.slow
 def test_a_second_run_of_a_case_equals_the_first_bit_for_bit(
     tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
@@ -133,6 +134,7 @@ def test_a_second_run_of_a_case_equals_the_first_bit_for_bit(
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stop_at", [1, 3])
 def test_a_run_stopped_mid_global_round_resumes_with_its_edge_models(
     stop_at: int, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory

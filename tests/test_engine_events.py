@@ -27,6 +27,7 @@ from mecsim.emulation.ops import Backhaul, Compute, Download, ServerCompute, Upl
 FAST = ("media", "events", "auto")
 
 
+@pytest.mark.slow
 def test_fast_paths_equal_simpy_on_random_rounds():
     rng = np.random.default_rng(20261123)
     seen = dict.fromkeys(

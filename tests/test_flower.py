@@ -633,6 +633,7 @@ def _wrapped_apps(tmp_path: Path, name: str, train: str, evaluate: str, server: 
     return {"serverapp": f"{name}.server_app:app", "clientapp": f"{name}.client_app:app"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "train", "evaluate", "server", "timeout", "says"),
     [

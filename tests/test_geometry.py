@@ -593,6 +593,7 @@ def test_the_docs_example_is_a_valid_scenario():
     assert np.bincount(owner).tolist() == [3] * 7
 
 
+@pytest.mark.slow
 def test_a_hierarchical_run_groups_clients_by_the_association(tmp_path):
     """PHSFL on two sites: client 0 is placed next to site 1, the others next to site 0,
     so the groups are {1, 2, 3} and {0} (the topology's blocks would be {0, 1}, {2, 3});

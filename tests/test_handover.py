@@ -401,6 +401,7 @@ def test_the_cells_gauges_count_the_selected_clients_per_serving_cell():
         assert {c: v for c, v in served.items() if v is not None} == per_client
 
 
+@pytest.mark.slow
 def test_a_resumed_moving_run_continues_the_a3_timers(tmp_path):
     """The walk at 400 m/s with T = 1 s: B enters at round 1's start (x = 300 + 400 t
     passes 510 m at 0.53 s; round 1 starts later) and the handover comes at a later
@@ -516,6 +517,7 @@ def test_mobility_speed_is_a_sweep_axis_without_retraining_for_a_flat_algorithm(
     assert wide["total_time_s"].iloc[1] != recorded["elapsed_s"].iloc[-1]
 
 
+@pytest.mark.slow
 def test_geometry_axes_are_refused_for_a_hierarchical_algorithm_with_the_reason(tmp_path):
     """PHSFL (static clients: hierarchical algorithms refuse clients that move): the
     inter-site distance can move clients between edge servers, whose models PHSFL

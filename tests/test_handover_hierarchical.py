@@ -176,6 +176,7 @@ def test_each_round_s_edge_servers_group_the_clients_served_at_its_start(tmp_pat
         rs.executor.close()
 
 
+@pytest.mark.slow
 def test_a_resumed_phsfl_walk_keeps_its_groups(tmp_path):
 
     sc = _scenario(tmp_path)
@@ -185,6 +186,7 @@ def test_a_resumed_phsfl_walk_keeps_its_groups(tmp_path):
     assert_same_records(full, out)
 
 
+@pytest.mark.slow
 def test_a_replay_that_keeps_the_groups_is_exact_one_that_regroups_is_refused(tmp_path):
     """A narrower uplink band makes round 0 longer: client 0 is still past the border at round
     1's start (same groups every round): exact. A wider one ends round 0 before
@@ -206,6 +208,7 @@ def test_a_replay_that_keeps_the_groups_is_exact_one_that_regroups_is_refused(tm
         sweep(run, {"channel.uplink.bandwidth_hz": [5e6, 1e9]})
 
 
+@pytest.mark.slow
 @pytest.mark.ray
 def test_a_moving_phsfl_run_gives_the_same_records_in_process_and_on_ray(tmp_path):
 
@@ -216,6 +219,7 @@ def test_a_moving_phsfl_run_gives_the_same_records_in_process_and_on_ray(tmp_pat
     assert_same_records(local, ray)
 
 
+@pytest.mark.slow
 def test_hsfl_moves_the_same_labels(tmp_path):
     """HSFL keeps the labels at the ES as PHSFL does (it trains the head too): round 0
     lasts 0.75193 s there as well, and client 0's 70 labels move in round 1."""

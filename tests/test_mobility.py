@@ -783,6 +783,7 @@ def _peak_bytes(call) -> int:
         tracemalloc.stop()
 
 
+@pytest.mark.slow
 def test_many_one_sample_nodes_are_read_in_memory_bounded_by_the_clients(tmp_path: Path):
     """The issue's case, scaled down: one-sample BonnMotion nodes (8.7 M in 52 MB took
     > 4.4 GB before). A scenario of 4 clients keeps 4 nodes: the parse holds about the

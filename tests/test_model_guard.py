@@ -178,6 +178,7 @@ def test_a_resume_with_the_same_plugin_file_says_nothing_changed(tmp_path: Path,
     assert resume["plugins"][0]["sha256"] == hashlib.sha256(plugin.read_bytes()).hexdigest()
 
 
+@pytest.mark.slow
 @pytest.mark.ray
 def test_on_ray_the_server_actor_s_non_finite_model_fails_the_run_in_one_line(
     tmp_path: Path, capfd

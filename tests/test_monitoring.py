@@ -400,6 +400,7 @@ class _WaitForScrape(RunObserver):
         )
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason=NO_PROMETHEUS)
 def test_real_prometheus_scrapes_a_run_and_every_dashboard_query_returns_data(tmp_path):
     exporter = MetricsExporter("127.0.0.1", 0)

@@ -483,6 +483,7 @@ def test_backhaul_is_one_transfer_per_edge_server_after_its_last_client():
 # --------------------------------------------------------------------------- end to end
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("algorithm", "charge", "charged"),
     [("phsfl", "final", [3]), ("hsfl", "every_global_round", [1, 3])],

@@ -358,6 +358,7 @@ def test_cli_errors_are_one_line_and_exit_2(runs, tmp_path, capsys):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM"])
 def test_a_sweep_s_workers_die_with_it(runs, tmp_path, sig):
     """`mecsim sweep --workers 2` killed (kill -9) or terminated while its two replay

@@ -55,6 +55,7 @@ def _algorithm_scenario(name: str, rounds: int):
     return tiny(rounds=rounds, algorithm={"name": name, "params": params}, **extra)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", BUILTIN_ALGORITHMS)
 def test_every_algorithm_resumes_exactly(name: str, tmp_path: Path) -> None:
     rounds = 11 if name.startswith("dcpfl") else 5
@@ -68,6 +69,7 @@ def test_every_algorithm_resumes_exactly(name: str, tmp_path: Path) -> None:
     assert reproduces(load_run(out))
 
 
+@pytest.mark.slow
 def test_resume_with_another_number_of_hosts(tmp_path: Path) -> None:
     # client state is checkpointed per client, so the hosts may be re-arranged
     sc = _algorithm_scenario("kapc_bls", 4)
@@ -221,6 +223,7 @@ def test_kill_9_then_resume(algorithm: dict, points, tmp_path: Path) -> None:
         assert meta["status"] == "finished" and meta["rounds_done"] == 5
 
 
+@pytest.mark.slow
 def test_sigterm_keeps_the_rounds_says_how_to_resume_and_exits_143(tmp_path: Path) -> None:
     scenario = _scenario_file(tmp_path, {"name": "fedavg"}, rounds=40)
     out = tmp_path / "runs" / "t"

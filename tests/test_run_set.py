@@ -115,6 +115,7 @@ def test_validate_checks_the_file_with_its_sets(tmp_path: Path, capsys) -> None:
     assert f"{path}: ok" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_resume_continues_the_recorded_scenario_and_refuses_a_set(
     tmp_path: Path, capsys, monkeypatch
 ) -> None:

@@ -194,6 +194,7 @@ def no_training(monkeypatch):
 EXAMPLES = int(os.environ.get("MECSIM_FUZZ_EXAMPLES", "40"))
 
 
+@pytest.mark.slow
 @settings(
     max_examples=EXAMPLES,
     deadline=None,

@@ -98,6 +98,7 @@ def test_store_is_a_fifo_queue_with_cancel_and_recovery(tmp_path):
     store.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("records", ["whole", "short", "unreadable"])
 def test_a_run_that_finished_as_the_server_died_is_kept_not_run_again(
     tmp_path, monkeypatch, records
@@ -178,6 +179,7 @@ def _samples(page: str) -> dict[tuple, float]:
     }
 
 
+@pytest.mark.slow
 def test_an_adopted_run_s_prometheus_series_are_rebuilt_from_its_records(tmp_path, monkeypatch):
     """A run that finished as the server died: the restarted server's /metrics shows it
     with every series the exporter that watched it had at its end (counters, gauges,
@@ -791,6 +793,7 @@ def test_client_reports_problems_by_field(api):
 # ----------------------------------------------------------------------------- figures
 
 
+@pytest.mark.slow
 def test_figures_drawn_in_a_child_process_equal_the_run_s_own(tmp_path):
     """The service draws a run's figures in a child (matplotlib would hold the API's GIL):
     from the records folder it draws the same pixels PlotWriter draws from the rows."""
@@ -821,6 +824,7 @@ def test_figures_drawn_in_a_child_process_equal_the_run_s_own(tmp_path):
         assert a.shape == b.shape and np.array_equal(a, b), name
 
 
+@pytest.mark.slow
 def test_a_plot_child_dies_with_the_process_that_started_it(tmp_path):
     """A service killed outright takes its plot child with it (the restarted service
     draws the same run's figures again): here a parent process starts the child as

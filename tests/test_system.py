@@ -76,6 +76,7 @@ def test_same_scenario_and_seed_give_identical_records():
     assert _emulated(other_seed) != _emulated(first)
 
 
+@pytest.mark.slow
 @pytest.mark.ray
 def test_ray_backend_gives_the_same_records_as_in_process():
     local = run(tiny(rounds=2), "x")

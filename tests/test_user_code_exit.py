@@ -208,6 +208,7 @@ def test_mecsim_check_reports_an_algorithm_that_exits(files, monkeypatch, capfd)
     assert "FAIL params" in out and "fit of client 0 in round 1 raised SystemExit(0)" in out, out
 
 
+@pytest.mark.slow
 def test_a_real_ctrl_c_in_the_middle_of_fit_still_interrupts_the_run(files):
     mark = files / "in-fit"
     env = {
@@ -249,6 +250,7 @@ def test_the_signal_mark_is_the_same_on_both_sides():
     assert base.SIGNAL_MARK == interrupts.SIGNAL_MARK
 
 
+@pytest.mark.slow
 @pytest.mark.ray
 @pytest.mark.parametrize("where", ["fit", "aggregate_fit"])
 def test_on_ray_an_exit_in_an_actor_fails_the_run_in_one_line(files, monkeypatch, capfd, where):
@@ -418,6 +420,7 @@ def test_bad_call_timeouts_are_refused_naming_the_field(files, capfd, value, wor
     assert "s.yaml: execution.call_timeout_s:" in err and words in err, err
 
 
+@pytest.mark.slow
 @pytest.mark.ray
 @pytest.mark.parametrize(
     "where, how, timeout, says",
