@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 from conftest import tiny
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -29,6 +30,7 @@ def _emulated(df: pd.DataFrame) -> pd.DataFrame:
     )
 
 
+@pytest.mark.slow
 def test_a_killed_run_resumes_a_finished_one_is_reused_and_another_scenario_reruns(
     tmp_path, capsys
 ):

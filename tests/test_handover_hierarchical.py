@@ -107,6 +107,7 @@ def test_the_handoff_op_takes_both_backhaul_hops_one_after_the_other():
         time_round({0: (Handoff(1, 2),)}, {0: clients[0]}, servers, NetworkSpec())
 
 
+@pytest.mark.slow
 def test_a_phsfl_client_that_walks_across_the_border_takes_its_labels_along(tmp_path):
     sc = _scenario(tmp_path)
     folder = tmp_path / "run"

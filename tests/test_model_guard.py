@@ -113,6 +113,7 @@ def test_a_model_made_non_finite_fails_the_run_at_that_round_keeping_the_last_go
     assert kept[-1:] == ([f"round-{start:06d}.pt"] if start else [])
 
 
+@pytest.mark.slow
 def test_a_failed_run_resumes_from_its_last_good_checkpoint_with_a_fixed_plugin_recorded(
     tmp_path: Path, capfd
 ) -> None:

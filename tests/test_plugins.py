@@ -337,6 +337,7 @@ def test_a_plugin_file_that_raises_or_registers_nothing_is_one_line(tmp_path) ->
     assert not shipped & {"bad.py", "empty.py", "clash.py", "half.py"}
 
 
+@pytest.mark.slow
 def test_import_strings_resolve_locally_and_are_refused_where_imports_are_not_allowed(
     tmp_path, monkeypatch
 ) -> None:

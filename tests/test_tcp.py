@@ -260,7 +260,7 @@ def test_ten_flows_share_a_medium_each_ramping_at_its_fair_share():
     assert t.round_time_s == pytest.approx(expect, rel=1e-9)
 
 
-@pytest.mark.parametrize("loss", [0.0, 0.002])
+@pytest.mark.parametrize("loss", [0.0, pytest.param(0.002, marks=pytest.mark.slow)])
 def test_every_engine_path_times_tcp_flows_alike(loss):
     """Random rounds with TCP flows on dedicated links: closed form == SimPy to the bit;
     on a shared medium the auto path (SimPy) and the events/media paths' refusal."""
