@@ -221,8 +221,9 @@ def main() -> None:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="a smoke run through the service only (no mecsim run to compare): "
-        "2 and 1 rounds, 10 pollers for 2 rounds",
+        help="a smoke run through the service only (no mecsim run to compare, no "
+        "short run: part 1's run goes through the same calls): 2 rounds, 10 pollers "
+        "for 2 rounds",
     )
     args = p.parse_args()
     if args.quick:
@@ -249,11 +250,11 @@ def main() -> None:
                 e2e, rnd, _ = service.run(args.rounds)
                 results["svc_e2e"].append(e2e)
                 results["svc_round"].append(rnd)
-                if not args.quick:
+                if not args.quick:  # a smoke run: part 1 went through the same calls
                     results["cli_short"].append(
                         cli_run(args.short_rounds, tmp / "cli", f"short-{t}")[0]
                     )
-                results["svc_short"].append(service.run(args.short_rounds)[0])
+                    results["svc_short"].append(service.run(args.short_rounds)[0])
             lat = service.poll_latency(
                 args.poll_rounds, args.pollers, args.poll_interval, args.in_step
             )

@@ -413,7 +413,7 @@ def main() -> int:
     )
     args = p.parse_args()
     if args.quick:
-        args.rounds, args.window, args.hostile_interval = 16, 1.0, 0.05
+        args.rounds, args.window, args.hostile_interval = 10, 1.0, 0.05
         args.hostile_threads, args.slow_clients, args.sse_streams = 2, 10, 3
 
     with tempfile.TemporaryDirectory(prefix="mecsim-abuse-") as tmp:

@@ -127,7 +127,9 @@ def _free_port() -> int:
 
 
 def _stop(head: subprocess.Popen, pids: set[int]) -> None:
-    """Stop the head and the processes it started, by PID (never `ray stop`)."""
+    """Stop the head and the processes it started, by PID (never `ray stop`): SIGTERM,
+    then SIGKILL to what is still running after a few seconds (the ``ray start --block``
+    head, its GCS server and monitor were still running 15 s after a SIGTERM here)."""
     procs = []
     for pid in pids | {head.pid}:
         try:
@@ -139,14 +141,29 @@ def _stop(head: subprocess.Popen, pids: set[int]) -> None:
             p.terminate()
         except psutil.Error:
             pass
-    _, alive = psutil.wait_procs(procs, timeout=15)
-    for p in alive:
+    for p in _wait_ended(procs, 5):
         try:
             p.kill()
         except psutil.Error:
             pass
-    psutil.wait_procs(alive, timeout=10)
+    _wait_ended(procs, 10)
     head.wait(timeout=10)
+
+
+def _wait_ended(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    """Wait until each process has exited (a zombie, dead but not yet reaped by the head
+    that started it, has exited too); those still running after ``timeout_s``."""
+
+    def running(p: psutil.Process) -> bool:
+        try:
+            return p.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    deadline = time.monotonic() + timeout_s
+    while (alive := [p for p in procs if running(p)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return alive
 
 
 @pytest.mark.skipif(not RAY_CLI.exists(), reason="the `ray` command is not installed here")

@@ -24,6 +24,7 @@ from helpers import DCPFL_E2E, DCPFL_FAST, interrupted_then_resumed
 
 from mecsim.analysis.replay import load_run, reproduces
 from mecsim.run import interrupts
+from mecsim.scenario import load_scenario
 from mecsim.store.checkpoints import CheckpointStore
 from mecsim.store.runfolder import RunFolderError, prepare_resume, run_status
 from mecsim.store.session import run_in_folder
@@ -173,12 +174,13 @@ def _mecsim(*args: str, env: dict | None = None, **kw) -> subprocess.CompletedPr
 
 
 def _reference(tmp_path: Path, scenario: Path) -> Path:
-    ref_dir = tmp_path / "ref"
-    done = _mecsim(
-        "run", str(scenario), "--run-id", "r", "--out", str(ref_dir), "--quiet", "--no-plots"
-    )
-    assert done.returncode == 0, done.stderr
-    return ref_dir / "r"
+    """The undisturbed run of ``scenario``, in this process: its records are those of a
+    ``mecsim run`` of the file (the killed and resumed runs below stay real processes;
+    tests/test_faults.py's Ray kill test compares a ``mecsim run`` with an in-process
+    reference the same way). One interpreter start fewer per case."""
+    ref = tmp_path / "ref" / "r"
+    run_in_folder(load_scenario(scenario), ref)
+    return ref
 
 
 KILL_POINTS = (("round-start:0", 0), ("round-end:2", 3), ("finish", 5))
