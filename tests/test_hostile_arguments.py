@@ -154,7 +154,8 @@ def test_finite_but_absurd_times_are_refused_naming_the_field(over, field):
 
 
 def test_the_largest_allowed_times_are_accepted():
-    scenario_from_dict({**BASE, "backhaul": {"latency_s": 3600}, "deadline_s": 1e9}, "s.yaml")
+    sc = scenario_from_dict({**BASE, "backhaul": {"latency_s": 3600}, "deadline_s": 1e9}, "s.yaml")
+    assert sc.backhaul.latency_s == 3600 and sc.deadline_s == 1e9
 
 
 # --- outputs.dir / --out where no run folder can be made --------------------------------
