@@ -507,8 +507,9 @@ class LinkTransport(_Strict):
         default=0.0,
         ge=0,
         lt=1,
-        description="packet-loss probability: tcp, the expected loss recovery of a finite "
-        "flow (Cardwell et al.); ideal, the Mathis et al. bound on the goodput",
+        description="packet-loss probability: tcp, a finite flow's expected time over "
+        "sample paths of its loss recovery (docs/channel.md); ideal, the Mathis et al. "
+        "bound on the goodput",
     )
     transport: Literal["tcp", "ideal"] = Field(
         default="tcp",
