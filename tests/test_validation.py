@@ -74,6 +74,44 @@ def test_tcp_times_hold_on_the_held_out_cases(rows):
     _hold(held)
 
 
+#: long round trips through fq_codel that mecsim misses by more than 25 %, with their
+#: measured error (docs/validation.md, "Long round trips"): slow start overshoots the path
+#: into CoDel's drops, which mecsim's loss-free flow does not model
+RTT_OUTSIDE_25 = {
+    "1000000B-5M-50ms": -0.300,
+    "3000000B-10M-50ms": -0.280,
+    "10000000B-50M-50ms": -0.368,
+    "1000000B-5M-60ms": -0.353,
+    "3000000B-5M-60ms": -0.297,
+    "10000000B-5M-60ms": -0.268,
+    "10000000B-5M-100ms": -0.276,
+    "10000000B-10M-100ms": -0.290,
+}
+
+
+def test_long_round_trips_hold_through_a_fifo_and_are_known_short_through_fq_codel(rows):
+    """The long-round-trip set (validation/cases.py RTT_SWEEP) runs every case through a
+    deep FIFO and through fq_codel. Through the FIFO, what mecsim's loss-free flow
+    assumes, every case is within 2 % but the 10 MB flows at 2 Mb/s (within 11 %);
+    through fq_codel the figures docs/validation.md states hold (median |error| 8.9 %,
+    the cases of :data:`RTT_OUTSIDE_25` outside 25 %, each within 5 points of its
+    measured error), so a model of the AQM that moves them must update the docs and this
+    test."""
+    rtt = [r for r in rows if r.grid == "rtt"]
+    fifo = [r for r in rtt if r.case.endswith("-fifo")]
+    codel = [r for r in rtt if not r.case.endswith("-fifo")]
+    assert len(fifo) == len(codel) == 90
+    for r in fifo:  # 10 MB at 2 Mb/s (40 s) outgrows even the 1,000-packet FIFO and loses
+        assert abs(r.error) <= (0.11 if r.case.startswith("10000000B-2M-") else 0.02), r
+    errors = {r.case: r.error for r in codel}
+    assert abs(statistics.median(abs(e) for e in errors.values()) - 0.089) <= 0.005
+    for case, error in errors.items():
+        if case in RTT_OUTSIDE_25:
+            assert abs(error - RTT_OUTSIDE_25[case]) <= 0.05, (case, error)
+        else:
+            assert abs(error) <= 0.25, (case, error)
+
+
 def test_single_lossy_transfers_spread_like_ns3s(rows):
     """The expectation is what the engines use; single transfers spread around it. Over
     the lossy point-to-point cases mecsim's sample paths' 90th percentile lies within
@@ -97,7 +135,7 @@ def test_wifi_cells_last_upload_within_15_percent(rows):
 def test_the_reference_is_what_the_docs_table_shows():
     """docs/validation.md's table is this comparison's, case for case."""
     doc = (ROOT / "docs" / "validation.md").read_text()
-    for name in ("tcp.json", "tcp_holdout.json"):
+    for name in ("tcp.json", "tcp_holdout.json", "tcp_rtt.json"):
         tcp = json.loads((compare.REFERENCE / name).read_text())
         for case in tcp["cases"]:
             assert f"| {case['kind']} | {case['id']} |" in doc, case["id"]

@@ -50,7 +50,8 @@ CONFIG = {
     "hystart_delay_threshold": "Linux's: clamp(2 * delay_s / 8, 4 ms, 16 ms) "
     "(tcp_flows.cc --hystart_delay_s; ns-3.37's own rule waits for a base RTT of queue)",
     "recovery": "ns3::TcpPrrRecovery (ns-3 default)",
-    "bottleneck_queue_disc": "ns3::FqCoDelQueueDisc (ns-3 defaults: 5 ms target, 100 ms interval)",
+    "bottleneck_queue_disc": "ns3::FqCoDelQueueDisc (ns-3 defaults: 5 ms target, 100 ms interval); "
+    "a case with queue 'fifo': ns3::FifoQueueDisc (its default 1000p)",
     "bottleneck_device_queue": "1p",
     "loss_model": "RateErrorModel, per packet, on router2's receiving bottleneck device",
     "timing": "first data segment sent (connection already open) to last byte received",
@@ -67,6 +68,9 @@ class Case:
     flows: int = 1
     seeds: int = 1
     min_rto_s: float = 0.2
+    #: the bottleneck's queue discipline: "" for CONFIG's (FqCoDel), or "fifo" (ns-3's
+    #: FifoQueueDisc, 1,000 packets: a drop-tail queue deep enough never to drop here)
+    queue: str = ""
 
     @property
     def kind(self) -> str:
@@ -80,6 +84,8 @@ class Case:
             out += f"-loss{self.loss:g}"
         if self.flows > 1:
             out += f"-x{self.flows}"
+        if self.queue:
+            out += f"-{self.queue}"
         return out
 
     def args(self, cc: str, run: int) -> dict[str, Any]:
@@ -93,8 +99,12 @@ class Case:
             "min_rto_s": self.min_rto_s,
             "seed": 1,
             "run": run,
+            **({"queue_disc": QUEUE_DISCS[self.queue]} if self.queue else {}),
         }
 
+
+#: ``Case.queue`` -> tcp_flows.cc's ``--queue_disc``
+QUEUE_DISCS = {"fifo": "ns3::FifoQueueDisc"}
 
 KB200, KB800, MB5, MB40 = 200_000, 800_040, 5_000_000, 40_000_000
 M1, M10, M100, G1 = 1e6, 10e6, 100e6, 1e9
@@ -172,8 +182,27 @@ HOLDOUT: list[Case] = [
     Case(600_000, 50e6, 0.04, flows=8),
     Case(800_040, 200e6, 0.03, flows=15),
 ]
+#: single flows over long round trips, found after the held-out set: every one-way delay of
+#: 10-100 ms with rates of 2-50 Mb/s and sizes of 1-10 MB (no loss). The grid had few long
+#: round trips, and here slow start overshoots the path (HyStart's delay test fires a
+#: round late) into fq_codel's drops, which mecsim does not model yet: its times are
+#: short by 10 % and more from 50 ms one way (docs/validation.md, "Long round trips").
+#: Each case runs twice: through fq_codel (the reference's queue) and through a deep FIFO
+#: (drop-tail, 1,000 packets), which is what mecsim's loss-free flow assumes. Kept as the
+#: set a model of the AQM is to be built on.
+RTT_SWEEP: list[Case] = [
+    Case(size, rate, delay, queue=queue)
+    for queue in ("", "fifo")
+    for delay in (0.01, 0.03, 0.05, 0.06, 0.08, 0.1)
+    for rate in (2e6, 5e6, 10e6, 20e6, 50e6)
+    for size in (1_000_000, 3_000_000, 10_000_000)
+]
 #: the grids by name (``--grid``) and the reference file each is written to
-GRIDS = {"main": (GRID, REFERENCE), "holdout": (HOLDOUT, REFERENCE.with_name("tcp_holdout.json"))}
+GRIDS = {
+    "main": (GRID, REFERENCE),
+    "holdout": (HOLDOUT, REFERENCE.with_name("tcp_holdout.json")),
+    "rtt": (RTT_SWEEP, REFERENCE.with_name("tcp_rtt.json")),
+}
 
 
 def _stats(values: list[float]) -> dict[str, float]:
@@ -241,8 +270,8 @@ def main(argv: list[str] | None = None) -> int:
         "--grid",
         choices=sorted(GRIDS),
         default="main",
-        help="the case grid: main (the cases the models were built on) or holdout (kept "
-        "apart, never used to adjust a model)",
+        help="the case grid: main (the cases the models were built on), holdout (kept "
+        "apart, never used to adjust a model) or rtt (long round trips, no loss)",
     )
     parser.add_argument("--out", type=Path, help="where --write writes (default: the grid's file)")
     args = parser.parse_args(argv)

@@ -5,10 +5,11 @@ scenario file as a user would write it, and the table of both.
     python -m validation.compare --markdown       # as docs/validation.md shows it
     python -m validation.compare --plot docs/img/validation.png
 
-The TCP cases come in two sets: the grid (``reference/tcp.json``), on which the models
-were built, and the held-out cases (``reference/tcp_holdout.json``: other sizes, rates,
-delays, losses and flow counts), never used to adjust a model; both are shown and held
-to the same figures.
+The TCP cases come in three sets: the grid (``reference/tcp.json``), on which the models
+were built; the held-out cases (``reference/tcp_holdout.json``: other sizes, rates,
+delays, losses and flow counts), never used to adjust a model; and the long round trips
+(``reference/tcp_rtt.json``: single flows at 10-100 ms one way, no loss), where mecsim
+is known to be short (docs/validation.md, "Long round trips"). All three are shown.
 
 The reference (``validation/reference/tcp.json``, ``wifi.json``) holds ns-3.37's times
 (``python -m validation.cases --write``, ``python validation/wifi_reference.py``): each
@@ -225,12 +226,13 @@ def wifi_rows(reference: dict[str, Any]) -> list[Row]:
 
 
 def all_rows() -> list[Row]:
-    """Every stored case, mecsim beside ns-3: the TCP grid, the Wi-Fi cells, then the
-    held-out TCP cases."""
+    """Every stored case, mecsim beside ns-3: the TCP grid, the Wi-Fi cells, the
+    held-out TCP cases, then the long round trips (``reference/tcp_rtt.json``)."""
     tcp = json.loads((REFERENCE / "tcp.json").read_text())
     wifi = json.loads((REFERENCE / "wifi.json").read_text())
     held = json.loads((REFERENCE / "tcp_holdout.json").read_text())
-    return tcp_rows(tcp) + wifi_rows(wifi) + tcp_rows(held, "held-out")
+    rtt = json.loads((REFERENCE / "tcp_rtt.json").read_text())
+    return tcp_rows(tcp) + wifi_rows(wifi) + tcp_rows(held, "held-out") + tcp_rows(rtt, "rtt")
 
 
 def summary(rows: list[Row]) -> dict[str, dict[str, float]]:
@@ -247,6 +249,12 @@ def summary(rows: list[Row]) -> dict[str, dict[str, float]]:
         "tcp held out": held,
         "tcp held out, no loss": [r for r in held if "loss" not in r.case],
         "tcp held out, loss": [r for r in held if "loss" in r.case],
+        "tcp long round trips, fq_codel": [
+            r for r in rows if r.grid == "rtt" and not r.case.endswith("-fifo")
+        ],
+        "tcp long round trips, fifo": [
+            r for r in rows if r.grid == "rtt" and r.case.endswith("-fifo")
+        ],
     }
     for name, group in groups.items():
         if not group:
@@ -327,6 +335,10 @@ def plot(rows: list[Row], path: Path) -> None:
     plt.close(fig)
 
 
+#: how the plain listing marks a case of a set other than the grid
+_SET_NOTE = {"held-out": "  (held out)", "rtt": "  (long round trips)"}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m validation.compare",
@@ -341,12 +353,14 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown(rows, "grid"))
         print("\nHeld-out TCP cases:\n")
         print(markdown(rows, "held-out"))
+        print("\nLong round trips (no loss; fq_codel, then a FIFO):\n")
+        print(markdown(rows, "rtt"))
         print()
     else:
         for r in rows:
             print(
                 f"{r.kind:6s} {r.case:34s} ns-3 {r.ns3_s:9.4f} mecsim {r.mecsim_s:9.4f} "
-                f"{100 * r.error:+6.1f} %{'  (held out)' if r.grid == 'held-out' else ''}"
+                f"{100 * r.error:+6.1f} %{_SET_NOTE.get(r.grid, '')}"
             )
     for name, s in summary(rows).items():
         print(
