@@ -94,7 +94,7 @@ METRIC_COLUMNS = [
     "notes",
 ]
 # A process pool costs ~50 ms to start and replaying costs ~10 us per client-round (both
-# measured on 2 shared cores, FedAvg runs; see benchmarks/sweep.py): below this many
+# measured on 2 shared cores, FedAvg runs; see benchmarks/speed/sweep.py): below this many
 # client-rounds in a sweep, one process is faster.
 MIN_CLIENT_ROUNDS_FOR_POOL = 20_000
 

@@ -35,7 +35,7 @@ growth < 200 MiB; every hostile request answered 4xx within 2 s; the training wi
 of its speed with the mix off. A 5xx or a refused connection is an error (exit 1); a
 missed target is printed, not an exit code (figures depend on the machine).
 
-    python benchmarks/service_abuse.py [--rounds 600] [--window 10] [--quick]
+    python benchmarks/speed/service_abuse.py [--rounds 600] [--window 10] [--quick]
 """
 
 from __future__ import annotations

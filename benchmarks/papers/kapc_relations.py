@@ -10,7 +10,7 @@ layer's n_l parameters, so it grows with the layer's size and norm: the step mov
 relations of a large layer far (they are clamped to 0 and renormalised), those of a
 small layer hardly at all.
 
-    python benchmarks/kapc_relations.py runs/kapc-table1/kapc/seed0
+    python benchmarks/papers/kapc_relations.py runs/kapc-table1/kapc/seed0
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def quick_run() -> Path:
     from mecsim.store.session import run_in_folder
 
     data = load_scenario(
-        Path(__file__).resolve().parents[1] / "scenarios" / "kapc-mnist-10.yaml"
+        Path(__file__).resolve().parents[2] / "scenarios" / "kapc-mnist-10.yaml"
     ).model_dump(mode="json")
     data.update(rounds=2)
     data["topology"]["clients"] = 4

@@ -12,7 +12,7 @@ when none was.
 Default scenario: ``scenarios/kapc-mnist-10.yaml`` (the data this machine can train);
 ``--scenario scenarios/kapc-cifar10-system.yaml`` runs the ResNet18 stand-in.
 
-    nice -n 10 python benchmarks/kapc_mu_sweep.py --rounds 20
+    nice -n 10 python benchmarks/papers/kapc_mu_sweep.py --rounds 20
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from kapc_common import (
 )
 from seeds import add_seeds_argument, pm, seed_list
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAPER = {
     0.3: (77.79, 387.29, 163.64),
     0.5: (80.01, 380.70, 251.10),

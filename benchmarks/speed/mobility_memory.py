@@ -12,7 +12,7 @@ measures. Per model, in this process:
 - **time**: the wall time of one untraced generation (1 s steps, a 2 km × 2 km area,
   walking speeds). Only indicative on a shared machine.
 
-    python benchmarks/mobility_memory.py [--clients 10000] [--steps 1000] [--quick]
+    python benchmarks/speed/mobility_memory.py [--clients 10000] [--steps 1000] [--quick]
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A Flower app's round on mecsim against Flower's own simulation, on the same app and
-machine: ``python benchmarks/flower.py [--clients 10 100] [--rounds 4]``.
+machine: ``python benchmarks/speed/flower.py [--clients 10 100] [--rounds 4]``.
 
 The app is tests/data/flower_seeded_app (FedAvg, full participation, a 25k-parameter MLP,
 200 MNIST images a client, one epoch: train and evaluate messages every round). Its
@@ -31,7 +31,7 @@ import yaml
 #: --quick runs Flower's simulation, which starts Ray (tests/test_benchmarks.py)
 QUICK_USES_RAY = True
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 APP = ROOT / "tests" / "data" / "flower_seeded_app"
 SIM = ROOT / "tests" / "flower_sim.py"
 

@@ -13,7 +13,7 @@ not change); the figures are the per-round upload time's relative excess over th
 exact one, per client-round (median, max), and the excess of the round's last upload
 end, relative to the exact round from its start to that end.
 
-    python benchmarks/interference_per_round.py [--quick]
+    python benchmarks/approximations/interference_per_round.py [--quick]
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from mecsim.scenario.loader import default_scenario_path
 from mecsim.store.reader import read_csv_exact
 from mecsim.store.session import run_in_folder
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _merge(a: dict, b: dict) -> dict:

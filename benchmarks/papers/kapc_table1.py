@@ -15,8 +15,8 @@ FedProx is evaluated on each client's own trained model (``eval_model: local``, 
 agents/algorithms/fedprox.py): only that reading can give the paper's 97.93 % beside
 FedAvg's 60.06 % with a global model; ``--fedprox-eval global`` runs the other one.
 
-    nice -n 10 python benchmarks/kapc_table1.py                  # 50 rounds, E = 5, 3 seeds
-    nice -n 10 python benchmarks/kapc_table1.py --rounds 12 --epochs 1 --backend local
+    nice -n 10 python benchmarks/papers/kapc_table1.py                  # 50 rounds, E = 5, 3 seeds
+    nice -n 10 python benchmarks/papers/kapc_table1.py --rounds 12 --epochs 1 --backend local
 
 Records of every run are kept under ``--out`` (default runs/kapc-table1/<method>/seed<k>/)
 and reused when finished.
@@ -40,7 +40,7 @@ from kapc_common import (
 )
 from seeds import add_seeds_argument, ordering, pm, seed_list
 
-SCENARIO = Path(__file__).resolve().parents[1] / "scenarios" / "kapc-mnist-10.yaml"
+SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "kapc-mnist-10.yaml"
 PAPER = {
     "local": 95.91,
     "fedavg": 60.06,

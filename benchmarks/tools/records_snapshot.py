@@ -6,10 +6,10 @@ rounds through the ``mecsim`` command, in-process and under Ray, and keeps each 
 (wall times, resident memory) blanked. Two snapshots taken on one machine before and
 after a refactor must be identical byte for byte::
 
-    python benchmarks/records_snapshot.py take /tmp/before          # on the old revision
-    python benchmarks/records_snapshot.py take /tmp/after           # on the new one
-    python benchmarks/records_snapshot.py compare /tmp/before /tmp/after
-    python benchmarks/records_snapshot.py changes /tmp/before /tmp/after   # by how much
+    python benchmarks/tools/records_snapshot.py take /tmp/before          # on the old revision
+    python benchmarks/tools/records_snapshot.py take /tmp/after           # on the new one
+    python benchmarks/tools/records_snapshot.py compare /tmp/before /tmp/after
+    python benchmarks/tools/records_snapshot.py changes /tmp/before /tmp/after   # by how much
 
 ``changes`` says, for a change meant to change results, by how much: per run and file,
 each column that differs with the mean and range of its relative change over the rows
@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FILES = ("rounds.csv", "clients.csv", "optraces.jsonl")
 
 

@@ -19,8 +19,8 @@ process (local backend).
 Every method runs under seeds 0 .. N-1 (``--seeds N``, default 3); the tables show
 mean ± std over the seeds. KAPC+BLS's row is labelled with its upload policy.
 
-    nice -n 10 python benchmarks/kapc_system.py            # 3 rounds each, 3 seeds
-    nice -n 10 python benchmarks/kapc_system.py --rounds 5 --methods kapc kapc_bls
+    nice -n 10 python benchmarks/papers/kapc_system.py            # 3 rounds each, 3 seeds
+    nice -n 10 python benchmarks/papers/kapc_system.py --rounds 5 --methods kapc kapc_bls
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from seeds import add_seeds_argument, pm, seed_list
 
 from mecsim.scenario import load_scenario
 
-SCENARIO = Path(__file__).resolve().parents[1] / "scenarios" / "kapc-cifar10-system.yaml"
+SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "kapc-cifar10-system.yaml"
 METHODS = {
     "fedavg": {"name": "fedavg", "params": {}},
     "fedprox": {"name": "fedprox", "params": {"mu": 0.01}},

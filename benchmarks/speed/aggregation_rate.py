@@ -15,7 +15,7 @@ The edge-server profile's ``aggregate_flops_per_s`` (mecsim/emulation/profiles/d
 is this script's WeightedSum figure for ResNet18-sized uploads on the CPU named in
 docs/devices.md.
 
-    python benchmarks/aggregation_rate.py [--repeats 7] [--quick]
+    python benchmarks/speed/aggregation_rate.py [--repeats 7] [--quick]
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ writes the records under ``--out`` and a table to ``--out/fig3.md`` (+ ``fig3.js
 Means are over the clients with test data (with alpha = 0.1 a few of the 100 clients get
 no test sample). Long: run it by hand, niced, e.g.::
 
-    nice -n 10 python benchmarks/phsfl_fig3.py --global-rounds 10 --out runs/phsfl-fig3
+    nice -n 10 python benchmarks/papers/phsfl_fig3.py --global-rounds 10 --out runs/phsfl-fig3
 
 (``--alphas 0.1`` and ``--alphas 0.5``, or ``--algorithms phsfl`` and ``--algorithms
 hsfl``, in two processes use two cores.) Every (alpha, algorithm) runs under seeds
@@ -37,7 +37,7 @@ from mecsim.emulation.network import NetworkModel, device_profiles
 from mecsim.emulation.ops import op_from_dict
 from mecsim.scenario import load_scenario, scenario_from_dict
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = ROOT / "scenarios" / "phsfl-mnist-4x25.yaml"
 PAPER = {  # Section V-B, CIFAR-10, R = 100, after K = 10 fine-tuning steps
     (0.1, "hsfl"): {

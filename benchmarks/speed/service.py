@@ -19,7 +19,7 @@
 Run order is interleaved (CLI, service, CLI, service, ...) over ``--trials`` to even out
 other work on the machine; report ``uptime``'s load with the figures.
 
-    python benchmarks/service.py [--rounds 30] [--short-rounds 3] [--trials 1] [--quick]
+    python benchmarks/speed/service.py [--rounds 30] [--short-rounds 3] [--trials 1] [--quick]
 """
 
 from __future__ import annotations
@@ -216,7 +216,7 @@ def main() -> None:
         "--out",
         type=Path,
         default=None,
-        help="where service.json goes (default runs/benchmarks/service)",
+        help="where service.json goes (default runs/benchmarks/speed/service)",
     )
     p.add_argument(
         "--quick",
@@ -231,7 +231,7 @@ def main() -> None:
         args.pollers, args.poll_rounds = 10, 2  # 5 scrape /metrics, 5 poll the status
     if args.out is None:
         bench = os.environ.get("MECSIM_BENCH_DIR")
-        args.out = Path(bench) / "service" if bench else Path("runs/benchmarks/service")
+        args.out = Path(bench) / "service" if bench else Path("runs/benchmarks/speed/service")
     args.out.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:

@@ -15,8 +15,8 @@ each reading (``last_holding`` search), beside ``omega_policy: withhold_last`` (
 Both readings are computed with the bounds B^l = ||w^l|| (Eq. 30), tau^l = ||w^l - s^l||
 (Eq. 31), n^l / d^l of each layer's weight and c = 10 classes.
 
-    nice -n 10 python benchmarks/kapc_omega.py --model resnet18 --steps 6
-    nice -n 10 python benchmarks/kapc_omega.py --model kapc_cnn --steps 20 --grouping module
+    nice -n 10 python benchmarks/papers/kapc_omega.py --model resnet18 --steps 6
+    nice -n 10 python benchmarks/papers/kapc_omega.py --model kapc_cnn --steps 20 --grouping module
 """
 
 from __future__ import annotations

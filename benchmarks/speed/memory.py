@@ -12,7 +12,7 @@ client-host and server actors) every 0.1 s. Two series:
 - **idle**: 10 clients selected a round, N = 10 / 1,000 / 10,000: the growth per added
   client is what an unselected client costs (its data, its place in the host).
 
-    python benchmarks/memory.py [--clients 10 1000 10000] [--quick]
+    python benchmarks/speed/memory.py [--clients 10 1000 10000] [--quick]
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ question of its interference, and the +20 dB calibration against Table 5's trans
 
 Pure numpy (no training, a second or two):
 
-    python benchmarks/channel_calibration.py [--seeds 200] [--clients 10] [--quick]
+    python benchmarks/papers/channel_calibration.py [--seeds 200] [--clients 10] [--quick]
 
 1. the median client (d = 300 m, B = 20 MHz, p = 26.5 dBm; the downlink at 50 MHz,
    30 dBm) step by step: gain, received power, thermal noise, SNR, Shannon rate and the

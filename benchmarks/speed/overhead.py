@@ -16,9 +16,10 @@ are repeated ``--trials`` times, interleaved, to even out noise from other work 
 machine. mecsim's round time is the run loop's whole round (plan, train, time,
 aggregate, records: ``host_wall_s``).
 
-    python benchmarks/overhead.py [--rounds 10] [--trials 3] [--clients 10 100 1000] [--quick]
-    python benchmarks/overhead.py --parts --clients 1000 --rounds 40 --trials 1  # mecsim's parts
-    cd benchmarks && python overhead.py --algorithm fedavg_plugin:FEDAVG   # as a plugin
+    python benchmarks/speed/overhead.py [--rounds 10] [--trials 3] [--clients 10 100 1000] [--quick]
+    # mecsim's parts:
+    python benchmarks/speed/overhead.py --parts --clients 1000 --rounds 40 --trials 1
+    cd benchmarks/speed && python overhead.py --algorithm fedavg_plugin:FEDAVG   # as a plugin
 """
 
 from __future__ import annotations
@@ -169,8 +170,8 @@ def main() -> None:
         "--algorithm",
         default="fedavg",
         help="mecsim's algorithm: fedavg (built in), or a plugin's name or import string "
-        "doing the same work, e.g. fedavg_plugin:FEDAVG (benchmarks/fedavg_plugin.py, "
-        "run from benchmarks/) to measure what a plugin costs per round",
+        "doing the same work, e.g. fedavg_plugin:FEDAVG (benchmarks/speed/fedavg_plugin.py, "
+        "run from benchmarks/speed/) to measure what a plugin costs per round",
     )
     ap.add_argument(
         "--quick",

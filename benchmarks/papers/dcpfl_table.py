@@ -25,7 +25,7 @@ earliest possible round, a layer-wise aggregation that never acted).
 Long: ~1-3 host-seconds per round per method (50 clients, 2NN; ~25x that with kapc_cnn).
 Run it by hand, niced::
 
-    nice -n 10 python benchmarks/dcpfl_table.py --rounds 150 --out runs/dcpfl-table
+    nice -n 10 python benchmarks/papers/dcpfl_table.py --rounds 150 --out runs/dcpfl-table
 
 Finished runs are reused (``OUT/<method>/seed<k>/``), so an interrupted benchmark resumes
 at the run it was on.
@@ -47,7 +47,7 @@ from seeds import add_seeds_argument, ordering, pm, run_dir, run_or_reuse, seed_
 from mecsim.analysis.convergence import TOLERANCE, WINDOW_ROUNDS, to_convergence
 from mecsim.scenario import load_scenario, scenario_from_dict
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = ROOT / "scenarios" / "dcpfl-mnist-50.yaml"
 
 # key -> (table label, algorithm, use the scenario's DC-PFL params, param overrides)

@@ -23,8 +23,8 @@ layers exceed mu depends on the relations the reduced model learns on the stand-
 not on a CIFAR-trained ResNet18: the shape (down vs up per mu) is what this shows, not
 the paper's numbers.
 
-    nice -n 15 python benchmarks/kapc_table3_bytes.py              # ~10 runs of 100 rounds
-    nice -n 15 python benchmarks/kapc_table3_bytes.py --quick      # 3 rounds, ~a minute
+    nice -n 15 python benchmarks/papers/kapc_table3_bytes.py              # ~10 runs of 100 rounds
+    nice -n 15 python benchmarks/papers/kapc_table3_bytes.py --quick      # 3 rounds, ~a minute
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from mecsim.registry import register, registry
 from mecsim.run.loop import run
 from mecsim.scenario import load_scenario, scenario_from_dict
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MiB = 1024 * 1024
 PAPER = {  # Table 3: mu -> (U-Comm, D-Comm) MB per round
     0.3: (387.29, 163.64),

@@ -1,6 +1,7 @@
 """A/B: one benchmark on two revisions, run alternately in one sitting.
 
-    python benchmarks/ab.py REV_A REV_B [--trials 5] -- benchmarks/overhead.py --trials 1
+    python benchmarks/tools/ab.py REV_A REV_B [--trials 5] -- \
+        benchmarks/speed/overhead.py --trials 1
 
 Both revisions are checked out into temporary git worktrees and run with this
 environment's Python and packages, each importing its own code: its ``mecsim`` (with
@@ -36,7 +37,7 @@ try:
 except ImportError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 #: A printed number: 12, -0.5, 1e-3, and 85,487 (thousands separated by commas).
 NUMBER = re.compile(r"(?<![\w.,])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?(?![\w.])")
 
@@ -92,7 +93,7 @@ def _import_root(tree: Path, scratch: Path) -> Path:
 SITECUSTOMIZE = """\
 import sys
 
-# benchmarks/ab.py: this revision's code, not the editable install's working tree
+# benchmarks/tools/ab.py: this revision's code, not the editable install's working tree
 sys.meta_path[:] = [
     f for f in sys.meta_path
     if not getattr(f, "__module__", "").startswith("__editable___mecsim_")
@@ -188,7 +189,7 @@ def report(a: Revision, b: Revision, runs: dict[str, list[str]], only: str | Non
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv == ["--quick"]:
-        argv = ["HEAD", "HEAD", "--trials", "2", "--", "benchmarks/engine.py", "--quick"]
+        argv = ["HEAD", "HEAD", "--trials", "2", "--", "benchmarks/speed/engine.py", "--quick"]
     command: list[str] = []
     if "--" in argv:
         i = argv.index("--")
@@ -207,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     if not command:
-        p.error("give the benchmark after --, e.g. -- benchmarks/overhead.py --trials 1")
+        p.error("give the benchmark after --, e.g. -- benchmarks/speed/overhead.py --trials 1")
     if args.trials < 1:
         p.error("--trials must be at least 1")
     scratch = Path(tempfile.mkdtemp(prefix="mecsim-ab-"))

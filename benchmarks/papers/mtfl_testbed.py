@@ -21,7 +21,7 @@ MNIST row only (Down 5 %, Up 6 %, Server 1 % of 30 s) by bisection on the emulat
 critical path, and prints it beside the scenario's values; everything else is a
 prediction.
 
-    nice -n 10 python benchmarks/mtfl_testbed.py [--rounds 2] [--fit] [--out FILE]
+    nice -n 10 python benchmarks/papers/mtfl_testbed.py [--rounds 2] [--fit] [--out FILE]
 
 Every recorded round of a scheme has the same traces' shapes and the channel is a fixed
 rate, so every round times the same; ``--rounds 2`` is enough (the paper averaged 10).
@@ -48,7 +48,7 @@ from mecsim.run.round import run_round
 from mecsim.run.setup import prepare
 from mecsim.scenario import Scenario, load_scenario, scenario_from_dict
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = ROOT / "scenarios" / "mtfl-rpi-testbed.yaml"
 MiB = 2**20
 

@@ -8,7 +8,7 @@ group's names known (importlib.metadata's pass over the installed distributions:
 cost ``mecsim run`` pays once), and, for scale, how long
 ``mecsim --help`` takes as a whole. Target: discovery under 50 ms.
 
-    python benchmarks/plugin_discovery.py [--trials 20] [--quick]
+    python benchmarks/speed/plugin_discovery.py [--trials 20] [--quick]
 """
 
 from __future__ import annotations

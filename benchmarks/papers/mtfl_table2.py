@@ -14,8 +14,8 @@ plus the evaluation of 4,000 test images; on the shared 2-core build machine (lo
 it took 0.3-3 s of wall time, so the default grid (36 runs of at most 150 rounds) took
 about two hours there. ``--table-from`` rebuilds the table from earlier runs.csv files.
 
-    nice -n 10 python benchmarks/mtfl_table2.py                      # the default grid
-    nice -n 10 python benchmarks/mtfl_table2.py --participation 1.0 0.5 --seeds 3
+    nice -n 10 python benchmarks/papers/mtfl_table2.py                      # the default grid
+    nice -n 10 python benchmarks/papers/mtfl_table2.py --participation 1.0 0.5 --seeds 3
 
 Writes ``runs.csv`` (one row per run: cell, learning rates, rounds to each target, best
 accuracy) and ``table2.md`` to ``--out`` (default ``runs/mtfl-table2``), appending each
@@ -41,7 +41,7 @@ from mecsim.run.setup import prepare
 from mecsim.scenario import load_scenario, scenario_from_dict
 from mecsim.store.summary import rounds_to_target
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = ROOT / "scenarios" / "mtfl-mnist-shards.yaml"
 PRIVATE = ("none", "usyb", "us", "yb")  # the paper's column order: FL, then MTFL
 STRATEGIES = ("fedavg", "fedadam", "fedavg_adam")

@@ -36,7 +36,8 @@ Each path is timed on the same rounds: ``auto`` (what runs use; the path it take
 printed), ``media``, ``events``, and the SimPy model on ``--simpy-rounds`` rounds
 (extrapolated), checking that every path gives identical timelines on those rounds.
 
-    nice -n 10 python benchmarks/engine.py [--clients 10000] [--rounds 100] [--reuse 3] [--quick]
+    nice -n 10 python benchmarks/speed/engine.py [--clients 10000] [--rounds 100] \
+        [--reuse 3] [--quick]
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 WIFI = ROOT / "scenarios" / "fedavg-mnist-100-wifi.yaml"
 PHSFL = ROOT / "scenarios" / "phsfl-mnist-4x25.yaml"
 

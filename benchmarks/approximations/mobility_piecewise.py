@@ -12,7 +12,7 @@ engine knows it when the piece begins), at its *mid*point, and *mid\**: the midp
 for the piece in which the transfer ends the midpoint of the part it uses (the end found
 by three fixed-point iterations).
 
-    python benchmarks/mobility_piecewise.py [--quick]
+    python benchmarks/approximations/mobility_piecewise.py [--quick]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """FedAvg as a plugin: the built-in classes' work, resolved through an import string.
 
-``python overhead.py --algorithm fedavg_plugin:FEDAVG`` (run from benchmarks/) times the
+``python overhead.py --algorithm fedavg_plugin:FEDAVG`` (run from benchmarks/speed/) times the
 same rounds as ``--algorithm fedavg``: the classes here are written against
 :mod:`mecsim.api` only and declare the flags themselves (``keeps_no_state`` is not
 inherited), as a plugin must, so any per-round difference is what being a plugin costs.

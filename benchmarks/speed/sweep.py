@@ -17,9 +17,9 @@
    client-round from a seeded generator). Target: under 10 s. Timed with the default
    engine path (the closed form when nothing is shared) and, for ``--simpy-rounds``
    rounds, with the SimPy model, checking that both give identical timelines.
-   ``benchmarks/engine.py`` times every engine path on shared media.
+   ``benchmarks/speed/engine.py`` times every engine path on shared media.
 
-    nice -n 10 python benchmarks/sweep.py [--record-dir DIR | --run-dir DIR] [--repeats 3]
+    nice -n 10 python benchmarks/speed/sweep.py [--record-dir DIR | --run-dir DIR] [--repeats 3]
         [--simpy-rounds 3] [--quick]
 """
 
@@ -93,7 +93,7 @@ def recorded_run(scenario: dict, record_dir: Path, run_dir: Path | None):
     if run_dir is not None:
         run, how = load_run(run_dir), "loaded"
     else:
-        run = record(scenario_from_dict(scenario, "benchmarks/sweep.py"), record_dir)
+        run = record(scenario_from_dict(scenario, "benchmarks/speed/sweep.py"), record_dir)
         how = "recorded once, then loaded"
     print(
         f"run {run.run_dir}: {len(run.rounds)} rounds, ready in "
@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             run = recorded_run(scenario, args.record_dir, args.run_dir)
         except RunLoadError as exc:
-            print(f"benchmarks/sweep.py: {exc}", file=sys.stderr)
+            print(f"benchmarks/speed/sweep.py: {exc}", file=sys.stderr)
             return 2
         bandwidths_hz = np.linspace(1e6, 50e6, points).tolist()
         bench_sweep(run, args.repeats, bandwidths_hz, shared=False)
