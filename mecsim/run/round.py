@@ -214,9 +214,8 @@ def _status(
 def _moved(rs: RunSetup) -> np.ndarray | None:
     """Clients that move: 1 for each that changed edge server at the round's start
     (:meth:`NetworkModel.move_to`); None when clients do not move."""
-    if rs.network.moving is None:
-        return None
-    return rs.network.round_cells.handovers
+    cells = rs.network.round_cells if rs.network.moving is not None else None
+    return None if cells is None else cells.handovers
 
 
 def _client_rows(
