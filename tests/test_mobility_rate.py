@@ -17,7 +17,7 @@ import pytest
 from conftest import tiny
 
 from mecsim.analysis.replay import load_run, replay
-from mecsim.analysis.sweep import sweep
+from mecsim.analysis.whatif_sweep import sweep
 from mecsim.emulation.engine import (
     ClientSpec,
     NetworkSpec,

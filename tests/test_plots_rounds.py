@@ -22,8 +22,8 @@ from mecsim.analysis.plots import (
     time_split_figure,
 )
 from mecsim.analysis.replay import ReplayResult
-from mecsim.analysis.sweep import HEAD_COLUMNS, METRIC_COLUMNS, sweep_figure
 from mecsim.analysis.tables import RunRecords, build_tables, label_runs
+from mecsim.analysis.whatif_sweep import HEAD_COLUMNS, METRIC_COLUMNS, sweep_figure
 from mecsim.store.summary import markdown, summarise, target_lines
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -64,7 +64,7 @@ def load() -> str:
 
 def recorded(path: Path, record_dir: Path, changes: dict, label: str):
     """The run of ``path`` with ``changes`` (top-level sections merged), recorded once."""
-    from mecsim.analysis.sweep import record
+    from mecsim.analysis.whatif_sweep import record
     from mecsim.scenario import load_scenario, scenario_from_dict
 
     def merge(into: dict, changes: dict) -> None:

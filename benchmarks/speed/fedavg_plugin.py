@@ -1,9 +1,12 @@
 """FedAvg as a plugin: the built-in classes' work, resolved through an import string.
 
 ``python overhead.py --algorithm fedavg_plugin:FEDAVG`` (run from benchmarks/speed/) times the
-same rounds as ``--algorithm fedavg``: the classes here are written against
-:mod:`mecsim.api` only and declare the flags themselves (``keeps_no_state`` is not
-inherited), as a plugin must, so any per-round difference is what being a plugin costs.
+same rounds as ``--algorithm fedavg``: the classes here subclass the built-in FedAvg
+classes (imported from ``mecsim.agents``, which :mod:`mecsim.api` does not export: a
+plugin of FedAvg's own work has nothing else to subclass) and declare the flags
+themselves (``keeps_no_state`` is not inherited), as a plugin must; what differs from
+``fedavg`` is only how the classes are found, so any per-round difference is what being
+a plugin costs.
 """
 
 from __future__ import annotations

@@ -83,10 +83,10 @@ def load() -> str:
 
 def recorded_run(scenario: dict, record_dir: Path, run_dir: Path | None):
     """The run to sweep: ``run_dir`` as it is, or the scenario recorded in ``record_dir``
-    (``mecsim.analysis.sweep.record`` names the folder after the scenario and its hash, and reuses
-    it when it is there)."""
+    (``mecsim.analysis.whatif_sweep.record`` names the folder after the scenario and its
+    hash, and reuses it when it is there)."""
     from mecsim.analysis.replay import load_run
-    from mecsim.analysis.sweep import record
+    from mecsim.analysis.whatif_sweep import record
     from mecsim.scenario import scenario_from_dict
 
     t0 = time.perf_counter()
@@ -104,7 +104,7 @@ def recorded_run(scenario: dict, record_dir: Path, run_dir: Path | None):
 
 
 def bench_sweep(run, repeats: int, bandwidths_hz: list[float], shared: bool) -> None:
-    from mecsim.analysis.sweep import sweep
+    from mecsim.analysis.whatif_sweep import sweep
 
     grid = {"channel.uplink.bandwidth_hz": bandwidths_hz}
     if shared:

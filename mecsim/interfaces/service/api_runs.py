@@ -28,6 +28,7 @@ from mecsim.interfaces.service.dependencies import (
     WorkerDep,
     get_run_or_404,
 )
+from mecsim.interfaces.service.jobs import STATUSES, TERMINAL, Run, Store
 from mecsim.interfaces.service.schemas import (
     PLOT_PATTERN,
     FileEntry,
@@ -38,7 +39,6 @@ from mecsim.interfaces.service.schemas import (
     RunView,
     Submitted,
 )
-from mecsim.interfaces.service.store import STATUSES, TERMINAL, Run, Store
 from mecsim.interfaces.service.submission import prepare_submission
 from mecsim.interfaces.service.views import (
     record_file,
@@ -65,7 +65,7 @@ def queue_run(
     """Validate a submission (as ``mecsim validate`` does, confined to the data root) and
     queue it: what ``POST /runs`` and the web form both do. Raises
     :class:`~mecsim.interfaces.service.submission.Rejected` or
-    :class:`~mecsim.interfaces.service.store.QueueFull`."""
+    :class:`~mecsim.interfaces.service.jobs.QueueFull`."""
     run_id, sc = prepare_submission(
         scenario,
         rounds=rounds,

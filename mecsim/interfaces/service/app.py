@@ -1,7 +1,7 @@
 """The HTTP API of ``mecsim serve`` (FastAPI): runs, records, sweeps, metrics, health.
 
 :func:`create_app` assembles the application around a
-:class:`~mecsim.interfaces.service.store.Store`: the guards
+:class:`~mecsim.interfaces.service.jobs.Store`: the guards
 (:mod:`~mecsim.interfaces.service.security`), the routers of runs
 (:mod:`~mecsim.interfaces.service.api_runs`), sweeps
 (:mod:`~mecsim.interfaces.service.api_sweeps`) and the web page
@@ -53,6 +53,7 @@ from mecsim.interfaces.service.api_sweeps import sweeps_router
 from mecsim.interfaces.service.bounded import BadBody, Busy, WorkPool
 from mecsim.interfaces.service.config import ServiceConfig
 from mecsim.interfaces.service.events import Feeds
+from mecsim.interfaces.service.jobs import QueueFull, Run, Store
 from mecsim.interfaces.service.monitoring import RunSeries, service_registry
 from mecsim.interfaces.service.schemas import Message
 from mecsim.interfaces.service.security import (
@@ -63,9 +64,8 @@ from mecsim.interfaces.service.security import (
     bearer_auth,
     is_loopback,
 )
-from mecsim.interfaces.service.store import QueueFull, Run, Store
 from mecsim.interfaces.service.submission import Rejected
-from mecsim.interfaces.service.sweeps import SweepRunner
+from mecsim.interfaces.service.sweep_runner import SweepRunner
 from mecsim.interfaces.service.web import web_router
 from mecsim.interfaces.service.worker import Worker
 

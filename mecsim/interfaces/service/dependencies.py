@@ -17,9 +17,9 @@ from fastapi import Depends, HTTPException, Request
 from mecsim.interfaces.service.bounded import WorkPool
 from mecsim.interfaces.service.config import ServiceConfig
 from mecsim.interfaces.service.events import Feeds
+from mecsim.interfaces.service.jobs import Run, Store
 from mecsim.interfaces.service.schemas import ID_PATTERN
-from mecsim.interfaces.service.store import Run, Store
-from mecsim.interfaces.service.sweeps import SweepRunner
+from mecsim.interfaces.service.sweep_runner import SweepRunner
 from mecsim.interfaces.service.worker import Worker
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from mecsim.analysis.replay import RunLoadError, load_run
-from mecsim.analysis.sweep import (
+from mecsim.analysis.whatif_sweep import (
     METRIC_COLUMNS,
     SweepStopped,
     grid_points,
@@ -29,7 +29,7 @@ from mecsim.analysis.sweep import (
     plot_sweep,
     sweep,
 )
-from mecsim.interfaces.service.store import Store
+from mecsim.interfaces.service.jobs import Store
 from mecsim.interfaces.service.submission import Problem, Rejected, confine
 from mecsim.run.limits import Limits, check_sweep_points
 from mecsim.scenario.overrides import (
