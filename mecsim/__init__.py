@@ -14,13 +14,14 @@ def __getattr__(name: str):
     """``mecsim.simulate``, ``mecsim.load_run``, ``mecsim.sweep``, ``mecsim.replay`` and
     ``mecsim.Client``, imported on first use.
 
-    ``sweep`` and ``replay`` are callable modules (:func:`mecsim.analysis.sweep.sweep`,
+    ``sweep`` and ``replay`` are callable modules (:func:`mecsim.analysis.whatif_sweep.sweep`,
     :func:`mecsim.analysis.replay.replay`), so ``mecsim.sweep(...)`` works however they
     were imported first.
     """
     if name in ("sweep", "replay"):
         # deferred: `import mecsim` stays light; replay and sweeps load torch
-        from mecsim.analysis import replay, sweep
+        from mecsim.analysis import replay
+        from mecsim.analysis import whatif_sweep as sweep
 
         return {"sweep": sweep, "replay": replay}[name]
     if name in ("simulate", "load_run"):  # mecsim.api: mecsim run from Python, run folders

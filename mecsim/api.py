@@ -55,8 +55,8 @@ from mecsim.agents.algorithms.base import NoParams as Params
 from mecsim.agents.algorithms.fedavg import WeightedSum, weighted_average
 from mecsim.agents.models import ModelLayout, get_flat, model_layout, set_flat
 from mecsim.agents.training import TrainStats, evaluate, model_optimizer, train_epochs
+from mecsim.analysis.loaded_run import Run, load_run
 from mecsim.analysis.plots import PlotWriter
-from mecsim.analysis.run import Run, load_run
 from mecsim.channel.wireless import ChannelModel, ClientRadio, RoundChannel
 from mecsim.data.datasets import DatasetSpec
 from mecsim.emulation import ops as _ops

@@ -1,5 +1,5 @@
 """Flower's own simulation of the seeded test app (tests/data/flower_seeded_app), for
-tests/test_flower.py and benchmarks/flower.py: ``python tests/flower_sim.py CLIENTS``
+tests/test_flower.py and benchmarks/speed/flower.py: ``python tests/flower_sim.py CLIENTS``
 runs ``flwr.simulation.run_simulation`` (Ray backend) with the app's ServerApp and
 ClientApp; the ServerApp writes the global arrays after every round to $SEEDEDAPP_OUT.
 Prints the wall seconds of the simulation on its last line."""

@@ -1,4 +1,4 @@
-"""The paper-table benchmarks' run folders (benchmarks/seeds.py): a finished run of the
+"""The paper-table benchmarks' run folders (benchmarks/papers/seeds.py): a finished run of the
 same scenario is reused, a killed one resumes from its checkpoint and ends with the
 records of an uninterrupted run, a run of another scenario is run again, and only a
 finished run's newest checkpoint is kept."""
@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from conftest import tiny
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "papers"))
 import seeds  # noqa: E402
 
 from mecsim.run.observers import RunObserver

@@ -1,7 +1,7 @@
-"""Every benchmark still runs: each script in benchmarks/ with ``--quick``, in a subprocess.
+"""Every benchmark still runs: each script under benchmarks/ with ``--quick``, in a subprocess.
 
 Benchmarks are run by hand and their full runs take minutes to hours, so nothing else
-would notice one that no longer starts. A benchmark is any ``benchmarks/*.py`` with a
+would notice one that no longer starts. A benchmark is any ``benchmarks/*/*.py`` with a
 ``if __name__ == "__main__":`` block (helper modules such as kapc_common.py have none), so
 a new one is picked up without touching this file; it must accept ``--quick`` (seconds,
 not minutes), exit 0 and print its figures. One whose quick run needs Ray says so with a
@@ -30,7 +30,7 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 def discover() -> list[Path]:
     return sorted(
         p
-        for p in BENCHMARKS.glob("*.py")
+        for p in BENCHMARKS.glob("*/*.py")
         if re.search(r"^if __name__ == .__main__.:", p.read_text(), re.M)
     )
 

@@ -16,7 +16,7 @@ import pytest
 from conftest import tiny
 
 from mecsim.analysis.replay import association_changes, load_run, replay
-from mecsim.analysis.sweep import sweep
+from mecsim.analysis.whatif_sweep import sweep
 from mecsim.channel import ShannonChannel, Tr38901PathLoss
 from mecsim.channel.pathloss import LargeScaleDraw
 from mecsim.emulation import geometry as geo

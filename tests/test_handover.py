@@ -36,7 +36,7 @@ from conftest import tiny
 from helpers import interrupted_then_resumed
 
 from mecsim.analysis.replay import geometry_axis_refusal, load_run, replay
-from mecsim.analysis.sweep import sweep
+from mecsim.analysis.whatif_sweep import sweep
 from mecsim.emulation.network import (
     NetworkModel,
     client_record_keys,

@@ -29,7 +29,7 @@ import pytest
 from helpers import interrupted_then_resumed
 
 from mecsim.analysis.replay import load_run, replay
-from mecsim.analysis.sweep import sweep
+from mecsim.analysis.whatif_sweep import sweep
 from mecsim.emulation.engine import time_round
 from mecsim.emulation.engine.specs import ClientSpec, NetworkSpec, ServerSpec
 from mecsim.emulation.network import NetworkModel, device_profiles

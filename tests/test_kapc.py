@@ -729,7 +729,7 @@ def _table3_bytes_module():
     import sys
     from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "kapc_table3_bytes.py"
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "papers" / "kapc_table3_bytes.py"
     spec = importlib.util.spec_from_file_location("kapc_table3_bytes", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -16,8 +16,8 @@ from matplotlib.path import Path as MplPath
 from service_support import TOKEN, ThreadServer
 
 from mecsim.analysis import maps
+from mecsim.analysis.loaded_run import load_run
 from mecsim.analysis.plots import PLOT_NAMES
-from mecsim.analysis.run import load_run
 from mecsim.analysis.tables import ReportError
 from mecsim.emulation import geometry as geo
 from mecsim.interfaces.cli import main

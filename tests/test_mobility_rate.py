@@ -3,7 +3,7 @@ docs/mobility.md, "Mobility in a run"): the mid* rule against an independent fin
 integral and a case worked by hand, the same times on every engine, ``rate: round``
 keeping the round-start rates, outages, energy, and a replay of a moving run.
 
-The channel of the integral checks is benchmarks/mobility_piecewise.py's: 10 MHz,
+The channel of the integral checks is benchmarks/approximations/mobility_piecewise.py's: 10 MHz,
 SNR = 87 − 40 log10 d dB (PL0 = −40 dB at 1 m, exponent 4, k = 10^12.7 so that
 k · 10^−4 · d^−4 = 10^8.7 d^−4).
 """
@@ -17,7 +17,7 @@ import pytest
 from conftest import tiny
 
 from mecsim.analysis.replay import load_run, replay
-from mecsim.analysis.sweep import sweep
+from mecsim.analysis.whatif_sweep import sweep
 from mecsim.emulation.engine import (
     ClientSpec,
     NetworkSpec,

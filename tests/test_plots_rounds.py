@@ -22,8 +22,8 @@ from mecsim.analysis.plots import (
     time_split_figure,
 )
 from mecsim.analysis.replay import ReplayResult
-from mecsim.analysis.sweep import HEAD_COLUMNS, METRIC_COLUMNS, sweep_figure
 from mecsim.analysis.tables import RunRecords, build_tables, label_runs
+from mecsim.analysis.whatif_sweep import HEAD_COLUMNS, METRIC_COLUMNS, sweep_figure
 from mecsim.store.summary import markdown, summarise, target_lines
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,9 +88,9 @@ def test_rounds_counted_from_one_in_everything_a_person_reads():
 
 
 def test_dcpfl_benchmark_prints_rounds_from_one(monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # as when the script runs
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / "papers"))  # as when the script runs
     spec = importlib.util.spec_from_file_location(
-        "dcpfl_table", ROOT / "benchmarks" / "dcpfl_table.py"
+        "dcpfl_table", ROOT / "benchmarks" / "papers" / "dcpfl_table.py"
     )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

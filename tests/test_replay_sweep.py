@@ -18,7 +18,7 @@ from mecsim.analysis.replay import (
     load_run,
     replay,
 )
-from mecsim.analysis.sweep import HEAD_COLUMNS, METRIC_COLUMNS, grid_points, summarise, sweep
+from mecsim.analysis.whatif_sweep import HEAD_COLUMNS, METRIC_COLUMNS, grid_points, summarise, sweep
 from mecsim.interfaces.cli import main
 from mecsim.run.rows import REPLAY_COLUMNS
 from mecsim.scenario.overrides import OverrideError, apply_overrides, parse_set, parse_values

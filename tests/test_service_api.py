@@ -27,8 +27,8 @@ from service_support import TOKEN, ThreadServer, tiny_yaml
 
 from mecsim.interfaces.cli import main
 from mecsim.interfaces.service.app import ServiceConfig, create_app
+from mecsim.interfaces.service.jobs import StateError, Store
 from mecsim.interfaces.service.monitoring import RunSeries
-from mecsim.interfaces.service.store import StateError, Store
 from mecsim.interfaces.service.submission import (
     PATH_FIELDS,
     SERVICE_FIELDS,
@@ -108,7 +108,7 @@ def test_a_run_that_finished_as_the_server_died_is_kept_not_run_again(
     ones it missed, the figures drawn), not started again from round 0 in a new folder.
     A folder that says finished without every round in its rounds.csv starts again from
     round 0 instead, kept beside the new one, and nothing is half-written to the store."""
-    from mecsim.interfaces.service.store import _json_safe
+    from mecsim.interfaces.service.jobs import _json_safe
     from mecsim.interfaces.service.worker import Worker
     from mecsim.store.runfolder import read_meta
 
@@ -265,7 +265,7 @@ def test_queue_bound_and_one_server_per_state_folder(tmp_path):
     store = Store(tmp_path / "s")
     store.add_run("a", "n", "fedavg", "x: 1", 1, max_waiting=2)
     store.add_run("b", "n", "fedavg", "x: 1", 1, max_waiting=2)
-    from mecsim.interfaces.service.store import QueueFull
+    from mecsim.interfaces.service.jobs import QueueFull
 
     with pytest.raises(QueueFull, match="2 runs are waiting"):
         store.add_run("c", "n", "fedavg", "x: 1", 1, max_waiting=2)

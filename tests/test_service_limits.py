@@ -22,7 +22,7 @@ from mecsim.interfaces.cli import main
 from mecsim.interfaces.service import bounded
 from mecsim.interfaces.service.app import ServiceConfig, create_app
 from mecsim.interfaces.service.connections import TimedH11Protocol, TimedHttpToolsProtocol
-from mecsim.interfaces.service.store import Store
+from mecsim.interfaces.service.jobs import Store
 from mecsim.run import limits
 from mecsim.scenario.overrides import OverrideError, parse_values
 
@@ -394,7 +394,7 @@ def test_sweeps_are_bounded_and_cancellable(tmp_path):
     try:
         store.add_sweep("sweep-a", {"runs": [], "set": []}, max_waiting=2)
         store.add_sweep("sweep-b", {"runs": [], "set": []}, max_waiting=2)
-        from mecsim.interfaces.service.store import QueueFull
+        from mecsim.interfaces.service.jobs import QueueFull
 
         with pytest.raises(QueueFull):
             store.add_sweep("sweep-c", {"runs": [], "set": []}, max_waiting=2)
@@ -856,7 +856,7 @@ def test_a_sweep_naming_code_in_its_grid_is_422_before_anything_is_imported(
     import types
 
     import mecsim.registry as registry
-    from mecsim.interfaces.service import sweeps
+    from mecsim.interfaces.service import sweep_runner as sweeps
 
     class Link:  # a plugin channel of a test (registered, not installed)
         pass

@@ -55,35 +55,23 @@ Choices the papers leave open (each tested in tests/test_kapc.py):
   when the round is planned (they need the round's selection) and reported as this
   round's server FLOPs, so the engine times them as the round's server phase.
 
-Server FLOPs are counted analytically (:func:`kapc_server_flops`), per round, for what
-this code computes:
-
-* Gram matrices of the selected clients' layers, G^l = X^l X^l^T (X^l: K x n_l):
-  K(K+1)/2 distinct inner products of 2 n_l FLOPs each -> K(K+1) * sum_l n_l;
-* E_r gradient steps: per client and layer G r (2K^2) and 7K element-wise operations
-  (subtract g_i, scale by 2 lam, r - 1/N, scale by beta, add, scale by lr, subtract)
-  -> E_r * K * L * (2K^2 + 7K);
-* normalisations, 3 FLOPs per entry (clamp, sum, divide): the slice before and after
-  the steps and the K written-back rows of N -> K * L * (6K + 3N);
-* s_i: one multiply and one add per element per contributing client, for the layers
-  sent to client i -> sum_i sum_{l sent to i} 2 K n_l (FedAvg's count is 2 |w| K).
-
-Storing the uploads costs no FLOPs. For 10 selected ResNet18 clients (P = 11.17 M
-parameters) this is about 1.23 + 2.23 = 3.46 GFLOPs per round with full downloads.
+The mathematics is in :mod:`mecsim.agents.algorithms.parameter_coaching` (the relation
+cube, the regulariser, the coaching loss, the server's FLOPs) and
+:mod:`mecsim.agents.algorithms.layer_selection` (T. Algorithm 4 and Eq. 29); this module
+holds the hyper-parameters and the server and client classes, and re-exports those
+functions under their old names here.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, cast
+from collections.abc import Sequence
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
 from pydantic import Field
-from torch import nn
 
 from mecsim.agents.algorithms.base import (
     AggregateStats,
@@ -97,8 +85,67 @@ from mecsim.agents.algorithms.base import (
     local_sgd,
     trained_result,
 )
+from mecsim.agents.algorithms.layer_selection import (
+    CRITERION_FLOPS_PER_LAYER,
+    BlsClientState,
+    BlsConstants,
+    algorithm4,
+    criterion_log_lhs,
+    layer_norms,
+    log_m,
+    search_omega,
+    selection_flops,
+)
+from mecsim.agents.algorithms.parameter_coaching import (
+    LAYER_GROUPINGS,
+    ParamView,
+    coaching_loss,
+    coaching_pairs,
+    kapc_server_flops,
+    layer_groups,
+    normalise_rows,
+    param_view,
+    personalised_regulariser,
+    relation_gradient,
+    relation_objective,
+    self_relation_filter,
+    update_relations,
+)
 from mecsim.agents.models import BYTES_PER_ELEMENT, ModelLayout, get_flat, set_flat
 from mecsim.emulation.ops import Compute
+
+__all__ = [
+    "CRITERION_FLOPS_PER_LAYER",
+    "KAPC",
+    "KAPC_BLS",
+    "LAYER_GROUPINGS",
+    "BlsClientState",
+    "BlsConstants",
+    "KapcBlsClient",
+    "KapcBlsParams",
+    "KapcBlsServer",
+    "KapcClient",
+    "KapcParams",
+    "KapcServer",
+    "ParamView",
+    "algorithm4",
+    "coaching_loss",
+    "coaching_pairs",
+    "criterion_log_lhs",
+    "kapc_server_flops",
+    "layer_groups",
+    "layer_norms",
+    "log_m",
+    "normalise_rows",
+    "param_view",
+    "personalised_regulariser",
+    "relation_gradient",
+    "relation_objective",
+    "search_omega",
+    "selection_flops",
+    "self_relation_filter",
+    "update_relations",
+]
 
 # =========================================================================== parameters
 
@@ -222,482 +269,6 @@ class KapcBlsParams(KapcParams):
         "server holds any upload it is not sent and is coached like a layer beyond Omega "
         "(withhold), or sent as Eq. 34 gives it, the initial values (send)",
     )
-
-
-# =========================================================================== layer view
-
-
-@dataclass(frozen=True)
-class ParamView:
-    """The trainable parameters of a model as one vector P, grouped by layer.
-
-    ``index`` holds the positions of the parameter elements in the flat state vector of
-    :mod:`mecsim.agents.models` (buffers such as BatchNorm running statistics are left out);
-    layer l occupies ``P[bounds[l]:bounds[l + 1]]``. ``out_dim`` (d^l) and ``in_cols``
-    (n^l) describe each layer's weight as a matrix (rows = outputs, columns =
-    weight.numel() / rows: in_features for Linear, in_channels * kh * kw for Conv2d, 1
-    for a BatchNorm's per-channel scale), as BLS's bounds need (T. Eq. 23).
-    """
-
-    index: np.ndarray
-    bounds: np.ndarray
-    out_dim: np.ndarray
-    in_cols: np.ndarray
-    param_slots: tuple[tuple[str, tuple[int, ...], int, int], ...]  # name, shape, P-offset, layer
-
-    @property
-    def num_layers(self) -> int:
-        return len(self.bounds) - 1
-
-    @property
-    def size(self) -> int:
-        return int(self.bounds[-1])
-
-    def numel(self) -> np.ndarray:
-        return np.diff(self.bounds)
-
-    def extract(self, flat: np.ndarray) -> np.ndarray:
-        """P (float32) from a flat model state."""
-        return np.asarray(flat, dtype=np.float32)[self.index]
-
-    def layer(self, p: np.ndarray, layer: int) -> np.ndarray:
-        return p[self.bounds[layer] : self.bounds[layer + 1]]
-
-    def select(self, p: np.ndarray, layers: Sequence[int]) -> np.ndarray:
-        """The elements of the given layers of P, concatenated in layer order (what is sent)."""
-        parts = [self.layer(p, int(layer)) for layer in sorted(layers)]
-        return np.concatenate(parts) if parts else np.zeros(0, dtype=p.dtype)
-
-    def nbytes(self, layers: Sequence[int]) -> int:
-        """Bytes on the air for the parameters of these layers."""
-        numel = self.numel()
-        return int(sum(int(numel[int(layer)]) for layer in set(layers))) * BYTES_PER_ELEMENT
-
-    def split(self, compact: np.ndarray, layers: Sequence[int]) -> dict[int, np.ndarray]:
-        """Inverse of :meth:`select`: layer -> its part of ``compact``."""
-        out, at, numel = {}, 0, self.numel()
-        for layer in sorted(layers):
-            n = int(numel[int(layer)])
-            out[int(layer)] = compact[at : at + n]
-            at += n
-        if at != len(compact):
-            raise ValueError(
-                f"{len(compact)} elements received for layers {sorted(layers)}, which hold {at}"
-            )
-        return out
-
-
-LAYER_GROUPINGS = ("conv_bn", "module")
-
-
-def layer_groups(layout: ModelLayout, grouping: str = "conv_bn") -> np.ndarray:
-    """The KAPC layer of every parameterised module of ``layout`` (one entry per module).
-
-    ``module``: every parameterised module is a layer (a BatchNorm is a layer of its own:
-    ResNet18 has 41). ``conv_bn``: a BatchNorm directly after a Conv or Linear module
-    belongs to that module's layer (ResNet18: 21 layers, the 17 + 3 shortcut convolutions
-    and the FC, the count the KAPC+BLS paper's Fig. 8 implies); models without BatchNorm
-    are the same under both.
-    """
-    if grouping not in LAYER_GROUPINGS:
-        raise ValueError(f"unknown layer grouping {grouping!r}; known: {LAYER_GROUPINGS}")
-    groups = np.zeros(layout.num_layers, dtype=np.int64)
-    g = -1
-    for m, kind in enumerate(layout.layer_kinds):
-        merge = (
-            grouping == "conv_bn"
-            and m > 0
-            and kind.startswith("BatchNorm")
-            and layout.layer_kinds[m - 1].startswith(("Conv", "Linear"))
-        )
-        if not merge:
-            g += 1
-        groups[m] = g
-    return groups
-
-
-def param_view(layout: ModelLayout, grouping: str = "module") -> ParamView:
-    """The trainable parameters of ``layout`` grouped into KAPC layers (:func:`layer_groups`).
-
-    ``out_dim`` / ``in_cols`` of a layer describe the weight of its first module (the Conv
-    or Linear of a conv_bn group)."""
-    group_of = layer_groups(layout, grouping)
-    n_groups = int(group_of.max()) + 1 if len(group_of) else 0
-    index: list[np.ndarray] = []
-    slots = []
-    counts = np.zeros(n_groups, dtype=np.int64)
-    out_dim = np.ones(n_groups, dtype=np.int64)
-    in_cols = np.ones(n_groups, dtype=np.int64)
-    shaped = np.zeros(n_groups, dtype=bool)
-    last_layer, at = -1, 0
-    for s in layout.slots:
-        if not s.is_param:
-            continue
-        layer = int(group_of[s.layer])
-        if layer < last_layer:
-            raise ValueError(
-                f"parameters of layer {layer} ({s.name}) come after layer "
-                f"{last_layer}: layers must be contiguous in the flat state"
-            )
-        last_layer = layer
-        index.append(np.arange(s.offset, s.offset + s.numel))
-        slots.append((s.name, s.shape, at, layer))
-        at += s.numel
-        counts[layer] += s.numel
-        if s.name.endswith("weight") and len(s.shape) >= 1 and not shaped[layer]:
-            out_dim[layer] = s.shape[0]
-            in_cols[layer] = max(1, s.numel // s.shape[0])
-            shaped[layer] = True
-    if np.any(counts == 0):
-        raise ValueError("every layer needs trainable parameters for KAPC")
-    bounds = np.concatenate([[0], np.cumsum(counts)])
-    return ParamView(np.concatenate(index), bounds, out_dim, in_cols, tuple(slots))
-
-
-# =========================================================================== relation cube
-
-
-def normalise_rows(r: np.ndarray, method: str = "clamp", temperature: float = 1.0) -> np.ndarray:
-    """Normalise the last axis of ``r`` (one row = one client's relation to the others on
-    one layer). ``clamp``: negatives -> 0, divide by the sum, uniform if the sum is 0.
-    ``softmax``: softmax(r / temperature)."""
-    r = np.asarray(r, dtype=np.float64)
-    if method == "softmax":
-        z = r / temperature
-        z = np.exp(z - z.max(axis=-1, keepdims=True))
-        return z / z.sum(axis=-1, keepdims=True)
-    if method != "clamp":
-        raise ValueError(f"unknown normalisation {method!r}; known: clamp, softmax")
-    pos = np.maximum(r, 0.0)
-    total = pos.sum(axis=-1, keepdims=True)
-    uniform = np.full_like(pos, 1.0 / r.shape[-1])
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(total > 0, pos / np.where(total > 0, total, 1.0), uniform)
-
-
-def relation_objective(
-    r_i: np.ndarray, grams: np.ndarray, i: int, lam: float, beta: float, n_clients: int
-) -> float:
-    """f(r_i) of A. Eq. 10: lam * sum_l ||sum_j r_ij^l w_j^l - w_i^l||^2 + beta/2 ||r_i - 1/N||^2,
-    from the Gram matrices G^l_jk = <w_j^l, w_k^l> (r_i: L x K, grams: L x K x K; ``i``:
-    client i's position in the slice)."""
-    quad = np.einsum("lj,ljk,lk->", r_i, grams, r_i)
-    cross = np.einsum("lj,lj->", r_i, grams[:, :, i])
-    const = float(grams[:, i, i].sum())
-    coach = quad - 2.0 * cross + const
-    return float(lam * coach + beta / 2.0 * np.sum((r_i - 1.0 / n_clients) ** 2))
-
-
-def relation_gradient(
-    r_i: np.ndarray, grams: np.ndarray, i: int, lam: float, beta: float, n_clients: int
-) -> np.ndarray:
-    """Gradient of f(r_i) (A. Eq. 11-12): 2 lam (G^l r_i^l - G^l[:, i]) + beta (r_i^l - 1/N)."""
-    g_r = np.einsum("ljk,lk->lj", grams, r_i)
-    return 2.0 * lam * (g_r - grams[:, :, i]) + beta * (r_i - 1.0 / n_clients)
-
-
-def update_relations(
-    r_slice: np.ndarray,
-    grams: np.ndarray,
-    *,
-    lam: float,
-    beta: float,
-    lr: float,
-    steps: int,
-    n_clients: int,
-) -> np.ndarray:
-    """E_r steps of A. Eq. 11 on every r_i of a normalised slice (K x L x K); slice row a
-    belongs to the client at position a of the slice. Not normalised afterwards."""
-    r = np.array(r_slice, dtype=np.float64)
-    for _ in range(steps):
-        grads = np.stack(
-            [relation_gradient(r[a], grams, a, lam, beta, n_clients) for a in range(r.shape[0])]
-        )
-        r = r - lr * grads  # all r_i from the same W^k: Jacobi order, as Eq. 9 stacks them
-    return r
-
-
-def self_relation_filter(self_relation: np.ndarray, mu: float) -> np.ndarray:
-    """T. Algorithm 3: layer l of s_i is sent unless r_ii^l > mu (True = send)."""
-    return ~(np.asarray(self_relation) > mu)
-
-
-def personalised_regulariser(
-    r_i: np.ndarray, layer_stacks: Sequence[np.ndarray], layers: Sequence[int]
-) -> list[np.ndarray]:
-    """s_i^l = sum_j r_ij^l w_j^l (A. Eq. 14, T. Eq. 15/34) for the given layers;
-    ``layer_stacks[l]`` is the K x n_l matrix of the slice's parameters of layer l."""
-    return [r_i[layer] @ layer_stacks[layer] for layer in layers]
-
-
-def kapc_server_flops(
-    k: int, n_clients: int, layer_numel: np.ndarray, steps: int, sent: np.ndarray
-) -> float:
-    """Analytic server FLOPs of one round (see the module docstring).
-
-    ``layer_numel``: n_l per layer; ``sent``: K x L booleans, layer l of s_i sent to the
-    client at slice position i."""
-    numel = np.asarray(layer_numel, dtype=np.float64)
-    n_layers = len(numel)
-    gram = k * (k + 1) * numel.sum()
-    relation = steps * k * n_layers * (2 * k * k + 7 * k)
-    normalisation = k * n_layers * (6 * k + 3 * n_clients)
-    regulariser = 2.0 * k * float((np.asarray(sent, dtype=np.float64) @ numel).sum())
-    return float(gram + relation + normalisation + regulariser)
-
-
-# =========================================================================== coaching loss
-
-
-def coaching_pairs(
-    model: nn.Module, view: ParamView, received: dict[int, np.ndarray]
-) -> list[tuple[nn.Parameter, torch.Tensor]]:
-    """(parameter, its target s) for every parameter tensor of the received layers."""
-    params = dict(model.named_parameters())
-    pairs = []
-    for name, shape, at, layer in view.param_slots:
-        if layer not in received:
-            continue
-        start = at - int(view.bounds[layer])
-        n = int(np.prod(shape)) if shape else 1
-        target = torch.from_numpy(
-            np.array(received[layer][start : start + n], dtype=np.float32)
-        ).view(shape)
-        pairs.append((params[name], target))
-    return pairs
-
-
-def coaching_loss(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], lam: float) -> torch.Tensor:
-    """lam * sum_l f_s(s_i^l, w_i^l), f_s = squared L2 distance (A. Eq. 15; T. Eq. 16)."""
-    # cast: a tensor, pairs being never empty (sum's start 0 is for mypy a possible int)
-    return cast(torch.Tensor, lam * sum((p - t).pow(2).sum() for p, t in pairs))
-
-
-# =========================================================================== BLS criterion
-
-
-def layer_norms(p: np.ndarray, view: ParamView) -> np.ndarray:
-    """B^l = ||w^l||_F (T. Eq. 30) for every layer."""
-    return np.array(
-        [
-            float(np.linalg.norm(view.layer(p, layer).astype(np.float64)))
-            for layer in range(view.num_layers)
-        ]
-    )
-
-
-def log_m(tau: np.ndarray, b: np.ndarray, n_cols: np.ndarray, omega: int) -> float:
-    """log M(Omega) of T. Eq. 27:
-    M(Omega) = tau^Omega / (2 B^Omega) + sum_{k=1}^{Omega-1} tau^{Omega-k}
-               prod_{j=1}^{k} sqrt(n^{Omega+1-j}) / (2 B^{Omega-k}),
-    i.e. sum over layers l <= Omega of tau^l / (2 B^l) * prod_{i=l+1}^{Omega} sqrt(n^i);
-    M = M(L). (Arrays are indexed from 0 for layer 1.) Zero bounds B are floored at 1e-12."""
-    tau = np.asarray(tau, dtype=np.float64)[:omega]
-    b = np.maximum(np.asarray(b, dtype=np.float64)[:omega], 1e-12)
-    half_log_n = 0.5 * np.log(np.asarray(n_cols, dtype=np.float64)[:omega])
-    # prod_{i=l+1}^{omega} sqrt(n^i): suffix sums of the half logs, excluding layer l itself
-    suffix = np.concatenate([np.cumsum(half_log_n[::-1])[::-1][1:], [0.0]])
-    with np.errstate(divide="ignore"):
-        terms = np.log(tau) - np.log(2.0 * b) + suffix
-    return float(np.logaddexp.reduce(terms)) if len(terms) else -np.inf
-
-
-@dataclass(frozen=True)
-class BlsConstants:
-    """The data- and model-dependent constants of T. Eq. 23-29 for one client."""
-
-    n_cols: np.ndarray  # n^l, columns of layer l's weight
-    out_dim: np.ndarray  # d^l, output width of layer l
-    classes: int  # c_i
-    samples: int  # m_i
-    rho: float = 1.0
-    input_bound: float = 1.0  # A_i
-    delta: float = 0.05
-    loss_range: float = math.log(10.0)  # b - a
-    confidence_term: bool = False
-
-
-def criterion_log_lhs(
-    omega: int,
-    tau_hat: np.ndarray,
-    b_hat: np.ndarray,
-    tau: np.ndarray,
-    b: np.ndarray,
-    k: BlsConstants,
-) -> float:
-    """log of the left side of T. Eq. 29 divided by its right side, so that the layer
-    selection criterion holds iff the result is < 0:
-
-        L d_Omega M^(Omega) / (Omega c 2^(L-Omega) M)  <  prod_{l=Omega+1}^{L} B^l     (29)
-
-    M^(Omega) is built from the partial bounds (tau_hat, b_hat), M = M(L) and the product
-    from the full bounds (tau, b). With ``k.confidence_term`` the second term of Eq. 28 is
-    kept, i.e. Definition 1 with Theorems 3-4 in full:
-    (L - Omega) * 3 (b-a) sqrt(ln(2/delta) / (2 m)) / (Omega * 2 sqrt(2) rho A / sqrt(m)
-    * c 2^L prod_{l<=L} B^l M) is added to the left side of (29) divided by its right side
-    (derived from L E_partial < Omega E_full, with E the bounds of Eq. 23 and Eq. 26).
-    """
-    n_layers = len(b)
-    if not 1 <= omega <= n_layers:
-        raise ValueError(f"Omega={omega} outside [1, {n_layers}]")
-    log_b = np.log(np.maximum(np.asarray(b, dtype=np.float64), 1e-12))
-    log_m_full = log_m(tau, b, k.n_cols, n_layers)
-    if log_m_full == -np.inf:  # no regulariser bound known (tau = 0): (29) is undefined;
-        return math.inf  # we read it as "not satisfied", so more layers go up
-    main = (
-        math.log(n_layers * k.out_dim[omega - 1])
-        + log_m(tau_hat, b_hat, k.n_cols, omega)
-        - math.log(omega * k.classes)
-        - (n_layers - omega) * math.log(2.0)
-        - log_m_full
-        - float(log_b[omega:].sum())
-    )
-    if not k.confidence_term or omega == n_layers:
-        return float(main)
-    gap = 3.0 * k.loss_range * math.sqrt(math.log(2.0 / k.delta) / (2.0 * k.samples))
-    lip = 2.0 * math.sqrt(2.0) * k.rho * k.input_bound / math.sqrt(k.samples)
-    second = (
-        math.log((n_layers - omega) * gap)
-        - math.log(omega * lip * k.classes)
-        - n_layers * math.log(2.0)
-        - float(log_b.sum())
-        - log_m_full
-    )
-    return float(np.logaddexp(main, second))
-
-
-def search_omega(
-    omega_prev: int, holds: Callable[[int], bool], n_layers: int, as_written: bool = False
-) -> int:
-    """T. Algorithm 4 lines 15-24: start from last round's Omega; if the criterion holds,
-    decrease Omega while it still holds; otherwise increase Omega until it holds.
-
-    Written literally, the decreasing loop ("repeat Omega <- Omega - 1 until (29) is not
-    satisfied") returns the first Omega that FAILS the criterion (``as_written=True``).
-    By default we return the last one that satisfies it (the smallest Omega of the run),
-    since the criterion is what makes an upload of Omega layers acceptable (Definition
-    1). The increasing loop stops at L if no Omega satisfies it (L never does strictly
-    when the bounds are current: both sides of (29) are then equal); Omega stays in [1, L].
-    """
-    omega = min(max(int(omega_prev), 1), n_layers)
-    if holds(omega):
-        if as_written:
-            while omega > 1:
-                omega -= 1
-                if not holds(omega):
-                    break
-            return omega
-        while omega > 1 and holds(omega - 1):
-            omega -= 1
-        return omega
-    while omega < n_layers:
-        omega += 1
-        if holds(omega):
-            return omega
-    return n_layers
-
-
-@dataclass
-class BlsClientState:
-    """What T. Algorithm 4 keeps for a client between its selections."""
-
-    n_layers: int
-    times_selected: int = 0  # q
-    omega: int = 0  # Omega of the last selection (0: never selected)
-    # b_full: B^l, full-layer parameter bounds; tau_full: tau^l, full-layer regulariser
-    # bounds. None (the default) only until __post_init__ (cast: arrays from then on)
-    b_full: np.ndarray = field(default=cast(np.ndarray, None))
-    tau_full: np.ndarray = field(default=cast(np.ndarray, None))
-
-    def __post_init__(self) -> None:
-        # Alg. 4 line 2: "initialize B^l = 0 and tau^l = 0" — once, for the client's first
-        # selection (re-initialising every call would make line 6's max meaningless)
-        if self.b_full is None:
-            self.b_full = np.zeros(self.n_layers)
-        if self.tau_full is None:
-            self.tau_full = np.zeros(self.n_layers)
-
-
-def algorithm4(
-    state: BlsClientState,
-    b_now: np.ndarray,
-    tau_now: np.ndarray,
-    k: BlsConstants,
-    as_written: bool = False,
-    withheld: int | None = None,
-    evaluations: list[int] | None = None,
-) -> int:
-    """T. Algorithm 4 (with Algorithm 6 line 7): the number of leading layers to upload.
-
-    ``withheld`` (``omega_policy: withhold_last``): a repeat selection uploads L - withheld
-    layers (at least 1) instead of searching Eq. 29; the bounds are kept as below.
-
-    ``evaluations``: if given, ``evaluations[0]`` is increased by the number of times
-    inequality (29) was evaluated (for :func:`selection_flops`).
-
-    ``b_now`` = Eq. 30 of the trained parameters; ``tau_now`` = Eq. 31 for the layers whose
-    regulariser the client received this round, NaN for the others.
-
-    * first selection, or last round's upload was full (Omega = L): the full bounds become
-      max(stored, current) and Omega = L - 1 (lines 3-9); a layer without a regulariser
-      this round keeps its stored tau;
-    * otherwise the partial bounds are the current ones (tau of a layer not received: the
-      stored one, "estimated with the staled information") and the full bounds the stored
-      ones (lines 10-14), and Omega is searched from last round's value (lines 15-24).
-    """
-    L = state.n_layers
-    b_now = np.asarray(b_now, dtype=np.float64)
-    tau_now = np.asarray(tau_now, dtype=np.float64)
-    if state.times_selected == 0 or state.omega == L:
-        state.b_full = np.maximum(state.b_full, b_now)
-        state.tau_full = np.fmax(state.tau_full, tau_now)  # NaN (not received) keeps stored
-        omega = max(L - 1, 1)
-    elif withheld is not None:
-        omega = min(max(L - withheld, 1), L)
-    else:
-        tau_hat = np.where(np.isnan(tau_now), state.tau_full, tau_now)
-        b_full, tau_full = state.b_full, state.tau_full
-
-        def holds(om: int) -> bool:
-            if evaluations is not None:
-                evaluations[0] += 1
-            return criterion_log_lhs(om, tau_hat, b_now, tau_full, b_full, k) < 0.0
-
-        omega = search_omega(state.omega, holds, L, as_written)
-    state.omega = omega
-    state.times_selected += 1
-    return omega
-
-
-#: FLOPs of one evaluation of inequality (29) per layer of the model: log M(L) and log
-#: M(Omega) (a log, a scaled log, a suffix sum and a log-add-exp per layer: about 5 + 5),
-#: the logs of the bounds and their tail sum (2); scalar work, negligible beside the norms
-CRITERION_FLOPS_PER_LAYER = 12
-
-
-def selection_flops(
-    layer_numel: np.ndarray,
-    tau_layers: Sequence[int],
-    criterion_evaluations: int,
-    input_elements: int = 0,
-) -> float:
-    """Client FLOPs of T. Algorithm 4 as :class:`KapcBlsClient` computes it, charged as
-    client computation (the paper attributes KAPC+BLS's longer client time to it):
-
-    * B^l = ||w^l||_F for every layer (Eq. 30): a multiply and an add per element and a
-      square root -> sum_l (2 n_l + 1);
-    * tau^l = ||w^l - s^l||_F for the layers coached towards a received s^l (Eq. 31): a
-      subtraction more per element -> sum_{l received} (3 n_l + 1);
-    * each evaluation of inequality (29): ``CRITERION_FLOPS_PER_LAYER`` L (none under
-      ``omega_policy: withhold_last``, which does not search);
-    * the input bound A_i = max ||x|| (Eq. 23), once per client (its first selection):
-      2 FLOPs per input element (``input_elements``; 0 when already known).
-    """
-    numel = np.asarray(layer_numel, dtype=np.float64)
-    norms = float((2.0 * numel + 1.0).sum())
-    taus = float(sum(3.0 * numel[int(layer)] + 1.0 for layer in tau_layers))
-    criterion = float(criterion_evaluations * CRITERION_FLOPS_PER_LAYER * len(numel))
-    return norms + taus + criterion + 2.0 * float(input_elements)
 
 
 # =========================================================================== server

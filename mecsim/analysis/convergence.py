@@ -17,7 +17,7 @@ convergence is detected. mecsim's definition, applied to the per-round mean user
   (``client_time_s``) and the **total time** (emulated ``elapsed_s`` at the end of ``R``).
 
 This is the one definition: ``mecsim report``'s DC-PFL table (``--window``,
-``--tolerance``) and ``benchmarks/dcpfl_table.py`` both use it.
+``--tolerance``) and ``benchmarks/papers/dcpfl_table.py`` both use it.
 
 "Converged" compares a run with its own end, so it favours a run that stops improving
 early, and a run whose accuracy peaks and falls back "converges" where it is already

@@ -23,7 +23,7 @@ Definitions (the same in ``docs/reports.md``):
 - *Final accuracy* (accuracy table): the mean user accuracy of the last evaluated round.
 - DC-PFL table: final accuracy, convergence round, comm. rounds, comm. time and total
   time as :mod:`mecsim.analysis.convergence` defines them (one definition for ``mecsim report``
-  and ``benchmarks/dcpfl_table.py``): the final accuracy is the mean over the last
+  and ``benchmarks/papers/dcpfl_table.py``): the final accuracy is the mean over the last
   ``window`` (default 5) evaluated rounds; the convergence round is the earliest
   evaluated round from which the trailing ``window``-round mean stays at or above the
   final accuracy minus ``tolerance`` (default 0.01); comm. rounds are the rounds up to it

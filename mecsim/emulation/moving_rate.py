@@ -18,7 +18,8 @@ The engine integrates the goodput over pieces of the mobility grid (``k · step_
 absolute emulated time): the goodput is taken as constant over each piece, at the
 piece's midpoint; in the piece where the transfer ends, at the midpoint of the part it
 uses, its end found by three fixed-point iterations (the "mid*" rule; within 0.4 % of
-the continuous integral at 1 s steps, 0.01 % at 0.1 s, benchmarks/mobility_piecewise.py).
+the continuous integral at 1 s steps, 0.01 % at 0.1 s,
+benchmarks/approximations/mobility_piecewise.py).
 Pieces are computed as a transfer needs them, a few at a time, from the client's own
 positions (:meth:`mecsim.emulation.handover.ClientPositions.client_at`).
 """

@@ -1,13 +1,17 @@
 """The round loop, written once: plan -> execute -> time -> aggregate -> record.
 
-1. **Plan**: the algorithm's server side picks the round's clients and what each downloads.
-2. **Execute**: the selected clients train for real on their hosts; each returns its
-   update and its op-trace.
-3. **Time**: the SimPy engine plays the op-traces through the round's network and the
-   device CPUs; with a deadline, late clients are dropped before aggregation.
-4. **Aggregate**: the server aggregates what made the deadline (measured: wall time,
-   FLOPs, RSS); its emulated time comes from the edge server's device profile.
-5. **Record**: observers (records, metrics, progress) receive the round's rows.
+1. **Plan and train** (:func:`train`): the algorithm's server side picks the round's
+   clients and what each downloads; the round's faults are drawn; the selected clients
+   train for real on their hosts, each returning its update and its op-trace.
+2. **Time and aggregate** (:func:`time_and_aggregate`): the SimPy engine plays the
+   op-traces (:func:`round_traces`: with the faults applied) through the round's network
+   and the device CPUs; with a deadline, late clients are dropped before aggregation. The
+   server aggregates what made the deadline (measured: wall time, FLOPs, RSS); its
+   emulated time comes from the edge server's device profile.
+3. **Evaluate** (:func:`evaluate`): the clients' accuracy when the round evaluates, or the
+   follow-up batches of a server that drives its rounds.
+4. **Record**: the round's rows (:mod:`mecsim.run.rows`), which observers (records,
+   metrics, progress) receive.
 
 Observers implement :class:`RunObserver`'s do-nothing hooks; the loop knows nothing of
 files, Prometheus or progress bars.
@@ -16,37 +20,43 @@ files, Prometheus or progress bars.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from mecsim.agents.algorithms import algorithm_classes
+from mecsim.agents.algorithms import ClientResult, ClientTask, algorithm_classes
+from mecsim.agents.server import AggregateReport
 from mecsim.emulation import faults
-from mecsim.emulation.energy import client_energy, round_energy
-from mecsim.emulation.ops import Compute, Handoff, op_to_dict, trace_bytes, trace_flops
-from mecsim.emulation.timing import emulate_round
-from mecsim.run.rows import timing_columns
-from mecsim.run.setup import MiB, RunSetup
+from mecsim.emulation.energy import client_energy
+from mecsim.emulation.engine import RoundTiming
+from mecsim.emulation.ops import Handoff, OpTrace, trace_bytes
+from mecsim.emulation.timing import EmulatedRound, emulate_round
+from mecsim.run.rows import Evaluations, client_row, round_row, trace_record
+from mecsim.run.setup import RunSetup
 
 
-def _mean(values: list[float]) -> float:
-    """Mean ignoring NaN (a client without test data has NaN accuracy)."""
-    finite = [v for v in values if not np.isnan(v)]
-    return float(np.mean(finite)) if finite else float("nan")
+@dataclass
+class Trained:
+    """What :func:`train` leaves for the rest of the round."""
+
+    selected: list[int]  # in selection order
+    tasks: list[ClientTask]  # one per selected client, as planned
+    faults: faults.RoundFaults
+    results: list[ClientResult]  # of the clients that trained (not those in an outage)
+    handoffs: dict[int, Handoff]  # client -> the move of its state (hierarchy, moving)
+    fold: frozenset[int] | None  # streamed: the clients the aggregate was folded for
+    wall_s: float  # host seconds from the round's start to the end of training
 
 
-def _status(
-    cid: int, completed: set[int], rejected: set[int], rf: faults.RoundFaults, finish_s: float
-) -> str:
-    if cid in rf.outage or (cid not in completed and np.isinf(finish_s)):
-        return "outage"
-    if cid in rf.crash_at:
-        return "crashed"
-    if cid in rf.dropout:
-        return "dropped_out"
-    if cid not in completed:
-        return "dropped_deadline"
-    return "rejected_nonfinite" if cid in rejected else "completed"
+@dataclass
+class Aggregated:
+    """What :func:`time_and_aggregate` leaves: the round as timed and aggregated."""
+
+    emulated: EmulatedRound
+    timing: RoundTiming  # with the server's aggregation time
+    completed: set[int]  # clients that made the deadline
+    report: AggregateReport
 
 
 def run_round(
@@ -64,6 +74,40 @@ def run_round(
     # the last round always evaluates; a server that drives its rounds is asked again
     plan_ahead = plan_next and not evaluates and not drives
     wall0 = time.perf_counter()
+    tr = train(rs, rnd, elapsed_s, plan_ahead=plan_ahead, wall0=wall0)
+    traces = round_traces(tr)
+    ag = time_and_aggregate(rs, rnd, elapsed_s, tr, traces, plan_ahead=plan_ahead)
+    ev = evaluate(rs, rnd, tr.selected, evaluates, at_s=elapsed_s + ag.timing.round_time_s)
+    client_rows, statuses = _client_rows(rs, rnd, tr, traces, ag, ev)
+    row = round_row(
+        run_id=rs.info.run_id,
+        rnd=rnd,
+        algorithm=sc.algorithm.name,
+        selected=tr.selected,
+        statuses=statuses,
+        timing=ag.timing,
+        elapsed_s=elapsed_s,
+        traces=traces,
+        client_rows=client_rows,
+        results=tr.results,
+        crashed=tr.faults.crash_at,
+        report=ag.report,
+        evaluations=ev,
+        train_wall_s=tr.wall_s,
+        handovers=_moved(rs),
+        handoffs=tr.handoffs if rs.hierarchy_moves else None,
+    )
+    record = trace_record(rnd, ag.report.flops, tr.selected, traces, tr.faults)
+    # the whole round in this process, its records built (not yet written) included
+    row["host_wall_s"] = time.perf_counter() - wall0
+    return row, client_rows, record
+
+
+def train(rs: RunSetup, rnd: int, elapsed_s: float, *, plan_ahead: bool, wall0: float) -> Trained:
+    """Plan the round, draw its faults and train the selected clients (all but those whose
+    link is down all round); with a streamed aggregation and ``plan_ahead``, ask the
+    executor to plan the next round while this one is timed."""
+    sc = rs.info.scenario
     # a hierarchical algorithm whose clients move: its edge servers group the clients
     # served at the round's start (known: it depends only on elapsed_s), and what each
     # client that handed over had at its old edge server moves to the new one
@@ -80,185 +124,161 @@ def run_round(
         # with no fault to draw, the next round trains every client planned, folds them
         # all and loses none: its hosts may start from the plan itself (chain=True)
         rs.executor.plan_ahead(rnd + 1, chain=not faults.draws_any(sc.faults))
-    traces = {r.client_id: r.trace for r in results}
+    return Trained(list(selected), list(tasks), rf, results, handoffs, fold, train_wall)
+
+
+def round_traces(tr: Trained) -> dict[int, OpTrace]:
+    """Each client's op-trace as the engine times it, by client id: a crash cuts it, a
+    dropout ends it, an outage replaces it, and a client's handoff comes first (the new
+    edge server waits for the state)."""
+    rf = tr.faults
+    traces = {r.client_id: r.trace for r in tr.results}
     for cid, at in rf.crash_at.items():
         traces[cid] = faults.crash_trace(traces[cid], at)
     for cid in rf.dropout:
         traces[cid] = faults.dropout_trace(traces[cid])
-    for t in tasks:
+    for t in tr.tasks:
         if t.client_id in rf.outage:
             traces[t.client_id] = faults.outage_trace(t.download_nbytes)
-    for cid, op in handoffs.items():  # first: the new edge server waits for the state
+    for cid, op in tr.handoffs.items():
         if cid in traces:
             traces[cid] = (op, *traces[cid])
-    traces = {cid: traces[cid] for cid in sorted(traces)}
+    return {cid: traces[cid] for cid in sorted(traces)}
+
+
+def time_and_aggregate(
+    rs: RunSetup,
+    rnd: int,
+    elapsed_s: float,
+    tr: Trained,
+    traces: dict[int, OpTrace],
+    *,
+    plan_ahead: bool,
+) -> Aggregated:
+    """Time the round's traces, aggregate the clients that completed, and time it again
+    with the server's aggregation."""
+    sc = rs.info.scenario
+    rf = tr.faults
     emulated = emulate_round(
-        rs.network, sc.faults, rs.slowdown, rnd, selected, elapsed_s, rf.outage, rf.failed
+        rs.network, sc.faults, rs.slowdown, rnd, tr.selected, elapsed_s, rf.outage, rf.failed
     )
     timing = emulated.time(traces)
-    completed_ids = {c.client_id for c in timing.clients if c.completed}
-    if fold is not None and completed_ids != fold:
+    completed = {c.client_id for c in timing.clients if c.completed}
+    if tr.fold is not None and completed != tr.fold:
         raise RuntimeError(
             f"round {rnd}: the aggregate was streamed for clients that the timing did not "
-            f"complete ({sorted(fold - completed_ids)[:5]}) or without clients it did "
-            f"({sorted(completed_ids - fold)[:5]}); set execution.stream_aggregation: off "
+            f"complete ({sorted(tr.fold - completed)[:5]}) or without clients it did "
+            f"({sorted(completed - tr.fold)[:5]}); set execution.stream_aggregation: off "
             "and report this scenario"
         )
-    agg = rs.executor.aggregate(rnd, [r for r in results if r.client_id in completed_ids])
+    report = rs.executor.aggregate(rnd, [r for r in tr.results if r.client_id in completed])
     if plan_ahead and not rs.streams:
         rs.executor.plan_ahead(rnd + 1)
-    rejected = set(agg.rejected)
-    timing = emulated.time(traces, rs.server_profile.aggregate_time_s(agg.flops))
+    timing = emulated.time(traces, rs.server_profile.aggregate_time_s(report.flops))
+    return Aggregated(emulated, timing, completed, report)
 
-    # each selected client's (up, down) air rates, in selection order (the round's links
-    # as emulate_round drew them: mecsim.emulation.energy.air_rate_bps)
-    air_rates = rs.network.round_links[0].tolist()
-    evals: dict[int, tuple[float, float]] = {}
-    eval_extras: dict[int, dict[str, float]] = {}  # an algorithm's own per-client figures
-    follow_up: dict[str, float] = {}
-    if drives:
-        evals, follow_up = _follow_up_batches(rs, rnd, elapsed_s + timing.round_time_s)
+
+def evaluate(
+    rs: RunSetup, rnd: int, selected: list[int], evaluates: bool, *, at_s: float
+) -> Evaluations:
+    """The round's evaluations: a server that drives its rounds sends its follow-up batches
+    (from ``at_s``, the round's end); otherwise, when the round evaluates, every client
+    (``evaluation.clients: all``) or the selected ones report accuracy and loss."""
+    sc = rs.info.scenario
+    ev = Evaluations()
+    if rs.drives_rounds:
+        ev.scores, ev.follow_up = _follow_up_batches(rs, rnd, at_s)
     elif evaluates:
         who = list(range(sc.topology.clients)) if sc.evaluation.clients == "all" else selected
         for cid, acc, loss, _, *extra in rs.executor.evaluate(rnd, who):
-            evals[cid] = (acc, loss)
+            ev.scores[cid] = (acc, loss)
             if extra:
-                eval_extras[cid] = extra[0]
+                ev.extras[cid] = extra[0]
+    return ev
 
-    by_id = {r.client_id: r for r in results}
-    sizes = {cid: trace_bytes(t) for cid, t in traces.items()}  # (bytes up, bytes down)
-    tl_by_id = {c.client_id: c for c in timing.clients}
-    position = {cid: i for i, cid in enumerate(selected)}
-    # clients that move: who handed over at this round's start (NetworkModel.move_to)
+
+def _status(
+    cid: int, completed: set[int], rejected: set[int], rf: faults.RoundFaults, finish_s: float
+) -> str:
+    if cid in rf.outage or (cid not in completed and np.isinf(finish_s)):
+        return "outage"
+    if cid in rf.crash_at:
+        return "crashed"
+    if cid in rf.dropout:
+        return "dropped_out"
+    if cid not in completed:
+        return "dropped_deadline"
+    return "rejected_nonfinite" if cid in rejected else "completed"
+
+
+def _moved(rs: RunSetup) -> np.ndarray | None:
+    """Clients that move: 1 for each that changed edge server at the round's start
+    (:meth:`NetworkModel.move_to`); None when clients do not move."""
     cells = rs.network.round_cells if rs.network.moving is not None else None
-    moved = None if cells is None else cells.handovers
+    return None if cells is None else cells.handovers
+
+
+def _client_rows(
+    rs: RunSetup,
+    rnd: int,
+    tr: Trained,
+    traces: dict[int, OpTrace],
+    ag: Aggregated,
+    ev: Evaluations,
+) -> tuple[list[dict[str, Any]], dict[int, str]]:
+    """The client rows of the round (selected or evaluated clients, by id) and the status
+    of each selected client."""
+    sc = rs.info.scenario
+    # each selected client's (up, down) air rates, in selection order (the round's links
+    # as emulate_round drew them: mecsim.emulation.energy.air_rate_bps)
+    air_rates = rs.network.round_links[0].tolist()
+    by_id = {r.client_id: r for r in tr.results}
+    timelines = {c.client_id: c for c in ag.timing.clients}
+    position = {cid: i for i, cid in enumerate(tr.selected)}
+    rejected = set(ag.report.rejected)
+    moved = _moved(rs)
     statuses: dict[int, str] = {}
-    client_rows: list[dict[str, Any]] = []
-    for cid in sorted(set(selected) | set(evals)):
-        row: dict[str, Any] = {
-            "run_id": rs.info.run_id,
-            "round": rnd,
-            "client_id": cid,
-            "device": rs.info.client_devices[cid],
-            # the serving edge server at the round's start (clients that move may change)
-            "edge_server": int(rs.network.edge_server[cid]),
-            "selected": cid in tl_by_id,
-        }
-        if cid in tl_by_id:
-            tl = tl_by_id[cid]
-            statuses[cid] = status = _status(cid, completed_ids, rejected, rf, tl.finish_s)
-            up, down = sizes[cid]
-            row.update(
-                status=status,
-                completed=status == "completed",
-                start_s=tl.start_s,
-                finish_s=tl.finish_s,
-                download_s=tl.download_s,
-                compute_s=tl.compute_s,
-                upload_s=tl.upload_s,
-                server_compute_s=tl.server_compute_s,
-                bytes_up=up,
-                bytes_down=down,
+    rows: list[dict[str, Any]] = []
+    for cid in sorted(set(tr.selected) | set(ev.scores)):
+        tl = timelines.get(cid)
+        energy: dict[str, float] = {}
+        if tl is not None:
+            statuses[cid] = _status(cid, ag.completed, rejected, tr.faults, tl.finish_s)
+            energy = client_energy(
+                rs.network.devices[cid],
+                tl,
+                traces[cid],
+                ag.emulated.specs[cid],
+                ag.timing.round_time_s,
+                idle_policy=sc.energy.idle_policy,
+                tx_power_dbm=float(rs.network.tx_power_dbm[cid]),
+                air_rates_bps=air_rates[position[cid]],
             )
-            if cid in by_id:
-                r = by_id[cid]
-                flops, steps = r.flops, r.steps
-                if cid in rf.crash_at:  # the device did only the part before its crash
-                    flops = trace_flops(traces[cid])[0]
-                    steps = sum(op.batches for op in traces[cid] if isinstance(op, Compute))
-                row.update(
-                    gflops=flops / 1e9,
-                    steps=steps,
-                    num_samples=r.num_samples,
-                    train_loss=r.train_loss,
-                    peak_memory_mb=r.peak_memory_bytes / MiB,
-                    host_train_s=r.host_seconds,
-                )
-            row.update(emulated.channel_rows.get(cid, {}))
-            row.update(
-                client_energy(
-                    rs.network.devices[cid],
-                    tl,
-                    traces[cid],
-                    emulated.specs[cid],
-                    timing.round_time_s,
-                    idle_policy=sc.energy.idle_policy,
-                    tx_power_dbm=float(rs.network.tx_power_dbm[cid]),
-                    air_rates_bps=air_rates[position[cid]],
-                )
+        rows.append(
+            client_row(
+                run_id=rs.info.run_id,
+                rnd=rnd,
+                client_id=cid,
+                device=rs.info.client_devices[cid],
+                # the serving edge server at the round's start (clients that move may change)
+                edge_server=int(rs.network.edge_server[cid]),
+                timeline=tl,
+                status=statuses.get(cid),
+                trace=traces.get(cid),
+                result=by_id.get(cid),
+                crashed=cid in tr.faults.crash_at,
+                channel=ag.emulated.channel_rows.get(cid, {}),
+                energy=energy,
+                evaluation=ev.scores.get(cid),
+                handovers=None if moved is None else int(moved[cid]),
+                handover_bytes=(
+                    (tr.handoffs[cid].nbytes if cid in tr.handoffs else 0)
+                    if rs.hierarchy_moves
+                    else None
+                ),
             )
-        if cid in evals:
-            row["accuracy"], row["test_loss"] = evals[cid]
-        if moved is not None:  # 1: this client changed edge server at the round's start
-            row["handovers"] = int(moved[cid])
-        if rs.hierarchy_moves:  # the bytes of its state moved old -> new edge server
-            row["handover_bytes"] = handoffs[cid].nbytes if cid in handoffs else 0
-        client_rows.append(row)
-
-    def count(status: str) -> int:
-        return sum(s == status for s in statuses.values())
-
-    accs = [a for a, _ in evals.values() if not np.isnan(a)]
-    up_total = sum(up for up, _ in sizes.values())
-    down_total = sum(down for _, down in sizes.values())
-    round_row = {
-        "run_id": rs.info.run_id,
-        "round": rnd,
-        "algorithm": sc.algorithm.name,
-        "selected": len(selected),
-        "completed": count("completed"),
-        "dropped": len(selected) - count("completed"),
-        "dropped_deadline": count("dropped_deadline"),
-        "crashed": count("crashed"),
-        "dropped_out": count("dropped_out"),
-        "outage": count("outage"),
-        "rejected": count("rejected_nonfinite"),
-        "faults": 0,
-        **timing_columns(timing, elapsed_s),
-        "bytes_up": up_total,
-        "bytes_down": down_total,
-        **round_energy(c for c in client_rows if c.get("selected")),
-        "client_gflops": sum(
-            trace_flops(traces[r.client_id])[0] if r.client_id in rf.crash_at else r.flops
-            for r in results
         )
-        / 1e9,
-        "server_gflops": agg.flops / 1e9,
-        "server_rss_mb": agg.rss_bytes / MiB,
-        "client_peak_mb": max((r.peak_memory_bytes for r in results), default=0) / MiB,
-        "mean_accuracy": _mean(accs),
-        "min_accuracy": min(accs) if accs else float("nan"),
-        "max_accuracy": max(accs) if accs else float("nan"),
-        "mean_test_loss": _mean([lo for _, lo in evals.values()]),
-        "train_loss": _mean([r.train_loss for r in results]),
-        "host_wall_s": float("nan"),  # set last (its place among the columns kept)
-        "host_train_wall_s": train_wall,
-        "host_aggregate_s": agg.wall_s,
-        **agg.metrics,
-        **({} if moved is None else {"handovers": int(moved.sum())}),
-        **(
-            {"handover_bytes": sum(op.nbytes for op in handoffs.values())}
-            if rs.hierarchy_moves
-            else {}
-        ),
-        **follow_up,
-        **{
-            f"mean_{k}": _mean([e[k] for e in eval_extras.values()])
-            for k in sorted({k for e in eval_extras.values() for k in e})
-        },
-    }
-    trace_record = {
-        "round": rnd,
-        "aggregate_flops": agg.flops,
-        "selected": list(selected),
-        "clients": {str(cid): [op_to_dict(op) for op in tr] for cid, tr in traces.items()},
-    }
-    if rf.failed or rf.outage:  # what replay needs to re-time a faulted round the same way
-        trace_record["failed"] = {str(c): st for c, st in sorted(rf.failed.items())}
-        trace_record["outage"] = sorted(rf.outage)
-    # the whole round in this process, its records built (not yet written) included
-    round_row["host_wall_s"] = time.perf_counter() - wall0
-    return round_row, client_rows, trace_record
+    return rows, statuses
 
 
 def _associate(rs: RunSetup, rnd: int, elapsed_s: float) -> dict[int, Handoff]:

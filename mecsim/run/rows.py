@@ -7,14 +7,34 @@ subset) with the same :func:`timing_columns`. A new timing column is one entry o
 :data:`TIMING`; a new round column one name in :data:`ROUND_COLUMNS` (and the value the
 round computes for it). The columns that measure the machine running the emulation rather
 than the emulated testbed are told by :func:`is_host_column`.
+
+The rows themselves are built here too, from what the round's phases computed
+(:func:`client_row`, :func:`round_row`, :func:`trace_record`): the round
+(:mod:`mecsim.run.round`) computes, this module lays out.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
 from mecsim.channel.wireless import RECORD_KEYS
-from mecsim.emulation.energy import ENERGY_KEYS
+from mecsim.emulation.energy import ENERGY_KEYS, round_energy
 from mecsim.emulation.engine import RoundTiming
 from mecsim.emulation.network import TRANSPORT_KEYS
+from mecsim.emulation.ops import Compute, OpTrace, op_to_dict, trace_bytes, trace_flops
+
+if TYPE_CHECKING:
+    from mecsim.agents.algorithms import ClientResult
+    from mecsim.agents.server import AggregateReport
+    from mecsim.emulation.engine import ClientTimeline
+    from mecsim.emulation.faults import RoundFaults
+    from mecsim.emulation.ops import Handoff
+
+MiB = 1024 * 1024
 
 #: Round columns of the critical-path breakdown (emulated seconds), each an attribute of
 #: :class:`~mecsim.emulation.engine.RoundTiming`.
@@ -133,3 +153,197 @@ def timing_columns(timing: RoundTiming, elapsed_before_s: float) -> dict[str, fl
     row = {column: getattr(timing, attr) for column, attr in TIMING.items()}
     row["elapsed_s"] = elapsed_before_s + timing.round_time_s
     return row
+
+
+@dataclass
+class Evaluations:
+    """A round's evaluations, as :func:`mecsim.run.round.evaluate` gathers them."""
+
+    #: client -> (accuracy, test loss)
+    scores: dict[int, tuple[float, float]] = field(default_factory=dict)
+    #: client -> an algorithm's own per-client figures (a column ``mean_<name>`` each)
+    extras: dict[int, dict[str, float]] = field(default_factory=dict)
+    #: the ``eval_*`` columns of a server that drives its rounds (its follow-up batches)
+    follow_up: dict[str, float] = field(default_factory=dict)
+
+
+def _mean(values: list[float]) -> float:
+    """Mean ignoring NaN (a client without test data has NaN accuracy)."""
+    finite = [v for v in values if not np.isnan(v)]
+    return float(np.mean(finite)) if finite else float("nan")
+
+
+def _trained_flops(result: ClientResult, trace: OpTrace, crashed: bool) -> float:
+    """A client's FLOPs this round: what it trained, or, when it crashed, only the part of
+    its trace before the crash (the device did no more)."""
+    return trace_flops(trace)[0] if crashed else result.flops
+
+
+def client_row(
+    *,
+    run_id: str,
+    rnd: int,
+    client_id: int,
+    device: str,
+    edge_server: int,
+    timeline: ClientTimeline | None,
+    status: str | None,
+    trace: OpTrace | None,
+    result: ClientResult | None,
+    crashed: bool,
+    channel: dict[str, Any],
+    energy: dict[str, float],
+    evaluation: tuple[float, float] | None,
+    handovers: int | None,
+    handover_bytes: int | None,
+) -> dict[str, Any]:
+    """One client's row of clients.csv (:data:`CLIENT_COLUMNS`, then an algorithm's and a
+    moving topology's columns). ``timeline`` None: the client was not selected (evaluated
+    only); ``result`` None: it did not train (an outage); ``evaluation``: its (accuracy,
+    test loss) when the round evaluated it; ``handovers`` (clients that move: 1 if it
+    changed edge server at the round's start) and ``handover_bytes`` (hierarchical: the
+    bytes of its state moved) are left out when None."""
+    row: dict[str, Any] = {
+        "run_id": run_id,
+        "round": rnd,
+        "client_id": client_id,
+        "device": device,
+        "edge_server": edge_server,
+        "selected": timeline is not None,
+    }
+    if timeline is not None:
+        assert trace is not None
+        up, down = trace_bytes(trace)
+        row.update(
+            status=status,
+            completed=status == "completed",
+            start_s=timeline.start_s,
+            finish_s=timeline.finish_s,
+            download_s=timeline.download_s,
+            compute_s=timeline.compute_s,
+            upload_s=timeline.upload_s,
+            server_compute_s=timeline.server_compute_s,
+            bytes_up=up,
+            bytes_down=down,
+        )
+        if result is not None:
+            steps = result.steps
+            if crashed:  # the device did only the part before its crash
+                steps = sum(op.batches for op in trace if isinstance(op, Compute))
+            row.update(
+                gflops=_trained_flops(result, trace, crashed) / 1e9,
+                steps=steps,
+                num_samples=result.num_samples,
+                train_loss=result.train_loss,
+                peak_memory_mb=result.peak_memory_bytes / MiB,
+                host_train_s=result.host_seconds,
+            )
+        row.update(channel)
+        row.update(energy)
+    if evaluation is not None:
+        row["accuracy"], row["test_loss"] = evaluation
+    if handovers is not None:
+        row["handovers"] = handovers
+    if handover_bytes is not None:
+        row["handover_bytes"] = handover_bytes
+    return row
+
+
+def round_row(
+    *,
+    run_id: str,
+    rnd: int,
+    algorithm: str,
+    selected: list[int],
+    statuses: dict[int, str],
+    timing: RoundTiming,
+    elapsed_s: float,
+    traces: dict[int, OpTrace],
+    client_rows: list[dict[str, Any]],
+    results: list[ClientResult],
+    crashed: Collection[int],
+    report: AggregateReport,
+    evaluations: Evaluations,
+    train_wall_s: float,
+    handovers: np.ndarray | None,
+    handoffs: dict[int, Handoff] | None,
+) -> dict[str, Any]:
+    """The round's row of rounds.csv (:data:`ROUND_COLUMNS`, then the algorithm's
+    metrics, a moving topology's and the evaluations' columns). ``host_wall_s`` is NaN,
+    its place kept: the round sets it last. ``handovers``: per client, 1 if it changed
+    edge server (clients that move); ``handoffs``: the state moves of a hierarchical
+    algorithm whose clients move (None otherwise)."""
+
+    def count(status: str) -> int:
+        return sum(s == status for s in statuses.values())
+
+    scores = evaluations.scores
+    extras = evaluations.extras
+    accs = [a for a, _ in scores.values() if not np.isnan(a)]
+    sizes = [trace_bytes(t) for t in traces.values()]
+    return {
+        "run_id": run_id,
+        "round": rnd,
+        "algorithm": algorithm,
+        "selected": len(selected),
+        "completed": count("completed"),
+        "dropped": len(selected) - count("completed"),
+        "dropped_deadline": count("dropped_deadline"),
+        "crashed": count("crashed"),
+        "dropped_out": count("dropped_out"),
+        "outage": count("outage"),
+        "rejected": count("rejected_nonfinite"),
+        "faults": 0,
+        **timing_columns(timing, elapsed_s),
+        "bytes_up": sum(up for up, _ in sizes),
+        "bytes_down": sum(down for _, down in sizes),
+        **round_energy(c for c in client_rows if c.get("selected")),
+        "client_gflops": sum(
+            _trained_flops(r, traces[r.client_id], r.client_id in crashed) for r in results
+        )
+        / 1e9,
+        "server_gflops": report.flops / 1e9,
+        "server_rss_mb": report.rss_bytes / MiB,
+        "client_peak_mb": max((r.peak_memory_bytes for r in results), default=0) / MiB,
+        "mean_accuracy": _mean(accs),
+        "min_accuracy": min(accs) if accs else float("nan"),
+        "max_accuracy": max(accs) if accs else float("nan"),
+        "mean_test_loss": _mean([lo for _, lo in scores.values()]),
+        "train_loss": _mean([r.train_loss for r in results]),
+        "host_wall_s": float("nan"),  # set last (its place among the columns kept)
+        "host_train_wall_s": train_wall_s,
+        "host_aggregate_s": report.wall_s,
+        **report.metrics,
+        **({} if handovers is None else {"handovers": int(handovers.sum())}),
+        **(
+            {}
+            if handoffs is None
+            else {"handover_bytes": sum(op.nbytes for op in handoffs.values())}
+        ),
+        **evaluations.follow_up,
+        **{
+            f"mean_{k}": _mean([e[k] for e in extras.values()])
+            for k in sorted({k for e in extras.values() for k in e})
+        },
+    }
+
+
+def trace_record(
+    rnd: int,
+    aggregate_flops: float,
+    selected: list[int],
+    traces: dict[int, OpTrace],
+    round_faults: RoundFaults,
+) -> dict[str, Any]:
+    """The round's line of ``optraces.jsonl``: the traces as timed, and what replay needs
+    to re-time a faulted round the same way (the failed clients and those in an outage)."""
+    record: dict[str, Any] = {
+        "round": rnd,
+        "aggregate_flops": aggregate_flops,
+        "selected": list(selected),
+        "clients": {str(cid): [op_to_dict(op) for op in tr] for cid, tr in traces.items()},
+    }
+    if round_faults.failed or round_faults.outage:
+        record["failed"] = {str(c): st for c, st in sorted(round_faults.failed.items())}
+        record["outage"] = sorted(round_faults.outage)
+    return record

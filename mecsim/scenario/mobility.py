@@ -1,5 +1,5 @@
-"""How clients move: the ``mobility`` section (to become ``geometry.mobility``;
-docs/mobility-models.md).
+"""How clients move: the ``geometry.mobility`` section of a scenario
+(docs/mobility-models.md).
 
 One mapping: ``model`` picks the model, ``step_s`` the time grid, and the model's own
 parameters sit beside them (units in their names). A parameter of another model is
@@ -7,7 +7,7 @@ refused naming the field (``pause_s`` under ``gauss_markov`` is a mistake, not
 something to ignore); parameters left out take the defaults below, filled in at
 validation so a resolved scenario shows what ran.
 
-This module imports nothing of mecsim: the schema will import it (``geometry.mobility``)
+This module imports nothing of mecsim: the schema imports it (``GeometryConfig.mobility``)
 and it must not import the schema back.
 """
 

@@ -322,7 +322,7 @@ class CustomProfile(_Strict):
         if self.aggregate_flops_per_s is not None and not self.aggregate_flops_source.strip():
             raise ValueError(
                 "aggregate_flops_source: say where aggregate_flops_per_s comes from "
-                "(a measurement, e.g. benchmarks/aggregation_rate.py, or 'estimate: ...')"
+                "(a measurement, e.g. benchmarks/speed/aggregation_rate.py, or 'estimate: ...')"
             )
         board = (self.active_power_w, self.idle_power_w)
         given = [v is not None for v in board]

@@ -306,8 +306,8 @@ def cmd_serve(args: argparse.Namespace, console: Console) -> int:
     quiet_ray_signals()  # before anything imports ray
     # deferred: (see above)
     from mecsim.interfaces.service.app import ServiceConfig, create_app
+    from mecsim.interfaces.service.jobs import StateError, Store
     from mecsim.interfaces.service.security import is_loopback
-    from mecsim.interfaces.service.store import StateError, Store
 
     token = None
     if args.token_file:

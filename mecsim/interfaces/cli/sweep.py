@@ -1,6 +1,8 @@
-"""``mecsim sweep``: the command-line face of :mod:`mecsim.analysis.sweep` (parser and handler).
+"""``mecsim sweep``: the command-line face of :mod:`mecsim.analysis.whatif_sweep` (parser
+and handler).
 
-Kept apart from :mod:`mecsim.analysis.sweep` so that building the CLI parser imports nothing heavy.
+Kept apart from :mod:`mecsim.analysis.whatif_sweep` so that building the CLI parser imports
+nothing heavy.
 """
 
 from __future__ import annotations
@@ -106,7 +108,7 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
     # deferred: replay and sweeps load the algorithms (torch, ~1.5 s); this module is
     # imported by every `mecsim` command for its parser
     from mecsim.analysis.replay import ReplayInfeasible, RunLoadError
-    from mecsim.analysis.sweep import METRIC_COLUMNS, grid_size, plot_sweep, sweep
+    from mecsim.analysis.whatif_sweep import METRIC_COLUMNS, grid_size, plot_sweep, sweep
     from mecsim.run.limits import LOCAL, check_sweep_points
     from mecsim.scenario import ScenarioError
     from mecsim.scenario.overrides import OverrideError, parse_set

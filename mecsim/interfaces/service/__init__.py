@@ -1,6 +1,6 @@
 """``mecsim serve``: the testbed as a long-running service.
 
-- :mod:`~mecsim.interfaces.service.store`: SQLite state (runs, rounds, sweeps) and run folders;
+- :mod:`~mecsim.interfaces.service.jobs`: SQLite state (runs, rounds, sweeps) and run folders;
 - :mod:`~mecsim.interfaces.service.worker`: one Ray for the server's life, runs from a FIFO queue;
 - :mod:`~mecsim.interfaces.service.app`: the FastAPI application (JSON API, /metrics, health);
 - :mod:`~mecsim.interfaces.service.web`: the server-rendered web page;

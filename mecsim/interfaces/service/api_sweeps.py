@@ -15,9 +15,9 @@ from fastapi.responses import FileResponse, JSONResponse
 import mecsim.registry as plugin_registry
 from mecsim.interfaces.service.bounded import WorkPool, parse_model
 from mecsim.interfaces.service.config import ServiceConfig
+from mecsim.interfaces.service.jobs import Store
 from mecsim.interfaces.service.schemas import ID_PATTERN, Message, Problems, SweepRequest, SweepView
-from mecsim.interfaces.service.store import Store
-from mecsim.interfaces.service.sweeps import SweepRunner, check_sweep, new_sweep_id
+from mecsim.interfaces.service.sweep_runner import SweepRunner, check_sweep, new_sweep_id
 from mecsim.interfaces.service.views import json_safe, when
 
 

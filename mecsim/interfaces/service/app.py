@@ -1,7 +1,7 @@
 """The HTTP API of ``mecsim serve`` (FastAPI): runs, records, sweeps, metrics, health.
 
 :func:`create_app` assembles the application around a
-:class:`~mecsim.interfaces.service.store.Store`: the guards
+:class:`~mecsim.interfaces.service.jobs.Store`: the guards
 (:mod:`~mecsim.interfaces.service.security`), the routers of runs
 (:mod:`~mecsim.interfaces.service.api_runs`), sweeps
 (:mod:`~mecsim.interfaces.service.api_sweeps`) and the web page
@@ -47,10 +47,13 @@ from starlette.concurrency import run_in_threadpool
 
 import mecsim.registry as plugin_registry
 from mecsim import __version__
-from mecsim.interfaces.service.api_runs import queue_run, runs_router
+from mecsim.interfaces.service import api_runs
+from mecsim.interfaces.service.api_runs import queue_run
 from mecsim.interfaces.service.api_sweeps import sweeps_router
 from mecsim.interfaces.service.bounded import BadBody, Busy, WorkPool
 from mecsim.interfaces.service.config import ServiceConfig
+from mecsim.interfaces.service.events import Feeds
+from mecsim.interfaces.service.jobs import QueueFull, Run, Store
 from mecsim.interfaces.service.monitoring import RunSeries, service_registry
 from mecsim.interfaces.service.schemas import Message
 from mecsim.interfaces.service.security import (
@@ -61,9 +64,8 @@ from mecsim.interfaces.service.security import (
     bearer_auth,
     is_loopback,
 )
-from mecsim.interfaces.service.store import QueueFull, Run, Store
 from mecsim.interfaces.service.submission import Rejected
-from mecsim.interfaces.service.sweeps import SweepRunner
+from mecsim.interfaces.service.sweep_runner import SweepRunner
 from mecsim.interfaces.service.web import web_router
 from mecsim.interfaces.service.worker import Worker
 
@@ -123,6 +125,8 @@ def create_app(config: ServiceConfig, store: Store | None = None) -> FastAPI:
     app.state.worker = worker
     app.state.config = config
     app.state.series = series
+    app.state.sweeps = sweeps
+    app.state.feeds = Feeds(store)  # the runs' event feeds, made on a first follower
     # the last added is the outermost: headers on every answer, then the token (before
     # anything of the body is read), the body's size, the Host and Origin
     app.add_middleware(SameSite, check_host=is_loopback(config.host))
@@ -234,7 +238,7 @@ def create_app(config: ServiceConfig, store: Store | None = None) -> FastAPI:
         """The web form's submission: the same checks as ``POST /runs``."""
         return queue_run(store, config, worker, text, rounds, overrides)
 
-    app.include_router(runs_router(store, config, worker, authorised, pool))
+    app.include_router(api_runs.router, dependencies=[Depends(authorised)])
     app.include_router(sweeps_router(store, config, sweeps, authorised, pool))
     app.include_router(service)
     app.include_router(

@@ -20,7 +20,7 @@ from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
-from mecsim.interfaces.service.store import TERMINAL, Run, Store
+from mecsim.interfaces.service.jobs import TERMINAL, Run, Store
 
 #: How often a feed looks for new rounds (one store read per followed run per tick).
 EVENTS_POLL_S = 0.5

@@ -18,7 +18,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from mecsim.interfaces.metrics import MetricsExporter
-from mecsim.interfaces.service.store import STATUSES, Store
+from mecsim.interfaces.service.jobs import STATUSES, Store
 
 # name -> (type, help): the service's own families
 SERVICE_METRICS: dict[str, tuple[str, str]] = {

@@ -3,7 +3,7 @@
 ``mecsim run`` draws its figures in the run's own process when it ends
 (:class:`mecsim.analysis.plots.PlotWriter`). In ``mecsim serve`` that process is also the API's:
 matplotlib holds the GIL for about a second per run, and status polls and scrapes
-answered meanwhile waited 60-160 ms (measured with ``benchmarks/service.py``: 50
+answered meanwhile waited 60-160 ms (measured with ``benchmarks/speed/service.py``: 50
 pollers, p50 62 ms, p99 156 ms). :class:`ChildPlotWriter` draws the same figures from
 the run's records folder in a child process instead, so the API stays responsive:
 

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from mecsim.interfaces.service.sweeps import DEFAULT_METRIC
+from mecsim.interfaces.service.sweep_runner import DEFAULT_METRIC
 
 ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,99}$"
 

@@ -12,8 +12,8 @@ import pandas as pd
 from fastapi import HTTPException, Request
 from fastapi.responses import Response
 
+from mecsim.interfaces.service.jobs import TERMINAL, Run, Store
 from mecsim.interfaces.service.schemas import HistoryEntry, RunStatus, RunView
-from mecsim.interfaces.service.store import TERMINAL, Run, Store
 
 
 def record_file(base: Path, path: Path) -> bool:

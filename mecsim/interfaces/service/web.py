@@ -24,7 +24,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.templating import Jinja2Templates
 
 from mecsim.interfaces.service.bounded import Busy, WorkPool
-from mecsim.interfaces.service.store import TERMINAL, QueueFull, Run, Store
+from mecsim.interfaces.service.jobs import TERMINAL, QueueFull, Run, Store
 from mecsim.interfaces.service.submission import Problem, Rejected
 from mecsim.interfaces.service.views import plot_names, read_records
 from mecsim.scenario.overrides import OverrideError, parse_assignment

@@ -35,8 +35,8 @@ from typing import Any
 import yaml
 
 from mecsim.interfaces.metrics import MetricsExporter
+from mecsim.interfaces.service.jobs import Run, Store
 from mecsim.interfaces.service.plotjob import ChildPlotWriter, draw_in_child
-from mecsim.interfaces.service.store import Run, Store
 from mecsim.run.backends.ray_start import ensure_ray
 from mecsim.run.observers import RunInfo, RunObserver
 from mecsim.scenario import Scenario, ScenarioError, scenario_from_dict

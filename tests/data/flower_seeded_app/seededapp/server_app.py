@@ -41,7 +41,7 @@ def main(grid: Grid, context: Context) -> None:
 
     def keep(server_round: int, arrays: ArrayRecord):
         # called before the first round and after each: the wall time between two calls
-        # is a round's (its train and evaluate messages), for benchmarks/flower.py
+        # is a round's (its train and evaluate messages), for benchmarks/speed/flower.py
         stamps[server_round] = time.perf_counter()
         rounds[server_round] = np.concatenate([a.numpy().ravel() for a in arrays.values()])
         return None
