@@ -160,9 +160,10 @@ def test_seconds_joules_gflops_and_fractions_are_what_their_headers_say():
 
 def test_a_run_s_server_memory_is_its_rss_in_mib(monkeypatch):
     """The recorded server_rss_mb is the server process's RSS bytes / 2**20."""
+    from support.scenarios import tiny
+
     from mecsim.agents import server as server_module
     from mecsim.run.loop import run
-    from support.scenarios import tiny
 
     rss = 5 * MiB + MiB // 2  # 5.5 MiB (5.77 MB)
     monkeypatch.setattr(server_module._ServerProcess, "rss_bytes", lambda self: rss)

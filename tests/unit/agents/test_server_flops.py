@@ -187,8 +187,9 @@ def test_aggregation_is_timed_at_the_profile_s_aggregation_rate():
 
 
 def test_a_scenario_profile_s_aggregation_rate_needs_its_source():
-    from mecsim.scenario import ScenarioError
     from support.scenarios import tiny
+
+    from mecsim.scenario import ScenarioError
 
     mine = {
         "flops_per_s": 1e11,
@@ -205,8 +206,9 @@ def test_a_scenario_profile_s_aggregation_rate_needs_its_source():
 
 
 def test_a_run_s_server_time_is_its_server_flops_at_the_aggregation_rate():
-    from mecsim.run.loop import run
     from support.scenarios import tiny
+
+    from mecsim.run.loop import run
 
     rows = run(tiny(rounds=1), "rate")
     row = rows[0]
