@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from support.procs import wait_gone
 from support.scenarios import tiny
 
 import mecsim
@@ -401,7 +402,7 @@ def test_a_sweep_s_workers_die_with_it(runs, tmp_path, sig):
         assert all(w.is_running() for w in workers)
         proc.send_signal(getattr(signal, sig))
         proc.wait(30)
-        gone, alive = psutil.wait_procs(workers, timeout=5)
+        alive = wait_gone(workers, 5)  # a zombie has ended too
         assert not alive, f"workers {[w.pid for w in alive]} outlived the sweep ({sig})"
     finally:
         for w in workers:  # only the processes this test started, by their PIDs

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import psutil
 
+from support.procs import wait_gone
+
 RAY_CLI = Path(sys.executable).with_name("ray")
 RAY_START = [str(RAY_CLI), "start"]
 #: ``ray start`` for a worker node joining a head on 127.0.0.1 of this machine. Ray refuses
@@ -67,7 +69,7 @@ def stop_processes(procs: list[psutil.Process], timeout_s: float = 15) -> None:
             p.kill()
         except psutil.Error:
             pass
-    psutil.wait_procs(procs, timeout=timeout_s)
+    wait_gone(procs, timeout_s)
 
 
 class Node:

@@ -20,6 +20,7 @@ import psutil
 import yaml
 
 from mecsim.testing import first_difference
+from support.procs import wait_gone
 from support.scenarios import TINY
 
 TOKEN = "test-token-0123456789abcdef"
@@ -148,13 +149,13 @@ class ServeProcess:
         return self.proc.returncode
 
     def _reap_children(self, grace_s: float = 10) -> None:
-        _, alive = psutil.wait_procs(self.children, timeout=grace_s)
+        alive = wait_gone(self.children, grace_s)
         for p in alive:
             try:
                 p.kill()
             except psutil.NoSuchProcess:
                 pass
-        psutil.wait_procs(alive, timeout=10)
+        wait_gone(alive, 10)
 
 
 def _readline(proc: subprocess.Popen, timeout_s: float) -> str:
