@@ -1,12 +1,12 @@
 """The external plugin example ``examples/ditto`` (distribution ``mecsim-ditto``): installed
-as a real distribution, found by its ``mecsim.algorithms`` entry point, run under Ray by
-``mecsim run``, and Ditto's maths and costs checked on the client side."""
+as a real distribution (into the session's throwaway venv, tests/e2e/conftest.py), found
+by its ``mecsim.algorithms`` entry point, run under Ray by ``mecsim run``, and Ditto's
+maths and costs checked on the client side."""
 
 from __future__ import annotations
 
 import csv
 import importlib
-import importlib.metadata as md
 import json
 import math
 import subprocess
@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 from support.paths import ROOT
+from support.venv import PluginVenv
 
 from mecsim.agents.models import build_model
 from mecsim.agents.training import StepCosts
@@ -38,43 +39,32 @@ SCENARIO = EXAMPLE / "scenarios" / "ditto-mnist-dir01.yaml"
 DIST = "mecsim-ditto"
 
 
-def _installed_here() -> bool:
-    """Is mecsim-ditto installed, from this checkout's examples/ditto, with its entry point?"""
-    importlib.invalidate_caches()
-    try:
-        dist = md.distribution(DIST)
-    except md.PackageNotFoundError:
-        return False
-    direct = json.loads(dist.read_text("direct_url.json") or "{}")
-    here = EXAMPLE.resolve().as_uri()
-    eps = [ep for ep in dist.entry_points if ep.group == "mecsim.algorithms"]
-    return direct.get("url", "").rstrip("/") == here and [ep.name for ep in eps] == ["ditto"]
+def _installed_in(venv: PluginVenv) -> dict:
+    """What a fresh process of ``venv`` finds for mecsim-ditto: where it was installed
+    from, its version and its ``mecsim.algorithms`` entry points (empty: not installed)."""
+    code = (
+        "import json, importlib.metadata as md\n"
+        "try:\n"
+        "    d = md.distribution('mecsim-ditto')\n"
+        "except md.PackageNotFoundError:\n"
+        "    print('{}'); raise SystemExit\n"
+        "eps = [[e.name, e.value] for e in d.entry_points if e.group == 'mecsim.algorithms']\n"
+        "url = json.loads(d.read_text('direct_url.json') or '{}').get('url', '')\n"
+        "print(json.dumps({'name': d.name, 'version': d.version, 'url': url, 'eps': eps}))\n"
+    )
+    return json.loads(venv.run("-c", code).stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
-def installed() -> None:
-    """mecsim-ditto installed (editable) into the running environment: idempotent (no
-    reinstall when this checkout's copy is installed already); a skip, saying why, when
-    pip cannot install it (offline without setuptools, say)."""
-    if not _installed_here():
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "install",
-                "--no-deps",
-                "--no-build-isolation",
-                "-e",
-                str(EXAMPLE),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        if proc.returncode != 0:
-            pytest.skip(f"cannot install examples/ditto: {proc.stderr.strip()[-300:]}")
-        assert _installed_here(), "pip installed examples/ditto, but its metadata is not found"
+def installed(plugin_venv: PluginVenv) -> PluginVenv:
+    """mecsim-ditto installed (editable) from this checkout's examples/ditto into the
+    session's throwaway venv (tests/support/venv.py), never into the suite's own
+    environment: the venv a fresh process of which the tests run."""
+    plugin_venv.install(EXAMPLE)
+    found = _installed_in(plugin_venv)
+    assert found.get("url", "").rstrip("/") == EXAMPLE.resolve().as_uri(), found
+    assert found["eps"] == [["ditto", "mecsim_ditto:DITTO"]], found
+    return plugin_venv
 
 
 def _ditto_module():
@@ -99,15 +89,19 @@ def _run(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
 # --------------------------------------------------------------------------- the plugin
 
 
-def test_entry_point_metadata(installed: None) -> None:
-    eps = md.entry_points(group="mecsim.algorithms")
-    (ep,) = [ep for ep in eps if ep.name == "ditto"]
-    assert ep.value == "mecsim_ditto:DITTO"
-    assert ep.dist is not None and ep.dist.name == DIST and ep.dist.version == "0.1.0"
+def test_entry_point_metadata(installed: PluginVenv) -> None:
+    code = (
+        "import json, importlib.metadata as md\n"
+        "(ep,) = [e for e in md.entry_points(group='mecsim.algorithms') if e.name == 'ditto']\n"
+        "print(json.dumps([ep.value, ep.dist.name, ep.dist.version]))\n"
+    )
+    value, dist, version = json.loads(installed.run("-c", code).stdout.strip().splitlines()[-1])
+    assert value == "mecsim_ditto:DITTO"
+    assert dist == DIST and version == "0.1.0"
 
 
 @pytest.mark.slow  # a fresh Python that imports torch
-def test_registry_resolves_ditto_in_a_fresh_process(installed: None) -> None:
+def test_registry_resolves_ditto_in_a_fresh_process(installed: PluginVenv) -> None:
     # a fresh process: this one may have enumerated the entry points before the install
     code = (
         "import json, mecsim.registry as r, mecsim.api as api\n"
@@ -116,7 +110,7 @@ def test_registry_resolves_ditto_in_a_fresh_process(installed: None) -> None:
         "assert issubclass(client, api.ClientAlgorithm), client\n"
         "print(json.dumps(r.ALGORITHMS.info('ditto').as_dict()))\n"
     )
-    proc = _run([sys.executable, "-c", code], timeout=120)
+    proc = _run([installed.python, "-c", code], timeout=120)
     assert proc.returncode == 0, proc.stderr
     info = json.loads(proc.stdout.strip().splitlines()[-1])
     assert info["distribution"] == DIST and info["version"] == "0.1.0"
@@ -136,10 +130,10 @@ def test_plugin_imports_only_the_public_api() -> None:
 @pytest.mark.slow
 @pytest.mark.ray
 @pytest.mark.own_ray  # `mecsim run` starts a Ray of its own
-def test_scenario_runs_under_ray(installed: None, tmp_path: Path) -> None:
+def test_scenario_runs_under_ray(installed: PluginVenv, tmp_path: Path) -> None:
     proc = _run(
         [
-            sys.executable,
+            installed.python,
             "-m",
             "mecsim",
             "run",
@@ -347,7 +341,7 @@ def test_server_is_a_sample_weighted_average() -> None:
 @pytest.mark.slow
 @pytest.mark.ray
 @pytest.mark.own_ray  # in a subprocess (which starts its own Ray for the `ray` property)
-def test_conformance_kit(installed: None) -> None:
+def test_conformance_kit(installed: PluginVenv) -> None:
     """mecsim.testing.check_algorithm("ditto"): every property of the conformance kit
     (params, determinism, ray, resume, streaming, movable, optraces, nan_guard) holds. In
     a fresh process: this one may have enumerated the entry points before the install."""
@@ -359,6 +353,6 @@ def test_conformance_kit(installed: None) -> None:
         "print(report.render())\n"
         "sys.exit(0 if report.ok else 1)\n"
     )
-    proc = _run([sys.executable, "-c", code], timeout=900)
+    proc = _run([installed.python, "-c", code], timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "all properties hold" in proc.stdout

@@ -2,24 +2,23 @@
 a table and a sweep (the ``console`` blocks, each ``$`` line a command), then every
 ``python`` block in order in one namespace, in a scratch folder.
 
-``pip install -e DIR`` is run as ``python -m pip install --no-deps --no-build-isolation
--e DIR`` (offline, into this environment) and uninstalled at the end, so the suite leaves
-the environment as it found it.
+Every command runs in the session's throwaway venv (tests/e2e/conftest.py): ``pip install
+-e DIR`` as ``python -m pip install --no-deps --no-build-isolation -e DIR`` (offline), so
+the suite's own environment is left as it was; the package is uninstalled at the end.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from support.paths import ROOT
-
-import mecsim.registry as registry
+from support.venv import PluginVenv
 
 DOC = ROOT / "docs" / "extending.md"
 
@@ -38,10 +37,10 @@ def commands() -> list[list[str]]:
     return out
 
 
-def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+def _run(venv: PluginVenv, argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
     if argv[:2] == ["pip", "install"]:
         argv = [
-            sys.executable,
+            venv.python,
             "-m",
             "pip",
             "install",
@@ -51,7 +50,7 @@ def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
             *argv[2:],
         ]
     elif argv[0] == "mecsim":
-        argv = [sys.executable, "-m", "mecsim", *argv[1:]]
+        argv = [venv.python, "-m", "mecsim", *argv[1:]]
     return subprocess.run(
         argv,
         cwd=cwd,
@@ -75,19 +74,26 @@ def test_the_page_has_the_walk_and_the_examples() -> None:
     assert len(blocks("python")) >= 7
 
 
+#: runs the python blocks (a JSON list, argv[1]) in order in one namespace, in a fresh
+#: process of the venv the package was installed into
+_BLOCKS = """
+import json, sys
+namespace = {"__name__": "docs_extending"}
+for i, code in enumerate(json.load(open(sys.argv[1]))):
+    try:
+        exec(compile(code, f"docs/extending.md python block {i + 1}", "exec"), namespace)
+    except Exception as exc:  # the block's number and what failed
+        print(f"python block {i + 1} failed: {exc!r}\\n{code}")
+        raise
+"""
+
+
 @pytest.mark.slow
-def test_every_code_block_of_docs_extending_runs(tmp_path, monkeypatch) -> None:
-    names = {
-        "algorithm": ["damped", "my_fedavg"],
-        "model": ["tiny_cnn"],
-        "dataset": ["stripes"],
-        "channel": ["two_rate"],
-        "device": ["lab-boards"],
-    }
+def test_every_code_block_of_docs_extending_runs(tmp_path, plugin_venv: PluginVenv) -> None:
     installed = False
     try:
         for argv in commands():
-            out = _run(argv, tmp_path)
+            out = _run(plugin_venv, argv, tmp_path)
             assert out.returncode == 0, f"{shlex.join(argv)}:\n{out.stdout}\n{out.stderr}"
             installed |= argv[:2] == ["pip", "install"]
             if argv[:2] == ["mecsim", "check"]:
@@ -96,38 +102,17 @@ def test_every_code_block_of_docs_extending_runs(tmp_path, monkeypatch) -> None:
                 assert '"name": "myfl"' in out.stdout
         assert (tmp_path / "reports" / "myfl").is_dir()
         assert (tmp_path / "sweeps" / "myfl" / "sweep.csv").is_file()
-        # the python blocks, in a process that sees the package just installed
-        monkeypatch.chdir(tmp_path)
-        _rediscover()  # this process read the entry points before the package was installed
-        namespace: dict = {"__name__": "docs_extending"}
-        for i, code in enumerate(blocks("python")):
-            try:
-                exec(compile(code, f"docs/extending.md python block {i + 1}", "exec"), namespace)
-            except Exception as exc:  # the block's number and what failed
-                raise AssertionError(f"python block {i + 1} failed: {exc!r}\n{code}") from exc
+        # the python blocks, in a fresh process that sees the package just installed
+        code = tmp_path.parent / f"{tmp_path.name}-blocks.json"
+        code.write_text(json.dumps(blocks("python")))
+        out = subprocess.run(
+            [plugin_venv.python, "-c", _BLOCKS, str(code)],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert out.returncode == 0, f"{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
     finally:
-        for kind, kind_names in names.items():
-            for name in kind_names:
-                registry.registry(kind).unregister(name)
         if installed:
-            subprocess.run(
-                [sys.executable, "-m", "pip", "uninstall", "-y", "-q", "mecsim-myfl"],
-                capture_output=True,
-                timeout=120,
-            )
-        _rediscover()
-
-
-def _rediscover() -> None:
-    """Make this process read the installed distributions' entry points again (and see
-    the paths of packages installed since it started: their .pth files)."""
-    import importlib
-    import site
-    import sysconfig
-
-    site.addsitedir(sysconfig.get_paths()["purelib"])
-    importlib.invalidate_caches()
-    registry._GROUPS = None
-    for reg in registry.REGISTRIES.values():
-        reg._entries = None
-        reg._conflicts = {}
+            plugin_venv.uninstall("mecsim-myfl")

@@ -2,9 +2,10 @@
 writes nothing.
 
 The fast tests call the CLI in-process. The slow ones install generated packages into the
-running venv (``pip install --no-deps --no-build-isolation -e``), run them in subprocesses
-(entry points are read from installed metadata, so a fresh process sees them) and
-uninstall them in a ``finally`` block, leaving the environment as it was.
+session's throwaway venv (``pip install --no-deps --no-build-isolation -e``;
+tests/e2e/conftest.py), never into the suite's own environment, run them in subprocesses
+of that venv (entry points are read from installed metadata, so a fresh process sees
+them) and uninstall them in a ``finally`` block, leaving the venv as it was.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 import pytest
 from support.paths import ROOT
+from support.venv import PluginVenv
 
 from mecsim.interfaces.cli import main
 from mecsim.interfaces.cli.new import FILES, KINDS
@@ -255,27 +257,9 @@ def _run(*argv: str, timeout: float = 600, cwd: Path | None = None) -> str:
     return done.stdout
 
 
-def _pip(*argv: str) -> str:
-    return _run(sys.executable, "-m", "pip", "--disable-pip-version-check", *argv)
-
-
-def _install(*folders: Path) -> None:
-    editable = [a for f in folders for a in ("-e", str(f))]
-    _pip("install", "-q", "--no-deps", "--no-build-isolation", *editable)
-
-
-def _uninstall(*dists: str) -> None:
-    subprocess.run(
-        [sys.executable, "-m", "pip", "--disable-pip-version-check", "uninstall", "-y", *dists],
-        capture_output=True,
-        timeout=300,
-        check=False,
-    )
-
-
-def _mecsim_run(scenario: Path, out: Path) -> dict:
+def _mecsim_run(venv: PluginVenv, scenario: Path, out: Path) -> dict:
     _run(
-        sys.executable,
+        venv.python,
         "-m",
         "mecsim",
         "run",
@@ -292,10 +276,10 @@ def _mecsim_run(scenario: Path, out: Path) -> dict:
     return info
 
 
-def _entry_point_names(group: str) -> str:
-    """The names of ``group``'s entry points, as a new process sees them."""
+def _entry_point_names(venv: PluginVenv, group: str) -> str:
+    """The names of ``group``'s entry points, as a new process of ``venv`` sees them."""
     return _run(
-        sys.executable,
+        venv.python,
         "-c",
         "import sys; from importlib.metadata import entry_points; "
         "print(sorted(e.name for e in entry_points(group=sys.argv[1])))",
@@ -310,14 +294,14 @@ def _plugins(info: dict) -> dict[str, tuple[str, str]]:
 
 @pytest.mark.slow
 def test_a_generated_algorithm_installs_runs_and_passes_its_own_test(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], plugin_venv: PluginVenv
 ) -> None:
     name = "newkit_algo"
     pkg = tmp_path / "pkg"
     assert _new(capsys, "algorithm", name, "--dir", str(pkg))[0] == 0
     try:
-        _install(pkg)
-        info = _mecsim_run(pkg / "scenarios" / f"{name}.yaml", tmp_path / "runs")
+        plugin_venv.install(pkg)
+        info = _mecsim_run(plugin_venv, pkg / "scenarios" / f"{name}.yaml", tmp_path / "runs")
         assert info["status"] == "finished"
         assert _plugins(info) == {"algorithm": (name, _normal(f"mecsim-{name}"))}
         if importlib.util.find_spec("mecsim.testing") is None:
@@ -327,7 +311,7 @@ def test_a_generated_algorithm_installs_runs_and_passes_its_own_test(
                 "be imported in this checkout yet"
             )
         out = _run(
-            sys.executable,
+            plugin_venv.python,
             "-m",
             "pytest",
             "-q",
@@ -338,13 +322,13 @@ def test_a_generated_algorithm_installs_runs_and_passes_its_own_test(
         )
         assert "2 passed" in out
     finally:
-        _uninstall(f"mecsim-{name}")
-    assert name not in _entry_point_names("mecsim.algorithms")  # the venv as it was
+        plugin_venv.uninstall(f"mecsim-{name}")
+    assert name not in _entry_point_names(plugin_venv, "mecsim.algorithms")  # as it was
 
 
 @pytest.mark.slow
 def test_a_generated_model_data_set_and_channel_install_and_run_together(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], plugin_venv: PluginVenv
 ) -> None:
     model, dataset, channel = "newkit_model", "newkit_data", "newkit_link"
     assert _new(capsys, "model", model, "--dir", str(tmp_path / "m"))[0] == 0
@@ -360,8 +344,8 @@ def test_a_generated_model_data_set_and_channel_install_and_run_together(
         "metrics: {enabled: false}\n"
     )
     try:
-        _install(tmp_path / "m", tmp_path / "d", tmp_path / "c")
-        info = _mecsim_run(scenario, tmp_path / "runs")
+        plugin_venv.install(tmp_path / "m", tmp_path / "d", tmp_path / "c")
+        info = _mecsim_run(plugin_venv, scenario, tmp_path / "runs")
         assert info["status"] == "finished"
         assert _plugins(info) == {
             "model": (model, _normal(f"mecsim-{model}")),
@@ -370,7 +354,7 @@ def test_a_generated_model_data_set_and_channel_install_and_run_together(
         }
         # and each package's own tests (its scenario, its shapes, its registration)
         out = _run(
-            sys.executable,
+            plugin_venv.python,
             "-m",
             "pytest",
             "-q",
@@ -383,7 +367,7 @@ def test_a_generated_model_data_set_and_channel_install_and_run_together(
         )
         assert re.search(r"\b12 passed\b", out), out
     finally:
-        _uninstall(f"mecsim-{model}", f"mecsim-{dataset}", f"mecsim-{channel}")
-    assert model not in _entry_point_names("mecsim.models")
-    assert dataset not in _entry_point_names("mecsim.datasets")
-    assert channel not in _entry_point_names("mecsim.channels")
+        plugin_venv.uninstall(f"mecsim-{model}", f"mecsim-{dataset}", f"mecsim-{channel}")
+    assert model not in _entry_point_names(plugin_venv, "mecsim.models")
+    assert dataset not in _entry_point_names(plugin_venv, "mecsim.datasets")
+    assert channel not in _entry_point_names(plugin_venv, "mecsim.channels")

@@ -8,8 +8,8 @@ from typing import Any
 import mecsim.registry as registry
 from mecsim.scenario import Scenario, scenario_from_dict
 
-#: mecsim's own algorithms (the installed plugins, e.g. examples/ditto once the suite has
-#: installed it, are not the suite's to parametrize over), but ``flower``: it runs a Flower
+#: mecsim's own algorithms (installed plugins, e.g. examples/ditto in an environment where
+#: someone installed it, are not the suite's to parametrize over), but ``flower``: it runs a Flower
 #: app the scenario names (tests/integration/test_flower.py)
 BUILTIN_ALGORITHMS = sorted(
     i.name for i in registry.ALGORITHMS.entries() if i.builtin and i.name != "flower"
