@@ -55,7 +55,7 @@ from grafana_foundation_sdk.models.dashboard import (
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 HERE = Path(__file__).resolve().parent
-#: The SDK release the committed JSON was built with (tests/test_monitoring.py reads it).
+#: The SDK release the committed JSON was built with (tests/e2e/test_monitoring.py reads it).
 SDK_PIN = "1769699379!11.6.0"
 DS = DataSourceRef(type_val="prometheus", uid="${datasource}")
 FILTER = 'run=~"$run",algorithm=~"$algorithm"'

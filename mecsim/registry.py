@@ -705,8 +705,8 @@ def load_plugin_source(file_name: str, source: str) -> list[PluginInfo]:
             # a Python file the user named on their own command line (--plugin FILE, as
             # `python FILE` would run it), or, in a Ray worker, that same file's text sent
             # by the user's own driver (registry.portable). No scenario, record or service
-            # request reaches this (the service takes no plugin files; tests/test_security
-            # checks that --plugin is the only caller).
+            # request reaches this (the service takes no plugin files;
+            # tests/project/test_security.py checks that --plugin is the only caller).
             exec(compile(source, file_name, "exec"), module.__dict__)
         except PluginError:  # a register() call refused (a name taken): its own line
             forget()

@@ -36,7 +36,7 @@ checks one property at a time (:data:`PROPERTIES`):
     later rounds run.
 
 Each property is checked by running the algorithm, never by reading its flags alone, so
-each can fail; ``tests/test_conformance.py`` shows the kit catching deliberately broken
+each can fail; ``tests/integration/test_conformance.py`` shows the kit catching deliberately broken
 algorithms (``tests/data/broken_algorithms.py``). In pytest::
 
     from mecsim.testing import check_algorithm

@@ -1,60 +1,12 @@
-"""Shared fixtures: tiny scenarios that train for real on the embedded MNIST data."""
+"""Fixtures every test may use: the tiny scenario (tests/support/scenarios.py) and one Ray
+instance per test process. The folders below add their own (tests/e2e/conftest.py)."""
 
 from __future__ import annotations
 
-import copy
-from typing import Any
-
 import pytest
+from support.scenarios import tiny
 
-import mecsim.registry as registry
-from mecsim.scenario import Scenario, scenario_from_dict
-
-#: mecsim's own algorithms (the installed plugins, e.g. examples/ditto once the suite has
-#: installed it, are not the suite's to parametrize over), but ``flower``: it runs a Flower
-#: app the scenario names (tests/test_flower.py)
-BUILTIN_ALGORITHMS = sorted(
-    i.name for i in registry.ALGORITHMS.entries() if i.builtin and i.name != "flower"
-)
-
-TINY: dict[str, Any] = {
-    "name": "tiny",
-    "seed": 3,
-    "rounds": 2,
-    "dataset": {
-        "name": "mnist-embedded",
-        "train_size": 400,
-        "test_size": 100,
-        "partition": {"method": "dirichlet", "alpha": 0.5},
-    },
-    "model": {"name": "mlp_2nn"},
-    "topology": {"clients": 4},
-    # links timed as latency + bits / rate (transport: ideal), the arithmetic the tests
-    # built on this scenario work by hand; tests/test_tcp.py and test_validation.py time
-    # the default TCP flow
-    "channel": {
-        "model": "shannon",
-        "interference": {"unit": "noise"},
-        "uplink": {"transport": "ideal"},
-        "downlink": {"transport": "ideal"},
-    },
-    "backhaul": {"transport": "ideal"},
-    "training": {"epochs": 1, "batch_size": 16, "lr": 0.05},
-    "metrics": {"enabled": False},
-    "execution": {"backend": "local", "hosts": 2},
-}
-
-
-def tiny(**overrides: Any) -> Scenario:
-    """The tiny scenario with top-level sections merged one level deep (``channel``,
-    being a choice of model, is replaced whole)."""
-    data = copy.deepcopy(TINY)
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(data.get(key), dict) and key != "channel":
-            data[key] = {**data[key], **value}
-        else:
-            data[key] = value
-    return scenario_from_dict(data, "tiny")
+from mecsim.scenario import Scenario
 
 
 @pytest.fixture

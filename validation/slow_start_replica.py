@@ -26,7 +26,7 @@ ns-3.37 to agree (found by tracing ns-3's window, ``tcp_flows --trace_cwnd``):
 ``python -m validation.slow_start_replica`` runs ns-3 (``tcp_flows``, a flow through a
 FIFO, its window traced) and the replica on 36 paths (one-way delays 10-100 ms,
 rates 2-100 Mb/s) and prints both; ``--write`` stores ns-3's exits in
-``reference/slow_start_exit.json`` (tests/test_validation.py holds the replica to them).
+``reference/slow_start_exit.json`` (tests/integration/test_validation.py holds the replica to them).
 """
 
 from __future__ import annotations

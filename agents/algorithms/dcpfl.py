@@ -22,7 +22,7 @@ and one client class here:
   ``tau``. A layer is uploaded and downloaded only in the rounds it is aggregated in.
 
 Choices where the paper is not explicit (each is a parameter or documented in
-``docs/dcpfl.md``, and tested in ``tests/test_dcpfl.py``):
+``docs/dcpfl.md``, and tested in ``tests/unit/agents/test_dcpfl.py``):
 
 1. Which min and max S uses, chosen for each equation: ``scaling_eq3`` (default
    ``model``) and ``scaling_eq5`` (default ``layer``), the literal reading of each. Eq. 3

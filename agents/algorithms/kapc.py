@@ -33,7 +33,7 @@ BLS's layer selection (the norms of Eq. 30-31, the evaluations of Eq. 29) is cha
 client computation: a ``Compute`` op ``layer_selection`` after training, its FLOPs
 counted by :func:`selection_flops`.
 
-Choices the papers leave open (each tested in tests/test_kapc.py):
+Choices the papers leave open (each tested in tests/unit/agents/test_kapc.py):
 
 * **w^l is a layer's trainable parameters.** A layer is one parameterised module
   (:class:`mecsim.agents.models.ModelLayout`). BatchNorm running statistics are not parameters of

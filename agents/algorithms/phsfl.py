@@ -60,7 +60,7 @@ default, the paper's: once, after the last complete global round of the run) or
 evaluated); the accuracy of the intermediate global rounds is evaluated either way,
 without charge under ``final``.
 
-Choices where the paper is unclear (each tested in ``tests/test_phsfl.py``):
+Choices where the paper is unclear (each tested in ``tests/unit/agents/test_phsfl.py``):
 - "kappa_0 local epochs", each "N mini-batches": Section V-A lists "N = 32, N = 5". We
   read the batch size as ``training.batch_size`` (32) and offer ``batches_per_epoch``
   (the paper's N = 5, the default: each mini-batch a fresh uniform draw of B samples

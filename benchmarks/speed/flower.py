@@ -28,12 +28,12 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-#: --quick runs Flower's simulation, which starts Ray (tests/test_benchmarks.py)
+#: --quick runs Flower's simulation, which starts Ray (tests/e2e/test_benchmarks.py)
 QUICK_USES_RAY = True
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = ROOT / "tests" / "data" / "flower_seeded_app"
-SIM = ROOT / "tests" / "flower_sim.py"
+SIM = ROOT / "tests" / "support" / "flower_sim.py"
 
 
 def _walls(npz: Path) -> list[float]:

@@ -29,7 +29,7 @@ from mecsim.run.loop import run
 from mecsim.scenario import scenario_from_dict
 
 MODEL_BYTES = 800_040  # mlp_2nn, float32
-QUICK_USES_RAY = True  # tests/test_benchmarks.py marks this benchmark's --quick run "ray"
+QUICK_USES_RAY = True  # tests/e2e/test_benchmarks.py marks this benchmark's --quick run "ray"
 MB = 1e6
 
 

@@ -39,7 +39,7 @@ from mecsim.run.loop import run
 from mecsim.scenario import scenario_from_dict
 
 TRAIN, TEST, BATCH, LR = 9000, 1000, 32, 0.05
-QUICK_USES_RAY = True  # tests/test_benchmarks.py marks this benchmark's --quick run "ray"
+QUICK_USES_RAY = True  # tests/e2e/test_benchmarks.py marks this benchmark's --quick run "ray"
 
 
 def participation(n_clients: int) -> float:

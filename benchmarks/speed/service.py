@@ -45,7 +45,7 @@ import pandas as pd
 
 from mecsim.scenario import default_scenario_path
 
-QUICK_USES_RAY = True  # tests/test_benchmarks.py marks this benchmark's --quick run "ray"
+QUICK_USES_RAY = True  # tests/e2e/test_benchmarks.py marks this benchmark's --quick run "ray"
 
 
 def _median_round_s(run_dir: Path) -> float:

@@ -62,7 +62,7 @@ import psutil
 
 from mecsim.scenario import default_scenario_path
 
-QUICK_USES_RAY = True  # tests/test_benchmarks.py marks this benchmark's --quick run "ray"
+QUICK_USES_RAY = True  # tests/e2e/test_benchmarks.py marks this benchmark's --quick run "ray"
 
 
 def _pct(values: list[float], q: float) -> float:

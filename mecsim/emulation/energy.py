@@ -231,7 +231,7 @@ def round_energy_arrays(
     backhaul, finish), ``bits`` and ``n_ops`` (up, down: bits sent and transfers with
     bytes), ``rates_bps`` (up, down :func:`air_rate_bps`; NaN for a rate schedule) and
     ``latency_s`` (up, down). Equal to summing :func:`client_energy` over the clients
-    (``tests/test_energy.py`` checks it)."""
+    (``tests/unit/emulation/test_energy.py`` checks it)."""
     if len(times_s) == 0:
         return dict.fromkeys(ENERGY_KEYS, 0.0)
     p_active, p_idle, p_tx, p_rx, p_sleep = power_w.T

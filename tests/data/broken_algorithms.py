@@ -1,5 +1,5 @@
 """Deliberately broken algorithms, for the conformance kit's own tests
-(``tests/test_conformance.py``): a plugin file (``mecsim check NAME --plugin FILE``).
+(``tests/integration/test_conformance.py``): a plugin file (``mecsim check NAME --plugin FILE``).
 
 Each is FedAvg with one promise broken, and the kit must name the property it breaks:
 

@@ -227,7 +227,7 @@ def closed_form_columns(plan: TracePlan, clients: ClientColumns) -> tuple[np.nda
     with the arithmetic of the SimPy model in the same order (clock ``now + delay``,
     per-kind time += clock difference, an op that never ends leaves the client stuck at
     ``inf``), so the result is equal to the SimPy model's bit for bit
-    (``tests/test_engine_closed_form.py`` checks it on random rounds).
+    (``tests/unit/emulation/test_engine_closed_form.py`` checks it on random rounds).
     """
     n = len(plan.ids)
     finish_s = np.zeros(n)

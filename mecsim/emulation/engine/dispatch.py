@@ -324,7 +324,7 @@ def _summarise_columns(
 ) -> RoundColumns:
     """:func:`_complete`, on columns: the same
     comparisons and the same float operations in the same order, so the same numbers
-    (``tests/test_engine_closed_form.py`` compares the two on random rounds)."""
+    (``tests/unit/emulation/test_engine_closed_form.py`` compares the two on random rounds)."""
     completed = np.isfinite(finish_s)
     if deadline_s is not None:
         completed &= finish_s <= deadline_s

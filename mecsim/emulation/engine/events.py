@@ -17,7 +17,7 @@ This is the same model as the SimPy processes of :func:`.simpy_model._simulate`,
 the same floating-point operations in the same order (virtual-time update
 ``v += (now - last) / n``, timer ``now + max(0, (tag - v) * n)``, ``v = max(v, tag)``,
 clock ``now + delay``, per-kind time ``+= now - t0``), so its timelines equal the SimPy
-model's (``tests/test_engine_events.py`` checks thousands of random rounds), and runs
+model's (``tests/unit/emulation/test_engine_events.py`` checks thousands of random rounds), and runs
 recorded with either replay identically. What it leaves out is SimPy's machinery: one
 generator, several event objects and callbacks per op and a stale timer per arrival.
 

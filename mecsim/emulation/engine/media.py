@@ -16,9 +16,9 @@ with the same sequence of op kinds at once, as in the closed form.
 The arithmetic is the SimPy model's (:mod:`.simpy_model`: ``ProcessorSharing``,
 ``DedicatedLink``, ``Device``, ``EdgeServerCPU``, ``EdgeBackhaul``): the same
 floating-point operations in the same order, so the timelines equal the SimPy model's
-(``tests/test_engine_events.py`` checks thousands of random rounds). A round that visits
-a resource twice per client, or in orders that conflict (per-batch split learning), is
-left to :mod:`mecsim.emulation.engine.events` (``media_timelines`` returns None).
+(``tests/unit/emulation/test_engine_events.py`` checks thousands of random rounds). A
+round that visits a resource twice per client, or in orders that conflict (per-batch split
+learning), is left to :mod:`mecsim.emulation.engine.events` (``media_timelines`` returns None).
 """
 
 from __future__ import annotations

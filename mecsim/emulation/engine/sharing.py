@@ -26,7 +26,7 @@ with per-flow caps ``c_i``: each flow gets ``min(c_i, its fair share)``.
 Rates change only when a flow arrives or leaves; between two such events every flow's
 progress rate is constant, so the medium is solved exactly from event to event
 (:class:`CappedSharing`). The SimPy model and the engine's fast paths all use this class,
-so they agree float for float; ``tests/test_engine_capped.py`` checks it against a
+so they agree float for float; ``tests/unit/emulation/test_engine_capped.py`` checks it against a
 water-filling simulation of its own, in bits.
 """
 

@@ -14,7 +14,7 @@ from typing import Any
 
 #: Ray's switch for "this machine is not part of a cluster": Ray then takes the loopback
 #: address as the node's address, and its GCS, raylet, object manager, workers and agents
-#: listen on 127.0.0.1 only (checked with psutil in tests/test_ray_security.py).
+#: listen on 127.0.0.1 only (checked with psutil in tests/e2e/test_ray_security.py).
 RAY_SINGLE_MACHINE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
