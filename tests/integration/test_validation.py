@@ -23,7 +23,6 @@ import sys
 import pytest
 from support.paths import ROOT
 
-ROOT = ROOT
 if str(ROOT) not in sys.path:  # validation/ is the repository's, not installed
     sys.path.insert(0, str(ROOT))
 
