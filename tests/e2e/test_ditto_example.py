@@ -33,7 +33,6 @@ from mecsim.api import (
     set_flat,
 )
 
-ROOT = ROOT
 EXAMPLE = ROOT / "examples" / "ditto"
 SCENARIO = EXAMPLE / "scenarios" / "ditto-mnist-dir01.yaml"
 DIST = "mecsim-ditto"

@@ -35,7 +35,6 @@ from mecsim.interfaces.metrics import METRICS, RATE_BUCKETS, MetricsExporter
 from mecsim.run.loop import run
 from mecsim.run.observers import RunObserver
 
-ROOT = ROOT
 DASHBOARDS = ROOT / "dashboards"
 NO_PROMETHEUS = "no `prometheus` binary on PATH (Debian: apt-get install prometheus)"
 NO_PROMTOOL = "no `promtool` binary on PATH (Debian: apt-get install prometheus)"

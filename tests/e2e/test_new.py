@@ -33,7 +33,6 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     tomllib = pytest.importorskip("tomli")
 
-ROOT = ROOT
 
 
 def _new(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

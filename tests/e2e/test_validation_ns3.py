@@ -25,7 +25,6 @@ import sys
 import pytest
 from support.paths import ROOT
 
-ROOT = ROOT
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

@@ -21,7 +21,6 @@ from mecsim.run.rows import CLIENT_COLUMNS, ROUND_COLUMNS, is_host_column
 from mecsim.scenario import load_scenario, scenario_from_dict
 from mecsim.store.session import run_in_folder
 
-ROOT = ROOT
 
 
 def _emulated(rows):

@@ -32,7 +32,6 @@ from pathlib import Path
 import pytest
 from support.paths import ROOT
 
-ROOT = ROOT
 #: where each installed package's source lies in the repository
 SOURCES = {
     "mecsim": ROOT / "mecsim",

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 from support.paths import ROOT
 
-ROOT = ROOT
 PAGES = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^(```|~~~)")

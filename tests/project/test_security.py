@@ -29,7 +29,6 @@ from mecsim.interfaces.cli import main
 from mecsim.scenario import scenario_from_dict
 from mecsim.store.session import new_run_id
 
-ROOT = ROOT
 PACKAGES = ("mecsim", "channel", "agents")
 
 #: module -> attributes that must never be called

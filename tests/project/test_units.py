@@ -23,7 +23,6 @@ from mecsim.interfaces.console import summary_table
 from mecsim.interfaces.metrics import METRICS
 from mecsim.store.summary import markdown, summarise, table_rows
 
-ROOT = ROOT
 MiB = 2**20
 
 #: the units a table header may name, in parentheses at its end

@@ -34,7 +34,6 @@ from mecsim.run.setup import prepare
 from mecsim.scenario import ScenarioError, load_scenario, scenario_from_dict
 from mecsim.store.summary import rounds_to_target, target_lines, times_to_targets
 
-ROOT = ROOT
 N_2NN = 784 * 200 + 200 + 4 * 200 + 200 * 200 + 200 + 200 * 10 + 10  # 200,010 floats
 
 

@@ -27,7 +27,6 @@ from mecsim.analysis.tables import RunRecords, build_tables, label_runs
 from mecsim.analysis.whatif_sweep import HEAD_COLUMNS, METRIC_COLUMNS, sweep_figure
 from mecsim.store.summary import markdown, summarise, target_lines
 
-ROOT = ROOT
 
 
 def _run(name: str, round_s: float, n: int = 6, energy: bool = True) -> RunRecords:

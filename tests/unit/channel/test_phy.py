@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 from support.paths import ROOT
 
-ROOT = ROOT
 
 
 def _load(name: str, path: Path) -> ModuleType:

@@ -39,7 +39,6 @@ from mecsim.emulation.mobility import traces as traces_module
 from mecsim.emulation.mobility.traces import FORMATS
 from mecsim.scenario.mobility import MobilityConfig, TraceConfig
 
-ROOT = ROOT
 HIGHWAY = ROOT / "scenarios" / "traces" / "highway-fcd.xml"
 BIG = Area(-1e5, -1e5, 1e5, 1e5)  # nobody reaches a border in these tests
 

@@ -19,7 +19,6 @@ from mecsim.scenario import (
     scenario_from_dict,
 )
 
-ROOT = ROOT
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))
 
 

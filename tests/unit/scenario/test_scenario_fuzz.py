@@ -36,7 +36,6 @@ import mecsim.store.session
 from mecsim.interfaces.cli import main
 from mecsim.scenario import default_scenario_path
 
-ROOT = ROOT
 SHIPPED = sorted((ROOT / "scenarios").glob("*.yaml")) + [default_scenario_path()]
 SEEDS = {p.stem: yaml.safe_load(p.read_text()) for p in SHIPPED}
 
