@@ -467,43 +467,6 @@ def test_flops_counted_on_the_first_message_equal_flops_counted_on_every_one(
     assert all(g > 0 for g in figures["first_message"][0])
 
 
-def test_an_app_of_flowers_legacy_api_is_refused_with_what_to_use(
-    tmp_path: Path, monkeypatch
-) -> None:
-    from mecsim.agents.algorithms.flower_bridge import load_components
-
-    monkeypatch.syspath_prepend(str(APP))  # seededapp's modern ServerApp, importable
-
-    pkg = tmp_path / "legacyapp"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "server_app.py").write_text(
-        "from flwr.server import ServerApp, ServerAppComponents, ServerConfig\n"
-        "from flwr.server.strategy import FedAvg\n"
-        "def server_fn(context):\n"
-        "    return ServerAppComponents(strategy=FedAvg(), config=ServerConfig(num_rounds=1))\n"
-        "app = ServerApp(server_fn=server_fn)\n"
-    )
-    (pkg / "client_app.py").write_text(
-        "from flwr.client import ClientApp, NumPyClient\n"
-        "def client_fn(context):\n"
-        "    return NumPyClient().to_client()\n"
-        "app = ClientApp(client_fn=client_fn)\n"
-        "modern = __import__('flwr.clientapp', fromlist=['ClientApp']).ClientApp()\n"
-    )
-    (tmp_path / "pyproject.toml").write_text(
-        "[tool.flwr.app.components]\n"
-        'serverapp = "legacyapp.server_app:app"\nclientapp = "legacyapp.client_app:app"\n'
-    )
-    with pytest.raises(FlowerAppError, match="ServerApp of Flower's legacy API"):
-        load_components(resolve_app(FlowerParams(app=str(tmp_path)), 1))
-    with pytest.raises(FlowerAppError, match="ClientApp of Flower's legacy API"):
-        params = FlowerParams(
-            serverapp="seededapp.server_app:app", clientapp="legacyapp.client_app:app"
-        )
-        load_components(resolve_app(params, 1))
-
-
 @pytest.mark.slow
 @pytest.mark.ray
 def test_the_flwr_new_example_app_runs_and_gives_the_same_records_on_ray_and_in_process(

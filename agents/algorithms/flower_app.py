@@ -251,13 +251,17 @@ def reply_arrays_finite(message: Any) -> bool:
 
 
 def reply_metric(message: Any, keys: tuple[str, ...]) -> float | None:
-    """The first of ``keys`` found in a reply's metric records, or None."""
+    """The first of ``keys`` found in a reply's metric records, then in its config
+    records (where a classic ``NumPyClient``'s metrics travel: ``fitres.metrics``,
+    ``evaluateres.metrics``), or None."""
     if message.has_error():
         return None
-    for metrics in message.content.metric_records.values():
-        for key in keys:
-            if key in metrics:
-                value = metrics[key]
-                if isinstance(value, (int, float)):
-                    return float(value)
+    content = message.content
+    for records in (content.metric_records, content.config_records):
+        for metrics in records.values():
+            for key in keys:
+                if key in metrics:
+                    value = metrics[key]
+                    if isinstance(value, (int, float)):
+                        return float(value)
     return None

@@ -1,0 +1,128 @@
+"""Flower's classic API on mecsim: a ServerApp from ``server_fn`` with a strategy of
+``flwr.server.strategy`` and a ClientApp from ``client_fn`` with a ``NumPyClient`` run
+like Message-API apps, their messages charged on the emulated network.
+
+tests/data/flower_classic_app is tests/data/flower_seeded_app written the classic way
+(the same MLP, data, seeds and FedAvg): the two must learn the same, round for round.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+pytest.importorskip("flwr")
+
+from mecsim.agents.algorithms.flower_app import FlowerAppError, FlowerParams, resolve_app
+
+HERE = Path(__file__).resolve().parent
+CLASSIC = HERE / "data" / "flower_classic_app"
+SEEDED = HERE / "data" / "flower_seeded_app"
+#: the MLP's values: 784 * 32 + 32 + 32 * 10 + 10, float32
+VALUES = 25_450
+
+
+def run(tmp_path: Path, app: Path, name: str, **over) -> Path:
+    data = {
+        "name": name,
+        "seed": 0,
+        "rounds": 2,
+        "topology": {"clients": 4},
+        "algorithm": {"name": "flower", "params": {"app": str(app)}},
+        "checkpoint": {"every": 0},
+        "metrics": {"enabled": False},
+        "outputs": {"dir": str(tmp_path / name)},
+        **over,
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    from mecsim.interfaces.cli import main
+
+    err = io.StringIO()
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        with contextlib.redirect_stderr(err):
+            code = main(["run", str(path), "--quiet", "--no-plots", "--backend", "local"])
+    finally:
+        os.chdir(cwd)
+    assert code == 0, err.getvalue()[-2000:]
+    (folder,) = sorted((tmp_path / name).iterdir())
+    return folder
+
+
+@pytest.mark.slow
+def test_a_classic_app_learns_as_its_message_api_twin_and_is_charged_its_messages(
+    tmp_path: Path,
+) -> None:
+    classic = run(tmp_path, CLASSIC, "classic")
+    twin = run(tmp_path, SEEDED, "twin")
+    a, b = (pd.read_csv(f / "clients.csv") for f in (classic, twin))
+    assert len(a) == 8 and a["selected"].all()  # 4 clients, 2 rounds, fraction 1.0
+    # the same training from the same global model every round: FedAvg aggregated the
+    # same (the order of the sum aside)
+    assert a["train_loss"].to_numpy() == pytest.approx(b["train_loss"].to_numpy(), rel=1e-6)
+    ra, rb = (pd.read_csv(f / "rounds.csv") for f in (classic, twin))
+    assert ra["mean_accuracy"].to_numpy() == pytest.approx(rb["mean_accuracy"].to_numpy())
+    assert (ra["eval_clients"] == 4).all()
+    # a FitIns message holds the model (4 bytes a value) and a little more: the names
+    # and shapes of its arrays, the config (server-round, lr) and the metadata; the
+    # reply holds the model, num_examples and the train loss
+    for column in ("bytes_down", "bytes_up"):
+        per_message = ra[column] / 4
+        assert ((per_message > 4 * VALUES) & (per_message < 4 * VALUES + 1_000)).all()
+    assert (ra["client_gflops"] > 0).all() and (ra["energy_j"] > 0).all()
+    # 200 samples in batches of 32: 7 optimiser steps a client and round
+    assert (a["steps"] == 7).all()
+
+
+def _write_app(tmp_path: Path, server: str) -> Path:
+    pkg = tmp_path / "ownserver"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "server_app.py").write_text(server)
+    (tmp_path / "pyproject.toml").write_text(
+        "[tool.flwr.app.components]\n"
+        'serverapp = "ownserver.server_app:app"\nclientapp = "classicapp.client_app:app"\n'
+    )
+    return tmp_path
+
+
+def test_a_classic_server_app_with_a_server_of_its_own_is_refused(
+    tmp_path: Path, monkeypatch
+) -> None:
+    from mecsim.agents.algorithms.flower_bridge import load_components
+
+    monkeypatch.syspath_prepend(str(CLASSIC))
+    folder = _write_app(
+        tmp_path,
+        "from flwr.server import Server, ServerApp, ServerConfig, SimpleClientManager\n"
+        "from flwr.server.strategy import FedAvg\n"
+        "app = ServerApp(server=Server(client_manager=SimpleClientManager(), "
+        "strategy=FedAvg()), config=ServerConfig(num_rounds=1))\n",
+    )
+    with pytest.raises(FlowerAppError, match=r"a Server of its own \(ServerApp\(server=\.\.\.\)\)"):
+        load_components(resolve_app(FlowerParams(app=str(folder)), 1))
+
+
+def test_a_classic_strategy_that_waits_for_more_clients_than_the_scenario_has_is_refused() -> (
+    None
+):
+    from flwr.server.strategy import DifferentialPrivacyClientSideFixedClipping, FedAvg
+
+    from mecsim.agents.algorithms.flower_bridge import _check_min_clients
+
+    _check_min_clients(FedAvg(min_available_clients=4), 4)
+    with pytest.raises(FlowerAppError, match="min_available_clients is 5, more than the"):
+        _check_min_clients(FedAvg(min_available_clients=5), 4)
+    wrapped = DifferentialPrivacyClientSideFixedClipping(
+        FedAvg(min_fit_clients=6), noise_multiplier=0.1, clipping_norm=1.0, num_sampled_clients=4
+    )
+    with pytest.raises(FlowerAppError, match="min_fit_clients is 6.*topology.clients"):
+        _check_min_clients(wrapped, 4)
