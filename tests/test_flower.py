@@ -306,9 +306,12 @@ def test_a_flower_outside_the_tested_range_is_refused(monkeypatch) -> None:
     monkeypatch.setattr(flwr, "__version__", "1.20.0")
     problem = flower_version_problem()
     assert problem is not None and "Flower 1.20.0 is installed" in problem
-    assert "flwr>=1.42,<1.43" in problem
-    monkeypatch.setattr(flwr, "__version__", "1.42.0")
-    assert flower_version_problem() is None
+    assert "flwr>=1.38,<1.43" in problem
+    for ok in ("1.38.0", "1.42.0"):
+        monkeypatch.setattr(flwr, "__version__", ok)
+        assert flower_version_problem() is None
+    monkeypatch.setattr(flwr, "__version__", "1.43.0")
+    assert "Flower 1.43.0 is installed" in str(flower_version_problem())
 
 
 def test_a_server_without_allow_imports_runs_only_installed_apps() -> None:

@@ -71,6 +71,14 @@ def test_a_classic_app_learns_as_its_message_api_twin_and_is_charged_its_message
     ra, rb = (pd.read_csv(f / "rounds.csv") for f in (classic, twin))
     assert ra["mean_accuracy"].to_numpy() == pytest.approx(rb["mean_accuracy"].to_numpy())
     assert (ra["eval_clients"] == 4).all()
+    # the strategy's evaluate_fn scores the global model on partition 0's test images,
+    # which are client 0's: the centralised accuracy is client 0's, round for round
+    client0 = a[a["client_id"] == 0].sort_values("round")["accuracy"].to_numpy()
+    assert ra["central_accuracy"].to_numpy() == pytest.approx(client0)
+    assert (ra["central_loss"] > 0).all()
+    assert rb["central_accuracy"].isna().all()  # the twin's strategy has no evaluate_fn
+    # every client has 50 test images: the weighted mean is the unweighted one
+    assert ra["eval_accuracy_weighted"].to_numpy() == pytest.approx(ra["mean_accuracy"])
     # a FitIns message holds the model (4 bytes a value) and a little more: the names
     # and shapes of its arrays, the config (server-round, lr) and the metadata; the
     # reply holds the model, num_examples and the train loss
@@ -126,3 +134,30 @@ def test_a_classic_strategy_that_waits_for_more_clients_than_the_scenario_has_is
     )
     with pytest.raises(FlowerAppError, match="min_fit_clients is 6.*topology.clients"):
         _check_min_clients(wrapped, 4)
+
+
+def test_the_supported_flower_range_is_written_once_and_pip_s_extra_repeats_it() -> None:
+    import tomllib
+
+    from mecsim.agents.algorithms.flower_app import (
+        FLOWER_OLDEST,
+        FLOWER_REQUIREMENT,
+        FLOWER_TESTED,
+    )
+
+    project = tomllib.loads((HERE.parent / "pyproject.toml").read_text())
+    assert project["project"]["optional-dependencies"]["flower"] == [FLOWER_REQUIREMENT]
+    (low, high) = FLOWER_TESTED
+    assert FLOWER_REQUIREMENT == f"flwr>={low[0]}.{low[1]},<{high[0]}.{high[1]}"
+    assert tuple(int(p) for p in FLOWER_OLDEST.split(".")[:2]) == low
+
+
+@pytest.mark.slow
+def test_a_message_api_strategy_s_evaluate_fn_is_recorded(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("SEEDEDAPP_CENTRAL", "1")
+    folder = run(tmp_path, SEEDED, "central")
+    rounds, clients = (pd.read_csv(folder / f) for f in ("rounds.csv", "clients.csv"))
+    # partition 0's test images are client 0's: its accuracy on the same global model
+    client0 = clients[clients["client_id"] == 0].sort_values("round")["accuracy"]
+    assert rounds["central_accuracy"].to_numpy() == pytest.approx(client0.to_numpy())
+    assert (rounds["central_loss"] > 0).all()

@@ -148,10 +148,69 @@ def _run_classic(server_app: ServerApp, grid: MecsimGrid, context: Context, clie
                 "a time from threads of its own; return only its config and strategy"
             )
         _check_min_clients(strategy, clients)
+        if strategy is not None:
+            _watch_classic_evaluate(strategy, grid)
         legacy = LegacyContext(
             context=context, config=config, strategy=strategy, client_manager=manager
         )
         DefaultWorkflow()(grid, legacy)
+
+
+def _first(metrics: Any, keys: tuple[str, ...]) -> float | None:
+    """The first of ``keys`` in ``metrics`` (a dict or a MetricRecord) that is a number."""
+    for key in keys:
+        value = metrics.get(key) if metrics is not None else None
+        if isinstance(value, (int, float)):
+            return float(value)
+    return None
+
+
+def _watch_classic_evaluate(strategy: Any, grid: MecsimGrid) -> None:
+    """Keep what a classic strategy's centralised ``evaluate`` (its ``evaluate_fn``)
+    returns, ``(loss, metrics)`` per server round, in the bridge."""
+    original = strategy.evaluate
+
+    def evaluate(server_round: int, parameters: Any) -> Any:
+        res = original(server_round, parameters)
+        if res is not None:
+            loss, metrics = res
+            grid._bridge.central[int(server_round)] = (
+                _first(metrics, ACCURACY_KEYS),
+                float(loss) if isinstance(loss, (int, float)) else None,
+            )
+        return res
+
+    strategy.evaluate = evaluate
+
+
+def _watch_evaluate_fn() -> None:
+    """Keep what a Message-API strategy's ``evaluate_fn`` returns (the centralised
+    evaluation: a MetricRecord per server round) in the bridge of the Grid it runs on:
+    ``Strategy.start`` wrapped once per process (apps on other Grids: unchanged)."""
+    from flwr.serverapp.strategy import Strategy
+
+    if getattr(Strategy.start, "_mecsim_watch", False):
+        return
+    original = Strategy.start
+
+    def start(self: Any, grid: Any, *args: Any, **kwargs: Any) -> Any:
+        fn = kwargs.get("evaluate_fn")
+        if isinstance(grid, MecsimGrid) and fn is not None:
+
+            def evaluate_fn(server_round: int, arrays: Any) -> Any:
+                res = fn(server_round, arrays)
+                if res is not None:
+                    grid._bridge.central[int(server_round)] = (
+                        _first(res, ACCURACY_KEYS),
+                        _first(res, LOSS_KEYS),
+                    )
+                return res
+
+            kwargs["evaluate_fn"] = evaluate_fn
+        return original(self, grid, *args, **kwargs)
+
+    start._mecsim_watch = True  # type: ignore[attr-defined]
+    Strategy.start = start  # type: ignore[method-assign]
 
 
 def _check_min_clients(strategy: Any, clients: int) -> None:
@@ -200,6 +259,9 @@ class Bridge:
         self._batches = 0
         self._thread: threading.Thread | None = None
         self.closed = False
+        #: the server's centralised evaluation (a Message-API strategy's ``evaluate_fn``,
+        #: a classic strategy's ``evaluate``) by Flower's server round: (accuracy, loss)
+        self.central: dict[int, tuple[float | None, float | None]] = {}
 
     # ---- the app's thread
 
@@ -234,6 +296,7 @@ class Bridge:
             run_config=dict(self.app.run_config),
         )
         grid = MecsimGrid(self)
+        _watch_evaluate_fn()
         try:
             if getattr(server_app, "_main", None) is None:
                 _run_classic(server_app, grid, context, len(self.node_of))
