@@ -119,9 +119,7 @@ def test_a_classic_server_app_with_a_server_of_its_own_is_refused(
         load_components(resolve_app(FlowerParams(app=str(folder)), 1))
 
 
-def test_a_classic_strategy_that_waits_for_more_clients_than_the_scenario_has_is_refused() -> (
-    None
-):
+def test_a_classic_strategy_that_waits_for_more_clients_than_the_scenario_has_is_refused() -> None:
     from flwr.server.strategy import DifferentialPrivacyClientSideFixedClipping, FedAvg
 
     from mecsim.agents.algorithms.flower_bridge import _check_min_clients
