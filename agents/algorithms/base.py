@@ -724,6 +724,11 @@ class ClientAlgorithm(ABC):
     #: algorithm's clients keep nothing between rounds (``ctx.state`` stays empty), so
     #: that any host can train any of them with the same result.
     keeps_no_state: ClassVar[bool] = False
+    #: The ``what`` of op-trace ``Compute`` / ``ServerCompute`` ops whose FLOPs the
+    #: algorithm counts by hand for work that ``fit`` does not run under torch (numpy
+    #: arithmetic, work the round's evaluation performs): the conformance kit's ``flops``
+    #: property, which measures ``fit`` with torch's FLOP counter, leaves them out.
+    hand_counted_flops: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, params: dict[str, Any]) -> None:
         self.params = self.Params(**params)
