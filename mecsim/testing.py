@@ -1222,8 +1222,7 @@ class _Kit:
         left_out = f" (left out, counted by hand: {', '.join(by_hand)})" if by_hand else ""
         return (
             f"{probe.flop_checks} fits measured whole (FlopCounterMode and every optimiser "
-            f"step): the FLOPs their op-traces charge agree within {FLOPS_RTOL:.0%}"
-            + left_out
+            f"step): the FLOPs their op-traces charge agree within {FLOPS_RTOL:.0%}" + left_out
         )
 
     def check_nan_guard(self) -> str:
