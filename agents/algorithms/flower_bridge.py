@@ -45,6 +45,7 @@ from mecsim.agents.algorithms.flower_app import (
     reply_metric,
     to_wire,
 )
+from mecsim.agents.training import optimizer_step_flops
 
 #: the Flower run id every message of a mecsim run carries
 RUN_ID = 1
@@ -537,9 +538,15 @@ class _Tally:
         self.steps = 0
         self.calls = 0
         self.elements = 0
+        self.optimizer_flops = 0.0  # the steps' element-wise updates (not in the counter)
+        self.uncounted: str | None = None  # an optimiser with no per-parameter count
 
-    def _step(self, *_: Any) -> None:
+    def _step(self, optimizer: Any, *_: Any) -> None:
         self.steps += 1
+        try:
+            self.optimizer_flops += optimizer_step_flops(optimizer)
+        except ValueError:  # not SGD or Adam: its update is not charged (docs/flower.md)
+            self.uncounted = type(optimizer).__name__
 
     def _forward(self, module: Any, args: Any) -> None:
         self.calls += 1
@@ -596,6 +603,7 @@ class ClientRunner:
         # (client, message category) -> the work signature and FLOPs of the call that
         # was counted (see _scaled_flops)
         self._counted: dict[tuple[int, str], tuple[tuple[int, int, int], float]] = {}
+        self._warned: set[str] = set()  # optimisers said to have no FLOP count
 
     def handle(self, ctx: ClientContext, config: dict[str, Any]) -> Outcome:
         """Execute the message in ``config`` (a task's) with the client's ClientApp."""
@@ -633,6 +641,16 @@ class ClientRunner:
             else:
                 reply = client_app(message=message, context=context)
                 flops = _scaled_flops(counted, tally.signature())
+        # the optimiser's element-wise updates, which the FLOP counter does not see, as
+        # for built-in algorithms (optimizer_step_flops): every call, from the step hook
+        flops += tally.optimizer_flops
+        if tally.uncounted and tally.uncounted not in self._warned:
+            self._warned.add(tally.uncounted)
+            logging.getLogger(__name__).warning(
+                "the ClientApp steps a %s, whose element-wise update mecsim has no FLOP "
+                "count for (SGD and Adam have one): its updates are not charged",
+                tally.uncounted,
+            )
         if not isinstance(reply, Message):
             raise TypeError(f"the ClientApp returned a {type(reply).__name__}, not a Message")
         if reply.has_error():
