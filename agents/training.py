@@ -116,8 +116,6 @@ def work_signature(
     many elements it may step; whether an extra loss term is added. Two steps with equal
     signatures and batch sizes do the same arithmetic on tensors of the same shapes.
     Made of strings, numbers and tuples only: the cache is checkpointed with its keys."""
-    params = tuple((tuple(p.shape), str(p.dtype), p.requires_grad) for p in model.parameters())
-    buffers = tuple(tuple(b.shape) for b in model.buffers())
     opt: tuple = ()
     if optimizer is not None:
         opt = (_qualified(type(optimizer)),) + tuple(
@@ -127,15 +125,37 @@ def work_signature(
             )
             for group in optimizer.param_groups
         )
+    cached = _MODEL_PARTS.get(model)
+    if cached is None:  # a model's class, parameters and buffers, read once per object
+        params = list(model.parameters())
+        cached = (
+            params,
+            (
+                _qualified(type(model)),
+                tuple((tuple(p.shape), str(p.dtype)) for p in params),
+                tuple(tuple(b.shape) for b in model.buffers()),
+            ),
+        )
+        _MODEL_PARTS[model] = cached
+    params, static = cached
     return (
-        _qualified(type(model)),
-        params,
-        buffers,
+        *static,
+        tuple(p.requires_grad for p in params),
         tuple(x.shape[1:]),
         str(x.dtype),
         opt,
         extra_loss is not None,
     )
+
+
+#: Each model object's parameters and the static part of its work signature (class,
+#: parameter shapes and dtypes, buffer shapes): walking ``model.parameters()`` and
+#: ``buffers()`` costs tens of microseconds a call, as much as a small client's step.
+#: A model whose modules are replaced after its first step is not seen as changed (no
+#: mecsim model or algorithm does that; build a new model object instead).
+_MODEL_PARTS: weakref.WeakKeyDictionary[nn.Module, tuple[list[torch.Tensor], tuple]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _qualified(cls: type) -> str:
