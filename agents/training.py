@@ -127,12 +127,12 @@ def work_signature(
         )
     cached = _MODEL_PARTS.get(model)
     if cached is None:  # a model's class, parameters and buffers, read once per object
-        params = list(model.parameters())
+        found: list[torch.Tensor] = list(model.parameters())
         cached = (
-            params,
+            found,
             (
                 _qualified(type(model)),
-                tuple((tuple(p.shape), str(p.dtype)) for p in params),
+                tuple((tuple(p.shape), str(p.dtype)) for p in found),
                 tuple(tuple(b.shape) for b in model.buffers()),
             ),
         )
