@@ -18,7 +18,7 @@ a device's RAM by the run loop.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -79,16 +79,96 @@ def optimizer_step_flops(optimizer: torch.optim.Optimizer) -> float:
 
 
 class StepCosts:
-    """Per-(batch size) cache of measured step costs for one model architecture."""
+    """A host's cache of measured step costs: one :class:`StepCost` per (batch size,
+    key). The first step of each pair is measured and later ones reuse its cost.
+
+    The key must tell apart every pair of steps whose cost differs at one batch size.
+    :func:`train_epochs` (and so ``local_sgd``) keys on its ``cost_key`` *and* the
+    step's :func:`work_signature` (the model's parameters with their shapes and which
+    require grad, the input's shape and dtype, the optimiser's per-parameter update, an
+    extra loss term or not), so freezing layers, another model or another optimiser
+    never reuses a cost measured for different work. A custom loop that calls
+    :meth:`get` / :meth:`put` itself passes a key naming everything that decides its
+    step's cost (``work_signature(...)`` in it is the safe start).
+    """
 
     def __init__(self) -> None:
-        self._by_batch: dict[tuple[int, str], StepCost] = {}
+        self._by_batch: dict[tuple[int, Hashable], StepCost] = {}
 
-    def get(self, batch_size: int, key: str = "") -> StepCost | None:
+    def get(self, batch_size: int, key: Hashable = "") -> StepCost | None:
         return self._by_batch.get((batch_size, key))
 
-    def put(self, batch_size: int, cost: StepCost, key: str = "") -> None:
+    def put(self, batch_size: int, cost: StepCost, key: Hashable = "") -> None:
         self._by_batch[(batch_size, key)] = cost
+
+
+def work_signature(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    x: torch.Tensor,
+    extra_loss: LossTerm | None = None,
+) -> tuple:
+    """What decides the cost of a training step of ``model`` on batches of ``x`` beside
+    the batch size: the model's class and its parameters' shapes and ``requires_grad``
+    (a frozen layer computes no weight gradient, and the layers before it none for
+    their input), its buffers' shapes, the input's per-sample shape and dtype, and the
+    optimiser's class and, per parameter group, its per-parameter update FLOPs and how
+    many elements it may step; whether an extra loss term is added. Two steps with equal
+    signatures and batch sizes do the same arithmetic on tensors of the same shapes.
+    Made of strings, numbers and tuples only: the cache is checkpointed with its keys."""
+    opt: tuple = ()
+    if optimizer is not None:
+        opt = (_qualified(type(optimizer)),) + tuple(
+            (
+                _flops_per_param_or_none(optimizer, group),
+                sum(p.numel() for p in group["params"] if p.requires_grad),
+            )
+            for group in optimizer.param_groups
+        )
+    cached = _MODEL_PARTS.get(model)
+    if cached is None:  # a model's class, parameters and buffers, read once per object
+        found: list[torch.Tensor] = list(model.parameters())
+        cached = (
+            found,
+            (
+                _qualified(type(model)),
+                tuple((tuple(p.shape), str(p.dtype)) for p in found),
+                tuple(tuple(b.shape) for b in model.buffers()),
+            ),
+        )
+        _MODEL_PARTS[model] = cached
+    params, static = cached
+    return (
+        *static,
+        tuple(p.requires_grad for p in params),
+        tuple(x.shape[1:]),
+        str(x.dtype),
+        opt,
+        extra_loss is not None,
+    )
+
+
+#: Each model object's parameters and the static part of its work signature (class,
+#: parameter shapes and dtypes, buffer shapes): walking ``model.parameters()`` and
+#: ``buffers()`` costs tens of microseconds a call, as much as a small client's step.
+#: A model whose modules are replaced after its first step is not seen as changed (no
+#: mecsim model or algorithm does that; build a new model object instead).
+_MODEL_PARTS: weakref.WeakKeyDictionary[nn.Module, tuple[list[torch.Tensor], tuple]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _qualified(cls: type) -> str:
+    """A class's module and name: the signature holds only what a checkpoint stores
+    (the host's cache is checkpointed with its keys)."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _flops_per_param_or_none(optimizer: torch.optim.Optimizer, group: dict) -> int | None:
+    try:
+        return _flops_per_param(optimizer, group)
+    except ValueError:  # an optimiser with no count: measured_step raises on it
+        return None
 
 
 def _tensor_bytes(tensors) -> int:
@@ -198,8 +278,17 @@ def train_epochs(
     ``extra_loss(model)`` is added to the cross-entropy of every step (a proximal or
     coaching term). The last batch of an epoch may be smaller; its cost is measured for
     its own size.
+
+    ``cost_key`` names the kind of step for the cost cache ``costs`` (see
+    :class:`StepCosts`): the first step of each (batch size, ``cost_key``,
+    :func:`work_signature`) is measured, later ones reuse its cost. The signature
+    already tells apart frozen layers, other models, inputs and optimisers; give steps a
+    ``cost_key`` of their own when their cost differs for a reason it cannot see (an
+    ``extra_loss`` whose arithmetic changes between calls, e.g. a term over a number of
+    models that varies).
     """
     set_mode(model, training=True)
+    key = (cost_key, work_signature(model, optimizer, x, extra_loss))
     plain_lr: Any = _UNSET
     n = int(y.shape[0])
     steps = 0
@@ -218,10 +307,10 @@ def train_epochs(
             # general machinery (~5 us instead of ~15 us for a 2NN batch of 32)
             xb, yb = torch.index_select(x, 0, idx), torch.index_select(y, 0, idx)
             bsz = int(idx.numel())
-            cost = costs.get(bsz, cost_key)
+            cost = costs.get(bsz, key)
             if cost is None:
                 loss, cost = measured_step(model, optimizer, xb, yb, extra_loss)
-                costs.put(bsz, cost, cost_key)
+                costs.put(bsz, cost, key)
             else:
                 if plain_lr is _UNSET:  # the optimiser's kind, checked once per call
                     plain_lr = _plain_sgd_lr(optimizer)
@@ -305,11 +394,106 @@ def optimizer_step(model, optimizer, xb, yb, extra_loss, *, plain_lr: Any = _UNS
     return float(loss.detach())
 
 
-def measured_step(model, optimizer, xb, yb, extra_loss) -> tuple[float, StepCost]:
-    """One training step under the FLOP counter and the memory accounting: (batch loss,
-    its cost)."""
+def measured_step(model, optimizer, xb, yb, extra_loss=None) -> tuple[float, StepCost]:
+    """One training step of ``model`` on the batch (``xb``, ``yb``) under the FLOP
+    counter and the memory accounting: cross-entropy (plus ``extra_loss(model)``),
+    backward, ``optimizer.step()``. Returns (the batch loss, its :class:`StepCost`). A
+    step of any other shape: :class:`counted_step`."""
     loss, cost = _accounted_step(model, optimizer, xb, yb, extra_loss)
     return float(loss.detach()), cost
+
+
+class counted_step:  # noqa: N801 - a context manager, named for the ``with`` line
+    """Count the cost of a custom training step: FLOPs, optimiser work and memory.
+
+    ::
+
+        with counted_step(opt_w, opt_v, inputs=(xb,), models=(w, v)) as step:
+            loss_w = cross_entropy(w(xb), yb); loss_w.backward(); opt_w.step()
+            ...                                  # any steps of any models in the block
+        step.cost  # StepCost(flops, memory_bytes, optimizer_flops)
+
+    Inside the block, the matmuls and convolutions of every forward and backward pass
+    are counted (``FlopCounterMode``, as :func:`measured_step` counts a step of
+    ``local_sgd``), and each ``step()`` of the ``optimizers`` given adds its element-wise
+    update (:func:`optimizer_step_flops`, read when it steps: only parameters with a
+    gradient). ``memory_bytes`` adds, as :func:`measured_step` does, the parameters of
+    the optimisers and of ``models`` (each tensor once), their gradients, the models'
+    buffers, the optimisers' state after the block, the ``inputs`` and every tensor
+    autograd saved for a backward pass in the block. Counting slows a step several-fold:
+    count the first step of each kind and batch size and cache it in ``ctx.costs``
+    (:class:`StepCosts`), as ``local_sgd`` does.
+    """
+
+    def __init__(
+        self,
+        *optimizers: torch.optim.Optimizer,
+        inputs: tuple[torch.Tensor, ...] | list[torch.Tensor] = (),
+        models: tuple[nn.Module, ...] | list[nn.Module] = (),
+    ) -> None:
+        for opt in optimizers:
+            if not isinstance(opt, torch.optim.Optimizer):
+                raise TypeError(
+                    f"counted_step takes optimisers as positional arguments, got "
+                    f"{type(opt).__name__} (models go in models=...)"
+                )
+            for group in opt.param_groups:
+                _flops_per_param(opt, group)  # an optimiser with no count: refused now
+        self.optimizers = optimizers
+        self.inputs = tuple(inputs)
+        self.models = tuple(models)
+        self.cost: StepCost | None = None
+        self._saved: list[int] = []
+        self._optimizer_flops = 0.0
+        self._counter: FlopCounterMode | None = None
+        self._hooks: list[Any] = []
+        self._saved_hooks: Any = None
+
+    def __repr__(self) -> str:
+        return (
+            f"counted_step({len(self.optimizers)} optimisers, {len(self.inputs)} inputs, "
+            f"{len(self.models)} models, cost={self.cost})"
+        )
+
+    def _on_step(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        self._optimizer_flops += optimizer_step_flops(optimizer)
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        self._saved.append(t.numel() * t.element_size())
+        return t
+
+    def __enter__(self) -> counted_step:
+        self._hooks = [opt.register_step_pre_hook(self._on_step) for opt in self.optimizers]
+        self._counter = FlopCounterMode(display=False)
+        self._counter.__enter__()
+        self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._saved_hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        assert self._counter is not None and self._saved_hooks is not None
+        self._saved_hooks.__exit__(*exc)
+        self._counter.__exit__(*exc)
+        for hook in self._hooks:
+            hook.remove()
+        params: dict[int, torch.Tensor] = {}
+        for opt in self.optimizers:
+            for group in opt.param_groups:
+                params.update((id(p), p) for p in group["params"])
+        buffers: dict[int, torch.Tensor] = {}
+        for model in self.models:
+            params.update((id(p), p) for p in model.parameters())
+            buffers.update((id(b), b) for b in model.buffers())
+        memory = (
+            _tensor_bytes(params.values())
+            + _tensor_bytes(p for p in params.values() if p.requires_grad)
+            + _tensor_bytes(buffers.values())
+            + sum(_optimizer_state_bytes(opt) for opt in self.optimizers)
+            + _tensor_bytes(self.inputs)
+            + sum(self._saved)
+        )
+        flops = float(self._counter.get_total_flops()) + self._optimizer_flops
+        self.cost = StepCost(flops, int(memory), self._optimizer_flops)
 
 
 def step_cost_on_meta(

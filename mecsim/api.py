@@ -54,7 +54,18 @@ from mecsim.agents.algorithms.base import (
 from mecsim.agents.algorithms.base import NoParams as Params
 from mecsim.agents.algorithms.fedavg import WeightedSum, weighted_average
 from mecsim.agents.models import ModelLayout, get_flat, model_layout, set_flat
-from mecsim.agents.training import TrainStats, evaluate, model_optimizer, train_epochs
+from mecsim.agents.training import (
+    StepCost,
+    StepCosts,
+    TrainStats,
+    counted_step,
+    evaluate,
+    measured_step,
+    model_optimizer,
+    optimizer_step_flops,
+    train_epochs,
+    work_signature,
+)
 from mecsim.analysis.loaded_run import Run, load_run
 from mecsim.analysis.plots import PlotWriter
 from mecsim.channel.wireless import ChannelModel, ClientRadio, RoundChannel
@@ -141,20 +152,25 @@ __all__ = [
     "Run",
     "ScenarioError",
     "ServerAlgorithm",
+    "StepCost",
+    "StepCosts",
     "TrainConfig",
     "TrainStats",
     "UnknownName",
     "Upload",
     "WeightedSum",
     "all_finite",
+    "counted_step",
     "evaluate",
     "finite_upload",
     "get_flat",
     "load_plugin_file",
     "load_run",
     "local_sgd",
+    "measured_step",
     "model_layout",
     "model_optimizer",
+    "optimizer_step_flops",
     "register",
     "set_flat",
     "simulate",
@@ -162,6 +178,7 @@ __all__ = [
     "train_epochs",
     "trained_result",
     "weighted_average",
+    "work_signature",
 ]
 
 

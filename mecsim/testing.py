@@ -30,6 +30,16 @@ checks one property at a time (:data:`PROPERTIES`):
     ``task.weights`` and the arrays in ``task.config``, the uploads those of
     ``result.weights`` and the arrays in ``result.extra`` (serialised payloads, ``bytes``,
     count as arrays; a few bytes more for the numbers in ``extra`` / ``task.config``);
+``flops``
+    the FLOPs each client's op-trace charges (its ``Compute`` ops, and ``ServerCompute``
+    where an edge server trains part of the model in the client's call) are the FLOPs
+    its ``fit`` performed: every fit of a separate in-process run is measured whole,
+    with ``torch.utils.flop_counter.FlopCounterMode`` (matmuls and convolutions, forward
+    and backward) plus ``optimizer_step_flops`` at every optimiser step, and must agree
+    within :data:`FLOPS_RTOL`; the first call that does not is named (a cost cache that
+    reused one kind of step's cost for another, a custom loop counted by hand). Ops the
+    client class lists in ``hand_counted_flops`` (work counted by hand that ``fit`` does
+    not run under torch) are left out;
 ``nan_guard``
     a client whose upload holds NaN is rejected (``rejected`` in ``rounds.csv``,
     ``rejected_nonfinite`` in ``clients.csv``), the server's state stays finite, and the
@@ -85,6 +95,8 @@ import numpy as np
 import pandas as pd
 import torch
 from pydantic import BaseModel
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.utils.flop_counter import FlopCounterMode
 
 from mecsim.agents.algorithms.base import (
     ClientAlgorithm,
@@ -97,6 +109,7 @@ from mecsim.agents.algorithms.base import (
     all_finite,
 )
 from mecsim.agents.state import decode, encode
+from mecsim.agents.training import optimizer_step_flops
 from mecsim.emulation.ops import Compute, Download, ServerCompute, Upload
 from mecsim.registry import ALGORITHMS
 from mecsim.run.observers import RunObserver
@@ -116,8 +129,15 @@ PROPERTIES: tuple[str, ...] = (
     "streaming",
     "movable",
     "optraces",
+    "flops",
     "nan_guard",
 )
+
+#: The relative difference allowed between the FLOPs a fit's op-trace charges and the
+#: FLOPs measured while it ran (the ``flops`` property): the built-ins charge exactly what
+#: they measure; 1 % leaves room for an element-wise term an author counts by hand that
+#: the counter does not see, and catches any step charged the cost of another kind.
+FLOPS_RTOL = 0.01
 
 #: The default scenario: the tests' tiny one (tests/conftest.py), 3 rounds. A hierarchical
 #: algorithm (``server class.Edge`` set) gets 2 edge servers.
@@ -718,6 +738,9 @@ class _Probe:
     downloads: dict[int, dict[str, list[int]]] = field(default_factory=dict)
     poison_round: int | None = None
     poisoned: tuple[int, int] | None = None  # (round, client) whose upload became NaN
+    measure_flops: bool = False  # count each fit's FLOPs while it runs (``flops``)
+    flop_checks: int = 0  # fits whose FLOPs were measured
+    flop_problems: list[str] = field(default_factory=list)
 
 
 def _check_fit(probe: _Probe, rnd: int, task: ClientTask, result: ClientResult) -> None:
@@ -758,6 +781,57 @@ def _check_fit(probe: _Probe, rnd: int, task: ClientTask, result: ClientResult) 
                 f"{who}: {what} charge {charged} bytes, but task.weights and the arrays "
                 f"in task.config hold {sent_down} bytes"
             )
+
+
+class _FitFlops:
+    """The FLOPs of everything run in a ``with`` block on this thread: the counter's
+    matmuls and convolutions (nested counters, e.g. :func:`measured_step`'s, count too),
+    and every optimiser step's :func:`optimizer_step_flops` (a global step hook: it also
+    turns off :func:`~mecsim.agents.training.optimizer_step`'s direct SGD update, so
+    every step passes through ``Optimizer.step``)."""
+
+    def __init__(self) -> None:
+        self.optimizer_flops = 0.0
+        self.counter = FlopCounterMode(display=False)
+        self._hook: Any = None
+
+    def _on_step(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        self.optimizer_flops += optimizer_step_flops(optimizer)
+
+    @property
+    def flops(self) -> float:
+        return float(self.counter.get_total_flops()) + self.optimizer_flops
+
+    def __enter__(self) -> _FitFlops:
+        self._hook = register_optimizer_step_pre_hook(self._on_step)
+        self.counter.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.counter.__exit__(*exc)
+        self._hook.remove()
+
+
+def _check_flops(
+    probe: _Probe, rnd: int, result: ClientResult, measured: float, by_hand: tuple[str, ...]
+) -> None:
+    """The FLOPs ``result``'s op-trace charges against ``measured`` (see ``flops``); ops
+    whose ``what`` is in ``by_hand`` (the client class's ``hand_counted_flops``) left
+    out."""
+    charged = sum(
+        op.flops
+        for op in result.trace
+        if isinstance(op, (Compute, ServerCompute)) and op.what not in by_hand
+    )
+    probe.flop_checks += 1
+    if not math.isclose(charged, measured, rel_tol=FLOPS_RTOL):
+        off = (charged - measured) / measured if measured else math.inf
+        probe.flop_problems.append(
+            f"round {rnd + 1} client {result.client_id}: its op-trace charges "
+            f"{charged:.6g} FLOPs, but its fit performed {measured:.6g} "
+            f"({off:+.1%}; FlopCounterMode and the optimiser steps) - a cost cached for "
+            "one kind of step reused for another? (cost_key, docs/extending.md)"
+        )
 
 
 def _observed_pair(
@@ -826,7 +900,13 @@ def _observed_pair(
 
         def fit(self, ctx: ClientContext, task: ClientTask) -> ClientResult:
             before = set(ctx.state)
-            result = super().fit(ctx, task)
+            if probe.measure_flops:
+                with _FitFlops() as counted:
+                    result = super().fit(ctx, task)
+                by_hand = tuple(getattr(self, "hand_counted_flops", ()))
+                _check_flops(probe, probe.rnd, result, counted.flops, by_hand)
+            else:
+                result = super().fit(ctx, task)
             rnd = probe.rnd
             probe.fits += 1
             if movable and ctx.state:
@@ -1131,6 +1211,20 @@ class _Kit:
                 )
         return said + "; every round's clients were sent one model (a broadcast)"
 
+    def check_flops(self) -> str:
+        probe, _ = self._wrapped_run("flops", _Probe(measure_flops=True))
+        if not probe.flop_checks:
+            raise _Fail("no client trained in the measured run")
+        if probe.flop_problems:
+            more = len(probe.flop_problems) - 1
+            raise _Fail(probe.flop_problems[0] + (f" (and {more} more)" if more > 0 else ""))
+        by_hand = tuple(self.client_cls.hand_counted_flops)
+        left_out = f" (left out, counted by hand: {', '.join(by_hand)})" if by_hand else ""
+        return (
+            f"{probe.flop_checks} fits measured whole (FlopCounterMode and every optimiser "
+            f"step): the FLOPs their op-traces charge agree within {FLOPS_RTOL:.0%}" + left_out
+        )
+
     def check_nan_guard(self) -> str:
         if self.rounds < 2:
             raise _Skip("the scenario has 1 round: no round after the poisoned one")
@@ -1300,6 +1394,7 @@ __all__ = [
     "BUILTIN_OVERRIDES",
     "CHANGED_SINCE_0_1",
     "FLOAT_RTOL",
+    "FLOPS_RTOL",
     "LEARNING_RTOL",
     "PROPERTIES",
     "RECORD_FILES",

@@ -443,7 +443,9 @@ def check_upload(algorithm: str, result: ClientResult, expected_size: int | None
     if expected_size is not None and w.size != expected_size:
         raise AlgorithmError(
             f"algorithm {algorithm!r}: client {result.client_id} uploaded {w.size} "
-            f"values, the server expects {expected_size} (refused before aggregation)"
+            f"values, the server expects {expected_size} (refused before aggregation); "
+            "clients that upload part of the model: override the server class's "
+            "upload_size() to return that part's size, or None when it varies"
         )
 
 
@@ -722,6 +724,11 @@ class ClientAlgorithm(ABC):
     #: algorithm's clients keep nothing between rounds (``ctx.state`` stays empty), so
     #: that any host can train any of them with the same result.
     keeps_no_state: ClassVar[bool] = False
+    #: The ``what`` of op-trace ``Compute`` / ``ServerCompute`` ops whose FLOPs the
+    #: algorithm counts by hand for work that ``fit`` does not run under torch (numpy
+    #: arithmetic, work the round's evaluation performs): the conformance kit's ``flops``
+    #: property, which measures ``fit`` with torch's FLOP counter, leaves them out.
+    hand_counted_flops: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, params: dict[str, Any]) -> None:
         self.params = self.Params(**params)
@@ -759,7 +766,11 @@ class ClientAlgorithm(ABC):
 
 
 def local_sgd(ctx: ClientContext, extra_loss=None, cost_key: str = "") -> TrainStats:
-    """Train ``ctx.model`` in place with the scenario's optimiser for E epochs."""
+    """Train ``ctx.model`` in place with the scenario's optimiser for E epochs (all its
+    parameters that require grad: freeze a layer with ``requires_grad_(False)`` and
+    restore it after). FLOPs and memory are measured on the first step of each batch
+    size and kind of step and reused after (``cost_key``: see
+    :func:`mecsim.agents.training.train_epochs`)."""
     t = ctx.train
     opt = model_optimizer(ctx.model, t.optimizer, t.lr, t.momentum, t.weight_decay)
     return train_epochs(

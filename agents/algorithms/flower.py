@@ -80,6 +80,13 @@ class FlowerServer(ServerAlgorithm):
         "eval_bytes_down",
         "eval_bytes_up",
         "eval_gflops",
+        # the clients' evaluate replies' accuracy weighted by their examples (Flower's
+        # own aggregate_evaluate); mean_accuracy is unweighted, one vote a client
+        "eval_accuracy_weighted",
+        # the ServerApp's centralised evaluation after the round (its strategy's
+        # evaluate_fn), when it has one
+        "central_accuracy",
+        "central_loss",
     )
     static_attributes = (*ServerAlgorithm.static_attributes, "_bridge", "_app")
 
@@ -137,7 +144,15 @@ class FlowerServer(ServerAlgorithm):
         replies = {r.client_id: r.extra["flower_reply"] for r in results}
         values = sum(int(r.extra.get("flower_values", 0)) for r in results)
         self._bridge.answer(replies)
-        return AggregateStats(flops=2.0 * values)
+        # the strategy evaluates centrally (evaluate_fn) before its next round's train
+        # messages: known once the app has sent them (or ended), i.e. now
+        central = self._bridge.central.pop(rnd + 1, None)
+        metrics: dict[str, float] = {}
+        if central is not None:
+            acc, loss = central
+            metrics["central_accuracy"] = float("nan") if acc is None else acc
+            metrics["central_loss"] = float("nan") if loss is None else loss
+        return AggregateStats(flops=2.0 * values, metrics=metrics)
 
     def close(self) -> None:
         if self._bridge is not None:

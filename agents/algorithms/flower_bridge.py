@@ -45,6 +45,7 @@ from mecsim.agents.algorithms.flower_app import (
     reply_metric,
     to_wire,
 )
+from mecsim.agents.training import optimizer_step_flops
 
 #: the Flower run id every message of a mecsim run carries
 RUN_ID = 1
@@ -97,24 +98,136 @@ def load_components(app: FlowerApp) -> tuple[ServerApp, ClientApp]:
                 f"{where}: {name} {ref!r} is a {type(obj).__name__}, not a Flower {cls.__name__}"
             )
         loaded.append(obj)
-    # Flower's legacy API (a ServerApp from server_fn / a ServerConfig and a strategy of
-    # flwr.server.strategy; a ClientApp from client_fn with a NumPyClient) runs its
-    # clients from threads of its own, one message at a time: not supported (its
-    # attributes are those of the tested Flower releases)
-    if getattr(loaded[0], "_main", None) is None:
+    # Flower's classic API (a ServerApp from server_fn, or from a config and a strategy
+    # of flwr.server.strategy; a ClientApp from client_fn with a NumPyClient) runs too:
+    # the strategy under Flower's DefaultWorkflow (see _run_classic), whose batches are
+    # mecsim's. A Server object of the app's own runs its clients from threads of its
+    # own, one message at a time, which mecsim's batches do not model
+    if getattr(loaded[0], "_main", None) is None and getattr(loaded[0], "_server", None):
         raise FlowerAppError(
-            f"algorithm.params.{field or 'serverapp'}: {app.serverapp!r} is a ServerApp of "
-            "Flower's legacy API (server_fn, ServerConfig); mecsim runs the Message API: "
-            "@app.main() with a strategy of flwr.serverapp.strategy"
-        )
-    if getattr(loaded[1], "_call", None) is not None:
-        raise FlowerAppError(
-            f"algorithm.params.{field or 'clientapp'}: {app.clientapp!r} is a ClientApp of "
-            "Flower's legacy API (client_fn, NumPyClient); mecsim runs the Message API: "
-            "@app.train() and @app.evaluate()"
+            f"algorithm.params.{field or 'serverapp'}: {app.serverapp!r} is a ServerApp "
+            "with a Server of its own (ServerApp(server=...)), which sends its messages "
+            "one client at a time from threads of its own; mecsim runs a classic "
+            "ServerApp's strategy with Flower's DefaultWorkflow: give the ServerApp only "
+            "its config and strategy (or a server_fn returning them)"
         )
     _LOADED[key] = (loaded[0], loaded[1])
     return _LOADED[key]
+
+
+def _run_classic(server_app: ServerApp, grid: MecsimGrid, context: Context, clients: int) -> None:
+    """A ServerApp of Flower's classic API (``ServerApp(server_fn=...)``, or
+    ``ServerApp(config=..., strategy=...)``): its strategy runs under Flower's own
+    ``DefaultWorkflow`` with a ``LegacyContext``, as Flower's ``start_grid`` would run it,
+    except that each round's fit and evaluate instructions go out as one batch each
+    (``grid.send_and_receive``), which mecsim times as one round; a ``Server`` of the
+    app's own is refused (it messages one client at a time from its own threads)."""
+    from contextlib import nullcontext
+
+    from flwr.server import LegacyContext
+    from flwr.server.workflow import DefaultWorkflow
+
+    grid.classic = True  # Flower's node-updating thread polls the node ids for ever
+    lifespan = getattr(server_app, "_lifespan", None)
+    with lifespan(context) if lifespan is not None else nullcontext():
+        server_fn = getattr(server_app, "_server_fn", None)
+        if server_fn is not None:
+            components = server_fn(context)
+            server = getattr(components, "server", None)
+            config = getattr(components, "config", None)
+            strategy = getattr(components, "strategy", None)
+            manager = getattr(components, "client_manager", None)
+        else:
+            server = getattr(server_app, "_server", None)
+            config = getattr(server_app, "_config", None)
+            strategy = getattr(server_app, "_strategy", None)
+            manager = getattr(server_app, "_client_manager", None)
+        if server is not None:
+            raise FlowerAppError(
+                "the ServerApp's server_fn returns a Server of its own "
+                "(ServerAppComponents(server=...)), which sends its messages one client at "
+                "a time from threads of its own; return only its config and strategy"
+            )
+        _check_min_clients(strategy, clients)
+        if strategy is not None:
+            _watch_classic_evaluate(strategy, grid)
+        legacy = LegacyContext(
+            context=context, config=config, strategy=strategy, client_manager=manager
+        )
+        DefaultWorkflow()(grid, legacy)
+
+
+def _first(metrics: Any, keys: tuple[str, ...]) -> float | None:
+    """The first of ``keys`` in ``metrics`` (a dict or a MetricRecord) that is a number."""
+    for key in keys:
+        value = metrics.get(key) if metrics is not None else None
+        if isinstance(value, (int, float)):
+            return float(value)
+    return None
+
+
+def _watch_classic_evaluate(strategy: Any, grid: MecsimGrid) -> None:
+    """Keep what a classic strategy's centralised ``evaluate`` (its ``evaluate_fn``)
+    returns, ``(loss, metrics)`` per server round, in the bridge."""
+    original = strategy.evaluate
+
+    def evaluate(server_round: int, parameters: Any) -> Any:
+        res = original(server_round, parameters)
+        if res is not None:
+            loss, metrics = res
+            grid._bridge.central[int(server_round)] = (
+                _first(metrics, ACCURACY_KEYS),
+                float(loss) if isinstance(loss, (int, float)) else None,
+            )
+        return res
+
+    strategy.evaluate = evaluate
+
+
+def _watch_evaluate_fn() -> None:
+    """Keep what a Message-API strategy's ``evaluate_fn`` returns (the centralised
+    evaluation: a MetricRecord per server round) in the bridge of the Grid it runs on:
+    ``Strategy.start`` wrapped once per process (apps on other Grids: unchanged)."""
+    from flwr.serverapp.strategy import Strategy
+
+    if getattr(Strategy.start, "_mecsim_watch", False):
+        return
+    original = Strategy.start
+
+    def start(self: Any, grid: Any, *args: Any, **kwargs: Any) -> Any:
+        fn = kwargs.get("evaluate_fn")
+        if isinstance(grid, MecsimGrid) and fn is not None:
+
+            def evaluate_fn(server_round: int, arrays: Any) -> Any:
+                res = fn(server_round, arrays)
+                if res is not None:
+                    grid._bridge.central[int(server_round)] = (
+                        _first(res, ACCURACY_KEYS),
+                        _first(res, LOSS_KEYS),
+                    )
+                return res
+
+            kwargs["evaluate_fn"] = evaluate_fn
+        return original(self, grid, *args, **kwargs)
+
+    start._mecsim_watch = True  # type: ignore[attr-defined]
+    Strategy.start = start  # type: ignore[method-assign]
+
+
+def _check_min_clients(strategy: Any, clients: int) -> None:
+    """Refuse a classic strategy that waits for more clients than the scenario has (its
+    client manager would wait for a day)."""
+    seen = set()
+    while strategy is not None and id(strategy) not in seen:
+        seen.add(id(strategy))
+        for attr in ("min_available_clients", "min_fit_clients", "min_evaluate_clients"):
+            want = getattr(strategy, attr, None)
+            if isinstance(want, int) and want > clients:
+                raise FlowerAppError(
+                    f"the strategy's {attr} is {want}, more than the scenario's {clients} "
+                    "clients (topology.clients)"
+                )
+        strategy = getattr(strategy, "strategy", None)  # a wrapper's (DP) inner strategy
 
 
 def _category(message: Message) -> str:
@@ -146,6 +259,10 @@ class Bridge:
         self._round = -1
         self._batches = 0
         self._thread: threading.Thread | None = None
+        self.closed = False
+        #: the server's centralised evaluation (a Message-API strategy's ``evaluate_fn``,
+        #: a classic strategy's ``evaluate``) by Flower's server round: (accuracy, loss)
+        self.central: dict[int, tuple[float | None, float | None]] = {}
 
     # ---- the app's thread
 
@@ -179,8 +296,13 @@ class Bridge:
             state=RecordDict(),
             run_config=dict(self.app.run_config),
         )
+        grid = MecsimGrid(self)
+        _watch_evaluate_fn()
         try:
-            server_app(grid=MecsimGrid(self), context=context)
+            if getattr(server_app, "_main", None) is None:
+                _run_classic(server_app, grid, context, len(self.node_of))
+            else:
+                server_app(grid=grid, context=context)
         except _RunOver:
             return
         except BaseException as exc:  # the app's own code: reported by the loop's side
@@ -270,10 +392,16 @@ class Bridge:
         category = _category(next(iter(pending.values()))) if pending else "train"
         if new_round:
             if category != "train":
+                hint = (
+                    " (a classic strategy without initial_parameters asks a client for "
+                    "them: give the strategy initial_parameters)"
+                    if category == "get_parameters"
+                    else ""
+                )
                 raise AlgorithmError(
                     f"algorithm 'flower': the ServerApp sent {category} messages before "
                     f"the train messages of round {rnd + 1}; a mecsim round starts with a "
-                    "batch of train messages"
+                    f"batch of train messages{hint}"
                 )
             self._round = rnd
         elif category == "train":
@@ -321,6 +449,7 @@ class Bridge:
 
     def close(self) -> None:
         """End the app's thread if mecsim's run ended first."""
+        self.closed = True
         thread = self._thread
         if thread is not None and thread.is_alive():
             self._to_app.put(_RUN_OVER)
@@ -336,6 +465,9 @@ class MecsimGrid(Grid):
         self._pushed: list[Message] = []
         self._replies: dict[str, Message] = {}
         self._polls = 0
+        #: a classic ServerApp's: Flower's node-updating thread polls every 5 s, and the
+        #: client manager itself waits for the clients its strategy needs
+        self.classic = False
 
     def set_run(self, run: Run) -> None:
         self._run = run
@@ -355,8 +487,12 @@ class MecsimGrid(Grid):
         return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
 
     def get_node_ids(self) -> Iterable[int]:
+        if self._bridge.closed:  # ends Flower's node-updating thread of a classic app
+            from flwr.supercore.run import RunNotRunningException
+
+            raise RunNotRunningException
         self._polls += 1
-        if self._polls > MAX_NODE_POLLS:
+        if self._polls > MAX_NODE_POLLS and not self.classic:
             raise RuntimeError(
                 f"the ServerApp keeps asking for nodes: it waits for more than the "
                 f"scenario's {len(self._bridge.node_of)} clients (topology.clients; the "
@@ -402,9 +538,15 @@ class _Tally:
         self.steps = 0
         self.calls = 0
         self.elements = 0
+        self.optimizer_flops = 0.0  # the steps' element-wise updates (not in the counter)
+        self.uncounted: str | None = None  # an optimiser with no per-parameter count
 
-    def _step(self, *_: Any) -> None:
+    def _step(self, optimizer: Any, *_: Any) -> None:
         self.steps += 1
+        try:
+            self.optimizer_flops += optimizer_step_flops(optimizer)
+        except ValueError:  # not SGD or Adam: its update is not charged (docs/flower.md)
+            self.uncounted = type(optimizer).__name__
 
     def _forward(self, module: Any, args: Any) -> None:
         self.calls += 1
@@ -461,6 +603,7 @@ class ClientRunner:
         # (client, message category) -> the work signature and FLOPs of the call that
         # was counted (see _scaled_flops)
         self._counted: dict[tuple[int, str], tuple[tuple[int, int, int], float]] = {}
+        self._warned: set[str] = set()  # optimisers said to have no FLOP count
 
     def handle(self, ctx: ClientContext, config: dict[str, Any]) -> Outcome:
         """Execute the message in ``config`` (a task's) with the client's ClientApp."""
@@ -498,6 +641,16 @@ class ClientRunner:
             else:
                 reply = client_app(message=message, context=context)
                 flops = _scaled_flops(counted, tally.signature())
+        # the optimiser's element-wise updates, which the FLOP counter does not see, as
+        # for built-in algorithms (optimizer_step_flops): every call, from the step hook
+        flops += tally.optimizer_flops
+        if tally.uncounted and tally.uncounted not in self._warned:
+            self._warned.add(tally.uncounted)
+            logging.getLogger(__name__).warning(
+                "the ClientApp steps a %s, whose element-wise update mecsim has no FLOP "
+                "count for (SGD and Adam have one): its updates are not charged",
+                tally.uncounted,
+            )
         if not isinstance(reply, Message):
             raise TypeError(f"the ClientApp returned a {type(reply).__name__}, not a Message")
         if reply.has_error():

@@ -703,6 +703,8 @@ class KapcBlsClient(KapcClient):
     name = "kapc_bls"
     Params = KapcBlsParams
     params: KapcBlsParams
+    #: T. Algorithm 4's selection, counted by selection_flops (not run under torch)
+    hand_counted_flops = ("layer_selection",)
 
     def constants(self, ctx: ClientContext, view: ParamView) -> BlsConstants:
         p = self.params

@@ -644,6 +644,8 @@ class PHSFLClient(ClientAlgorithm):
     Params = PHSFLParams
     params: PHSFLParams
     freeze_head: ClassVar[bool] = True  # Step 2.2: the head stays as initialised
+    #: Eq. 17's fine-tuning: charged in the round's op-trace, run by evaluate()
+    hand_counted_flops = ("finetune_forward", "finetune_head")
 
     def fit(self, ctx: ClientContext, task: ClientTask) -> ClientResult:
         start = time.perf_counter()

@@ -19,6 +19,7 @@ files, Prometheus or progress bars.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -314,7 +315,10 @@ def _follow_up_batches(
     Returns each client's (accuracy, loss) from its replies and the ``eval_*`` columns:
     how many clients were sent a message, the emulated seconds, bytes and GFLOPs of the
     batches (not in the round's time, bytes or energy: like a built-in algorithm's
-    evaluation, they are reported beside the round)."""
+    evaluation, they are reported beside the round), ``eval_accuracy_weighted`` (the
+    replies' accuracy weighted by their examples, as Flower's strategies weigh it) and
+    the metrics the server's aggregation of each batch returned (a Flower ServerApp's
+    centralised evaluation)."""
     sc = rs.info.scenario
     evals: dict[int, tuple[float, float]] = {}
     columns: dict[str, float] = {
@@ -324,6 +328,7 @@ def _follow_up_batches(
         "eval_bytes_up": 0,
         "eval_gflops": 0.0,
     }
+    weighted = [0.0, 0]  # sum of accuracy x examples, examples (Flower's weighted mean)
     while True:
         selected, tasks = rs.executor.plan(rnd)
         if not tasks:
@@ -336,6 +341,7 @@ def _follow_up_batches(
         agg = rs.executor.aggregate(rnd, [r for r in results if r.client_id in done])
         timing = emulated.time(traces, rs.server_profile.aggregate_time_s(agg.flops))
         at_s += timing.round_time_s
+        columns.update(agg.metrics)  # the server's figures known after this batch
         columns["eval_clients"] += len(selected)
         columns["eval_time_s"] += timing.round_time_s
         for trace in traces.values():
@@ -349,3 +355,9 @@ def _follow_up_batches(
                     float(r.extra.get("flower_accuracy", float("nan"))),
                     float(r.extra.get("flower_loss", float("nan"))),
                 )
+                acc = float(r.extra.get("flower_accuracy", float("nan")))
+                if r.num_samples > 0 and math.isfinite(acc):  # weighted by examples
+                    weighted[0] += acc * r.num_samples
+                    weighted[1] += r.num_samples
+        if weighted[1]:
+            columns["eval_accuracy_weighted"] = weighted[0] / weighted[1]

@@ -42,7 +42,8 @@ def add_check_parser(sub: Any) -> None:
         description="Run algorithm NAME on a tiny scenario (4 clients, the embedded MNIST, "
         "3 rounds) several times and check its properties: documented parameters, "
         "determinism, in-process = Ray, resume = uninterrupted, streamed = held "
-        "aggregation, no hidden client state, complete op-traces, the NaN guard. "
+        "aggregation, no hidden client state, complete op-traces, FLOPs charged = "
+        "FLOPs performed, the NaN guard. "
         "Exit 0: all hold; 1: some fail; 2: bad input.",
     )
     p.add_argument("name", help="the algorithm: a registered name or module:attribute")

@@ -351,8 +351,9 @@ class CentralServerActor(CentralServer):
 
     def _on_board(self, rnd: int, tasks: list[ClientTask]) -> list[ClientTask] | None:
         """The tasks with their one shared model on the board, or None when they do not
-        share one float32 model of the board's size (another size: said once, and the
-        board is given up)."""
+        share one float32 model of the board's size. Another size (an algorithm that
+        sends part of the model) is no error: its downloads take Ray's object store, as
+        any small model's do; said once at INFO level, and the board is given up."""
         assert self._board is not None
         shared = {id(t.weights): t.weights for t in tasks}
         if len(shared) != 1:
@@ -367,9 +368,13 @@ class CentralServerActor(CentralServer):
             return None
         try:
             where = self._board.put(rnd, w)
-        except ValueError as exc:
-            logging.getLogger(__name__).warning(
-                "the global model goes through the object store (%s)", exc
+        except ValueError:
+            logging.getLogger(__name__).info(
+                "this algorithm sends models of %d values, not the full model's %d: "
+                "they go to the hosts through Ray's object store (as expected; nothing "
+                "is wrong)",
+                w.size,
+                self._board.size,
             )
             self._board_failed = True
             return None

@@ -1,15 +1,16 @@
 """The ServerApp: one of Flower's strategies; the global arrays after every round are
-written to $SEEDEDAPP_OUT (an .npz) when it is set."""
+written to $SEEDEDAPP_OUT (an .npz) when it is set; $SEEDEDAPP_CENTRAL set, its
+evaluate_fn scores them on partition 0's test images (a centralised evaluation)."""
 
 import os
 import time
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Context
+from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAdam, FedAvg, FedAvgM, FedProx
 
-from seededapp.task import make_net
+from seededapp.task import load_data, make_net, test
 
 app = ServerApp()
 
@@ -44,6 +45,11 @@ def main(grid: Grid, context: Context) -> None:
         # is a round's (its train and evaluate messages), for benchmarks/speed/flower.py
         stamps[server_round] = time.perf_counter()
         rounds[server_round] = np.concatenate([a.numpy().ravel() for a in arrays.values()])
+        if os.environ.get("SEEDEDAPP_CENTRAL"):  # a centralised evaluation: partition 0's
+            net = make_net()  # test images
+            net.load_state_dict(arrays.to_torch_state_dict())
+            loss, acc = test(net, load_data(0, 1)[1])
+            return MetricRecord({"accuracy": acc, "loss": loss})
         return None
 
     result = strategy.start(

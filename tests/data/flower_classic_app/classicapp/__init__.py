@@ -1,0 +1,1 @@
+"""classicapp: the seeded test app in Flower's classic API."""
