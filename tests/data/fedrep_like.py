@@ -1,4 +1,4 @@
-"""FedRep-like algorithms for the cost tests (``tests/test_step_costs.py``): a plugin file
+"""FedRep-like algorithms for the cost tests (``tests/unit/agents/test_step_costs.py``): a plugin file
 (``mecsim check NAME --plugin FILE``).
 
 FedRep (Collins et al., 2021) trains a client's model in two phases a round: the head

@@ -19,11 +19,12 @@ import yaml
 
 pytest.importorskip("flwr")
 
+from support.paths import DATA, ROOT
+
 from mecsim.agents.algorithms.flower_app import FlowerAppError, FlowerParams, resolve_app
 
-HERE = Path(__file__).resolve().parent
-CLASSIC = HERE / "data" / "flower_classic_app"
-SEEDED = HERE / "data" / "flower_seeded_app"
+CLASSIC = DATA / "flower_classic_app"
+SEEDED = DATA / "flower_seeded_app"
 #: the MLP's values: 784 * 32 + 32 + 32 * 10 + 10, float32
 VALUES = 25_450
 
@@ -143,7 +144,7 @@ def test_the_supported_flower_range_is_written_once_and_pip_s_extra_repeats_it()
         FLOWER_TESTED,
     )
 
-    project = tomllib.loads((HERE.parent / "pyproject.toml").read_text())
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert project["project"]["optional-dependencies"]["flower"] == [FLOWER_REQUIREMENT]
     (low, high) = FLOWER_TESTED
     assert FLOWER_REQUIREMENT == f"flwr>={low[0]}.{low[1]},<{high[0]}.{high[1]}"

@@ -18,10 +18,9 @@ project's definition of a step's FLOPs (agents/training.py): the counter's matmu
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
+from support.paths import DATA
 from torch import nn
 
 from mecsim.api import (
@@ -38,7 +37,7 @@ IN, H, OUT = 6, 5, 3
 P_HEAD = H * OUT + OUT  # 18
 P_BODY = IN * H + H  # 35
 P = P_HEAD + P_BODY  # 53
-PLUGIN = Path(__file__).parent / "data" / "fedrep_like.py"
+PLUGIN = DATA / "fedrep_like.py"
 
 
 def mlp() -> nn.Sequential:
