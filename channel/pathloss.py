@@ -102,14 +102,13 @@ def breakpoint_distance_m(
 ) -> Any:
     """``d'_BP = 4 · (h_BS − h_E) · (h_UT − h_E) · f_c / c`` with ``f_c`` in Hz (m):
     Table 7.4.1-1, note 1 (a float for a float h_E, an array for an array)."""
-    if not np.isscalar(environment_height_m):
-        environment_height_m = np.asarray(environment_height_m, dtype=float)
-    return (
-        4.0
-        * (bs_height_m - environment_height_m)
-        * (ut_height_m - environment_height_m)
-        * (carrier_ghz * 1e9)
-        / SPEED_OF_LIGHT_M_PER_S
+    h_e: Any = (
+        float(environment_height_m)  # type: ignore[arg-type]
+        if np.isscalar(environment_height_m)
+        else np.asarray(environment_height_m, dtype=float)
+    )
+    return (4.0 * (bs_height_m - h_e) * (ut_height_m - h_e) * (carrier_ghz * 1e9)) / (
+        SPEED_OF_LIGHT_M_PER_S
     )
 
 
