@@ -25,7 +25,9 @@ from mecsim.channel.spatial import (
     SpatialLargeScale,
     gaussian_field,
 )
+from mecsim.emulation.engine import plan_traces, time_round, time_round_columns
 from mecsim.emulation.network import NetworkModel, device_profiles, spatially_consistent
+from mecsim.emulation.ops import Compute, Download, Upload
 from mecsim.scenario.loader import ScenarioError
 
 UMI = Tr38901PathLoss(model="38.901-umi", carrier_ghz=3.5)
@@ -243,3 +245,24 @@ def test_spatial_consistency_without_a_geometry_is_refused() -> None:
                 },
             }
         )
+
+
+def test_every_engine_path_agrees_on_spatially_consistent_moving_links() -> None:
+    """Cars over UMi fields, transfers of 0.1-40 MB spanning one to several batches of
+    pieces: the closed form, events, media and the columns path give SimPy's times."""
+    sc = _scenario()
+    sc = sc.model_copy(update={"topology": sc.topology.model_copy(update={"clients": 12})})
+    net = NetworkModel(sc, device_profiles(sc))
+    assert net.cells.spatial is not None
+    sel = list(range(12))
+    net.links(0, sel, 0.0)
+    specs, servers, network, _ = net.round(1, sel, 4.0, records=False)
+    sizes = np.geomspace(1e5, 4e7, 12).astype(int).tolist()
+    traces = {c: (Download(sizes[c] // 4), Compute(1e9, 5), Upload(sizes[c])) for c in sel}
+    ref = time_round(traces, specs, servers, network, method="simpy")
+    for method in ("closed_form", "events", "media"):
+        assert time_round(traces, specs, servers, network, method=method) == ref, method
+    links = net.links(1, sel, 4.0)
+    cols = time_round_columns(plan_traces(traces), net.columns(links, sel), network)
+    assert cols.timing() == ref
+    assert all(c.completed for c in ref.clients)
