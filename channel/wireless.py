@@ -109,6 +109,9 @@ class ClientRadio:
     los: np.ndarray | None = None
     shadow_fading_db: np.ndarray | None = None
     path_loss_db: np.ndarray | None = None
+    #: (n, 2) each client's draws for UMa's effective environment height h_E
+    #: (mecsim.channel.pathloss); None: h_E = 1 m
+    environment_u: np.ndarray | None = None
 
     @property
     def n_clients(self) -> int:
@@ -349,8 +352,8 @@ class ShannonChannel:
             if large_scale is not None
             else self.path_loss.draw(d, rng if large_scale_rng is None else large_scale_rng)
         )
-        pl = self.path_loss.path_loss_db(d, ls.los, ls.shadow_fading_db)
-        return ClientRadio(d, b, p, ls.los, ls.shadow_fading_db, pl)
+        pl = self.path_loss.link_path_loss_db(d, ls)
+        return ClientRadio(d, b, p, ls.los, ls.shadow_fading_db, pl, ls.environment_u)
 
     def draw_round(
         self,

@@ -43,6 +43,7 @@ BASE_MODULES = (
 #: extra modules by program-name prefix
 MODULES = {
     "wifi_": ("ns3-wifi", "ns3-mobility", "ns3-propagation", "ns3-spectrum", "ns3-energy"),
+    "pathloss_": ("ns3-mobility", "ns3-propagation"),
 }
 CXXFLAGS = ("-O2", "-std=c++17")
 

@@ -28,6 +28,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from mecsim.channel.pathloss import LargeScaleDraw, Tr38901PathLoss
+from mecsim.channel.spatial import SpatialLargeScale
 from mecsim.channel.wireless import ShannonChannel
 from mecsim.emulation.interference import reuse_groups_of
 from mecsim.scenario import GeometryConfig, Scenario
@@ -236,7 +237,7 @@ def path_loss_db(
         )
     if large_scale is None:
         raise ValueError("a 3GPP path loss needs each link's LOS state and shadowing")
-    return pl.path_loss_db(d, large_scale.los, large_scale.shadow_fading_db)
+    return pl.link_path_loss_db(d, large_scale)
 
 
 def received_power_dbm(tx_power_dbm: float, loss_db: ArrayLike) -> np.ndarray:
@@ -370,6 +371,16 @@ class StaticCells:
     #: (S,) the sites' channel groups under ``channel.interference.model: geometric``
     #: (mecsim.emulation.interference); None: every site co-channel
     groups: np.ndarray | None = None
+    #: spatially consistent LOS states and shadowing (mecsim.channel.spatial): each
+    #: link's are functions of the client's position; None: drawn once per run
+    spatial: SpatialLargeScale | None = None
+
+    def large_scale_at(self, positions_m: np.ndarray) -> LargeScaleDraw | None:
+        """Every link's LOS state and shadowing with the clients at ``positions_m``:
+        the fields' values there (spatial consistency), else the draws of the run."""
+        if self.spatial is None or self.large_scale is None:
+            return self.large_scale
+        return self.spatial.draw(positions_m, self.large_scale.environment_u)
 
     def serving_distance_m(self) -> np.ndarray:
         out: np.ndarray = self.distance_m[np.arange(len(self.serving)), self.serving]
@@ -378,11 +389,7 @@ class StaticCells:
     def serving_large_scale(self) -> LargeScaleDraw | None:
         if self.large_scale is None:
             return None
-        rows = np.arange(len(self.serving))
-        return LargeScaleDraw(
-            self.large_scale.los[rows, self.serving],
-            self.large_scale.shadow_fading_db[rows, self.serving],
-        )
+        return self.large_scale.take((np.arange(len(self.serving)), self.serving))
 
 
 def initial_positions(
@@ -414,13 +421,17 @@ def cells_of(
     placement_rng: np.random.Generator,
     large_scale_rng: np.random.Generator,
     positions_m: np.ndarray | None = None,
+    spatial_rng: np.random.Generator | None = None,
 ) -> StaticCells:
     """The scenario's sites, the clients' initial positions (from ``placement_rng``),
     each link's LOS state and shadowing under a 3GPP path loss (from ``large_scale_rng``:
     one U[0, 1) per link, then one N(0, 1) per link, links in client-major order,
     :meth:`Tr38901PathLoss.draw`), and the association at the start. ``positions_m``: the
     clients' initial positions when they come from elsewhere (a mobility trace's
-    positions at the run's start: the placement is then not drawn)."""
+    positions at the run's start: the placement is then not drawn). ``spatial_rng``:
+    under a 3GPP path loss, each link's LOS state and shadowing are spatially consistent
+    (mecsim.channel.spatial: the fields drawn from it; the per-link draws are still
+    made, their h_E draws used), else None."""
     g = scenario.geometry
     if g is None:
         raise ValueError("the scenario has no geometry section")
@@ -432,8 +443,12 @@ def cells_of(
     )
     d = distances_m(positions, sites)
     large_scale = None
+    spatial = None
     if isinstance(channel, ShannonChannel) and channel.path_loss is not None:
         large_scale = channel.path_loss.draw(d, large_scale_rng)
+        if spatial_rng is not None:
+            spatial = SpatialLargeScale(channel.path_loss, g.area_m(), sites, spatial_rng)
+            large_scale = spatial.draw(positions, large_scale.environment_u)
     inter = getattr(scenario.channel, "interference", None)
     groups = (
         reuse_groups_of(g, inter.reuse)
@@ -442,7 +457,17 @@ def cells_of(
     )
     loss, rx, metric = link_metric(g.association.rule, d, channel, large_scale, groups)
     return StaticCells(
-        g.area_m(), sites, positions, d, large_scale, loss, rx, metric, associate(metric), groups
+        g.area_m(),
+        sites,
+        positions,
+        d,
+        large_scale,
+        loss,
+        rx,
+        metric,
+        associate(metric),
+        groups,
+        spatial,
     )
 
 

@@ -6,8 +6,9 @@ At each round's start, emulated time ``t`` (the time the previous rounds took):
 1. every client's position at ``t`` (:class:`ClientPositions`: the mobility model's grid,
    linear between grid points, computed as far as the run has got);
 2. the distances to every site, each link's path loss at its new distance (a 3GPP
-   model keeps each link's LOS state and shadowing drawn once per run), and the
-   association rule's metric (:func:`mecsim.emulation.geometry.link_metric`);
+   model: each link's LOS state and shadowing where the client is, when they are
+   spatially consistent, mecsim.channel.spatial; else those drawn once per run), and
+   the association rule's metric (:func:`mecsim.emulation.geometry.link_metric`);
 3. the association re-evaluated with A3 hysteresis and time-to-trigger
    (:func:`mecsim.emulation.geometry.a3_handover`), the condition's held time counted in
    emulated seconds between these evaluations.
@@ -238,15 +239,10 @@ class MovingCells:
         self.history: list[RoundCells] = []
 
     def _serving_link(
-        self, d: np.ndarray, serving: np.ndarray
+        self, d: np.ndarray, serving: np.ndarray, ls: LargeScaleDraw | None
     ) -> tuple[np.ndarray, LargeScaleDraw | None]:
         rows = np.arange(len(serving))
-        ls = self.cells.large_scale
-        serving_ls = (
-            None
-            if ls is None
-            else LargeScaleDraw(ls.los[rows, serving], ls.shadow_fading_db[rows, serving])
-        )
+        serving_ls = None if ls is None else ls.take((rows, serving))
         return d[rows, serving], serving_ls
 
     def at_round(self, rnd: int, t_s: float) -> RoundCells:
@@ -268,13 +264,13 @@ class MovingCells:
             serving, held, since_s = prev.serving, prev.held_s, t_s - prev.t_s
         positions = self.positions.at(t_s)
         d = distances_m(positions, self.cells.sites_m)
-        loss, _, metric = link_metric(
-            self.rule, d, self.channel, self.cells.large_scale, self.cells.groups
-        )
+        # spatially consistent: each link's LOS state and shadowing where the client is
+        every = self.cells.large_scale_at(positions) if t_s > 0 else self.cells.large_scale
+        loss, _, metric = link_metric(self.rule, d, self.channel, every, self.cells.groups)
         new, held = a3_handover(
             metric, serving, held, since_s, self.hysteresis, self.time_to_trigger_s
         )
-        distance, large_scale = self._serving_link(d, new)
+        distance, large_scale = self._serving_link(d, new, every)
         rc = RoundCells(t_s, positions, new, new != serving, distance, large_scale, held, loss)
         self.history.append(rc)
         return rc

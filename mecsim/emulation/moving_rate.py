@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mecsim.channel import Tr38901PathLoss
+from mecsim.channel.spatial import SpatialLargeScale
 from mecsim.channel.units import db_to_linear
 from mecsim.emulation.engine import TimeVaryingRate
 from mecsim.emulation.handover import ClientPositions
@@ -70,6 +71,13 @@ class MovingLinks:
     tr38901: Tr38901PathLoss | None = None
     los: np.ndarray | None = None
     shadow_fading_db: np.ndarray | None = None
+    #: (n, 2) the links' draws for UMa's h_E (mecsim.channel.pathloss), or None
+    environment_u: np.ndarray | None = None
+    #: spatially consistent LOS states and shadowing (mecsim.channel.spatial): the
+    #: links' are those where the client is (``los``, ``shadow_fading_db`` unused), with
+    #: ``site_index`` (n,) each link's serving site; None: ``los``, ``shadow_fading_db``
+    spatial: SpatialLargeScale | None = None
+    site_index: np.ndarray | None = None
     #: the emulated time (absolute s) after which every client is held where it is then:
     #: the round's deadline when it has one (a transfer still going there is dropped
     #: whatever its rate does after; only its recorded finish time uses the held
@@ -81,16 +89,25 @@ class MovingLinks:
     def step_s(self) -> float:
         return self.positions.step_s
 
-    def gain(self, j: np.ndarray | int, distance_m: np.ndarray) -> np.ndarray:
+    def gain(
+        self, j: np.ndarray | int, distance_m: np.ndarray, positions_m: np.ndarray | None = None
+    ) -> np.ndarray:
         """The path-loss gain G(d) of links ``j`` at distances ``distance_m`` (linear;
-        the two broadcast)."""
+        the two broadcast); with spatial consistency, of the LOS state and shadowing at
+        the clients' ``positions_m`` (..., 2)."""
         if self.tr38901 is None:
             out: np.ndarray = db_to_linear(self.path_loss_db) * (
                 distance_m / self.reference_distance_m
             ) ** (-self.path_loss_exponent)
             return out
+        env = None if self.environment_u is None else self.environment_u[j]
+        if self.spatial is not None and positions_m is not None:
+            assert self.site_index is not None
+            _, los, sf = self.spatial.links(positions_m, self.site_index[j])
+            pl = self.tr38901.path_loss_db(distance_m, los, sf, env)
+            return np.asarray(db_to_linear(-pl), dtype=float)
         assert self.los is not None and self.shadow_fading_db is not None
-        pl = self.tr38901.path_loss_db(distance_m, self.los[j], self.shadow_fading_db[j])
+        pl = self.tr38901.path_loss_db(distance_m, self.los[j], self.shadow_fading_db[j], env)
         return np.asarray(db_to_linear(-pl), dtype=float)
 
     def goodput_bps(self, j: np.ndarray | int, t_s: np.ndarray) -> np.ndarray:
@@ -102,7 +119,7 @@ class MovingLinks:
         p = self.positions.clients_at(self.clients[j], t)
         site = self.site_m[j]
         d = np.hypot(p[..., 0] - site[..., 0], p[..., 1] - site[..., 1])
-        rate = self.bandwidth_hz[j] * np.log2(1.0 + self.sinr_per_gain[j] * self.gain(j, d))
+        rate = self.bandwidth_hz[j] * np.log2(1.0 + self.sinr_per_gain[j] * self.gain(j, d, p))
         out: np.ndarray = np.minimum(rate, self.cap_bps[j])
         return out
 

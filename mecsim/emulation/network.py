@@ -69,6 +69,9 @@ _TRANSPORT_STREAM = 4
 _LARGE_SCALE_STREAM = 0x38901
 #: the clients' initial positions of a scenario's geometry (once per run): "GEO"
 _GEOMETRY_STREAM = 0x47454F
+#: the spatially consistent LOS-state and shadowing fields of a geometry's sites (once
+#: per run, mecsim.channel.spatial): "SPAT"
+_SPATIAL_STREAM = 0x53504154
 #: the per client-round columns a run with a geometry adds to clients.csv: the client's
 #: position (m, the area's coordinates)
 GEOMETRY_KEYS = ("x_m", "y_m")
@@ -102,6 +105,19 @@ def _range(value: float | tuple[float, float]) -> tuple[float, float]:
         if isinstance(value, (int, float))
         else cast("tuple[float, float]", tuple(value))
     )
+
+
+def spatially_consistent(scenario: Scenario) -> bool:
+    """Are the scenario's LOS states and shadowing spatially consistent
+    (``channel.path_loss.spatial_consistency``; null: where clients move)? Only a 3GPP
+    path loss of a Shannon channel with a geometry has them."""
+    cfg, g = scenario.channel, scenario.geometry
+    if not isinstance(cfg, ShannonChannelConfig) or g is None:
+        return False
+    if cfg.path_loss.model == "exponent":
+        return False
+    on = cfg.path_loss.spatial_consistency
+    return g.moves() if on is None else on
 
 
 def _path_loss(cfg: ShannonChannelConfig) -> Tr38901PathLoss | None:
@@ -358,6 +374,11 @@ class NetworkModel:
                 np.random.default_rng([seed, _GEOMETRY_STREAM]),
                 np.random.default_rng([seed, _LARGE_SCALE_STREAM]),
                 positions_m=initial,
+                spatial_rng=(
+                    np.random.default_rng([seed, _SPATIAL_STREAM])
+                    if spatially_consistent(scenario)
+                    else None
+                ),
             )
             self.edge_server = self.cells.serving.astype(np.int64)
             if g.moves():
@@ -629,6 +650,11 @@ class NetworkModel:
             shadow_fading_db=(
                 None if pl is None or radio.shadow_fading_db is None else radio.shadow_fading_db[at]
             ),
+            environment_u=(
+                None if pl is None or radio.environment_u is None else radio.environment_u[at]
+            ),
+            spatial=self.cells.spatial,
+            site_index=self.edge_server[at],
         )
         # with a deadline, the clients are held where they are at it (MovingLinks.horizon_s)
         deadline_s = self.network.deadline_s
@@ -672,13 +698,14 @@ class NetworkModel:
             if ls is None or self.channel.path_loss is None:
                 self.radio = dataclasses.replace(self.radio, distance_m=rc.distance_m)
             else:
-                pl = self.channel.path_loss.path_loss_db(rc.distance_m, ls.los, ls.shadow_fading_db)
+                pl = self.channel.path_loss.link_path_loss_db(rc.distance_m, ls)
                 self.radio = dataclasses.replace(
                     self.radio,
                     distance_m=rc.distance_m,
                     los=ls.los,
                     shadow_fading_db=ls.shadow_fading_db,
                     path_loss_db=pl,
+                    environment_u=ls.environment_u,
                 )
         return rc
 

@@ -736,6 +736,12 @@ class PathLossConfig(_Strict):
         description="log-normal shadow fading, drawn once per client per run with the "
         "table's standard deviation (UMi 4 / 7.82 dB, UMa 4 / 6 dB, LOS / NLOS); false: 0 dB",
     )
+    spatial_consistency: bool | None = Field(
+        default=None,
+        description="LOS state and shadowing as spatially correlated fields of the "
+        "client's position (TR 38.901 §7.6.3, docs/channel.md); null: on for clients "
+        "that move (geometry.mobility), off otherwise; true needs a geometry",
+    )
 
     @model_validator(mode="after")
     def _carrier_given(self) -> PathLossConfig:
@@ -1536,6 +1542,23 @@ class Scenario(_Strict):
                 "channel.interference.model: geometric computes the interference from "
                 "the positions of a geometry: section, and this scenario has none; add "
                 "one (docs/mobility.md) or use model: distribution"
+            )
+        path_loss = getattr(self.channel, "path_loss", None)
+        if g is None and path_loss is not None and path_loss.spatial_consistency:
+            raise ValueError(
+                "channel.path_loss.spatial_consistency: true makes each link's LOS state "
+                "and shadowing functions of the client's position, and this scenario has "
+                "no geometry: section; add one (docs/mobility.md) or leave the field out"
+            )
+        if (
+            path_loss is not None
+            and path_loss.spatial_consistency
+            and (path_loss.model == "exponent")
+        ):
+            raise ValueError(
+                "channel.path_loss.spatial_consistency: the exponent model has no LOS "
+                "state or shadowing; use model: 38.901-umi or 38.901-uma, or leave the "
+                "field out"
             )
         if g is None:
             return self

@@ -117,6 +117,9 @@ def scenario_digest(scenario: Scenario) -> str:
     channel = data.get("channel", {})
     for section, key in _RESTATED:
         channel.get(section, {}).pop(key, None)
+    path_loss = channel.get("path_loss")
+    if isinstance(path_loss, dict) and path_loss.get("spatial_consistency", 0) is None:
+        path_loss.pop("spatial_consistency")  # added after 38.901 runs were recorded
     for key, channel_default in _NEW_CHANNEL_AT_DEFAULT.items():
         if channel.get(key) == channel_default:
             channel.pop(key)
