@@ -116,6 +116,7 @@ def test_fedbuff_run_in_process_equals_ray(tmp_path):
             "4 clients",
         ),
         ({"deadline_s": 10.0}, "deadline_s", "no meaning"),
+        ({"faults": {"crash_prob": 0.1}}, "faults", "stragglers only"),
         (
             {"topology": {"clients": 4, "participation": 0.5}},
             "topology.participation",

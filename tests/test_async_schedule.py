@@ -184,3 +184,20 @@ def test_server_version_is_the_one_the_update_met():
     assert [u["server_version"] - u["trained_on"] for u in updates] == [
         u["staleness"] for u in updates
     ]
+
+
+def test_semi_sync_averages_each_periods_arrivals_by_hand():
+    run, rows, updates, _ = _run({"mode": "semi_sync", "period_s": 1.7}, rounds=3)
+    # periods end at 1.7, 3.4 and 5.1 s; arrivals as above (client 0 every second)
+    assert [u["client_id"] for u in updates] == [0, 0, 1, 0, 2, 0, 1, 0]
+    assert [u["arrive_s"] for u in updates] == pytest.approx(
+        [1.0, 2.0, 2.4, 3.0, 3.7, 4.0, 4.8, 5.0]
+    )
+    assert [u["trained_on"] for u in updates] == [0, 0, 0, 1, 0, 1, 1, 2]
+    assert [u["staleness"] for u in updates] == [0, 1, 1, 0, 2, 1, 1, 0]
+    assert [u["version"] for u in updates] == [1, 2, 2, 2, 3, 3, 3, 3]
+    # x1 = 1 (client 0 from x0); x2 = mean(0+1, 0+2, x1+1) = 5/3;
+    # x3 = mean(0+3, x1+1, x1+2, x2+1) = 8/3 (equal samples: a plain mean)
+    assert [r["mean_accuracy"] for r in rows] == pytest.approx([1.0, 5 / 3, 8 / 3], rel=1e-6)
+    assert [r["elapsed_s"] for r in rows] == pytest.approx([1.7, 3.4, 5.1])
+    assert [r["completed"] for r in rows] == [1, 3, 4]

@@ -154,5 +154,44 @@ class FedBuff(AsyncServer):
         return 3.0 * num_elements + 3.0 * num_elements / self.config.buffer_size
 
 
+class SemiSync(AsyncServer):
+    """Semi-synchronous: every ``period_s`` the server averages the models that arrived
+    in the period, weighted by their clients' samples (FedAvg over the arrivals),
+
+        x_{t+1} = sum_k n_k y_k / sum_k n_k      (k: the updates of period t)
+
+    A period with no arrival makes no version. The run calls :meth:`flush` at the end of
+    every period."""
+
+    name = "semi_sync"
+
+    def __init__(self, init_weights: np.ndarray, config: Any) -> None:
+        super().__init__(init_weights, config)
+        self.sum = np.zeros(self.weights.shape, dtype=np.float64)
+        self.samples = 0
+
+    def on_update(self, update: Update, staleness: int) -> bool:
+        self.sum += float(update.num_samples) * update.weights.astype(np.float64)
+        self.samples += int(update.num_samples)
+        return False
+
+    def flush(self) -> bool:
+        """The period's end: a new version when anything arrived."""
+        if self.samples == 0:
+            return False
+        self.weights = (self.sum / self.samples).astype(np.float32)
+        self.sum[...] = 0.0
+        self.samples = 0
+        self.version += 1
+        return True
+
+    def aggregate_flops(self, num_elements: int) -> float:
+        return 2.0 * num_elements  # one multiply and one add per element
+
+
 #: The asynchronous servers by ``aggregation.mode``.
-ASYNC_SERVERS: dict[str, type[AsyncServer]] = {"async": FedAsync, "buffered": FedBuff}
+ASYNC_SERVERS: dict[str, type[AsyncServer]] = {
+    "async": FedAsync,
+    "buffered": FedBuff,
+    "semi_sync": SemiSync,
+}

@@ -39,7 +39,7 @@ import psutil
 import simpy
 
 from mecsim.agents.algorithms import ClientResult, ClientTask, algorithm_classes
-from mecsim.agents.algorithms.asynchronous import ASYNC_SERVERS, AsyncServer, Update
+from mecsim.agents.algorithms.asynchronous import ASYNC_SERVERS, AsyncServer, SemiSync, Update
 from mecsim.agents.algorithms.fedavg import FedAvgServer
 from mecsim.emulation import faults
 from mecsim.emulation.energy import ENERGY_KEYS, client_energy
@@ -112,8 +112,9 @@ def refusals(scenario: Scenario) -> list[tuple[str, str]]:
         out.append(("deadline_s", f"a round deadline has no meaning in {mode}; remove it"))
     f = scenario.faults
     if f is not None and (
-        f.crash_probability
-        or f.dropout_probability
+        f.crash_prob
+        or f.dropout_prob
+        or f.outage_prob
         or f.link_outages
         or f.edge_server_outages
         or f.wait_for_fraction < 1
@@ -317,6 +318,29 @@ class AsyncRun:
             yield from self._server_takes(cyc)
             cycle += 1
 
+    def _periods(self) -> _Proc:
+        """semi_sync: at the end of every period the server averages what arrived."""
+        server = self.server
+        assert isinstance(server, SemiSync)
+        period_s = self.agg.period_s
+        while not self.done.triggered:
+            yield self.env.timeout(period_s)
+            with self.cpu.request() as turn:
+                yield turn
+                if self.done.triggered:
+                    return
+                size = server.weights.size
+                t0 = time.perf_counter()
+                made = server.flush()
+                self.log.host_aggregate_s += time.perf_counter() - t0
+                if made:
+                    agg_s = self.rs.server_profile.aggregate_time_s(size)  # the division
+                    self.log.server_s += agg_s
+                    self.log.server_flops += size
+                    if agg_s > 0:
+                        yield self.env.timeout(agg_s)
+                    self._publish()
+
     def _server_takes(self, cyc: _Cycle) -> _Proc:
         with self.cpu.request() as turn:
             yield turn
@@ -475,8 +499,8 @@ class AsyncRun:
     def _emit_version(self, rnd: int, now: float, before_s: float) -> None:
         sc, log = self.sc, self.log
         self.log = _VersionLog()
-        for row in log.rows:
-            row["version"] = rnd + 1
+        for taken_row in log.rows:
+            taken_row["version"] = rnd + 1
         last = rnd == sc.rounds - 1
         evals: dict[int, tuple[float, float]] = {}
         if (rnd + 1) % sc.evaluation.every == 0 or last:
@@ -547,6 +571,8 @@ class AsyncRun:
         """Every version up to ``rounds``; returns ``finished`` or the stop status."""
         for cid in range(self.n):
             self.env.process(self._client(cid))
+        if isinstance(self.server, SemiSync):
+            self.env.process(self._periods())
         self.env.run(until=self.done)
         if self.stop_status is not None:
             return self.stop_status

@@ -7,6 +7,9 @@
 - ``buffered``: FedBuff (Nguyen et al., AISTATS 2022): the server buffers ``buffer_size``
   client deltas, each weighted ``1 / sqrt(1 + staleness)``, and then takes one step of
   size ``server_lr`` along their mean.
+- ``semi_sync``: every ``period_s`` emulated seconds the server averages the models that
+  arrived in the period (weighted by samples, as FedAvg); clients still training go on
+  and arrive in a later period.
 
 In both asynchronous modes the emulated clock drives the run (mecsim.run.async_run):
 each client cycles download -> train -> upload on its own, and ``rounds`` counts the
@@ -48,10 +51,11 @@ class AggregationConfig(_Strict):
     """When the server aggregates: in synchronous rounds (the default) or as updates
     arrive, in emulated time (docs/async.md)."""
 
-    mode: Literal["sync", "async", "buffered"] = Field(
+    mode: Literal["sync", "async", "buffered", "semi_sync"] = Field(
         default="sync",
         description="sync: rounds; async: FedAsync, every update mixed in on arrival; "
-        "buffered: FedBuff, a server step every buffer_size updates",
+        "buffered: FedBuff, a server step every buffer_size updates; semi_sync: the "
+        "models that arrived averaged every period_s",
     )
     alpha: float = Field(
         default=0.6,
@@ -72,6 +76,12 @@ class AggregationConfig(_Strict):
         gt=0,
         le=100,
         description="buffered: FedBuff's server learning rate η_g",
+    )
+    period_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=1e9,
+        description="semi_sync: emulated seconds between the server's aggregations",
     )
     concurrency: int | None = Field(
         default=None,
@@ -94,6 +104,7 @@ class AggregationConfig(_Strict):
         only = {
             "async": ("alpha", "staleness"),
             "buffered": ("buffer_size", "server_lr"),
+            "semi_sync": ("period_s",),
         }
         for mode, names in only.items():
             if self.mode == mode:
