@@ -153,3 +153,24 @@ def test_bad_aggregation_fields_name_the_field(tmp_path, aggregation, field):
     with pytest.raises(ScenarioError) as err:
         mecsim.scenario.load_scenario(path)
     assert str(path) in str(err.value) and field in str(err.value)
+
+
+def test_fedbuff_and_fedasync_agree_where_their_equations_meet(tmp_path):
+    """One client at a time (concurrency 1): nothing is stale, and FedBuff with K = 1,
+    η_g = 1 gives x + (y - x) = y, FedAsync with α = 1 (constant) gives 0·x + 1·y = y:
+    both servers take each client's model as it is, so the two runs' models, and so
+    their accuracies and losses, are the same to the bit."""
+    fedbuff = _run(tmp_path, "fb", mode="buffered", buffer_size=1, server_lr=1.0, concurrency=1)
+    fedasync = _run(
+        tmp_path,
+        "fa",
+        mode="async",
+        alpha=1.0,
+        staleness={"function": "constant"},
+        concurrency=1,
+    )
+    a, b = read_csv_exact(fedbuff / "rounds.csv"), read_csv_exact(fedasync / "rounds.csv")
+    # (not the times: FedBuff's step counts more FLOPs, so its server takes longer)
+    cols = ["mean_accuracy", "mean_test_loss", "train_loss", "max_staleness"]
+    pd.testing.assert_frame_equal(a[cols], b[cols], check_exact=True)
+    assert (a["max_staleness"] == 0).all() and (a["in_flight"] == 0).all()

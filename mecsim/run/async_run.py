@@ -315,7 +315,9 @@ class AsyncRun:
                             f"aggregation.mode {self.agg.mode}"
                         )
                 cyc.arrive_s = self.env.now
-            yield from self._server_takes(cyc)
+                # the cycle (and its slot of aggregation.concurrency) ends when the
+                # server has taken the update
+                yield from self._server_takes(cyc)
             cycle += 1
 
     def _periods(self) -> _Proc:
