@@ -174,3 +174,34 @@ def test_fedbuff_and_fedasync_agree_where_their_equations_meet(tmp_path):
     cols = ["mean_accuracy", "mean_test_loss", "train_loss", "max_staleness"]
     pd.testing.assert_frame_equal(a[cols], b[cols], check_exact=True)
     assert (a["max_staleness"] == 0).all() and (a["in_flight"] == 0).all()
+
+
+def test_resume_of_an_async_run_is_refused_naming_the_field(tmp_path):
+    """A run killed after its second version: --resume refuses it (exit 2, the field
+    named) and leaves its records as they were."""
+    import subprocess
+    import sys
+
+    from mecsim.scenario import scenario_from_dict
+    from mecsim.store.session import run_in_folder
+    from mecsim.testing import SimulatedKill, StopAfter
+
+    sc = scenario_from_dict(
+        {
+            **_scenario(mode="async"),
+            "metrics": {"enabled": False},
+            "execution": {"backend": "local"},
+        }
+    )
+    run_dir = tmp_path / "r"
+    with pytest.raises(SimulatedKill):
+        run_in_folder(sc, run_dir, observers=[StopAfter(1)], hosts=2)
+    before = (run_dir / "updates.csv").read_text()
+    proc = subprocess.run(
+        [sys.executable, "-m", "mecsim", "run", "--resume", str(run_dir), "--no-metrics"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "aggregation.mode: async" in proc.stderr and "cannot be resumed" in proc.stderr
+    assert (run_dir / "updates.csv").read_text() == before  # nothing touched
