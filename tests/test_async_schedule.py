@@ -34,15 +34,16 @@ NBYTES = 1000
 class _Executor:
     """Trains by adding c + 1; counts the fit calls and what each trained."""
 
-    def __init__(self) -> None:
+    def __init__(self, scale: float = 1.0) -> None:
         self.fits: list[list[tuple[int, float]]] = []
+        self.scale = scale
 
     def fit(self, rnd, tasks, lost=frozenset(), fold=None):
         self.fits.append([(t.client_id, float(t.weights[0])) for t in tasks])
         return [
             ClientResult(
                 t.client_id,
-                (t.weights + (t.client_id + 1)).astype(np.float32),
+                (t.weights + self.scale * (t.client_id + 1)).astype(np.float32),
                 NBYTES,
                 10,
                 0.5,
@@ -88,11 +89,11 @@ def _scenario(aggregation: dict, rounds: int):
     )
 
 
-def _run(aggregation: dict, rounds: int):
+def _run(aggregation: dict, rounds: int, scale: float = 1.0):
     sc = _scenario(aggregation, rounds)
     profiles = device_profiles(sc)
     info = RunInfo("t", sc, None, 2, NBYTES, 0, 0.0, sc.client_profiles())
-    ex = _Executor()
+    ex = _Executor(scale)
     server = DeviceProfile("srv", 1e12, 0.0, 10**9)
     rs = RunSetup(
         info, ex, NetworkModel(sc, profiles), server, np.ones(3), init_weights=np.zeros(2)
@@ -201,3 +202,12 @@ def test_semi_sync_averages_each_periods_arrivals_by_hand():
     assert [r["mean_accuracy"] for r in rows] == pytest.approx([1.0, 5 / 3, 8 / 3], rel=1e-6)
     assert [r["elapsed_s"] for r in rows] == pytest.approx([1.7, 3.4, 5.1])
     assert [r["completed"] for r in rows] == [1, 3, 4]
+
+
+def test_a_diverging_server_step_stops_the_run_saying_so():
+    """Finite updates (deltas of 1e37), a step that overflows float32 (η_g = 100):
+    the run stops instead of serving a non-finite model."""
+    from mecsim.run.setup import RunFailed
+
+    with pytest.raises(RunFailed, match="version 1 of the model holds NaN or inf"):
+        _run({"mode": "buffered", "buffer_size": 1, "server_lr": 100.0}, rounds=3, scale=1e37)

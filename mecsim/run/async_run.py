@@ -52,7 +52,7 @@ from mecsim.emulation.engine.simpy_model import (
     SharedLink,
 )
 from mecsim.emulation.ops import Compute, Download, Upload, op_to_dict, trace_flops
-from mecsim.run.setup import MiB, RunSetup
+from mecsim.run.setup import MiB, RunFailed, RunSetup
 from mecsim.scenario import Scenario
 
 _Proc = Generator[simpy.Event, Any, None]
@@ -485,6 +485,12 @@ class AsyncRun:
         """The server's new version is what downloads get from now; its row is emitted."""
         v = self.server.version
         now = self.env.now
+        if not np.isfinite(self.server.weights).all():  # finite updates, an unstable step
+            raise RunFailed(
+                f"aggregation.mode {self.agg.mode}: version {v} of the model holds NaN or "
+                f"inf after the server's step at {now:.1f} emulated s (every update it took "
+                "was finite: the step diverged; a smaller server_lr or alpha)"
+            )
         before_s = self.published_at[v - 1]
         self.published_at[v] = now
         self.versions[v] = self.server.weights
