@@ -188,6 +188,14 @@ def _load_run(run_dir: Path) -> RecordedRun:
         scenario = load_recorded_scenario(run_dir / "scenario.yaml")
     except ScenarioError as exc:
         raise RunLoadError(" ".join(str(exc).split())) from None
+    if scenario.aggregation.clocked():
+        raise RunLoadError(
+            f"{run_dir}: aggregation.mode {scenario.aggregation.mode}: the emulated times "
+            "decided which model version each client trained on, so a replay cannot "
+            "re-time this run (other times would have trained other models); answer the "
+            "what-if by running its scenario again with the change (mecsim run "
+            f"{run_dir / 'scenario.yaml'} --set PATH=VALUE), docs/async.md"
+        )
     meta = read_meta(run_dir, strict=True)
     clients = scenario.topology.clients
     check_scenario(run_dir, meta, clients)

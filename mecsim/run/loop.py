@@ -20,6 +20,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from mecsim.run.async_run import AsyncRun
+from mecsim.run.async_run import refusals as async_refusals
 from mecsim.run.backends.base import ActorFailure, ExecutorState, RoundAborted, abort_status
 from mecsim.run.backends.placement import PlacementTimeout
 from mecsim.run.chaos import kill_point
@@ -168,6 +170,8 @@ class _Loop:
 
     def _run(self) -> str:
         sc = self.rs.info.scenario
+        if sc.aggregation.clocked():
+            return self._run_clocked()
         faults_in_round, recoveries = 0, 0
         while self.rnd < sc.rounds:
             kill_point(f"round-start:{self.rnd}")
@@ -214,6 +218,25 @@ class _Loop:
                 if stop:
                     return abort_status(stop)
         return "finished"
+
+    def _run_clocked(self) -> str:
+        """An asynchronous run (:mod:`mecsim.run.async_run`): its versions, no checkpoints
+        (docs/async.md)."""
+        if self.rnd > 0:
+            raise RunFailed(
+                f"aggregation.mode {self.rs.info.scenario.aggregation.mode}: an asynchronous "
+                "run cannot be resumed yet; start it again"
+            )
+        refused = async_refusals(self.rs.info.scenario)
+        if refused:
+            raise RunFailed("; ".join(f"{where}: {why}" for where, why in refused))
+        clocked = AsyncRun(self.rs, self._emit, self.should_stop)
+        status = clocked.run()
+        self.rows.extend(clocked.rows)
+        self.rnd = len(self.rows)
+        if clocked.rows:
+            self.elapsed_s = float(clocked.rows[-1]["elapsed_s"])
+        return status
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -52,6 +52,7 @@ from mecsim.data import DataPools, dataset_shape, dataset_spec, load_dataset, pa
 from mecsim.emulation.mobility import TraceError
 from mecsim.emulation.network import NetworkModel, device_profiles
 from mecsim.run import limits as run_limits
+from mecsim.run.async_run import refusals as async_refusals
 from mecsim.run.limits import Limits
 from mecsim.run.setup import moving_rate_refusal
 from mecsim.run.torch_rng import untouched
@@ -154,6 +155,14 @@ def _find_problems(
     refusal = moving_rate_refusal(scenario)
     if refusal is not None:
         found.problem("geometry.mobility.rate", refusal)
+    for where, message in async_refusals(scenario):
+        found.problem(where, message)
+    if resume and scenario.aggregation.clocked():
+        found.problem(
+            "aggregation.mode",
+            f"{scenario.aggregation.mode}: an asynchronous run keeps no checkpoints and "
+            "cannot be resumed yet; run its scenario again into a new folder",
+        )
     pools = check_dataset(scenario, found)
     built = check_model_and_memory(scenario, pools, backend, hosts, address, found)
     if built is not None:

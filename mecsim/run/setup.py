@@ -52,6 +52,8 @@ class RunSetup:
     # a hierarchical algorithm whose clients move (moving_hierarchy): each round's edge
     # servers group the clients served at its start, and handovers carry Handoff ops
     hierarchy_moves: bool = False
+    # the common initial model (an asynchronous run's server starts from it)
+    init_weights: np.ndarray | None = None
 
 
 def streams_aggregation(scenario: Scenario) -> bool:
@@ -287,6 +289,7 @@ def prepare(
         streams_aggregation(scenario),
         algorithm_classes(scenario.algorithm.name)[0].drives_rounds,
         hierarchy_moves,
+        init_weights,
     )
 
 

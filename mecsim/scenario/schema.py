@@ -28,6 +28,7 @@ from pydantic import (
 )
 
 import mecsim.registry as registry
+from mecsim.scenario.aggregation import AggregationConfig
 from mecsim.scenario.mobility import MobilityConfig
 
 PositiveFloat = Annotated[float, Field(gt=0)]
@@ -1439,6 +1440,7 @@ class Scenario(_Strict):
     channel: ChannelConfig = Field(default_factory=ShannonChannelConfig)
     backhaul: BackhaulConfig = Field(default_factory=BackhaulConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    aggregation: AggregationConfig = Field(default_factory=AggregationConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     deadline_s: float | None = Field(
         default=None, gt=0, le=MAX_EMULATED_S, description="round deadline (emulated s)"

@@ -34,6 +34,7 @@ from mecsim.agents.state import blob_keys, resolve_blobs
 from mecsim.run.interrupts import atomic_section
 from mecsim.run.loop import Checkpoint
 from mecsim.scenario import Scenario
+from mecsim.scenario.aggregation import AggregationConfig
 from mecsim.scenario.mobility import MobilityConfig
 from mecsim.scenario.schema import PhyConfig
 from mecsim.store.files import fsync_dir
@@ -51,7 +52,11 @@ class CheckpointError(Exception):
 _NOT_RESULTS = ("description", "metrics", "execution", "outputs", "checkpoint")
 #: Sections added after runs were recorded: left out of the digest while at their
 #: defaults, so that a run recorded before a section existed keeps its digest.
-_NEW_AT_DEFAULT: dict[str, Any] = {"energy": {"idle_policy": "sleep"}, "geometry": None}
+_NEW_AT_DEFAULT: dict[str, Any] = {
+    "energy": {"idle_policy": "sleep"},
+    "geometry": None,
+    "aggregation": AggregationConfig().model_dump(mode="json"),  # sync: rounds
+}
 #: ``geometry.mobility`` at its default (static clients): left out of the digest, so a
 #: geometry run recorded before clients could move keeps its digest.
 _STATIC_MOBILITY: dict[str, Any] = MobilityConfig().model_dump(mode="json")

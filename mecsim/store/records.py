@@ -30,6 +30,7 @@ from typing import Any
 
 from mecsim.agents.algorithms import algorithm_classes
 from mecsim.emulation.network import client_record_keys, round_record_keys
+from mecsim.run.async_rows import ASYNC_ROUND_COLUMNS, UPDATE_COLUMNS
 from mecsim.run.chaos import kill_point
 from mecsim.run.interrupts import atomic_section
 from mecsim.run.observers import RunInfo, RunObserver
@@ -185,16 +186,23 @@ class RecordsWriter(RunObserver):
         server_cls, _ = algorithm_classes(sc.algorithm.name)
         # a hierarchical algorithm whose clients move: the client state moved at handovers
         moved = ["handover_bytes"] if server_cls.Edge is not None and round_record_keys(sc) else []
-        self.rounds = _AppendCsv(
-            self.out_dir / "rounds.csv",
-            ROUND_COLUMNS + list(server_cls.round_metrics) + list(round_record_keys(sc)) + moved,
-            append,
-        )
-        self.clients = _AppendCsv(
-            self.out_dir / "clients.csv",
-            CLIENT_COLUMNS + list(client_record_keys(sc)) + moved,
-            append,
-        )
+        if sc.aggregation.clocked():  # one row per version, and per update (docs/async.md)
+            self.rounds = _AppendCsv(self.out_dir / "rounds.csv", ASYNC_ROUND_COLUMNS, append)
+            self.clients = _AppendCsv(self.out_dir / "updates.csv", UPDATE_COLUMNS, append)
+        else:
+            self.rounds = _AppendCsv(
+                self.out_dir / "rounds.csv",
+                ROUND_COLUMNS
+                + list(server_cls.round_metrics)
+                + list(round_record_keys(sc))
+                + moved,
+                append,
+            )
+            self.clients = _AppendCsv(
+                self.out_dir / "clients.csv",
+                CLIENT_COLUMNS + list(client_record_keys(sc)) + moved,
+                append,
+            )
         self.traces = (
             (self.out_dir / "optraces.jsonl").open("a" if append else "w")
             if sc.outputs.save_optraces
@@ -328,7 +336,8 @@ class RecordsWriter(RunObserver):
         equal an uninterrupted one's), each written to a temporary name and renamed."""
 
         if info.scenario.outputs.table_format == "parquet":
-            for name in ("rounds", "clients"):
+            per_client = "updates" if info.scenario.aggregation.clocked() else "clients"
+            for name in ("rounds", per_client):
                 path = self.out_dir / f"{name}.parquet"
                 tmp = path.with_name(f".{path.name}.tmp")
                 with atomic_section():

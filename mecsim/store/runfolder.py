@@ -266,6 +266,12 @@ def prepare_resume(
             scenario = load_recorded_scenario(run_dir / "scenario.yaml")
         except ScenarioError as exc:
             raise RunFolderError(f"{run_dir}: its scenario.yaml is not valid: {exc}") from None
+        if scenario.aggregation.clocked():  # docs/async.md: no checkpoints yet
+            raise RunFolderError(
+                f"{run_dir}/scenario.yaml: aggregation.mode: {scenario.aggregation.mode}: an "
+                "asynchronous run keeps no checkpoints and cannot be resumed yet; run its "
+                "scenario again into a new folder"
+            )
         try:  # every record read strictly before anything is cut (nothing half-done)
             _check_records(run_dir, meta, scenario.topology.clients)
         except RecordError as exc:

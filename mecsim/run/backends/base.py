@@ -110,6 +110,15 @@ class Executor(Protocol):
     def evaluate(self, rnd: int, clients: list[int]) -> list[Evaluation]:
         """Each client's model on its own test data."""
 
+    def evaluate_tasks(self, rnd: int, tasks: list[ClientTask]) -> list[Evaluation]:
+        """Each task's client evaluates the model the task carries, on its own test data
+        (an asynchronous run's versions: its server is not the central server's)."""
+
+    def take_uploads(self) -> dict[int, np.ndarray]:
+        """The uploads of the last :meth:`fit` that its results do not carry (under Ray
+        they stay in the object store), by client id (an asynchronous run's server, in
+        this process, takes them); in-process the results carry them: none."""
+
     def state(self, known_blobs: set[str] | None = None) -> ExecutorState:
         """The state to checkpoint; with ``known_blobs``, large arrays by reference."""
 

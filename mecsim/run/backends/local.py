@@ -158,6 +158,15 @@ class LocalExecutor:
             out += self.hosts[h].evaluate(rnd, group)
         return sorted(out)
 
+    def evaluate_tasks(self, rnd: int, tasks: list[ClientTask]) -> list[Evaluation]:
+        out = []
+        for h, group in self.clients.by_host(tasks).items():
+            out += self.hosts[h].evaluate(rnd, group)
+        return sorted(out)
+
+    def take_uploads(self) -> dict[int, Any]:
+        return {}  # the results carry their uploads
+
     def host_rss_bytes(self) -> list[int]:
         return [self.hosts[0].rss_bytes()] if self.hosts else []
 

@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from mecsim.agents.algorithms import AlgorithmError, ClientResult, ClientTask
 from mecsim.agents.host import HostSetup
 from mecsim.agents.server import AggregateReport
@@ -479,6 +481,24 @@ class RayExecutor:
             self.hosts[h].evaluate.remote(rnd, g) for h, g in self.clients.by_host(tasks).items()
         ]
         return sorted(x for part in self._get(refs) for x in part)
+
+    def evaluate_tasks(self, rnd: int, tasks: list[ClientTask]) -> list[Evaluation]:
+        tasks = weights_by_reference(self._ray, tasks)
+        refs = [
+            self.hosts[h].evaluate.remote(rnd, g) for h, g in self.clients.by_host(tasks).items()
+        ]
+        return sorted(x for part in self._get(refs) for x in part)
+
+    def take_uploads(self) -> dict[int, Any]:
+        """The last :meth:`fit`'s uploads, fetched from the object store (copies: a
+        host reuses its upload buffer in its next call)."""
+        refs, self._weight_refs = self._weight_refs, []
+        flat = {cid: w for part in self._get(refs) for cid, w in part.items()}
+        by_ref = [c for c, w in flat.items() if isinstance(w, self._ray.ObjectRef)]
+        if by_ref:
+            for c, w in zip(by_ref, self._get([flat[c] for c in by_ref]), strict=True):
+                flat[c] = w
+        return {c: np.array(w, dtype=np.float32, copy=True) for c, w in flat.items()}
 
     def state(self, known_blobs: set[str] | None = None) -> ExecutorState:
         self._no_plan_ahead("a checkpoint")

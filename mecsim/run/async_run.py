@@ -1,0 +1,589 @@
+"""Asynchronous and buffered FL in emulated time: the clock decides what each client
+trains on (docs/async.md).
+
+In a synchronous run training does not depend on the clock ("execute, then time"). Here
+it does: which model version a client downloads, and how stale its update is when it
+arrives, are emulated times. So the SimPy core drives the run:
+
+- one process per client cycles download -> train -> upload on the scenario's links
+  (dedicated, or the edge server's shared medium: processor sharing among the transfers
+  in flight, as in a round) and its device CPU; it trains on the version current when
+  its download started; once the server has taken its update it starts again;
+- the server takes updates in arrival order, one at a time on its CPU (its aggregation
+  time from the edge-server profile), and publishes a new version when the mode's rule
+  (:mod:`mecsim.agents.algorithms.asynchronous`) makes one;
+- a training is executed, for real, on the hosts when its client's process needs its
+  result (the download done): then every training whose start is already known (all
+  clients whose download has begun: the version each trains on is fixed) is executed
+  together, in one :meth:`~mecsim.run.backends.base.Executor.fit`, so the hosts work in
+  parallel as in a round.
+
+The order of events is a function of the seed and the op-traces (SimPy breaks ties by
+scheduling order, which is itself deterministic), so the same seed gives the same
+records in-process and on Ray. ``rounds`` counts the server's versions; evaluation comes
+every ``evaluation.every`` versions and at the last. The channel is drawn once, at the
+run's start (round 0's draw), and holds for the run.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import psutil
+import simpy
+
+from mecsim.agents.algorithms import ClientResult, ClientTask, algorithm_classes
+from mecsim.agents.algorithms.asynchronous import ASYNC_SERVERS, AsyncServer, SemiSync, Update
+from mecsim.agents.algorithms.fedavg import FedAvgServer
+from mecsim.emulation import faults
+from mecsim.emulation.energy import ENERGY_KEYS, client_energy
+from mecsim.emulation.engine import ClientSpec, ClientTimeline
+from mecsim.emulation.engine.simpy_model import (
+    CappedProcessorSharing,
+    DedicatedLink,
+    Device,
+    ProcessorSharing,
+    SharedLink,
+)
+from mecsim.emulation.ops import Compute, Download, Upload, op_to_dict, trace_flops
+from mecsim.run.setup import MiB, RunFailed, RunSetup
+from mecsim.scenario import Scenario
+
+_Proc = Generator[simpy.Event, Any, None]
+
+
+def refusals(scenario: Scenario) -> list[tuple[str, str]]:
+    """Why ``scenario`` cannot run in its asynchronous mode, as (field, message) pairs
+    (none: it can, or it is synchronous). :mod:`mecsim.run.preflight` reports them
+    before anything starts; the run refuses them again if started without it."""
+    agg = scenario.aggregation
+    if not agg.clocked():
+        return []
+    out: list[tuple[str, str]] = []
+    mode = f"aggregation.mode {agg.mode}"
+    name = scenario.algorithm.name
+    try:
+        server_cls, _ = algorithm_classes(name)
+    except (KeyError, ValueError):
+        return out  # the schema names an unknown algorithm itself
+    if server_cls.Edge is not None:
+        out.append(
+            (
+                "aggregation.mode",
+                f"algorithm {name!r} is hierarchical (edge servers aggregate in rounds) and "
+                f"cannot run asynchronously; use mode sync, or a flat algorithm (fedavg, "
+                "fedprox)",
+            )
+        )
+    elif not issubclass(server_cls, FedAvgServer):
+        out.append(
+            (
+                "aggregation.mode",
+                f"algorithm {name!r} cannot run asynchronously: {mode} takes the clients of "
+                "FedAvg's kind (fedavg, fedprox: each trains the downloaded model and "
+                "uploads it whole)",
+            )
+        )
+    n = scenario.topology.clients
+    if agg.mode == "buffered" and agg.buffer_size > n:
+        out.append(
+            (
+                "aggregation.buffer_size",
+                f"a buffer of {agg.buffer_size} updates is larger than the {n} clients",
+            )
+        )
+    if agg.mode == "buffered" and agg.concurrency is not None and agg.buffer_size > agg.concurrency:
+        out.append(
+            (
+                "aggregation.buffer_size",
+                f"a buffer of {agg.buffer_size} updates is larger than the concurrency "
+                f"({agg.concurrency} clients training at once)",
+            )
+        )
+    if agg.concurrency is not None and agg.concurrency > n:
+        out.append(("aggregation.concurrency", f"{agg.concurrency} is more than the {n} clients"))
+    if scenario.deadline_s is not None:
+        out.append(("deadline_s", f"a round deadline has no meaning in {mode}; remove it"))
+    f = scenario.faults
+    if f is not None and (
+        f.crash_prob
+        or f.dropout_prob
+        or f.outage_prob
+        or f.link_outages
+        or f.edge_server_outages
+        or f.wait_for_fraction < 1
+    ):
+        out.append(
+            (
+                "faults",
+                f"{mode} emulates stragglers only (faults.stragglers); crashes, drop-outs, "
+                "outages and wait_for_fraction are not modelled in it yet",
+            )
+        )
+    g = scenario.geometry
+    if g is not None and g.moves():
+        out.append(
+            (
+                "geometry.mobility",
+                f"{mode} draws the channel once for the run; clients that move are not "
+                "followed in it yet",
+            )
+        )
+    if scenario.topology.participation < 1:
+        out.append(
+            (
+                "topology.participation",
+                f"{mode} has every client cycle on its own; to limit how many train at "
+                "once set aggregation.concurrency",
+            )
+        )
+    return out
+
+
+@dataclass
+class _Cycle:
+    """One client's download -> train -> upload."""
+
+    client_id: int
+    cycle: int
+    version: int  # the version it downloaded
+    start_s: float
+    task: ClientTask
+    result: ClientResult | None = None
+    upload: np.ndarray | None = None
+    download_s: float = 0.0
+    compute_s: float = 0.0
+    upload_s: float = 0.0
+    arrive_s: float = math.nan
+
+
+@dataclass
+class _VersionLog:
+    """What the server took since its previous version."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    cycles: list[_Cycle] = field(default_factory=list)  # accepted
+    staleness: list[int] = field(default_factory=list)
+    staleness_s: list[float] = field(default_factory=list)
+    server_s: float = 0.0
+    server_flops: float = 0.0
+    host_aggregate_s: float = 0.0
+    traces: dict[str, Any] = field(default_factory=dict)
+
+
+class AsyncRun:
+    """One asynchronous run: SimPy processes for the clients and the server, trainings
+    executed in batches when the clock reaches them; rows emitted per version."""
+
+    def __init__(
+        self,
+        rs: RunSetup,
+        emit: Callable[..., None],
+        should_stop: Callable[[], bool | str] | None = None,
+    ) -> None:
+        self.rs, self.emit, self.should_stop = rs, emit, should_stop
+        sc = rs.info.scenario
+        self.sc = sc
+        self.agg = sc.aggregation
+        self.n = sc.topology.clients
+        self.env = simpy.Environment()
+        assert rs.init_weights is not None  # prepare() keeps them
+        self.server: AsyncServer = ASYNC_SERVERS[self.agg.mode](rs.init_weights, self.agg)
+        self.published_at = {0: 0.0}  # version -> emulated s it was made
+        self.versions = {0: self.server.weights}  # versions some cycle still trains on
+        self.pending: list[_Cycle] = []  # started, not yet executed
+        self.in_flight: dict[int, _Cycle] = {}
+        self.batches = 0
+        self.updates = 0
+        self.log = _VersionLog()
+        self.rows: list[dict[str, Any]] = []
+        self.stop_status: str | None = None
+        self.done = self.env.event()
+        self.cpu = simpy.Resource(self.env, capacity=1)
+        self.slots = simpy.Resource(self.env, capacity=self.agg.concurrency or self.n)
+        self.wall0 = time.perf_counter()
+        self.train_wall = 0.0
+        self._network()
+
+    # -- the network, drawn once -----------------------------------------------------
+    def _network(self) -> None:
+        rs, sc = self.rs, self.sc
+        clients = list(range(self.n))
+        specs, _, net, rows = rs.network.round(0, clients, 0.0)
+        self.specs: dict[int, ClientSpec] = faults.apply_to_specs(
+            specs, sc.faults, rs.slowdown, 0.0, ()
+        )
+        self.channel_rows = rows
+        self.air_rates = rs.network.round_links[0].tolist()
+        media: dict[tuple[str, int], ProcessorSharing | CappedProcessorSharing] = {}
+        capped = {
+            (d, s.edge_server)
+            for s in self.specs.values()
+            for d, shared, share in (
+                ("uplink", net.uplink_shared, s.uplink_max_share),
+                ("downlink", net.downlink_shared, s.downlink_max_share),
+            )
+            if shared and share < 1.0
+        }
+
+        def link(spec: ClientSpec, direction: str, shared: bool) -> DedicatedLink | SharedLink:
+            up = direction == "uplink"
+            rate = spec.uplink_rate_bps if up else spec.downlink_rate_bps
+            latency_s = spec.uplink_latency_s if up else spec.downlink_latency_s
+            tcp = spec.uplink_tcp if up else spec.downlink_tcp
+            if not shared:
+                return DedicatedLink(self.env, rate, latency_s, tcp)
+            key = (direction, spec.edge_server)
+            if key not in media:
+                kind = CappedProcessorSharing if key in capped else ProcessorSharing
+                media[key] = kind(self.env, f"server{key[1]}.{direction}")
+            share = spec.uplink_max_share if up else spec.downlink_max_share
+            return SharedLink(media[key], float(rate), latency_s, share, tcp)  # type: ignore[arg-type]
+
+        self.down = {c: link(self.specs[c], "downlink", net.downlink_shared) for c in clients}
+        self.up = {c: link(self.specs[c], "uplink", net.uplink_shared) for c in clients}
+        self.device = {
+            c: Device(self.env, self.specs[c].step_overhead_s, self.specs[c].flops_per_s)
+            for c in clients
+        }
+
+    # -- training, in batches --------------------------------------------------------
+    def _start(self, cid: int, cycle: int) -> _Cycle:
+        v = self.server_version
+        nbytes = int(self.rs.info.model_nbytes)
+        cyc = _Cycle(cid, cycle, v, self.env.now, ClientTask(cid, self.versions[v], nbytes))
+        self.pending.append(cyc)
+        self.in_flight[cid] = cyc
+        return cyc
+
+    def _execute(self) -> None:
+        """Every started cycle not yet executed, in one fit (their versions are fixed)."""
+        batch, self.pending = self.pending, []
+        tasks = sorted((c.task for c in batch), key=lambda t: t.client_id)
+        t0 = time.perf_counter()
+        results = self.rs.executor.fit(self.batches, tasks)
+        uploads = self.rs.executor.take_uploads()
+        self.train_wall += time.perf_counter() - t0
+        self.batches += 1
+        by_id = {r.client_id: r for r in results}
+        for cyc in batch:
+            r = by_id[cyc.client_id]
+            cyc.result = r
+            w = r.weights if r.weights is not None else uploads.get(cyc.client_id)
+            cyc.upload = None if w is None else np.array(w, dtype=np.float32, copy=True)
+            r.weights = None
+
+    def _result(self, cyc: _Cycle) -> ClientResult:
+        if cyc.result is None:
+            self._execute()
+        assert cyc.result is not None
+        return cyc.result
+
+    @property
+    def server_version(self) -> int:
+        return max(self.published_at)
+
+    # -- the processes ---------------------------------------------------------------
+    def _client(self, cid: int) -> _Proc:
+        cycle = 0
+        while not self.done.triggered:
+            with self.slots.request() as slot:
+                yield slot
+                if self.done.triggered:
+                    return
+                cyc = self._start(cid, cycle)
+                yield from self.down[cid].transfer(8 * cyc.task.download_nbytes)
+                cyc.download_s = self.env.now - cyc.start_s
+                result = self._result(cyc)
+                for op in result.trace:
+                    t0 = self.env.now
+                    if isinstance(op, Compute):
+                        yield from self.device[cid].run(op.flops, op.batches)
+                        cyc.compute_s += self.env.now - t0
+                    elif isinstance(op, Upload):
+                        yield from self.up[cid].transfer(8 * op.nbytes)
+                        cyc.upload_s += self.env.now - t0
+                    elif not isinstance(op, Download):  # the download is timed above
+                        raise RuntimeError(
+                            f"client {cid}: op {type(op).__name__} is not timed in "
+                            f"aggregation.mode {self.agg.mode}"
+                        )
+                cyc.arrive_s = self.env.now
+                # the cycle (and its slot of aggregation.concurrency) ends when the
+                # server has taken the update
+                yield from self._server_takes(cyc)
+            cycle += 1
+
+    def _periods(self) -> _Proc:
+        """semi_sync: at the end of every period the server averages what arrived."""
+        server = self.server
+        assert isinstance(server, SemiSync)
+        period_s = self.agg.period_s
+        while not self.done.triggered:
+            yield self.env.timeout(period_s)
+            with self.cpu.request() as turn:
+                yield turn
+                if self.done.triggered:
+                    return
+                size = server.weights.size
+                t0 = time.perf_counter()
+                made = server.flush()
+                self.log.host_aggregate_s += time.perf_counter() - t0
+                if made:
+                    agg_s = self.rs.server_profile.aggregate_time_s(size)  # the division
+                    self.log.server_s += agg_s
+                    self.log.server_flops += size
+                    if agg_s > 0:
+                        yield self.env.timeout(agg_s)
+                    self._publish()
+
+    def _server_takes(self, cyc: _Cycle) -> _Proc:
+        with self.cpu.request() as turn:
+            yield turn
+            if self.done.triggered:
+                return
+            self.in_flight.pop(cyc.client_id, None)
+            made, agg_s = self._take(cyc)
+            if agg_s > 0:
+                yield self.env.timeout(agg_s)
+            if made:
+                self._publish()
+
+    def _take(self, cyc: _Cycle) -> tuple[bool, float]:
+        """The server takes ``cyc``'s update: checked, weighted, folded; returns whether
+        it made a new version and the emulated seconds of its aggregation."""
+        result = cyc.result
+        assert result is not None
+        staleness = self.server.version - cyc.version
+        staleness_s = self.env.now - self.published_at[cyc.version]
+        limit = self.agg.max_staleness
+        finite = cyc.upload is not None and bool(np.isfinite(cyc.upload).all())
+        finite = finite and math.isfinite(result.train_loss)
+        status = (
+            "rejected_nonfinite"
+            if not finite
+            else "dropped_stale"
+            if limit is not None and staleness > limit
+            else "accepted"
+        )
+        made, flops, wall = False, 0.0, 0.0
+        at_version = self.server.version  # before this update (it may make the next)
+        weight = self.server.factor(staleness) if status == "accepted" else 0.0
+        if status == "accepted":
+            assert cyc.upload is not None
+            t0 = time.perf_counter()
+            made = self.server.on_update(
+                Update(
+                    cyc.client_id,
+                    cyc.upload,
+                    self.versions[cyc.version],
+                    cyc.version,
+                    result.num_samples,
+                ),
+                staleness,
+            )
+            wall = time.perf_counter() - t0
+            flops = self.server.aggregate_flops(cyc.upload.size)
+            self.log.cycles.append(cyc)
+            self.log.staleness.append(staleness)
+            self.log.staleness_s.append(staleness_s)
+        agg_s = self.rs.server_profile.aggregate_time_s(flops)
+        self.log.server_s += agg_s
+        self.log.server_flops += flops
+        self.log.host_aggregate_s += wall
+        self.log.rows.append(
+            self._update_row(cyc, at_version, staleness, staleness_s, weight, status)
+        )
+        self.log.traces[str(self.updates)] = {
+            "client_id": cyc.client_id,
+            "ops": [op_to_dict(op) for op in self._trace(cyc)],
+        }
+        self.updates += 1
+        cyc.upload = None
+        self._forget_versions()
+        return made, agg_s
+
+    def _trace(self, cyc: _Cycle) -> tuple[Any, ...]:
+        assert cyc.result is not None
+        trace = tuple(cyc.result.trace)
+        if not any(isinstance(op, Download) for op in trace):
+            trace = (Download(cyc.task.download_nbytes), *trace)
+        return trace
+
+    def _forget_versions(self) -> None:
+        # the published version (downloads get it) and those in-flight cycles trained on
+        keep = {c.version for c in self.in_flight.values()} | {self.server_version}
+        for v in [v for v in self.versions if v not in keep]:
+            del self.versions[v]
+
+    def _update_row(
+        self,
+        cyc: _Cycle,
+        at_version: int,
+        staleness: int,
+        staleness_s: float,
+        weight: float,
+        status: str,
+    ) -> dict[str, Any]:
+        r = cyc.result
+        assert r is not None
+        rs, cid = self.rs, cyc.client_id
+        trace = self._trace(cyc)
+        up = sum(op.nbytes for op in trace if isinstance(op, Upload))
+        down = sum(op.nbytes for op in trace if isinstance(op, Download))
+        busy_s = cyc.download_s + cyc.compute_s + cyc.upload_s
+        timeline = ClientTimeline(
+            cid, 0.0, busy_s, cyc.download_s, cyc.compute_s, cyc.upload_s, 0.0, True
+        )
+        energy = client_energy(
+            rs.network.devices[cid],
+            timeline,
+            trace,
+            self.specs[cid],
+            busy_s,
+            idle_policy=self.sc.energy.idle_policy,
+            tx_power_dbm=float(rs.network.tx_power_dbm[cid]),
+            air_rates_bps=self.air_rates[cid],
+        )
+        return {
+            "run_id": rs.info.run_id,
+            "update": self.updates,
+            "client_id": cid,
+            "device": rs.info.client_devices[cid],
+            "edge_server": int(rs.network.edge_server[cid]),
+            "cycle": cyc.cycle,
+            "trained_on": cyc.version,
+            "server_version": at_version,
+            "staleness": staleness,
+            "staleness_s": staleness_s,
+            "weight": weight,
+            "status": status,
+            "version": -1,  # the version this update's row is emitted with (_emit_version)
+            "start_s": cyc.start_s,
+            "arrive_s": cyc.arrive_s,
+            "download_s": cyc.download_s,
+            "compute_s": cyc.compute_s,
+            "upload_s": cyc.upload_s,
+            "bytes_up": up,
+            "bytes_down": down,
+            "gflops": trace_flops(trace)[0] / 1e9,
+            "steps": r.steps,
+            "num_samples": r.num_samples,
+            "train_loss": r.train_loss,
+            "peak_memory_mb": r.peak_memory_bytes / MiB,
+            "host_train_s": r.host_seconds,
+            **energy,
+        }
+
+    def _publish(self) -> None:
+        """The server's new version is what downloads get from now; its row is emitted."""
+        v = self.server.version
+        now = self.env.now
+        if not np.isfinite(self.server.weights).all():  # finite updates, an unstable step
+            raise RunFailed(
+                f"aggregation.mode {self.agg.mode}: version {v} of the model holds NaN or "
+                f"inf after the server's step at {now:.1f} emulated s (every update it took "
+                "was finite: the step diverged; a smaller server_lr or alpha)"
+            )
+        before_s = self.published_at[v - 1]
+        self.published_at[v] = now
+        self.versions[v] = self.server.weights
+        self._forget_versions()
+        self._emit_version(v - 1, now, before_s)
+        if v >= self.sc.rounds:
+            self.done.succeed()
+        elif self.should_stop is not None:
+            stop = self.should_stop()
+            if stop:
+                self.stop_status = stop if isinstance(stop, str) else "cancelled"
+                self.done.succeed()
+
+    def _emit_version(self, rnd: int, now: float, before_s: float) -> None:
+        sc, log = self.sc, self.log
+        self.log = _VersionLog()
+        for taken_row in log.rows:
+            taken_row["version"] = rnd + 1
+        last = rnd == sc.rounds - 1
+        evals: dict[int, tuple[float, float]] = {}
+        if (rnd + 1) % sc.evaluation.every == 0 or last:
+            nbytes = int(self.rs.info.model_nbytes)
+            who = list(range(self.n))
+            tasks = [ClientTask(c, self.server.weights, nbytes) for c in who]
+            for cid, acc, loss, *_ in self.rs.executor.evaluate_tasks(rnd, tasks):
+                evals[cid] = (acc, loss)
+        accs = [a for a, _ in evals.values() if not np.isnan(a)]
+
+        def mean(values: list[float]) -> float:
+            finite = [v for v in values if not np.isnan(v)]
+            return float(np.mean(finite)) if finite else float("nan")
+
+        taken = log.rows
+        accepted = [r for r in taken if r["status"] == "accepted"]
+        energy = {k: float(sum(r[k] for r in taken)) for k in ENERGY_KEYS}
+        row: dict[str, Any] = {
+            "run_id": self.rs.info.run_id,
+            "round": rnd,
+            "algorithm": sc.algorithm.name,
+            "selected": len(taken),
+            "completed": len(accepted),
+            "dropped": len(taken) - len(accepted),
+            "dropped_deadline": 0,
+            "crashed": 0,
+            "dropped_out": 0,
+            "outage": 0,
+            "rejected": sum(r["status"] == "rejected_nonfinite" for r in taken),
+            "faults": 0,
+            "round_time_s": now - before_s,
+            "dl_time_s": mean([r["download_s"] for r in accepted]),
+            "client_time_s": mean([r["compute_s"] for r in accepted]),
+            "ul_time_s": mean([r["upload_s"] for r in accepted]),
+            "server_time_s": log.server_s,
+            "backhaul_time_s": 0.0,
+            "idle_time_s": 0.0,
+            "elapsed_s": now,
+            "bytes_up": sum(r["bytes_up"] for r in taken),
+            "bytes_down": sum(r["bytes_down"] for r in taken),
+            **energy,
+            "client_gflops": sum(r["gflops"] for r in taken),
+            "server_gflops": log.server_flops / 1e9,
+            "server_rss_mb": psutil.Process().memory_info().rss / MiB,
+            "client_peak_mb": max((r["peak_memory_mb"] for r in taken), default=0.0),
+            "mean_accuracy": mean(accs),
+            "min_accuracy": min(accs) if accs else float("nan"),
+            "max_accuracy": max(accs) if accs else float("nan"),
+            "mean_test_loss": mean([lo for _, lo in evals.values()]),
+            "train_loss": mean([r["train_loss"] for r in accepted]),
+            "host_wall_s": float("nan"),
+            "host_train_wall_s": self.train_wall,
+            "host_aggregate_s": log.host_aggregate_s,
+            "mean_staleness": mean([float(s) for s in log.staleness]),
+            "max_staleness": max(log.staleness, default=0),
+            "mean_staleness_s": mean(log.staleness_s),
+            "in_flight": len(self.in_flight),
+            "dropped_stale": sum(r["status"] == "dropped_stale" for r in taken),
+        }
+        row["host_wall_s"] = time.perf_counter() - self.wall0
+        self.wall0, self.train_wall = time.perf_counter(), 0.0
+        self.rows.append(row)
+        traces = {"round": rnd, "aggregation": self.agg.mode, "updates": log.traces}
+        self.emit("on_round_end", row, taken, traces)
+
+    # -- the run ---------------------------------------------------------------------
+    def run(self) -> str:
+        """Every version up to ``rounds``; returns ``finished`` or the stop status."""
+        for cid in range(self.n):
+            self.env.process(self._client(cid))
+        if isinstance(self.server, SemiSync):
+            self.env.process(self._periods())
+        self.env.run(until=self.done)
+        if self.stop_status is not None:
+            return self.stop_status
+        if self.server.version < self.sc.rounds:  # pragma: no cover - every client stuck
+            print("mecsim: warning: the asynchronous run stalled", file=sys.stderr)
+        return "finished"

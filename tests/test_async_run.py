@@ -1,0 +1,207 @@
+"""Asynchronous runs end to end: real training, real SimPy, in-process and on Ray.
+
+Same seed -> the same records; Ray gives the in-process records; bad input is refused
+before anything starts, naming the field and the file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import mecsim
+from mecsim.scenario import ScenarioError
+from mecsim.store.reader import read_csv_exact
+from mecsim.testing import compared_columns
+
+
+def _scenario(**aggregation) -> dict:
+    return {
+        "name": "async-tiny",
+        "seed": 3,
+        "rounds": 6,
+        "dataset": {
+            "name": "mnist-embedded",
+            "train_size": 400,
+            "test_size": 200,
+            "partition": {"method": "iid"},
+        },
+        "model": {"name": "mlp_2nn"},
+        "topology": {"clients": 4},
+        "devices": {"clients": [{"profile": "rpi3b", "count": 2}, {"profile": "rpi4"}]},
+        "channel": {
+            "model": "fixed_rate",
+            "uplink": {"rate_bps": 20e6, "shared": True},
+            "downlink": {"rate_bps": 50e6, "shared": True},
+        },
+        "training": {"epochs": 1, "batch_size": 20, "lr": 0.05},
+        "evaluation": {"every": 3},
+        "aggregation": aggregation,
+    }
+
+
+def _run(tmp_path: Path, run_id: str, backend: str = "local", **aggregation) -> Path:
+    run = mecsim.simulate(
+        _scenario(**aggregation),
+        out=tmp_path,
+        run_id=run_id,
+        backend=backend,
+        hosts=2,
+        progress=False,
+        plots=False,
+        metrics__enabled=False,
+    )
+    assert run.status == "finished"
+    return tmp_path / run_id
+
+
+def _same(a: Path, b: Path) -> None:
+    for name in ("rounds.csv", "updates.csv"):
+        x, y = read_csv_exact(a / name), read_csv_exact(b / name)
+        assert list(x.columns) == list(y.columns)
+        cols = compared_columns(x.columns)
+        pd.testing.assert_frame_equal(x[cols], y[cols], check_exact=True)
+    assert (a / "optraces.jsonl").read_text() == (b / "optraces.jsonl").read_text()
+
+
+def test_fedasync_run_records_and_determinism(tmp_path):
+    a = _run(tmp_path, "a", mode="async", alpha=0.5)
+    b = _run(tmp_path, "b", mode="async", alpha=0.5)
+    _same(a, b)
+    rounds = read_csv_exact(a / "rounds.csv")
+    updates = read_csv_exact(a / "updates.csv")
+    assert not (a / "clients.csv").exists()
+    assert list(rounds["round"]) == list(range(6))
+    assert (rounds["completed"] == 1).all()  # one update, one version
+    assert rounds["elapsed_s"].is_monotonic_increasing
+    assert rounds["mean_accuracy"].notna().tolist() == [False, False, True] * 2
+    assert 0.0 < rounds["mean_accuracy"].iloc[-1] <= 1.0
+    # the records agree with themselves: staleness = server version met - trained on,
+    # updates arrive in order, a version's updates are those recorded with it
+    assert (updates["staleness"] == updates["server_version"] - updates["trained_on"]).all()
+    assert updates["arrive_s"].is_monotonic_increasing
+    assert (updates["status"] == "accepted").all()
+    assert updates.groupby("version").size().tolist() == rounds["selected"].tolist()
+    # every client starts on version 0 at time 0; the first fit trains all four
+    assert sorted(updates[updates["cycle"] == 0]["trained_on"].unique()) == [0]
+    assert (updates[updates["cycle"] == 0]["start_s"] == 0.0).all()
+    # FedAsync's weight: 0.5 * (s + 1)^-0.5 (the default polynomial staleness)
+    assert updates["weight"].tolist() == pytest.approx(
+        [0.5 * (s + 1) ** -0.5 for s in updates["staleness"]]
+    )
+
+
+def test_fedbuff_run_in_process_equals_ray(tmp_path):
+    local = _run(tmp_path, "local", mode="buffered", buffer_size=2)
+    ray = _run(tmp_path, "ray", "ray", mode="buffered", buffer_size=2)
+    _same(local, ray)
+    rounds = read_csv_exact(local / "rounds.csv")
+    updates = read_csv_exact(local / "updates.csv")
+    assert (rounds["completed"] == 2).all()
+    assert updates["weight"].tolist() == pytest.approx(
+        [(1 + s) ** -0.5 for s in updates["staleness"]]
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "words"),
+    [
+        ({"algorithm": {"name": "phsfl"}}, "aggregation.mode", "hierarchical"),
+        ({"algorithm": {"name": "kapc"}}, "aggregation.mode", "cannot run asynchronously"),
+        (
+            {"aggregation": {"mode": "buffered", "buffer_size": 5}},
+            "aggregation.buffer_size",
+            "4 clients",
+        ),
+        ({"deadline_s": 10.0}, "deadline_s", "no meaning"),
+        ({"faults": {"crash_prob": 0.1}}, "faults", "stragglers only"),
+        (
+            {"topology": {"clients": 4, "participation": 0.5}},
+            "topology.participation",
+            "concurrency",
+        ),
+    ],
+)
+def test_refused_before_anything_starts(tmp_path, change, field, words):
+    sc = _scenario(mode="async")
+    sc.update(change)
+    with pytest.raises(ScenarioError) as err:
+        mecsim.simulate(sc, out=tmp_path, run_id="x", backend="local", progress=False, plots=False)
+    assert f"{field}:" in str(err.value) and words in str(err.value)
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize(
+    ("aggregation", "field"),
+    [
+        (
+            {"mode": "async", "staleness": {"function": "exponential"}},
+            "aggregation.staleness.function",
+        ),
+        ({"mode": "async", "alpha": 1.5}, "aggregation.alpha"),
+        ({"mode": "async", "buffer_size": 3}, "aggregation"),
+        ({"mode": "lazy"}, "aggregation.mode"),
+    ],
+)
+def test_bad_aggregation_fields_name_the_field(tmp_path, aggregation, field):
+    path = tmp_path / "bad.yaml"
+    import yaml
+
+    path.write_text(yaml.safe_dump(_scenario(**aggregation)))
+    with pytest.raises(ScenarioError) as err:
+        mecsim.scenario.load_scenario(path)
+    assert str(path) in str(err.value) and field in str(err.value)
+
+
+def test_fedbuff_and_fedasync_agree_where_their_equations_meet(tmp_path):
+    """One client at a time (concurrency 1): nothing is stale, and FedBuff with K = 1,
+    η_g = 1 gives x + (y - x) = y, FedAsync with α = 1 (constant) gives 0·x + 1·y = y:
+    both servers take each client's model as it is, so the two runs' models, and so
+    their accuracies and losses, are the same to the bit."""
+    fedbuff = _run(tmp_path, "fb", mode="buffered", buffer_size=1, server_lr=1.0, concurrency=1)
+    fedasync = _run(
+        tmp_path,
+        "fa",
+        mode="async",
+        alpha=1.0,
+        staleness={"function": "constant"},
+        concurrency=1,
+    )
+    a, b = read_csv_exact(fedbuff / "rounds.csv"), read_csv_exact(fedasync / "rounds.csv")
+    # (not the times: FedBuff's step counts more FLOPs, so its server takes longer)
+    cols = ["mean_accuracy", "mean_test_loss", "train_loss", "max_staleness"]
+    pd.testing.assert_frame_equal(a[cols], b[cols], check_exact=True)
+    assert (a["max_staleness"] == 0).all() and (a["in_flight"] == 0).all()
+
+
+def test_resume_of_an_async_run_is_refused_naming_the_field(tmp_path):
+    """A run killed after its second version: --resume refuses it (exit 2, the field
+    named) and leaves its records as they were."""
+    import subprocess
+    import sys
+
+    from mecsim.scenario import scenario_from_dict
+    from mecsim.store.session import run_in_folder
+    from mecsim.testing import SimulatedKill, StopAfter
+
+    sc = scenario_from_dict(
+        {
+            **_scenario(mode="async"),
+            "metrics": {"enabled": False},
+            "execution": {"backend": "local"},
+        }
+    )
+    run_dir = tmp_path / "r"
+    with pytest.raises(SimulatedKill):
+        run_in_folder(sc, run_dir, observers=[StopAfter(1)], hosts=2)
+    before = (run_dir / "updates.csv").read_text()
+    proc = subprocess.run(
+        [sys.executable, "-m", "mecsim", "run", "--resume", str(run_dir), "--no-metrics"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "aggregation.mode: async" in proc.stderr and "cannot be resumed" in proc.stderr
+    assert (run_dir / "updates.csv").read_text() == before  # nothing touched
