@@ -1,5 +1,5 @@
-"""FedRep-like algorithms for the cost tests (``tests/unit/agents/test_step_costs.py``): a plugin file
-(``mecsim check NAME --plugin FILE``).
+"""FedRep-like algorithms for the cost tests (``tests/unit/agents/test_step_costs.py``): a
+plugin file (``mecsim check NAME --plugin FILE``).
 
 FedRep (Collins et al., 2021) trains a client's model in two phases a round: the head
 (the last layer) with the body frozen, then the body with the head frozen. The two

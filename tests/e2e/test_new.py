@@ -34,7 +34,6 @@ else:  # pragma: no cover
     tomllib = pytest.importorskip("tomli")
 
 
-
 def _new(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     code = main(["new", *argv])
     out, err = capsys.readouterr()

@@ -134,7 +134,7 @@ def test_a_round_asked_again_keeps_the_cells_of_its_start(tmp_path):
 
 def test_3gpp_links_keep_their_draws_and_take_the_path_loss_at_the_new_distance(tmp_path):
     """Under UMi without spatial consistency (``spatial_consistency: false``; with it:
-    tests/test_spatial_consistency.py) the serving link's LOS state and shadowing are
+    tests/unit/channel/test_spatial_consistency.py) the serving link's LOS state and shadowing are
     the per-link draws of the start; the path loss is TR 38.901's at the round's
     distance."""
     pl = {"model": "38.901-umi", "carrier_ghz": 3.5, "spatial_consistency": False}

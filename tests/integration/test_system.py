@@ -22,7 +22,6 @@ from mecsim.scenario import load_scenario, scenario_from_dict
 from mecsim.store.session import run_in_folder
 
 
-
 def _emulated(rows):
     return [{k: v for k, v in r.items() if not is_host_column(k)} for r in rows]
 

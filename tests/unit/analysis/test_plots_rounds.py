@@ -28,7 +28,6 @@ from mecsim.analysis.whatif_sweep import HEAD_COLUMNS, METRIC_COLUMNS, sweep_fig
 from mecsim.store.summary import markdown, summarise, target_lines
 
 
-
 def _run(name: str, round_s: float, n: int = 6, energy: bool = True) -> RunRecords:
     acc = np.linspace(0.5, 0.9, n)
     acc[-2] = 0.95  # the best round is the 5th (record index 4)

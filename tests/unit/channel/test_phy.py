@@ -15,7 +15,6 @@ import pytest
 from support.paths import ROOT
 
 
-
 def _load(name: str, path: Path) -> ModuleType:
     # by file path: the installed mecsim.channel may be another checkout's
     spec = importlib.util.spec_from_file_location(name, path)

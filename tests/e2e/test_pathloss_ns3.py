@@ -10,7 +10,7 @@ ns-3.37's (validation/ns3/pathloss_walk.cc: a site at (0, 0, 10 m), a walker at
 - ns-3's shadowing along a straight walk (LOS, 1 m steps, its correlated update
   R = exp(−displacement / 10 m)), 2,000 walkers: standard deviation 4 dB and correlation
   exp(−lag / 10 m) at lags 1-30 m: the correlation mecsim's LOS shadowing field has
-  (tests/test_spatial_consistency.py). Pairs start at 60 m: ns-3.37 stores a zero
+  (tests/unit/channel/test_spatial_consistency.py). Pairs start at 60 m: ns-3.37 stores a zero
   displacement at a link's first call, so its second update decorrelates over the
   whole BS-UE vector (~20 m) instead of the step.
 
@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import math
 import sys
-from pathlib import Path
 
 import pytest
+from support.paths import ROOT
 
 from mecsim.channel.pathloss import los_probability_umi, umi_los_db, umi_nlos_db
 
-ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

@@ -14,8 +14,8 @@ import math
 
 import numpy as np
 import pytest
-from conftest import tiny
 from scipy.stats import multivariate_normal, norm
+from support.scenarios import tiny
 
 from mecsim.channel import Tr38901PathLoss
 from mecsim.channel.pathloss import los_probability_umi, umi_los_db, umi_nlos_db
