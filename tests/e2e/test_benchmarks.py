@@ -81,7 +81,7 @@ def test_benchmark_quick_run(script: Path, short_tmp: Path) -> None:
 
 
 def test_ab_figures_are_matched_by_place_and_read_with_thousands_separators():
-    sys.path.insert(0, str(BENCHMARKS))
+    sys.path.insert(0, str(BENCHMARKS / "tools"))
     import ab
 
     text = "clients  mecsim  ratio\n      10   0.040   0.63\n    1000   1,234.5  0.69 (x3)\n"
@@ -98,7 +98,7 @@ def test_ab_figures_are_matched_by_place_and_read_with_thousands_separators():
 def test_ab_runs_each_revision_on_its_own_code(tmp_path: Path) -> None:
     """A revision whose pyproject installs agents/ as mecsim.agents imports that folder of
     its own worktree (not the installed checkout's) through the link tree ab.py makes."""
-    sys.path.insert(0, str(BENCHMARKS))
+    sys.path.insert(0, str(BENCHMARKS / "tools"))
     import ab
 
     tree = tmp_path / "tree"

@@ -16,6 +16,7 @@ from mecsim.agents.training import (
     optimizer_step_flops,
     set_mode,
     train_epochs,
+    work_signature,
 )
 from mecsim.emulation.devices import builtin_profiles
 
@@ -101,7 +102,9 @@ def test_train_epochs_counts_steps_and_reuses_measured_costs():
     )
     # 50 samples at batch 16: 16, 16, 16, 2 -> 4 steps an epoch
     assert stats.steps == 8
-    full, last = costs.get(16), costs.get(2)
+    # the cache keys on the cost key and what decides a step's cost (work_signature)
+    key = ("", work_signature(model, make_optimizer("sgd", model.parameters(), 0.1), x, None))
+    full, last = costs.get(16, key), costs.get(2, key)
     assert full is not None and last is not None
     assert stats.flops == 2 * (3 * full.flops + last.flops)
     assert full.flops == 3 * 2 * 16 * (7 * 11 + 11 * 3) - 2 * 16 * 7 * 11 + 2 * 124
