@@ -187,7 +187,8 @@ def _watch_classic_evaluate(strategy: Any, grid: MecsimGrid) -> None:
 def _watch_evaluate_fn() -> None:
     """Keep what a Message-API strategy's ``evaluate_fn`` returns (the centralised
     evaluation: a MetricRecord per server round) in the bridge of the Grid it runs on:
-    ``Strategy.start`` wrapped once per process (apps on other Grids: unchanged)."""
+    ``Strategy.start`` wrapped once per process (apps on other Grids: unchanged; a Grid
+    the app wraps, passing attributes through, still counts as mecsim's)."""
     from flwr.serverapp.strategy import Strategy
 
     if getattr(Strategy.start, "_mecsim_watch", False):
@@ -196,12 +197,14 @@ def _watch_evaluate_fn() -> None:
 
     def start(self: Any, grid: Any, *args: Any, **kwargs: Any) -> Any:
         fn = kwargs.get("evaluate_fn")
-        if isinstance(grid, MecsimGrid) and fn is not None:
+        # mecsim's Grid, or an app's wrapper of it that passes its attributes through
+        bridge = getattr(grid, "_bridge", None)
+        if isinstance(bridge, Bridge) and fn is not None:
 
             def evaluate_fn(server_round: int, arrays: Any) -> Any:
                 res = fn(server_round, arrays)
                 if res is not None:
-                    grid._bridge.central[int(server_round)] = (
+                    bridge.central[int(server_round)] = (
                         _first(res, ACCURACY_KEYS),
                         _first(res, LOSS_KEYS),
                     )
