@@ -193,6 +193,18 @@ def cancel_run(run_id: str, request: Request, store: StoreDep) -> JSONResponse:
     )
 
 
+def _table_responses(description: str) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI responses of a records table's endpoint (CSV or Parquet; 404, 409)."""
+    return {
+        200: {
+            "content": {"text/csv": {}, "application/vnd.apache.parquet": {}},
+            "description": description,
+        },
+        404: {"model": Message},
+        409: {"model": Message},
+    }
+
+
 def table(store: Store, run_id: str, kind: str, name: str) -> Response:
     """A run's rounds.csv or clients.csv as ``kind`` (read and converted in the work
     pool)."""
@@ -202,14 +214,7 @@ def table(store: Store, run_id: str, kind: str, name: str) -> Response:
 
 @router.get(
     "/runs/{run_id}/rounds",
-    responses={
-        200: {
-            "content": {"text/csv": {}, "application/vnd.apache.parquet": {}},
-            "description": "one row per round (rounds.csv)",
-        },
-        404: {"model": Message},
-        409: {"model": Message},
-    },
+    responses=_table_responses("one row per round (rounds.csv)"),
 )
 async def rounds(
     run_id: str,
@@ -224,14 +229,7 @@ async def rounds(
 
 @router.get(
     "/runs/{run_id}/clients",
-    responses={
-        200: {
-            "content": {"text/csv": {}, "application/vnd.apache.parquet": {}},
-            "description": "one row per client-round (clients.csv)",
-        },
-        404: {"model": Message},
-        409: {"model": Message},
-    },
+    responses=_table_responses("one row per client-round (clients.csv)"),
 )
 async def clients(
     run_id: str,
