@@ -28,7 +28,15 @@
 // point-to-point link adds a 2-byte PPP header, so a full segment is 1502 bytes on the
 // wire), SACK and
 // timestamps on, send/receive buffers of 128 MiB (the window limits, never the buffer),
-// MinRto --min_rto_s (default 0.2 s, Linux's TCP_RTO_MIN; ns-3's own default is 1 s),
+// the retransmission timeout as Linux computes it: RTO = SRTT + max(4 RTTVAR, TCP_RTO_MIN)
+// (tcp_rtt_estimator floors rttvar at tcp_rto_min each round trip; __tcp_set_rto adds it
+// to SRTT), with --min_rto_s as TCP_RTO_MIN (default 0.2 s). ns-3 computes RFC 6298's
+// max(SRTT + max(G, 4 RTTVAR), MinRto) with G its ClockGranularity (default 1 ms), so
+// both G and MinRto are set to --min_rto_s. With G = 1 ms and MinRto 0.2 s a steady RTT
+// leaves the RTO at 0.2 s, below a long path's round trip once a queue has built, and the
+// first retransmission after a queue's drop times out spuriously (1 MB at 5 Mb/s, 50 ms
+// each way through FqCoDel: 2.638 s with ns-3's rule, 1.994 s with Linux's; ns-3's own
+// default MinRto is 1 s),
 // delayed ACKs every 2nd segment (ns-3's and Linux's) with a 40 ms timeout (Linux's
 // TCP_DELACK_MIN; ns-3's default is 200 ms, and with MinRto 0.2 s that is a trap: once an
 // RTO leaves cwnd at 1 segment, the lone segment's ACK is held 200 ms, the RTO (200 ms)
@@ -219,7 +227,7 @@ main(int argc, char* argv[])
     cmd.AddValue("delay_s", "bottleneck one-way propagation delay, s", delayS);
     cmd.AddValue("loss", "per-packet loss probability on the bottleneck (data direction)", loss);
     cmd.AddValue("cc", "congestion control: cubic or newreno", cc);
-    cmd.AddValue("min_rto_s", "TCP minimum RTO, s (Linux: 0.2)", minRtoS);
+    cmd.AddValue("min_rto_s", "Linux's TCP_RTO_MIN: RTO = SRTT + max(4 RTTVAR, this), s", minRtoS);
     cmd.AddValue("seed", "RngSeedManager seed", seed);
     cmd.AddValue("run", "RngSeedManager run number", run);
     cmd.AddValue("access_bps", "access links' rate, bit/s", accessBps);
@@ -263,6 +271,7 @@ main(int argc, char* argv[])
     Config::SetDefault("ns3::TcpSocket::DelAckCount", UintegerValue(delAckCount));
     Config::SetDefault("ns3::TcpSocket::DelAckTimeout", TimeValue(Seconds(delAckTimeoutS)));
     Config::SetDefault("ns3::TcpSocketBase::MinRto", TimeValue(Seconds(minRtoS)));
+    Config::SetDefault("ns3::TcpSocketBase::ClockGranularity", TimeValue(Seconds(minRtoS)));
     if (hystartDelayS < 0)
     {
         hystartDelayS = std::min(std::max(2.0 * delayS / 8.0, 0.004), 0.016);
