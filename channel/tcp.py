@@ -33,6 +33,20 @@ speed and carries no headers. A real transfer of a model is a finite TCP flow on
 3. **Set-up.** ``connection: new`` costs one more round trip (the handshake before the
    first byte), ``tls`` two (TCP's and a TLS 1.3 handshake's). ``persistent`` (the
    default: FL clients keep their connection to the server) none.
+4. **The bottleneck's AQM** (``queue: fq_codel``, the default; ``fifo`` leaves it out).
+   Slow start ends with a standing queue: HyStart stops it once the queue reaches its
+   delay threshold ``θ = clamp(R/8, 4 ms, 16 ms)`` (the window ``pipe + θ/τ``,
+   :func:`_queue_window`), and Cubic holds the window there. A packet then waits about
+   ``θ − τ`` (the queue less the segment it replaces). CoDel (RFC 8289, fq_codel's
+   defaults: target 5 ms, interval 100 ms) drops a packet once that sojourn has stayed
+   above the target for an interval, i.e. when ``θ − τ > 5 ms`` (round trips from about
+   48 ms): the sender learns of it a round trip and the queue later, and its fast recovery
+   cuts the window to ``β·(pipe + θ/τ)``, below the pipe. The queue drains first (``θ`` of
+   sending), then each round trip leaves ``(pipe − w)·τ`` of the link idle while Cubic's
+   window ``W(t) = W_max + C·(t − K)³`` (``W_max = pipe + θ/τ``) climbs back to the pipe
+   (:func:`codel_drop_stall_s`). A flow that ends before the drop is seen, or whose slow
+   start never fills the link, pays nothing. Through a deep FIFO nothing is dropped and the
+   link stays busy: the time is items 1-3's.
 
 With a **loss rate** ``p`` (random, independent per segment) the time is an
 **expectation over sample paths**: :data:`LOSS_PATHS` transfers are followed round trip
@@ -64,9 +78,9 @@ with probability ``1 − (1−p)^s`` (the draw says which: position ``i``):
   window once the ACKs before the lost one have grown it) and a new Cubic epoch starts
   (``W_max = w'``, or ``w'(1+β)/2`` below the last ``W_max``); without them (a loss
   among a transfer's last segments, a window of one), or when the retransmission is lost
-  too (probability ``p``), a retransmission timeout ``T0 = max(min_rto_s, 2·R)``
-  (RFC 6298's SRTT + 4·RTTVAR once RTTVAR has settled near a quarter of the round trip;
-  3·T0 when the retransmission is lost again: the timer backs off), after which the
+  too (probability ``p``), a retransmission timeout ``T0 = R + max(R, min_rto_s)``
+  (Linux's SRTT + max(4·RTTVAR, TCP_RTO_MIN) once RTTVAR has settled near a quarter of
+  the round trip; 3·T0 when the retransmission is lost again: the timer backs off), after which the
   window restarts at one segment in slow start. β is 0.7 for Cubic, 0.5 for NewReno.
 
 The draws are the same for every transfer (common random numbers from a fixed seed),
@@ -95,6 +109,7 @@ __all__ = [
     "TCP_MSS_BYTES",
     "TcpColumns",
     "TcpFlow",
+    "codel_drop_stall_s",
     "header_efficiency",
     "lossy_transfer_times_s",
     "slow_start_stall_s",
@@ -113,9 +128,13 @@ DELAYED_ACK_TIMEOUT_S = 0.04
 #: Cubic's constants (RFC 9438): the scaling constant C and the multiplicative decrease β
 CUBIC_C = 0.4
 CUBIC_BETA = 0.7
+#: CoDel's target sojourn and interval (RFC 8289 §4.2-4.3; Linux's and ns-3's fq_codel
+#: defaults), s
+CODEL_TARGET_S, CODEL_INTERVAL_S = 0.005, 0.1
 
 CongestionControl = Literal["cubic", "newreno"]
 Connection = Literal["persistent", "new", "tls"]
+Queue = Literal["fq_codel", "fifo"]
 
 
 def header_efficiency(mss_bytes: int, header_bytes: int) -> float:
@@ -194,6 +213,59 @@ def _queue_window(pipe: np.ndarray, r: np.ndarray, tau: np.ndarray) -> np.ndarra
     return pipe + np.clip(r / 8.0, HYSTART_DELAY_MIN_S, HYSTART_DELAY_MAX_S) / tau
 
 
+def codel_drop_stall_s(
+    segments: ArrayLike, rtt_s: ArrayLike, segment_s: ArrayLike, initial_window: float
+) -> np.ndarray:
+    """Seconds a loss-free transfer of ``segments`` loses to the drop an AQM (CoDel) makes
+    from the queue slow start leaves (item 4 of the module's docstring): with
+    ``R = rtt_s + τ``, ``pipe = R/τ``, ``θ = clamp(R/8, 4 ms, 16 ms)``, the link fills in
+    round ``K`` (:func:`slow_start_stall_s`' ``K``, after ``S_K`` segments); if
+    ``θ − τ > CODEL_TARGET_S`` and segments are still left when the drop is seen,
+    ``CODEL_INTERVAL_S + θ + R`` after that, the window falls to ``w₀ = β·(pipe + θ/τ)``;
+    round trip ``i`` then leaves ``(pipe − wᵢ)·τ`` idle (the first less the queue's
+    ``θ``), ``wᵢ = W_max + C·(i·R − K_c)³``, until ``wᵢ ≥ pipe`` or the segments left are
+    sent. 0 where no drop falls."""
+    n = np.atleast_1d(np.asarray(segments, dtype=float))
+    tau = np.atleast_1d(np.asarray(segment_s, dtype=float))
+    rtt = np.atleast_1d(np.asarray(rtt_s, dtype=float))
+    n, tau, rtt = np.broadcast_arrays(n, tau, rtt)
+    out = np.zeros(n.shape)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        r = rtt + tau
+        theta = np.clip(r / 8.0, HYSTART_DELAY_MIN_S, HYSTART_DELAY_MAX_S)
+        live = (n > 0) & (tau > 0) & np.isfinite(tau) & (rtt > 0)
+        live &= theta - tau > CODEL_TARGET_S
+        pipe = np.where(live, r / tau, 1.0)
+        iw = float(initial_window)
+        held = (r - iw * tau <= DELAYED_ACK_TIMEOUT_S) & (iw >= 2.0)
+        g = np.where(held, iw - 1.0, iw)
+        c = np.where(held, 1.0, 0.0)
+        fill = _first_power(np.where(live, (pipe - c) / g, 0.0))
+        sent = np.where(fill > 0, g * (_pow2(fill) - 1.0) + c, 0.0)
+        left = n - sent - (CODEL_INTERVAL_S + theta + r) / np.where(live, tau, 1.0)
+    live &= left > 0
+    if not live.any():
+        return out
+    idx = np.flatnonzero(live)
+    r, tau, theta, pipe, left = r[idx], tau[idx], theta[idx], pipe[idx], left[idx]
+    w_max = pipe + theta / tau
+    k_c = np.cbrt(w_max * (1.0 - CUBIC_BETA) / CUBIC_C)
+    w = CUBIC_BETA * w_max
+    lost = np.maximum((pipe - w) * tau - theta, 0.0)  # the queue drains first
+    left = left - np.minimum(w, pipe)
+    going = (w < pipe) & (left > 0)
+    i = 1
+    while going.any():
+        w = w_max + CUBIC_C * (i * r - k_c) ** 3
+        going &= w < pipe
+        lost = lost + np.where(going, (pipe - w) * tau, 0.0)
+        left = left - np.where(going, np.minimum(w, pipe), 0.0)
+        going &= left > 0
+        i += 1
+    out[idx] = lost
+    return out
+
+
 def lossy_transfer_times_s(
     d: ArrayLike,
     rtt_s: ArrayLike,
@@ -227,7 +299,7 @@ def lossy_transfer_times_s(
     tau_, r = flat(tt), flat(rr)
     pipe = r / tau_  # segments a round trip carries at the link's rate
     cap = _queue_window(pipe, r, tau_)
-    t0 = np.maximum(min_rto_s, 2.0 * r)
+    t0 = r + np.maximum(min_rto_s, r)
     c = np.where((r - iw * tau_ <= DELAYED_ACK_TIMEOUT_S) & (iw >= 2.0), 1.0, 0.0)
     beta = CUBIC_BETA if cc == "cubic" else 0.5
     log_q = np.log1p(-p)
@@ -341,13 +413,15 @@ def tcp_extra_s(
     loss_rate: float = 0.0,
     congestion_control: CongestionControl = "cubic",
     min_rto_s: float = 0.2,
+    queue: Queue = "fq_codel",
 ) -> np.ndarray:
     """Expected seconds a transfer of ``nbytes`` takes beyond ``8·nbytes / goodput_bps``
     (and its one-way latency) as a finite TCP flow: set-up, slow start and, with a loss
     rate, loss recovery and congestion avoidance below the link's rate (the module's
     docstring). ``goodput_bps`` is the payload rate the link gives the flow (its rate
     times :func:`header_efficiency`); ``rtt_s`` the round trip of the path without
-    serialisation. 0 for ``nbytes <= 0``; inf where the goodput is 0."""
+    serialisation; ``queue`` the bottleneck's (``fq_codel``: item 4's drop after slow
+    start). 0 for ``nbytes <= 0``; inf where the goodput is 0."""
     shape = np.broadcast(nbytes, goodput_bps, rtt_s).shape
     # at least 1-d: numpy times a 0-d array's powers with the C library's pow and an
     # array's with its SIMD kernels (AVX-512 ones differ in the last bit), so one
@@ -365,6 +439,8 @@ def tcp_extra_s(
     p = float(loss_rate)
     if p <= 0.0:
         extra = extra + slow_start_stall_s(d, rtt, tau, iw)
+        if queue == "fq_codel":
+            extra = extra + codel_drop_stall_s(d, rtt, tau, iw)
     else:
         extra = extra + _lossy_time_s(d, rtt, tau, iw, p, congestion_control, min_rto_s) - d * tau
     out = np.where(g > 0, extra, np.inf)
@@ -426,6 +502,7 @@ class TcpColumns:
             loss_rate=f.loss_rate,
             congestion_control=f.congestion_control,
             min_rto_s=f.min_rto_s,
+            queue=f.queue,
         )
 
 
@@ -447,6 +524,7 @@ class TcpFlow:
     congestion_control: CongestionControl = "cubic"
     min_rto_s: float = 0.2
     flows: int = 1
+    queue: Queue = "fq_codel"
 
     def __post_init__(self) -> None:
         if not (self.rtt_s >= 0 and self.mss_bytes > 0 and self.initial_window >= 1):
@@ -463,6 +541,7 @@ class TcpFlow:
             self.loss_rate,
             self.congestion_control,
             self.min_rto_s,
+            self.queue,
         )
 
     @property
@@ -494,6 +573,7 @@ class TcpFlow:
             loss_rate=self.loss_rate,
             congestion_control=self.congestion_control,
             min_rto_s=self.min_rto_s,
+            queue=self.queue,
         )
 
 
@@ -503,7 +583,7 @@ def _lossy_extra_s(
 ) -> float:
     """:meth:`TcpFlow.extra_s` of a lossy flow, remembered (the same arithmetic as
     :meth:`TcpFlow.extra_array`: the cache changes no bit)."""
-    mss, iw, setup, loss, cc, min_rto = kind
+    mss, iw, setup, loss, cc, min_rto, queue = kind
     return float(
         tcp_extra_s(
             np.asarray(nbytes),
@@ -515,5 +595,6 @@ def _lossy_extra_s(
             loss_rate=cast(float, loss),
             congestion_control=cast(CongestionControl, cc),
             min_rto_s=cast(float, min_rto),
+            queue=cast(Queue, queue),
         )
     )

@@ -79,7 +79,7 @@ class Row:
 def tcp_scenario(case: dict[str, Any]) -> dict[str, Any]:
     """The scenario of a bottleneck case: ``flows`` clients on one fixed-rate uplink
     (shared when there are several), the one-way delay both ways, the loss on the
-    uplink, ns-3's minimum RTO."""
+    uplink, ns-3's minimum RTO, the bottleneck's queue (fq_codel unless the case says fifo)."""
     flows = int(case["flows"])
     up: dict[str, Any] = {
         "rate_bps": case["rate_bps"],
@@ -89,6 +89,8 @@ def tcp_scenario(case: dict[str, Any]) -> dict[str, Any]:
     }
     if case.get("loss"):
         up["loss_rate"] = case["loss"]
+    if case.get("queue"):  # ns-3's FifoQueueDisc: mecsim's queue: fifo
+        up["queue"] = case["queue"]
     return {
         "name": f"validation-{case['id']}",
         "topology": {"clients": flows, "participation": 1.0},
@@ -227,12 +229,20 @@ def wifi_rows(reference: dict[str, Any]) -> list[Row]:
 
 def all_rows() -> list[Row]:
     """Every stored case, mecsim beside ns-3: the TCP grid, the Wi-Fi cells, the
-    held-out TCP cases, then the long round trips (``reference/tcp_rtt.json``)."""
+    held-out TCP cases, the long round trips (``reference/tcp_rtt.json``), then the
+    cases held out from the AQM model (``reference/tcp_holdout_long.json``)."""
     tcp = json.loads((REFERENCE / "tcp.json").read_text())
     wifi = json.loads((REFERENCE / "wifi.json").read_text())
     held = json.loads((REFERENCE / "tcp_holdout.json").read_text())
     rtt = json.loads((REFERENCE / "tcp_rtt.json").read_text())
-    return tcp_rows(tcp) + wifi_rows(wifi) + tcp_rows(held, "held-out") + tcp_rows(rtt, "rtt")
+    long = json.loads((REFERENCE / "tcp_holdout_long.json").read_text())
+    return (
+        tcp_rows(tcp)
+        + wifi_rows(wifi)
+        + tcp_rows(held, "held-out")
+        + tcp_rows(rtt, "rtt")
+        + tcp_rows(long, "held-out-long")
+    )
 
 
 def summary(rows: list[Row]) -> dict[str, dict[str, float]]:
@@ -255,6 +265,7 @@ def summary(rows: list[Row]) -> dict[str, dict[str, float]]:
         "tcp long round trips, fifo": [
             r for r in rows if r.grid == "rtt" and r.case.endswith("-fifo")
         ],
+        "tcp held out from the AQM model": [r for r in rows if r.grid == "held-out-long"],
     }
     for name, group in groups.items():
         if not group:
@@ -336,7 +347,11 @@ def plot(rows: list[Row], path: Path) -> None:
 
 
 #: how the plain listing marks a case of a set other than the grid
-_SET_NOTE = {"held-out": "  (held out)", "rtt": "  (long round trips)"}
+_SET_NOTE = {
+    "held-out": "  (held out)",
+    "rtt": "  (long round trips)",
+    "held-out-long": "  (held out from the AQM model)",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -355,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown(rows, "held-out"))
         print("\nLong round trips (no loss; fq_codel, then a FIFO):\n")
         print(markdown(rows, "rtt"))
+        print("\nHeld out from the AQM model (drawn at random, 20-150 ms one way):\n")
+        print(markdown(rows, "held-out-long"))
         print()
     else:
         for r in rows:

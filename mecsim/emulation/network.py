@@ -328,6 +328,7 @@ def tcp_flows(
                 congestion_control=link.congestion_control,
                 min_rto_s=link.min_rto_s,
                 flows=k,
+                queue=link.queue,
             )
         return found
 

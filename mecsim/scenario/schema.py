@@ -552,6 +552,14 @@ class LinkTransport(_Strict):
         le=60,
         description="tcp: the retransmission timeout's floor (s; Linux 0.2, RFC 6298 1.0)",
     )
+    queue: Literal["fq_codel", "fifo"] = Field(
+        default="fq_codel",
+        description="tcp: the bottleneck's queue. fq_codel (Linux's and ns-3's default) "
+        "drops from the queue slow start leaves once it has stood above 5 ms for 100 ms "
+        "(one-way latencies from about 24 ms), and the window's cut idles the link; fifo "
+        "(a deep drop-tail buffer, as on many cellular links) never drops and keeps the "
+        "link busy (docs/channel.md, Transport)",
+    )
 
     def segment_bytes(self) -> int:
         """The MSS in force: ``mss_bytes``, or the transport's (tcp 1448, ideal 1460)."""

@@ -108,6 +108,10 @@ _NEW_LINK_AT_DEFAULT: dict[str, Any] = {
 }
 
 
+#: A link's ``queue`` at its default: left out (added after runs with TCP links were
+#: recorded; their checkpoints stay theirs)
+_QUEUE_DEFAULT = "fq_codel"
+
 #: Fields of ``channel.interference`` added after runs were recorded: left out of the
 #: digest while at their defaults (the distribution draws every earlier run used).
 _NEW_INTERFERENCE_AT_DEFAULT: dict[str, Any] = {"model": "distribution", "reuse": 1}
@@ -129,6 +133,8 @@ def scenario_digest(scenario: Scenario) -> str:
         if channel.get(key) == channel_default:
             channel.pop(key)
     for link in (channel.get("uplink"), channel.get("downlink"), data.get("backhaul")):
+        if isinstance(link, dict) and link.get("queue") == _QUEUE_DEFAULT:
+            link.pop("queue")  # added after TCP runs were recorded
         if isinstance(link, dict) and link.get("transport") == "ideal":
             if link.get("mss_bytes") is None:  # what null means under ideal, and was written
                 link["mss_bytes"] = 1460

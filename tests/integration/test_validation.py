@@ -3,11 +3,11 @@
 Every case of the stored reference (``validation/reference/``: ns-3.37's times) is timed
 by mecsim through a scenario file, as ``python -m validation.compare`` does, and held to
 the figures the validation states: TCP (point-to-point and shared bottlenecks) median
-|error| <= 10 % and each case within 25 %, but for the cases named in
-:data:`OUTSIDE_25` (each held to its own measured error, so it cannot drift either);
-every 802.11ax cell's last upload within 15 %; the held-out TCP cases
-(``reference/tcp_holdout.json``) to the same figures. Needs no ns-3: the reference is
-data.
+|error| <= 10 % and each case within 25 %; every 802.11ax cell's last upload within
+15 %; the held-out TCP cases (``reference/tcp_holdout.json``, and
+``reference/tcp_holdout_long.json``, held out from the AQM model: one case outside 25 %,
+held at its measured error) to the same figures.
+Needs no ns-3: the reference is data.
 
 With ns-3 installed, a few cases are also run live in ns-3 (a few seconds) and held to
 the same tolerance, so a change to the programs or to ns-3 that moves the reference is
@@ -29,18 +29,6 @@ if str(ROOT) not in sys.path:  # validation/ is the repository's, not installed
 from validation import compare  # noqa: E402
 from validation.ns3 import ns3_available, run  # noqa: E402
 
-#: TCP cases mecsim misses by more than 25 %, with the error measured when the model was
-#: fitted (mecsim / ns-3 - 1) and why; each is held within 5 points of it. The grid has
-#: none; the held-out cases (never used to adjust a model) have one:
-OUTSIDE_25 = {
-    # 3 MB at 5 Mb/s, 60 ms each way: FqCoDel's interval (100 ms, its default) is shorter
-    # than the 120 ms round trip (RFC 8289 §4.3 asks for the worst-case RTT), so slow
-    # start's overshoot (HyStart sees the queue a doubling late: 98 segments for a path of
-    # 50) draws drops, a retransmission is dropped again and two timeouts follow. Through
-    # a 100-packet FIFO ns-3 takes 5.243 s, mecsim 5.232 s (-0.2 %).
-    "3000000B-5M-60ms": -0.297,
-}
-
 
 @pytest.fixture(scope="module")
 def rows() -> list[compare.Row]:
@@ -51,10 +39,7 @@ def _hold(tcp: list[compare.Row]) -> None:
     errors = {r.case: r.error for r in tcp}
     assert statistics.median(abs(e) for e in errors.values()) <= 0.10
     for case, error in errors.items():
-        if case in OUTSIDE_25:
-            assert abs(error - OUTSIDE_25[case]) <= 0.05, (case, error)
-        else:
-            assert abs(error) <= 0.25, (case, error)
+        assert abs(error) <= 0.25, (case, error)
 
 
 def test_tcp_times_hold_against_ns3(rows):
@@ -73,29 +58,36 @@ def test_tcp_times_hold_on_the_held_out_cases(rows):
     _hold(held)
 
 
-#: long round trips through fq_codel that mecsim misses by more than 25 %, with their
-#: measured error (docs/validation.md, "Long round trips"): slow start overshoots the path
-#: into CoDel's drops, which mecsim's loss-free flow does not model
-RTT_OUTSIDE_25 = {
-    "1000000B-5M-50ms": -0.300,
-    "3000000B-10M-50ms": -0.280,
-    "10000000B-50M-50ms": -0.368,
-    "1000000B-5M-60ms": -0.353,
-    "3000000B-5M-60ms": -0.297,
-    "10000000B-5M-60ms": -0.268,
-    "10000000B-5M-100ms": -0.276,
-    "10000000B-10M-100ms": -0.290,
+#: cases of HOLDOUT_LONG mecsim misses by more than 25 %, with the error measured when
+#: the set was first run (mecsim / ns-3 - 1); each is held within 5 points of it
+LONG_OUTSIDE_25 = {
+    # 3.3 MB at 48 Mb/s, 30 ms each way: ns-3.37's HyStart (on the smoothed round trip)
+    # leaves slow start at 563 segments on a path of 241; CoDel's drops cut the window
+    # three times in a row and a timeout follows (NewReno: 0.954 s, -6 %)
+    "3300000B-48M-30ms": -0.259,
 }
 
 
-def test_long_round_trips_hold_through_a_fifo_and_are_known_short_through_fq_codel(rows):
-    """The long-round-trip set (validation/cases.py RTT_SWEEP) runs every case through a
-    deep FIFO and through fq_codel. Through the FIFO, what mecsim's loss-free flow
-    assumes, every case is within 2 % but the 10 MB flows at 2 Mb/s (within 11 %);
-    through fq_codel the figures docs/validation.md states hold (median |error| 8.9 %,
-    the cases of :data:`RTT_OUTSIDE_25` outside 25 %, each within 5 points of its
-    measured error), so a model of the AQM that moves them must update the docs and this
-    test."""
+def test_tcp_times_hold_on_the_cases_held_out_from_the_aqm_model(rows):
+    """Cases drawn at random (20-150 ms one way; validation/cases.py HOLDOUT_LONG) after
+    the AQM model was built on the long round trips, never used to change it: median
+    |error| <= 10 %, every case within 25 % but those of :data:`LONG_OUTSIDE_25`."""
+    held = [r for r in rows if r.grid == "held-out-long"]
+    assert len(held) == 26 and {r.kind for r in held} == {"p2p", "shared"}
+    assert statistics.median(abs(r.error) for r in held) <= 0.10
+    for r in held:
+        if r.case in LONG_OUTSIDE_25:
+            assert abs(r.error - LONG_OUTSIDE_25[r.case]) <= 0.05, r
+        else:
+            assert abs(r.error) <= 0.25, r
+
+
+def test_long_round_trips_hold_through_fq_codel_and_through_a_fifo(rows):
+    """The long-round-trip set (validation/cases.py RTT_SWEEP) runs every case through
+    fq_codel (mecsim's ``queue: fq_codel``: the drop after slow start, channel/tcp.py
+    item 4) and through a deep FIFO (``queue: fifo``). Through fq_codel: median |error|
+    <= 10 % and every case within 25 % (docs/validation.md: 4.5 %, largest 24.1 %);
+    through the FIFO every case within 2 % but the 10 MB flows at 2 Mb/s (within 11 %)."""
     rtt = [r for r in rows if r.grid == "rtt"]
     fifo = [r for r in rtt if r.case.endswith("-fifo")]
     codel = [r for r in rtt if not r.case.endswith("-fifo")]
@@ -103,12 +95,13 @@ def test_long_round_trips_hold_through_a_fifo_and_are_known_short_through_fq_cod
     for r in fifo:  # 10 MB at 2 Mb/s (40 s) outgrows even the 1,000-packet FIFO and loses
         assert abs(r.error) <= (0.11 if r.case.startswith("10000000B-2M-") else 0.02), r
     errors = {r.case: r.error for r in codel}
-    assert abs(statistics.median(abs(e) for e in errors.values()) - 0.089) <= 0.005
+    assert statistics.median(abs(e) for e in errors.values()) <= 0.10
     for case, error in errors.items():
-        if case in RTT_OUTSIDE_25:
-            assert abs(error - RTT_OUTSIDE_25[case]) <= 0.05, (case, error)
-        else:
-            assert abs(error) <= 0.25, (case, error)
+        assert abs(error) <= 0.25, (case, error)
+    # the AQM's drop is what brings them in: without it (the FIFO's time) the fq_codel
+    # cases are short by more, two of them beyond 25 %
+    by = {r.case: r for r in rtt}
+    assert sum(by[c + "-fifo"].mecsim_s / by[c].ns3_s - 1 < -0.25 for c in errors) == 2
 
 
 def test_the_slow_start_replica_leaves_slow_start_where_ns3_does():

@@ -15,6 +15,7 @@ import pytest
 from mecsim.channel.tcp import (
     TcpColumns,
     TcpFlow,
+    codel_drop_stall_s,
     header_efficiency,
     lossy_transfer_times_s,
     slow_start_stall_s,
@@ -97,6 +98,50 @@ def test_slow_start_edges():
     assert math.isinf(float(tcp_extra_s(10, 0.0, 0.1)))
 
 
+def test_the_aqm_drop_after_slow_start_by_hand():
+    """R = 0.12 + τ = 0.122 s with τ = 2 ms: pipe 61 segments; HyStart's θ = R/8 =
+    15.25 ms (a queue of 7.625 segments), θ − τ = 13.25 ms > CoDel's 5 ms target. No
+    delayed ACK holds a segment (R − 10τ = 102 ms > 40 ms): rounds of 10, 20, 40, 80; the
+    link fills in round 3 after 70 segments. The drop is seen 100 ms + θ + R = 237.25 ms
+    (118.625 segments) later: 188.625 segments in. W_max = 68.625, cut to 48.0375; round 0
+    idles (61 − 48.0375)·2 ms less the queue's 15.25 ms = 10.675 ms. K = ∛(68.625·0.3/0.4)
+    = 3.71976 s; round 1's window 68.625 + 0.4·(0.122 − K)³ = 49.9975 (22.005 ms idle),
+    round 2's 51.8289 (18.342 ms)."""
+    # 236 segments: 47.375 left at the cut, sent in round 0
+    assert codel_drop_stall_s(236, 0.12, 0.002, 10)[0] == pytest.approx(0.010675, abs=1e-12)
+    # 188: done before the drop is seen
+    assert codel_drop_stall_s(188, 0.12, 0.002, 10)[0] == 0.0
+    # 300: 111.375 left; round 0 sends 48.04, round 1 49.997, round 2 the last 13.34
+    three = 0.010675 + (61 - 49.9974653224) * 0.002 + (61 - 51.8289130174) * 0.002
+    assert codel_drop_stall_s(300, 0.12, 0.002, 10)[0] == pytest.approx(three, abs=1e-9)
+    # a long transfer: every round until Cubic's window is back at the pipe, (K − t)³ <=
+    # 7.625/0.4, t >= 1.0487 s: rounds 1-8 idle, round 9's window is above the pipe
+    k = (68.625 * 0.3 / 0.4) ** (1 / 3)
+    rounds = [61 - (68.625 + 0.4 * (i * 0.122 - k) ** 3) for i in range(1, 10)]
+    assert rounds[7] > 0 > rounds[8]
+    whole = 0.010675 + 0.002 * sum(rounds[:8])
+    assert codel_drop_stall_s(100_000, 0.12, 0.002, 10)[0] == pytest.approx(whole, abs=1e-9)
+
+
+def test_no_aqm_drop_where_the_queue_stays_below_the_target():
+    # 20 ms each way at 10 Mb/s: θ = 41.2/8 = 5.15 ms, θ − τ = 3.95 ms < 5 ms: no drop
+    # (the grid's 20 ms cases, which ns-3 times as through a FIFO)
+    assert codel_drop_stall_s(5000, 0.04, 0.0012, 10)[0] == 0.0
+    # 30 ms each way: θ = 7.65 ms, θ − τ = 6.45 ms: a drop
+    assert codel_drop_stall_s(5000, 0.06, 0.0012, 10)[0] > 0.0
+    # no round trip, no rate, nothing to send: nothing
+    assert codel_drop_stall_s(
+        [5000, 5000, 0], [0.0, 0.06, 0.06], [0.0012, np.inf, 0.0012], 10
+    ).tolist() == [0.0, 0.0, 0.0]
+    # a flow through fq_codel (the default) pays it, through a FIFO not
+    g = 8 * 1448 / 0.002
+    codel = tcp_extra_s(300 * 1448, g, 0.12)
+    fifo = tcp_extra_s(300 * 1448, g, 0.12, queue="fifo")
+    assert codel - fifo == pytest.approx(codel_drop_stall_s(300, 0.12, 0.002, 10)[0], abs=1e-12)
+    flow = TcpFlow(0.12, queue="fifo")
+    assert flow.extra_s(300 * 1448, g) == pytest.approx(float(fifo), abs=1e-15)
+
+
 def test_connection_set_up_is_round_trips():
     good = 10e6 * EFF
     base = float(tcp_extra_s(MODEL_BYTES, good, 0.04))
@@ -136,17 +181,22 @@ def test_a_lossy_path_by_hand():
     reno = lossy_transfer_times_s(100, 0.04, 0.0012, 10, 0.01, "newreno", 0.2, draws=u)
     assert float(reno[0, 0]) == pytest.approx(0.1648 + 20.5 * 0.0012, abs=1e-9)
     # the same, and a loss in the last round among its last segments (pos 13 of 13.63):
-    # no segment behind it, no duplicate ACK: a timeout, T0 = max(0.2, 2R) = 0.2 s; the
-    # last segment then goes alone (window 1): 1.2 ms. 0.1648 + 0.2 + 0.0012 = 0.366 s
+    # no segment behind it, no duplicate ACK: a timeout, Linux's T0 = SRTT + max(4·RTTVAR,
+    # 0.2 s) = R + max(R, 0.2) = 0.2412 s; the last segment then goes alone (window 1):
+    # 1.2 ms. 0.1648 + 0.2412 + 0.0012 = 0.4072 s
     tail = _draws(6, r2=(0.5, 0.5, 0.5), r3=(0.99, 0.5, 0.5))
     got = lossy_transfer_times_s(100, 0.04, 0.0012, 10, 0.01, "cubic", 0.2, draws=tail)
-    assert float(got[0, 0]) == pytest.approx(0.366, abs=1e-9)
+    assert float(got[0, 0]) == pytest.approx(0.4072, abs=1e-9)
     # a lost retransmission times out too, and backs off (3·T0) when lost again
     rtx = _draws(6, r2=(0.5, 0.0, 0.5))
     got = lossy_transfer_times_s(100, 0.04, 0.0012, 10, 0.01, "cubic", 0.2, draws=rtx)
     again = _draws(6, r2=(0.5, 0.0, 0.0))
     worse = lossy_transfer_times_s(100, 0.04, 0.0012, 10, 0.01, "cubic", 0.2, draws=again)
-    assert float(worse[0, 0]) - float(got[0, 0]) == pytest.approx(2 * 0.2, abs=1e-9)
+    assert float(worse[0, 0]) - float(got[0, 0]) == pytest.approx(2 * 0.2412, abs=1e-9)
+    # on a long round trip the timeout follows it: R = 0.3 s gives T0 = 0.3 + 0.3 = 0.6 s
+    slow = lossy_transfer_times_s(100, 0.2988, 0.0012, 10, 0.01, "cubic", 0.2, draws=again)
+    quick = lossy_transfer_times_s(100, 0.2988, 0.0012, 10, 0.01, "cubic", 0.2, draws=rtx)
+    assert float(slow[0, 0]) - float(quick[0, 0]) == pytest.approx(2 * 0.6, abs=1e-9)
 
 
 def test_the_lossy_expectation_is_the_mean_of_its_paths():
@@ -159,8 +209,8 @@ def test_the_lossy_expectation_is_the_mean_of_its_paths():
     # single transfers spread: some finish in the loss-free time, some pay timeouts
     clean = 553 * tau + float(slow_start_stall_s(553, 0.04, tau, 10))
     assert clean <= paths.min() < 1.1 * clean and paths.max() > 2 * clean
-    # ns-3.37 (validation/reference/tcp.json, 100 seeds): 1.723 s, 0.76-5.48 s
-    assert 0.02 + 8 * MODEL_BYTES / good + got == pytest.approx(1.706, abs=0.001)
+    # ns-3.37 (validation/reference/tcp.json, 100 seeds): 1.726 s, 0.76-5.53 s
+    assert 0.02 + 8 * MODEL_BYTES / good + got == pytest.approx(1.709, abs=0.001)
     reno = float(tcp_extra_s(MODEL_BYTES, good, 0.04, loss_rate=0.01, congestion_control="newreno"))
     assert reno > got  # halving and +1/2 a round trip recover slower than Cubic
 
@@ -309,6 +359,7 @@ def test_bad_transport_fields_are_refused_naming_the_field():
         ({"transport": "quic"}, "transport"),
         ({"congestion_control": "bbr"}, "congestion_control"),
         ({"min_rto_s": 0}, "min_rto_s"),
+        ({"queue": "red"}, "queue"),
         ({"latency_s": 1e308}, "latency_s"),
     ):
         with pytest.raises(ScenarioError, match=rf"tcp.yaml: channel.uplink.{field}"):
