@@ -213,6 +213,13 @@ def _queue_window(pipe: np.ndarray, r: np.ndarray, tau: np.ndarray) -> np.ndarra
     return pipe + np.clip(r / 8.0, HYSTART_DELAY_MIN_S, HYSTART_DELAY_MAX_S) / tau
 
 
+def _cubes_s(k: np.ndarray, r: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """``Σ_{j=1..m} (k − j·r)³`` element-wise, by the power sums of ``j``."""
+    s1 = m * (m + 1.0) / 2.0
+    s2 = m * (m + 1.0) * (2.0 * m + 1.0) / 6.0
+    return m * k**3 - 3.0 * k * k * r * s1 + 3.0 * k * r * r * s2 - r**3 * s1 * s1
+
+
 def codel_drop_stall_s(
     segments: ArrayLike, rtt_s: ArrayLike, segment_s: ArrayLike, initial_window: float
 ) -> np.ndarray:
@@ -250,18 +257,35 @@ def codel_drop_stall_s(
     r, tau, theta, pipe, left = r[idx], tau[idx], theta[idx], pipe[idx], left[idx]
     w_max = pipe + theta / tau
     k_c = np.cbrt(w_max * (1.0 - CUBIC_BETA) / CUBIC_C)
-    w = CUBIC_BETA * w_max
-    lost = np.maximum((pipe - w) * tau - theta, 0.0)  # the queue drains first
-    left = left - np.minimum(w, pipe)
-    going = (w < pipe) & (left > 0)
-    i = 1
-    while going.any():
-        w = w_max + CUBIC_C * (i * r - k_c) ** 3
-        going &= w < pipe
-        lost = lost + np.where(going, (pipe - w) * tau, 0.0)
-        left = left - np.where(going, np.minimum(w, pipe), 0.0)
-        going &= left > 0
-        i += 1
+    w0 = CUBIC_BETA * w_max
+    lost = np.maximum((pipe - w0) * tau - theta, 0.0)  # the queue drains first
+    left = left - np.minimum(w0, pipe)
+
+    def window(i: np.ndarray) -> np.ndarray:  # Cubic's window in round trip i after the cut
+        return w_max + CUBIC_C * (i * r - k_c) ** 3
+
+    # rounds i >= 1 below the pipe: i < (K - u*)/R, u* = ∛(θ/(τ·C)); checked both ways
+    u_star = np.cbrt(theta / (tau * CUBIC_C))
+    below = np.maximum(np.ceil((k_c - u_star) / r) - 1.0, 0.0)
+    below = np.where(window(below + 1.0) < pipe, below + 1.0, below)
+    below = np.where((below >= 1.0) & (window(below) >= pipe), below - 1.0, below)
+    below = np.where((w0 < pipe) & (left > 0), below, 0.0)
+
+    def sent(i: np.ndarray) -> np.ndarray:  # segments rounds 1..i send: Σ w_j
+        return i * w_max - CUBIC_C * _cubes_s(k_c, r, i)
+
+    # the last round: the first whose sending covers what is left (bisection), or `below`
+    lo, hi = np.minimum(below, 1.0), below
+    short = sent(below) >= left
+    hi = np.where(short, hi, lo)
+    while (lo < hi).any():
+        mid = np.floor((lo + hi) / 2.0)
+        enough = sent(mid) >= left
+        hi = np.where(enough, mid, hi)
+        lo = np.where(enough, lo, mid + 1.0)
+    rounds = np.where(short, hi, below)
+    # each round j idles (pipe − w_j)·τ = C·τ·(K − jR)³ − θ
+    lost = lost + CUBIC_C * tau * _cubes_s(k_c, r, rounds) - rounds * theta
     out[idx] = lost
     return out
 
@@ -553,10 +577,11 @@ class TcpFlow:
 
     def extra_s(self, nbytes: float, goodput_bps: float) -> float:
         """:func:`tcp_extra_s` of one transfer on this link (at ``goodput / flows``); a
-        lossy one is remembered (its sample paths cost milliseconds, and a round's
-        transfers repeat from round to round on fixed rates)."""
-        if self.loss_rate > 0:
-            return _lossy_extra_s(
+        lossy one, or one through fq_codel with a round trip, is remembered (sample paths
+        cost milliseconds, the AQM's drop a hundred microseconds, and a round's transfers
+        repeat from round to round on fixed rates)."""
+        if self.loss_rate > 0 or (self.queue == "fq_codel" and self.rtt_s > 0):
+            return _remembered_extra_s(
                 self.kind(), self.rtt_s, self.flows, float(nbytes), float(goodput_bps)
             )
         return float(self.extra_array(np.asarray(nbytes), np.asarray(goodput_bps)))
@@ -578,11 +603,11 @@ class TcpFlow:
 
 
 @lru_cache(maxsize=1 << 16)
-def _lossy_extra_s(
+def _remembered_extra_s(
     kind: tuple[object, ...], rtt_s: float, flows: int, nbytes: float, goodput_bps: float
 ) -> float:
-    """:meth:`TcpFlow.extra_s` of a lossy flow, remembered (the same arithmetic as
-    :meth:`TcpFlow.extra_array`: the cache changes no bit)."""
+    """:meth:`TcpFlow.extra_s` of a lossy flow or one through fq_codel, remembered (the
+    same arithmetic as :meth:`TcpFlow.extra_array`: the cache changes no bit)."""
     mss, iw, setup, loss, cc, min_rto, queue = kind
     return float(
         tcp_extra_s(
