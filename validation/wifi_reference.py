@@ -2,6 +2,7 @@
 
     python validation/wifi_reference.py thresholds   # channel/data/wifi_he_snr_thresholds.json
     python validation/wifi_reference.py cells        # validation/reference/wifi.json
+    python validation/wifi_reference.py cells-holdout   # reference/wifi_holdout.json
 
 Needs Debian's ns-3.37 (libns3-dev) and g++. Debian's ns3 .pc files name libgsl.so, which
 only libgsl-dev installs; the runtime libraries are enough, so those two entries are
@@ -11,6 +12,7 @@ dropped from the link line.
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -43,6 +45,28 @@ CELL_CASES: list[tuple[str, dict[str, str]]] = [
     ),
 ]
 SEEDS = (1, 2, 3)
+
+
+def _drawn_cells(seed: int = 20261129) -> list[tuple[str, dict[str, str]]]:
+    """Cells drawn, not chosen, held out from the Wi-Fi model (run once after it, never
+    used to change it): 2-15 stations spread evenly between a nearest (5-30 m) and a
+    farthest (5-30 m further, at most 60 m), 20, 40 or 80 MHz, each uploading 200 kB,
+    the 2NN's 800,040 bytes or 3 MB, from a fixed seed."""
+    rng = random.Random(seed)
+    cases = []
+    for _ in range(8):
+        n = rng.randint(2, 15)
+        near = rng.randint(5, 30)
+        far = rng.randint(near + 5, min(near + 30, 60))
+        width = rng.choice(("20", "40", "80"))
+        nbytes = rng.choice((200_000, BYTES, 3_000_000))
+        name = f"{n}sta_{near}-{far}m_{width}MHz_{nbytes}B"
+        options = {"stations": str(n), "min_m": str(near), "max_m": str(far)}
+        cases.append((name, {**options, "width_mhz": width, "bytes": str(nbytes)}))
+    return cases
+
+
+HOLDOUT_CELLS = _drawn_cells()
 
 
 def build(name: str) -> Path:
@@ -95,9 +119,9 @@ def run_cell(options: dict[str, str], seed: int) -> dict[str, object]:
     return {"stations": rows[:-1], "summary": rows[-1]["summary"]}
 
 
-def cells() -> None:
+def cells(cases: list[tuple[str, dict[str, str]]] = CELL_CASES, out: str = "wifi.json") -> None:
     results = []
-    for name, options in CELL_CASES:
+    for name, options in cases:
         options = {"bytes": str(BYTES), **options}
         runs = [run_cell(options, seed) for seed in SEEDS]
         results.append({"case": name, "options": options, "runs": runs})
@@ -125,10 +149,16 @@ def cells() -> None:
         },
         "cases": results,
     }
-    path = ROOT / "validation" / "reference" / "wifi.json"
+    path = ROOT / "validation" / "reference" / out
     path.parent.mkdir(exist_ok=True)
-    path.write_text(json.dumps(reference, indent=1) + "\n")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(reference, indent=1) + "\n")
+    tmp.replace(path)  # never a half-written reference
 
 
 if __name__ == "__main__":
-    {"thresholds": thresholds, "cells": cells}[sys.argv[1]]()
+    {
+        "thresholds": thresholds,
+        "cells": cells,
+        "cells-holdout": lambda: cells(HOLDOUT_CELLS, "wifi_holdout.json"),
+    }[sys.argv[1]]()
