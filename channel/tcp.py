@@ -271,16 +271,16 @@ def codel_drop_stall_s(
     below = np.where((below >= 1.0) & (window(below) >= pipe), below - 1.0, below)
     below = np.where((w0 < pipe) & (left > 0), below, 0.0)
 
-    def sent(i: np.ndarray) -> np.ndarray:  # segments rounds 1..i send: Σ w_j
+    def sent_by(i: np.ndarray) -> np.ndarray:  # segments rounds 1..i send: Σ w_j
         return i * w_max - CUBIC_C * _cubes_s(k_c, r, i)
 
     # the last round: the first whose sending covers what is left (bisection), or `below`
     lo, hi = np.minimum(below, 1.0), below
-    short = sent(below) >= left
+    short = sent_by(below) >= left
     hi = np.where(short, hi, lo)
     while (lo < hi).any():
         mid = np.floor((lo + hi) / 2.0)
-        enough = sent(mid) >= left
+        enough = sent_by(mid) >= left
         hi = np.where(enough, mid, hi)
         lo = np.where(enough, lo, mid + 1.0)
     rounds = np.where(short, hi, below)
