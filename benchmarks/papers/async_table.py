@@ -62,6 +62,9 @@ def quick_runs(out: Path) -> list[Path]:
                 "downlink": {"rate_bps": 50e6},
             },
             "aggregation": {"mode": mode},
+            # in-process: the table reads records, which are the same bits on Ray (the
+            # default backend would start a Ray instance for each of the two runs)
+            "execution": {"backend": "local"},
         }
         run = mecsim.simulate(
             scenario,

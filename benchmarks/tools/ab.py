@@ -15,7 +15,8 @@ the medians, and the spread of the ratio over the trial pairs (min-max of B_i/A_
 This is how a speed claim is made in this project (docs/speed.md): "faster" or "as fast
 as before" needs an A/B from this tool, run on a machine doing nothing else; figures
 measured under other load are not speed claims. ``--quick`` (the suite's check): the
-engine benchmark's quick run, HEAD against HEAD, twice each.
+plugin-discovery benchmark's quick run (fresh processes that import the revision's
+``mecsim``, a few seconds), HEAD against HEAD, twice each.
 """
 
 from __future__ import annotations
@@ -186,10 +187,17 @@ def report(a: Revision, b: Revision, runs: dict[str, list[str]], only: str | Non
     return "\n".join(rows)
 
 
+#: what ``--quick`` runs on each revision: a check that the A/B runs (worktrees, import
+#: roots, figures matched by place), not a measurement, so the cheapest benchmark that
+#: imports the revision's code in processes of its own (the engine's quick run took ~25 s
+#: a trial, four of them)
+QUICK_BENCHMARK = ["benchmarks/speed/plugin_discovery.py", "--quick"]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv == ["--quick"]:
-        argv = ["HEAD", "HEAD", "--trials", "2", "--", "benchmarks/speed/engine.py", "--quick"]
+        argv = ["HEAD", "HEAD", "--trials", "2", "--", *QUICK_BENCHMARK]
     command: list[str] = []
     if "--" in argv:
         i = argv.index("--")

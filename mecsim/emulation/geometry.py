@@ -32,7 +32,7 @@ from mecsim.channel.spatial import SpatialLargeScale
 from mecsim.channel.wireless import ShannonChannel
 from mecsim.emulation.interference import reuse_groups_of
 from mecsim.scenario import GeometryConfig, Scenario
-from mecsim.scenario.schema import hex_grid_offsets_m, split_evenly
+from mecsim.scenario.plane import hex_grid_offsets_m, split_evenly
 
 AssociationRule = Literal["nearest", "strongest", "sinr"]
 RULES: tuple[str, ...] = ("nearest", "strongest", "sinr")

@@ -23,7 +23,8 @@ from pydantic import (
     ValidationError,
 )
 
-from mecsim.scenario.schema import Scenario, _loc
+from mecsim.scenario.schema import Scenario
+from mecsim.scenario.schema.base import _loc
 
 MAX_SCENARIO_BYTES = 1 << 20  # scenario files are a few KiB
 MAX_DEPTH = 64  # the schema nests 5 levels deep

@@ -1,0 +1,190 @@
+"""The scenario schema: typed, validated pydantic models of every section, a module per
+section (:mod:`.data`, :mod:`.training`, :mod:`.topology`, :mod:`.links`, :mod:`.channel`,
+:mod:`.execution`, :mod:`.faults`, :mod:`.geometry`; ``aggregation:`` and
+``geometry.mobility`` are :mod:`mecsim.scenario.aggregation` and
+:mod:`mecsim.scenario.mobility`), the whole scenario in :mod:`.scenario`, what they share in
+:mod:`.base`. Every public name is re-exported here.
+
+Parsed once, validated once, then typed (:mod:`mecsim.scenario.loader` reads the YAML).
+Every number must be finite (no ``.inf`` or ``.nan`` anywhere) and names and run ids are
+safe folder names; checks that need more than the file (paths, ports, memory, cross-field
+checks of an algorithm) are in :mod:`mecsim.run.preflight`. What a validator needs of an
+algorithm or a device profile it asks :mod:`mecsim.registry` by name.
+"""
+
+from mecsim.scenario.plane import hex_grid_offsets_m, split_evenly
+from mecsim.scenario.schema.base import (
+    MAX_COUNT,
+    MAX_EMULATED_S,
+    MAX_NAME_LENGTH,
+    MAX_RUN_ID_LENGTH,
+    MAX_SEED,
+    DecibelRange,
+    Decibels,
+    EmulatedSeconds,
+    Fraction,
+    PositiveEmulatedSeconds,
+    PositiveFloat,
+    PositiveRange,
+    Probability,
+    RunId,
+    SafeName,
+    SlowdownRange,
+)
+from mecsim.scenario.schema.channel import (
+    BUILTIN_CHANNELS,
+    NR_BANDWIDTHS_MHZ,
+    TR38901_DISTANCE_RANGE_M,
+    WIFI_AX_BANDWIDTHS_HZ,
+    ChannelConfig,
+    FixedLink,
+    FixedRateChannelConfig,
+    Interference,
+    PathLossConfig,
+    PhyConfig,
+    PluginChannelConfig,
+    PluginLink,
+    ShannonChannelConfig,
+    ShannonDownlink,
+    ShannonUplink,
+    TraceChannelConfig,
+    UplinkAccess,
+)
+from mecsim.scenario.schema.data import (
+    DatasetConfig,
+    DirichletPartition,
+    IidPartition,
+    ModelConfig,
+    Partition,
+    PrimarySecondaryPartition,
+    ShardsPartition,
+)
+from mecsim.scenario.schema.execution import (
+    DEFAULT_CALL_TIMEOUT_S,
+    MAX_CALL_TIMEOUT_S,
+    CheckpointConfig,
+    EvaluationConfig,
+    ExecutionConfig,
+    MetricsConfig,
+    OutputsConfig,
+)
+from mecsim.scenario.schema.faults import (
+    EdgeServerOutage,
+    FaultsConfig,
+    LinkOutage,
+    StragglerConfig,
+)
+from mecsim.scenario.schema.geometry import (
+    MAX_GEOMETRY_M,
+    MAX_HEX_RINGS,
+    AreaConfig,
+    AssociationConfig,
+    ClientPlacementConfig,
+    GeometryConfig,
+    Hotspot,
+    Metres,
+    Point,
+    PositiveMetres,
+    SitesConfig,
+)
+from mecsim.scenario.schema.links import (
+    IDEAL_MSS_BYTES,
+    TCP_MSS_BYTES,
+    BackhaulConfig,
+    LinkTransport,
+    personalised_downloads,
+)
+from mecsim.scenario.schema.scenario import (
+    Scenario,
+)
+from mecsim.scenario.schema.topology import (
+    CustomProfile,
+    DeviceGroup,
+    DevicesConfig,
+    EnergyConfig,
+    TopologyConfig,
+)
+from mecsim.scenario.schema.training import (
+    AlgorithmConfig,
+    TrainingConfig,
+)
+
+__all__ = [
+    "AlgorithmConfig",
+    "AreaConfig",
+    "AssociationConfig",
+    "BUILTIN_CHANNELS",
+    "BackhaulConfig",
+    "ChannelConfig",
+    "CheckpointConfig",
+    "ClientPlacementConfig",
+    "CustomProfile",
+    "DEFAULT_CALL_TIMEOUT_S",
+    "DatasetConfig",
+    "DecibelRange",
+    "Decibels",
+    "DeviceGroup",
+    "DevicesConfig",
+    "DirichletPartition",
+    "EdgeServerOutage",
+    "EmulatedSeconds",
+    "EnergyConfig",
+    "EvaluationConfig",
+    "ExecutionConfig",
+    "FaultsConfig",
+    "FixedLink",
+    "FixedRateChannelConfig",
+    "Fraction",
+    "GeometryConfig",
+    "Hotspot",
+    "IDEAL_MSS_BYTES",
+    "IidPartition",
+    "Interference",
+    "LinkOutage",
+    "LinkTransport",
+    "MAX_CALL_TIMEOUT_S",
+    "MAX_COUNT",
+    "MAX_EMULATED_S",
+    "MAX_GEOMETRY_M",
+    "MAX_HEX_RINGS",
+    "MAX_NAME_LENGTH",
+    "MAX_RUN_ID_LENGTH",
+    "MAX_SEED",
+    "Metres",
+    "MetricsConfig",
+    "ModelConfig",
+    "NR_BANDWIDTHS_MHZ",
+    "OutputsConfig",
+    "Partition",
+    "PathLossConfig",
+    "PhyConfig",
+    "PluginChannelConfig",
+    "PluginLink",
+    "Point",
+    "PositiveEmulatedSeconds",
+    "PositiveFloat",
+    "PositiveMetres",
+    "PositiveRange",
+    "PrimarySecondaryPartition",
+    "Probability",
+    "RunId",
+    "SafeName",
+    "Scenario",
+    "ShannonChannelConfig",
+    "ShannonDownlink",
+    "ShannonUplink",
+    "ShardsPartition",
+    "SitesConfig",
+    "SlowdownRange",
+    "StragglerConfig",
+    "TCP_MSS_BYTES",
+    "TR38901_DISTANCE_RANGE_M",
+    "TopologyConfig",
+    "TraceChannelConfig",
+    "TrainingConfig",
+    "UplinkAccess",
+    "WIFI_AX_BANDWIDTHS_HZ",
+    "hex_grid_offsets_m",
+    "personalised_downloads",
+    "split_evenly",
+]
