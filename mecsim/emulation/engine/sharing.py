@@ -33,7 +33,7 @@ water-filling simulation of its own, in bits.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Generic, TypeVar
 
 _INF = math.inf
@@ -152,4 +152,137 @@ def capped_processor_sharing(
         else:
             t = medium.timer_s
             for j in medium.depart(t):
+                depart_s[j] = t
+
+
+#: a flow's link rate from some time on: (rate in b/s, the time it holds until) pairs,
+#: in order; the last pair's time is inf (:meth:`.specs.TimeVaryingRate.segments`)
+Segments = Iterator[tuple[float, float]]
+
+
+class VaryingSharing(Generic[_Job]):
+    """One shared medium processor-shared among flows whose link rates change at known
+    times, solved from event to event.
+
+    With ``n`` flows on the medium each moves at its own link rate / n, as on a medium of
+    constant rates (:class:`.simpy_model.ProcessorSharing`), but a flow's link rate is
+    piecewise constant: ``r_i`` until ``e_i``, then its next segment's (the
+    :class:`~.specs.TimeVaryingRate`'s :meth:`~.specs.TimeVaryingRate.segments` from the
+    flow's arrival; a constant rate is one segment). Between two events (an arrival, a
+    departure, a flow's rate changing) every flow's speed is constant, so each event
+    advances every flow's bits left ``b_i -= r_i / n · (now - last)``; the next is at
+    ``last + min(max(0, min_i b_i · n / r_i), min_i e_i - last)`` (:attr:`timer_s`). Where it
+    is a departure, every flow whose ``b_i · n / r_i`` is that minimum leaves; then every
+    flow whose segment ends by then takes its next segment. A flow at rate 0 (for ever:
+    never done) keeps its share, as on a medium of constant rates.
+    """
+
+    def __init__(self) -> None:
+        self.last_s = 0.0
+        self.left_bits: list[float] = []  # per active flow
+        self.rate_bps: list[float] = []  # its link rate now
+        self.until_s: list[float] = []  # when that rate ends (inf: never)
+        self.segments: list[Segments] = []
+        self.jobs: list[_Job] = []
+        self.timer_s = _INF  # the next event's time (inf: none): last_s + wait_s
+        self.wait_s = _INF
+        self._due_s = _INF  # min_i b_i * n / r_i, from last_s
+        self._change_s = _INF  # min_i e_i: the next rate change
+        self._departs = self._changes = False  # what the timer is (both: at once)
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    def _advance(self, now_s: float) -> None:
+        dt = now_s - self.last_s
+        n = len(self.jobs)
+        if dt > 0.0 and n:
+            self.left_bits = [
+                b - r * dt / n for b, r in zip(self.left_bits, self.rate_bps, strict=True)
+            ]
+        self.last_s = now_s
+
+    def _reschedule(self) -> None:
+        n = len(self.jobs)
+        due = min(
+            (b * n / r for b, r in zip(self.left_bits, self.rate_bps, strict=True) if r > 0.0),
+            default=_INF,
+        )
+        self._due_s = due
+        self._change_s = change = min(self.until_s, default=_INF)
+        depart = due if due > 0.0 else 0.0
+        to_change = change - self.last_s
+        self._departs = depart <= to_change
+        self._changes = to_change <= depart
+        self.wait_s = depart if self._departs else to_change
+        self.timer_s = _INF if self.wait_s == _INF else self.last_s + self.wait_s
+
+    def arrive(self, now_s: float, nbits: float, segments: Segments, job: _Job) -> None:
+        """A flow of ``nbits`` (> 0) joins at ``now_s``, its link rate ``segments`` from
+        ``now_s`` on."""
+        self._advance(now_s)
+        rate, until = next(segments)
+        while until <= now_s:  # a segment over by now (a rate change at this very time)
+            rate, until = next(segments)
+        self.left_bits.append(nbits)
+        self.rate_bps.append(rate)
+        self.until_s.append(until)
+        self.segments.append(segments)
+        self.jobs.append(job)
+        self._reschedule()
+
+    def on_timer(self, now_s: float) -> list[_Job]:
+        """At :attr:`timer_s` (``now_s``): the flows leaving then, in order of arrival; the
+        others advance to ``now_s`` and take their next rates where theirs end (at the
+        rate change the timer was set for, even where ``last + (until - last)`` rounds
+        an ulp below ``until``)."""
+        n = len(self.jobs)
+        if self._departs:
+            due = self._due_s
+            done = [
+                r > 0.0 and b * n / r <= due
+                for b, r in zip(self.left_bits, self.rate_bps, strict=True)
+            ]
+        else:
+            done = [False] * n
+        change = max(now_s, self._change_s) if self._changes else now_s
+        self._advance(now_s)
+        leaving = [j for j, d in zip(self.jobs, done, strict=True) if d]
+        if leaving:
+            keep = [k for k, d in enumerate(done) if not d]
+            self.left_bits = [self.left_bits[k] for k in keep]
+            self.rate_bps = [self.rate_bps[k] for k in keep]
+            self.until_s = [self.until_s[k] for k in keep]
+            self.segments = [self.segments[k] for k in keep]
+            self.jobs = [self.jobs[k] for k in keep]
+        for k, until in enumerate(self.until_s):
+            while until <= change:
+                self.rate_bps[k], until = next(self.segments[k])
+            self.until_s[k] = until
+        self._reschedule()
+        return leaving
+
+
+def varying_processor_sharing(
+    arrive_s: Sequence[float], nbits: Sequence[float], segments: Sequence[Segments]
+) -> list[float]:
+    """Departure times (inf: never) of flows on one medium whose link rates change at
+    known times (:class:`VaryingSharing`): flow k arrives at ``arrive_s[k]`` (ascending;
+    equal times in arrival order) with ``nbits[k]`` bits, its rate ``segments[k]`` from
+    its arrival. As :func:`.media.processor_sharing`, an arrival at the very time of an
+    event is served first."""
+    m = len(arrive_s)
+    depart_s = [_INF] * m
+    medium: VaryingSharing[int] = VaryingSharing()
+    k = 0
+    while True:
+        a = arrive_s[k] if k < m else _INF
+        if a <= medium.timer_s:
+            if a == _INF:
+                return depart_s
+            medium.arrive(a, nbits[k], segments[k], k)
+            k += 1
+        else:
+            t = medium.timer_s
+            for j in medium.on_timer(t):
                 depart_s[j] = t
