@@ -27,7 +27,7 @@ positions (:meth:`mecsim.emulation.handover.ClientPositions.client_at`).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -292,6 +292,36 @@ class MovingRate(TimeVaryingRate):
             bits += r * (limit - a)
         return bits
 
+    def segments(self, start_s: float) -> Iterator[tuple[float, float]]:
+        """The link's goodput from ``start_s`` (s since the round started) on, piece by
+        piece of the mobility grid, ``(rate_bps, until_s)``: each piece's rate that at
+        the grid step's midpoint (the "mid" rule: the rate a shared medium re-rates its
+        flows by, docs/mobility.md "Moving clients on a shared medium"); a piece
+        starting at or after :attr:`MovingLinks.horizon_s` holds for ever at the
+        horizon's rate; after :data:`MAX_TRANSFER_STEPS` steps without one, 0 b/s
+        (never done, as :meth:`transfer_time_s`); 0 b/s in the link's outages."""
+        pieces = self._grid_segments(start_s)
+        return _cut(pieces, start_s, self.outages) if self.outages else pieces
+
+    def _grid_segments(self, start_s: float) -> Iterator[tuple[float, float]]:
+        links = self.links
+        step, r0, horizon = links.step_s, links.round_start_s, links.horizon_s
+        t = r0 + start_s  # absolute
+        pieces, batch = 0, _FIRST_BATCH
+        while pieces < MAX_TRANSFER_STEPS:
+            starts, ends = self._pieces(t, batch)
+            rates = links.goodput_bps(self.j, ends - step / 2.0).tolist()
+            for a, r, end in zip(starts.tolist(), rates, ends.tolist(), strict=True):
+                if a >= horizon:  # held there: the horizon's rate for ever
+                    r_h = links.goodput_bps(self.j, np.array([horizon]))
+                    yield float(r_h[0]), math.inf
+                    return
+                yield r, end - r0
+            t = float(ends[-1])
+            pieces += batch
+            batch *= 4
+        yield 0.0, math.inf
+
     def transfer_time_s(self, nbits: float, start_s: float) -> float:
         """Seconds to move ``nbits`` bits from ``start_s`` (s since the round started),
         the goodput integrated piece by piece (mid*); inf if never done (down for ever,
@@ -318,3 +348,21 @@ class MovingRate(TimeVaryingRate):
             return math.inf
         done_s, _ = self._run_s(left, t)
         return t + done_s - start_s
+
+
+def _cut(
+    segments: Iterator[tuple[float, float]],
+    start_s: float,
+    outages: Sequence[tuple[float, float]],
+) -> Iterator[tuple[float, float]]:
+    """``segments`` ((rate, until) pairs from ``start_s`` on) at 0 b/s during each
+    interval [a, b) of ``outages``: a piece is split at the bounds inside it, and a part
+    starting in an interval is down."""
+    bounds = sorted({t for ab in outages for t in ab})
+    lo = start_s
+    for rate, until in segments:
+        while lo < until:
+            stop = next((b for b in bounds if lo < b < until), until)
+            down = any(a <= lo < b for a, b in outages)
+            yield (0.0 if down else rate), stop
+            lo = stop
