@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -49,6 +49,12 @@ END_ITERATIONS = 3
 _FIRST_BATCH = 8
 #: grid times within this fraction of a step of a transfer's time are that time
 _TOLERANCE = 1e-9
+#: grid steps whose midpoint rates a shared medium asks for at once (every link of the
+#: round: :meth:`MovingLinks.step_rate_bps`), and the blocks from the round's start so
+#: computed for all links; later blocks are computed for the link that asks only
+_STEP_BLOCK = 16
+_SHARED_BLOCKS = 16
+_HELD = (-1, -1)  # MovingLinks._step_rates' key of the rates at the horizon
 
 
 @dataclass(frozen=True, eq=False)
@@ -84,6 +90,11 @@ class MovingLinks:
     #: position), so that a transfer of a client out of range does not compute
     #: everyone's positions thousands of steps ahead
     horizon_s: float = math.inf
+    #: the goodput at grid steps' midpoints, computed as shared media ask for them
+    #: (:meth:`step_rate_bps`): block b -> (links, _STEP_BLOCK), or (b, link) -> a row
+    _step_rates: dict[int | tuple[int, int], np.ndarray] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     @property
     def step_s(self) -> float:
@@ -180,6 +191,45 @@ class MovingLinks:
                 batch *= 4
         out[idx] = np.inf
         return out
+
+    def step_rate_bps(self, j: int, k: int) -> float:
+        """Link ``j``'s goodput over grid step ``k`` (absolute emulated time [k · step,
+        (k + 1) · step]), at the step's midpoint: what a shared medium re-rates a moving
+        flow by (:meth:`MovingRate.segments`). Computed a block of :data:`_STEP_BLOCK`
+        steps at a time, for every link of the round at once for the blocks of the
+        round's first :data:`_SHARED_BLOCKS` (a shared medium's flows all ask for the same
+        steps), for link ``j`` alone after; a number is the same whichever way (numpy
+        elementwise, as :meth:`transfer_times_s`)."""
+        b, i = divmod(k, _STEP_BLOCK)
+        block = self._step_rates.get(b)
+        if block is None:
+            first = math.floor(self.round_start_s / self.step_s + _TOLERANCE) // _STEP_BLOCK
+            every = b - first < _SHARED_BLOCKS
+            row = self._step_rates.get((b, j)) if not every else None
+            if row is not None:
+                return float(row[i])
+            steps = np.arange(b * _STEP_BLOCK, (b + 1) * _STEP_BLOCK, dtype=np.float64)
+            mids = (steps + 0.5) * self.step_s
+            if every:
+                n = len(self.clients)
+                links = np.arange(n, dtype=np.int64)[:, None]
+                block = self.goodput_bps(links, np.broadcast_to(mids, (n, _STEP_BLOCK)).copy())
+                self._step_rates[b] = block
+            else:
+                row = self.goodput_bps(j, mids)
+                self._step_rates[(b, j)] = row
+                return float(row[i])
+        return float(block[j, i])
+
+    def horizon_rate_bps(self, j: int) -> float:
+        """Link ``j``'s goodput at :attr:`horizon_s` (where the clients are held), every
+        link's computed at once on the first ask."""
+        held = self._step_rates.get(_HELD)
+        if held is None:
+            n = len(self.clients)
+            held = self.goodput_bps(np.arange(n, dtype=np.int64), np.full(n, self.horizon_s))
+            self._step_rates[_HELD] = held
+        return float(held[j])
 
     def rate(self, j: int) -> MovingRate:
         return MovingRate(self, j)
@@ -307,19 +357,14 @@ class MovingRate(TimeVaryingRate):
         links = self.links
         step, r0, horizon = links.step_s, links.round_start_s, links.horizon_s
         t = r0 + start_s  # absolute
-        pieces, batch = 0, _FIRST_BATCH
-        while pieces < MAX_TRANSFER_STEPS:
-            starts, ends = self._pieces(t, batch)
-            rates = links.goodput_bps(self.j, ends - step / 2.0).tolist()
-            for a, r, end in zip(starts.tolist(), rates, ends.tolist(), strict=True):
-                if a >= horizon:  # held there: the horizon's rate for ever
-                    r_h = links.goodput_bps(self.j, np.array([horizon]))
-                    yield float(r_h[0]), math.inf
-                    return
-                yield r, end - r0
-            t = float(ends[-1])
-            pieces += batch
-            batch *= 4
+        k = round(self._next_bound(t) / step) - 1  # the grid step the first piece ends
+        for _ in range(MAX_TRANSFER_STEPS):
+            if t >= horizon:  # held there: the horizon's rate for ever
+                yield links.horizon_rate_bps(self.j), math.inf
+                return
+            t = (k + 1) * step
+            yield links.step_rate_bps(self.j, k), t - r0
+            k += 1
         yield 0.0, math.inf
 
     def transfer_time_s(self, nbits: float, start_s: float) -> float:

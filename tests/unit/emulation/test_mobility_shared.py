@@ -74,6 +74,25 @@ def test_after_the_horizon_a_segment_holds_for_ever():
     assert [r for r, _ in pieces] == pytest.approx(want, rel=1e-12)
 
 
+def test_step_rates_far_into_the_round_are_computed_for_the_link_alone():
+    """Steps past the round's first 256 s (16 blocks of 16 steps, computed for every link
+    at once) are computed for the asking link alone: the same numbers, the goodput at
+    each step's midpoint."""
+    car = MovingRate(
+        moving_links(straight_track((100.0, 0.0), (1.0, 0.0)), (0.0, 0.0), 1.0, 0.0), 0
+    )
+    it = car.segments(300.0)
+    got = [next(it) for _ in range(3)]
+    assert [u for _, u in got] == [301.0, 302.0, 303.0]
+    assert [r for r, _ in got] == pytest.approx(
+        [_rate(400.5), _rate(401.5), _rate(402.5)], rel=1e-12
+    )
+    assert set(car.links._step_rates) == {(18, 0)}  # one row: this link's block 18
+    first = [next(car.segments(0.0))[0]]
+    assert first == pytest.approx([_rate(100.5)], rel=1e-12)
+    assert set(car.links._step_rates) == {(18, 0), 0}  # block 0: every link's
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_one_walker_alone_on_a_shared_cell_by_hand(method: str):
     """One flow on the medium moves at its link rate: 160 Mbit from a walker leaving
