@@ -32,6 +32,13 @@ recorded (each recorded once, in-process, into ``--record-dir``, and reused):
    last ended (emulated time), so the clients move between rounds. Target: 10,000
    clients x 100 rounds in <= 15 s. The network's and the engine's shares are printed.
 
+5. **Moving clients on shared cells**: workload 4's walkers with each cell's uplink and
+   downlink one shared medium (``access: shared_cell``, 20 MHz; ``downlink.mode:
+   shared``) and ``rate: step``: processor sharing re-rated where a walker's rate
+   changes (at the 1 s grid). Timed as a run times it (:func:`emulate_round`, then the
+   engine, apart), and on ``--simpy-rounds`` rounds ``events`` and SimPy, checked
+   identical. No target yet.
+
 Each path is timed on the same rounds: ``auto`` (what runs use; the path it takes is
 printed), ``media``, ``events``, and the SimPy model on ``--simpy-rounds`` rounds
 (extrapolated), checking that every path gives identical timelines on those rounds.
@@ -212,8 +219,7 @@ def moving_scenario(clients: int, reuse: int):
     campus = load_scenario(ROOT / "scenarios" / "mec-campus-walk.yaml")
     assert campus.geometry is not None
     data["geometry"] = campus.geometry.model_dump(mode="json", exclude_none=True)
-    # each transfer's rate follows its client (the default for clients that move; the
-    # campus walk itself runs rate: round, PHSFL sharing each cell's downlink)
+    # each transfer's rate follows its client (the default for clients that move)
     data["geometry"]["mobility"]["rate"] = "step"
     return scenario_from_dict(data, f"{WIFI.name} x {clients} clients, moving, reuse {reuse}")
 
@@ -314,6 +320,88 @@ def bench_moving(scenario, pools: list[list[tuple]], n_rounds: int, target_s: fl
     )
 
 
+def moving_shared_scenario(clients: int, reuse: int):
+    """Workload 5: workload 4's walkers on shared cells: each cell's uplink one medium of
+    20 MHz (``access: shared_cell``) and its downlink one medium (``mode: shared``), the
+    moving rates re-rating the media where they change (``rate: step``)."""
+    from mecsim.scenario import scenario_from_dict
+
+    data = moving_scenario(clients, reuse).model_dump(mode="json")
+    data["channel"]["uplink"] = {
+        **data["channel"]["uplink"],
+        "shared": True,
+        "access": "shared_cell",
+        "bandwidth_hz": 20e6,
+    }
+    data["channel"]["downlink"] = {**data["channel"]["downlink"], "mode": "shared"}
+    return scenario_from_dict(data, f"{WIFI.name} x {clients} clients, moving, shared cells")
+
+
+def bench_moving_shared(scenario, pools: list[list[tuple]], n_rounds: int, check_rounds: int):
+    """Workload 5, each round starting where the last ended: the run path
+    (:func:`emulate_round`: the network model and a ClientSpec per client, whose moving
+    links are :class:`~mecsim.emulation.moving_rate.MovingRate` objects) and the engine
+    (``auto``: ``media`` for groups this large), timed apart; on the first
+    ``check_rounds`` rounds ``events`` and the SimPy model time the same specs too,
+    checked identical, and timed."""
+    from mecsim.emulation.engine import engine_path, time_round
+    from mecsim.emulation.faults import slowdown_factors
+    from mecsim.emulation.network import NetworkModel, device_profiles
+    from mecsim.emulation.timing import emulate_round
+
+    n = scenario.topology.clients
+    ids = list(range(n))
+    slowdown = slowdown_factors(scenario.faults, scenario.seed, n)
+    g = scenario.geometry
+    print(
+        f"moving clients on shared cells ({len(g.sites_m())} cells, shared uplink and "
+        f"downlink per cell, {g.mobility.model}, rate: {g.mobility.rate}, reuse "
+        f"{scenario.channel.interference.reuse}): {n:,} clients x {n_rounds} rounds ({load()})",
+        flush=True,
+    )
+    network = NetworkModel(scenario, device_profiles(scenario))
+    assert network.network.uplink_shared and network.network.downlink_shared
+    elapsed_s = net_wall = eng_wall = cpu = 0.0
+    other = {"events": 0.0, "simpy": 0.0}
+    path = ""
+    for r in range(n_rounds):
+        pool = pools[r % len(pools)]
+        traces = {c: pool[(c + 7 * r) % len(pool)] for c in ids}
+        c0, w0 = time.process_time(), time.perf_counter()
+        emulated = emulate_round(network, scenario.faults, slowdown, r, ids, elapsed_s, (), ())
+        w1 = time.perf_counter()
+        timing = emulated.time(traces)
+        w2 = time.perf_counter()
+        cpu += time.process_time() - c0
+        net_wall, eng_wall = net_wall + (w1 - w0), eng_wall + (w2 - w1)
+        if r < check_rounds:
+            args = (traces, emulated.specs, emulated.servers, emulated.network)
+            path = engine_path(*args)
+            for method in other:
+                t = time.perf_counter()
+                got = time_round(*args, method=method)
+                other[method] += time.perf_counter() - t
+                if got != timing:
+                    raise SystemExit(f"round {r}: {method} != {path}")
+        elapsed_s += timing.round_time_s
+    total = net_wall + eng_wall
+    k = min(check_rounds, n_rounds)
+    print(
+        f"  run path: {total:.3f} s for {n_rounds} rounds (CPU {cpu:.3f} s), "
+        f"{total / n_rounds:.4f} s a round: network model and specs {net_wall:.3f} s, "
+        f"engine ({path or 'auto'}) {eng_wall:.3f} s, {eng_wall / n_rounds:.4f} s a round; "
+        f"emulated {elapsed_s:.1f} s",
+        flush=True,
+    )
+    if k:
+        print(
+            f"  on the first {k} round(s), the same specs: events "
+            f"{other['events'] / k:.4f} s a round, SimPy {other['simpy'] / k:.4f} s a "
+            f"round; identical timelines ({load()})",
+            flush=True,
+        )
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--clients", type=int, default=10_000, help="shared-AP round size")
@@ -327,6 +415,11 @@ def main(argv: list[str] | None = None) -> None:
         "--only-moving",
         action="store_true",
         help="time the moving-clients case alone (the mobility speed case)",
+    )
+    p.add_argument(
+        "--only-moving-shared",
+        action="store_true",
+        help="time the moving-clients-on-shared-cells case alone (workload 5)",
     )
     p.add_argument("--methods", nargs="+", default=["auto", "media", "events", "simpy"])
     p.add_argument(
@@ -354,6 +447,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.only_moving:
         bench_moving(moving_scenario(args.clients, args.reuse), pools, args.rounds, 15.0)
         return
+    shared = moving_shared_scenario(args.clients, args.reuse)
+    if args.only_moving_shared:
+        bench_moving_shared(shared, pools, args.rounds, args.simpy_rounds)
+        return
     wifi = scaled(WIFI, args.clients)
     bench(
         "shared access point (FedAvg, shared uplink + downlink)",
@@ -371,6 +468,7 @@ def main(argv: list[str] | None = None) -> None:
     )
 
     bench_moving(moving_scenario(args.clients, args.reuse), pools, args.rounds, 15.0)
+    bench_moving_shared(shared, pools, args.rounds, args.simpy_rounds)
 
     per_epoch = 1 if args.quick else 5
     phsfl_run = recorded(

@@ -128,8 +128,12 @@ def _air_time_s(
     ops = [op for op in trace if isinstance(op, op_type) and op.nbytes > 0]
     if not ops:
         return 0.0
-    if isinstance(rate, TimeVaryingRate):  # dedicated link: elapsed = bits at the schedule + L
-        return max(0.0, elapsed_s - len(ops) * latency_s) if math.isfinite(elapsed_s) else 0.0
+    if isinstance(rate, TimeVaryingRate):
+        if air_rate is None or math.isnan(air_rate):  # elapsed = bits at the schedule + L
+            return max(0.0, elapsed_s - len(ops) * latency_s) if math.isfinite(elapsed_s) else 0.0
+        # a moving client on a shared medium: the elapsed time holds the other flows'
+        # shares too; its bits at its air rate at the round's start
+        return sum(8.0 * op.nbytes for op in ops) / air_rate if air_rate > 0 else 0.0
     if rate <= 0:
         return 0.0  # the link is down: nothing goes over the air
     return sum(8.0 * op.nbytes for op in ops) / (rate if air_rate is None else air_rate)

@@ -27,8 +27,8 @@ positions (:meth:`mecsim.emulation.handover.ClientPositions.client_at`).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -49,6 +49,12 @@ END_ITERATIONS = 3
 _FIRST_BATCH = 8
 #: grid times within this fraction of a step of a transfer's time are that time
 _TOLERANCE = 1e-9
+#: grid steps whose midpoint rates a shared medium asks for at once (every link of the
+#: round: :meth:`MovingLinks.step_rate_bps`), and the blocks from the round's start so
+#: computed for all links; later blocks are computed for the link that asks only
+_STEP_BLOCK = 16
+_SHARED_BLOCKS = 16
+_HELD = (-1, -1)  # MovingLinks._step_rates' key of the rates at the horizon
 
 
 @dataclass(frozen=True, eq=False)
@@ -84,6 +90,11 @@ class MovingLinks:
     #: position), so that a transfer of a client out of range does not compute
     #: everyone's positions thousands of steps ahead
     horizon_s: float = math.inf
+    #: the goodput at grid steps' midpoints, computed as shared media ask for them
+    #: (:meth:`step_rate_bps`): block b -> (links, _STEP_BLOCK), or (b, link) -> a row
+    _step_rates: dict[int | tuple[int, int], np.ndarray] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     @property
     def step_s(self) -> float:
@@ -180,6 +191,45 @@ class MovingLinks:
                 batch *= 4
         out[idx] = np.inf
         return out
+
+    def step_rate_bps(self, j: int, k: int) -> float:
+        """Link ``j``'s goodput over grid step ``k`` (absolute emulated time [k · step,
+        (k + 1) · step]), at the step's midpoint: what a shared medium re-rates a moving
+        flow by (:meth:`MovingRate.segments`). Computed a block of :data:`_STEP_BLOCK`
+        steps at a time, for every link of the round at once for the blocks of the
+        round's first :data:`_SHARED_BLOCKS` (a shared medium's flows all ask for the same
+        steps), for link ``j`` alone after; a number is the same whichever way (numpy
+        elementwise, as :meth:`transfer_times_s`)."""
+        b, i = divmod(k, _STEP_BLOCK)
+        block = self._step_rates.get(b)
+        if block is None:
+            first = math.floor(self.round_start_s / self.step_s + _TOLERANCE) // _STEP_BLOCK
+            every = b - first < _SHARED_BLOCKS
+            row = self._step_rates.get((b, j)) if not every else None
+            if row is not None:
+                return float(row[i])
+            steps = np.arange(b * _STEP_BLOCK, (b + 1) * _STEP_BLOCK, dtype=np.float64)
+            mids = (steps + 0.5) * self.step_s
+            if every:
+                n = len(self.clients)
+                links = np.arange(n, dtype=np.int64)[:, None]
+                block = self.goodput_bps(links, np.broadcast_to(mids, (n, _STEP_BLOCK)).copy())
+                self._step_rates[b] = block
+            else:
+                row = self.goodput_bps(j, mids)
+                self._step_rates[(b, j)] = row
+                return float(row[i])
+        return float(block[j, i])
+
+    def horizon_rate_bps(self, j: int) -> float:
+        """Link ``j``'s goodput at :attr:`horizon_s` (where the clients are held), every
+        link's computed at once on the first ask."""
+        held = self._step_rates.get(_HELD)
+        if held is None:
+            n = len(self.clients)
+            held = self.goodput_bps(np.arange(n, dtype=np.int64), np.full(n, self.horizon_s))
+            self._step_rates[_HELD] = held
+        return float(held[j])
 
     def rate(self, j: int) -> MovingRate:
         return MovingRate(self, j)
@@ -292,6 +342,31 @@ class MovingRate(TimeVaryingRate):
             bits += r * (limit - a)
         return bits
 
+    def segments(self, start_s: float) -> Iterator[tuple[float, float]]:
+        """The link's goodput from ``start_s`` (s since the round started) on, piece by
+        piece of the mobility grid, ``(rate_bps, until_s)``: each piece's rate that at
+        the grid step's midpoint (the "mid" rule: the rate a shared medium re-rates its
+        flows by, docs/mobility.md "Moving clients on a shared medium"); a piece
+        starting at or after :attr:`MovingLinks.horizon_s` holds for ever at the
+        horizon's rate; after :data:`MAX_TRANSFER_STEPS` steps without one, 0 b/s
+        (never done, as :meth:`transfer_time_s`); 0 b/s in the link's outages."""
+        pieces = self._grid_segments(start_s)
+        return _cut(pieces, start_s, self.outages) if self.outages else pieces
+
+    def _grid_segments(self, start_s: float) -> Iterator[tuple[float, float]]:
+        links = self.links
+        step, r0, horizon = links.step_s, links.round_start_s, links.horizon_s
+        t = r0 + start_s  # absolute
+        k = round(self._next_bound(t) / step) - 1  # the grid step the first piece ends
+        for _ in range(MAX_TRANSFER_STEPS):
+            if t >= horizon:  # held there: the horizon's rate for ever
+                yield links.horizon_rate_bps(self.j), math.inf
+                return
+            t = (k + 1) * step
+            yield links.step_rate_bps(self.j, k), t - r0
+            k += 1
+        yield 0.0, math.inf
+
     def transfer_time_s(self, nbits: float, start_s: float) -> float:
         """Seconds to move ``nbits`` bits from ``start_s`` (s since the round started),
         the goodput integrated piece by piece (mid*); inf if never done (down for ever,
@@ -318,3 +393,21 @@ class MovingRate(TimeVaryingRate):
             return math.inf
         done_s, _ = self._run_s(left, t)
         return t + done_s - start_s
+
+
+def _cut(
+    segments: Iterator[tuple[float, float]],
+    start_s: float,
+    outages: Sequence[tuple[float, float]],
+) -> Iterator[tuple[float, float]]:
+    """``segments`` ((rate, until) pairs from ``start_s`` on) at 0 b/s during each
+    interval [a, b) of ``outages``: a piece is split at the bounds inside it, and a part
+    starting in an interval is down."""
+    bounds = sorted({t for ab in outages for t in ab})
+    lo = start_s
+    for rate, until in segments:
+        while lo < until:
+            stop = next((b for b in bounds if lo < b < until), until)
+            down = any(a <= lo < b for a, b in outages)
+            yield (0.0 if down else rate), stop
+            lo = stop

@@ -553,16 +553,21 @@ class NetworkModel:
             if self.follows
             else None
         )
-        # a rate trace or a moving client's rate: the air time is the transfer's duration
-        schedule = isinstance(self.channel, TraceChannel) or self.follows
+        # a rate trace or a moving client's rate on a dedicated link: the air time is the
+        # transfer's duration; a moving client's on a shared medium (where the duration
+        # includes the other flows' shares) is its bits at its air rate at the round's
+        # start (mecsim.emulation.energy)
+        trace = isinstance(self.channel, TraceChannel)
+        up_schedule = trace or (self.follows and not self.network.uplink_shared)
+        down_schedule = trace or (self.follows and not self.network.downlink_shared)
         self.round_links = (
             np.column_stack(
                 [
                     np.full(len(selected), np.nan)
-                    if schedule
+                    if up_schedule
                     else _air_rate(up_good, up_rate, self.uplink.loss_rate),
                     np.full(len(selected), np.nan)
-                    if schedule
+                    if down_schedule
                     else _air_rate(down_good, down_rate, self.downlink.loss_rate),
                 ]
             ),
@@ -718,7 +723,9 @@ class NetworkModel:
             return None
         moving = self.moving_links
         if moving is not None and (self.network.uplink_shared or self.network.downlink_shared):
-            return None  # refused: a shared medium needs constant rates (the SimPy model says so)
+            # a moving client on a shared medium: its ClientSpecs (time_round re-rates the
+            # medium where a rate changes: engine.sharing.VaryingSharing)
+            return None
         at = np.asarray(selected, dtype=np.int64)
         # moving clients (rate: step): their links time the transfers, all at once
         rows = np.arange(len(selected), dtype=np.int64)

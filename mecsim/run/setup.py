@@ -23,7 +23,7 @@ from mecsim.run.backends.local import LocalExecutor
 from mecsim.run.backends.placement import PlacementTimeout
 from mecsim.run.backends.ray_executor import RayExecutor
 from mecsim.run.observers import RunInfo
-from mecsim.scenario import PluginChannelConfig, Scenario
+from mecsim.scenario import PluginChannelConfig, Scenario, ShannonChannelConfig
 
 
 class RunFailed(Exception):
@@ -101,24 +101,34 @@ def moving_hierarchy(scenario: Scenario) -> bool:
 def moving_rate_refusal(scenario: Scenario) -> str | None:
     """Why a moving client's rate cannot follow it on this scenario's media (None: it
     can). ``geometry.mobility.rate: step`` gives each moving client's link a rate that
-    changes during the round; the engines integrate such a rate on a dedicated link, but
-    a shared medium's processor sharing needs each flow's rate constant over the round
-    (docs/mobility.md, "Mobility in a run")."""
+    changes during the round; the engines integrate it on a dedicated link and re-rate a
+    shared medium's processor sharing where a flow's rate changes, but not a shared
+    medium whose flows a loss rate caps below their link rates (``transport: ideal``
+    with a ``loss_rate``: water-filling, docs/engine.md), which needs each flow's rate
+    constant over the round (docs/mobility.md, "Mobility in a run")."""
     g = scenario.geometry
     if g is None or not g.moves() or g.mobility.rate != "step":
         return None
-    if scenario.channel.model != "shannon":
+    ch = scenario.channel
+    if not isinstance(ch, ShannonChannelConfig):
         return None  # rates that do not follow a distance: nothing changes in a round
-    up, down = scenario.channel.shared_media(scenario.algorithm.name)
-    if not (up or down):
+    up, down = ch.shared_media(scenario.algorithm.name)
+    capped = [
+        name
+        for name, shared, link in (("uplink", up, ch.uplink), ("downlink", down, ch.downlink))
+        if shared and link.loss_rate > 0 and not link.tcp()
+    ]
+    if not capped:
         return None
-    which = " and ".join(d for d, shared in (("uplink", up), ("downlink", down)) if shared)
+    which = " and ".join(capped)
+    fields = " and ".join(f"channel.{name}.loss_rate" for name in capped)
     return (
         f"rate: step makes a moving client's rate change during the round, and the "
-        f"{which} is a shared medium (processor-shared among an edge server's clients), "
-        "which the engines time only with rates constant over the round: set "
-        "geometry.mobility.rate: round (each client's rate frozen at the round's start), "
-        "or dedicated links (channel.uplink.shared: false, channel.downlink.mode: full)"
+        f"{which} is a shared medium whose flows {fields} caps below their link rates "
+        "(transport: ideal: max-min fair shares of the medium's time), which the engines "
+        "time only with rates constant over the round: set geometry.mobility.rate: round "
+        "(each client's rate frozen at the round's start), transport: tcp, or dedicated "
+        "links (channel.uplink.shared: false, channel.downlink.mode: full)"
     )
 
 

@@ -74,8 +74,9 @@ def _scenario(tmp_path, rounds: int = 4, backend: str = "local", algorithm: str 
         "area": {"width_m": 1000, "height_m": 200},
         "sites": {"layout": "explicit", "positions_m": [[200, 100], [800, 100]]},
         "association": {"rule": "nearest", "hysteresis_m": 20, "time_to_trigger_s": 0},
-        # rate: round: PHSFL's personalised downloads share the downlink, where a moving
-        # client's rate is frozen at the round's start (rate: step is refused there)
+        # rate: round: each client's rate frozen at the round's start, so that the
+        # round times are the hand calculations below (step re-rates the shared downlink
+        # as the client walks: docs/mobility.md, "Moving clients on a shared medium")
         "mobility": {
             "model": "trace",
             "trace": {"format": "ns2", "path": str(trace)},

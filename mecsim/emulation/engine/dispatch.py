@@ -48,8 +48,9 @@ def time_round(
     """Time one round: all clients start at 0 s and run their op-traces in order.
 
     ``traces`` maps client_id -> op-trace (its order is the output order); ``clients``
-    must hold a spec for each. Raises ValueError for a shared medium with a
-    :class:`TimeVaryingRate` rate, or a ServerCompute on a missing edge server.
+    must hold a spec for each. Raises ValueError for a shared medium with both a
+    :class:`TimeVaryingRate` rate and a flow capped below its link rate (``max_share <
+    1``), or a ServerCompute on a missing edge server.
 
     ``method`` picks how the model is solved. Every way gives the SimPy model's timelines
     float for float (tests check thousands of random rounds), except that when two

@@ -33,14 +33,17 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-from mecsim.emulation.engine.sharing import CappedSharing
+from mecsim.emulation.engine.sharing import CappedSharing, VaryingSharing
 from mecsim.emulation.engine.specs import (
     ClientSpec,
     ClientTimeline,
     NetworkSpec,
+    Rate,
     ServerSpec,
     TimeVaryingRate,
     _made_it,
+    constant_segments,
+    varying_media,
 )
 from mecsim.emulation.ops import Backhaul, Compute, Download, OpTrace, ServerCompute, Upload
 
@@ -56,14 +59,22 @@ _SCHEDULE = (
 _SHARED = 2  # x = resource index, y = work / rate (s of solo service, maybe inf)
 _BARRIER = 3  # x = barrier index (edge server, k-th Backhaul op), y unused
 _CAPPED = 4  # x = resource index, y = (s of solo service, max share): a capped medium
+# x = resource index, y = (nbits, Rate): a medium on which a flow's rate changes in the round
+_VARYING = 5
 # What a queued event does: a client goes on, or a backhaul transfer ends
 _RESUME, _RELEASE = 0, 1
 
-_Op = tuple[int, int, float | int, float | TimeVaryingRate | tuple[float, float] | None]
+_Op = tuple[
+    int,
+    int,
+    float | int,
+    float | TimeVaryingRate | tuple[float, float] | tuple[float, Rate] | None,
+]
 # _compile's answer: per-client programs, the number of processor-sharing resources, the
 # clients expected at each backhaul barrier, each barrier's transfer seconds, and the
-# resources that are media with capped flows (water-filling, not processor sharing)
-_Compiled = tuple[list[list[_Op]], int, list[int], list[float], set[int]]
+# resources that are media with capped flows (water-filling, not processor sharing), and
+# those on which a flow's rate changes during the round (re-rated processor sharing)
+_Compiled = tuple[list[list[_Op]], int, list[int], list[float], set[int], set[int]]
 
 
 class _Unsupported(Exception):
@@ -103,19 +114,20 @@ def _compile(
             resources[key] = len(resources)
         return resources[key]
 
+    # the media on which a flow's rate changes during the round (varying_media)
+    varying_keys = varying_media(traces, clients, network) if up_shared or down_shared else set()
+
     for cid, trace in traces.items():
         spec = clients[cid]
         if spec.client_id != cid:
             raise ValueError(f"clients[{cid}] has client_id {spec.client_id}")
         es = spec.edge_server
         down, up = spec.downlink_rate_bps, spec.uplink_rate_bps
-        # the SimPy model refuses a TimeVaryingRate on a shared medium (and says so)
-        if (down_shared and isinstance(down, TimeVaryingRate)) or (
-            up_shared and isinstance(up, TimeVaryingRate)
-        ):
-            raise _Unsupported
-        down_f = float(down) if down_shared else 0.0  # SharedLink keeps float(rate)
-        up_f = float(up) if up_shared else 0.0
+        down_varies = ("downlink", es) in varying_keys
+        up_varies = ("uplink", es) in varying_keys
+        # SharedLink keeps float(rate), or a TimeVaryingRate on a varying medium
+        down_f = (down if down_varies else float(down)) if down_shared else 0.0
+        up_f = (up if up_varies else float(up)) if up_shared else 0.0
         down_u = spec.downlink_max_share if down_shared else 1.0
         up_u = spec.uplink_max_share if up_shared else 1.0
         shares.append((down_u, up_u))
@@ -137,7 +149,10 @@ def _compile(
                 if down_shared if is_down else up_shared:  # SharedLink.transfer
                     rate = down_f if is_down else up_f
                     r = resource(("downlink" if is_down else "uplink", es))
-                    prog.append((_SHARED, col, r, nbits / rate if rate > 0 else _INF))
+                    if down_varies if is_down else up_varies:
+                        prog.append((_VARYING, col, r, (nbits, rate)))
+                    else:
+                        prog.append((_SHARED, col, r, nbits / rate if rate > 0 else _INF))
                     continue
                 rate_bps = down if is_down else up  # DedicatedLink.transfer
                 if isinstance(rate_bps, TimeVaryingRate):
@@ -194,13 +209,16 @@ def _compile(
         bw = spec.backhaul_bps
         delays.append(spec.backhaul_latency_s + (8.0 * op.nbytes / bw if op.nbytes > 0 else 0.0))
     capped = {resources[k] for k in capped_keys if k in resources}
+    varying = {resources[k] for k in varying_keys if k in resources}
+    if capped & varying:
+        raise _Unsupported  # the SimPy model says it is not built
     if capped:  # every transfer on such a medium carries its client's max share
         for prog, (down_u, up_u) in zip(programs, shares, strict=True):
             for p, (code, col, x, y) in enumerate(prog):
                 if code == _SHARED and x in capped:
                     u = down_u if col == _DOWN else up_u
                     prog[p] = (_CAPPED, col, x, (cast(float, y), u))
-    return programs, len(resources), expected, delays, capped
+    return programs, len(resources), expected, delays, capped, varying
 
 
 def event_timelines(
@@ -217,7 +235,7 @@ def event_timelines(
     the SimPy model, which also raises the errors for invalid input).
     """
     try:
-        programs, n_res, expected, barrier_delay_s, capped = _compile(
+        programs, n_res, expected, barrier_delay_s, capped, varying = _compile(
             traces, clients, servers, network
         )
     except _Unsupported:
@@ -239,8 +257,9 @@ def event_timelines(
     res_timer = [_INF] * n_res
     res_seq = [0] * n_res
     # media with capped flows: their state instead of (v, last, jobs)
-    res_capped: list[CappedSharing[int] | None] = [
-        CappedSharing() if r in capped else None for r in range(n_res)
+    res_capped: list[CappedSharing[int] | VaryingSharing[int] | None] = [
+        CappedSharing() if r in capped else VaryingSharing() if r in varying else None
+        for r in range(n_res)
     ]
     # backhaul transfers (EdgeBackhaul): clients arrived, waiting, transfer start
     arrived = [0] * len(expected)
@@ -255,7 +274,7 @@ def event_timelines(
         """ProcessorSharing._reschedule: the head job's departure if nothing changes."""
         nonlocal seq
         medium = res_capped[r]
-        if medium is not None:  # CappedProcessorSharing._reschedule
+        if medium is not None:  # Capped/VaryingProcessorSharing._reschedule
             res_timer[r] = medium.timer_s
             if medium.timer_s != _INF:
                 seq += 1
@@ -306,6 +325,16 @@ def event_timelines(
                 set_timer(x)
             elif code == _CAPPED:  # CappedProcessorSharing.serve
                 cast(CappedSharing[int], res_capped[x]).arrive(t, y[0], y[1], i)
+                since_s[i] = t
+                set_timer(x)
+            elif code == _VARYING:  # VaryingProcessorSharing.serve
+                rate = y[1]
+                segments = (
+                    rate.segments(t)
+                    if isinstance(rate, TimeVaryingRate)
+                    else constant_segments(rate)
+                )
+                cast(VaryingSharing[int], res_capped[x]).arrive(t, y[0], segments, i)
                 since_s[i] = t
                 set_timer(x)
             else:  # EdgeBackhaul.transfer
@@ -364,8 +393,10 @@ def event_timelines(
             break
         now = t_r
         medium = res_capped[r]
-        if medium is not None:  # CappedProcessorSharing._on_timer
-            released = medium.depart(now)
+        if medium is not None:  # Capped/VaryingProcessorSharing._on_timer
+            released = (
+                medium.depart(now) if isinstance(medium, CappedSharing) else medium.on_timer(now)
+            )
             for i in released:
                 pos[i] += 1
                 spent[i][current[i]] += now - since_s[i]

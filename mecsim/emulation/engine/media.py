@@ -32,7 +32,7 @@ from typing import cast
 import numpy as np
 
 from mecsim.emulation.engine.closed_form import ClientColumns, PlanGroup, TracePlan
-from mecsim.emulation.engine.sharing import capped_processor_sharing
+from mecsim.emulation.engine.sharing import capped_processor_sharing, varying_processor_sharing
 from mecsim.emulation.engine.specs import (
     ClientSpec,
     ClientTimeline,
@@ -40,6 +40,8 @@ from mecsim.emulation.engine.specs import (
     ServerSpec,
     TimeVaryingRate,
     _timelines,
+    constant_segments,
+    varying_media,
 )
 from mecsim.emulation.ops import (
     Backhaul,
@@ -233,6 +235,21 @@ class _Group:
         with np.errstate(divide="ignore", invalid="ignore"):
             return nbits > 0, np.where(rate > 0, nbits / rate, _INF)
 
+    def bits_of(self, k: int) -> np.ndarray:
+        """Column k's transfer bits (8 × bytes), per client."""
+        return 8.0 * self._column("nbytes", k)
+
+    def rates_of(self, k: int, idx: np.ndarray) -> list[float | TimeVaryingRate]:
+        """The link rates (SharedLink's: ``float`` of a constant one) of column k's
+        medium for the clients at ``idx``."""
+        down = self.types[k] is Download
+        out: list[float | TimeVaryingRate] = []
+        for i in idx.tolist():
+            spec = self.specs[i]
+            r = spec.downlink_rate_bps if down else spec.uplink_rate_bps
+            out.append(r if isinstance(r, TimeVaryingRate) else float(r))
+        return out
+
     def max_share(self, k: int) -> np.ndarray | None:
         """Column k's clients' max shares of their medium (None: a CPU, never capped)."""
         t = self.types[k]
@@ -287,6 +304,9 @@ class _ColumnGroup(_Group):
 
     def _bits(self, k: int) -> np.ndarray:
         return self._sizes[k][0]
+
+    def bits_of(self, k: int) -> np.ndarray:
+        return self._bits(k)
 
     def _spec(self, attr: str) -> np.ndarray:
         if attr not in self._spec_cache:
@@ -375,12 +395,11 @@ def media_timelines(
             raise ValueError(f"clients[{cid}] has client_id {spec.client_id}")
         down_sched = isinstance(spec.downlink_rate_bps, TimeVaryingRate)
         up_sched = isinstance(spec.uplink_rate_bps, TimeVaryingRate)
-        if (down_sched and network.downlink_shared) or (up_sched and network.uplink_shared):
-            return None  # the SimPy model reports it
         types = tuple(map(type, traces[cid]))
         keyed.setdefault((spec.edge_server, down_sched, up_sched, types), []).append(pos)
     if len(ids) < min_group_size * len(keyed):
         return None
+    varying: set[_Resource] = set(varying_media(traces, clients, network))
     try:
         groups = [
             _Group(
@@ -397,7 +416,7 @@ def media_timelines(
         backhaul_s = _backhaul_delays(groups, servers)
     except _Unsupported:
         return None
-    solved = _solve_groups(groups, backhaul_s, len(ids))
+    solved = _solve_groups(groups, backhaul_s, len(ids), varying)
     if solved is None:
         return None
     finish_s, spent_s = solved
@@ -405,10 +424,15 @@ def media_timelines(
 
 
 def _solve_groups(
-    groups: list[_Group], backhaul_s: dict[_Resource, float], n: int
+    groups: list[_Group],
+    backhaul_s: dict[_Resource, float],
+    n: int,
+    varying: set[_Resource] | None = None,
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """(finish_s, per-kind seconds) of the groups' clients, or None when they visit the
-    shared resources in conflicting orders."""
+    shared resources in conflicting orders or a medium of ``varying`` (on which a flow's
+    rate changes in the round) has a capped flow (the SimPy model says it is not
+    built)."""
     order = _resource_order(groups)
     if order is None:
         return None
@@ -416,6 +440,9 @@ def _solve_groups(
     capped: set[_Resource] = set()
     for g in groups:
         capped |= g.capped_media()
+    varying = varying or set()
+    if capped & varying:
+        return None
     for res in order:
         visiting = [(g, g.visits.index(res)) for g in groups if res in g.visits]
         for g, k in visiting:
@@ -423,7 +450,7 @@ def _solve_groups(
         if res[0] == "backhaul":
             _barrier(visiting, backhaul_s[res])
         else:
-            _serve(visiting, res in capped)
+            _serve(visiting, res in capped, res in varying)
     for g in groups:
         g.advance(len(g.types))
 
@@ -459,12 +486,17 @@ def _resource_order(groups: list[_Group]) -> list[_Resource] | None:
     return order if len(order) == len(indeg) else None
 
 
-def _serve(visiting: list[tuple[_Group, int]], capped: bool) -> None:
+def _serve(visiting: list[tuple[_Group, int]], capped: bool, varying: bool = False) -> None:
     """One processor-sharing resource: every visiting client's departure (water-filling on
-    a ``capped`` medium: one of its clients has ``max_share < 1``)."""
+    a ``capped`` medium: one of its clients has ``max_share < 1``; re-rated where a flow's
+    rate changes on a ``varying`` one: :func:`.sharing.varying_processor_sharing`)."""
     parts = []
     for g, k in visiting:
-        visits, solo = g.solo_s(k)
+        if varying:  # the bits (its links' rates are read in order below)
+            solo = g.bits_of(k)
+            visits = solo > 0
+        else:
+            visits, solo = g.solo_s(k)
         idx = np.flatnonzero(visits & ~g.stuck)
         shares = g.max_share(k) if capped else None
         parts.append((g, k, idx, g.now_s[idx], solo[idx], None if shares is None else shares[idx]))
@@ -472,7 +504,19 @@ def _serve(visiting: list[tuple[_Group, int]], capped: bool) -> None:
     solo = np.concatenate([p[4] for p in parts])
     order = np.argsort(arrive, kind="stable")
     depart = np.empty(len(arrive))
-    if capped:
+    if varying:
+        bits = solo  # the parts' bits
+        rates = [r for g, k, idx, *_ in parts for r in g.rates_of(k, idx)]
+        arrive_o = arrive[order].tolist()
+        depart[order] = varying_processor_sharing(
+            arrive_o,
+            bits[order].tolist(),
+            [
+                r.segments(a) if isinstance(r, TimeVaryingRate) else constant_segments(r)
+                for r, a in zip((rates[i] for i in order.tolist()), arrive_o, strict=True)
+            ],
+        )
+    elif capped:
         share = np.concatenate([np.ones(len(p[2])) if p[5] is None else p[5] for p in parts])
         depart[order] = capped_processor_sharing(
             arrive[order].tolist(), solo[order].tolist(), share[order].tolist()

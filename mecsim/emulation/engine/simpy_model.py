@@ -18,7 +18,7 @@ from typing import Any, cast
 import simpy
 
 from mecsim.channel.tcp import TcpFlow
-from mecsim.emulation.engine.sharing import CappedSharing
+from mecsim.emulation.engine.sharing import CappedSharing, VaryingSharing
 from mecsim.emulation.engine.specs import (
     ClientSpec,
     ClientTimeline,
@@ -27,6 +27,8 @@ from mecsim.emulation.engine.specs import (
     ServerSpec,
     TimeVaryingRate,
     _made_it,
+    constant_segments,
+    varying_media,
 )
 from mecsim.emulation.ops import (
     Backhaul,
@@ -133,6 +135,49 @@ class CappedProcessorSharing:
         self._reschedule()
 
 
+class VaryingProcessorSharing:
+    """A shared medium whose flows' link rates change at known times (a rate trace, a
+    moving client): each flow at its link rate / n, re-rated where a rate changes
+    (:class:`.sharing.VaryingSharing`). One timer is pending for the next event; a
+    version counter makes stale timers no-ops."""
+
+    def __init__(self, env: simpy.Environment, name: str) -> None:
+        self.env, self.name = env, name
+        self._medium: VaryingSharing[simpy.Event] = VaryingSharing()
+        self._medium.last_s = env.now
+        self._version = 0
+
+    def __repr__(self) -> str:
+        return f"VaryingProcessorSharing({self.name!r}, active={len(self._medium)})"
+
+    def serve(self, nbits: float, rate: Rate) -> simpy.Event:
+        """Event that fires when ``nbits`` (> 0) at the link's ``rate`` (b/s, or a
+        :class:`TimeVaryingRate`: its segments from now) are through."""
+        event = self.env.event()
+        segments = (
+            rate.segments(self.env.now)
+            if isinstance(rate, TimeVaryingRate)
+            else constant_segments(float(rate))
+        )
+        self._medium.arrive(self.env.now, nbits, segments, event)
+        self._reschedule()
+        return event
+
+    def _reschedule(self) -> None:
+        self._version += 1
+        if math.isinf(self._medium.timer_s):
+            return
+        version = self._version  # the medium's clock is env.now: timer_s = now + wait_s
+        self.env.timeout(self._medium.wait_s).callbacks.append(lambda _: self._on_timer(version))
+
+    def _on_timer(self, version: int) -> None:
+        if version != self._version:
+            return
+        for event in self._medium.on_timer(self.env.now):
+            event.succeed()
+        self._reschedule()
+
+
 class DedicatedLink:
     """A client's own link: no contention; it owns its transfer delay
     (``nbits / rate + latency_s``, plus a TCP flow's :meth:`TcpFlow.extra_s`)."""
@@ -177,8 +222,8 @@ class SharedLink:
 
     def __init__(
         self,
-        medium: ProcessorSharing | CappedProcessorSharing,
-        rate_bps: float,
+        medium: ProcessorSharing | CappedProcessorSharing | VaryingProcessorSharing,
+        rate_bps: Rate,
         latency_s: float = 0.0,
         max_share: float = 1.0,
         tcp: TcpFlow | None = None,
@@ -195,14 +240,24 @@ class SharedLink:
 
     def transfer(self, nbits: float) -> _Proc:
         if nbits > 0:
-            if isinstance(self.medium, CappedProcessorSharing):
-                yield self.medium.serve(nbits, self.rate_bps, self.max_share)
+            t0_s = self.medium.env.now
+            rate = self.rate_bps
+            if isinstance(self.medium, VaryingProcessorSharing):
+                yield self.medium.serve(nbits, rate)
             else:
-                yield self.medium.serve(nbits, self.rate_bps)
+                assert not isinstance(rate, TimeVaryingRate)  # _simulate: a varying medium
+                if isinstance(self.medium, CappedProcessorSharing):
+                    yield self.medium.serve(nbits, rate, self.max_share)
+                else:
+                    yield self.medium.serve(nbits, rate)
+            if self.tcp and isinstance(rate, TimeVaryingRate):
+                # a varying link's TCP flow runs at the link rate it averaged: the bits
+                # over the seconds they would take alone (TimeVaryingRate.transfer_time_s)
+                rate = nbits / rate.transfer_time_s(nbits, t0_s)
             # a TCP flow's window and losses hold it at its fair share of the medium
             # (TcpFlow.flows), after its bits: the medium is not held meanwhile
             wait_s = self.latency_s + (
-                self.tcp.extra_s(nbits / 8.0, self.rate_bps) if self.tcp else 0.0
+                self.tcp.extra_s(nbits / 8.0, rate) if self.tcp and isinstance(rate, float) else 0.0
             )
             if wait_s > 0:
                 yield self.medium.env.timeout(wait_s)
@@ -401,9 +456,12 @@ def _simulate(
 ) -> tuple[ClientTimeline, ...]:
     """Per-client timelines from the SimPy model (any op-trace, media, CPUs)."""
     env = simpy.Environment()
-    media: dict[tuple[str, int], ProcessorSharing | CappedProcessorSharing] = {}
+    media: dict[
+        tuple[str, int], ProcessorSharing | CappedProcessorSharing | VaryingProcessorSharing
+    ] = {}
     cpus: dict[int, EdgeServerCPU] = {}
     capped = _capped_media(traces, clients, network)
+    varying = varying_media(traces, clients, network)
 
     def link(spec: ClientSpec, rate: Rate, shared: bool, direction: str) -> _Link:
         up = direction == "uplink"
@@ -411,17 +469,28 @@ def _simulate(
         tcp = spec.uplink_tcp if up else spec.downlink_tcp
         if not shared:
             return DedicatedLink(env, rate, latency_s, tcp)
-        if isinstance(rate, TimeVaryingRate):
-            raise ValueError(
-                f"client {spec.client_id}: a shared {direction} medium needs a "
-                "constant rate, not a time-varying one (a rate trace or a moving client)"
-            )
         key = (direction, spec.edge_server)
+        if key in capped and key in varying:
+            raise ValueError(
+                f"client {spec.client_id}: the shared {direction} medium of edge server "
+                f"{spec.edge_server} has a flow capped below its link rate (max_share < 1: "
+                "a loss rate) and a flow whose rate changes during the round (a rate trace "
+                "or a moving client): water-filling with time-varying rates is not built"
+            )
         if key not in media:
-            kind = CappedProcessorSharing if key in capped else ProcessorSharing
+            kind: type[ProcessorSharing | CappedProcessorSharing | VaryingProcessorSharing]
+            kind = (
+                VaryingProcessorSharing
+                if key in varying
+                else CappedProcessorSharing
+                if key in capped
+                else ProcessorSharing
+            )
             media[key] = kind(env, f"server{key[1]}.{direction}")
         max_share = spec.uplink_max_share if up else spec.downlink_max_share
-        return SharedLink(media[key], float(rate), latency_s, max_share, tcp)
+        if not isinstance(rate, TimeVaryingRate):
+            rate = float(rate)
+        return SharedLink(media[key], rate, latency_s, max_share, tcp)
 
     backhauls = _edge_backhauls(env, traces, clients, servers)
     barriers = [sum(isinstance(op, Barrier) for op in trace) for trace in traces.values()]

@@ -10,7 +10,7 @@ import dataclasses
 import itertools
 import math
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,8 +21,10 @@ from mecsim.channel.tcp import TcpFlow
 
 class TimeVaryingRate:
     """A dedicated link whose rate changes during the round: what the engines accept in
-    place of a constant rate (b/s) on a dedicated link. They ask only how long a
-    transfer takes, :meth:`transfer_time_s`; a shared medium refuses one.
+    place of a constant rate (b/s). On a dedicated link they ask only how long a
+    transfer takes, :meth:`transfer_time_s`; on a shared medium, the link's rate piece
+    by piece, :meth:`segments` (processor sharing re-rated where a flow's rate changes:
+    :class:`.sharing.VaryingSharing`).
 
     :class:`RateSchedule` (a rate trace) and
     :class:`~mecsim.emulation.moving_rate.MovingRate` (a client that moves) are the two."""
@@ -56,6 +58,12 @@ class TimeVaryingRate:
         ``links`` (``links.transfer_times_s(j, nbits, start_s)``, numpy over links: the
         closed form does), else None (one by one)."""
         return None
+
+    def segments(self, start_s: float) -> Iterator[tuple[float, float]]:
+        """The link's rate from ``start_s`` (s since the round started) on, as
+        ``(rate_bps, until_s)`` pairs in order, each rate holding until its ``until_s``
+        (the last: inf); what a shared medium re-rates its flows by."""
+        raise NotImplementedError
 
     def with_outages(self, cuts: list[tuple[float, float]]) -> TimeVaryingRate:
         """The same link at 0 b/s during each interval [a, b) of ``cuts`` (s since the
@@ -97,6 +105,18 @@ class RateSchedule(TimeVaryingRate):
             left -= rate * (end_s - t_s)
             t_s = end_s
         return math.inf
+
+    def segments(self, start_s: float) -> Iterator[tuple[float, float]]:
+        """Its pieces from ``start_s`` on: ``(rates_bps[k], times_s[k + 1])``, the last
+        until inf."""
+        first = max(bisect_right(self.times_s, start_s) - 1, 0)
+        ends = (*self.times_s[first + 1 :], math.inf)
+        return zip(self.rates_bps[first:], ends, strict=True)
+
+
+def constant_segments(rate_bps: float) -> Iterator[tuple[float, float]]:
+    """A constant rate as :meth:`TimeVaryingRate.segments`: one piece, for ever."""
+    return iter(((rate_bps, math.inf),))
 
 
 Rate = float | TimeVaryingRate  # bits per second
@@ -259,3 +279,19 @@ def _made_it(finish_s: float, deadline_s: float | None) -> bool:
     """A client completes when it finishes at all (an op that never ends, e.g. a link of
     rate 0 for ever, is an outage, not a completion) and, with a deadline, by it."""
     return math.isfinite(finish_s) and (deadline_s is None or finish_s <= deadline_s)
+
+
+def varying_media(
+    traces: Mapping[int, object], clients: Mapping[int, ClientSpec], network: NetworkSpec
+) -> set[tuple[str, int]]:
+    """The shared media ((direction, edge server)) on which a client of the round has a
+    :class:`TimeVaryingRate` (a rate trace, a moving client): processor sharing re-rated
+    where a flow's rate changes (:class:`.simpy_model.VaryingProcessorSharing`) there."""
+    out: set[tuple[str, int]] = set()
+    for cid in traces:
+        spec = clients[cid]
+        if network.uplink_shared and isinstance(spec.uplink_rate_bps, TimeVaryingRate):
+            out.add(("uplink", spec.edge_server))
+        if network.downlink_shared and isinstance(spec.downlink_rate_bps, TimeVaryingRate):
+            out.add(("downlink", spec.edge_server))
+    return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -222,16 +223,21 @@ def test_empty_round() -> None:
     assert r.clients == () and r.critical_client is None and r.round_time_s == approx(0.2)
 
 
-def test_shared_medium_rejects_schedule() -> None:
+def test_shared_medium_takes_a_schedule_but_not_with_a_capped_flow() -> None:
+    """A rate trace on a shared medium is processor-shared, re-rated where it changes
+    (test_engine_varying.py has the cases by hand); alone, 1 Mbit at 1 Mb/s is 1 s. With a
+    flow capped below its link rate on the same medium (water-filling) it is refused,
+    naming the client."""
     sched = RateSchedule((0.0,), (1e6,))
-    with pytest.raises(ValueError, match="client 5"):
+    r = time_round(
+        {5: (Upload(125_000),)}, {5: spec(5, up=sched)}, SERVER, NetworkSpec(uplink_shared=True)
+    )
+    assert r.clients[0].finish_s == 1.0
+    capped = replace(spec(7), downlink_max_share=0.5)
+    with pytest.raises(ValueError, match="client 6: the shared downlink medium .* capped"):
         time_round(
-            {5: (Upload(10),)}, {5: spec(5, up=sched)}, SERVER, NetworkSpec(uplink_shared=True)
-        )
-    with pytest.raises(ValueError, match="client 6"):
-        time_round(
-            {6: (Download(10),)},
-            {6: spec(6, down=sched)},
+            {6: (Download(10),), 7: (Download(10),)},
+            {6: spec(6, down=sched), 7: capped},
             SERVER,
             NetworkSpec(downlink_shared=True),
         )

@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 import pytest
+from support.moving import BANDWIDTH_HZ, moving_links, straight_track
 from support.scenarios import tiny
 
 from mecsim.analysis.replay import load_run, replay
@@ -28,65 +29,17 @@ from mecsim.emulation.engine import (
     time_round_columns,
 )
 from mecsim.emulation.faults import with_outages
-from mecsim.emulation.handover import ClientPositions
-from mecsim.emulation.mobility import Area
-from mecsim.emulation.mobility.traces import NodeTrack
-from mecsim.emulation.moving_rate import MovingLinks, MovingRate
+from mecsim.emulation.moving_rate import MovingRate
 from mecsim.emulation.network import NetworkModel, device_profiles
 from mecsim.emulation.ops import Compute, Download, Upload
 from mecsim.run.preflight import find_problems
 from mecsim.run.setup import moving_rate_refusal
 from mecsim.scenario import scenario_from_dict
 from mecsim.scenario.loader import ScenarioError
-from mecsim.scenario.mobility import MobilityConfig
 from mecsim.scenario.overrides import OverrideError
 from mecsim.store.reader import read_csv_exact
 from mecsim.store.session import run_in_folder
 from mecsim.testing import check_scenario_data
-
-BANDWIDTH_HZ = 10e6
-K = 10**12.7  # SINR per unit path-loss gain
-
-
-def _track(start_xy: tuple[float, float], velocity: tuple[float, float]) -> NodeTrack:
-    """A straight line at constant velocity for 2,000 s (a trace of two samples)."""
-    x0, y0 = start_xy
-    vx, vy = velocity
-    xy = np.array([[x0, y0], [x0 + 2000 * vx, y0 + 2000 * vy]], dtype=float)
-    return NodeTrack("0", np.array([0.0, 2000.0]), xy, 1)
-
-
-def _links(
-    track: NodeTrack,
-    site: tuple[float, float],
-    step_s: float,
-    round_start_s: float = 0.0,
-    *,
-    k: float = K,
-    bandwidth_hz: float = BANDWIDTH_HZ,
-    exponent: float = 4.0,
-    path_loss_db: float = -40.0,
-    cap_bps: float = math.inf,
-) -> MovingLinks:
-    config = MobilityConfig(
-        model="trace", step_s=step_s, trace={"format": "ns2", "path": "unused.tcl"}
-    )
-    initial = track.position_at(np.array([0.0]))
-    positions = ClientPositions(
-        config, initial, Area.of_size(1e5, 1e5), 0, tracks=[track], trace_end_s=math.inf
-    )
-    return MovingLinks(
-        positions,
-        round_start_s,
-        np.array([0]),
-        np.array([site], dtype=float),
-        np.array([bandwidth_hz]),
-        np.array([k]),
-        np.array([cap_bps]),
-        path_loss_db=path_loss_db,
-        reference_distance_m=1.0,
-        path_loss_exponent=exponent,
-    )
 
 
 def _fine_transfer_s(bits: float, distance, t0_s: float, dt_s: float = 1e-4) -> float:
@@ -130,7 +83,7 @@ def test_mid_star_is_within_the_documented_error_of_the_continuous_integral(
     t0 = round_start_s + start_s
     exact = _fine_transfer_s(bits, distance, t0)
     for step_s, tolerance in ((1.0, TOLERANCE_1S[motion]), (0.1, 3e-4)):
-        rate = MovingRate(_links(_track(xy, v), (0.0, 0.0), step_s, round_start_s), 0)
+        rate = MovingRate(moving_links(straight_track(xy, v), (0.0, 0.0), step_s, round_start_s), 0)
         got = rate.transfer_time_s(bits, start_s)
         assert got == pytest.approx(exact, rel=tolerance), (step_s, got, exact)
     # the rate frozen at the transfer's start: wrong by far more for the cars
@@ -154,8 +107,8 @@ def test_a_transfer_worked_by_hand():
     (The rate frozen at the start, 2.106851 Mb/s (SNR 3.3075 at 100 m): 1.423926 s.)"""
     k = 3 * 105.0**2
     rate = MovingRate(
-        _links(
-            _track((100.0, 0.0), (10.0, 0.0)),
+        moving_links(
+            straight_track((100.0, 0.0), (10.0, 0.0)),
             (0.0, 0.0),
             1.0,
             k=k,
@@ -187,8 +140,8 @@ def test_a_transfer_worked_by_hand():
 def test_the_mathis_cap_applies_per_piece():
     """Capped at 1.9 Mb/s: the first piece (2 Mb/s) is capped, the second (1.81) is not."""
     k = 3 * 105.0**2
-    links = _links(
-        _track((100.0, 0.0), (10.0, 0.0)),
+    links = moving_links(
+        straight_track((100.0, 0.0), (10.0, 0.0)),
         (0.0, 0.0),
         1.0,
         k=k,
@@ -213,8 +166,8 @@ def test_outages_stop_the_transfer_and_it_resumes_after():
     """Down over [0.2, 0.7) s: the bits of [0, 0.2) at the first piece's rate, nothing
     for 0.5 s, the rest from 0.7 s."""
     k = 3 * 105.0**2
-    links = _links(
-        _track((100.0, 0.0), (10.0, 0.0)),
+    links = moving_links(
+        straight_track((100.0, 0.0), (10.0, 0.0)),
         (0.0, 0.0),
         1.0,
         k=k,
@@ -384,7 +337,11 @@ def test_a_moving_clients_radio_energy_is_its_transfers_duration():
     assert e["energy_radio_j"] > 0
 
 
-def test_a_shared_medium_with_moving_rates_is_refused_naming_the_field():
+def test_moving_rates_on_a_shared_medium_are_refused_only_with_capped_flows_naming_the_field():
+    """A shared medium re-rates its flows where a moving client's rate changes
+    (engine.sharing.VaryingSharing), so ``step`` on a shared cell runs; what is not built
+    is water-filling with such rates (flows capped below their link rates: a loss rate
+    under ``transport: ideal``), refused before anything starts, naming the fields."""
     data = check_scenario_data("fedavg")
     data["channel"] = {
         "model": "shannon",
@@ -398,8 +355,16 @@ def test_a_shared_medium_with_moving_rates_is_refused_naming_the_field():
     }
     data["topology"] = {"clients": 4, "edge_servers": 2}
     sc = scenario_from_dict(data, "x")
-    assert "uplink is a shared medium" in moving_rate_refusal(sc)
+    assert moving_rate_refusal(sc) is None
+    assert "geometry.mobility.rate" not in [p.field for p in find_problems(sc).problems]
+    data["channel"]["uplink"].update(transport="ideal", loss_rate=0.01, latency_s=0.01)
+    sc = scenario_from_dict(data, "x")
+    refusal = moving_rate_refusal(sc)
+    assert "the uplink is a shared medium whose flows channel.uplink.loss_rate caps" in refusal
     assert [p.field for p in find_problems(sc).problems] == ["geometry.mobility.rate"]
+    data["channel"]["uplink"]["transport"] = "tcp"  # TCP recovers its losses: no cap
+    assert moving_rate_refusal(scenario_from_dict(data, "x")) is None
+    data["channel"]["uplink"]["transport"] = "ideal"
     data["geometry"]["mobility"]["rate"] = "round"
     assert moving_rate_refusal(scenario_from_dict(data, "x")) is None
     data["geometry"]["mobility"] = {"model": "static"}
@@ -441,14 +406,25 @@ def test_a_replay_of_a_moving_step_run_reproduces_its_times_bit_for_bit(tmp_path
         step["elapsed_s"].iloc[-1],
         frozen["elapsed_s"].iloc[-1],
     ]
-    # a what-if that puts moving rates on a shared medium is refused before any work,
-    # naming the field (the engines time only constant rates there)
-    for shared in (
-        lambda: replay(load_run(tmp_path / "step"), {"channel.uplink.shared": True}),
-        lambda: sweep(tmp_path / "step", {"channel.uplink.shared": [False, True]}, workers=1),
-    ):
-        with pytest.raises(OverrideError, match="geometry.mobility.rate: rate: step makes"):
-            shared()
+    # a what-if that puts the moving rates on a shared medium: each car's upload now
+    # shares its cell with the others there (never faster), and a sweep takes the point
+    shared = replay(load_run(tmp_path / "step"), {"channel.uplink.shared": True})
+    assert (shared.rounds["ul_time_s"] >= step["ul_time_s"]).all()
+    assert shared.rounds["round_time_s"].tolist() != step["round_time_s"].tolist()
+    grid = sweep(tmp_path / "step", {"channel.uplink.shared": [False, True]}, workers=1)
+    assert grid["total_time_s"].tolist() == [
+        step["elapsed_s"].iloc[-1],
+        shared.rounds["elapsed_s"].iloc[-1],
+    ]
+    # with a loss rate capping the flows (transport: ideal) it is refused before any work
+    capped = {
+        "channel.uplink.shared": True,
+        "channel.uplink.transport": "ideal",
+        "channel.uplink.loss_rate": 0.01,
+        "channel.uplink.latency_s": 0.01,
+    }
+    with pytest.raises(OverrideError, match="geometry.mobility.rate: rate: step makes"):
+        replay(load_run(tmp_path / "step"), capped)
 
 
 def test_after_the_horizon_the_client_is_held_and_the_rest_is_sent_at_once():
@@ -469,14 +445,16 @@ def test_after_the_horizon_the_client_is_held_and_the_rest_is_sent_at_once():
     sent = sum(rate(100.0 + 30.0 * (k + 0.5)) for k in range(5))
     assert sent < bits  # the transfer is still going at the horizon
     by_hand = 5.0 + (bits - sent) / rate(250.0)
-    links = dataclasses.replace(_links(_track(start, velocity), (0.0, 0.0), 1.0), horizon_s=5.0)
+    links = dataclasses.replace(
+        moving_links(straight_track(start, velocity), (0.0, 0.0), 1.0), horizon_s=5.0
+    )
     got = float(links.transfer_times_s(np.array([0]), np.array([bits]), np.array([0.0]))[0])
     assert got == pytest.approx(by_hand, rel=1e-9)
     assert MovingRate(links, 0).transfer_time_s(bits, 0.0) == got  # the scalar path too
     assert links.positions._filled <= 64  # one block: nothing computed past the horizon
 
     # a transfer through before the horizon: the horizon changes nothing
-    free = _links(_track(start, velocity), (0.0, 0.0), 1.0)
+    free = moving_links(straight_track(start, velocity), (0.0, 0.0), 1.0)
     small = np.array([0.8e6 * 8])
     args = (np.array([0]), small, np.array([0.0]))
     assert links.transfer_times_s(*args)[0] == free.transfer_times_s(*args)[0] < 5.0
