@@ -38,6 +38,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = ("rounds.csv", "clients.csv", "optraces.jsonl")
+#: An asynchronous run (docs/async.md) records ``updates.csv`` in place of ``clients.csv``.
+ASYNC_FILES = ("rounds.csv", "updates.csv", "optraces.jsonl")
+
+
+def run_files(folder: Path) -> tuple[str, ...]:
+    """The files a run (or a snapshot of one) in ``folder`` keeps."""
+    return ASYNC_FILES if (folder / "updates.csv").exists() else FILES
 
 
 def _mecsim() -> str:
@@ -83,7 +90,7 @@ def take(out: Path, rounds: int, backends: list[str], only: list[str] | None) ->
         for backend in backends:
             key = f"{name}.{backend}"
             dest = out / key
-            if dest.is_dir() and all((dest / f).exists() for f in FILES):
+            if dest.is_dir() and all((dest / f).exists() for f in run_files(dest)):
                 print(f"{key}: kept from an earlier take")
                 continue
             tmp = out / ".runs"
@@ -119,10 +126,11 @@ def take(out: Path, rounds: int, backends: list[str], only: list[str] | None) ->
                 )
                 continue
             dest.mkdir(parents=True, exist_ok=True)
-            for f in FILES:
+            files = run_files(tmp / key)
+            for f in files:
                 (dest / f).write_text(normalised(tmp / key / f))
             shutil.rmtree(tmp / key, ignore_errors=True)
-            digest = hashlib.sha256(b"".join((dest / f).read_bytes() for f in FILES))
+            digest = hashlib.sha256(b"".join((dest / f).read_bytes() for f in files))
             print(f"{key}: {digest.hexdigest()[:16]} ({took:.1f} s)", flush=True)
     shutil.rmtree(out / ".runs", ignore_errors=True)
     return 1 if failed else 0
@@ -135,9 +143,11 @@ def compare(a: Path, b: Path) -> int:
         {p.name for p in a.iterdir() if p.is_dir() and not p.name.startswith(".")}
         | {p.name for p in b.iterdir() if p.is_dir() and not p.name.startswith(".")}
     )
-    bad = 0
+    bad = compared = 0
     for key in keys:
-        for f in FILES:
+        files = sorted(set(run_files(a / key)) | set(run_files(b / key)))
+        for f in files:
+            compared += 1
             pa, pb = a / key / f, b / key / f
             if not pa.exists() or not pb.exists():
                 print(f"{key}/{f}: only in {a if pa.exists() else b}")
@@ -148,7 +158,7 @@ def compare(a: Path, b: Path) -> int:
                 print(f"{key}/{f}: {where or 'the same values, written otherwise'}")
                 bad += 1
     print(
-        f"{len(keys)} runs x {len(FILES)} files compared: "
+        f"{len(keys)} runs, {compared} files compared: "
         f"{'identical' if not bad else f'{bad} differ'}"
     )
     return 1 if bad else 0
@@ -179,7 +189,7 @@ def changes(a: Path, b: Path) -> int:
     same = []
     for key in keys:
         differs = False
-        for f in FILES:
+        for f in sorted(set(run_files(a / key)) & set(run_files(b / key))):
             if not f.endswith(".csv"):
                 continue
             ha, ra = _columns(a / key / f)
