@@ -23,6 +23,20 @@ scheduling order, which is itself deterministic), so the same seed gives the sam
 records in-process and on Ray. ``rounds`` counts the server's versions; evaluation comes
 every ``evaluation.every`` versions and at the last. The channel is drawn once, at the
 run's start (round 0's draw), and holds for the run.
+
+Checkpoints are taken at version boundaries (every ``checkpoint.every`` versions and
+after the last): the server (its model, version and whatever else it keeps: FedBuff's
+buffer), the versions in-flight cycles trained on, the uploads of the cycles already
+trained and not yet taken, and the result of every training executed so far (its
+op-trace, loss, samples: no weights). The SimPy clock's state (which client is
+downloading, training or uploading which version, until when) is not stored: a resume
+re-plays the clock from the run's start with the recorded results in place of the
+trainings and a stand-in server of one element that counts the versions exactly as the
+real one, and at the checkpoint's version puts the real server, versions and uploads in
+place. The clock's events depend on the op-traces, the upload sizes, which updates were
+finite and the versions made, never on the weights' values, so the re-play reaches the
+very state the run was in (checked: the updates, batches and versions' times must
+match), and the run continues as if it had not stopped.
 """
 
 from __future__ import annotations
@@ -41,6 +55,7 @@ import simpy
 from mecsim.agents.algorithms import ClientResult, ClientTask, algorithm_classes
 from mecsim.agents.algorithms.asynchronous import ASYNC_SERVERS, AsyncServer, SemiSync, Update
 from mecsim.agents.algorithms.fedavg import FedAvgServer
+from mecsim.agents.state import BlobSink, decode, encode
 from mecsim.emulation import faults
 from mecsim.emulation.energy import ENERGY_KEYS, client_energy
 from mecsim.emulation.engine import ClientSpec, ClientTimeline
@@ -52,6 +67,7 @@ from mecsim.emulation.engine.simpy_model import (
     SharedLink,
 )
 from mecsim.emulation.ops import Compute, Download, Upload, op_to_dict, trace_flops
+from mecsim.run.chaos import kill_point
 from mecsim.run.setup import MiB, RunFailed, RunSetup
 from mecsim.scenario import Scenario
 
@@ -157,6 +173,7 @@ class _Cycle:
     task: ClientTask
     result: ClientResult | None = None
     upload: np.ndarray | None = None
+    upload_size: int = 0  # elements of the upload (the server's FLOPs count them)
     download_s: float = 0.0
     compute_s: float = 0.0
     upload_s: float = 0.0
@@ -186,15 +203,38 @@ class AsyncRun:
         rs: RunSetup,
         emit: Callable[..., None],
         should_stop: Callable[[], bool | str] | None = None,
+        *,
+        checkpoint: Callable[[AsyncRun, int, float], None] | None = None,
+        every: int = 0,
+        resume: tuple[int, Any] | None = None,
     ) -> None:
+        """``checkpoint(run, versions, now)`` is called after the rows of every ``every``-th
+        version (and of the last) are emitted; ``resume`` is (versions done, the
+        :meth:`state` of the checkpoint taken then) of a run to continue."""
         self.rs, self.emit, self.should_stop = rs, emit, should_stop
+        self.checkpoint, self.every = checkpoint, every
         sc = rs.info.scenario
         self.sc = sc
         self.agg = sc.aggregation
         self.n = sc.topology.clients
         self.env = simpy.Environment()
         assert rs.init_weights is not None  # prepare() keeps them
-        self.server: AsyncServer = ASYNC_SERVERS[self.agg.mode](rs.init_weights, self.agg)
+        self.model_size = int(np.asarray(rs.init_weights).size)
+        # every training executed so far, per batch, encoded once (a checkpoint holds them)
+        self.executed: list[list[Any]] = []
+        # a resume re-plays the clock up to this version (see the module's docstring)
+        self.replay_to = 0
+        self.replay_log: list[list[dict[str, Any]]] = []
+        self.saved: dict[str, Any] = {}
+        self.live = resume is None  # False while a resume re-plays the clock
+        init = rs.init_weights
+        if resume is not None:
+            self.replay_to, state = resume
+            self.executed = list(state["executed"])
+            self.replay_log = [[decode(e) for e in batch] for batch in self.executed]
+            self.saved = decode(state["state"])
+            init = np.zeros(1, dtype=np.float32)  # the stand-in server of the re-play
+        self.server: AsyncServer = ASYNC_SERVERS[self.agg.mode](init, self.agg)
         self.published_at = {0: 0.0}  # version -> emulated s it was made
         self.versions = {0: self.server.weights}  # versions some cycle still trains on
         self.pending: list[_Cycle] = []  # started, not yet executed
@@ -262,9 +302,16 @@ class AsyncRun:
         self.in_flight[cid] = cyc
         return cyc
 
+    @property
+    def replaying(self) -> bool:
+        return not self.live
+
     def _execute(self) -> None:
         """Every started cycle not yet executed, in one fit (their versions are fixed)."""
         batch, self.pending = self.pending, []
+        if self.replaying:
+            self._replayed(batch)
+            return
         tasks = sorted((c.task for c in batch), key=lambda t: t.client_id)
         t0 = time.perf_counter()
         results = self.rs.executor.fit(self.batches, tasks)
@@ -272,12 +319,103 @@ class AsyncRun:
         self.train_wall += time.perf_counter() - t0
         self.batches += 1
         by_id = {r.client_id: r for r in results}
-        for cyc in batch:
+        done = []
+        for cyc in sorted(batch, key=lambda c: c.client_id):
             r = by_id[cyc.client_id]
             cyc.result = r
             w = r.weights if r.weights is not None else uploads.get(cyc.client_id)
             cyc.upload = None if w is None else np.array(w, dtype=np.float32, copy=True)
+            cyc.upload_size = 0 if cyc.upload is None else int(cyc.upload.size)
             r.weights = None
+            kind = (
+                "none"
+                if cyc.upload is None
+                else "finite"
+                if np.isfinite(cyc.upload).all()
+                else "nonfinite"
+            )
+            entry = {
+                "client_id": cyc.client_id,
+                "cycle": cyc.cycle,
+                "result": r,
+                "upload": kind,
+                "upload_size": cyc.upload_size,
+            }
+            done.append(encode(entry, f"asynchronous run: client {cyc.client_id}'s result"))
+        self.executed.append(done)
+
+    def _replayed(self, batch: list[_Cycle]) -> None:
+        """A resume's re-play: the batch's recorded results in place of its trainings,
+        with a one-element stand-in for each upload (finite or not, as the real one)."""
+        if self.batches >= len(self.replay_log):
+            self._diverged(f"batch {self.batches} of trainings was not recorded")
+        recorded = {(e["client_id"], e["cycle"]): e for e in self.replay_log[self.batches]}
+        if set(recorded) != {(c.client_id, c.cycle) for c in batch}:
+            self._diverged(f"batch {self.batches} holds other clients' trainings")
+        self.batches += 1
+        for cyc in batch:
+            e = recorded[(cyc.client_id, cyc.cycle)]
+            cyc.result = e["result"]
+            cyc.upload_size = int(e["upload_size"])
+            cyc.upload = (
+                None
+                if e["upload"] == "none"
+                else np.full(1, 0.0 if e["upload"] == "finite" else np.nan, np.float32)
+            )
+
+    def _diverged(self, why: str) -> None:
+        raise RunFailed(
+            f"aggregation.mode {self.agg.mode}: the resume re-played the run's clock up to "
+            f"version {self.replay_to} and it went another way ({why}): the checkpoint was "
+            "written by another mecsim or for another scenario; run the scenario again"
+        )
+
+    def _go_live(self) -> None:
+        """The re-play has reached the checkpoint's version: the real server, the versions
+        in-flight cycles trained on and their uploads take the stand-ins' places."""
+        saved = self.saved
+        now = {"updates": self.updates, "batches": self.batches}
+        for key, value in now.items():
+            if saved[key] != value:
+                self._diverged(f"{value} {key} where the checkpoint has {saved[key]}")
+        if saved["published_at"] != self.published_at:
+            self._diverged("the versions were made at other times")
+        if set(saved["versions"]) != set(self.versions):
+            self._diverged("other versions in use")
+        server = ASYNC_SERVERS[self.agg.mode](saved["server"]["weights"], self.agg)
+        for name, value in saved["server"].items():
+            setattr(server, name, value)
+        self.server = server
+        self.versions = dict(saved["versions"])
+        nbytes = int(self.rs.info.model_nbytes)
+        uploads = saved["uploads"]
+        for cyc in self.in_flight.values():
+            if cyc.result is None:  # started, not trained: it trains on the real version
+                cyc.task = ClientTask(cyc.client_id, self.versions[cyc.version], nbytes)
+            elif cyc.upload is not None:
+                cyc.upload = uploads[cyc.client_id]
+        self.saved, self.replay_log = {}, []
+        self.live = True
+        self.wall0, self.train_wall = time.perf_counter(), 0.0
+
+    def state(self, blobs: BlobSink | None = None) -> dict[str, Any]:
+        """What a checkpoint at this version boundary holds (see the module's docstring);
+        ``blobs`` takes the large arrays by reference."""
+        server = {k: v for k, v in vars(self.server).items() if k != "config"}
+        uploads = {
+            c.client_id: c.upload
+            for c in self.in_flight.values()
+            if c.result is not None and c.upload is not None
+        }
+        state = {
+            "updates": self.updates,
+            "batches": self.batches,
+            "published_at": dict(self.published_at),
+            "server": server,
+            "versions": dict(self.versions),
+            "uploads": uploads,
+        }
+        return {"executed": self.executed, "state": encode(state, "asynchronous run", blobs)}
 
     def _result(self, cyc: _Cycle) -> ClientResult:
         if cyc.result is None:
@@ -322,8 +460,6 @@ class AsyncRun:
 
     def _periods(self) -> _Proc:
         """semi_sync: at the end of every period the server averages what arrived."""
-        server = self.server
-        assert isinstance(server, SemiSync)
         period_s = self.agg.period_s
         while not self.done.triggered:
             yield self.env.timeout(period_s)
@@ -331,7 +467,9 @@ class AsyncRun:
                 yield turn
                 if self.done.triggered:
                     return
-                size = server.weights.size
+                server = self.server  # (a resume puts the real one in the stand-in's place)
+                assert isinstance(server, SemiSync)
+                size = self.model_size
                 t0 = time.perf_counter()
                 made = server.flush()
                 self.log.host_aggregate_s += time.perf_counter() - t0
@@ -389,7 +527,7 @@ class AsyncRun:
                 staleness,
             )
             wall = time.perf_counter() - t0
-            flops = self.server.aggregate_flops(cyc.upload.size)
+            flops = self.server.aggregate_flops(cyc.upload_size)
             self.log.cycles.append(cyc)
             self.log.staleness.append(staleness)
             self.log.staleness_s.append(staleness_s)
@@ -397,13 +535,14 @@ class AsyncRun:
         self.log.server_s += agg_s
         self.log.server_flops += flops
         self.log.host_aggregate_s += wall
-        self.log.rows.append(
-            self._update_row(cyc, at_version, staleness, staleness_s, weight, status)
-        )
-        self.log.traces[str(self.updates)] = {
-            "client_id": cyc.client_id,
-            "ops": [op_to_dict(op) for op in self._trace(cyc)],
-        }
+        if not self.replaying:  # (a re-play's rows are on disk already)
+            self.log.rows.append(
+                self._update_row(cyc, at_version, staleness, staleness_s, weight, status)
+            )
+            self.log.traces[str(self.updates)] = {
+                "client_id": cyc.client_id,
+                "ops": [op_to_dict(op) for op in self._trace(cyc)],
+            }
         self.updates += 1
         cyc.upload = None
         self._forget_versions()
@@ -495,8 +634,17 @@ class AsyncRun:
         self.published_at[v] = now
         self.versions[v] = self.server.weights
         self._forget_versions()
+        if self.replaying:  # its rows are on disk and its checkpoint is where the resume began
+            self.log = _VersionLog()
+            if v == self.replay_to:
+                self._go_live()
+            return
         self._emit_version(v - 1, now, before_s)
-        if v >= self.sc.rounds:
+        kill_point(f"round-end:{v - 1}")
+        last = v >= self.sc.rounds
+        if self.checkpoint is not None and self.every and (v % self.every == 0 or last):
+            self.checkpoint(self, v, now)
+        if last:
             self.done.succeed()
         elif self.should_stop is not None:
             stop = self.should_stop()

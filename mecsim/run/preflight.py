@@ -157,12 +157,6 @@ def _find_problems(
         found.problem("geometry.mobility.rate", refusal)
     for where, message in async_refusals(scenario):
         found.problem(where, message)
-    if resume and scenario.aggregation.clocked():
-        found.problem(
-            "aggregation.mode",
-            f"{scenario.aggregation.mode}: an asynchronous run keeps no checkpoints and "
-            "cannot be resumed yet; run its scenario again into a new folder",
-        )
     pools = check_dataset(scenario, found)
     built = check_model_and_memory(scenario, pools, backend, hosts, address, found)
     if built is not None:

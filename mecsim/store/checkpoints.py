@@ -201,7 +201,7 @@ class CheckpointStore:
         start = time.perf_counter()
         self.blob_dir.mkdir(parents=True, exist_ok=True)
         known = self.blob_keys()
-        refs = blob_keys([ckpt.server, ckpt.clients, ckpt.edges])
+        refs = blob_keys([ckpt.server, ckpt.clients, ckpt.edges, ckpt.clocked])
         payload = {
             "format": FORMAT_VERSION,
             "run_id": self.run_id,
@@ -212,6 +212,7 @@ class CheckpointStore:
             "clients": ckpt.clients,
             "costs": ckpt.costs,
             "edges": ckpt.edges,
+            "clocked": ckpt.clocked,  # an asynchronous run's (mecsim.run.async_run)
             "blobs": sorted(refs),
         }
         path = self.path(ckpt.rounds_done)
@@ -291,8 +292,14 @@ class CheckpointStore:
                 raise CheckpointError(f"{path}: its blob {blob.name} is not a tensor")
             return tensor
 
-        server, clients, edges = resolve_blobs(
-            [payload["server"], payload["clients"], payload.get("edges", {})], load_blob
+        server, clients, edges, clocked = resolve_blobs(
+            [
+                payload["server"],
+                payload["clients"],
+                payload.get("edges", {}),
+                payload.get("clocked"),
+            ],
+            load_blob,
         )
         return Checkpoint(
             int(payload["rounds_done"]),
@@ -302,6 +309,7 @@ class CheckpointStore:
             payload["costs"],
             path,
             edges=dict(edges),
+            clocked=clocked,
         )
 
     def latest(self, warn: Callable[[str], None] | None = None) -> Checkpoint | None:
