@@ -245,6 +245,7 @@ class AsyncRun:
         self.rows: list[dict[str, Any]] = []
         self.stop_status: str | None = None
         self.done = self.env.event()
+        self.avail = rs.availability
         self.cpu = simpy.Resource(self.env, capacity=1)
         self.slots = simpy.Resource(self.env, capacity=self.agg.concurrency or self.n)
         self.wall0 = time.perf_counter()
@@ -430,33 +431,76 @@ class AsyncRun:
     # -- the processes ---------------------------------------------------------------
     def _client(self, cid: int) -> _Proc:
         cycle = 0
+        avail = self.avail
         while not self.done.triggered:
+            if avail is not None:  # an offline client starts no cycle: it waits
+                on = avail.next_on(cid, self.env.now)
+                if math.isinf(on):
+                    return  # offline for the rest of the run
+                if on > self.env.now:
+                    yield self.env.timeout(on - self.env.now)
+                    if self.done.triggered:
+                        return
             with self.slots.request() as slot:
                 yield slot
                 if self.done.triggered:
                     return
+                if avail is not None and not avail.online(cid, self.env.now):
+                    continue  # went offline while it waited for a slot
+                off = math.inf if avail is None else avail.next_off(cid, self.env.now)
                 cyc = self._start(cid, cycle)
                 yield from self.down[cid].transfer(8 * cyc.task.download_nbytes)
                 cyc.download_s = self.env.now - cyc.start_s
-                result = self._result(cyc)
-                for op in result.trace:
-                    t0 = self.env.now
-                    if isinstance(op, Compute):
-                        yield from self.device[cid].run(op.flops, op.batches)
-                        cyc.compute_s += self.env.now - t0
-                    elif isinstance(op, Upload):
-                        yield from self.up[cid].transfer(8 * op.nbytes)
-                        cyc.upload_s += self.env.now - t0
-                    elif not isinstance(op, Download):  # the download is timed above
-                        raise RuntimeError(
-                            f"client {cid}: op {type(op).__name__} is not timed in "
-                            f"aggregation.mode {self.agg.mode}"
-                        )
+                done: list[Any] = [Download(cyc.task.download_nbytes)]
+                lost = "download" if self.env.now >= off else None
+                if lost is None:
+                    result = self._result(cyc)
+                    for op in result.trace:
+                        t0 = self.env.now
+                        if isinstance(op, Compute):
+                            yield from self.device[cid].run(op.flops, op.batches)
+                            cyc.compute_s += self.env.now - t0
+                        elif isinstance(op, Upload):
+                            yield from self.up[cid].transfer(8 * op.nbytes)
+                            cyc.upload_s += self.env.now - t0
+                        elif not isinstance(op, Download):  # the download is timed above
+                            raise RuntimeError(
+                                f"client {cid}: op {type(op).__name__} is not timed in "
+                                f"aggregation.mode {self.agg.mode}"
+                            )
+                        else:
+                            continue
+                        done.append(op)
+                        if self.env.now >= off:  # it went offline in this op
+                            lost = "upload" if isinstance(op, Upload) else "training"
+                            break
                 cyc.arrive_s = self.env.now
-                # the cycle (and its slot of aggregation.concurrency) ends when the
-                # server has taken the update
-                yield from self._server_takes(cyc)
+                if lost is not None:
+                    self._lose(cyc, lost, tuple(done))
+                else:
+                    # the cycle (and its slot of aggregation.concurrency) ends when the
+                    # server has taken the update
+                    yield from self._server_takes(cyc)
             cycle += 1
+
+    def _lose(self, cyc: _Cycle, phase: str, done: tuple[Any, ...]) -> None:
+        """The client went offline during ``phase`` of ``cyc``: its update never reaches
+        the server; its row says so (``lost_offline_<phase>``), with the time and energy
+        of the ops it did (``done``; the op it was in is timed to its end)."""
+        self.in_flight.pop(cyc.client_id, None)
+        self.pending = [c for c in self.pending if c is not cyc]  # not trained, if not yet
+        staleness = self.server.version - cyc.version
+        staleness_s = self.env.now - self.published_at[cyc.version]
+        if not self.replaying:
+            status = f"lost_offline_{phase}"
+            self.log.rows.append(
+                self._update_row(
+                    cyc, self.server.version, staleness, staleness_s, 0.0, status, done
+                )
+            )
+        self.updates += 1
+        cyc.upload = None
+        self._forget_versions()
 
     def _periods(self) -> _Proc:
         """semi_sync: at the end of every period the server averages what arrived."""
@@ -569,27 +613,16 @@ class AsyncRun:
         staleness_s: float,
         weight: float,
         status: str,
+        trace: tuple[Any, ...] | None = None,
     ) -> dict[str, Any]:
+        """``trace``: the ops the client did (None: its training's whole trace)."""
         r = cyc.result
-        assert r is not None
+        trained = r is not None and (trace is None or any(isinstance(op, Compute) for op in trace))
         rs, cid = self.rs, cyc.client_id
-        trace = self._trace(cyc)
+        trace = self._trace(cyc) if trace is None else trace
         up = sum(op.nbytes for op in trace if isinstance(op, Upload))
         down = sum(op.nbytes for op in trace if isinstance(op, Download))
-        busy_s = cyc.download_s + cyc.compute_s + cyc.upload_s
-        timeline = ClientTimeline(
-            cid, 0.0, busy_s, cyc.download_s, cyc.compute_s, cyc.upload_s, 0.0, True
-        )
-        energy = client_energy(
-            rs.network.devices[cid],
-            timeline,
-            trace,
-            self.specs[cid],
-            busy_s,
-            idle_policy=self.sc.energy.idle_policy,
-            tx_power_dbm=float(rs.network.tx_power_dbm[cid]),
-            air_rates_bps=self.air_rates[cid],
-        )
+        energy = self._energy(cyc, trace)
         return {
             "run_id": rs.info.run_id,
             "update": self.updates,
@@ -612,13 +645,32 @@ class AsyncRun:
             "bytes_up": up,
             "bytes_down": down,
             "gflops": trace_flops(trace)[0] / 1e9,
-            "steps": r.steps,
-            "num_samples": r.num_samples,
-            "train_loss": r.train_loss,
-            "peak_memory_mb": r.peak_memory_bytes / MiB,
-            "host_train_s": r.host_seconds,
+            # (a cycle lost before it trained: none of these)
+            "steps": r.steps if trained and r is not None else 0,
+            "num_samples": r.num_samples if trained and r is not None else 0,
+            "train_loss": r.train_loss if trained and r is not None else math.nan,
+            "peak_memory_mb": r.peak_memory_bytes / MiB if trained and r is not None else 0.0,
+            "host_train_s": r.host_seconds if trained and r is not None else 0.0,
             **energy,
         }
+
+    def _energy(self, cyc: _Cycle, trace: tuple[Any, ...]) -> dict[str, float]:
+        """The client's energy over ``cyc``'s busy time (download, training, upload)."""
+        rs, cid = self.rs, cyc.client_id
+        busy_s = cyc.download_s + cyc.compute_s + cyc.upload_s
+        timeline = ClientTimeline(
+            cid, 0.0, busy_s, cyc.download_s, cyc.compute_s, cyc.upload_s, 0.0, True
+        )
+        return client_energy(
+            rs.network.devices[cid],
+            timeline,
+            trace,
+            self.specs[cid],
+            busy_s,
+            idle_policy=self.sc.energy.idle_policy,
+            tx_power_dbm=float(rs.network.tx_power_dbm[cid]),
+            air_rates_bps=self.air_rates[cid],
+        )
 
     def _publish(self) -> None:
         """The server's new version is what downloads get from now; its row is emitted."""
@@ -683,7 +735,7 @@ class AsyncRun:
             "dropped": len(taken) - len(accepted),
             "dropped_deadline": 0,
             "crashed": 0,
-            "dropped_out": 0,
+            "dropped_out": sum(r["status"].startswith("lost_offline") for r in taken),
             "outage": 0,
             "rejected": sum(r["status"] == "rejected_nonfinite" for r in taken),
             "faults": 0,

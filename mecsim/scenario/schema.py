@@ -29,6 +29,7 @@ from pydantic import (
 
 import mecsim.registry as registry
 from mecsim.scenario.aggregation import AggregationConfig
+from mecsim.scenario.availability import AvailabilityConfig
 from mecsim.scenario.mobility import MobilityConfig
 
 PositiveFloat = Annotated[float, Field(gt=0)]
@@ -1441,6 +1442,10 @@ class Scenario(_Strict):
     backhaul: BackhaulConfig = Field(default_factory=BackhaulConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     aggregation: AggregationConfig = Field(default_factory=AggregationConfig)
+    availability: AvailabilityConfig = Field(
+        default_factory=AvailabilityConfig,
+        description="when each client is online (docs/async.md, Availability); default: always",
+    )
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     deadline_s: float | None = Field(
         default=None, gt=0, le=MAX_EMULATED_S, description="round deadline (emulated s)"

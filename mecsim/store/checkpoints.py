@@ -35,6 +35,7 @@ from mecsim.run.interrupts import atomic_section
 from mecsim.run.loop import Checkpoint
 from mecsim.scenario import Scenario
 from mecsim.scenario.aggregation import AggregationConfig
+from mecsim.scenario.availability import AvailabilityConfig
 from mecsim.scenario.mobility import MobilityConfig
 from mecsim.scenario.schema import PhyConfig
 from mecsim.store.files import fsync_dir
@@ -56,6 +57,7 @@ _NEW_AT_DEFAULT: dict[str, Any] = {
     "energy": {"idle_policy": "sleep"},
     "geometry": None,
     "aggregation": AggregationConfig().model_dump(mode="json"),  # sync: rounds
+    "availability": AvailabilityConfig().model_dump(mode="json"),  # always online
 }
 #: ``geometry.mobility`` at its default (static clients): left out of the digest, so a
 #: geometry run recorded before clients could move keeps its digest.
