@@ -145,7 +145,7 @@ def compare(a: Path, b: Path) -> int:
     )
     bad = compared = 0
     for key in keys:
-        files = sorted(set(run_files(a / key)) | set(run_files(b / key)))
+        files = sorted({f for d in (a / key, b / key) if d.is_dir() for f in run_files(d)})
         for f in files:
             compared += 1
             pa, pb = a / key / f, b / key / f
