@@ -167,6 +167,7 @@ class CentralServer(_ServerProcess):
         self._stream: _Stream | None = None  # a round's streamed aggregation, while it runs
         # selection draws come from their own stream of the scenario seed
         self.rng = np.random.default_rng(np.random.SeedSequence([seed, 0x5E1EC7]))
+        self._available: list[int] | None = None  # the clients online (availability:)
 
     def associate(self, edge_server_of: dict[int, int]) -> None:
         """The round's serving edge server of every client (clients that move: the
@@ -174,10 +175,26 @@ class CentralServer(_ServerProcess):
         groups the round's clients by it (``ServerAlgorithm.edge_server_of``)."""
         self.algorithm.edge_server_of = {int(c): int(b) for c, b in edge_server_of.items()}
 
+    def available(self, clients: list[int] | None) -> None:
+        """The clients online at the next round's start: :meth:`plan` selects among
+        them only (None: among all)."""
+        self._available = None if clients is None else [int(c) for c in clients]
+
     def plan(self, rnd: int) -> tuple[list[int], list[ClientTask], dict[int, Any]]:
         """(selected clients, their tasks, what each edge server is sent); of a
-        hierarchical algorithm, the edge servers fill in the tasks (EdgeServer.plan)."""
-        selected = self._call("select", rnd, self.algorithm.select, rnd, self.rng)
+        hierarchical algorithm, the edge servers fill in the tasks (EdgeServer.plan).
+        With clients :meth:`available`, the algorithm selects among them: it sees only
+        their samples while it selects (an offline client is not selected)."""
+        if self._available is None:
+            selected = self._call("select", rnd, self.algorithm.select, rnd, self.rng)
+        else:
+            every = self.algorithm.client_samples
+            online = set(self._available)
+            self.algorithm.client_samples = {c: n for c, n in every.items() if c in online}
+            try:
+                selected = self._call("select", rnd, self.algorithm.select, rnd, self.rng)
+            finally:
+                self.algorithm.client_samples = every
         tasks = self._call("configure_fit", rnd, self.algorithm.configure_fit, rnd, selected)
         returned(self.algorithm_name, "configure_fit", rnd, tasks, list)
         downlinks = (

@@ -393,6 +393,42 @@ def overview() -> Dashboard:
             q(sel("mecsim_round_clients"), "{{run}} {{status}}"),
         )
     )
+
+    d = d.with_row(Row("Asynchronous runs: staleness and updates in flight").id(ids()))
+    d = d.with_panel(
+        ts(
+            ids,
+            "Staleness of the last version's updates (versions)",
+            "Versions the server made between a client's download and its update's "
+            "arrival, mean and max over the updates aggregated into the last version "
+            "(asynchronous runs only: docs/async.md).",
+            "none",
+            q(sel("mecsim_update_staleness_versions"), "{{run}} {{stat}}"),
+            span=8,
+        )
+    )
+    d = d.with_panel(
+        ts(
+            ids,
+            "Staleness of the last version's updates (seconds)",
+            "Mean emulated seconds between the making of the version an update trained "
+            "on and the update's arrival (asynchronous runs only).",
+            "s",
+            q(sel("mecsim_update_staleness_seconds"), "{{run}}"),
+            span=8,
+        )
+    )
+    d = d.with_panel(
+        ts(
+            ids,
+            "Updates in flight",
+            "Clients between a download's start and their update's arrival when the last "
+            "version was made (asynchronous runs only).",
+            "none",
+            q(sel("mecsim_updates_in_flight"), "{{run}}"),
+            span=8,
+        )
+    )
     return d
 
 

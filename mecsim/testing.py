@@ -331,11 +331,13 @@ def compared_columns(columns: Iterable[str], ignore: Iterable[str] = ()) -> list
 
 def assert_same_records(a: Path, b: Path, ignore: tuple[str, ...] = ()) -> None:
     """Run folders ``a`` and ``b`` hold the same records, value for value: ``rounds.csv``
-    and ``clients.csv`` (and their Parquet copies where either folder has one) equal but
+    and ``clients.csv`` (an asynchronous run's ``updates.csv``), and their Parquet copies
+    where either folder has one, equal but
     for the columns :func:`compared_columns` leaves out (and ``ignore``),
     ``optraces.jsonl`` equal byte for byte, ``summary.md`` equal but for its host-time and
     server-memory figures. Raises AssertionError (for pytest) where they differ."""
-    for name in ("rounds", "clients"):
+    per_client = "updates" if (a / "updates.csv").exists() else "clients"
+    for name in ("rounds", per_client):
         x, y = read_csv_exact(a / f"{name}.csv"), read_csv_exact(b / f"{name}.csv")
         assert list(x.columns) == list(y.columns)
         cols = compared_columns(x.columns, ignore)

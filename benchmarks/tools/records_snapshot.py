@@ -2,10 +2,9 @@
 
 Runs every shipped scenario (``scenarios/*.yaml`` and the embedded default) for a few
 rounds through the ``mecsim`` command, in-process and under Ray, and keeps each run's
-``rounds.csv``, ``clients.csv`` (an asynchronous run's ``updates.csv`` instead) and
-``optraces.jsonl`` with the host-measuring columns (wall times, resident memory) blanked.
-Two snapshots taken on one machine before and after a refactor must be identical byte
-for byte::
+``rounds.csv``, ``clients.csv`` and ``optraces.jsonl`` with the host-measuring columns
+(wall times, resident memory) blanked. Two snapshots taken on one machine before and
+after a refactor must be identical byte for byte::
 
     python benchmarks/tools/records_snapshot.py take /tmp/before          # on the old revision
     python benchmarks/tools/records_snapshot.py take /tmp/after           # on the new one
@@ -38,10 +37,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-FILES = ("rounds.csv", "clients.csv", "updates.csv", "optraces.jsonl")
-#: what every run writes (a synchronous run writes ``clients.csv``, an asynchronous one
-#: ``updates.csv``, one a row per update: each run keeps the files of FILES it has)
-ALWAYS = ("rounds.csv", "optraces.jsonl")
+FILES = ("rounds.csv", "clients.csv", "optraces.jsonl")
+#: An asynchronous run (docs/async.md) records ``updates.csv`` in place of ``clients.csv``.
+ASYNC_FILES = ("rounds.csv", "updates.csv", "optraces.jsonl")
+
+
+def run_files(folder: Path) -> tuple[str, ...]:
+    """The files a run (or a snapshot of one) in ``folder`` keeps."""
+    return ASYNC_FILES if (folder / "updates.csv").exists() else FILES
 
 
 def _mecsim() -> str:
@@ -87,7 +90,7 @@ def take(out: Path, rounds: int, backends: list[str], only: list[str] | None) ->
         for backend in backends:
             key = f"{name}.{backend}"
             dest = out / key
-            if dest.is_dir() and all((dest / f).exists() for f in ALWAYS):
+            if dest.is_dir() and all((dest / f).exists() for f in run_files(dest)):
                 print(f"{key}: kept from an earlier take")
                 continue
             tmp = out / ".runs"
@@ -123,11 +126,11 @@ def take(out: Path, rounds: int, backends: list[str], only: list[str] | None) ->
                 )
                 continue
             dest.mkdir(parents=True, exist_ok=True)
-            kept = [f for f in FILES if (tmp / key / f).exists()]
-            for f in kept:
+            files = run_files(tmp / key)
+            for f in files:
                 (dest / f).write_text(normalised(tmp / key / f))
             shutil.rmtree(tmp / key, ignore_errors=True)
-            digest = hashlib.sha256(b"".join((dest / f).read_bytes() for f in kept))
+            digest = hashlib.sha256(b"".join((dest / f).read_bytes() for f in files))
             print(f"{key}: {digest.hexdigest()[:16]} ({took:.1f} s)", flush=True)
     shutil.rmtree(out / ".runs", ignore_errors=True)
     return 1 if failed else 0
@@ -140,13 +143,12 @@ def compare(a: Path, b: Path) -> int:
         {p.name for p in a.iterdir() if p.is_dir() and not p.name.startswith(".")}
         | {p.name for p in b.iterdir() if p.is_dir() and not p.name.startswith(".")}
     )
-    bad = files = 0
+    bad = compared = 0
     for key in keys:
-        for f in FILES:
+        files = sorted({f for d in (a / key, b / key) if d.is_dir() for f in run_files(d)})
+        for f in files:
+            compared += 1
             pa, pb = a / key / f, b / key / f
-            if not pa.exists() and not pb.exists() and f not in ALWAYS:
-                continue  # a file this kind of run does not write
-            files += 1
             if not pa.exists() or not pb.exists():
                 print(f"{key}/{f}: only in {a if pa.exists() else b}")
                 bad += 1
@@ -156,7 +158,8 @@ def compare(a: Path, b: Path) -> int:
                 print(f"{key}/{f}: {where or 'the same values, written otherwise'}")
                 bad += 1
     print(
-        f"{len(keys)} runs, {files} files compared: {'identical' if not bad else f'{bad} differ'}"
+        f"{len(keys)} runs, {compared} files compared: "
+        f"{'identical' if not bad else f'{bad} differ'}"
     )
     return 1 if bad else 0
 
@@ -186,10 +189,8 @@ def changes(a: Path, b: Path) -> int:
     same = []
     for key in keys:
         differs = False
-        for f in FILES:
+        for f in sorted(set(run_files(a / key)) & set(run_files(b / key))):
             if not f.endswith(".csv"):
-                continue
-            if not (a / key / f).exists() or not (b / key / f).exists():
                 continue
             ha, ra = _columns(a / key / f)
             hb, rb = _columns(b / key / f)

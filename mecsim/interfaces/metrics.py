@@ -191,7 +191,30 @@ METRICS: dict[str, tuple[str, str]] = {
         "gauge",
         "Energy of the last round's selected clients, all parts (joules)",
     ),
+    "mecsim_update_staleness_versions": (
+        "gauge",
+        "Staleness of the updates aggregated into the last model version, by stat (mean, "
+        "max): versions the server made between a client's download and its update's "
+        "arrival (asynchronous runs only; docs/async.md) (versions)",
+    ),
+    "mecsim_update_staleness_seconds": (
+        "gauge",
+        "Mean emulated seconds between the making of the version an update trained on and "
+        "its arrival, over the last version's updates (asynchronous runs only) (seconds)",
+    ),
+    "mecsim_updates_in_flight": (
+        "gauge",
+        "Clients between a download's start and their update's arrival when the last "
+        "model version was made (asynchronous runs only) (count)",
+    ),
 }
+#: Families only an asynchronous run's versions set (docs/async.md): a run in rounds
+#: serves none of them.
+ASYNC_ONLY = (
+    "mecsim_update_staleness_versions",
+    "mecsim_update_staleness_seconds",
+    "mecsim_updates_in_flight",
+)
 #: Parts of a client-round's energy: (``part`` label, round-row column).
 ENERGY_PARTS = (
     ("compute", "energy_compute_j"),
@@ -284,6 +307,9 @@ class MetricsExporter(RunObserver):
         )
         self.energy = make("mecsim_client_energy_joules_total", ("part",))
         self.round_energy = make("mecsim_round_energy_joules")
+        self.staleness = make("mecsim_update_staleness_versions", ("stat",))
+        self.staleness_s = make("mecsim_update_staleness_seconds")
+        self.in_flight = make("mecsim_updates_in_flight")
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -428,6 +454,8 @@ class MetricsExporter(RunObserver):
         if _finite(row.get("energy_j")):  # NaN: a device profile without power figures
             self.round_energy.labels(**lab).set(row["energy_j"])
         self.host_wall.labels(**lab).set(row["host_wall_s"])
+        if "in_flight" in row:  # an asynchronous run's version (docs/async.md)
+            self._asynchronous(lab, row)
         for key in channel_record_keys(info.scenario.channel):  # a channel plugin's
             values = [
                 float(c[key]) for c in client_rows if c.get("selected") and _finite(c.get(key))
@@ -453,6 +481,16 @@ class MetricsExporter(RunObserver):
             ):
                 if _finite(c.get(key)):
                     self.client_phase.labels(**lab, phase=phase).observe(float(c[key]))
+
+    def _asynchronous(self, lab: dict[str, str], row: dict[str, Any]) -> None:
+        """A version's staleness (of the updates it aggregated; a version that aggregated
+        none keeps the last values) and the updates in flight when it was made."""
+        self.in_flight.labels(**lab).set(_number(row.get("in_flight")))
+        if _finite(row.get("mean_staleness")):
+            self.staleness.labels(**lab, stat="mean").set(float(row["mean_staleness"]))
+            self.staleness.labels(**lab, stat="max").set(_number(row.get("max_staleness")))
+        if _finite(row.get("mean_staleness_s")):
+            self.staleness_s.labels(**lab).set(float(row["mean_staleness_s"]))
 
     def _cells(self, info, lab: dict[str, str], client_rows) -> None:
         """Who served the last round's selected clients: the count per edge server

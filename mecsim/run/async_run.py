@@ -23,6 +23,20 @@ scheduling order, which is itself deterministic), so the same seed gives the sam
 records in-process and on Ray. ``rounds`` counts the server's versions; evaluation comes
 every ``evaluation.every`` versions and at the last. The channel is drawn once, at the
 run's start (round 0's draw), and holds for the run.
+
+Checkpoints are taken at version boundaries (every ``checkpoint.every`` versions and
+after the last): the server (its model, version and whatever else it keeps: FedBuff's
+buffer), the versions in-flight cycles trained on, the uploads of the cycles already
+trained and not yet taken, and the result of every training executed so far (its
+op-trace, loss, samples: no weights). The SimPy clock's state (which client is
+downloading, training or uploading which version, until when) is not stored: a resume
+re-plays the clock from the run's start with the recorded results in place of the
+trainings and a stand-in server of one element that counts the versions exactly as the
+real one, and at the checkpoint's version puts the real server, versions and uploads in
+place. The clock's events depend on the op-traces, the upload sizes, which updates were
+finite and the versions made, never on the weights' values, so the re-play reaches the
+very state the run was in (checked: the updates, batches and versions' times must
+match), and the run continues as if it had not stopped.
 """
 
 from __future__ import annotations
@@ -41,6 +55,7 @@ import simpy
 from mecsim.agents.algorithms import ClientResult, ClientTask, algorithm_classes
 from mecsim.agents.algorithms.asynchronous import ASYNC_SERVERS, AsyncServer, SemiSync, Update
 from mecsim.agents.algorithms.fedavg import FedAvgServer
+from mecsim.agents.state import BlobSink, decode, encode
 from mecsim.emulation import faults
 from mecsim.emulation.energy import ENERGY_KEYS, client_energy
 from mecsim.emulation.engine import ClientSpec, ClientTimeline
@@ -52,6 +67,7 @@ from mecsim.emulation.engine.simpy_model import (
     SharedLink,
 )
 from mecsim.emulation.ops import Compute, Download, Upload, op_to_dict, trace_flops
+from mecsim.run.chaos import kill_point
 from mecsim.run.setup import MiB, RunFailed, RunSetup
 from mecsim.scenario import Scenario
 
@@ -157,6 +173,7 @@ class _Cycle:
     task: ClientTask
     result: ClientResult | None = None
     upload: np.ndarray | None = None
+    upload_size: int = 0  # elements of the upload (the server's FLOPs count them)
     download_s: float = 0.0
     compute_s: float = 0.0
     upload_s: float = 0.0
@@ -186,15 +203,38 @@ class AsyncRun:
         rs: RunSetup,
         emit: Callable[..., None],
         should_stop: Callable[[], bool | str] | None = None,
+        *,
+        checkpoint: Callable[[AsyncRun, int, float], None] | None = None,
+        every: int = 0,
+        resume: tuple[int, Any] | None = None,
     ) -> None:
+        """``checkpoint(run, versions, now)`` is called after the rows of every ``every``-th
+        version (and of the last) are emitted; ``resume`` is (versions done, the
+        :meth:`state` of the checkpoint taken then) of a run to continue."""
         self.rs, self.emit, self.should_stop = rs, emit, should_stop
+        self.checkpoint, self.every = checkpoint, every
         sc = rs.info.scenario
         self.sc = sc
         self.agg = sc.aggregation
         self.n = sc.topology.clients
         self.env = simpy.Environment()
         assert rs.init_weights is not None  # prepare() keeps them
-        self.server: AsyncServer = ASYNC_SERVERS[self.agg.mode](rs.init_weights, self.agg)
+        self.model_size = int(np.asarray(rs.init_weights).size)
+        # every training executed so far, per batch, encoded once (a checkpoint holds them)
+        self.executed: list[list[Any]] = []
+        # a resume re-plays the clock up to this version (see the module's docstring)
+        self.replay_to = 0
+        self.replay_log: list[list[dict[str, Any]]] = []
+        self.saved: dict[str, Any] = {}
+        self.live = resume is None  # False while a resume re-plays the clock
+        init = rs.init_weights
+        if resume is not None:
+            self.replay_to, state = resume
+            self.executed = list(state["executed"])
+            self.replay_log = [[decode(e) for e in batch] for batch in self.executed]
+            self.saved = decode(state["state"])
+            init = np.zeros(1, dtype=np.float32)  # the stand-in server of the re-play
+        self.server: AsyncServer = ASYNC_SERVERS[self.agg.mode](init, self.agg)
         self.published_at = {0: 0.0}  # version -> emulated s it was made
         self.versions = {0: self.server.weights}  # versions some cycle still trains on
         self.pending: list[_Cycle] = []  # started, not yet executed
@@ -205,6 +245,7 @@ class AsyncRun:
         self.rows: list[dict[str, Any]] = []
         self.stop_status: str | None = None
         self.done = self.env.event()
+        self.avail = rs.availability
         self.cpu = simpy.Resource(self.env, capacity=1)
         self.slots = simpy.Resource(self.env, capacity=self.agg.concurrency or self.n)
         self.wall0 = time.perf_counter()
@@ -262,9 +303,16 @@ class AsyncRun:
         self.in_flight[cid] = cyc
         return cyc
 
+    @property
+    def replaying(self) -> bool:
+        return not self.live
+
     def _execute(self) -> None:
         """Every started cycle not yet executed, in one fit (their versions are fixed)."""
         batch, self.pending = self.pending, []
+        if self.replaying:
+            self._replayed(batch)
+            return
         tasks = sorted((c.task for c in batch), key=lambda t: t.client_id)
         t0 = time.perf_counter()
         results = self.rs.executor.fit(self.batches, tasks)
@@ -272,12 +320,103 @@ class AsyncRun:
         self.train_wall += time.perf_counter() - t0
         self.batches += 1
         by_id = {r.client_id: r for r in results}
-        for cyc in batch:
+        done = []
+        for cyc in sorted(batch, key=lambda c: c.client_id):
             r = by_id[cyc.client_id]
             cyc.result = r
             w = r.weights if r.weights is not None else uploads.get(cyc.client_id)
             cyc.upload = None if w is None else np.array(w, dtype=np.float32, copy=True)
+            cyc.upload_size = 0 if cyc.upload is None else int(cyc.upload.size)
             r.weights = None
+            kind = (
+                "none"
+                if cyc.upload is None
+                else "finite"
+                if np.isfinite(cyc.upload).all()
+                else "nonfinite"
+            )
+            entry = {
+                "client_id": cyc.client_id,
+                "cycle": cyc.cycle,
+                "result": r,
+                "upload": kind,
+                "upload_size": cyc.upload_size,
+            }
+            done.append(encode(entry, f"asynchronous run: client {cyc.client_id}'s result"))
+        self.executed.append(done)
+
+    def _replayed(self, batch: list[_Cycle]) -> None:
+        """A resume's re-play: the batch's recorded results in place of its trainings,
+        with a one-element stand-in for each upload (finite or not, as the real one)."""
+        if self.batches >= len(self.replay_log):
+            self._diverged(f"batch {self.batches} of trainings was not recorded")
+        recorded = {(e["client_id"], e["cycle"]): e for e in self.replay_log[self.batches]}
+        if set(recorded) != {(c.client_id, c.cycle) for c in batch}:
+            self._diverged(f"batch {self.batches} holds other clients' trainings")
+        self.batches += 1
+        for cyc in batch:
+            e = recorded[(cyc.client_id, cyc.cycle)]
+            cyc.result = e["result"]
+            cyc.upload_size = int(e["upload_size"])
+            cyc.upload = (
+                None
+                if e["upload"] == "none"
+                else np.full(1, 0.0 if e["upload"] == "finite" else np.nan, np.float32)
+            )
+
+    def _diverged(self, why: str) -> None:
+        raise RunFailed(
+            f"aggregation.mode {self.agg.mode}: the resume re-played the run's clock up to "
+            f"version {self.replay_to} and it went another way ({why}): the checkpoint was "
+            "written by another mecsim or for another scenario; run the scenario again"
+        )
+
+    def _go_live(self) -> None:
+        """The re-play has reached the checkpoint's version: the real server, the versions
+        in-flight cycles trained on and their uploads take the stand-ins' places."""
+        saved = self.saved
+        now = {"updates": self.updates, "batches": self.batches}
+        for key, value in now.items():
+            if saved[key] != value:
+                self._diverged(f"{value} {key} where the checkpoint has {saved[key]}")
+        if saved["published_at"] != self.published_at:
+            self._diverged("the versions were made at other times")
+        if set(saved["versions"]) != set(self.versions):
+            self._diverged("other versions in use")
+        server = ASYNC_SERVERS[self.agg.mode](saved["server"]["weights"], self.agg)
+        for name, value in saved["server"].items():
+            setattr(server, name, value)
+        self.server = server
+        self.versions = dict(saved["versions"])
+        nbytes = int(self.rs.info.model_nbytes)
+        uploads = saved["uploads"]
+        for cyc in self.in_flight.values():
+            if cyc.result is None:  # started, not trained: it trains on the real version
+                cyc.task = ClientTask(cyc.client_id, self.versions[cyc.version], nbytes)
+            elif cyc.upload is not None:
+                cyc.upload = uploads[cyc.client_id]
+        self.saved, self.replay_log = {}, []
+        self.live = True
+        self.wall0, self.train_wall = time.perf_counter(), 0.0
+
+    def state(self, blobs: BlobSink | None = None) -> dict[str, Any]:
+        """What a checkpoint at this version boundary holds (see the module's docstring);
+        ``blobs`` takes the large arrays by reference."""
+        server = {k: v for k, v in vars(self.server).items() if k != "config"}
+        uploads = {
+            c.client_id: c.upload
+            for c in self.in_flight.values()
+            if c.result is not None and c.upload is not None
+        }
+        state = {
+            "updates": self.updates,
+            "batches": self.batches,
+            "published_at": dict(self.published_at),
+            "server": server,
+            "versions": dict(self.versions),
+            "uploads": uploads,
+        }
+        return {"executed": self.executed, "state": encode(state, "asynchronous run", blobs)}
 
     def _result(self, cyc: _Cycle) -> ClientResult:
         if cyc.result is None:
@@ -292,38 +431,79 @@ class AsyncRun:
     # -- the processes ---------------------------------------------------------------
     def _client(self, cid: int) -> _Proc:
         cycle = 0
+        avail = self.avail
         while not self.done.triggered:
+            if avail is not None:  # an offline client starts no cycle: it waits
+                on = avail.next_on(cid, self.env.now)
+                if math.isinf(on):
+                    return  # offline for the rest of the run
+                if on > self.env.now:
+                    yield self.env.timeout(on - self.env.now)
+                    if self.done.triggered:
+                        return
             with self.slots.request() as slot:
                 yield slot
                 if self.done.triggered:
                     return
+                if avail is not None and not avail.online(cid, self.env.now):
+                    continue  # went offline while it waited for a slot
+                off = math.inf if avail is None else avail.next_off(cid, self.env.now)
                 cyc = self._start(cid, cycle)
                 yield from self.down[cid].transfer(8 * cyc.task.download_nbytes)
                 cyc.download_s = self.env.now - cyc.start_s
-                result = self._result(cyc)
-                for op in result.trace:
-                    t0 = self.env.now
-                    if isinstance(op, Compute):
-                        yield from self.device[cid].run(op.flops, op.batches)
-                        cyc.compute_s += self.env.now - t0
-                    elif isinstance(op, Upload):
-                        yield from self.up[cid].transfer(8 * op.nbytes)
-                        cyc.upload_s += self.env.now - t0
-                    elif not isinstance(op, Download):  # the download is timed above
-                        raise RuntimeError(
-                            f"client {cid}: op {type(op).__name__} is not timed in "
-                            f"aggregation.mode {self.agg.mode}"
-                        )
+                done: list[Any] = [Download(cyc.task.download_nbytes)]
+                lost = "download" if self.env.now >= off else None
+                if lost is None:
+                    result = self._result(cyc)
+                    for op in result.trace:
+                        t0 = self.env.now
+                        if isinstance(op, Compute):
+                            yield from self.device[cid].run(op.flops, op.batches)
+                            cyc.compute_s += self.env.now - t0
+                        elif isinstance(op, Upload):
+                            yield from self.up[cid].transfer(8 * op.nbytes)
+                            cyc.upload_s += self.env.now - t0
+                        elif not isinstance(op, Download):  # the download is timed above
+                            raise RuntimeError(
+                                f"client {cid}: op {type(op).__name__} is not timed in "
+                                f"aggregation.mode {self.agg.mode}"
+                            )
+                        else:
+                            continue
+                        done.append(op)
+                        if self.env.now >= off:  # it went offline in this op
+                            lost = "upload" if isinstance(op, Upload) else "training"
+                            break
                 cyc.arrive_s = self.env.now
-                # the cycle (and its slot of aggregation.concurrency) ends when the
-                # server has taken the update
-                yield from self._server_takes(cyc)
+                if lost is not None:
+                    self._lose(cyc, lost, tuple(done))
+                else:
+                    # the cycle (and its slot of aggregation.concurrency) ends when the
+                    # server has taken the update
+                    yield from self._server_takes(cyc)
             cycle += 1
+
+    def _lose(self, cyc: _Cycle, phase: str, done: tuple[Any, ...]) -> None:
+        """The client went offline during ``phase`` of ``cyc``: its update never reaches
+        the server; its row says so (``lost_offline_<phase>``), with the time and energy
+        of the ops it did (``done``; the op it was in is timed to its end)."""
+        self.in_flight.pop(cyc.client_id, None)
+        self.pending = [c for c in self.pending if c is not cyc]  # not trained, if not yet
+        staleness = self.server.version - cyc.version
+        staleness_s = self.env.now - self.published_at[cyc.version]
+        if not self.replaying:
+            status = f"lost_offline_{phase}"
+            self.log.rows.append(
+                self._update_row(
+                    cyc, self.server.version, staleness, staleness_s, 0.0, status, done
+                )
+            )
+        self.updates += 1
+        cyc.upload = None
+        self._forget_versions()
 
     def _periods(self) -> _Proc:
         """semi_sync: at the end of every period the server averages what arrived."""
-        server = self.server
-        assert isinstance(server, SemiSync)
         period_s = self.agg.period_s
         while not self.done.triggered:
             yield self.env.timeout(period_s)
@@ -331,7 +511,9 @@ class AsyncRun:
                 yield turn
                 if self.done.triggered:
                     return
-                size = server.weights.size
+                server = self.server  # (a resume puts the real one in the stand-in's place)
+                assert isinstance(server, SemiSync)
+                size = self.model_size
                 t0 = time.perf_counter()
                 made = server.flush()
                 self.log.host_aggregate_s += time.perf_counter() - t0
@@ -389,7 +571,7 @@ class AsyncRun:
                 staleness,
             )
             wall = time.perf_counter() - t0
-            flops = self.server.aggregate_flops(cyc.upload.size)
+            flops = self.server.aggregate_flops(cyc.upload_size)
             self.log.cycles.append(cyc)
             self.log.staleness.append(staleness)
             self.log.staleness_s.append(staleness_s)
@@ -397,13 +579,14 @@ class AsyncRun:
         self.log.server_s += agg_s
         self.log.server_flops += flops
         self.log.host_aggregate_s += wall
-        self.log.rows.append(
-            self._update_row(cyc, at_version, staleness, staleness_s, weight, status)
-        )
-        self.log.traces[str(self.updates)] = {
-            "client_id": cyc.client_id,
-            "ops": [op_to_dict(op) for op in self._trace(cyc)],
-        }
+        if not self.replaying:  # (a re-play's rows are on disk already)
+            self.log.rows.append(
+                self._update_row(cyc, at_version, staleness, staleness_s, weight, status)
+            )
+            self.log.traces[str(self.updates)] = {
+                "client_id": cyc.client_id,
+                "ops": [op_to_dict(op) for op in self._trace(cyc)],
+            }
         self.updates += 1
         cyc.upload = None
         self._forget_versions()
@@ -430,27 +613,16 @@ class AsyncRun:
         staleness_s: float,
         weight: float,
         status: str,
+        trace: tuple[Any, ...] | None = None,
     ) -> dict[str, Any]:
+        """``trace``: the ops the client did (None: its training's whole trace)."""
         r = cyc.result
-        assert r is not None
+        trained = r is not None and (trace is None or any(isinstance(op, Compute) for op in trace))
         rs, cid = self.rs, cyc.client_id
-        trace = self._trace(cyc)
+        trace = self._trace(cyc) if trace is None else trace
         up = sum(op.nbytes for op in trace if isinstance(op, Upload))
         down = sum(op.nbytes for op in trace if isinstance(op, Download))
-        busy_s = cyc.download_s + cyc.compute_s + cyc.upload_s
-        timeline = ClientTimeline(
-            cid, 0.0, busy_s, cyc.download_s, cyc.compute_s, cyc.upload_s, 0.0, True
-        )
-        energy = client_energy(
-            rs.network.devices[cid],
-            timeline,
-            trace,
-            self.specs[cid],
-            busy_s,
-            idle_policy=self.sc.energy.idle_policy,
-            tx_power_dbm=float(rs.network.tx_power_dbm[cid]),
-            air_rates_bps=self.air_rates[cid],
-        )
+        energy = self._energy(cyc, trace)
         return {
             "run_id": rs.info.run_id,
             "update": self.updates,
@@ -473,13 +645,32 @@ class AsyncRun:
             "bytes_up": up,
             "bytes_down": down,
             "gflops": trace_flops(trace)[0] / 1e9,
-            "steps": r.steps,
-            "num_samples": r.num_samples,
-            "train_loss": r.train_loss,
-            "peak_memory_mb": r.peak_memory_bytes / MiB,
-            "host_train_s": r.host_seconds,
+            # (a cycle lost before it trained: none of these)
+            "steps": r.steps if trained and r is not None else 0,
+            "num_samples": r.num_samples if trained and r is not None else 0,
+            "train_loss": r.train_loss if trained and r is not None else math.nan,
+            "peak_memory_mb": r.peak_memory_bytes / MiB if trained and r is not None else 0.0,
+            "host_train_s": r.host_seconds if trained and r is not None else 0.0,
             **energy,
         }
+
+    def _energy(self, cyc: _Cycle, trace: tuple[Any, ...]) -> dict[str, float]:
+        """The client's energy over ``cyc``'s busy time (download, training, upload)."""
+        rs, cid = self.rs, cyc.client_id
+        busy_s = cyc.download_s + cyc.compute_s + cyc.upload_s
+        timeline = ClientTimeline(
+            cid, 0.0, busy_s, cyc.download_s, cyc.compute_s, cyc.upload_s, 0.0, True
+        )
+        return client_energy(
+            rs.network.devices[cid],
+            timeline,
+            trace,
+            self.specs[cid],
+            busy_s,
+            idle_policy=self.sc.energy.idle_policy,
+            tx_power_dbm=float(rs.network.tx_power_dbm[cid]),
+            air_rates_bps=self.air_rates[cid],
+        )
 
     def _publish(self) -> None:
         """The server's new version is what downloads get from now; its row is emitted."""
@@ -495,8 +686,17 @@ class AsyncRun:
         self.published_at[v] = now
         self.versions[v] = self.server.weights
         self._forget_versions()
+        if self.replaying:  # its rows are on disk and its checkpoint is where the resume began
+            self.log = _VersionLog()
+            if v == self.replay_to:
+                self._go_live()
+            return
         self._emit_version(v - 1, now, before_s)
-        if v >= self.sc.rounds:
+        kill_point(f"round-end:{v - 1}")
+        last = v >= self.sc.rounds
+        if self.checkpoint is not None and self.every and (v % self.every == 0 or last):
+            self.checkpoint(self, v, now)
+        if last:
             self.done.succeed()
         elif self.should_stop is not None:
             stop = self.should_stop()
@@ -535,7 +735,7 @@ class AsyncRun:
             "dropped": len(taken) - len(accepted),
             "dropped_deadline": 0,
             "crashed": 0,
-            "dropped_out": 0,
+            "dropped_out": sum(r["status"].startswith("lost_offline") for r in taken),
             "outage": 0,
             "rejected": sum(r["status"] == "rejected_nonfinite" for r in taken),
             "faults": 0,

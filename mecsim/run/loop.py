@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from mecsim.agents.state import BlobSink
 from mecsim.run.async_run import AsyncRun
 from mecsim.run.async_run import refusals as async_refusals
 from mecsim.run.backends.base import ActorFailure, ExecutorState, RoundAborted, abort_status
@@ -47,6 +48,8 @@ class Checkpoint:
     # checkpoint written before edge servers had states of their own has none: see
     # ServerAlgorithm.legacy_edge_states)
     edges: dict[int, Any] = field(default_factory=dict)
+    # an asynchronous run's own state (AsyncRun.state; None: a synchronous run)
+    clocked: Any = None
 
 
 class Checkpoints(Protocol):
@@ -121,6 +124,34 @@ class _Loop:
         path = self.store.save(ckpt)
         self.base = Checkpoint(ckpt.rounds_done, ckpt.elapsed_s, None, {}, None, path)
         self._emit("on_checkpoint", self.rnd, self.store.last_bytes, self.store.last_seconds)
+
+    def _load_base(self) -> Checkpoint:
+        assert self.base is not None
+        if self.base.path is not None and self.base.clocked is None and self.store is not None:
+            return self.store.load(self.base.path)
+        return self.base
+
+    def _checkpoint_clocked(self, clocked: AsyncRun, versions: int, now: float) -> None:
+        """A checkpoint of an asynchronous run after ``versions`` versions."""
+        assert self.store is not None
+        if versions >= self.rs.info.scenario.rounds:  # the last is not cut short
+            self.rs.executor.abort_when(None)
+        known = self.store.blob_keys()
+        st = self.rs.executor.state(known)
+        sink = BlobSink(known | set(st.blobs))
+        ckpt = Checkpoint(
+            versions,
+            now,
+            st.server,
+            st.clients,
+            st.costs,
+            blobs={**st.blobs},
+            edges=st.edges,
+            clocked=clocked.state(sink),
+        )
+        ckpt.blobs.update(sink.new)
+        self.store.save(ckpt)
+        self._emit("on_checkpoint", versions, self.store.last_bytes, self.store.last_seconds)
 
     def _recover(self, failure: ActorFailure) -> None:
         """New actors, restored from the newest checkpoint (or the run's start); the
@@ -220,17 +251,31 @@ class _Loop:
         return "finished"
 
     def _run_clocked(self) -> str:
-        """An asynchronous run (:mod:`mecsim.run.async_run`): its versions, no checkpoints
-        (docs/async.md)."""
-        if self.rnd > 0:
-            raise RunFailed(
-                f"aggregation.mode {self.rs.info.scenario.aggregation.mode}: an asynchronous "
-                "run cannot be resumed yet; start it again"
-            )
-        refused = async_refusals(self.rs.info.scenario)
+        """An asynchronous run (:mod:`mecsim.run.async_run`): its versions, checkpointed
+        at version boundaries and resumed from one (docs/async.md)."""
+        sc = self.rs.info.scenario
+        refused = async_refusals(sc)
         if refused:
             raise RunFailed("; ".join(f"{where}: {why}" for where, why in refused))
-        clocked = AsyncRun(self.rs, self._emit, self.should_stop)
+        resume = None
+        if self.rnd > 0:
+            if self.rnd >= sc.rounds:  # killed after its last checkpoint: nothing to run
+                return "finished"
+            ckpt = self._load_base()
+            if ckpt.clocked is None:
+                raise RunFailed(
+                    f"aggregation.mode {sc.aggregation.mode}: the checkpoint after version "
+                    f"{self.rnd} holds no asynchronous run's state; run the scenario again"
+                )
+            resume = (self.rnd, ckpt.clocked)
+        clocked = AsyncRun(
+            self.rs,
+            self._emit,
+            self.should_stop,
+            checkpoint=self._checkpoint_clocked if self.every else None,
+            every=self.every,
+            resume=resume,
+        )
         status = clocked.run()
         self.rows.extend(clocked.rows)
         self.rnd = len(self.rows)

@@ -49,6 +49,7 @@ from mecsim.agents.algorithms import TrainConfig, algorithm_classes
 from mecsim.agents.models import ModelLayout, build_model, get_flat, model_layout
 from mecsim.agents.training import step_cost_on_meta
 from mecsim.data import DataPools, dataset_shape, dataset_spec, load_dataset, partition
+from mecsim.emulation.availability import Availability, AvailabilityError
 from mecsim.emulation.mobility import TraceError
 from mecsim.emulation.network import NetworkModel, device_profiles
 from mecsim.run import limits as run_limits
@@ -157,12 +158,6 @@ def _find_problems(
         found.problem("geometry.mobility.rate", refusal)
     for where, message in async_refusals(scenario):
         found.problem(where, message)
-    if resume and scenario.aggregation.clocked():
-        found.problem(
-            "aggregation.mode",
-            f"{scenario.aggregation.mode}: an asynchronous run keeps no checkpoints and "
-            "cannot be resumed yet; run its scenario again into a new folder",
-        )
     pools = check_dataset(scenario, found)
     built = check_model_and_memory(scenario, pools, backend, hosts, address, found)
     if built is not None:
@@ -170,7 +165,31 @@ def _find_problems(
         if not resume:
             check_disk(scenario, built[1], found)
     check_channel(scenario, found)
+    check_availability(scenario, found)
     return found
+
+
+def check_availability(scenario: Scenario, found: Findings) -> None:
+    """An availability trace whose clients or times do not fit the scenario is refused
+    before anything starts, naming the file and the line."""
+    if not scenario.availability.limited():
+        return
+    try:
+        server_cls, _ = algorithm_classes(scenario.algorithm.name)
+    except (KeyError, ValueError):
+        server_cls = None  # an unknown algorithm is refused by check_algorithm
+    if server_cls is not None and server_cls.drives_rounds:
+        found.problem(
+            "availability",
+            f"algorithm {scenario.algorithm.name!r} selects its clients in its own code "
+            "(it drives its rounds): clients that go offline are not modelled for it",
+        )
+    if scenario.availability.model != "trace":
+        return
+    try:
+        Availability.of(scenario.availability, scenario.topology.clients, scenario.seed)
+    except AvailabilityError as exc:
+        found.problem("availability.trace", str(exc))
 
 
 # ----------------------------------------------------------------------------- outputs

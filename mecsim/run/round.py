@@ -34,7 +34,7 @@ from mecsim.emulation.engine import RoundTiming
 from mecsim.emulation.ops import Handoff, OpTrace, trace_bytes
 from mecsim.emulation.timing import EmulatedRound, emulate_round
 from mecsim.run.rows import Evaluations, client_row, round_row, trace_record
-from mecsim.run.setup import RunSetup
+from mecsim.run.setup import RunFailed, RunSetup
 
 
 @dataclass
@@ -73,7 +73,8 @@ def run_round(
     drives = rs.drives_rounds  # the server asks for more batches after the aggregation
     evaluates = ((rnd + 1) % sc.evaluation.every == 0 or last) and not drives
     # the last round always evaluates; a server that drives its rounds is asked again
-    plan_ahead = plan_next and not evaluates and not drives
+    # (clients online at a round's start are known only once the round before is timed)
+    plan_ahead = plan_next and not evaluates and not drives and rs.availability is None
     wall0 = time.perf_counter()
     tr = train(rs, rnd, elapsed_s, plan_ahead=plan_ahead, wall0=wall0)
     traces = round_traces(tr)
@@ -113,6 +114,14 @@ def train(rs: RunSetup, rnd: int, elapsed_s: float, *, plan_ahead: bool, wall0: 
     # served at the round's start (known: it depends only on elapsed_s), and what each
     # client that handed over had at its old edge server moves to the new one
     handoffs = _associate(rs, rnd, elapsed_s) if rs.hierarchy_moves else {}
+    if rs.availability is not None:  # an offline client is not selected
+        online = [c for c in range(sc.topology.clients) if rs.availability.online(c, elapsed_s)]
+        if not online:
+            raise RunFailed(
+                f"availability: no client is online at round {rnd}'s start "
+                f"({elapsed_s:.1f} emulated s); a round needs one"
+            )
+        rs.executor.available(online)
     selected, tasks = rs.executor.plan(rnd)
     rf = faults.draw_round(sc.faults, sc.seed, rnd, selected)
     # a client whose link is down all round cannot receive the model: it does not train

@@ -15,6 +15,7 @@ from mecsim.agents.models import build_model, get_flat, model_layout
 from mecsim.agents.training import make_optimizer, measured_step
 from mecsim.data import heterogeneity_dkl, load_dataset, partition
 from mecsim.emulation import faults
+from mecsim.emulation.availability import Availability
 from mecsim.emulation.devices import DeviceProfile
 from mecsim.emulation.network import NetworkModel, device_profiles
 from mecsim.run import torch_rng
@@ -54,6 +55,8 @@ class RunSetup:
     hierarchy_moves: bool = False
     # the common initial model (an asynchronous run's server starts from it)
     init_weights: np.ndarray | None = None
+    # who is online when (availability:); None: every client, always
+    availability: Availability | None = None
 
 
 def streams_aggregation(scenario: Scenario) -> bool:
@@ -300,6 +303,7 @@ def prepare(
         algorithm_classes(scenario.algorithm.name)[0].drives_rounds,
         hierarchy_moves,
         init_weights,
+        Availability.of(scenario.availability, scenario.topology.clients, scenario.seed),
     )
 
 

@@ -221,10 +221,11 @@ def load_scenario(path: str | Path, *, beside_file: bool = True) -> Scenario:
 
 def _find_relative_files(data: Any, folder: Path) -> None:
     """A file a scenario names by a relative path (``geometry.mobility.trace.path``, a
-    trace channel's ``channel.path``) is read relative to the working directory; when it
-    is not there but is next to the scenario file (``folder``), that one is meant: its
-    path is made absolute in ``data``, so the run's resolved scenario.yaml names it too
-    (a shipped scenario then runs from any directory)."""
+    trace channel's ``channel.path``, ``availability.trace``) is read relative to the
+    working directory; when it is not there but is next to the scenario file
+    (``folder``), that one is meant: its path is made absolute in ``data``, so the run's
+    resolved scenario.yaml names it too (a shipped scenario then runs from any
+    directory)."""
     if not isinstance(data, dict):
         return
     holders = []
@@ -236,6 +237,10 @@ def _find_relative_files(data: Any, folder: Path) -> None:
     trace = mobility.get("trace") if isinstance(mobility, dict) else None
     if isinstance(trace, dict):
         holders.append(trace)
+    availability = data.get("availability")
+    if isinstance(availability, dict) and isinstance(availability.get("trace"), str):
+        # (its file is ``trace``, not ``path``: a holder of its own)
+        holders.append({"path": availability["trace"], "_in": availability})
     for holder in holders:
         name = holder.get("path")
         if not isinstance(name, str) or not name or Path(name).is_absolute():
@@ -243,6 +248,8 @@ def _find_relative_files(data: Any, folder: Path) -> None:
         beside = folder / name
         if not Path(name).exists() and beside.is_file():
             holder["path"] = str(beside.resolve())
+            if "_in" in holder:
+                holder["_in"]["trace"] = holder["path"]
 
 
 def load_recorded_scenario(path: str | Path) -> Scenario:

@@ -35,6 +35,7 @@ from mecsim.run.interrupts import atomic_section
 from mecsim.run.loop import Checkpoint
 from mecsim.scenario import Scenario
 from mecsim.scenario.aggregation import AggregationConfig
+from mecsim.scenario.availability import AvailabilityConfig
 from mecsim.scenario.mobility import MobilityConfig
 from mecsim.scenario.schema import PhyConfig
 from mecsim.store.files import fsync_dir
@@ -56,6 +57,7 @@ _NEW_AT_DEFAULT: dict[str, Any] = {
     "energy": {"idle_policy": "sleep"},
     "geometry": None,
     "aggregation": AggregationConfig().model_dump(mode="json"),  # sync: rounds
+    "availability": AvailabilityConfig().model_dump(mode="json"),  # always online
 }
 #: ``geometry.mobility`` at its default (static clients): left out of the digest, so a
 #: geometry run recorded before clients could move keeps its digest.
@@ -207,7 +209,7 @@ class CheckpointStore:
         start = time.perf_counter()
         self.blob_dir.mkdir(parents=True, exist_ok=True)
         known = self.blob_keys()
-        refs = blob_keys([ckpt.server, ckpt.clients, ckpt.edges])
+        refs = blob_keys([ckpt.server, ckpt.clients, ckpt.edges, ckpt.clocked])
         payload = {
             "format": FORMAT_VERSION,
             "run_id": self.run_id,
@@ -218,6 +220,7 @@ class CheckpointStore:
             "clients": ckpt.clients,
             "costs": ckpt.costs,
             "edges": ckpt.edges,
+            "clocked": ckpt.clocked,  # an asynchronous run's (mecsim.run.async_run)
             "blobs": sorted(refs),
         }
         path = self.path(ckpt.rounds_done)
@@ -297,8 +300,14 @@ class CheckpointStore:
                 raise CheckpointError(f"{path}: its blob {blob.name} is not a tensor")
             return tensor
 
-        server, clients, edges = resolve_blobs(
-            [payload["server"], payload["clients"], payload.get("edges", {})], load_blob
+        server, clients, edges, clocked = resolve_blobs(
+            [
+                payload["server"],
+                payload["clients"],
+                payload.get("edges", {}),
+                payload.get("clocked"),
+            ],
+            load_blob,
         )
         return Checkpoint(
             int(payload["rounds_done"]),
@@ -308,6 +317,7 @@ class CheckpointStore:
             payload["costs"],
             path,
             edges=dict(edges),
+            clocked=clocked,
         )
 
     def latest(self, warn: Callable[[str], None] | None = None) -> Checkpoint | None:

@@ -159,9 +159,12 @@ class ResumeTarget:
     point: ResumePoint
 
 
-def _cut_csv(path: Path, rounds_done: int) -> list[dict[str, str]]:
+def _cut_csv(
+    path: Path, rounds_done: int, column: str = "round", first: int = 0
+) -> list[dict[str, str]]:
     """Keep the header and the rows of rounds < ``rounds_done`` (a row cut short by a
-    kill is dropped); returns the kept rows."""
+    kill is dropped); returns the kept rows. ``column`` holds the round, counted from
+    ``first`` (an asynchronous run's ``updates.csv``: ``version``, from 1)."""
     if not path.exists() or path.stat().st_size == 0:
         return []
     with path.open(newline="") as f:
@@ -170,9 +173,9 @@ def _cut_csv(path: Path, rounds_done: int) -> list[dict[str, str]]:
     if not lines:
         return []
     header = next(csv.reader([lines[0]]))
-    if "round" not in header:
-        raise RunFolderError(f"{path}: no 'round' column; not a mecsim record")
-    i_round = header.index("round")
+    if column not in header:
+        raise RunFolderError(f"{path}: no {column!r} column; not a mecsim record")
+    i_round = header.index(column)
     kept_lines, kept = [lines[0]], []
     for line in lines[1:]:
         if not line.endswith("\n"):
@@ -181,7 +184,7 @@ def _cut_csv(path: Path, rounds_done: int) -> list[dict[str, str]]:
         if len(cells) != len(header):
             break
         try:
-            rnd = int(cells[i_round])
+            rnd = int(cells[i_round]) - first
         except ValueError:
             break
         if rnd < rounds_done:
@@ -208,7 +211,7 @@ def _cut_jsonl(path: Path, rounds_done: int) -> None:
     atomic_write_text(path, "".join(kept))
 
 
-def _check_records(run_dir: Path, meta: dict[str, Any], clients: int) -> None:
+def _check_records(run_dir: Path, meta: dict[str, Any], clients: int, clocked: bool) -> None:
     """The folder's records as :mod:`mecsim.store.reader` reads them: a tampered file,
     or one of a newer version, is refused before the resume changes anything."""
     check_scenario(run_dir, meta, clients)
@@ -227,7 +230,7 @@ def _check_records(run_dir: Path, meta: dict[str, Any], clients: int) -> None:
             check_rounds_in_order(path, frame)
         else:
             check_client_rows(path, frame, clients)
-    if (run_dir / "optraces.jsonl").exists():
+    if (run_dir / "optraces.jsonl").exists() and not clocked:  # (per update: docs/async.md)
         read_traces(run_dir / "optraces.jsonl", clients)
 
 
@@ -266,14 +269,9 @@ def prepare_resume(
             scenario = load_recorded_scenario(run_dir / "scenario.yaml")
         except ScenarioError as exc:
             raise RunFolderError(f"{run_dir}: its scenario.yaml is not valid: {exc}") from None
-        if scenario.aggregation.clocked():  # docs/async.md: no checkpoints yet
-            raise RunFolderError(
-                f"{run_dir}/scenario.yaml: aggregation.mode: {scenario.aggregation.mode}: an "
-                "asynchronous run keeps no checkpoints and cannot be resumed yet; run its "
-                "scenario again into a new folder"
-            )
+        clocked = scenario.aggregation.clocked()
         try:  # every record read strictly before anything is cut (nothing half-done)
-            _check_records(run_dir, meta, scenario.topology.clients)
+            _check_records(run_dir, meta, scenario.topology.clients, clocked)
         except RecordError as exc:
             raise RunFolderError(str(exc)) from None
         run_id = str(meta.get("run_id") or run_dir.name)
@@ -297,8 +295,10 @@ def prepare_resume(
             _cut_csv(run_dir / "rounds.csv", 0)
         store.discard_after(done)
         _cut_csv(run_dir / "clients.csv", done)
+        if clocked:  # an update's row has the version it went into, from 1 (docs/async.md)
+            _cut_csv(run_dir / "updates.csv", done, "version", first=1)
         _cut_jsonl(run_dir / "optraces.jsonl", done)
-        for name in ("summary.md", "rounds.parquet", "clients.parquet"):
+        for name in ("summary.md", "rounds.parquet", "clients.parquet", "updates.parquet"):
             (run_dir / name).unlink(missing_ok=True)
         shutil.rmtree(run_dir / "plots", ignore_errors=True)
         rows = rows_from_csv(run_dir / "rounds.csv")

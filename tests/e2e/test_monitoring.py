@@ -29,11 +29,12 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from support.helpers import DASHBOARD_FILES, dashboards, exprs, panels, substitute, variable_queries
 from support.paths import ROOT
-from support.scenarios import tiny
+from support.scenarios import tiny, tiny_async_dict
 
-from mecsim.interfaces.metrics import METRICS, RATE_BUCKETS, MetricsExporter
+from mecsim.interfaces.metrics import ASYNC_ONLY, METRICS, RATE_BUCKETS, MetricsExporter
 from mecsim.run.loop import run
 from mecsim.run.observers import RunObserver
+from mecsim.scenario import scenario_from_dict
 
 DASHBOARDS = ROOT / "dashboards"
 NO_PROMETHEUS = "no `prometheus` binary on PATH (Debian: apt-get install prometheus)"
@@ -77,6 +78,17 @@ def scraped():
     return collect.pages[-1], rows, collect.clients
 
 
+@pytest.fixture(scope="module")
+def scraped_async():
+    """A real asynchronous run (FedBuff, K = 2) with the exporter; (last page, version
+    rows)."""
+    exporter = MetricsExporter("127.0.0.1", 0)
+    collect = _Collect(exporter)
+    sc = scenario_from_dict(tiny_async_dict(mode="buffered", buffer_size=2), "async-tiny")
+    rows = run(sc, "exp-async", None, [exporter, collect])
+    return collect.pages[-1], rows
+
+
 def _samples(page: str) -> dict[tuple, float]:
     out = {}
     for family in text_string_to_metric_families(page):
@@ -100,6 +112,9 @@ def test_exporter_serves_every_family_with_the_runs_numbers(scraped):
     for name, (kind, _) in METRICS.items():
         if name == "mecsim_channel_quantity":  # channel plugins' own quantities only:
             continue  # tests/integration/test_plugins.py checks it with one
+        if name in ASYNC_ONLY:  # test_async_gauges_follow_the_versions
+            assert name not in names, f"{name} served for a run in rounds"
+            continue
         expected = f"{name}_count" if kind == "histogram" else name
         assert expected in names, f"{name} not served"
     # the last round's selected clients per serving cell, and each client's cell at the
@@ -173,6 +188,23 @@ def test_exporter_serves_every_family_with_the_runs_numbers(scraped):
         )
     assert s[("mecsim_round_energy_joules", ())] == pytest.approx(rows[-1]["energy_j"])
     assert rows[-1]["energy_j"] > 0
+
+
+def test_async_gauges_follow_the_versions(scraped_async):
+    """The staleness and in-flight gauges hold the last version's row: FedBuff with K = 2
+    aggregates two updates a version, each of staleness 0 or more."""
+    page, rows = scraped_async
+    s = _samples(page)
+    last = rows[-1]
+    assert last["completed"] == 2 and len(rows) == 6
+    assert s[("mecsim_update_staleness_versions", (("stat", "mean"),))] == last["mean_staleness"]
+    assert s[("mecsim_update_staleness_versions", (("stat", "max"),))] == last["max_staleness"]
+    assert s[("mecsim_update_staleness_seconds", ())] == last["mean_staleness_s"]
+    assert s[("mecsim_updates_in_flight", ())] == last["in_flight"]
+    # 4 clients, two of whose updates the last version took: the other two in flight, or
+    # fewer (a client whose update was taken starts its next cycle when it can)
+    assert 0 <= last["in_flight"] <= 4 and last["max_staleness"] >= last["mean_staleness"] >= 0
+    assert s[("mecsim_rounds_total", ())] == 6  # versions counted as rounds
 
 
 def test_channel_histograms_count_every_selected_client_round(scraped):
@@ -265,9 +297,11 @@ def test_three_dashboards_with_run_and_algorithm_variables():
             assert 0 <= g["x"] and g["x"] + g["w"] <= 24 and g["h"] > 0, where
 
 
-def test_every_dashboard_query_names_only_exported_metrics_and_filters_by_run(scraped):
+def test_every_dashboard_query_names_only_exported_metrics_and_filters_by_run(
+    scraped, scraped_async
+):
     page, _, _ = scraped
-    exported = _exposed_names(page)
+    exported = _exposed_names(page) | _exposed_names(scraped_async[0])
     for name, d in dashboards().items():
         for query in variable_queries(d):
             m = re.fullmatch(r"label_values\((mecsim_\w+)(\{[^}]*\})?,\s*(run|algorithm)\)", query)
@@ -404,6 +438,9 @@ class _WaitForScrape(RunObserver):
 def test_real_prometheus_scrapes_a_run_and_every_dashboard_query_returns_data(tmp_path):
     exporter = MetricsExporter("127.0.0.1", 0)
     exporter.start()
+    # an asynchronous run's exporter too: the gauges only such runs have, and their panels
+    async_exporter = MetricsExporter("127.0.0.1", 0)
+    async_exporter.start()
     port = _free_port()
     config = tmp_path / "prometheus.yml"
     config.write_text(
@@ -412,9 +449,10 @@ def test_real_prometheus_scrapes_a_run_and_every_dashboard_query_returns_data(tm
                 "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
                 "scrape_configs": [
                     {
-                        "job_name": "mecsim",
-                        "static_configs": [{"targets": [f"127.0.0.1:{exporter.port}"]}],
+                        "job_name": job,
+                        "static_configs": [{"targets": [f"127.0.0.1:{e.port}"]}],
                     }
+                    for job, e in (("mecsim", exporter), ("mecsim-async", async_exporter))
                 ],
             }
         )
@@ -453,9 +491,16 @@ def test_real_prometheus_scrapes_a_run_and_every_dashboard_query_returns_data(tm
             "the first scrape of the exporter",
         )
         rows = run(walking(rounds=3), "e2e", None, [exporter, waiter])
+        waiter = _WaitForScrape(api, "e2e-async")
+        run(
+            scenario_from_dict(tiny_async_dict(mode="buffered", buffer_size=2), "a"),
+            "e2e-async",
+            None,
+            [async_exporter, waiter],
+        )
         end = time.time() + 1
         targets = _get(f"{api}/targets")["data"]["activeTargets"]
-        assert [t["labels"]["job"] for t in targets] == ["mecsim"]
+        assert sorted(t["labels"]["job"] for t in targets) == ["mecsim", "mecsim-async"]
 
         def query_range(expr: str) -> list[dict]:
             params = urllib.parse.urlencode({"query": expr, "start": start, "end": end, "step": 1})
@@ -472,7 +517,8 @@ def test_real_prometheus_scrapes_a_run_and_every_dashboard_query_returns_data(tm
         failures, checked = [], 0
         for name, dash in dashboards().items():
             for expr in exprs(dash):
-                promql = substitute(expr, "e2e", "fedavg", int(end - start) + 60)
+                run_id = "e2e-async" if any(m in expr for m in ASYNC_ONLY) else "e2e"
+                promql = substitute(expr, run_id, "fedavg", int(end - start) + 60)
                 result = query_range(promql)
                 values = [float(v) for s in result for _, v in s["values"]]
                 checked += 1
@@ -491,6 +537,7 @@ def test_real_prometheus_scrapes_a_run_and_every_dashboard_query_returns_data(tm
         assert not failures, "\n".join(failures)
     finally:
         exporter.close()
+        async_exporter.close()
         prom.terminate()
         try:
             prom.wait(timeout=20)

@@ -184,32 +184,36 @@ def test_fedbuff_and_fedasync_agree_where_their_equations_meet(tmp_path):
     assert (a["max_staleness"] == 0).all() and (a["in_flight"] == 0).all()
 
 
-def test_resume_of_an_async_run_is_refused_naming_the_field(tmp_path):
-    """A run killed after its second version: --resume refuses it (exit 2, the field
-    named) and leaves its records as they were."""
+def test_an_async_run_without_checkpoints_resumes_from_its_start(tmp_path):
+    """checkpoint.every 0: a run killed after its second version keeps no checkpoint, so
+    ``mecsim run --resume`` starts it over (its records cut to none) and ends with the
+    records of an uninterrupted run."""
     import subprocess
     import sys
 
     from mecsim.scenario import scenario_from_dict
     from mecsim.store.session import run_in_folder
-    from mecsim.testing import SimulatedKill, StopAfter
+    from mecsim.testing import SimulatedKill, StopAfter, assert_same_records
 
     sc = scenario_from_dict(
         {
             **_scenario(mode="async"),
             "metrics": {"enabled": False},
             "execution": {"backend": "local"},
+            "checkpoint": {"every": 0},
         }
     )
+    full = tmp_path / "full"
+    run_in_folder(sc, full, hosts=2)
     run_dir = tmp_path / "r"
     with pytest.raises(SimulatedKill):
         run_in_folder(sc, run_dir, observers=[StopAfter(1)], hosts=2)
-    before = (run_dir / "updates.csv").read_text()
+    assert len(read_csv_exact(run_dir / "rounds.csv")) == 2
+    assert not (run_dir / "checkpoints").exists() or not any((run_dir / "checkpoints").iterdir())
     proc = subprocess.run(
         [sys.executable, "-m", "mecsim", "run", "--resume", str(run_dir), "--no-metrics"],
         capture_output=True,
         text=True,
     )
-    assert proc.returncode == 2, proc.stderr
-    assert "aggregation.mode: async" in proc.stderr and "cannot be resumed" in proc.stderr
-    assert (run_dir / "updates.csv").read_text() == before  # nothing touched
+    assert proc.returncode == 0, proc.stderr
+    assert_same_records(full, run_dir)

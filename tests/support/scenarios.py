@@ -53,3 +53,33 @@ def tiny(**overrides: Any) -> Scenario:
         else:
             data[key] = value
     return scenario_from_dict(data, "tiny")
+
+
+def tiny_async_dict(**aggregation: Any) -> dict[str, Any]:
+    """A small asynchronous scenario as a dict (docs/async.md): 4 clients (two Pi 3B, a
+    Pi 4 and the default device) in one shared cell, 400 embedded MNIST samples, 6 server
+    versions, evaluated every 3; ``aggregation`` is its ``aggregation:`` section."""
+    return {
+        "name": "async-tiny",
+        "seed": 3,
+        "rounds": 6,
+        "dataset": {
+            "name": "mnist-embedded",
+            "train_size": 400,
+            "test_size": 200,
+            "partition": {"method": "iid"},
+        },
+        "model": {"name": "mlp_2nn"},
+        "topology": {"clients": 4},
+        "devices": {"clients": [{"profile": "rpi3b", "count": 2}, {"profile": "rpi4"}]},
+        "channel": {
+            "model": "fixed_rate",
+            "uplink": {"rate_bps": 20e6, "shared": True},
+            "downlink": {"rate_bps": 50e6, "shared": True},
+        },
+        "training": {"epochs": 1, "batch_size": 20, "lr": 0.05},
+        "evaluation": {"every": 3},
+        "metrics": {"enabled": False},
+        "execution": {"backend": "local", "hosts": 2},
+        "aggregation": aggregation,
+    }

@@ -86,6 +86,10 @@ class Executor(Protocol):
         hierarchical algorithm whose clients move: its edge servers group the round's
         clients by where they are at its start)."""
 
+    def available(self, clients: list[int] | None) -> None:
+        """The clients online at the round's start, before :meth:`plan`: the server
+        selects among them only (``availability:``; None: among all)."""
+
     def plan_ahead(self, rnd: int, chain: bool = False) -> None:
         """The next server call will be :meth:`plan` of round ``rnd``: an executor may plan
         it now, overlapping the caller's work (nothing else may reach the server first).

@@ -85,6 +85,10 @@ class LocalExecutor:
         self.clients.associate(edge_server_of)
         self.server.associate(edge_server_of)
 
+    def available(self, clients: list[int] | None) -> None:
+        """See :meth:`~mecsim.run.backends.base.Executor.available`."""
+        self.server.available(clients)
+
     def plan_ahead(self, rnd: int, chain: bool = False) -> None:
         """Say that the next call to the servers will be :meth:`plan` of round ``rnd``
         (no evaluation, checkpoint or other server call comes first): under Ray the

@@ -275,6 +275,12 @@ class RayExecutor:
         self._map_sent = False  # a chained call would assign with the old map
         self._get(self.server.associate.remote(edge_server_of))
 
+    def available(self, clients: list[int] | None) -> None:
+        """See :meth:`~mecsim.run.backends.base.Executor.available` (before the round's
+        plan, which is then not planned ahead)."""
+        self._no_plan_ahead("the clients online")
+        self._get(self.server.available.remote(clients))
+
     def plan_ahead(self, rnd: int, chain: bool = False) -> None:
         """A flat algorithm's plan of round ``rnd`` is asked for now (see
         :meth:`~mecsim.run.backends.base.Executor.plan_ahead`): the server actor, which runs

@@ -10,6 +10,7 @@ from pydantic import Field, PrivateAttr, model_validator
 
 import mecsim.registry as registry
 from mecsim.scenario.aggregation import AggregationConfig
+from mecsim.scenario.availability import AvailabilityConfig
 from mecsim.scenario.schema.base import MAX_EMULATED_S, MAX_SEED, SafeName, _Strict
 from mecsim.scenario.schema.channel import (
     TR38901_DISTANCE_RANGE_M,
@@ -52,6 +53,10 @@ class Scenario(_Strict):
     backhaul: BackhaulConfig = Field(default_factory=BackhaulConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     aggregation: AggregationConfig = Field(default_factory=AggregationConfig)
+    availability: AvailabilityConfig = Field(
+        default_factory=AvailabilityConfig,
+        description="when each client is online (docs/async.md, Availability); default: always",
+    )
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     deadline_s: float | None = Field(
         default=None, gt=0, le=MAX_EMULATED_S, description="round deadline (emulated s)"

@@ -1,0 +1,174 @@
+"""An asynchronous run stopped and resumed gives the records of an uninterrupted one.
+
+A checkpoint of an asynchronous run is taken at a version boundary (docs/async.md,
+"Checkpoints"): the server (model, version, FedBuff's buffer), the versions in-flight
+cycles trained on, the uploads of cycles already trained and not yet taken, and the
+result of every training so far, from which a resume re-plays the clock up to the
+version. In-process (an observer stops the run after a version's records are written,
+before its checkpoint) for the three modes; in a subprocess with SIGKILL, at a chaos
+point and at a moment nobody chose.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from support.scenarios import tiny_async_dict
+
+from mecsim.scenario import load_scenario, scenario_from_dict
+from mecsim.store.reader import read_csv_exact
+from mecsim.store.runfolder import prepare_resume, run_status
+from mecsim.store.session import run_in_folder
+from mecsim.testing import SimulatedKill, StopAfter, assert_same_records
+
+MODES = {
+    "fedasync": {"mode": "async", "alpha": 0.5},
+    "fedbuff": {"mode": "buffered", "buffer_size": 2},
+    "semi_sync": {"mode": "semi_sync", "period_s": 2.0},
+}
+
+
+def _stopped_then_resumed(sc, tmp_path: Path, stop_at: int, done: int) -> Path:
+    out = tmp_path / "cut" / "r"
+    with pytest.raises(SimulatedKill):
+        run_in_folder(sc, out, observers=[StopAfter(stop_at)])
+    assert len(pd.read_csv(out / "rounds.csv")) == stop_at + 1
+    target = prepare_resume(out)
+    try:
+        # cut back to the newest checkpoint: its versions' rows and their updates' rows
+        assert target.rounds_done == done
+        assert len(pd.read_csv(out / "rounds.csv")) == done
+        versions = pd.read_csv(out / "updates.csv")["version"]
+        assert versions.max() == done and versions.is_monotonic_increasing
+        run_in_folder(None, resume=target)
+    finally:
+        target.lock.release()
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["status"] == "finished" and meta["resumes"][0]["from_round"] == done
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_each_mode_resumes_exactly(mode: str, tmp_path: Path) -> None:
+    sc = scenario_from_dict(tiny_async_dict(**MODES[mode]), "async-tiny")
+    full = tmp_path / "full" / "r"
+    run_in_folder(sc, full)
+    out = _stopped_then_resumed(sc, tmp_path, stop_at=2, done=2)
+    assert_same_records(full, out)
+    # the cut came while clients were in flight: the resumed run took updates whose
+    # training the first process had executed, and others it executed itself
+    updates = read_csv_exact(full / "updates.csv")
+    assert (updates["version"] > 2).any() and (updates["start_s"] > 0).any()
+    assert read_csv_exact(full / "rounds.csv")["in_flight"].iloc[1] > 0
+
+
+def test_fedbuff_resumes_from_an_older_checkpoint(tmp_path: Path) -> None:
+    """Checkpoints every 2 versions, stopped after the 5th: the resume starts from the
+    4th (FedBuff's buffer of 2 is then empty, the 5th version's first update was being
+    buffered when the run stopped) and the records come out as an uninterrupted run's."""
+    data = tiny_async_dict(mode="buffered", buffer_size=2)
+    data["checkpoint"] = {"every": 2}
+    sc = scenario_from_dict(data, "async-tiny")
+    full = tmp_path / "full" / "r"
+    run_in_folder(sc, full)
+    out = _stopped_then_resumed(sc, tmp_path, stop_at=4, done=4)
+    assert_same_records(full, out)
+    assert (read_csv_exact(out / "rounds.csv")["completed"] == 2).all()
+
+
+# --------------------------------------------------------------------------- subprocess
+
+TIMEOUT_S = 240
+
+
+def _scenario_file(tmp_path: Path, rounds: int) -> Path:
+    data = tiny_async_dict(mode="async", alpha=0.5)
+    data["rounds"] = rounds
+    data["outputs"] = {"dir": str(tmp_path / "runs")}
+    path = tmp_path / "async.yaml"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _mecsim(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "mecsim", *args],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def _resume_and_compare(ref: Path, out: Path, rounds: int) -> None:
+    resumed = _mecsim("run", "--resume", str(out), "--quiet", "--no-plots")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "Traceback" not in resumed.stderr
+    assert_same_records(ref, out)
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["status"] == "finished" and meta["rounds_done"] == rounds
+
+
+@pytest.mark.slow
+def test_kill_9_at_a_version_boundary_then_resume(tmp_path: Path) -> None:
+    """SIGKILL (the chaos hook) after version 3's records are written and before its
+    checkpoint, and after every version while the Parquet copies are written."""
+    scenario = _scenario_file(tmp_path, rounds=6)
+    ref = tmp_path / "ref" / "r"
+    run_in_folder(load_scenario(scenario), ref)
+    for point, rows_left in (("round-end:2", 3), ("finish", 6)):
+        run_id = point.replace(":", "-")
+        out = tmp_path / "runs" / run_id
+        killed = _mecsim(
+            "run",
+            str(scenario),
+            "--run-id",
+            run_id,
+            "--quiet",
+            "--no-plots",
+            env={"MECSIM_KILL_AT": point},
+        )
+        assert killed.returncode == -signal.SIGKILL, killed.stderr
+        assert run_status(out)["status"] == "interrupted"
+        assert len(pd.read_csv(out / "rounds.csv")) == rows_left
+        _resume_and_compare(ref, out, 6)
+
+
+@pytest.mark.slow
+def test_kill_9_at_a_moment_nobody_chose_then_resume(tmp_path: Path) -> None:
+    """``kill -9`` from outside once a few versions are on disk, wherever the run is then
+    (training, timing, writing records or a checkpoint)."""
+    rounds = 40
+    scenario = _scenario_file(tmp_path, rounds=rounds)
+    out = tmp_path / "runs" / "k"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mecsim", "run", str(scenario), "--run-id", "k", "--quiet"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while time.monotonic() < deadline and proc.poll() is None:
+            rows = out / "rounds.csv"
+            if rows.exists() and len(rows.read_text().splitlines()) > 6:
+                break
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        _, err = proc.communicate(timeout=TIMEOUT_S)
+    assert proc.returncode == -signal.SIGKILL, err
+    status = run_status(out)
+    assert status["status"] == "interrupted" and 5 <= status["rounds_done"] < rounds
+    ref = tmp_path / "ref" / "r"
+    run_in_folder(load_scenario(scenario), ref)
+    _resume_and_compare(ref, out, rounds)
