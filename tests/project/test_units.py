@@ -222,6 +222,7 @@ HELP_UNITS = (
     ("_loss", "cross-entropy, nats"),
     ("_info", "value always 1"),
     ("_index", "index"),
+    ("_versions", "versions"),
     ("_quantity", "the plugin's unit"),
 )
 
