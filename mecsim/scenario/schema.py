@@ -256,6 +256,46 @@ class AlgorithmConfig(_Strict):
         return self
 
 
+class CompressorConfig(_Strict):
+    """What clients' uploads become on the air (docs/compressors.md): a compressor of the
+    ``mecsim.compressors`` group, or none."""
+
+    name: str | None = Field(
+        default=None,
+        description="quantize, topk, random_mask, or a compressor plugin (`mecsim plugins "
+        "--kind compressor`); null: uploads go as they are",
+    )
+    params: dict[str, Any] = Field(
+        default_factory=dict, description="the compressor's parameters (its Params)"
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, name: str | None) -> str | None:
+        if name is None:
+            return None
+        _resolvable(registry.COMPRESSORS, name)
+        registry.COMPRESSORS.get(name)  # PluginError (a ValueError): fails to import
+        return name
+
+    @model_validator(mode="after")
+    def _params_fit(self) -> CompressorConfig:
+        if self.name is None:
+            if self.params:
+                raise ValueError("params: no compressor is named (compressor.name is null)")
+            return self
+        params_model = getattr(registry.COMPRESSORS.get(self.name), "Params", None)
+        if params_model is not None:
+            try:
+                params_model(**self.params)
+            except ValidationError as exc:
+                err = exc.errors()[0]
+                raise ValueError(
+                    f"params.{_loc(err['loc'])}: {err['msg']} (compressor {self.name})"
+                ) from None
+        return self
+
+
 class TopologyConfig(_Strict):
     clients: int = Field(
         default=10, ge=1, le=1_000_000, description="number of clients (virtual; not processes)"
@@ -1449,6 +1489,7 @@ class Scenario(_Strict):
     backhaul: BackhaulConfig = Field(default_factory=BackhaulConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     aggregation: AggregationConfig = Field(default_factory=AggregationConfig)
+    compressor: CompressorConfig = Field(default_factory=CompressorConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     deadline_s: float | None = Field(
         default=None, gt=0, le=MAX_EMULATED_S, description="round deadline (emulated s)"
@@ -1495,6 +1536,40 @@ class Scenario(_Strict):
                     "channel shares a medium (a shared medium's rate cannot "
                     "vary in time yet)"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _compressor_fits(self) -> Scenario:
+        """A compressor encodes an update against the downloaded model: only algorithms
+        whose clients upload the whole flat model as one Upload (the client class's
+        ``compressible_uploads``), flat, and not driving their own rounds."""
+        name = self.compressor.name
+        if name is None:
+            return self
+        server_cls, client_cls = registry.algorithm(self.algorithm.name)
+        why = ""
+        if server_cls.Edge is not None:
+            why = "is hierarchical (its clients upload to edge servers)"
+        elif getattr(server_cls, "drives_rounds", False):
+            why = "drives its own rounds (its messages are not one flat model upload)"
+        elif not getattr(client_cls, "compressible_uploads", False):
+            why = (
+                "does not upload the whole flat model as one Upload every round (its "
+                "client class does not set compressible_uploads)"
+            )
+        if why:
+            able = [
+                n
+                for n in registry.ALGORITHMS.names()
+                if registry.ALGORITHMS.check(n) is None
+                and getattr(registry.algorithm(n)[1], "compressible_uploads", False)
+                and registry.algorithm(n)[0].Edge is None
+            ]
+            raise ValueError(
+                f"compressor.name: compressor {name!r} cannot be applied: algorithm "
+                f"{self.algorithm.name!r} {why}; algorithms it works with: "
+                f"{', '.join(able) or '(none installed)'}"
+            )
         return self
 
     @model_validator(mode="after")

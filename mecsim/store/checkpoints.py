@@ -56,6 +56,7 @@ _NEW_AT_DEFAULT: dict[str, Any] = {
     "energy": {"idle_policy": "sleep"},
     "geometry": None,
     "aggregation": AggregationConfig().model_dump(mode="json"),  # sync: rounds
+    "compressor": {"name": None, "params": {}},
 }
 #: ``geometry.mobility`` at its default (static clients): left out of the digest, so a
 #: geometry run recorded before clients could move keeps its digest.
