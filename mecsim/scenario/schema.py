@@ -1548,6 +1548,12 @@ class Scenario(_Strict):
             return self
         server_cls, client_cls = registry.algorithm(self.algorithm.name)
         why = ""
+        if self.aggregation.mode != "sync":
+            raise ValueError(
+                f"compressor.name: compressor {name!r} cannot be applied with "
+                f"aggregation.mode {self.aggregation.mode}: the emulated-time loop does not "
+                "time the server's decoding (a ServerCompute op) yet; use mode: sync"
+            )
         if server_cls.Edge is not None:
             why = "is hierarchical (its clients upload to edge servers)"
         elif getattr(server_cls, "drives_rounds", False):

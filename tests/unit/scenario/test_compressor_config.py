@@ -51,6 +51,11 @@ def _file(tmp_path: Path, body: str) -> Path:
             "upload the whole flat model",
         ),
         (
+            "aggregation: {mode: async}\ncompressor: {name: topk}\n",
+            "compressor.name: compressor 'topk' cannot be applied with aggregation.mode "
+            "async: the emulated-time loop does not time the server's decoding",
+        ),
+        (
             "algorithm: {name: phsfl}\ncompressor: {name: topk}\n",
             "algorithm 'phsfl' is hierarchical",
         ),
