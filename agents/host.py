@@ -31,6 +31,7 @@ from mecsim.agents.algorithms import (
     algorithm_classes,
 )
 from mecsim.agents.algorithms.base import call_user, check_upload
+from mecsim.agents.compressors import RESIDUAL_KEY, compress_upload, compressor
 from mecsim.agents.models import build_model, model_layout, store_flat
 from mecsim.agents.state import BlobSink, decode, encode
 from mecsim.agents.training import StepCosts
@@ -52,6 +53,15 @@ class HostSetup:
     torch_threads: int = 1
     plugins: registry.Portable | None = None  # the driver's plugin files (registry.portable)
     call_timeout_s: float | None = None  # each call into the algorithm's code, at most
+    compressor: str | None = None  # what uploads become on the air (agents.compressors)
+    compressor_params: dict[str, Any] | None = None
+
+    def keeps_residual(self) -> bool:
+        """Whether the compressor keeps a residual per client (error feedback): the
+        clients then keep state, and are not lent to other hosts."""
+        if self.compressor is None:
+            return False
+        return compressor(self.compressor, self.compressor_params).keeps_residual
 
 
 def client_seed(seed: int, rnd: int, client_id: int, purpose: int = 0) -> int:
@@ -78,6 +88,13 @@ class ClientHost:
         self.pools = pools if client_cls.movable() else None
         self.data: dict[int, tuple[torch.Tensor, ...]] = {}
         self.state: dict[int, dict[str, Any]] = {}
+        self.compressor = (
+            compressor(setup.compressor, setup.compressor_params)
+            if setup.compressor is not None
+            else None
+        )
+        # each client's error-feedback residual (its state, beside the algorithm's own)
+        self.residuals: dict[int, np.ndarray] = {}
         self._guests: dict[int, tuple[torch.Tensor, ...]] = {}
         for cid, (train_idx, test_idx) in clients.items():
             self.data[cid] = self._client_data(pools, train_idx, test_idx)
@@ -180,6 +197,8 @@ class ClientHost:
                 + ", not its ClientResult"
             )
         check_upload(self.setup.algorithm, result, None)
+        if self.compressor is not None:
+            self._compress(rnd, task, result, lost)
         result.host_seconds = time.perf_counter() - start
         if guest and ctx.state:
             raise RuntimeError(
@@ -190,6 +209,28 @@ class ClientHost:
         if saved is not None:
             self.state[cid] = saved
         return self.detach(result)
+
+    def _compress(
+        self, rnd: int, task: ClientTask, result: ClientResult, lost: frozenset[int]
+    ) -> None:
+        """The upload as the scenario's compressor sends it (see
+        :func:`~mecsim.agents.compressors.compress_upload`); the client's residual kept
+        (error feedback) unless its work is lost."""
+        assert self.compressor is not None and self.setup.compressor is not None
+        cid = task.client_id
+        keeps = self.compressor.keeps_residual
+        _, residual = compress_upload(
+            self.compressor,
+            self.setup.compressor,
+            self.setup.algorithm,
+            rnd,
+            task.weights,
+            result,
+            self.residuals.get(cid) if keeps else None,
+            client_seed(self.setup.seed, rnd, cid, purpose=3),
+        )
+        if keeps and residual is not None and cid not in lost:
+            self.residuals[cid] = residual
 
     def detach(self, result: ClientResult) -> ClientResult:
         """Called on each client's result as soon as it has trained: a hook for where the
@@ -254,7 +295,13 @@ class ClientHost:
         shared model instance is loaded with a client's state before each use.
         """
         sink = BlobSink(known_blobs) if known_blobs is not None else None
-        tree = encode({"clients": self.state, "costs": self.costs._by_batch}, "host", sink)
+        clients: dict[int, dict[str, Any]] = self.state
+        if self.residuals:  # error feedback: each client's residual beside its state
+            clients = {
+                cid: {**st, RESIDUAL_KEY: self.residuals[cid]} if cid in self.residuals else st
+                for cid, st in self.state.items()
+            }
+        tree = encode({"clients": clients, "costs": self.costs._by_batch}, "host", sink)
         return tree, (sink.new if sink else {})
 
     def load_state_dict(self, encoded: dict[str, Any]) -> None:
@@ -262,7 +309,12 @@ class ClientHost:
         them; clients the checkpoint does not name start empty."""
         state = decode(encoded)
         clients = state["clients"]
-        self.state = {cid: clients.get(cid, {}) for cid in self.state}
+        self.state = {cid: dict(clients.get(cid, {})) for cid in self.state}
+        self.residuals = {
+            cid: np.asarray(st.pop(RESIDUAL_KEY), dtype=np.float32)
+            for cid, st in self.state.items()
+            if RESIDUAL_KEY in st
+        }
         self.costs._by_batch = dict(state["costs"])
 
     def pid(self) -> int:

@@ -53,6 +53,7 @@ from mecsim.agents.algorithms.base import (
 )
 from mecsim.agents.algorithms.base import NoParams as Params
 from mecsim.agents.algorithms.fedavg import WeightedSum, weighted_average
+from mecsim.agents.compressors import Compressor, CompressorParams
 from mecsim.agents.models import ModelLayout, get_flat, model_layout, set_flat
 from mecsim.agents.training import (
     StepCost,
@@ -111,6 +112,9 @@ CHANNELS = _registry.CHANNELS
 #: The registry of device profiles: ``{profile name: fields}`` mappings (the
 #: ``mecsim.devices`` entry points).
 DEVICES = _registry.DEVICES
+#: The registry of compressors: :class:`Compressor` classes by name (the
+#: ``mecsim.compressors`` entry points; docs/compressors.md).
+COMPRESSORS = _registry.COMPRESSORS
 #: Bytes of one model parameter on the air (float32).
 BYTES_PER_ELEMENT = _models.BYTES_PER_ELEMENT
 #: What :meth:`ClientAlgorithm.evaluate` returns: ``(accuracy, loss)``, or ``(accuracy,
@@ -124,6 +128,7 @@ __all__ = [
     "ALGORITHMS",
     "BYTES_PER_ELEMENT",
     "CHANNELS",
+    "COMPRESSORS",
     "DATASETS",
     "DEVICES",
     "MODELS",
@@ -137,6 +142,8 @@ __all__ = [
     "ClientResult",
     "ClientTask",
     "Compute",
+    "Compressor",
+    "CompressorParams",
     "DatasetSpec",
     "DeviceProfile",
     "Download",

@@ -1,4 +1,5 @@
-"""What a scenario names, found by name: algorithms, models, datasets, channels, devices.
+"""What a scenario names, found by name: algorithms, models, datasets, channels, devices,
+compressors.
 
 Every kind of thing a scenario names by ``name`` is a :class:`Registry` whose entries
 are **entry points** of one group, the same path for mecsim's built-ins (declared in
@@ -14,6 +15,8 @@ dataset    ``mecsim.datasets``   a :class:`mecsim.data.DatasetSpec` (or a callab
                                  returning one)
 channel    ``mecsim.channels``   a link model (reserved: not yet open to plugins)
 device     ``mecsim.devices``    ``{profile name: fields}`` or a callable returning it
+compressor ``mecsim.compressors`` a :class:`mecsim.agents.compressors.Compressor`
+                                 subclass (built with its ``params``)
 ========== ===================== ====================================================
 
 An entry is imported when it is first asked for: the scenario schema, the lowest layer
@@ -602,20 +605,34 @@ def _callable(obj: Any) -> Any:
     return obj
 
 
+def _compressor_class(obj: Any) -> Any:
+    """A compressor entry is a class with ``encode`` and ``decode`` (a subclass of
+    :class:`mecsim.agents.compressors.Compressor`), built with the scenario's params."""
+    if not (isinstance(obj, type) and callable(getattr(obj, "encode", None))):
+        raise TypeError(
+            "a compressor entry must be a class with encode and decode (a subclass of "
+            f"mecsim.api.Compressor), not {type(obj).__name__}"
+        )
+    if not callable(getattr(obj, "decode", None)):
+        raise TypeError(f"compressor class {obj.__name__} has no decode method")
+    return obj
+
+
 ALGORITHMS = Registry("algorithm", "mecsim.algorithms", _algorithm_pair)
 MODELS = Registry("model", "mecsim.models", _callable)
 DATASETS = Registry("dataset", "mecsim.datasets")
 CHANNELS = Registry("channel", "mecsim.channels")
 DEVICES = Registry("device", "mecsim.devices")
+COMPRESSORS = Registry("compressor", "mecsim.compressors", _compressor_class)
 
 #: every registry by kind
 REGISTRIES: dict[str, Registry] = {
-    r.kind: r for r in (ALGORITHMS, MODELS, DATASETS, CHANNELS, DEVICES)
+    r.kind: r for r in (ALGORITHMS, MODELS, DATASETS, CHANNELS, DEVICES, COMPRESSORS)
 }
 
 
 def registry(kind: str) -> Registry:
-    """The registry of ``kind`` (algorithm, model, dataset, channel, device)."""
+    """The registry of ``kind`` (algorithm, model, dataset, channel, device, compressor)."""
     try:
         return REGISTRIES[kind]
     except KeyError:

@@ -111,7 +111,7 @@ from mecsim.agents.algorithms.base import (
 from mecsim.agents.state import decode, encode
 from mecsim.agents.training import optimizer_step_flops
 from mecsim.emulation.ops import Compute, Download, ServerCompute, Upload
-from mecsim.registry import ALGORITHMS
+from mecsim.registry import ALGORITHMS, COMPRESSORS
 from mecsim.run.observers import RunObserver
 from mecsim.run.rows import is_host_column
 from mecsim.run.setup import streams_aggregation
@@ -1392,8 +1392,229 @@ def check_algorithm(
     return CheckReport(name, results, time.perf_counter() - start, data)
 
 
+# --------------------------------------------------------------------------- compressors
+
+#: The properties of a compressor (:func:`check_compressor`), in the order checked.
+COMPRESSOR_PROPERTIES: tuple[str, ...] = ("params", "roundtrip", "bytes", "determinism", "resume")
+
+
+def _compressor_vectors() -> list[tuple[str, np.ndarray]]:
+    """What the kit encodes: sizes that fill no block evenly, a single value, constant and
+    zero vectors, outliers, tiny and large magnitudes, an update-like vector."""
+    rng = np.random.default_rng(20261129)
+    outliers = rng.normal(0, 0.01, 4097).astype(np.float32)
+    outliers[[7, 2000]] = [5.0, -3.0]
+    return [
+        ("normal(0, 1) x 1000", rng.normal(0, 1, 1000).astype(np.float32)),
+        ("one value", np.array([0.75], np.float32)),
+        ("constant x 300", np.full(300, -2.5, np.float32)),
+        ("zeros x 257", np.zeros(257, np.float32)),
+        ("normal(0, 0.01) x 4097 with two outliers", outliers),
+        ("normal(0, 1e-8) x 999", rng.normal(0, 1e-8, 999).astype(np.float32)),
+        ("normal(0, 1e4) x 999", rng.normal(0, 1e4, 999).astype(np.float32)),
+    ]
+
+
+def _norm(v: np.ndarray, which: str) -> float:
+    v = v.astype(np.float64)
+    return float(np.max(np.abs(v))) if which == "linf" and v.size else float(np.linalg.norm(v))
+
+
+class _CompressorKit:
+    def __init__(self, name: str, params: dict[str, Any], folder: Path) -> None:
+        self.name, self.params, self.folder = name, dict(params), folder
+        self.cls = COMPRESSORS.get(name)
+        self.data = _merge(TINY, {"compressor": {"name": name, "params": self.params}})
+        self._base: Path | None = None
+
+    def fresh(self) -> Any:
+        return self.cls(dict(self.params))
+
+    def _run(self, label: str, **kwargs: Any) -> Path:
+        out = self.folder / label
+        sc = scenario_from_dict(self.data, f"mecsim check {self.name}")
+        try:
+            outcome = run_in_folder(sc, out, backend="local", hosts=1, **kwargs)
+        except Exception as exc:
+            raise _Fail(f"the {label} run (FedAvg with it) failed: {_one_line(exc)}") from None
+        if outcome.status != "finished":
+            raise _Fail(f"the {label} run ended {outcome.status}")
+        return out
+
+    def base(self) -> Path:
+        if self._base is None:
+            self._base = self._run("base")
+        return self._base
+
+    def check_params(self) -> str:
+        params = getattr(self.cls, "Params", None)
+        if not (isinstance(params, type) and issubclass(params, BaseModel)):
+            raise _Fail("its Params is not a pydantic model")
+        problems = [
+            f"{field}: " + ("no default" if info.is_required() else "no description")
+            for field, info in params.model_fields.items()
+            if info.is_required() or not info.description
+        ]
+        if problems:
+            raise _Fail("Params fields without " + "; ".join(problems))
+        self.fresh()
+        return f"{len(params.model_fields)} documented fields, built with {self.params or '{}'}"
+
+    def check_roundtrip(self) -> str:
+        comp = self.fresh()
+        norm = getattr(comp, "error_norm", "l2")
+        if norm not in ("l2", "linf"):
+            raise _Fail(f"error_norm is {norm!r}, not 'l2' or 'linf'")
+        for label, x in _compressor_vectors():
+            for seed in (0, 1, 2**63 + 5):
+                back = comp.decode(comp.encode(x, seed))
+                if not (
+                    isinstance(back, np.ndarray)
+                    and back.shape == x.shape
+                    and back.dtype == np.float32
+                ):
+                    raise _Fail(f"{label}, seed {seed}: decode did not return {x.size} float32")
+                err, bound = _norm(back - x, norm), float(comp.error_bound(x))
+                if not err <= bound:
+                    raise _Fail(
+                        f"{label}, seed {seed}: the {norm} error {err:.6g} exceeds the "
+                        f"stated error_bound {bound:.6g}"
+                    )
+        return f"{len(_compressor_vectors())} vectors x 3 seeds within error_bound ({norm})"
+
+    def check_bytes(self) -> str:
+        comp = self.fresh()
+        for label, x in _compressor_vectors():
+            payload = comp.encode(x, 11)
+            if not isinstance(payload, bytes):
+                raise _Fail(f"{label}: encode returned {type(payload).__name__}, not bytes")
+            stated = comp.encoded_nbytes(x.size)
+            if stated is not None and stated != len(payload):
+                raise _Fail(
+                    f"{label}: encoded_nbytes({x.size}) says {stated} bytes, encode gave "
+                    f"{len(payload)}"
+                )
+            # everything the server needs travels: a fresh instance decodes a copy alike
+            again = self.fresh().decode(bytes(bytearray(payload)))
+            if not np.array_equal(again, comp.decode(payload)):
+                raise _Fail(
+                    f"{label}: a fresh instance decodes the payload differently: decode "
+                    "reads something that is not in the payload (and is not charged)"
+                )
+        run = self.base()
+        n = int(json.loads((run / "run.json").read_text())["num_params"])
+        raw = 4 * n
+        for line in _optraces(run):
+            for cid, ops in line["clients"].items():
+                ups = [op["nbytes"] for op in ops if op["op"] == "upload"]
+                stated = comp.encoded_nbytes(n)
+                if len(ups) != 1 or (stated is not None and ups[0] != stated):
+                    raise _Fail(
+                        f"round {line['round'] + 1} client {cid}: uploads {ups} bytes, the "
+                        f"payload of {n} values is {stated}"
+                    )
+        return (
+            f"payloads are bytes, decoded from themselves alone; a FedAvg run's uploads "
+            f"charge {comp.encoded_nbytes(n) or 'the payload'} bytes (raw: {raw})"
+        )
+
+    def check_determinism(self) -> str:
+        for label, x in _compressor_vectors():
+            if self.fresh().encode(x, 5) != self.fresh().encode(x, 5):
+                raise _Fail(f"{label}: two encodings with seed 5 differ")
+        other = self._run("again")
+        diff = first_difference(self.base(), other)
+        if diff:
+            raise _Fail("a FedAvg run with it twice: the records differ", diff)
+        return "the same seed, the same payload; a FedAvg run twice: identical records"
+
+    def check_resume(self) -> str:
+        out = self.folder / "resumed"
+        sc = scenario_from_dict(self.data, f"mecsim check {self.name}")
+        try:
+            run_in_folder(sc, out, observers=[StopAfter(1)], backend="local", hosts=1)
+        except SimulatedKill:
+            pass
+        target = prepare_resume(out)
+        try:
+            run_in_folder(None, resume=target, hosts=1, backend="local")
+        finally:
+            target.lock.release()
+        diff = first_difference(self.base(), out)
+        if diff:
+            raise _Fail(
+                "stopped after round 2 and resumed: the records differ from the "
+                "uninterrupted run's (a residual not restored?)",
+                diff,
+            )
+        keeps = " (its residuals restored)" if self.fresh().keeps_residual else ""
+        return f"stopped after round 2, resumed{keeps}: identical records"
+
+
+def check_compressor(
+    name: str,
+    params: dict[str, Any] | None = None,
+    *,
+    properties: Iterable[str] | None = None,
+    workdir: str | Path | None = None,
+    on_result: Callable[[PropertyResult], None] | None = None,
+) -> CheckReport:
+    """Check compressor ``name`` built with ``params`` (:data:`COMPRESSOR_PROPERTIES`):
+
+    ``params``
+        its ``Params`` is a pydantic model whose fields all have a default and a
+        description;
+    ``roundtrip``
+        ``decode(encode(x, seed))`` is ``x.size`` float32 values within
+        ``error_bound(x)`` (in its ``error_norm``), for vectors of odd sizes, constants,
+        zeros, outliers, tiny and large magnitudes, and three seeds;
+    ``bytes``
+        ``encode`` returns ``bytes`` of ``encoded_nbytes(n)`` (when stated), a fresh
+        instance decodes them alike (nothing but the payload is read), and a tiny FedAvg
+        run with it charges each upload the payload's length;
+    ``determinism``
+        the same seed gives the same payload, and the tiny run twice the same records;
+    ``resume``
+        the tiny run stopped after round 2 and resumed gives the uninterrupted run's
+        records (an error-feedback residual is restored from the checkpoint).
+
+    Raises :class:`~mecsim.registry.UnknownName` / :class:`~mecsim.registry.PluginError`
+    for a name that does not resolve, :class:`~mecsim.scenario.ScenarioError` for
+    ``params`` its Params refuses."""
+    wanted = list(COMPRESSOR_PROPERTIES if properties is None else properties)
+    unknown = [p for p in wanted if p not in COMPRESSOR_PROPERTIES]
+    if unknown:
+        raise ValueError(f"unknown properties {unknown}; known: {', '.join(COMPRESSOR_PROPERTIES)}")
+    COMPRESSORS.get(name)
+    data = _merge(TINY, {"compressor": {"name": name, "params": dict(params or {})}})
+    scenario_from_dict(data, f"mecsim check {name}")  # ScenarioError: bad params, no run
+    start = time.perf_counter()
+    results: list[PropertyResult] = []
+    with tempfile.TemporaryDirectory(prefix="mecsim-check-") as tmp:
+        folder = Path(workdir) if workdir is not None else Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        kit = _CompressorKit(name, dict(params or {}), folder)
+        for prop in COMPRESSOR_PROPERTIES:
+            t0 = time.perf_counter()
+            if prop not in wanted:
+                result = PropertyResult(prop, True, "not asked for", skipped=True)
+            else:
+                try:
+                    result = PropertyResult(prop, True, getattr(kit, f"check_{prop}")())
+                except _Fail as exc:
+                    result = PropertyResult(prop, False, exc.reason, exc.first_difference)
+                except Exception as exc:  # the compressor's own code raised
+                    result = PropertyResult(prop, False, _one_line(exc))
+            result.seconds = round(time.perf_counter() - t0, 3)
+            results.append(result)
+            if on_result is not None:
+                on_result(result)
+    return CheckReport(name, results, time.perf_counter() - start, data)
+
+
 __all__ = [
     "BUILTIN_OVERRIDES",
+    "COMPRESSOR_PROPERTIES",
     "CHANGED_SINCE_0_1",
     "FLOAT_RTOL",
     "FLOPS_RTOL",
@@ -1408,6 +1629,7 @@ __all__ = [
     "assert_records_close",
     "assert_same_records",
     "check_algorithm",
+    "check_compressor",
     "check_scenario_data",
     "compared_columns",
     "first_difference",

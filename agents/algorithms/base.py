@@ -724,6 +724,12 @@ class ClientAlgorithm(ABC):
     #: algorithm's clients keep nothing between rounds (``ctx.state`` stays empty), so
     #: that any host can train any of them with the same result.
     keeps_no_state: ClassVar[bool] = False
+    #: True when every fit uploads the whole flat model (``result.weights``, as many values
+    #: as ``task.weights``) as the op-trace's one ``Upload`` of its ``nbytes``: a scenario's
+    #: ``compressor`` may then encode the update against ``task.weights``
+    #: (docs/compressors.md). A scenario naming a compressor with another algorithm is
+    #: refused before it starts.
+    compressible_uploads: ClassVar[bool] = False
     #: The ``what`` of op-trace ``Compute`` / ``ServerCompute`` ops whose FLOPs the
     #: algorithm counts by hand for work that ``fit`` does not run under torch (numpy
     #: arithmetic, work the round's evaluation performs): the conformance kit's ``flops``

@@ -280,6 +280,7 @@ class FedAvgServer(ServerAlgorithm):
 class FedAvgClient(ClientAlgorithm):
     name = "fedavg"
     keeps_no_state = True  # trains from the global model every round
+    compressible_uploads = True  # the whole model, one Upload (docs/compressors.md)
 
     def extra_loss(self, ctx: ClientContext, task: ClientTask):
         """Hook for regularised variants (FedProx): a term added to every step's loss."""

@@ -46,6 +46,7 @@ import psutil
 from torch import nn
 
 from mecsim.agents.algorithms import TrainConfig, algorithm_classes
+from mecsim.agents.compressors import compressor
 from mecsim.agents.models import ModelLayout, build_model, get_flat, model_layout
 from mecsim.agents.training import step_cost_on_meta
 from mecsim.data import DataPools, dataset_shape, dataset_spec, load_dataset, partition
@@ -261,6 +262,9 @@ def checkpoint_bytes(scenario: Scenario, layout: ModelLayout) -> int:
         return 0
     _, client_cls = algorithm_classes(scenario.algorithm.name)
     stateful = 0 if client_cls.movable() else scenario.topology.clients
+    comp = scenario.compressor
+    if comp.name is not None and compressor(comp.name, comp.params).keeps_residual:
+        stateful += scenario.topology.clients  # error feedback: a residual per client
     return scenario.checkpoint.keep * (2 + stateful) * layout.nbytes
 
 

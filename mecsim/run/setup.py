@@ -153,6 +153,8 @@ def _named(scenario: Scenario) -> dict[str, str]:
     }
     if isinstance(scenario.channel, PluginChannelConfig):
         names["channel"] = scenario.channel.name
+    if scenario.compressor.name is not None:
+        names["compressor"] = scenario.compressor.name
     return names
 
 
@@ -217,6 +219,8 @@ def prepare(
         init_weights,
         plugins=registry.portable(),
         call_timeout_s=scenario.execution.call_timeout_s,
+        compressor=scenario.compressor.name,
+        compressor_params=dict(scenario.compressor.params),
     )
     # the network first: with a geometry its association (each client's edge server at
     # the start) is what the servers and the records use

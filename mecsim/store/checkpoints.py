@@ -58,6 +58,7 @@ _NEW_AT_DEFAULT: dict[str, Any] = {
     "geometry": None,
     "aggregation": AggregationConfig().model_dump(mode="json"),  # sync: rounds
     "availability": AvailabilityConfig().model_dump(mode="json"),  # always online
+    "compressor": {"name": None, "params": {}},
 }
 #: ``geometry.mobility`` at its default (static clients): left out of the digest, so a
 #: geometry run recorded before clients could move keeps its digest.

@@ -187,7 +187,8 @@ def test_a_package_is_written_with_its_entry_point(
     assert project["project"]["name"] == "mecsim-my_thing"
     assert project["project"]["dependencies"][0].startswith("mecsim>=")
     group = project["project"]["entry-points"][KINDS[kind].group]
-    assert group == {"my_thing": f"mecsim_my_thing:{KINDS[kind].attribute}"}
+    attribute = KINDS[kind].attribute.format(Name="MyThing")  # a compressor's: its class
+    assert group == {"my_thing": f"mecsim_my_thing:{attribute}"}
     for path in pkg.rglob("*"):
         if path.is_file():
             text = path.read_text()
@@ -201,7 +202,7 @@ def test_a_package_is_written_with_its_entry_point(
     assert "pyproject.toml" in out and "tests/test_my_thing.py" in out
     assert "pip install -e mecsim-my_thing" in out
     assert "mecsim run mecsim-my_thing/scenarios/my_thing.yaml" in out
-    assert ("mecsim check my_thing" in out) == (kind == "algorithm")
+    assert ("mecsim check my_thing" in out) == (kind in ("algorithm", "compressor"))
 
 
 def test_an_empty_folder_is_filled(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -322,6 +323,34 @@ def test_a_generated_algorithm_installs_runs_and_passes_its_own_test(
     finally:
         plugin_venv.uninstall(f"mecsim-{name}")
     assert name not in _entry_point_names(plugin_venv, "mecsim.algorithms")  # as it was
+
+
+@pytest.mark.slow
+def test_a_generated_compressor_installs_runs_and_passes_its_own_test(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], plugin_venv: PluginVenv
+) -> None:
+    name = "newkit_codec"
+    pkg = tmp_path / "pkg"
+    assert _new(capsys, "compressor", name, "--dir", str(pkg))[0] == 0
+    try:
+        plugin_venv.install(pkg)
+        info = _mecsim_run(plugin_venv, pkg / "scenarios" / f"{name}.yaml", tmp_path / "runs")
+        assert info["status"] == "finished"
+        assert _plugins(info) == {"compressor": (name, _normal(f"mecsim-{name}"))}
+        out = _run(
+            plugin_venv.python,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            str(pkg / "tests"),
+            cwd=pkg,
+        )
+        assert "4 passed" in out
+    finally:
+        plugin_venv.uninstall(f"mecsim-{name}")
+    assert name not in _entry_point_names(plugin_venv, "mecsim.compressors")  # as it was
 
 
 @pytest.mark.slow

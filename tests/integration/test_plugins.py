@@ -608,7 +608,10 @@ def test_the_entry_point_scan_finds_what_importlib_metadata_finds(site, monkeypa
     import importlib.metadata as metadata
 
     monkeypatch.syspath_prepend(str(site))
-    groups = [f"mecsim.{g}" for g in ("algorithms", "models", "datasets", "channels", "devices")]
+    groups = [
+        f"mecsim.{g}"
+        for g in ("algorithms", "models", "datasets", "channels", "devices", "compressors")
+    ]
     expected = {
         (ep.group, ep.name, ep.value, ep.dist.name, ep.dist.version)
         for group in groups

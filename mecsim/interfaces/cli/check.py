@@ -17,7 +17,7 @@ from typing import Any
 
 from rich.console import Console
 
-from mecsim.registry import ALGORITHMS, PluginError, UnknownName
+from mecsim.registry import ALGORITHMS, COMPRESSORS, PluginError, UnknownName
 from mecsim.scenario import ScenarioError
 
 EXIT_FAILED = 1
@@ -46,13 +46,22 @@ def add_check_parser(sub: Any) -> None:
         "FLOPs performed, the NaN guard. "
         "Exit 0: all hold; 1: some fail; 2: bad input.",
     )
-    p.add_argument("name", help="the algorithm: a registered name or module:attribute")
+    p.add_argument(
+        "name",
+        help="the algorithm (a registered name or module:attribute), or a compressor "
+        "(checked with its own properties: error bound, bytes, determinism, resume)",
+    )
     p.add_argument("--scenario", metavar="FILE", help="run on this scenario instead")
     p.add_argument(
         "--plugin",
         metavar="FILE",
         action="append",
         help="load this plugin file first (repeatable); it registers NAME",
+    )
+    p.add_argument(
+        "--params",
+        metavar="MAPPING",
+        help="a compressor's params, e.g. '{bits: 4}' (compressors only)",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--no-ray", action="store_true", help="skip the comparison with Ray")
@@ -73,11 +82,17 @@ def add_check_parser(sub: Any) -> None:
 
 
 def cmd_check(args: argparse.Namespace, console: Console) -> int:
+    if args.name not in ALGORITHMS and args.name in COMPRESSORS:
+        return cmd_check_compressor(args)
+    if args.params is not None:
+        print("error: --params is for a compressor's parameters", file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:  # --plugin files are loaded before any verb runs (mecsim.interfaces.cli.main)
         ALGORITHMS.get(args.name)
     except UnknownName:
         print(
-            f"error: unknown algorithm {args.name!r}; installed: {', '.join(ALGORITHMS.names())}",
+            f"error: unknown algorithm or compressor {args.name!r}; installed algorithms: "
+            f"{', '.join(ALGORITHMS.names())}; compressors: {', '.join(COMPRESSORS.names())}",
             file=sys.stderr,
         )
         return EXIT_BAD_INPUT
@@ -135,5 +150,75 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
                 + ", ".join(r.name for r in failed)
             )
             + f" ({time.perf_counter() - start:.1f} s)"
+        )
+    return 0 if report.ok else EXIT_FAILED
+
+
+def cmd_check_compressor(args: argparse.Namespace) -> int:
+    """``mecsim check NAME`` of a compressor (:func:`mecsim.testing.check_compressor`)."""
+    import yaml
+
+    try:
+        COMPRESSORS.get(args.name)
+    except PluginError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    params: Any = {}
+    if args.params is not None:
+        try:
+            params = yaml.safe_load(args.params)
+        except yaml.YAMLError:
+            params = None
+        if not isinstance(params, dict):
+            print(
+                f"error: --params {args.params!r} is not a mapping like '{{bits: 4}}'",
+                file=sys.stderr,
+            )
+            return EXIT_BAD_INPUT
+    if args.scenario is not None:
+        print(
+            "error: --scenario is for algorithms; a compressor is checked with FedAvg on "
+            "the kit's tiny scenario",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_INPUT
+    from mecsim import testing  # deferred: the kit runs FedAvg (torch, the run loop)
+
+    wanted = args.property
+    if wanted and any(p not in testing.COMPRESSOR_PROPERTIES for p in wanted):
+        print(
+            f"error: unknown properties; a compressor's: "
+            f"{', '.join(testing.COMPRESSOR_PROPERTIES)}",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_INPUT
+
+    def show(result: Any) -> None:
+        if not args.json:
+            print(result.render(), flush=True)
+
+    if not args.json:
+        print(
+            f"mecsim check {args.name} (compressor): encoding test vectors, tiny FedAvg runs...",
+            flush=True,
+        )
+    try:
+        report = testing.check_compressor(args.name, params, properties=wanted, on_result=show)
+    except ScenarioError as exc:
+        print(str(exc), file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2, default=str))
+    else:
+        failed = report.failures
+        print(
+            f"{args.name}: "
+            + (
+                "all properties hold"
+                if not failed
+                else f"{len(failed)} of {len(report.results)} properties fail: "
+                + ", ".join(r.name for r in failed)
+            )
+            + f" ({report.seconds:.1f} s)"
         )
     return 0 if report.ok else EXIT_FAILED

@@ -74,6 +74,12 @@ KINDS: dict[str, Kind] = {
         "The {name} link model for mecsim",
         "the Channel class and its Params: per-client rates with per-round shadowing",
     ),
+    "compressor": Kind(
+        "mecsim.compressors",
+        "{Name}",
+        "The {name} compressor of uploads for mecsim",
+        "the compressor class and its Params: sign bits and one scale, to start from",
+    ),
 }
 
 #: (file in the package, template under mecsim/templates/, what it is)
@@ -90,9 +96,9 @@ FILES = (
 NAME_PATTERN = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 
 DESCRIPTION = """\
-Write a ready-to-install plugin package for mecsim: an algorithm, a model, a data set or
-a channel (link model), found by mecsim through an entry point once installed, and
-named by a scenario.
+Write a ready-to-install plugin package for mecsim: an algorithm, a model, a data set,
+a channel (link model) or a compressor (of uploads), found by mecsim through an entry
+point once installed, and named by a scenario.
 
 DIR (default ./mecsim-NAME) gets pyproject.toml (the distribution mecsim-NAME and its
 entry point), the module mecsim_NAME/ (a working starting point whose docstrings say
@@ -102,7 +108,7 @@ edits:
 
   pip install -e DIR
   mecsim run DIR/scenarios/NAME.yaml
-  mecsim check NAME                    (algorithms: mecsim's conformance checks)
+  mecsim check NAME                    (algorithms, compressors: the conformance kit)
 
 NAME is what scenarios give (algorithm: {name: NAME}): ASCII letters, digits and
 underscores, starting with a letter, not ending with an underscore, not a Python
@@ -114,13 +120,14 @@ examples:
   mecsim new model tiny_cnn --dir plugins/tiny-cnn
   mecsim new dataset blobs
   mecsim new channel lossy_wifi
+  mecsim new compressor signs
 """
 
 
 def add_new_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "new",
-        help="write a new plugin package (algorithm, model, data set, channel)",
+        help="write a new plugin package (algorithm, model, data set, channel, compressor)",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -129,7 +136,7 @@ def add_new_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         choices=list(KINDS),
         metavar="KIND",
         help="algorithm (a server and client pair), model (a torch module factory), "
-        "dataset (a DatasetSpec) or channel (a link model)",
+        "dataset (a DatasetSpec), channel (a link model) or compressor (of uploads)",
     )
     p.add_argument("name", metavar="NAME", help="the name scenarios give it, e.g. fedfoo")
     p.add_argument(
@@ -223,7 +230,7 @@ def package_files(kind: str, name: str) -> dict[str, str]:
         "module": module,
         "dist": distribution_name(name),
         "group": spec.group,
-        "target": f"{module}:{spec.attribute}",
+        "target": f"{module}:{spec.attribute.format(Name=camel(name))}",
         "summary": spec.summary.format(name=name),
         "requires": _requirement(),
     }
@@ -311,7 +318,7 @@ def cmd_new(args: argparse.Namespace, console: Console) -> int:
     print("next:")
     print(f"  pip install -e {q(str(folder))}")
     print(f"  mecsim run {q(str(folder / 'scenarios' / f'{name}.yaml'))}")
-    if kind == "algorithm":
+    if kind in ("algorithm", "compressor"):
         print(f"  mecsim check {name}")
     print(f"  python -m pytest -q {q(str(folder / 'tests'))}")
     return 0

@@ -18,12 +18,13 @@ import mecsim.registry as registry
 def add_plugins_parser(sub: Any) -> None:
     p = sub.add_parser(
         "plugins",
-        help="list the installed algorithms, models, datasets, channels and devices",
+        help="list the installed algorithms, models, datasets, channels, devices and compressors",
         description="Everything a scenario may name, by kind: the name, the distribution "
         "that provides it (mecsim for the built-ins) and its version, and whether it loads "
         "(a plugin that fails to import is listed with its exception; the others still "
         "work). Plugins are entry points of the groups mecsim.algorithms, mecsim.models, "
-        "mecsim.datasets, mecsim.channels and mecsim.devices (docs/extending.md).",
+        "mecsim.datasets, mecsim.channels, mecsim.devices and mecsim.compressors "
+        "(docs/extending.md).",
     )
     p.add_argument("--json", action="store_true", help="one JSON document for scripts")
     p.add_argument(

@@ -173,7 +173,8 @@ class ClientMap:
         self.edge_of = {cid: serves.get(cid, 0) for cid in self.host_of}
         _, client_cls = algorithm_classes(setup.algorithm)
         # a round's clients may be lent to other hosts only when they keep no state
-        self.movable = client_cls.movable() and len(host_clients) > 1
+        # (a compressor with error feedback keeps a residual per client: state too)
+        self.movable = client_cls.movable() and len(host_clients) > 1 and not setup.keeps_residual()
         t = setup.train
         self.work = {
             cid: math.ceil(n / t.batch_size) * t.epochs + 1

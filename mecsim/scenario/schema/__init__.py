@@ -106,11 +106,13 @@ from mecsim.scenario.schema.topology import (
 )
 from mecsim.scenario.schema.training import (
     AlgorithmConfig,
+    CompressorConfig,
     TrainingConfig,
 )
 
 __all__ = [
     "AlgorithmConfig",
+    "CompressorConfig",
     "AreaConfig",
     "AssociationConfig",
     "BUILTIN_CHANNELS",

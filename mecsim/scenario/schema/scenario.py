@@ -29,7 +29,7 @@ from mecsim.scenario.schema.faults import EdgeServerOutage, FaultsConfig, LinkOu
 from mecsim.scenario.schema.geometry import GeometryConfig
 from mecsim.scenario.schema.links import BackhaulConfig
 from mecsim.scenario.schema.topology import DevicesConfig, EnergyConfig, TopologyConfig
-from mecsim.scenario.schema.training import AlgorithmConfig, TrainingConfig
+from mecsim.scenario.schema.training import AlgorithmConfig, CompressorConfig, TrainingConfig
 
 
 class Scenario(_Strict):
@@ -53,6 +53,7 @@ class Scenario(_Strict):
     backhaul: BackhaulConfig = Field(default_factory=BackhaulConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     aggregation: AggregationConfig = Field(default_factory=AggregationConfig)
+    compressor: CompressorConfig = Field(default_factory=CompressorConfig)
     availability: AvailabilityConfig = Field(
         default_factory=AvailabilityConfig,
         description="when each client is online (docs/async.md, Availability); default: always",
@@ -103,6 +104,46 @@ class Scenario(_Strict):
                     "channel shares a medium (a shared medium's rate cannot "
                     "vary in time yet)"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _compressor_fits(self) -> Scenario:
+        """A compressor encodes an update against the downloaded model: only algorithms
+        whose clients upload the whole flat model as one Upload (the client class's
+        ``compressible_uploads``), flat, and not driving their own rounds."""
+        name = self.compressor.name
+        if name is None:
+            return self
+        server_cls, client_cls = registry.algorithm(self.algorithm.name)
+        why = ""
+        if self.aggregation.mode != "sync":
+            raise ValueError(
+                f"compressor.name: compressor {name!r} cannot be applied with "
+                f"aggregation.mode {self.aggregation.mode}: the emulated-time loop does not "
+                "time the server's decoding (a ServerCompute op) yet; use mode: sync"
+            )
+        if server_cls.Edge is not None:
+            why = "is hierarchical (its clients upload to edge servers)"
+        elif getattr(server_cls, "drives_rounds", False):
+            why = "drives its own rounds (its messages are not one flat model upload)"
+        elif not getattr(client_cls, "compressible_uploads", False):
+            why = (
+                "does not upload the whole flat model as one Upload every round (its "
+                "client class does not set compressible_uploads)"
+            )
+        if why:
+            able = [
+                n
+                for n in registry.ALGORITHMS.names()
+                if registry.ALGORITHMS.check(n) is None
+                and getattr(registry.algorithm(n)[1], "compressible_uploads", False)
+                and registry.algorithm(n)[0].Edge is None
+            ]
+            raise ValueError(
+                f"compressor.name: compressor {name!r} cannot be applied: algorithm "
+                f"{self.algorithm.name!r} {why}; algorithms it works with: "
+                f"{', '.join(able) or '(none installed)'}"
+            )
         return self
 
     @model_validator(mode="after")

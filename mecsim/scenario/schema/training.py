@@ -43,3 +43,43 @@ class AlgorithmConfig(_Strict):
                 f"params.{_loc(err['loc'])}: {err['msg']} (algorithm {self.name})"
             ) from None
         return self
+
+
+class CompressorConfig(_Strict):
+    """What clients' uploads become on the air (docs/compressors.md): a compressor of the
+    ``mecsim.compressors`` group, or none."""
+
+    name: str | None = Field(
+        default=None,
+        description="quantize, topk, random_mask, or a compressor plugin (`mecsim plugins "
+        "--kind compressor`); null: uploads go as they are",
+    )
+    params: dict[str, Any] = Field(
+        default_factory=dict, description="the compressor's parameters (its Params)"
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, name: str | None) -> str | None:
+        if name is None:
+            return None
+        _resolvable(registry.COMPRESSORS, name)
+        registry.COMPRESSORS.get(name)  # PluginError (a ValueError): fails to import
+        return name
+
+    @model_validator(mode="after")
+    def _params_fit(self) -> CompressorConfig:
+        if self.name is None:
+            if self.params:
+                raise ValueError("params: no compressor is named (compressor.name is null)")
+            return self
+        params_model = getattr(registry.COMPRESSORS.get(self.name), "Params", None)
+        if params_model is not None:
+            try:
+                params_model(**self.params)
+            except ValidationError as exc:
+                err = exc.errors()[0]
+                raise ValueError(
+                    f"params.{_loc(err['loc'])}: {err['msg']} (compressor {self.name})"
+                ) from None
+        return self
