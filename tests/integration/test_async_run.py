@@ -110,6 +110,7 @@ def test_fedbuff_run_in_process_equals_ray(tmp_path):
     records are the in-process run's (the fast tier checks the in-process run above)."""
     local = _run(tmp_path, "local", mode="buffered", buffer_size=2)
     ray = _run(tmp_path, "ray", "ray", mode="buffered", buffer_size=2)
+    assert len(read_csv_exact(ray / "updates.csv")) > 0  # the Ray run did record updates
     _same(local, ray)
 
 
