@@ -394,9 +394,7 @@ def event_timelines(
         now = t_r
         medium = res_capped[r]
         if medium is not None:  # Capped/VaryingProcessorSharing._on_timer
-            released = (
-                medium.depart(now) if isinstance(medium, CappedSharing) else medium.on_timer(now)
-            )
+            released = medium.on_timer(now)
             for i in released:
                 pos[i] += 1
                 spent[i][current[i]] += now - since_s[i]

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from operator import itemgetter
 from typing import Any, Generic, TypeVar
 
@@ -117,7 +117,7 @@ class CappedSharing(Generic[_Job]):
         self.jobs.append(job)
         self._reschedule()
 
-    def depart(self, now_s: float) -> list[_Job]:
+    def on_timer(self, now_s: float) -> list[_Job]:
         """The jobs leaving at :attr:`timer_s` (``now_s``), in order of arrival; the
         others advance to ``now_s``."""
         due = self._due_s
@@ -140,20 +140,33 @@ def capped_processor_sharing(
     arrival order) needing ``solo_s[k]`` seconds alone and at most ``max_share[k]`` of the
     medium's time. As :func:`.media.processor_sharing`, an arrival at the very time of a
     departure is served first."""
+    medium: CappedSharing[int] = CappedSharing()
+    return _departures(
+        medium, arrive_s, lambda k: medium.arrive(arrive_s[k], solo_s[k], max_share[k], k)
+    )
+
+
+def _departures(
+    medium: CappedSharing[int] | VaryingSharing[int],
+    arrive_s: Sequence[float],
+    arrive: Callable[[int], None],
+) -> list[float]:
+    """Job k's departure time (inf: never) on ``medium``, job k joining it at
+    ``arrive_s[k]`` (ascending) through ``arrive(k)``; an arrival at the very time of the
+    medium's next event is served first."""
     m = len(arrive_s)
     depart_s = [_INF] * m
-    medium: CappedSharing[int] = CappedSharing()
     k = 0
     while True:
         a = arrive_s[k] if k < m else _INF
         if a <= medium.timer_s:
             if a == _INF:
                 return depart_s
-            medium.arrive(a, solo_s[k], max_share[k], k)
+            arrive(k)
             k += 1
         else:
             t = medium.timer_s
-            for j in medium.depart(t):
+            for j in medium.on_timer(t):
                 depart_s[j] = t
 
 
@@ -302,18 +315,7 @@ def varying_processor_sharing(
     equal times in arrival order) with ``nbits[k]`` bits, its rate ``segments[k]`` from
     its arrival. As :func:`.media.processor_sharing`, an arrival at the very time of an
     event is served first."""
-    m = len(arrive_s)
-    depart_s = [_INF] * m
     medium: VaryingSharing[int] = VaryingSharing()
-    k = 0
-    while True:
-        a = arrive_s[k] if k < m else _INF
-        if a <= medium.timer_s:
-            if a == _INF:
-                return depart_s
-            medium.arrive(a, nbits[k], segments[k], k)
-            k += 1
-        else:
-            t = medium.timer_s
-            for j in medium.on_timer(t):
-                depart_s[j] = t
+    return _departures(
+        medium, arrive_s, lambda k: medium.arrive(arrive_s[k], nbits[k], segments[k], k)
+    )

@@ -95,7 +95,31 @@ class ProcessorSharing:
         self._reschedule()
 
 
-class CappedProcessorSharing:
+class _TimedMedium:
+    """What the two solver-backed media share: one timer pending for the solver's next
+    event (``timer_s``, ``wait_s`` from now), a version counter making stale timers no-ops,
+    and on the timer the events the solver says are due."""
+
+    env: simpy.Environment
+    _medium: CappedSharing[simpy.Event] | VaryingSharing[simpy.Event]
+    _version: int
+
+    def _reschedule(self) -> None:
+        self._version += 1
+        if math.isinf(self._medium.timer_s):
+            return
+        version = self._version  # the medium's clock is env.now: timer_s = now + wait_s
+        self.env.timeout(self._medium.wait_s).callbacks.append(lambda _: self._on_timer(version))
+
+    def _on_timer(self, version: int) -> None:
+        if version != self._version:
+            return
+        for event in self._medium.on_timer(self.env.now):
+            event.succeed()
+        self._reschedule()
+
+
+class CappedProcessorSharing(_TimedMedium):
     """A shared medium with capped flows: each job may use at most ``max_share`` of the
     medium's time, and the time it leaves goes to the others (max-min fair shares,
     water-filling: :class:`.sharing.CappedSharing`). A job of ``work`` units at own
@@ -120,22 +144,8 @@ class CappedProcessorSharing:
         self._reschedule()
         return event
 
-    def _reschedule(self) -> None:
-        self._version += 1
-        if math.isinf(self._medium.timer_s):
-            return
-        version = self._version  # the medium's clock is env.now: timer_s = now + wait_s
-        self.env.timeout(self._medium.wait_s).callbacks.append(lambda _: self._on_timer(version))
 
-    def _on_timer(self, version: int) -> None:
-        if version != self._version:
-            return
-        for event in self._medium.depart(self.env.now):
-            event.succeed()
-        self._reschedule()
-
-
-class VaryingProcessorSharing:
+class VaryingProcessorSharing(_TimedMedium):
     """A shared medium whose flows' link rates change at known times (a rate trace, a
     moving client): each flow at its link rate / n, re-rated where a rate changes
     (:class:`.sharing.VaryingSharing`). One timer is pending for the next event; a
@@ -162,20 +172,6 @@ class VaryingProcessorSharing:
         self._medium.arrive(self.env.now, nbits, segments, event)
         self._reschedule()
         return event
-
-    def _reschedule(self) -> None:
-        self._version += 1
-        if math.isinf(self._medium.timer_s):
-            return
-        version = self._version  # the medium's clock is env.now: timer_s = now + wait_s
-        self.env.timeout(self._medium.wait_s).callbacks.append(lambda _: self._on_timer(version))
-
-    def _on_timer(self, version: int) -> None:
-        if version != self._version:
-            return
-        for event in self._medium.on_timer(self.env.now):
-            event.succeed()
-        self._reschedule()
 
 
 class DedicatedLink:
