@@ -344,17 +344,21 @@ def write_plots(
 ) -> list[Path]:
     """Write the figures for ``runs`` into ``out_dir``; returns the files written.
 
-    ``energy_per_round.png`` is skipped when no run has energy figures and
-    ``client_accuracy.png`` when no run has per-client accuracies.
+    ``energy_per_round.png`` is skipped when no run has energy figures,
+    ``client_accuracy.png`` when no run has per-client accuracies and ``time_split.png``
+    when every run is asynchronous (it shows synchronous runs only).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = [
         _save(accuracy_figure(runs, "round", target), out / "accuracy_vs_round.png"),
         _save(accuracy_figure(runs, "time", target), out / "accuracy_vs_time.png"),
-        _save(time_split_figure(runs), out / "time_split.png"),
         _save(bytes_figure(runs), out / "bytes_per_round.png"),
     ]
+    # stacked phases of synchronous rounds: an asynchronous run's versions overlap
+    rounds = [r for r in runs if not r.is_async]
+    if rounds:
+        written.insert(2, _save(time_split_figure(rounds), out / "time_split.png"))
     energy = energy_figure(runs)
     if energy is not None:
         written.append(_save(energy, out / "energy_per_round.png"))

@@ -105,6 +105,13 @@ class RunRecords:
     planned_rounds: int | None = None
     label: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    #: ``aggregation.mode``: ``sync``, or ``async`` / ``buffered`` / ``semi_sync`` (rows
+    #: are server versions, not rounds: docs/async.md)
+    mode: str = "sync"
+
+    @property
+    def is_async(self) -> bool:
+        return self.mode != "sync"
 
     def __post_init__(self) -> None:
         if not self.label:
@@ -137,9 +144,12 @@ def load_run(path: str | Path) -> RunRecords:
         raise ReportError(f"{path}: not a run directory (no rounds.csv)")
     scenario_file = path / "scenario.yaml"
     planned, clients = None, None
+    # an asynchronous run records updates.csv in place of clients.csv (docs/async.md)
+    mode = "async" if (path / "updates.csv").is_file() else "sync"
     if scenario_file.is_file():
         try:
             data: Any = yaml.safe_load(scenario_file.read_text()) or {}
+            mode = str((data.get("aggregation") or {}).get("mode", mode))
             planned = int(data.get("rounds"))
             clients = int(data.get("topology", {}).get("clients"))
         except (yaml.YAMLError, TypeError, ValueError, AttributeError, RecursionError):
@@ -162,7 +172,14 @@ def load_run(path: str | Path) -> RunRecords:
     run_id = str(rounds["run_id"].iloc[0]) if "run_id" in rounds.columns else path.name
     algorithms = sorted(set(rounds["algorithm"].astype(str)))
     return RunRecords(
-        path, run_id, "+".join(algorithms), rounds, client_rows, planned, extra={"notes": notes}
+        path,
+        run_id,
+        "+".join(algorithms),
+        rounds,
+        client_rows,
+        planned,
+        extra={"notes": notes},
+        mode=mode,
     )
 
 
@@ -366,6 +383,8 @@ def dcpfl_table(
             }
         )
     out = pd.DataFrame(rows)
+    if out.empty:  # every run asynchronous: nothing per round to show
+        return out
     base = out["total_time_s"].iloc[0]
     out["total_time_ratio"] = out["total_time_s"] / base if base > 0 else math.nan
     finals = out["final_acc"].astype(float).tolist()
@@ -381,6 +400,73 @@ def dcpfl_table(
             out.loc[k, "target_time_s"] = hit["total_time_s"]
             out.loc[k, "target_mib"] = hit["bytes_total"] / MiB
     return out
+
+
+def _final_accuracies(runs: Sequence[RunRecords], window: int) -> list[float]:
+    """Each run's final accuracy (:func:`mecsim.analysis.convergence.final_accuracy`);
+    NaN for a run nothing of which was evaluated."""
+    return [
+        convergence.final_accuracy(r.rounds["mean_accuracy"].astype(float).tolist(), window)
+        if not evaluated(r).empty
+        else math.nan
+        for r in runs
+    ]
+
+
+def _common_target(finals: Sequence[float]) -> float | None:
+    """:func:`mecsim.analysis.convergence.common_target`, None when no run has a final
+    accuracy."""
+    return convergence.common_target(finals) if any(math.isfinite(a) for a in finals) else None
+
+
+def time_to_accuracy_table(
+    runs: Sequence[RunRecords],
+    target: float | None = None,
+    window: int = convergence.WINDOW_ROUNDS,
+) -> pd.DataFrame:
+    """Time to accuracy, for synchronous and asynchronous runs alike: until the first
+    evaluated round (or server version) whose mean user accuracy is at or above
+    ``target`` (or :func:`mecsim.analysis.convergence.common_target` of the runs' final
+    accuracies), the updates aggregated (the rows' ``completed``), the emulated seconds
+    (``elapsed_s``), the clients' energy (J, the rows' ``energy_j``: every selected client
+    of a round, every update that reached the server in an asynchronous run) and the MiB
+    sent and received; NaN where a run never reaches it."""
+    finals = _final_accuracies(runs, window)
+    if target is None:
+        target = _common_target(finals)
+    rows = []
+    for r, final in zip(runs, finals, strict=True):
+        df = r.rounds
+        row: dict[str, Any] = {
+            "method": r.algorithm,
+            "run": r.run_id,
+            "mode": r.mode,
+            "target": math.nan if target is None else target,
+            "updates_to_target": math.nan,
+            "time_to_target_s": math.nan,
+            "energy_to_target_j": math.nan,
+            "mib_to_target": math.nan,
+            "final_acc": final,
+            "updates": int(df["completed"].sum()) if "completed" in df.columns else math.nan,
+            "elapsed_s": float(df["elapsed_s"].iloc[-1]),
+        }
+        if target is not None:
+            acc = df["mean_accuracy"].astype(float).to_numpy()
+            hit = [k for k, a in enumerate(acc) if math.isfinite(a) and a >= target]
+            if hit:
+                upto = df.iloc[: hit[0] + 1]
+                row.update(
+                    updates_to_target=int(upto["completed"].sum())
+                    if "completed" in upto.columns
+                    else math.nan,
+                    time_to_target_s=float(upto["elapsed_s"].iloc[-1]),
+                    energy_to_target_j=float(upto["energy_j"].sum(min_count=len(upto)))
+                    if "energy_j" in upto.columns
+                    else math.nan,
+                    mib_to_target=float(upto["bytes_up"].sum() + upto["bytes_down"].sum()) / MiB,
+                )
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def accuracy_table(runs: Sequence[RunRecords], target: float | None = None) -> pd.DataFrame:
@@ -448,6 +534,10 @@ class Tables:
     tolerance: float = convergence.TOLERANCE
     window: int = convergence.WINDOW_ROUNDS
     notes: list[str] = field(default_factory=list)  # assumptions to print under the tables
+    time_to_accuracy: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: labels of the asynchronous runs the per-round tables leave out (their rows are
+    #: server versions: a version's times overlap other versions' updates)
+    versioned: list[str] = field(default_factory=list)
 
     CSV_NAMES = {
         "kapc_time": "kapc_table5_time.csv",
@@ -455,6 +545,7 @@ class Tables:
         "mtfl_time": "mtfl_table4_time.csv",
         "dcpfl": "dcpfl_tables_1_2.csv",
         "accuracy": "accuracy.csv",
+        "time_to_accuracy": "time_to_accuracy.csv",
     }
 
     def write_csv(self, out_dir: Path) -> list[Path]:
@@ -466,8 +557,23 @@ class Tables:
             paths.append(p)
         return paths
 
+    def _left_out(self, table: pd.DataFrame) -> str:
+        """The sentence under a per-round table that leaves asynchronous runs out."""
+        if not self.versioned:
+            return ""
+        runs = ", ".join(self.versioned)
+        return (
+            ("" if table.empty else "\n\n")
+            + f"Not shown: {runs} (asynchronous: its rows are server versions, whose "
+            "updates overlap in time; see Time to accuracy, and updates.csv for each "
+            "update's times)."
+        )
+
+    def _per_round(self, title: str, table: pd.DataFrame, body: str) -> str:
+        return f"## {title}\n\n" + (body if not table.empty else "") + self._left_out(table)
+
     def markdown(self) -> str:
-        n = len(self.kapc_time)
+        n = len(self.accuracy)
         parts = []
 
         # KAPC Table 5
@@ -481,8 +587,11 @@ class Tables:
             for _, r in t5.iterrows()
         ]
         parts.append(
-            "## Average time per round (KAPC Table 5 shape; emulated, critical path)"
-            "\n\n" + _md(header, rows)
+            self._per_round(
+                "Average time per round (KAPC Table 5 shape; emulated, critical path)",
+                t5,
+                _md(header, rows),
+            )
         )
 
         # KAPC Table 6
@@ -517,11 +626,13 @@ class Tables:
             for _, r in t6.iterrows()
         ]
         parts.append(
-            "## Communication and computation per round (KAPC Table 6 shape)\n\n"
-            + _md(header, rows)
-            + "\n\nClient energy: joules of all selected clients per round "
-            "(compute, radio, idle and sleep, and each part's share of it; "
-            "docs/devices.md)."
+            self._per_round(
+                "Communication and computation per round (KAPC Table 6 shape)",
+                t6,
+                _md(header, rows) + "\n\nClient energy: joules of all selected clients per "
+                "round (compute, radio, idle and sleep, and each part's share of it; "
+                "docs/devices.md).",
+            )
         )
 
         # MTFL Table 4
@@ -532,7 +643,9 @@ class Tables:
             [_method(r, n), _num(r["round_time_s"], ".2f")] + [_num(r[c], ".1f") for c in pct]
             for _, r in t4.iterrows()
         ]
-        parts.append("## Round time and its split (MTFL Table 4 shape)\n\n" + _md(header, rows))
+        parts.append(
+            self._per_round("Round time and its split (MTFL Table 4 shape)", t4, _md(header, rows))
+        )
 
         # DC-PFL Tables I-II
         d = self.dcpfl
@@ -574,8 +687,8 @@ class Tables:
             rows.append(cells)
         parts.append(
             "## Accuracy and time to convergence (DC-PFL Tables I-II shape)\n\n"
-            + _md(header, rows)
-            + f"\n\nFinal Acc.: the mean over the last {self.window} evaluated round"
+            + (_md(header, rows) + "\n\n" if not d.empty else "")
+            + f"Final Acc.: the mean over the last {self.window} evaluated round"
             f"{'' if self.window == 1 else 's'}. Converged: the earliest evaluated round from "
             f"which the trailing {self.window}-round mean accuracy stays no more than {pp:g} "
             f"percentage point{'' if pp == 1 else 's'} below the final accuracy. "
@@ -585,12 +698,13 @@ class Tables:
             "it, its emulated time and the MiB sent and received until then, the same target "
             "for every run (given with --target, else the highest whole point every run's "
             "final accuracy reaches): the fair comparison, since 'converged' compares each "
-            "run only with its own end."
+            "run only with its own end." + self._left_out(d)
         )
 
         # Accuracy
         a = self.accuracy
-        header = ["method", "Rounds", "Best mean acc (%)", "Best round", "Final acc (%)"]
+        rounds_label = "Rounds (versions)" if self.versioned else "Rounds"
+        header = ["method", rounds_label, "Best mean acc (%)", "Best round", "Final acc (%)"]
         if self.target is not None:
             header += [f"Rounds to {100 * self.target:g} %", "Time to target (s)"]
         rows = []
@@ -609,11 +723,62 @@ class Tables:
                 ]
             rows.append(cells)
         parts.append("## User accuracy\n\n" + _md(header, rows))
+        parts.append(self._time_to_accuracy_markdown(n))
         if self.notes:
             parts.append(
                 "## Assumptions and warnings\n\n" + "\n".join(f"- {note}" for note in self.notes)
             )
         return "\n\n".join(parts) + "\n"
+
+    def _time_to_accuracy_markdown(self, n: int) -> str:
+        t = self.time_to_accuracy
+        goal = float(t["target"].iloc[0]) if len(t) else math.nan
+        title = "## Time to accuracy (synchronous and asynchronous runs alike)\n\n"
+        if not math.isfinite(goal):
+            return title + "No run was evaluated: no target to reach."
+        g = f"{100 * goal:g} %"
+        header = [
+            "method",
+            "mode",
+            f"Updates to {g}",
+            f"Time to {g} (s)",
+            f"Energy to {g} (J)",
+            f"Sent to {g} (MiB)",
+            "Final acc (%)",
+            "Updates",
+            "Emulated time (s)",
+        ]
+
+        def reached(r: pd.Series, key: str, fmt: str) -> str:
+            # X: never reached; -: reached, but the records lack the column (older ones)
+            return _num(r[key], fmt, "-" if math.isfinite(r["time_to_target_s"]) else "X")
+
+        rows = [
+            [
+                _method(r, n),
+                str(r["mode"]),
+                reached(r, "updates_to_target", ".0f"),
+                _num(r["time_to_target_s"], ".1f", "X"),
+                reached(r, "energy_to_target_j", ",.0f"),
+                reached(r, "mib_to_target", ".1f"),
+                _num(100 * r["final_acc"], ".2f"),
+                _num(r["updates"], ".0f"),
+                _num(r["elapsed_s"], ".1f"),
+            ]
+            for _, r in t.iterrows()
+        ]
+        return (
+            title
+            + _md(header, rows)
+            + f"\n\nUntil the first evaluated round (or server version) with mean user "
+            f"accuracy at or above {g} (given with --target, else the highest whole point "
+            "every run's final accuracy reaches): the updates aggregated, the emulated "
+            "seconds, the clients' joules (every selected client of a round; every update "
+            "that reached the server, of an asynchronous run: trainings under way then are "
+            "not counted) and the MiB sent and received; X: never reached (-: not in the "
+            "records). Final acc: the "
+            f"mean over the last {self.window} evaluated rounds or versions."
+        )
 
 
 def build_tables(
@@ -629,14 +794,20 @@ def build_tables(
         for r in runs
         for note in r.extra.get("notes", [])
     ]
+    # the papers' per-round tables are of synchronous rounds; an asynchronous run's rows
+    # are server versions (docs/async.md), shown in the accuracy tables only
+    rounds = [r for r in runs if not r.is_async]
+    common = target if target is not None else _common_target(_final_accuracies(runs, window))
     return Tables(
-        kapc_time_table(runs),
-        kapc_cost_table(runs),
-        mtfl_time_table(runs),
-        dcpfl_table(runs, tolerance, window, target),
+        kapc_time_table(rounds),
+        kapc_cost_table(rounds),
+        mtfl_time_table(rounds),
+        dcpfl_table(rounds, tolerance, window, common),
         accuracy_table(runs, target),
         target,
         tolerance,
         window,
         notes,
+        time_to_accuracy_table(runs, common, window),
+        [r.label for r in runs if r.is_async],
     )

@@ -12,7 +12,7 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from mecsim.store.summary import summarise, table_rows
+from mecsim.store.summary import summarise, table_rows, table_titles
 
 #: What a column takes beside its text in a rich table with the default box: a space of
 #: padding on each side and a border (and the table one more border).
@@ -69,17 +69,12 @@ def summary_table(
 ) -> list[Table]:
     """The two tables ``mecsim run`` prints at the end (the KAPC papers' Tables 5 and 6),
     fitted to a terminal ``width`` columns wide (None: one table each)."""
-    th, tc, ch, cc = table_rows(summarise(rows))
+    s = summarise(rows)
+    th, tc, ch, cc = table_rows(s)
+    time_title, cost_title = table_titles(s)
     return [
-        *fitting_tables(
-            "Average time per round (emulated, critical path)",
-            ["method", *th],
-            [[algorithm, *tc]],
-            width,
-        ),
-        *fitting_tables(
-            "Communication and computation per round", ["method", *ch], [[algorithm, *cc]], width
-        ),
+        *fitting_tables(time_title, ["method", *th], [[algorithm, *tc]], width),
+        *fitting_tables(cost_title, ["method", *ch], [[algorithm, *cc]], width),
     ]
 
 

@@ -69,6 +69,11 @@ def summarise(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
         "final_mean_accuracy": accs[-1] if accs else float("nan"),
         "host_wall_s": avg("host_wall_s"),
     }
+    if all("mean_staleness" in r for r in rows):
+        # an asynchronous run's rows are server versions (mecsim.run.async_rows): its
+        # phase times are means over each version's updates, which overlap in time
+        out["versions"] = 1.0
+        out["mean_staleness"] = avg("mean_staleness")
     return out
 
 
@@ -76,18 +81,53 @@ def _share(part: float, total: float) -> float:
     return 100.0 * part / total if total > 0 else 0.0
 
 
+def table_titles(s: dict[str, float]) -> tuple[str, str]:
+    """The titles of the two tables of :func:`table_rows`: per round, or per server
+    version for an asynchronous run."""
+    if s.get("versions"):
+        return (
+            "Average time per server version (emulated; each update's own phases)",
+            "Communication and computation per server version",
+        )
+    return (
+        "Average time per round (emulated, critical path)",
+        "Communication and computation per round",
+    )
+
+
+def _version_time_rows(s: dict[str, float]) -> tuple[list[str], list[str]]:
+    """An asynchronous run's time table: the seconds between versions, and each phase's
+    mean over the updates a version took. An update's phases overlap other updates' (and
+    versions'), so they are not shares of the time between versions."""
+    header = [
+        "Between versions (s)",
+        "U-Comm per update (s)",
+        "D-Comm per update (s)",
+        "Client per update (s)",
+        "Server (s)",
+        "Staleness (versions)",
+    ]
+    cells = [f"{s['round_time_s']:.2f}"] + [
+        f"{s[k]:.2f}" for k in ("ul_time_s", "dl_time_s", "client_time_s", "server_time_s")
+    ]
+    return header, [*cells, f"{s['mean_staleness']:.1f}"]
+
+
 def table_rows(s: dict[str, float]) -> tuple[list[str], list[str], list[str], list[str]]:
     """(time header, time cells, cost header, cost cells) as strings."""
     t = s["round_time_s"]
-    time_header = ["Time (s)", "U-Comm (s/%)", "D-Comm (s/%)", "Client (s/%)", "Server (s/%)"]
-    time_cells = [f"{t:.2f}"] + [
-        f"{s[k]:.2f} ({_share(s[k], t):.2f})"
-        for k in ("ul_time_s", "dl_time_s", "client_time_s", "server_time_s")
-    ]
-    for key, name in (("backhaul_time_s", "Backhaul"), ("idle_time_s", "Idle")):
-        if s.get(key, 0.0) > 0:  # phases most runs do not have are shown when present
-            time_header.append(f"{name} (s/%)")
-            time_cells.append(f"{s[key]:.2f} ({_share(s[key], t):.2f})")
+    if s.get("versions"):
+        time_header, time_cells = _version_time_rows(s)
+    else:
+        time_header = ["Time (s)", "U-Comm (s/%)", "D-Comm (s/%)", "Client (s/%)", "Server (s/%)"]
+        time_cells = [f"{t:.2f}"] + [
+            f"{s[k]:.2f} ({_share(s[k], t):.2f})"
+            for k in ("ul_time_s", "dl_time_s", "client_time_s", "server_time_s")
+        ]
+        for key, name in (("backhaul_time_s", "Backhaul"), ("idle_time_s", "Idle")):
+            if s.get(key, 0.0) > 0:  # phases most runs do not have are shown when present
+                time_header.append(f"{name} (s/%)")
+                time_cells.append(f"{s[key]:.2f} ({_share(s[key], t):.2f})")
     cost_header = [
         "U-Comm (MiB)",
         "D-Comm (MiB)",
@@ -212,16 +252,25 @@ def markdown(
             ]
         )
 
+    unit = "version" if s.get("versions") else "round"
+    time_title, cost_title = (
+        table_titles(s)
+        if s.get("versions")
+        else (
+            "Average time per round (emulated; critical path)",
+            "Communication and computation per round",
+        )
+    )
     return (
         f"# Run {run_id}\n\n"
-        f"{int(s['rounds'])} rounds, {s['total_time_s']:.1f} emulated seconds in all, "
-        f"{s['host_wall_s']:.2f} host seconds per round.\n\n"
-        "## Average time per round (emulated; critical path)\n\n"
+        f"{int(s['rounds'])} {unit}s, {s['total_time_s']:.1f} emulated seconds in all, "
+        f"{s['host_wall_s']:.2f} host seconds per {unit}.\n\n"
+        f"## {time_title}\n\n"
         f"{md(th, tc)}\n\n"
-        "## Communication and computation per round\n\n"
+        f"## {cost_title}\n\n"
         f"{md(ch, cc)}\n\n"
         f"Best mean user accuracy {100 * s['best_mean_accuracy']:.2f} % "
-        f"(round {int(s['best_round']) if not math.isnan(s['best_round']) else '-'}); "
+        f"({unit} {int(s['best_round']) if not math.isnan(s['best_round']) else '-'}); "
         f"final {100 * s['final_mean_accuracy']:.2f} %. Peak modelled client training-step "
         f"memory {s['client_peak_mb']:.1f} MiB.\n"
         + "".join(f"\n{line}\n" for line in [energy_line(s), *target_text, *notes] if line)

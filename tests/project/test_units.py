@@ -26,11 +26,11 @@ from mecsim.store.summary import markdown, summarise, table_rows
 MiB = 2**20
 
 #: the units a table header may name, in parentheses at its end
-TABLE_UNITS = {"s", "s/%", "%", "MiB", "GFLOPs", "J", "fraction"}
-#: headers without a unit: names and counts of rounds
+TABLE_UNITS = {"s", "s/%", "%", "MiB", "GFLOPs", "J", "fraction", "versions"}
+#: headers without a unit: names and counts of rounds, versions and updates
 UNITLESS = re.compile(
     r"^(method|Method|Learning scheme|Rounds|Best round|Comm\. rounds|Converged at round"
-    r"|Rounds? to \d+(\.\d+)? %)$"
+    r"|Rounds? to \d+(\.\d+)? %|mode|Updates|Updates to \d+(\.\d+)? %|Rounds \(versions\))$"
 )
 #: the units a figure's axis may name; "round" axes count rounds
 AXIS_UNITS = {"s", "%", "MiB", "J"}
@@ -101,7 +101,7 @@ def _check_headers(headers: list[str]) -> None:
 def test_every_report_table_header_names_its_unit():
     tables = build_tables([_records()], target=0.6)
     found = _md_tables(tables.markdown())
-    assert len(found) == 5
+    assert len(found) == 6
     for header, _ in found:
         _check_headers(header)
 
@@ -114,6 +114,10 @@ def test_the_run_summary_and_the_terminal_tables_name_their_units():
         _check_headers(header)
     for table in summary_table("fedavg", _records().rounds.to_dict("records"), width=None):
         _check_headers([str(c.header) for c in table.columns])
+    # an asynchronous run's rows are server versions: its own time table
+    versions = [{**row, "mean_staleness": 1.0} for row in _records().rounds.to_dict("records")]
+    th, _, ch, _ = table_rows(summarise(versions))
+    _check_headers(th + ch)
 
 
 def _cell(text: str, header: str) -> str:

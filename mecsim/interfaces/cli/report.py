@@ -27,6 +27,10 @@ Tables (markdown on stdout and in tables.md; one CSV each):
                        first run
   accuracy             best mean user accuracy and its round, final accuracy, rounds and
                        emulated time to --target
+  time to accuracy     sync and async runs alike: updates, emulated seconds, clients'
+                       joules and MiB until a common target (--target, else the highest
+                       whole point every run reaches); the per-round tables leave
+                       asynchronous runs out (their rows are overlapping server versions)
 Figures (PNG): accuracy vs round and vs emulated time, time split per round, bytes per
 round, per-client accuracy distribution; several runs are overlaid. A run with a
 geometry also gets its map (map.png; map-<run folder>.png for several runs): the

@@ -28,7 +28,7 @@ from mecsim.interfaces.service.jobs import TERMINAL, QueueFull, Run, Store
 from mecsim.interfaces.service.submission import Problem, Rejected
 from mecsim.interfaces.service.views import plot_names, read_records
 from mecsim.scenario.overrides import OverrideError, parse_assignment
-from mecsim.store.summary import summarise, table_rows
+from mecsim.store.summary import summarise, table_rows, table_titles
 
 TEMPLATES = Path(__file__).with_name("templates")
 REFRESH_S = 3
@@ -52,10 +52,12 @@ def _summary_tables(store: Store, run: Run) -> list[dict[str, Any]]:
     frame = read_records(store, run, "rounds")
     if frame is None or frame.empty:
         return []
-    th, tc, ch, cc = table_rows(summarise(frame.to_dict("records")))
+    s = summarise(frame.to_dict("records"))
+    th, tc, ch, cc = table_rows(s)
+    time_title, cost_title = table_titles(s)
     return [
-        {"title": "Average time per round (emulated, critical path)", "header": th, "cells": tc},
-        {"title": "Communication and computation per round", "header": ch, "cells": cc},
+        {"title": time_title, "header": th, "cells": tc},
+        {"title": cost_title, "header": ch, "cells": cc},
     ]
 
 
