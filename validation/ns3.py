@@ -83,8 +83,9 @@ def use_prefix(prefix: Path | str | None) -> None:
     if prefix is None:
         os.environ.pop(PREFIX_ENV, None)
     else:
-        os.environ[PREFIX_ENV] = str(Path(prefix).resolve())
-        prefix_install(ns3_prefix())  # refuse a folder that is no ns-3 install, now
+        path = Path(prefix).resolve()
+        prefix_install(path)  # refuse a folder that is no ns-3 install, now
+        os.environ[PREFIX_ENV] = str(path)
 
 
 @lru_cache(maxsize=8)
