@@ -343,8 +343,7 @@ def main(argv: list[str] | None = None) -> int:
             ns3.use_prefix(args.ns3)
         except ns3.Ns3Error as exc:
             parser.error(f"--ns3: {exc}")
-        version = ns3.prefix_install(ns3.ns3_prefix())[0]
-        default_out = variant_path(default_out, version)
+        default_out = variant_path(default_out, ns3.prefix_install(ns3.ns3_prefix())[0])
         if args.out is not None and args.out.resolve() in {f.resolve() for _, f in GRIDS.values()}:
             parser.error(f"--out {args.out}: a variant never overwrites a reference")
     out_path: Path = args.out or default_out

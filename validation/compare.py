@@ -302,7 +302,8 @@ def variant_groups(rows: list[Row]) -> dict[str, list[Row]]:
     groups = {
         "grid, no loss": [r for r in rows if r.grid == "grid" and "loss" not in r.case],
         "grid, loss": [r for r in rows if r.grid == "grid" and "loss" in r.case],
-        "held out": [r for r in rows if r.grid == "held-out"],
+        "held out, no loss": [r for r in rows if r.grid == "held-out" and "loss" not in r.case],
+        "held out, loss": [r for r in rows if r.grid == "held-out" and "loss" in r.case],
         "long round trips, fq_codel": [
             r for r in rows if r.grid == "rtt" and not r.case.endswith("-fifo")
         ],
