@@ -11,6 +11,10 @@ Cases without loss have nothing random in them and run once.
 
 ``python -m validation.cases --write`` runs the grid and writes
 ``validation/reference/tcp.json``; without ``--write`` it prints the table only.
+``--ns3 PREFIX`` runs it on another ns-3 install (a variant reference: e.g. the ns-3.44
+wheel's ``ns3/`` folder, validation/ns3.py) and writes beside the reference, never over
+it (``tcp_holdout_long.json`` -> ``tcp_holdout_long_ns344.json``); ``--seeds N`` caps
+the lossy cases' seeds (the file records each case's count).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import random
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -233,6 +237,20 @@ GRIDS = {
 }
 
 
+def variant_path(path: Path, version: str) -> Path:
+    """Where a variant reference of ns-3 ``version`` is written beside ``path``
+    (``tcp_rtt.json``, ``3.44`` -> ``tcp_rtt_ns344.json``)."""
+    return path.with_name(f"{path.stem}_ns{version.replace('.', '')}{path.suffix}")
+
+
+def _install_label(prefix: Path) -> str:
+    """What the install at ``prefix`` is, for the file: the wheel it came from when it is
+    an unzipped wheel's ``ns3/`` (its ``*.dist-info`` beside it), else "ns-3 at PREFIX"."""
+    infos = prefix.resolve().parent.glob("ns3-*.dist-info")
+    wheels = sorted(p.name.removesuffix(".dist-info") for p in infos)
+    return f"PyPI wheel {wheels[0]}" if wheels else f"ns-3 at {prefix}"
+
+
 def _stats(values: list[float]) -> dict[str, float]:
     return {
         "mean": statistics.fmean(values),
@@ -302,11 +320,37 @@ def main(argv: list[str] | None = None) -> int:
         "apart, never used to adjust a model) or rtt (long round trips, no loss)",
     )
     parser.add_argument("--out", type=Path, help="where --write writes (default: the grid's file)")
+    parser.add_argument(
+        "--ns3",
+        metavar="PREFIX",
+        type=Path,
+        help="run on the ns-3 install at PREFIX (include/ns3/ and lib64/: e.g. the ns3 "
+        "wheel's unzipped ns3/ folder) instead of the system's; --write then writes the "
+        "grid's file with _ns<version> added (tcp_rtt_ns344.json), never the reference",
+    )
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        metavar="N",
+        help="run lossy cases over at most N seeds (default: each case's own, 100)",
+    )
     args = parser.parse_args(argv)
     grid, default_out = GRIDS[args.grid]
+    if args.seeds is not None and args.seeds < 1:
+        parser.error(f"--seeds must be at least 1, not {args.seeds}")
+    if args.ns3 is not None:
+        try:
+            ns3.use_prefix(args.ns3)
+        except ns3.Ns3Error as exc:
+            parser.error(f"--ns3: {exc}")
+        default_out = variant_path(default_out, ns3.prefix_install(ns3.ns3_prefix())[0])
+        if args.out is not None and args.out.resolve() in {f.resolve() for _, f in GRIDS.values()}:
+            parser.error(f"--out {args.out}: a variant never overwrites a reference")
     out_path: Path = args.out or default_out
 
     cases = [c for c in grid if not args.only or args.only in c.id]
+    if args.seeds is not None:
+        cases = [replace(c, seeds=min(c.seeds, args.seeds)) for c in cases]
     if args.list:
         for c in cases:
             print(c.id, f"seeds={c.seeds}")
@@ -332,6 +376,8 @@ def main(argv: list[str] | None = None) -> int:
         src = ns3.source(PROGRAM).read_bytes()
         doc = {
             "ns3_version": version,
+            **({"ns3_install": _install_label(args.ns3)} if args.ns3 is not None else {}),
+            **({"seeds_cap": args.seeds} if args.seeds is not None else {}),
             "program": f"validation/ns3/{PROGRAM}.cc",
             "program_sha256": hashlib.sha256(src).hexdigest(),
             "grid": args.grid,

@@ -4,6 +4,7 @@ scenario file as a user would write it, and the table of both.
     python -m validation.compare                  # the table, both kinds of case
     python -m validation.compare --markdown       # as docs/validation.md shows it
     python -m validation.compare --plot docs/img/validation.png
+    python -m validation.compare --variant 3.44   # beside a variant reference (ns-3.44)
 
 The TCP cases come in three sets: the grid (``reference/tcp.json``), on which the models
 were built; the held-out cases (``reference/tcp_holdout.json``: other sizes, rates,
@@ -27,7 +28,7 @@ import json
 import math
 import statistics
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ from mecsim.emulation.engine import time_round
 from mecsim.emulation.network import NetworkModel, device_profiles
 from mecsim.emulation.ops import Upload
 from mecsim.scenario import Scenario, load_scenario
+from validation.cases import variant_path
 
 ROOT = Path(__file__).resolve().parent
 REFERENCE = ROOT / "reference"
@@ -70,11 +72,21 @@ class Row:
     #: paths (lossy point-to-point cases; None elsewhere)
     ns3_p10_p90_s: tuple[float, float] | None = None
     mecsim_p10_p90_s: tuple[float, float] | None = None
+    #: a variant's row (:func:`variant_rows`: ns3_s is the variant's): the reference's
+    #: (ns-3.37's) Cubic mean of the same case, else None
+    reference_s: float | None = None
 
     @property
     def error(self) -> float:
         """mecsim / ns-3 − 1."""
         return self.mecsim_s / self.ns3_s - 1.0
+
+    @property
+    def reference_error(self) -> float:
+        """A variant's row: mecsim / the reference (ns-3.37) − 1."""
+        if self.reference_s is None:
+            raise ValueError(f"{self.case}: not a variant's row")
+        return self.mecsim_s / self.reference_s - 1.0
 
 
 def tcp_scenario(case: dict[str, Any]) -> dict[str, Any]:
@@ -250,6 +262,123 @@ def all_rows() -> list[Row]:
     )
 
 
+#: the TCP sets by name (Row.grid) and their reference files (ns-3.37's); a variant's
+#: file carries its version: tcp_rtt.json -> tcp_rtt_ns344.json (cases.variant_path)
+TCP_SETS = {
+    "grid": "tcp.json",
+    "held-out": "tcp_holdout.json",
+    "rtt": "tcp_rtt.json",
+    "held-out-long": "tcp_holdout_long.json",
+}
+
+
+def variant_rows(version: str) -> list[Row]:
+    """Every TCP case of the stored references of ns-3 ``version`` (a variant run beside
+    ns-3.37 with ``python -m validation.cases --ns3 PREFIX --write``), timed by mecsim:
+    ``ns3_s`` is the variant's Cubic mean, ``newreno_s`` its NewReno, ``reference_s``
+    ns-3.37's Cubic mean of the same case. Sets with no variant file are left out; a
+    variant case the reference lacks is refused."""
+    rows: list[Row] = []
+    for grid, name in TCP_SETS.items():
+        path = variant_path(REFERENCE / name, version)
+        if not path.is_file():
+            continue
+        doc = json.loads(path.read_text())
+        if doc.get("ns3_version") != version:
+            raise ValueError(f"{path}: ns3_version {doc.get('ns3_version')!r}, not {version!r}")
+        ref = json.loads((REFERENCE / name).read_text())
+        ref_s = {c["id"]: c["cubic"]["time_s"]["mean"] for c in ref["cases"]}
+        for row in tcp_rows(doc, grid):
+            if row.case not in ref_s:
+                raise ValueError(f"{path}: case {row.case} is not in {name}")
+            rows.append(replace(row, reference_s=ref_s[row.case]))
+    if not rows:
+        raise FileNotFoundError(f"no variant reference of ns-3 {version} in {REFERENCE}")
+    return rows
+
+
+def variant_groups(rows: list[Row]) -> dict[str, list[Row]]:
+    """A variant's rows by set, as the docs report them."""
+    groups = {
+        "grid, no loss": [r for r in rows if r.grid == "grid" and "loss" not in r.case],
+        "grid, loss": [r for r in rows if r.grid == "grid" and "loss" in r.case],
+        "held out, no loss": [r for r in rows if r.grid == "held-out" and "loss" not in r.case],
+        "held out, loss": [r for r in rows if r.grid == "held-out" and "loss" in r.case],
+        "long round trips, fq_codel": [
+            r for r in rows if r.grid == "rtt" and not r.case.endswith("-fifo")
+        ],
+        "long round trips, fifo": [r for r in rows if r.grid == "rtt" and r.case.endswith("-fifo")],
+        "held out from the AQM model": [r for r in rows if r.grid == "held-out-long"],
+    }
+    return {name: group for name, group in groups.items() if group}
+
+
+def variant_summary(rows: list[Row]) -> dict[str, dict[str, float]]:
+    """Per set of a variant's rows: cases; mecsim's median and largest |error| and cases
+    within 25 % against the variant and against the reference (ns-3.37); and how far
+    the variant is from the reference (median and largest |variant / 3.37 − 1|)."""
+    out = {}
+    for name, group in variant_groups(rows).items():
+        var = [abs(r.error) for r in group]
+        ref = [abs(r.reference_error) for r in group]
+        apart = [abs(r.ns3_s / r.reference_s - 1) for r in group if r.reference_s]
+        out[name] = {
+            "cases": len(group),
+            "median_abs_error": statistics.median(var),
+            "max_abs_error": max(var),
+            "within": sum(e <= 0.25 for e in var),
+            "reference_median_abs_error": statistics.median(ref),
+            "reference_max_abs_error": max(ref),
+            "reference_within": sum(e <= 0.25 for e in ref),
+            "median_apart": statistics.median(apart),
+            "max_apart": max(apart),
+        }
+    return out
+
+
+def variant_markdown(rows: list[Row], version: str) -> str:
+    """The table of a variant's rows: ns-3.37's Cubic, the variant's Cubic and NewReno,
+    mecsim, and mecsim's error against each."""
+    lines = [
+        f"| set | case | ns-3.37 Cubic (s) | ns-3.{version.split('.')[-1]} Cubic (s) "
+        f"| ns-3.{version.split('.')[-1]} NewReno (s) | mecsim (s) | error vs 3.37 "
+        f"| error vs {version} |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        reno = f"{r.newreno_s:.4g}" if r.newreno_s is not None else "–"
+        seeds = f" ({r.seeds} seeds)" if r.seeds > 1 else ""
+        lines.append(
+            f"| {r.grid} | {r.case} | {r.reference_s:.4g} | {r.ns3_s:.4g}{seeds} | {reno} "
+            f"| {r.mecsim_s:.4g} | {100 * r.reference_error:+.1f} % | {100 * r.error:+.1f} % |"
+        )
+    return "\n".join(lines)
+
+
+def variant_main(version: str, as_markdown: bool) -> int:
+    rows = variant_rows(version)
+    if as_markdown:
+        print(variant_markdown(rows, version))
+        print()
+    else:
+        for r in rows:
+            print(
+                f"{r.grid:13s} {r.case:30s} ns-3.37 {r.reference_s:9.4f} ns-{version} "
+                f"{r.ns3_s:9.4f} mecsim {r.mecsim_s:9.4f} {100 * r.reference_error:+6.1f} % "
+                f"{100 * r.error:+6.1f} %"
+            )
+    for name, s in variant_summary(rows).items():
+        print(
+            f"{name}: {s['cases']} cases; mecsim vs ns-{version}: median |error| "
+            f"{100 * s['median_abs_error']:.1f} %, largest {100 * s['max_abs_error']:.1f} %, "
+            f"{s['within']} within 25 %; vs ns-3.37: {100 * s['reference_median_abs_error']:.1f} %,"
+            f" {100 * s['reference_max_abs_error']:.1f} %, {s['reference_within']}; "
+            f"ns-{version} vs ns-3.37: median {100 * s['median_apart']:.1f} %, "
+            f"largest {100 * s['max_apart']:.1f} %"
+        )
+    return 0
+
+
 def summary(rows: list[Row]) -> dict[str, dict[str, float]]:
     """Per kind (and for TCP, point-to-point and shared together): cases, median and
     largest |error|, cases within 25 % (TCP) or 15 % (Wi-Fi)."""
@@ -367,7 +496,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
     parser.add_argument("--plot", type=Path, help="write the figure (PNG) here")
+    parser.add_argument(
+        "--variant",
+        metavar="VERSION",
+        help="the TCP cases beside a variant reference of ns-3 VERSION (e.g. 3.44: "
+        "reference/tcp*_ns344.json, from python -m validation.cases --ns3 PREFIX --write)",
+    )
     args = parser.parse_args(argv)
+    if args.variant:
+        if args.plot:
+            parser.error("--plot draws the reference's figure; leave it out with --variant")
+        try:
+            return variant_main(args.variant, args.markdown)
+        except (FileNotFoundError, ValueError) as exc:
+            parser.error(f"--variant {args.variant}: {exc}")
     rows = all_rows()
     if args.markdown:
         print("Grid and Wi-Fi cells:\n")

@@ -6,6 +6,14 @@ The programs are compiled against the system's ns-3 (Debian's ``libns3-dev``, 3.
 processes (pytest workers) from compiling the same program at once. A program prints one
 JSON object per line on stdout; :func:`run` returns them.
 
+Another ns-3 install — a variant reference beside the system's, e.g. the nsnam project's
+PyPI wheel ``ns3==3.44.post0`` unzipped (its ``ns3/`` folder holds ``include/ns3/`` and
+``lib64/libns3.44-*.so``) — is named by ``$MECSIM_NS3_PREFIX`` (or :func:`use_prefix`):
+the programs are then compiled against its headers and libraries directly (no
+pkg-config: the wheel's ``.pc`` files name its build machine's paths), with an rpath to
+its library folder so they run without ``LD_LIBRARY_PATH``, and cached under a name
+carrying its version (``tcp_flows-ns3.44-<sha>``).
+
 Two traps of Debian's pkg-config files, handled in :func:`compile_flags`: the ``--cflags``
 carry a stray ``-I/usr\\;`` token (dropped), and ``--libs`` name
 ``/usr/lib/x86_64-linux-gnu/libgsl.so`` and ``libgslcblas.so``, which exist only with
@@ -46,6 +54,12 @@ MODULES = {
     "pathloss_": ("ns3-mobility", "ns3-propagation"),
 }
 CXXFLAGS = ("-O2", "-std=c++17")
+#: for another install (PREFIX_ENV): ns-3's headers need C++20 from 3.42 on (std::bind_front
+#: in timer-impl.h), and older ones compile under it too
+PREFIX_CXXFLAGS = ("-O2", "-std=c++20")
+#: the environment variable naming another ns-3 install (a folder with include/ns3/ and
+#: lib64/ or lib/ holding libns3.<version>-core.so); unset: the system's, via pkg-config
+PREFIX_ENV = "MECSIM_NS3_PREFIX"
 
 
 class Ns3Error(RuntimeError):
@@ -57,9 +71,54 @@ def cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "mecsim-validation"
 
 
-@lru_cache(maxsize=1)
+def ns3_prefix() -> Path | None:
+    """The ns-3 install named by ``$MECSIM_NS3_PREFIX``, or None for the system's."""
+    env = os.environ.get(PREFIX_ENV)
+    return Path(env).resolve() if env else None
+
+
+def use_prefix(prefix: Path | str | None) -> None:
+    """Build and run against the ns-3 install at ``prefix`` from now on (None: the
+    system's); set in the environment, so processes started from here inherit it."""
+    if prefix is None:
+        os.environ.pop(PREFIX_ENV, None)
+    else:
+        path = Path(prefix).resolve()
+        prefix_install(path)  # refuse a folder that is no ns-3 install, now
+        os.environ[PREFIX_ENV] = str(path)
+
+
+@lru_cache(maxsize=8)
+def prefix_install(prefix: Path | None) -> tuple[str, Path]:
+    """``(version, library folder)`` of the ns-3 install at ``prefix``; raises
+    :class:`Ns3Error`, naming the folder and what it lacks, when it is not one."""
+    if prefix is None:
+        raise Ns3Error(f"${PREFIX_ENV} is not set")
+    where = f"{PREFIX_ENV}={prefix}"
+    if not (prefix / "include" / "ns3" / "core-module.h").is_file():
+        raise Ns3Error(f"{where}: no include/ns3/core-module.h there (not an ns-3 install)")
+    for libdir in (prefix / "lib64", prefix / "lib"):
+        cores = sorted(libdir.glob("libns3*-core.so"))
+        if cores:
+            # libns3.44-core.so -> 3.44; a debug build's libns3.44-core-debug.so is not matched
+            version = cores[0].name.removeprefix("libns").removesuffix("-core.so")
+            return version, libdir
+    raise Ns3Error(f"{where}: no lib64/ or lib/ with libns3.<version>-core.so there")
+
+
 def ns3_available() -> str | None:
-    """ns-3's version (e.g. ``"3.37"``), or None when ns-3, g++ or pkg-config is missing."""
+    """ns-3's version (e.g. ``"3.37"``), or None when ns-3, g++ or pkg-config is missing.
+
+    With ``$MECSIM_NS3_PREFIX`` set: that install's version (None without g++; a folder
+    that is no ns-3 install raises :class:`Ns3Error`, it is never silently skipped)."""
+    prefix = ns3_prefix()
+    if prefix is not None:
+        return prefix_install(prefix)[0] if shutil.which("g++") else None
+    return _system_version()
+
+
+@lru_cache(maxsize=1)
+def _system_version() -> str | None:
     if shutil.which("g++") is None or shutil.which("pkg-config") is None:
         return None
     try:
@@ -84,8 +143,20 @@ def modules_for(name: str) -> tuple[str, ...]:
     return BASE_MODULES + extra
 
 
+def prefix_flags(prefix: Path, modules: tuple[str, ...]) -> list[str]:
+    """The flags for ``modules`` of the install at ``prefix``: its headers, its
+    ``libns3.<version>-<module>.so`` and an rpath to them."""
+    version, libdir = prefix_install(prefix)
+    libs = [f"-lns{version}-{m.removeprefix('ns3-')}" for m in modules]
+    return [f"-I{prefix / 'include'}", f"-L{libdir}", f"-Wl,-rpath,{libdir}", *libs]
+
+
 def compile_flags(modules: tuple[str, ...]) -> list[str]:
-    """pkg-config's cflags and libs for ``modules``, cleaned of Debian's broken tokens."""
+    """pkg-config's cflags and libs for ``modules``, cleaned of Debian's broken tokens
+    (or, with ``$MECSIM_NS3_PREFIX`` set, :func:`prefix_flags`)."""
+    prefix = ns3_prefix()
+    if prefix is not None:
+        return prefix_flags(prefix, modules)
     out = subprocess.run(
         ["pkg-config", "--cflags", "--libs", *modules],
         capture_output=True,
@@ -113,10 +184,14 @@ def source(name: str) -> Path:
     return path
 
 
+def cxxflags() -> tuple[str, ...]:
+    return CXXFLAGS if ns3_prefix() is None else PREFIX_CXXFLAGS
+
+
 def compile_command(name: str, output: Path) -> list[str]:
     return [
         "g++",
-        *CXXFLAGS,
+        *cxxflags(),
         str(source(name)),
         "-o",
         str(output),
@@ -139,8 +214,9 @@ def build(name: str) -> Path:
     """The compiled program ``validation/ns3/<name>.cc``, compiling it if its source is new.
 
     The binary's name carries the SHA-256 of the source and of the compile flags, so an
-    edited source is rebuilt and an unchanged one never is. Compiling takes tens of
-    seconds; a line on stderr says so.
+    edited source is rebuilt and an unchanged one never is; built against another install
+    (``$MECSIM_NS3_PREFIX``), it carries that install's version and its path is hashed
+    too. Compiling takes tens of seconds; a line on stderr says so.
     """
     version = ns3_available()
     if version is None:
@@ -148,8 +224,13 @@ def build(name: str) -> Path:
     src = source(name)
     digest = hashlib.sha256()
     digest.update(src.read_bytes())
-    digest.update(" ".join([version, *CXXFLAGS, *modules_for(name)]).encode())
-    binary = cache_dir() / f"{name}-{digest.hexdigest()[:16]}"
+    digest.update(" ".join([version, *cxxflags(), *modules_for(name)]).encode())
+    prefix = ns3_prefix()
+    if prefix is None:
+        binary = cache_dir() / f"{name}-{digest.hexdigest()[:16]}"
+    else:
+        digest.update(str(prefix).encode())
+        binary = cache_dir() / f"{name}-ns{version}-{digest.hexdigest()[:16]}"
     if binary.exists():
         return binary
     with _locked(cache_dir() / f"{name}.lock"):
