@@ -12,15 +12,11 @@ point and at a moment nobody chose.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from support.kills import killed_at, killed_once_rows, resumed_equals
 from support.scenarios import tiny_async_dict
 
 from mecsim.scenario import load_scenario, scenario_from_dict
@@ -87,8 +83,6 @@ def test_fedbuff_resumes_from_an_older_checkpoint(tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------- subprocess
 
-TIMEOUT_S = 240
-
 
 def _scenario_file(tmp_path: Path, rounds: int) -> Path:
     data = tiny_async_dict(mode="async", alpha=0.5)
@@ -99,25 +93,6 @@ def _scenario_file(tmp_path: Path, rounds: int) -> Path:
     return path
 
 
-def _mecsim(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "mecsim", *args],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        env={**os.environ, **(env or {})},
-    )
-
-
-def _resume_and_compare(ref: Path, out: Path, rounds: int) -> None:
-    resumed = _mecsim("run", "--resume", str(out), "--quiet", "--no-plots")
-    assert resumed.returncode == 0, resumed.stderr
-    assert "Traceback" not in resumed.stderr
-    assert_same_records(ref, out)
-    meta = json.loads((out / "run.json").read_text())
-    assert meta["status"] == "finished" and meta["rounds_done"] == rounds
-
-
 @pytest.mark.slow
 def test_kill_9_at_a_version_boundary_then_resume(tmp_path: Path) -> None:
     """SIGKILL (the chaos hook) after version 3's records are written and before its
@@ -126,21 +101,8 @@ def test_kill_9_at_a_version_boundary_then_resume(tmp_path: Path) -> None:
     ref = tmp_path / "ref" / "r"
     run_in_folder(load_scenario(scenario), ref)
     for point, rows_left in (("round-end:2", 3), ("finish", 6)):
-        run_id = point.replace(":", "-")
-        out = tmp_path / "runs" / run_id
-        killed = _mecsim(
-            "run",
-            str(scenario),
-            "--run-id",
-            run_id,
-            "--quiet",
-            "--no-plots",
-            env={"MECSIM_KILL_AT": point},
-        )
-        assert killed.returncode == -signal.SIGKILL, killed.stderr
-        assert run_status(out)["status"] == "interrupted"
-        assert len(pd.read_csv(out / "rounds.csv")) == rows_left
-        _resume_and_compare(ref, out, 6)
+        out = killed_at(scenario, tmp_path / "runs", point, rows_left)
+        resumed_equals(ref, out, 6)
 
 
 @pytest.mark.slow
@@ -150,25 +112,9 @@ def test_kill_9_at_a_moment_nobody_chose_then_resume(tmp_path: Path) -> None:
     rounds = 40
     scenario = _scenario_file(tmp_path, rounds=rounds)
     out = tmp_path / "runs" / "k"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mecsim", "run", str(scenario), "--run-id", "k", "--quiet"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + TIMEOUT_S
-        while time.monotonic() < deadline and proc.poll() is None:
-            rows = out / "rounds.csv"
-            if rows.exists() and len(rows.read_text().splitlines()) > 6:
-                break
-            time.sleep(0.02)
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        _, err = proc.communicate(timeout=TIMEOUT_S)
-    assert proc.returncode == -signal.SIGKILL, err
+    killed_once_rows(scenario, out, 6)
     status = run_status(out)
     assert status["status"] == "interrupted" and 5 <= status["rounds_done"] < rounds
     ref = tmp_path / "ref" / "r"
     run_in_folder(load_scenario(scenario), ref)
-    _resume_and_compare(ref, out, rounds)
+    resumed_equals(ref, out, rounds)

@@ -20,13 +20,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from support.helpers import DCPFL_E2E, DCPFL_FAST, interrupted_then_resumed
+from support.kills import TIMEOUT_S, killed_at, resumed_equals
 from support.scenarios import BUILTIN_ALGORITHMS, tiny
 
 from mecsim.analysis.replay import load_run, reproduces
 from mecsim.run import interrupts
 from mecsim.scenario import load_scenario
 from mecsim.store.checkpoints import CheckpointStore
-from mecsim.store.runfolder import RunFolderError, prepare_resume, run_status
+from mecsim.store.runfolder import RunFolderError, prepare_resume
 from mecsim.store.session import run_in_folder
 from mecsim.testing import SimulatedKill, StopAfter, assert_same_records, resume_run
 
@@ -143,8 +144,6 @@ def test_checkpoints_are_kept_as_configured_and_hold_no_code(tmp_path: Path) -> 
 
 # --------------------------------------------------------------------------- subprocess
 
-SUBPROCESS_TIMEOUT_S = 240
-
 
 def _scenario_file(tmp_path: Path, algorithm: dict, rounds: int = 5) -> Path:
     data = tiny(
@@ -160,17 +159,6 @@ def _scenario_file(tmp_path: Path, algorithm: dict, rounds: int = 5) -> Path:
     path = tmp_path / f"{algorithm['name']}.yaml"
     path.write_text(json.dumps(data))
     return path
-
-
-def _mecsim(*args: str, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "mecsim", *args],
-        capture_output=True,
-        text=True,
-        timeout=SUBPROCESS_TIMEOUT_S,
-        env={**os.environ, **(env or {})},
-        **kw,
-    )
 
 
 def _reference(tmp_path: Path, scenario: Path) -> Path:
@@ -201,28 +189,10 @@ def test_kill_9_then_resume(algorithm: dict, points, tmp_path: Path) -> None:
     scenario = _scenario_file(tmp_path, algorithm)
     ref = _reference(tmp_path, scenario)
     for point, rows_left in points:
-        run_id = point.replace(":", "-")
-        out = tmp_path / "runs" / run_id
-        killed = _mecsim(
-            "run",
-            str(scenario),
-            "--run-id",
-            run_id,
-            "--quiet",
-            "--no-plots",
-            env={"MECSIM_KILL_AT": point},
-        )
-        assert killed.returncode == -signal.SIGKILL, killed.stderr
-        assert run_status(out)["status"] == "interrupted"  # "running", but nobody holds it
-        assert len(pd.read_csv(out / "rounds.csv")) == rows_left  # header always there
+        out = killed_at(scenario, tmp_path / "runs", point, rows_left)
         if point == "finish":
             assert (out / "rounds.parquet").exists() and not (out / "summary.md").exists()
-        resumed = _mecsim("run", "--resume", str(out), "--quiet", "--no-plots")
-        assert resumed.returncode == 0, resumed.stderr
-        assert "Traceback" not in resumed.stderr
-        assert_same_records(ref, out)
-        meta = json.loads((out / "run.json").read_text())
-        assert meta["status"] == "finished" and meta["rounds_done"] == 5
+        resumed_equals(ref, out, 5)
 
 
 @pytest.mark.slow
@@ -245,14 +215,14 @@ def test_sigterm_keeps_the_rounds_says_how_to_resume_and_exits_143(tmp_path: Pat
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.monotonic() + SUBPROCESS_TIMEOUT_S
+    deadline = time.monotonic() + TIMEOUT_S
     while time.monotonic() < deadline:
         rounds = out / "rounds.csv"
         if rounds.exists() and len(rounds.read_text().splitlines()) > 3:
             break
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=SUBPROCESS_TIMEOUT_S)
+    _, err = proc.communicate(timeout=TIMEOUT_S)
     assert proc.returncode == 143, err
     assert "Traceback" not in err and "mecsim run --resume" in err
     meta = json.loads((out / "run.json").read_text())
