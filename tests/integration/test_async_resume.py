@@ -67,6 +67,24 @@ def test_each_mode_resumes_exactly(mode: str, tmp_path: Path) -> None:
     assert read_csv_exact(full / "rounds.csv")["in_flight"].iloc[1] > 0
 
 
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_ray_run_stopped_and_resumed_on_ray_gives_the_in_process_records(
+    tmp_path: Path,
+) -> None:
+    """FedAsync on Ray (the process's shared instance, tests/conftest.py), stopped after
+    version 2 and resumed on Ray: the records of an uninterrupted in-process run (the
+    clients in flight at the cut were trained by the first run's actors, the resumed
+    run's actors train the rest)."""
+    data = tiny_async_dict(**MODES["fedasync"])
+    full = tmp_path / "full" / "r"
+    run_in_folder(scenario_from_dict(data, "async-tiny"), full)
+    data["execution"] = {**data["execution"], "backend": "ray"}
+    out = _stopped_then_resumed(scenario_from_dict(data, "async-tiny"), tmp_path, 2, 2)
+    assert json.loads((out / "run.json").read_text())["backend"] == "ray"
+    assert_same_records(full, out)
+
+
 def test_fedbuff_resumes_from_an_older_checkpoint(tmp_path: Path) -> None:
     """Checkpoints every 2 versions, stopped after the 5th: the resume starts from the
     4th (FedBuff's buffer of 2 is then empty, the 5th version's first update was being
