@@ -17,9 +17,10 @@
 // tcp_flows.cc (validation/README.md): the retransmission timeout SRTT + max(4 RTTVAR,
 // --min_rto_ms) (MinRto and ClockGranularity both --min_rto_ms, 200 ms as Linux's
 // TCP_RTO_MIN); delayed ACKs every 2nd segment or after --del_ack_timeout_ms (40 ms,
-// Linux's TCP_DELACK_MIN; with ns-3's 200 ms, once an RTO leaves cwnd at 1 segment its
-// ACK is held past the next RTO and the flow sends one segment per 200 ms: a station of
-// 11 at 30-36 m, 20 MHz, 3 MB took 241 s instead of 5); and HyStart's delay threshold
+// Linux's TCP_DELACK_MIN; with ns-3's 200 ms and ns-3's RTO rule, which leaves the RTO at
+// 200 ms, once an RTO leaves cwnd at 1 segment its ACK is held past the next RTO and the
+// flow sends one segment per 200 ms: a station of 11 at 30-36 m, 20 MHz, 3 MB took 241 s
+// instead of 5; either Linux setting alone avoids it); and HyStart's delay threshold
 // --hystart_delay_ms (4 ms: Linux's clamp(RTT / 8, 4 ms, 16 ms) for any round trip
 // below 32 ms, as a cell's are; ns-3.37 clamps the RTT itself to [4 ms, 1 s]; 0 keeps it).
 //
