@@ -2,7 +2,9 @@
 
     python validation/wifi_reference.py thresholds   # channel/data/wifi_he_snr_thresholds.json
     python validation/wifi_reference.py cells        # validation/reference/wifi.json
-    python validation/wifi_reference.py cells-holdout   # reference/wifi_holdout.json
+    python validation/wifi_reference.py cells-holdout   # reference/wifi_holdout.json (10 seeds)
+    python validation/wifi_reference.py cells-holdout-2   # reference/wifi_holdout_2.json
+    python validation/wifi_reference.py cells-small   # reference/wifi_small.json
 
 Needs Debian's ns-3.37 (libns3-dev) and g++. Debian's ns3 .pc files name libgsl.so, which
 only libgsl-dev installs; the runtime libraries are enough, so those two entries are
@@ -45,6 +47,10 @@ CELL_CASES: list[tuple[str, dict[str, str]]] = [
     ),
 ]
 SEEDS = (1, 2, 3)
+#: the held-out cells' seeds: a small upload's last finish spreads by ±15 % from seed to
+#: seed (2 stations, 200 kB: 0.0316-0.0495 s over 30 seeds), so 3 seeds' mean can stand
+#: 10 % from ns-3's own (docs/validation.md, "Held-out cells")
+HOLDOUT_SEEDS = tuple(range(1, 11))
 
 
 def _drawn_cells(seed: int = 20261129) -> list[tuple[str, dict[str, str]]]:
@@ -67,6 +73,28 @@ def _drawn_cells(seed: int = 20261129) -> list[tuple[str, dict[str, str]]]:
 
 
 HOLDOUT_CELLS = _drawn_cells()
+#: a second draw from the same distribution, made and run once after the first set was
+#: re-run with 10 seeds (docs/validation.md, "Held-out cells"); never used to change a model
+HOLDOUT_CELLS_2 = _drawn_cells(20261130)
+
+
+def _small_cells() -> list[tuple[str, dict[str, str]]]:
+    """Small uploads in lightly loaded cells, around the held-out cell that missed (2
+    stations at 18 and 44 m, 40 MHz, 200 kB): 1 and 2 stations, near (5-12 m), mid
+    (18-44 m) and far (40-58 m), 20, 40 and 80 MHz, 200 kB and the 2NN's 800,040 bytes.
+    Not used to change the model: they say where it is off (docs/validation.md)."""
+    cases = []
+    for where in ("5,12", "18,44", "40,58", "18", "44"):
+        n = len(where.split(","))
+        for width in ("20", "40", "80"):
+            for nbytes in (200_000, BYTES):
+                name = f"{n}sta_{where.replace(',', '+')}m_{width}MHz_{nbytes}B"
+                options = {"stations": str(n), "distances_m": where, "width_mhz": width}
+                cases.append((name, {**options, "bytes": str(nbytes)}))
+    return cases
+
+
+SMALL_CELLS = _small_cells()
 
 
 def build(name: str) -> Path:
@@ -119,17 +147,25 @@ def run_cell(options: dict[str, str], seed: int) -> dict[str, object]:
     return {"stations": rows[:-1], "summary": rows[-1]["summary"]}
 
 
-def cells(cases: list[tuple[str, dict[str, str]]] = CELL_CASES, out: str = "wifi.json") -> None:
+def cells(
+    cases: list[tuple[str, dict[str, str]]] = CELL_CASES,
+    out: str = "wifi.json",
+    seeds: tuple[int, ...] = SEEDS,
+) -> None:
     results = []
     for name, options in cases:
         options = {"bytes": str(BYTES), **options}
-        runs = [run_cell(options, seed) for seed in SEEDS]
+        runs = [run_cell(options, seed) for seed in seeds]
         results.append({"case": name, "options": options, "runs": runs})
         print(name, [r["summary"]["last_time_s"] for r in runs], flush=True)  # type: ignore[index]
+        done = [r["summary"]["all_done"] for r in runs]  # type: ignore[index]
+        failed = [seed for seed, ok in zip(seeds, done, strict=True) if not ok]
+        if failed:  # a station whose upload never ended: compare.py leaves the run out
+            print(f"  {name}: not every upload ended with seeds {failed}", flush=True)
     reference = {
         "ns3_version": "3.37 (Debian libns3-dev)",
         "program": "validation/ns3/wifi_cell.cc",
-        "seeds": list(SEEDS),
+        "seeds": list(seeds),
         "parameters": {
             "standard": "WIFI_STANDARD_80211ax, 5 GHz, HE SU, 1 antenna, 1 spatial stream",
             "rate_manager": "IdealWifiManager (BerThreshold 1e-6)",
@@ -141,7 +177,8 @@ def cells(cases: list[tuple[str, dict[str, str]]] = CELL_CASES, out: str = "wifi
             "mac": "EDCA BE: AIFSN 3, CWmin 15, CWmax 1023, TXOP 0; A-MPDU <= 65,535 B, "
             "BA window 64; no RTS/CTS; WifiNetDevice MTU 1,500",
             "tcp": "Cubic, SegmentSize 1448, InitialCwnd 10, SACK, timestamps, DelAckCount 2, "
-            "4 MiB buffers",
+            "4 MiB buffers; Linux's delayed-ACK timeout (40 ms), RTO (SRTT + max(4 RTTVAR, "
+            "200 ms): MinRto = ClockGranularity = 200 ms) and HyStart delay threshold (4 ms)",
             "wired": "AP-server point-to-point 1 Gb/s, 1 ms",
             "placement": "stations on one ray from the AP (no hidden terminals)",
             "timing": "first data byte written (all at t=3 s, connections open) to last byte "
@@ -160,5 +197,7 @@ if __name__ == "__main__":
     {
         "thresholds": thresholds,
         "cells": cells,
-        "cells-holdout": lambda: cells(HOLDOUT_CELLS, "wifi_holdout.json"),
+        "cells-holdout": lambda: cells(HOLDOUT_CELLS, "wifi_holdout.json", HOLDOUT_SEEDS),
+        "cells-holdout-2": lambda: cells(HOLDOUT_CELLS_2, "wifi_holdout_2.json", HOLDOUT_SEEDS),
+        "cells-small": lambda: cells(SMALL_CELLS, "wifi_small.json", HOLDOUT_SEEDS),
     }[sys.argv[1]]()

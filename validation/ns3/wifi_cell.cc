@@ -12,8 +12,17 @@
 // BE_MaxAmpduSize 65,535 bytes, Block Ack window 64 MPDUs, no A-MSDU, no RTS/CTS),
 // WifiNetDevice MTU set to 1,500 bytes.
 // TCP: Cubic, SegmentSize 1,448 (1,500-byte packets with timestamps), InitialCwnd 10,
-// SACK, timestamps, delayed ACKs (2 segments), send/receive buffers --tcp_buffer_bytes,
-// MinRto --min_rto_ms (200 ms as Linux; ns-3's default 1 s), SYN timeout 200 ms.
+// SACK, timestamps, send/receive buffers --tcp_buffer_bytes, SYN timeout 200 ms, and
+// three settings Linux's where ns-3.37's differ and trap the reference, as in
+// tcp_flows.cc (validation/README.md): the retransmission timeout SRTT + max(4 RTTVAR,
+// --min_rto_ms) (MinRto and ClockGranularity both --min_rto_ms, 200 ms as Linux's
+// TCP_RTO_MIN); delayed ACKs every 2nd segment or after --del_ack_timeout_ms (40 ms,
+// Linux's TCP_DELACK_MIN; with ns-3's 200 ms and ns-3's RTO rule, which leaves the RTO at
+// 200 ms, once an RTO leaves cwnd at 1 segment its ACK is held past the next RTO and the
+// flow sends one segment per 200 ms: a station of 11 at 30-36 m, 20 MHz, 3 MB took 241 s
+// instead of 5; either Linux setting alone avoids it); and HyStart's delay threshold
+// --hystart_delay_ms (4 ms: Linux's clamp(RTT / 8, 4 ms, 16 ms) for any round trip
+// below 32 ms, as a cell's are; ns-3.37 clamps the RTT itself to [4 ms, 1 s]; 0 keeps it).
 //
 // No hidden terminals: every station stands on the same ray from the AP (x axis), so two
 // stations are at most max(d) - min(d) apart; the program computes every pair's received
@@ -31,6 +40,13 @@
 // snr_db is the mean SNR ns-3 computed at the AP for that station's QoS data MPDUs
 // (MonitorSnifferRx: signal - noise, dB), mcs the MCS most of them used; then one summary
 // line {"summary": ...} with the parameters.
+//
+// --trace=1 also writes, to stderr, from the start on (times in s after it): every PSDU
+// a node begins to send, "T <t> <from>-><to> <kind> n=<MPDUs> bytes=<PSDU bytes>
+// mcs=<MCS> dur_us=<PPDU duration> retry=<0|1>" (from/to: a station's index or "ap";
+// kind: data (a QoS data MPDU of more than 1,000 bytes: TCP segments), tack (smaller QoS
+// data: TCP ACKs), ba, bar, ack, other), and every change of a station's congestion window,
+// "C <t> <station> <cwnd in 1,448-byte segments>". The results do not change.
 //
 // Build: g++ -O2 -std=c++17 wifi_cell.cc $(pkg-config --cflags --libs ns3-core ns3-network
 //   ns3-internet ns3-point-to-point ns3-applications ns3-traffic-control ns3-wifi
@@ -75,6 +91,7 @@ std::map<Mac48Address, uint32_t> g_staByMac;
 uint64_t g_bytes = 0;
 double g_startS = 3.0;
 uint32_t g_done = 0;
+bool g_trace = false;
 
 std::vector<double>
 ParseList(const std::string& text)
@@ -177,6 +194,63 @@ StartWriting(uint32_t i)
 }
 
 void
+OnCwnd(uint32_t i, uint32_t /* old */, uint32_t cwnd)
+{
+    if (Simulator::Now().GetSeconds() >= g_startS)
+    {
+        std::fprintf(stderr,
+                     "C %.6f %u %.3f\n",
+                     Simulator::Now().GetSeconds() - g_startS,
+                     i,
+                     cwnd / 1448.0);
+    }
+}
+
+void
+OnPsduTxBegin(std::string who, WifiConstPsduMap psdus, WifiTxVector txVector, double /* w */)
+{
+    if (Simulator::Now().GetSeconds() < g_startS)
+    {
+        return;
+    }
+    Time duration = WifiPhy::CalculateTxDuration(psdus, txVector, WIFI_PHY_BAND_5GHZ);
+    for (const auto& [staId, psdu] : psdus)
+    {
+        const WifiMacHeader& header = psdu->GetHeader(0);
+        std::string kind = "other";
+        if (header.IsQosData())
+        {
+            kind = psdu->GetPayload(0)->GetSize() > 1000 ? "data" : "tack";
+        }
+        else if (header.IsBlockAck())
+        {
+            kind = "ba";
+        }
+        else if (header.IsBlockAckReq())
+        {
+            kind = "bar";
+        }
+        else if (header.IsAck())
+        {
+            kind = "ack";
+        }
+        auto it = g_staByMac.find(header.GetAddr1());
+        std::string to = it == g_staByMac.end() ? "ap" : std::to_string(it->second);
+        std::fprintf(stderr,
+                     "T %.6f %s->%s %s n=%zu bytes=%u mcs=%u dur_us=%.1f retry=%d\n",
+                     Simulator::Now().GetSeconds() - g_startS,
+                     who.c_str(),
+                     to.c_str(),
+                     kind.c_str(),
+                     psdu->GetNMpdus(),
+                     psdu->GetSize(),
+                     (unsigned)txVector.GetMode().GetMcsValue(),
+                     duration.GetNanoSeconds() / 1e3,
+                     header.IsRetry() ? 1 : 0);
+    }
+}
+
+void
 OnConnected(uint32_t i, Ptr<Socket> /* socket */)
 {
     g_sta[i].connected = true;
@@ -196,6 +270,10 @@ Connect(uint32_t i, Ptr<Node> node, Address server)
     socket->SetConnectCallback(MakeBoundCallback(&OnConnected, i),
                                MakeBoundCallback(&OnConnectFailed, i));
     socket->Connect(server);
+    if (g_trace)
+    {
+        socket->TraceConnectWithoutContext("CongestionWindow", MakeBoundCallback(&OnCwnd, i));
+    }
     g_sta[i].socket = socket;
 }
 
@@ -220,6 +298,8 @@ main(int argc, char* argv[])
     double marginDb = 0;
     double maxTimeS = 600;
     double minRtoMs = 200;
+    double delAckTimeoutMs = 40;
+    double hystartDelayMs = 4;
     uint32_t seed = 1;
 
     CommandLine cmd;
@@ -238,8 +318,13 @@ main(int argc, char* argv[])
     cmd.AddValue("warmup_packets", "UDP echoes per station before TCP", warmupPackets);
     cmd.AddValue("margin_db", "required margin over -82 dBm between any two stations", marginDb);
     cmd.AddValue("min_rto_ms", "TCP minimum retransmission timeout (ms)", minRtoMs);
+    cmd.AddValue("del_ack_timeout_ms", "TCP delayed-ACK timeout (ms)", delAckTimeoutMs);
+    cmd.AddValue("hystart_delay_ms",
+                 "Cubic's HyStart delay threshold (ms; 0: ns-3.37's own rule)",
+                 hystartDelayMs);
     cmd.AddValue("max_time_s", "simulated time limit after the start (s)", maxTimeS);
     cmd.AddValue("seed", "RNG run number", seed);
+    cmd.AddValue("trace", "write PSDUs sent and congestion windows to stderr", g_trace);
     cmd.Parse(argc, argv);
 
     RngSeedManager::SetSeed(1);
@@ -287,6 +372,16 @@ main(int argc, char* argv[])
     // Linux's 200 ms minimum RTO (ns-3's default is 1 s), and a SYN lost despite the
     // warm-up is sent again after 200 ms, well before the start
     Config::SetDefault("ns3::TcpSocketBase::MinRto", TimeValue(MilliSeconds(minRtoMs)));
+    Config::SetDefault("ns3::TcpSocketBase::ClockGranularity", TimeValue(MilliSeconds(minRtoMs)));
+    Config::SetDefault("ns3::TcpSocket::DelAckCount", UintegerValue(2));
+    Config::SetDefault("ns3::TcpSocket::DelAckTimeout", TimeValue(MilliSeconds(delAckTimeoutMs)));
+    if (hystartDelayMs > 0)
+    {
+        Config::SetDefault("ns3::TcpCubic::HyStartDelayMin",
+                           TimeValue(MicroSeconds(hystartDelayMs * 1000)));
+        Config::SetDefault("ns3::TcpCubic::HyStartDelayMax",
+                           TimeValue(MicroSeconds(hystartDelayMs * 1000)));
+    }
     Config::SetDefault("ns3::TcpSocket::ConnTimeout", TimeValue(MilliSeconds(200)));
     Config::SetDefault("ns3::TcpSocketBase::Timestamp", BooleanValue(true));
 
@@ -389,6 +484,17 @@ main(int argc, char* argv[])
         Simulator::Schedule(Seconds(g_startS), &StartWriting, i);
     }
 
+    if (g_trace)
+    {
+        for (uint32_t i = 0; i < wifiDevices.GetN(); i++)
+        {
+            std::string who = i < stations ? std::to_string(i) : "ap";
+            DynamicCast<WifiNetDevice>(wifiDevices.Get(i))
+                ->GetPhy()
+                ->TraceConnectWithoutContext("PhyTxPsduBegin",
+                                             MakeBoundCallback(&OnPsduTxBegin, who));
+        }
+    }
     Ptr<WifiPhy> apPhy = DynamicCast<WifiNetDevice>(apDevice.Get(0))->GetPhy();
     apPhy->TraceConnectWithoutContext("MonitorSnifferRx", MakeCallback(&OnApSniff));
 
@@ -428,6 +534,7 @@ main(int argc, char* argv[])
     std::printf("{\"summary\": {\"stations\": %u, \"bytes\": %llu, \"width_mhz\": %u, "
                 "\"gi_ns\": %u, \"tx_power_dbm\": %.4f, \"noise_figure_db\": %.2f, "
                 "\"p2p_rate\": \"%s\", \"p2p_delay_ms\": %.3f, \"tcp_buffer_bytes\": %u, "
+                "\"min_rto_ms\": %.1f, \"del_ack_timeout_ms\": %.1f, \"hystart_delay_ms\": %.1f, "
                 "\"seed\": %u, \"worst_pair_rx_dbm\": %.2f, \"last_time_s\": %.6f, "
                 "\"all_done\": %s, \"ns3\": \"3.37\"}}\n",
                 stations,
@@ -439,6 +546,9 @@ main(int argc, char* argv[])
                 p2pRate.c_str(),
                 p2pDelayMs,
                 tcpBufferBytes,
+                minRtoMs,
+                delAckTimeoutMs,
+                hystartDelayMs,
                 seed,
                 worstPairDbm,
                 last,
