@@ -642,8 +642,7 @@ ASYNC_SERVERS = Registry("async_server", "mecsim.async_servers", _async_server_c
 
 #: every registry by kind
 REGISTRIES: dict[str, Registry] = {
-    r.kind: r
-    for r in (ALGORITHMS, MODELS, DATASETS, CHANNELS, DEVICES, COMPRESSORS, ASYNC_SERVERS)
+    r.kind: r for r in (ALGORITHMS, MODELS, DATASETS, CHANNELS, DEVICES, COMPRESSORS, ASYNC_SERVERS)
 }
 
 
