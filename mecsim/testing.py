@@ -1809,8 +1809,15 @@ class _AsyncServerKit:
         try:
             self.base()
         except _Fail:
-            if not self.probe.problems[prop]:
-                raise
+            if self.probe.problems[prop]:
+                raise _Fail(self.probe.problems[prop][0]) from None
+            other = [p for p, found in self.probe.problems.items() if found]
+            if other:  # the run stopped at another property's failure
+                raise _Skip(
+                    f"not checked to the end: the run stopped at the {other[0]} failure "
+                    f"({self.probe.calls} on_update calls held)"
+                ) from None
+            raise
         if self.probe.problems[prop]:
             raise _Fail(self.probe.problems[prop][0])
 
@@ -1938,6 +1945,8 @@ def check_async_server(
                         result = PropertyResult(prop, True, getattr(kit, f"check_{prop}")())
                     except _Fail as exc:
                         result = PropertyResult(prop, False, exc.reason, exc.first_difference)
+                    except _Skip as exc:
+                        result = PropertyResult(prop, True, str(exc), skipped=True)
                     except Exception as exc:  # the server's own code raised
                         result = PropertyResult(prop, False, _one_line(exc))
                 result.seconds = round(time.perf_counter() - t0, 3)
