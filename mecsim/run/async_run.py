@@ -703,6 +703,14 @@ class AsyncRun:
         """The server's new version is what downloads get from now; its row is emitted."""
         v = self.server.version
         now = self.env.now
+        w = self.server.weights
+        size = self.model_size if self.live else 1  # (a re-play's stand-in has one element)
+        if not (isinstance(w, np.ndarray) and w.dtype == np.float32 and w.shape == (size,)):
+            raise RunFailed(
+                f"aggregation.server: {type(self.server).__name__} made version {v} of "
+                f"{type(w).__name__} {getattr(w, 'dtype', '')} {getattr(w, 'shape', '')}: the "
+                f"weights must stay a flat float32 array of the model's {size} values"
+            )
         if not np.isfinite(self.server.weights).all():  # finite updates, an unstable step
             raise RunFailed(
                 f"aggregation.mode {self.agg.mode}: version {v} of the model holds NaN or "

@@ -244,6 +244,16 @@ def test_a_server_that_miscounts_its_versions_stops_the_run(tmp_path: Path) -> N
 
 
 @pytest.mark.slow
+def test_a_server_that_widens_the_weights_stops_the_run(tmp_path: Path) -> None:
+    data = tiny_async_dict(mode="async", server={"name": "wide_async"})
+    with pytest.raises(RunFailed) as err:
+        run_in_folder(scenario_from_dict(data, "s"), tmp_path / "r")
+    assert str(err.value) == (
+        "aggregation.server: Wide made version 1 of ndarray float64 (200010,): the weights "
+        "must stay a flat float32 array of the model's 200010 values"
+    )
+
+
 @pytest.mark.parametrize("name", ["fedasync", "fedbuff", "semi_sync"])
 def test_the_kit_passes_the_builtins(name: str) -> None:
     report = check_async_server(name)
