@@ -74,6 +74,10 @@ from mecsim.scenario import Scenario
 
 _Proc = Generator[simpy.Event, Any, None]
 
+#: Updates per client a server may take without making a version (modes async and
+#: buffered) before the run calls it stuck (:meth:`AsyncRun._check_progress`).
+STALL_UPDATES_PER_CLIENT = 100
+
 
 def refusals(scenario: Scenario) -> list[tuple[str, str]]:
     """Why ``scenario`` cannot run in its asynchronous mode, as (field, message) pairs
@@ -589,6 +593,7 @@ class AsyncRun:
             self.log.cycles.append(cyc)
             self.log.staleness.append(staleness)
             self.log.staleness_s.append(staleness_s)
+            self._check_progress()
         agg_s = self.rs.server_profile.aggregate_time_s(flops)
         self.log.server_s += agg_s
         self.log.server_flops += flops
@@ -617,6 +622,20 @@ class AsyncRun:
             f"aggregation.server: {type(self.server).__name__}.{method} returned {made!r} "
             f"and took the version from {before} to {after}: it must return True when it "
             "made a new version (version one more), False when it did not (version unchanged)"
+        )
+
+    def _check_progress(self) -> None:
+        """In modes async and buffered only ``on_update`` makes versions: a server that
+        has taken :data:`STALL_UPDATES_PER_CLIENT` updates per client since its last
+        version would never reach ``rounds`` (FedBuff makes one every ``buffer_size``, at
+        most the clients), so the run stops rather than run for ever."""
+        taken = len(self.log.cycles)
+        if self.agg.mode == "semi_sync" or taken < STALL_UPDATES_PER_CLIENT * self.n:
+            return
+        raise RunFailed(
+            f"aggregation.server: {type(self.server).__name__} took {taken} updates "
+            f"({STALL_UPDATES_PER_CLIENT} per client) since version {self.server.version} "
+            "without making another: it would never reach the scenario's rounds"
         )
 
     def _trace(self, cyc: _Cycle) -> tuple[Any, ...]:

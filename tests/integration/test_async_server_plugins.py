@@ -20,6 +20,7 @@ from support.scenarios import tiny_async_dict
 from mecsim.api import AsyncServer, AsyncServerParams, Update, register
 from mecsim.interfaces.cli import main
 from mecsim.registry import ASYNC_SERVERS
+from mecsim.run import async_run
 from mecsim.run.setup import RunFailed
 from mecsim.scenario import ScenarioError, scenario_from_dict
 from mecsim.store.reader import read_csv_exact
@@ -96,6 +97,13 @@ class Forgetful(AsyncServer):
         return True
 
 
+class Hoarder(AsyncServer):
+    """Keeps every update and never makes a version."""
+
+    def on_update(self, update: Update, staleness: int) -> bool:
+        return False
+
+
 class Wide(AsyncServer):
     """Keeps its model in float64."""
 
@@ -111,6 +119,7 @@ SERVERS = {
     "noisy_async": Noisy,
     "forgetful_async": Forgetful,
     "wide_async": Wide,
+    "hoarder_async": Hoarder,
 }
 
 
@@ -251,6 +260,20 @@ def test_a_server_that_widens_the_weights_stops_the_run(tmp_path: Path) -> None:
     assert str(err.value) == (
         "aggregation.server: Wide made version 1 of ndarray float64 (200010,): the weights "
         "must stay a flat float32 array of the model's 200010 values"
+    )
+
+
+def test_a_server_that_never_makes_a_version_stops_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rather than run for ever: 3 updates per client (12 with 4 clients) here."""
+    monkeypatch.setattr(async_run, "STALL_UPDATES_PER_CLIENT", 3)
+    data = tiny_async_dict(mode="async", server={"name": "hoarder_async"})
+    with pytest.raises(RunFailed) as err:
+        run_in_folder(scenario_from_dict(data, "s"), tmp_path / "r")
+    assert str(err.value) == (
+        "aggregation.server: Hoarder took 12 updates (3 per client) since version 0 without "
+        "making another: it would never reach the scenario's rounds"
     )
 
 
