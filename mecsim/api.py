@@ -35,6 +35,13 @@ from rich.console import Console
 from mecsim import registry as _registry
 from mecsim.agents import models as _models
 from mecsim.agents.algorithms import base as _base
+from mecsim.agents.algorithms.asynchronous import (
+    AsyncServer,
+    AsyncServerParams,
+    Update,
+    fedbuff_weight,
+    staleness_weight,
+)
 from mecsim.agents.algorithms.base import (
     AggregateStats,
     ClientAlgorithm,
@@ -94,8 +101,9 @@ from mecsim.scenario.overrides import OverrideError, apply_overrides
 from mecsim.store.session import Outcome, new_run_id, run_in_folder
 
 #: The public API's version: a plugin written against 1.x runs on every mecsim whose
-#: ``VERSION`` starts with 1.
-VERSION = "1.0"
+#: ``VERSION`` starts with 1 and is at least 1.x (1.1 added the asynchronous servers:
+#: :class:`AsyncServer`, :data:`ASYNC_SERVERS`).
+VERSION = "1.1"
 
 #: The registry of algorithms: ``(server class, client class)`` pairs by name (the
 #: ``mecsim.algorithms`` entry points, plugin files' :func:`register` calls, import strings).
@@ -115,6 +123,9 @@ DEVICES = _registry.DEVICES
 #: The registry of compressors: :class:`Compressor` classes by name (the
 #: ``mecsim.compressors`` entry points; docs/compressors.md).
 COMPRESSORS = _registry.COMPRESSORS
+#: The registry of asynchronous servers: :class:`AsyncServer` classes by name (the
+#: ``mecsim.async_servers`` entry points; ``aggregation.server`` of a scenario, docs/async.md).
+ASYNC_SERVERS = _registry.ASYNC_SERVERS
 #: Bytes of one model parameter on the air (float32).
 BYTES_PER_ELEMENT = _models.BYTES_PER_ELEMENT
 #: What :meth:`ClientAlgorithm.evaluate` returns: ``(accuracy, loss)``, or ``(accuracy,
@@ -126,6 +137,7 @@ OpTrace = _ops.OpTrace
 
 __all__ = [
     "ALGORITHMS",
+    "ASYNC_SERVERS",
     "BYTES_PER_ELEMENT",
     "CHANNELS",
     "COMPRESSORS",
@@ -134,6 +146,8 @@ __all__ = [
     "MODELS",
     "VERSION",
     "AggregateStats",
+    "AsyncServer",
+    "AsyncServerParams",
     "ChannelModel",
     "ClientRadio",
     "RoundChannel",
@@ -164,11 +178,13 @@ __all__ = [
     "TrainConfig",
     "TrainStats",
     "UnknownName",
+    "Update",
     "Upload",
     "WeightedSum",
     "all_finite",
     "counted_step",
     "evaluate",
+    "fedbuff_weight",
     "finite_upload",
     "get_flat",
     "load_plugin_file",
@@ -181,6 +197,7 @@ __all__ = [
     "register",
     "set_flat",
     "simulate",
+    "staleness_weight",
     "standard_trace",
     "train_epochs",
     "trained_result",

@@ -1,5 +1,5 @@
 """What a scenario names, found by name: algorithms, models, datasets, channels, devices,
-compressors.
+compressors, asynchronous servers.
 
 Every kind of thing a scenario names by ``name`` is a :class:`Registry` whose entries
 are **entry points** of one group, the same path for mecsim's built-ins (declared in
@@ -17,6 +17,8 @@ channel    ``mecsim.channels``   a link model (reserved: not yet open to plugins
 device     ``mecsim.devices``    ``{profile name: fields}`` or a callable returning it
 compressor ``mecsim.compressors`` a :class:`mecsim.agents.compressors.Compressor`
                                  subclass (built with its ``params``)
+async_     ``mecsim.async_       a :class:`mecsim.agents.algorithms.asynchronous.
+server     servers``             AsyncServer` subclass (``aggregation.server``)
 ========== ===================== ====================================================
 
 An entry is imported when it is first asked for: the scenario schema, the lowest layer
@@ -618,21 +620,35 @@ def _compressor_class(obj: Any) -> Any:
     return obj
 
 
+def _async_server_class(obj: Any) -> Any:
+    """An asynchronous server entry is a class with ``on_update`` (a subclass of
+    :class:`mecsim.agents.algorithms.asynchronous.AsyncServer`), built with the
+    scenario's ``aggregation`` section and ``aggregation.server.params``."""
+    if not (isinstance(obj, type) and callable(getattr(obj, "on_update", None))):
+        raise TypeError(
+            "an async_server entry must be a class with on_update (a subclass of "
+            f"mecsim.api.AsyncServer), not {type(obj).__name__}"
+        )
+    return obj
+
+
 ALGORITHMS = Registry("algorithm", "mecsim.algorithms", _algorithm_pair)
 MODELS = Registry("model", "mecsim.models", _callable)
 DATASETS = Registry("dataset", "mecsim.datasets")
 CHANNELS = Registry("channel", "mecsim.channels")
 DEVICES = Registry("device", "mecsim.devices")
 COMPRESSORS = Registry("compressor", "mecsim.compressors", _compressor_class)
+ASYNC_SERVERS = Registry("async_server", "mecsim.async_servers", _async_server_class)
 
 #: every registry by kind
 REGISTRIES: dict[str, Registry] = {
-    r.kind: r for r in (ALGORITHMS, MODELS, DATASETS, CHANNELS, DEVICES, COMPRESSORS)
+    r.kind: r for r in (ALGORITHMS, MODELS, DATASETS, CHANNELS, DEVICES, COMPRESSORS, ASYNC_SERVERS)
 }
 
 
 def registry(kind: str) -> Registry:
-    """The registry of ``kind`` (algorithm, model, dataset, channel, device, compressor)."""
+    """The registry of ``kind`` (algorithm, model, dataset, channel, device, compressor,
+    async_server)."""
     try:
         return REGISTRIES[kind]
     except KeyError:

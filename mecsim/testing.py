@@ -111,11 +111,12 @@ from mecsim.agents.algorithms.base import (
 from mecsim.agents.state import decode, encode
 from mecsim.agents.training import optimizer_step_flops
 from mecsim.emulation.ops import Compute, Download, ServerCompute, Upload
-from mecsim.registry import ALGORITHMS, COMPRESSORS
+from mecsim.registry import ALGORITHMS, ASYNC_SERVERS, COMPRESSORS, register
 from mecsim.run.observers import RunObserver
 from mecsim.run.rows import is_host_column
 from mecsim.run.setup import streams_aggregation
 from mecsim.scenario import Scenario, load_scenario, scenario_from_dict
+from mecsim.scenario.aggregation import MODE_SERVERS
 from mecsim.store.reader import read_csv_exact
 from mecsim.store.runfolder import prepare_resume
 from mecsim.store.session import run_in_folder
@@ -1612,7 +1613,354 @@ def check_compressor(
     return CheckReport(name, results, time.perf_counter() - start, data)
 
 
+# --------------------------------------------------------------------------- async servers
+
+#: The properties of an asynchronous server (:func:`check_async_server`), in the order
+#: checked.
+ASYNC_SERVER_PROPERTIES: tuple[str, ...] = (
+    "params",
+    "versions",
+    "weights",
+    "determinism",
+    "resume",
+)
+
+#: The kit's tiny asynchronous scenario (as tests/support/scenarios.py's): 4 clients (two
+#: Pi 3B, a Pi 4, the default device) in one shared cell, 400 embedded MNIST samples, 6
+#: server versions evaluated every 3, a checkpoint after every version.
+TINY_ASYNC: dict[str, Any] = {
+    "name": "check-async",
+    "seed": 3,
+    "rounds": 6,
+    "dataset": {
+        "name": "mnist-embedded",
+        "train_size": 400,
+        "test_size": 200,
+        "partition": {"method": "iid"},
+    },
+    "model": {"name": "mlp_2nn"},
+    "topology": {"clients": 4},
+    "devices": {"clients": [{"profile": "rpi3b", "count": 2}, {"profile": "rpi4"}]},
+    "channel": {
+        "model": "fixed_rate",
+        "uplink": {"rate_bps": 20e6, "shared": True},
+        "downlink": {"rate_bps": 50e6, "shared": True},
+    },
+    "training": {"epochs": 1, "batch_size": 20, "lr": 0.05},
+    "evaluation": {"every": 3},
+    "metrics": {"enabled": False},
+    "execution": {"backend": "local", "hosts": 1, "call_timeout_s": CHECK_CALL_TIMEOUT_S},
+}
+
+#: The settings of each asynchronous mode in the kit's runs (small enough that 4 clients
+#: make 6 versions quickly).
+_ASYNC_MODE_SETTINGS: dict[str, dict[str, Any]] = {
+    "async": {"alpha": 0.5},
+    "buffered": {"buffer_size": 2},
+    "semi_sync": {"period_s": 2.0},
+}
+
+#: An asynchronous server's run files (updates.csv in place of clients.csv).
+ASYNC_RECORD_FILES = ("rounds.csv", "updates.csv", "optraces.jsonl")
+
+#: The name the kit registers its watching subclass of the server under, for its runs.
+_PROBE_NAME = "mecsim-check-async-server"
+
+#: Updates in a row that make no version before the kit calls a server stuck (the tiny
+#: run has 4 clients: FedBuff's buffer there is 2).
+_STALL_UPDATES = 50
+
+
+class _ProbeStop(Exception):
+    """The server broke its contract in a kit run: the run stops here (a server that does
+    not count its versions would run for ever)."""
+
+
+class _ServerProbe:
+    """What the kit saw of a server's calls in its runs, by property."""
+
+    def __init__(self) -> None:
+        self.problems: dict[str, list[str]] = {"versions": [], "weights": []}
+        self.calls = 0
+        self.versions = 0
+        self.since = 0  # updates since the last version
+
+    def _stop(self, prop: str, message: str) -> None:
+        self.problems[prop].append(message)
+        raise _ProbeStop(f"{prop}: {message}")
+
+    def after(self, server: Any, method: str, made: Any, before: int, shape: Any) -> None:
+        self.calls += method == "on_update"
+        if not isinstance(made, bool | np.bool_):
+            self._stop("versions", f"{method} returned {made!r}, not a bool")
+        after = server.version
+        if after != before + int(made):
+            self._stop(
+                "versions",
+                f"{method} returned {bool(made)} and the version went from {before} to "
+                f"{after} (True: one more; False: unchanged)",
+            )
+        w = server.weights
+        if not isinstance(w, np.ndarray) or w.shape != shape or w.dtype != np.float32:
+            got = f"{type(w).__name__} {getattr(w, 'shape', '')} {getattr(w, 'dtype', '')}"
+            self._stop(
+                "weights",
+                f"after {method} the weights are {got.strip()}, not float32 of shape {shape}",
+            )
+        if not np.isfinite(w).all():
+            self._stop(
+                "weights",
+                f"after {method} (version {after}) the weights hold NaN or inf (every update "
+                "the run gave it was finite)",
+            )
+        if made:
+            self.versions += 1
+            self.since = 0
+        elif method == "on_update":
+            self.since += 1
+            if self.since >= _STALL_UPDATES:
+                self._stop(
+                    "versions",
+                    f"{_STALL_UPDATES} updates in a row made no version (4 clients in the "
+                    "kit's run): it would never reach the scenario's rounds",
+                )
+
+
+def _probe_class(cls: Any, probe: _ServerProbe) -> type:
+    """A subclass of ``cls`` whose on_update (and flush) report to ``probe``."""
+
+    def on_update(self: Any, update: Any, staleness: int) -> Any:
+        before, shape = self.version, np.shape(self.weights)
+        made = cls.on_update(self, update, staleness)
+        probe.after(self, "on_update", made, before, shape)
+        return made
+
+    body: dict[str, Any] = {"on_update": on_update, "__module__": cls.__module__}
+    if callable(getattr(cls, "flush", None)):
+
+        def flush(self: Any) -> Any:
+            before, shape = self.version, np.shape(self.weights)
+            made = cls.flush(self)
+            probe.after(self, "flush", made, before, shape)
+            return made
+
+        body["flush"] = flush
+    return type(cls.__name__, (cls,), body)
+
+
+def _async_mode(name: str, cls: type, mode: str | None) -> str:
+    """The mode the kit runs server ``name`` in: ``mode``, else a built-in's own, else
+    semi_sync for a server with flush(), else async."""
+    if mode is not None:
+        if mode not in _ASYNC_MODE_SETTINGS:
+            raise ValueError(
+                f"mode {mode!r} is not an asynchronous mode; one of "
+                f"{', '.join(_ASYNC_MODE_SETTINGS)}"
+            )
+        return mode
+    own = {server: m for m, server in MODE_SERVERS.items()}
+    if name in own:
+        return own[name]
+    return "semi_sync" if callable(getattr(cls, "flush", None)) else "async"
+
+
+def _async_data(server: str, params: dict[str, Any], mode: str) -> dict[str, Any]:
+    aggregation = {"mode": mode, **_ASYNC_MODE_SETTINGS[mode]}
+    aggregation["server"] = {"name": server, "params": dict(params)}
+    return _merge(TINY_ASYNC, {"aggregation": aggregation})
+
+
+class _AsyncServerKit:
+    def __init__(self, name: str, params: dict[str, Any], mode: str, folder: Path) -> None:
+        self.name, self.params, self.mode, self.folder = name, dict(params), mode, folder
+        self.cls = ASYNC_SERVERS.get(name)
+        self.probe = _ServerProbe()
+        self.data = _async_data(_PROBE_NAME, self.params, mode)
+        self._base: Path | None = None
+        self._base_error: _Fail | None = None
+
+    def _run(self, label: str, **kwargs: Any) -> Path:
+        out = self.folder / label
+        sc = scenario_from_dict(self.data, f"mecsim check {self.name}")
+        try:
+            outcome = run_in_folder(sc, out, backend="local", hosts=1, **kwargs)
+        except SimulatedKill:
+            raise
+        except _ProbeStop as exc:
+            raise _Fail(f"the {label} run stopped where the server broke {exc}") from None
+        except Exception as exc:
+            raise _Fail(f"the {label} run (mode {self.mode}) failed: {_one_line(exc)}") from None
+        if outcome.status != "finished":
+            raise _Fail(f"the {label} run ended {outcome.status}")
+        return out
+
+    def base(self) -> Path:
+        if self._base is None and self._base_error is None:
+            try:
+                self._base = self._run("base")
+            except _Fail as exc:
+                self._base_error = exc
+        if self._base_error is not None:
+            raise self._base_error
+        assert self._base is not None
+        return self._base
+
+    def _verdict(self, prop: str) -> None:
+        try:
+            self.base()
+        except _Fail:
+            if self.probe.problems[prop]:
+                raise _Fail(self.probe.problems[prop][0]) from None
+            other = [p for p, found in self.probe.problems.items() if found]
+            if other:  # the run stopped at another property's failure
+                raise _Skip(
+                    f"not checked to the end: the run stopped at the {other[0]} failure "
+                    f"({self.probe.calls} on_update calls held)"
+                ) from None
+            raise
+        if self.probe.problems[prop]:
+            raise _Fail(self.probe.problems[prop][0])
+
+    def check_params(self) -> str:
+        params = getattr(self.cls, "Params", None)
+        if not (isinstance(params, type) and issubclass(params, BaseModel)):
+            raise _Fail("its Params is not a pydantic model")
+        problems = [
+            f"{field}: " + ("no default" if info.is_required() else "no description")
+            for field, info in params.model_fields.items()
+            if info.is_required() or not info.description
+        ]
+        if problems:
+            raise _Fail("Params fields without " + "; ".join(problems))
+        params(**self.params)
+        return f"{len(params.model_fields)} documented fields, built with {self.params or '{}'}"
+
+    def check_versions(self) -> str:
+        self._verdict("versions")
+        p = self.probe
+        return (
+            f"{p.calls} on_update calls in a run of mode {self.mode}, {p.versions} versions: "
+            "each True one more version, each False none"
+        )
+
+    def check_weights(self) -> str:
+        self._verdict("weights")
+        size = int(json.loads((self.base() / "run.json").read_text())["num_params"])
+        return f"after every call {size} finite float32 values"
+
+    def check_determinism(self) -> str:
+        other = self._run("again")
+        diff = first_difference(self.base(), other, ASYNC_RECORD_FILES)
+        if diff:
+            raise _Fail(
+                "the same seed twice: the records differ (randomness not from the scenario?)",
+                diff,
+            )
+        return "the same seed twice: identical records"
+
+    def check_resume(self) -> str:
+        base = self.base()
+        out = self.folder / "resumed"
+        try:
+            self._run("resumed", observers=[StopAfter(2)])
+        except SimulatedKill:
+            pass
+        target = prepare_resume(out)
+        try:
+            run_in_folder(None, resume=target, hosts=1, backend="local")
+        except Exception as exc:
+            raise _Fail(f"the resumed run failed: {_one_line(exc)}") from None
+        finally:
+            target.lock.release()
+        diff = first_difference(base, out, ASYNC_RECORD_FILES)
+        if diff:
+            raise _Fail(
+                f"stopped after version 3 and resumed from version {target.rounds_done}: the "
+                "records differ from the uninterrupted run's (state outside the server's "
+                "attributes, or versions that depend on the weights' values?)",
+                diff,
+            )
+        done = target.rounds_done
+        return f"stopped after version 3, resumed from version {done}: identical records"
+
+
+def check_async_server(
+    name: str,
+    params: dict[str, Any] | None = None,
+    *,
+    mode: str | None = None,
+    properties: Iterable[str] | None = None,
+    workdir: str | Path | None = None,
+    on_result: Callable[[PropertyResult], None] | None = None,
+) -> CheckReport:
+    """Check asynchronous server ``name`` (an ``mecsim.async_servers`` name or
+    ``module:Class``) built with ``params`` in real runs of :data:`TINY_ASYNC` in ``mode``
+    (default: a built-in's own mode; semi_sync for a server with ``flush()``, else async)
+    (:data:`ASYNC_SERVER_PROPERTIES`):
+
+    ``params``
+        its ``Params`` is a pydantic model whose fields all have a default and a
+        description;
+    ``versions``
+        ``on_update`` (and ``flush``) return a bool, and ``version`` grows by exactly one
+        when it is True and stays when it is False; versions keep coming (not 50 updates
+        in a row without one);
+    ``weights``
+        after every call the weights are finite float32 of the model's shape;
+    ``determinism``
+        the same seed twice gives identical records;
+    ``resume``
+        the run stopped after version 3 and resumed from its checkpoint gives the
+        uninterrupted run's records (the server's state is its attributes, and when it
+        makes a version does not depend on the weights' values: docs/async.md).
+
+    Raises :class:`~mecsim.registry.UnknownName` / :class:`~mecsim.registry.PluginError`
+    for a name that does not resolve, :class:`~mecsim.scenario.ScenarioError` for
+    ``params`` its Params refuses (or a server the mode cannot run)."""
+    wanted = list(ASYNC_SERVER_PROPERTIES if properties is None else properties)
+    unknown = [p for p in wanted if p not in ASYNC_SERVER_PROPERTIES]
+    if unknown:
+        raise ValueError(
+            f"unknown properties {unknown}; known: {', '.join(ASYNC_SERVER_PROPERTIES)}"
+        )
+    cls = ASYNC_SERVERS.get(name)
+    run_mode = _async_mode(name, cls, mode)
+    data = _async_data(name, dict(params or {}), run_mode)
+    scenario_from_dict(data, f"mecsim check {name}")  # ScenarioError: bad params, no run
+    start = time.perf_counter()
+    results: list[PropertyResult] = []
+    with tempfile.TemporaryDirectory(prefix="mecsim-check-") as tmp:
+        folder = Path(workdir) if workdir is not None else Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        kit = _AsyncServerKit(name, dict(params or {}), run_mode, folder)
+        ASYNC_SERVERS.unregister(_PROBE_NAME)
+        register("async_server", _PROBE_NAME, _probe_class(cls, kit.probe))
+        try:
+            for prop in ASYNC_SERVER_PROPERTIES:
+                t0 = time.perf_counter()
+                if prop not in wanted:
+                    result = PropertyResult(prop, True, "not asked for", skipped=True)
+                else:
+                    try:
+                        result = PropertyResult(prop, True, getattr(kit, f"check_{prop}")())
+                    except _Fail as exc:
+                        result = PropertyResult(prop, False, exc.reason, exc.first_difference)
+                    except _Skip as exc:
+                        result = PropertyResult(prop, True, str(exc), skipped=True)
+                    except Exception as exc:  # the server's own code raised
+                        result = PropertyResult(prop, False, _one_line(exc))
+                result.seconds = round(time.perf_counter() - t0, 3)
+                results.append(result)
+                if on_result is not None:
+                    on_result(result)
+        finally:
+            ASYNC_SERVERS.unregister(_PROBE_NAME)
+    return CheckReport(name, results, time.perf_counter() - start, data)
+
+
 __all__ = [
+    "ASYNC_RECORD_FILES",
+    "ASYNC_SERVER_PROPERTIES",
     "BUILTIN_OVERRIDES",
     "COMPRESSOR_PROPERTIES",
     "CHANGED_SINCE_0_1",
@@ -1622,6 +1970,7 @@ __all__ = [
     "PROPERTIES",
     "RECORD_FILES",
     "TINY",
+    "TINY_ASYNC",
     "CheckReport",
     "PropertyResult",
     "SimulatedKill",
@@ -1629,6 +1978,7 @@ __all__ = [
     "assert_records_close",
     "assert_same_records",
     "check_algorithm",
+    "check_async_server",
     "check_compressor",
     "check_scenario_data",
     "compared_columns",

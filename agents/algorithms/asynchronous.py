@@ -27,8 +27,10 @@ download and its update's arrival (0: nothing changed meanwhile). Everything is 
 numpy, accumulated in float64 and stored in float32, so a run is reproducible to the
 bit; nothing here knows of Ray, SimPy or the clock (mecsim.run.async_run drives it).
 
-A user's own asynchronous server subclasses :class:`AsyncServer` and implements
-:meth:`AsyncServer.on_update` (docs/extending.md).
+A user's own asynchronous server subclasses :class:`AsyncServer`, implements
+:meth:`AsyncServer.on_update` (and :meth:`SemiSync.flush`'s like for mode semi_sync) and
+is registered in the ``mecsim.async_servers`` group, as these three are; a scenario names
+it as ``aggregation.server`` (docs/extending.md, "Your own asynchronous server").
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict
 
 
 def staleness_weight(function: str, staleness: int, a: float = 0.5, b: int = 4) -> float:
@@ -81,17 +84,36 @@ class Update:
     num_samples: int
 
 
+class AsyncServerParams(BaseModel):
+    """The base of an asynchronous server's ``Params`` (``aggregation.server.params`` in a
+    scenario): none, and any given is refused."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
 class AsyncServer(ABC):
     """The server of an asynchronous mode: the global model, its version, and what it
-    does with each update (:meth:`on_update`). State is the instance's attributes (a
-    checkpoint keeps them all)."""
+    does with each update (:meth:`on_update`). State is the instance's attributes but
+    :attr:`config` and :attr:`params` (a checkpoint keeps them all: numbers, strings,
+    numpy arrays, and lists and dicts of them).
+
+    ``config`` is the scenario's ``aggregation:`` section, ``params`` its
+    ``aggregation.server.params``, validated by :attr:`Params` (``self.params`` is the
+    Params instance). The run builds the server as ``cls(init_weights, config, params)``:
+    a subclass that overrides ``__init__`` takes the same three and calls this one."""
 
     name: ClassVar[str] = ""
+    #: the parameters a scenario may give it (a pydantic model: every field with a default
+    #: and a description)
+    Params: ClassVar[type[BaseModel]] = AsyncServerParams
 
-    def __init__(self, init_weights: np.ndarray, config: Any) -> None:
+    def __init__(
+        self, init_weights: np.ndarray, config: Any, params: dict[str, Any] | None = None
+    ) -> None:
         self.weights = np.array(init_weights, dtype=np.float32, copy=True)
         self.version = 0
         self.config = config
+        self.params = self.Params(**(params or {}))
 
     @abstractmethod
     def on_update(self, update: Update, staleness: int) -> bool:
@@ -128,8 +150,10 @@ class FedBuff(AsyncServer):
 
     name = "buffered"
 
-    def __init__(self, init_weights: np.ndarray, config: Any) -> None:
-        super().__init__(init_weights, config)
+    def __init__(
+        self, init_weights: np.ndarray, config: Any, params: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(init_weights, config, params)
         self.buffer = np.zeros(self.weights.shape, dtype=np.float64)
         self.buffered = 0
 
@@ -166,8 +190,10 @@ class SemiSync(AsyncServer):
 
     name = "semi_sync"
 
-    def __init__(self, init_weights: np.ndarray, config: Any) -> None:
-        super().__init__(init_weights, config)
+    def __init__(
+        self, init_weights: np.ndarray, config: Any, params: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(init_weights, config, params)
         self.sum = np.zeros(self.weights.shape, dtype=np.float64)
         self.samples = 0
 
@@ -190,7 +216,8 @@ class SemiSync(AsyncServer):
         return 2.0 * num_elements  # one multiply and one add per element
 
 
-#: The asynchronous servers by ``aggregation.mode``.
+#: The asynchronous servers by ``aggregation.mode`` (each mode's own server, when the
+#: scenario names none in ``aggregation.server``).
 ASYNC_SERVERS: dict[str, type[AsyncServer]] = {
     "async": FedAsync,
     "buffered": FedBuff,

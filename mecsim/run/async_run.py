@@ -53,7 +53,7 @@ import psutil
 import simpy
 
 from mecsim.agents.algorithms import ClientResult, ClientTask, algorithm_classes
-from mecsim.agents.algorithms.asynchronous import ASYNC_SERVERS, AsyncServer, SemiSync, Update
+from mecsim.agents.algorithms.asynchronous import AsyncServer, Update
 from mecsim.agents.algorithms.fedavg import FedAvgServer
 from mecsim.agents.state import BlobSink, decode, encode
 from mecsim.emulation import faults
@@ -67,11 +67,16 @@ from mecsim.emulation.engine.simpy_model import (
     SharedLink,
 )
 from mecsim.emulation.ops import Compute, Download, Upload, op_to_dict, trace_flops
+from mecsim.registry import ASYNC_SERVERS
 from mecsim.run.chaos import kill_point
 from mecsim.run.setup import MiB, RunFailed, RunSetup
 from mecsim.scenario import Scenario
 
 _Proc = Generator[simpy.Event, Any, None]
+
+#: Updates per client a server may take without making a version (modes async and
+#: buffered) before the run calls it stuck (:meth:`AsyncRun._check_progress`).
+STALL_UPDATES_PER_CLIENT = 100
 
 
 def refusals(scenario: Scenario) -> list[tuple[str, str]]:
@@ -234,7 +239,7 @@ class AsyncRun:
             self.replay_log = [[decode(e) for e in batch] for batch in self.executed]
             self.saved = decode(state["state"])
             init = np.zeros(1, dtype=np.float32)  # the stand-in server of the re-play
-        self.server: AsyncServer = ASYNC_SERVERS[self.agg.mode](init, self.agg)
+        self.server: AsyncServer = self._new_server(init)
         self.published_at = {0: 0.0}  # version -> emulated s it was made
         self.versions = {0: self.server.weights}  # versions some cycle still trains on
         self.pending: list[_Cycle] = []  # started, not yet executed
@@ -251,6 +256,15 @@ class AsyncRun:
         self.wall0 = time.perf_counter()
         self.train_wall = 0.0
         self._network()
+
+    def _new_server(self, init_weights: np.ndarray) -> AsyncServer:
+        """The scenario's asynchronous server (``aggregation.server``, else the mode's own)
+        of the ``mecsim.async_servers`` registry, on ``init_weights``."""
+        agg = self.agg
+        cls = ASYNC_SERVERS.get(agg.server_name())
+        params = dict(agg.server.params) if agg.server is not None else {}
+        server: AsyncServer = cls(init_weights, agg, params)
+        return server
 
     # -- the network, drawn once -----------------------------------------------------
     def _network(self) -> None:
@@ -383,7 +397,7 @@ class AsyncRun:
             self._diverged("the versions were made at other times")
         if set(saved["versions"]) != set(self.versions):
             self._diverged("other versions in use")
-        server = ASYNC_SERVERS[self.agg.mode](saved["server"]["weights"], self.agg)
+        server = self._new_server(saved["server"]["weights"])
         for name, value in saved["server"].items():
             setattr(server, name, value)
         self.server = server
@@ -402,7 +416,7 @@ class AsyncRun:
     def state(self, blobs: BlobSink | None = None) -> dict[str, Any]:
         """What a checkpoint at this version boundary holds (see the module's docstring);
         ``blobs`` takes the large arrays by reference."""
-        server = {k: v for k, v in vars(self.server).items() if k != "config"}
+        server = {k: v for k, v in vars(self.server).items() if k not in ("config", "params")}
         uploads = {
             c.client_id: c.upload
             for c in self.in_flight.values()
@@ -511,12 +525,15 @@ class AsyncRun:
                 yield turn
                 if self.done.triggered:
                     return
-                server = self.server  # (a resume puts the real one in the stand-in's place)
-                assert isinstance(server, SemiSync)
+                # (a resume puts the real server in the stand-in's place; the schema
+                # refuses a server without flush() in this mode)
+                flush = getattr(self.server, "flush")  # noqa: B009 (not on AsyncServer)
                 size = self.model_size
                 t0 = time.perf_counter()
-                made = server.flush()
+                before = self.server.version
+                made = flush()
                 self.log.host_aggregate_s += time.perf_counter() - t0
+                self._check_version(made, before, "flush")
                 if made:
                     agg_s = self.rs.server_profile.aggregate_time_s(size)  # the division
                     self.log.server_s += agg_s
@@ -571,10 +588,12 @@ class AsyncRun:
                 staleness,
             )
             wall = time.perf_counter() - t0
+            self._check_version(made, at_version, "on_update")
             flops = self.server.aggregate_flops(cyc.upload_size)
             self.log.cycles.append(cyc)
             self.log.staleness.append(staleness)
             self.log.staleness_s.append(staleness_s)
+            self._check_progress()
         agg_s = self.rs.server_profile.aggregate_time_s(flops)
         self.log.server_s += agg_s
         self.log.server_flops += flops
@@ -591,6 +610,33 @@ class AsyncRun:
         cyc.upload = None
         self._forget_versions()
         return made, agg_s
+
+    def _check_version(self, made: Any, before: int, method: str) -> None:
+        """The server's contract: ``method`` returns True exactly when it made the next
+        version (one more), False when the version stays; anything else stops the run
+        (a server that says it made a version and did not would never reach ``rounds``)."""
+        after = self.server.version
+        if isinstance(made, bool | np.bool_) and after == before + int(made):
+            return
+        raise RunFailed(
+            f"aggregation.server: {type(self.server).__name__}.{method} returned {made!r} "
+            f"and took the version from {before} to {after}: it must return True when it "
+            "made a new version (version one more), False when it did not (version unchanged)"
+        )
+
+    def _check_progress(self) -> None:
+        """In modes async and buffered only ``on_update`` makes versions: a server that
+        has taken :data:`STALL_UPDATES_PER_CLIENT` updates per client since its last
+        version would never reach ``rounds`` (FedBuff makes one every ``buffer_size``, at
+        most the clients), so the run stops rather than run for ever."""
+        taken = len(self.log.cycles)
+        if self.agg.mode == "semi_sync" or taken < STALL_UPDATES_PER_CLIENT * self.n:
+            return
+        raise RunFailed(
+            f"aggregation.server: {type(self.server).__name__} took {taken} updates "
+            f"({STALL_UPDATES_PER_CLIENT} per client) since version {self.server.version} "
+            "without making another: it would never reach the scenario's rounds"
+        )
 
     def _trace(self, cyc: _Cycle) -> tuple[Any, ...]:
         assert cyc.result is not None
@@ -676,6 +722,14 @@ class AsyncRun:
         """The server's new version is what downloads get from now; its row is emitted."""
         v = self.server.version
         now = self.env.now
+        w = self.server.weights
+        size = self.model_size if self.live else 1  # (a re-play's stand-in has one element)
+        if not (isinstance(w, np.ndarray) and w.dtype == np.float32 and w.shape == (size,)):
+            raise RunFailed(
+                f"aggregation.server: {type(self.server).__name__} made version {v} of "
+                f"{type(w).__name__} {getattr(w, 'dtype', '')} {getattr(w, 'shape', '')}: the "
+                f"weights must stay a flat float32 array of the model's {size} values"
+            )
         if not np.isfinite(self.server.weights).all():  # finite updates, an unstable step
             raise RunFailed(
                 f"aggregation.mode {self.agg.mode}: version {v} of the model holds NaN or "
@@ -779,7 +833,7 @@ class AsyncRun:
         """Every version up to ``rounds``; returns ``finished`` or the stop status."""
         for cid in range(self.n):
             self.env.process(self._client(cid))
-        if isinstance(self.server, SemiSync):
+        if self.agg.mode == "semi_sync":
             self.env.process(self._periods())
         self.env.run(until=self.done)
         if self.stop_status is not None:

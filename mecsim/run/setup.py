@@ -155,6 +155,8 @@ def _named(scenario: Scenario) -> dict[str, str]:
         names["channel"] = scenario.channel.name
     if scenario.compressor.name is not None:
         names["compressor"] = scenario.compressor.name
+    if scenario.aggregation.server is not None:
+        names["async_server"] = scenario.aggregation.server.name
     return names
 
 

@@ -11,16 +11,20 @@
   arrived in the period (weighted by samples, as FedAvg); clients still training go on
   and arrive in a later period.
 
-In both asynchronous modes the emulated clock drives the run (mecsim.run.async_run):
+In the asynchronous modes the emulated clock drives the run (mecsim.run.async_run):
 each client cycles download -> train -> upload on its own, and ``rounds`` counts the
-server's model versions. This module imports nothing of mecsim: the schema imports it.
+server's model versions. ``server`` names another server than the mode's own (a plugin
+of the ``mecsim.async_servers`` group, docs/extending.md). This module imports nothing
+of mecsim but the registry: the schema imports it.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+import mecsim.registry as registry
 
 #: The staleness functions of FedAsync (Xie et al. 2019, Sec. 5.2), by name.
 STALENESS_FUNCTIONS = ("constant", "polynomial", "hinge")
@@ -45,6 +49,50 @@ class StalenessConfig(_Strict):
     b: int = Field(
         default=4, ge=0, le=10**6, description="versions of staleness the hinge forgives"
     )
+
+
+#: Each asynchronous mode's own server (its ``mecsim.async_servers`` name): what runs when
+#: ``aggregation.server`` is null.
+MODE_SERVERS = {"async": "fedasync", "buffered": "fedbuff", "semi_sync": "semi_sync"}
+
+
+def _dotted(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in loc) or "(top level)"
+
+
+class AsyncServerConfig(_Strict):
+    """An asynchronous server of the ``mecsim.async_servers`` group in place of the
+    mode's own, and its parameters (validated by the server class's ``Params``)."""
+
+    name: str = Field(
+        description="fedasync, fedbuff, semi_sync, or a plugin (`mecsim plugins --kind "
+        "async_server`)"
+    )
+    params: dict[str, Any] = Field(
+        default_factory=dict, description="the server's parameters (its Params)"
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, name: str) -> str:
+        reg = registry.ASYNC_SERVERS
+        if name not in reg:
+            raise ValueError(f"unknown {reg.kind} {name!r}; known: {', '.join(reg.names())}")
+        reg.get(name)  # PluginError (a ValueError): a conflict, fails to import, no on_update
+        return name
+
+    @model_validator(mode="after")
+    def _params_fit(self) -> AsyncServerConfig:
+        params_model = getattr(registry.ASYNC_SERVERS.get(self.name), "Params", None)
+        if params_model is not None:
+            try:
+                params_model(**self.params)
+            except ValidationError as exc:
+                err = exc.errors()[0]
+                raise ValueError(
+                    f"params.{_dotted(err['loc'])}: {err['msg']} (async_server {self.name})"
+                ) from None
+        return self
 
 
 class AggregationConfig(_Strict):
@@ -95,6 +143,12 @@ class AggregationConfig(_Strict):
         le=10**9,
         description="an update more versions stale than this is dropped on arrival; null: none is",
     )
+    server: AsyncServerConfig | None = Field(
+        default=None,
+        description="an asynchronous server of the mecsim.async_servers group (a plugin) "
+        "in place of the mode's own; null: the mode's own (async: fedasync, buffered: "
+        "fedbuff, semi_sync: semi_sync)",
+    )
 
     @model_validator(mode="after")
     def _fields_of_its_mode(self) -> AggregationConfig:
@@ -115,10 +169,34 @@ class AggregationConfig(_Strict):
                 ):
                     raise ValueError(f"{name} is a setting of mode {mode}, and mode is {self.mode}")
         if self.mode == "sync":
-            for name in ("concurrency", "max_staleness"):
+            for name in ("concurrency", "max_staleness", "server"):
                 if getattr(self, name) is not None:
                     raise ValueError(f"{name} is a setting of the asynchronous modes")
+        if self.server is not None:
+            self._server_fits(self.server.name)
         return self
+
+    def _server_fits(self, name: str) -> None:
+        """A built-in server runs in its own mode only (it reads that mode's settings); a
+        server under mode semi_sync must have ``flush()`` (called every ``period_s``)."""
+        cls = registry.ASYNC_SERVERS.get(name)
+        own = {server: mode for mode, server in MODE_SERVERS.items()}
+        if name in own and own[name] != self.mode:
+            raise ValueError(
+                f"server.name: {name} is mode {own[name]}'s own server (it reads that "
+                f"mode's settings); use mode: {own[name]}, and no server"
+            )
+        if self.mode == "semi_sync" and not callable(getattr(cls, "flush", None)):
+            raise ValueError(
+                f"server.name: async_server {name!r} has no flush(), which mode semi_sync "
+                f"calls every period_s to make a version; use mode async or buffered, or "
+                "give it a flush()"
+            )
+
+    def server_name(self) -> str:
+        """The ``mecsim.async_servers`` name of the server that runs (an asynchronous
+        mode's)."""
+        return self.server.name if self.server is not None else MODE_SERVERS[self.mode]
 
     def clocked(self) -> bool:
         """Does the emulated clock drive the run (an asynchronous mode)?"""

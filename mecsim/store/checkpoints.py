@@ -152,6 +152,9 @@ def scenario_digest(scenario: Scenario) -> str:
     for key, default in _NEW_AT_DEFAULT.items():
         if data.get(key) == default:
             data.pop(key)
+    aggregation = data.get("aggregation")
+    if isinstance(aggregation, dict) and aggregation.get("server", 0) is None:
+        aggregation.pop("server")  # added after asynchronous runs were recorded
     geometry = data.get("geometry")
     if isinstance(geometry, dict) and geometry.get("mobility") == _STATIC_MOBILITY:
         geometry.pop("mobility")  # added after geometry runs were recorded

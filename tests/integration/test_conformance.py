@@ -348,7 +348,8 @@ def test_check_verb_exit_codes_and_output(broken, capsys) -> None:
 
     assert main(["check", "no_such_algorithm"]) == 2
     err = capsys.readouterr().err
-    assert "unknown algorithm or compressor 'no_such_algorithm'" in err and "fedavg" in err
+    assert "unknown algorithm, compressor or asynchronous server 'no_such_algorithm'" in err
+    assert "fedavg" in err
 
     code = main(
         [

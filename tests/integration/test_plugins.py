@@ -610,7 +610,15 @@ def test_the_entry_point_scan_finds_what_importlib_metadata_finds(site, monkeypa
     monkeypatch.syspath_prepend(str(site))
     groups = [
         f"mecsim.{g}"
-        for g in ("algorithms", "models", "datasets", "channels", "devices", "compressors")
+        for g in (
+            "algorithms",
+            "models",
+            "datasets",
+            "channels",
+            "devices",
+            "compressors",
+            "async_servers",
+        )
     ]
     expected = {
         (ep.group, ep.name, ep.value, ep.dist.name, ep.dist.version)

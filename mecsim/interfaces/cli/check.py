@@ -17,7 +17,7 @@ from typing import Any
 
 from rich.console import Console
 
-from mecsim.registry import ALGORITHMS, COMPRESSORS, PluginError, UnknownName
+from mecsim.registry import ALGORITHMS, ASYNC_SERVERS, COMPRESSORS, PluginError, UnknownName
 from mecsim.scenario import ScenarioError
 
 EXIT_FAILED = 1
@@ -48,8 +48,9 @@ def add_check_parser(sub: Any) -> None:
     )
     p.add_argument(
         "name",
-        help="the algorithm (a registered name or module:attribute), or a compressor "
-        "(checked with its own properties: error bound, bytes, determinism, resume)",
+        help="the algorithm (a registered name or module:attribute), a compressor "
+        "(checked with its own properties: error bound, bytes, determinism, resume) or an "
+        "asynchronous server (its own: versions, weights, determinism, resume)",
     )
     p.add_argument("--scenario", metavar="FILE", help="run on this scenario instead")
     p.add_argument(
@@ -61,7 +62,13 @@ def add_check_parser(sub: Any) -> None:
     p.add_argument(
         "--params",
         metavar="MAPPING",
-        help="a compressor's params, e.g. '{bits: 4}' (compressors only)",
+        help="a compressor's or an asynchronous server's params, e.g. '{bits: 4}'",
+    )
+    p.add_argument(
+        "--mode",
+        choices=("async", "buffered", "semi_sync"),
+        help="the aggregation.mode an asynchronous server is checked in (default: a "
+        "built-in's own; semi_sync for a server with flush(), else async)",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--no-ray", action="store_true", help="skip the comparison with Ray")
@@ -84,15 +91,25 @@ def add_check_parser(sub: Any) -> None:
 def cmd_check(args: argparse.Namespace, console: Console) -> int:
     if args.name not in ALGORITHMS and args.name in COMPRESSORS:
         return cmd_check_compressor(args)
+    if args.name not in ALGORITHMS and args.name in ASYNC_SERVERS:
+        return cmd_check_compressor(args, "async_server")
     if args.params is not None:
-        print("error: --params is for a compressor's parameters", file=sys.stderr)
+        print(
+            "error: --params is for a compressor's or an asynchronous server's parameters",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_INPUT
+    if args.mode is not None:
+        print("error: --mode is for an asynchronous server", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:  # --plugin files are loaded before any verb runs (mecsim.interfaces.cli.main)
         ALGORITHMS.get(args.name)
     except UnknownName:
         print(
-            f"error: unknown algorithm or compressor {args.name!r}; installed algorithms: "
-            f"{', '.join(ALGORITHMS.names())}; compressors: {', '.join(COMPRESSORS.names())}",
+            f"error: unknown algorithm, compressor or asynchronous server {args.name!r}; "
+            f"installed algorithms: {', '.join(ALGORITHMS.names())}; compressors: "
+            f"{', '.join(COMPRESSORS.names())}; asynchronous servers: "
+            f"{', '.join(ASYNC_SERVERS.names())}",
             file=sys.stderr,
         )
         return EXIT_BAD_INPUT
@@ -154,12 +171,15 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
     return 0 if report.ok else EXIT_FAILED
 
 
-def cmd_check_compressor(args: argparse.Namespace) -> int:
-    """``mecsim check NAME`` of a compressor (:func:`mecsim.testing.check_compressor`)."""
+def cmd_check_compressor(args: argparse.Namespace, kind: str = "compressor") -> int:
+    """``mecsim check NAME`` of a compressor (:func:`mecsim.testing.check_compressor`) or,
+    ``kind`` async_server, of an asynchronous server
+    (:func:`mecsim.testing.check_async_server`)."""
     import yaml
 
+    server = kind == "async_server"
     try:
-        COMPRESSORS.get(args.name)
+        (ASYNC_SERVERS if server else COMPRESSORS).get(args.name)
     except PluginError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -177,18 +197,26 @@ def cmd_check_compressor(args: argparse.Namespace) -> int:
             return EXIT_BAD_INPUT
     if args.scenario is not None:
         print(
-            "error: --scenario is for algorithms; a compressor is checked with FedAvg on "
-            "the kit's tiny scenario",
+            "error: --scenario is for algorithms; "
+            + (
+                "an asynchronous server is checked on the kit's tiny asynchronous scenario"
+                if server
+                else "a compressor is checked with FedAvg on the kit's tiny scenario"
+            ),
             file=sys.stderr,
         )
         return EXIT_BAD_INPUT
+    if args.mode is not None and not server:
+        print("error: --mode is for an asynchronous server", file=sys.stderr)
+        return EXIT_BAD_INPUT
     from mecsim import testing  # deferred: the kit runs FedAvg (torch, the run loop)
 
+    known = testing.ASYNC_SERVER_PROPERTIES if server else testing.COMPRESSOR_PROPERTIES
     wanted = args.property
-    if wanted and any(p not in testing.COMPRESSOR_PROPERTIES for p in wanted):
+    if wanted and any(p not in known for p in wanted):
         print(
-            f"error: unknown properties; a compressor's: "
-            f"{', '.join(testing.COMPRESSOR_PROPERTIES)}",
+            f"error: unknown properties; {'an asynchronous server' if server else 'a compressor'}"
+            f"'s: {', '.join(known)}",
             file=sys.stderr,
         )
         return EXIT_BAD_INPUT
@@ -198,12 +226,19 @@ def cmd_check_compressor(args: argparse.Namespace) -> int:
             print(result.render(), flush=True)
 
     if not args.json:
-        print(
-            f"mecsim check {args.name} (compressor): encoding test vectors, tiny FedAvg runs...",
-            flush=True,
+        what = (
+            "(asynchronous server): tiny asynchronous runs..."
+            if server
+            else "(compressor): encoding test vectors, tiny FedAvg runs..."
         )
+        print(f"mecsim check {args.name} {what}", flush=True)
     try:
-        report = testing.check_compressor(args.name, params, properties=wanted, on_result=show)
+        if server:
+            report = testing.check_async_server(
+                args.name, params, mode=args.mode, properties=wanted, on_result=show
+            )
+        else:
+            report = testing.check_compressor(args.name, params, properties=wanted, on_result=show)
     except ScenarioError as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_BAD_INPUT
