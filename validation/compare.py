@@ -249,8 +249,9 @@ def all_rows() -> list[Row]:
     """Every stored case, mecsim beside ns-3: the TCP grid, the Wi-Fi cells, the
     held-out TCP cases, the long round trips (``reference/tcp_rtt.json``), the cases held
     out from the AQM model (``reference/tcp_holdout_long.json``), then the held-out cells
-    (``reference/wifi_holdout.json`` and the second draw, ``wifi_holdout_2.json``) and
-    the small uploads in lightly loaded cells (``reference/wifi_small.json``)."""
+    (``reference/wifi_holdout.json``, the second draw, ``wifi_holdout_2.json``, and the
+    third, with small uploads, ``wifi_holdout_3.json``) and the small uploads in lightly
+    loaded cells (``reference/wifi_small.json``)."""
     tcp = json.loads((REFERENCE / "tcp.json").read_text())
     wifi = json.loads((REFERENCE / "wifi.json").read_text())
     held = json.loads((REFERENCE / "tcp_holdout.json").read_text())
@@ -259,6 +260,7 @@ def all_rows() -> list[Row]:
     cells = json.loads((REFERENCE / "wifi_holdout.json").read_text())
     cells_2 = json.loads((REFERENCE / "wifi_holdout_2.json").read_text())
     small = json.loads((REFERENCE / "wifi_small.json").read_text())
+    cells_3 = json.loads((REFERENCE / "wifi_holdout_3.json").read_text())
     return (
         tcp_rows(tcp)
         + wifi_rows(wifi)
@@ -268,6 +270,7 @@ def all_rows() -> list[Row]:
         + wifi_rows(cells, "held-out")
         + wifi_rows(cells_2, "held-out-2")
         + wifi_rows(small, "small")
+        + wifi_rows(cells_3, "held-out-3")
     )
 
 
@@ -406,6 +409,9 @@ def summary(rows: list[Row]) -> dict[str, dict[str, float]]:
         "wifi small uploads, 1-2 stations": [
             r for r in rows if r.kind == "wifi" and r.grid == "small"
         ],
+        "wifi held out, third draw (with small uploads)": [
+            r for r in rows if r.kind == "wifi" and r.grid == "held-out-3"
+        ],
         "tcp held out": held,
         "tcp held out, no loss": [r for r in held if "loss" not in r.case],
         "tcp held out, loss": [r for r in held if "loss" in r.case],
@@ -503,6 +509,7 @@ _SET_NOTE = {
     "held-out-long": "  (held out from the AQM model)",
     "held-out-2": "  (held out, second draw)",
     "small": "  (small uploads)",
+    "held-out-3": "  (held out, third draw)",
 }
 
 
@@ -543,6 +550,8 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown(rows, "held-out-2"))
         print("\nSmall uploads in lightly loaded cells:\n")
         print(markdown(rows, "small"))
+        print("\nHeld-out cells, third draw (with small uploads):\n")
+        print(markdown(rows, "held-out-3"))
         print()
     else:
         for r in rows:

@@ -5,6 +5,7 @@
     python validation/wifi_reference.py cells-holdout   # reference/wifi_holdout.json (10 seeds)
     python validation/wifi_reference.py cells-holdout-2   # reference/wifi_holdout_2.json
     python validation/wifi_reference.py cells-small   # reference/wifi_small.json
+    python validation/wifi_reference.py cells-holdout-3   # reference/wifi_holdout_3.json
 
 Needs Debian's ns-3.37 (libns3-dev) and g++. Debian's ns3 .pc files name libgsl.so, which
 only libgsl-dev installs; the runtime libraries are enough, so those two entries are
@@ -95,6 +96,37 @@ def _small_cells() -> list[tuple[str, dict[str, str]]]:
 
 
 SMALL_CELLS = _small_cells()
+
+
+def _drawn_cells_3(seed: int = 20261201) -> list[tuple[str, dict[str, str]]]:
+    """A third draw, made and run once after the window-limited Wi-Fi flow (HyStart's ACK
+    train on the cell's MAC) was built: four cells from :func:`_drawn_cells`'
+    distribution (2-15 stations, 200 kB / 800 kB / 3 MB) and four small uploads (1-3
+    stations, 200-800 kB, drawn to the kilobyte), the stations spread as there (a
+    nearest at 5-30 m, a farthest 5-30 m further and at most 60 m out; one station at
+    the nearest), 20, 40 or 80 MHz, from a fixed seed; never used to change a model."""
+    rng = random.Random(seed)
+    cases = []
+    for i in range(8):
+        n = rng.randint(2, 15) if i < 4 else rng.randint(1, 3)
+        near = rng.randint(5, 30)
+        far = rng.randint(near + 5, min(near + 30, 60))
+        width = rng.choice(("20", "40", "80"))
+        if i < 4:
+            nbytes = rng.choice((200_000, BYTES, 3_000_000))
+        else:
+            nbytes = 1000 * rng.randint(200, 800)
+        if n == 1:
+            name = f"1sta_{near}m_{width}MHz_{nbytes}B"
+            options = {"stations": "1", "distances_m": str(near)}
+        else:
+            name = f"{n}sta_{near}-{far}m_{width}MHz_{nbytes}B"
+            options = {"stations": str(n), "min_m": str(near), "max_m": str(far)}
+        cases.append((name, {**options, "width_mhz": width, "bytes": str(nbytes)}))
+    return cases
+
+
+HOLDOUT_CELLS_3 = _drawn_cells_3()
 
 
 def build(name: str) -> Path:
@@ -200,4 +232,5 @@ if __name__ == "__main__":
         "cells-holdout": lambda: cells(HOLDOUT_CELLS, "wifi_holdout.json", HOLDOUT_SEEDS),
         "cells-holdout-2": lambda: cells(HOLDOUT_CELLS_2, "wifi_holdout_2.json", HOLDOUT_SEEDS),
         "cells-small": lambda: cells(SMALL_CELLS, "wifi_small.json", HOLDOUT_SEEDS),
+        "cells-holdout-3": lambda: cells(HOLDOUT_CELLS_3, "wifi_holdout_3.json", HOLDOUT_SEEDS),
     }[sys.argv[1]]()
