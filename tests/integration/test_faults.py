@@ -290,7 +290,6 @@ def test_a_diverging_run_is_flagged_and_its_model_untouched(tmp_path: Path, caps
 
 
 @pytest.mark.ray
-@pytest.mark.own_ray
 @pytest.mark.slow
 def test_killed_ray_actors_are_recreated_and_the_records_unchanged(tmp_path: Path) -> None:
     """kill -9 a client-host actor after round 1 and the central-server actor after
