@@ -198,6 +198,7 @@ def test_wait_for_a_fraction_drops_the_slowest(tmp_path: Path) -> None:
     assert r["dropped_deadline"] == 2
 
 
+@pytest.mark.slow
 def test_a_faulted_run_replays_exactly_and_resumes_exactly(tmp_path: Path) -> None:
     cfg = {
         "crash_prob": 0.25,
