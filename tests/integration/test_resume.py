@@ -163,8 +163,8 @@ def _scenario_file(tmp_path: Path, algorithm: dict, rounds: int = 5) -> Path:
 
 def _reference(tmp_path: Path, scenario: Path) -> Path:
     """The undisturbed run of ``scenario``, in this process: its records are those of a
-    ``mecsim run`` of the file (the killed runs below stay real processes, the resumes go
-    through the command line in this process). One interpreter start fewer per case."""
+    ``mecsim run`` of the file (the killed and resumed runs below stay real processes).
+    One interpreter start fewer per case."""
     ref = tmp_path / "ref" / "r"
     run_in_folder(load_scenario(scenario), ref)
     return ref
