@@ -99,23 +99,6 @@ def test_entry_point_metadata(installed: PluginVenv) -> None:
     assert dist == DIST and version == "0.1.0"
 
 
-@pytest.mark.slow  # a fresh Python that imports torch
-def test_registry_resolves_ditto_in_a_fresh_process(installed: PluginVenv) -> None:
-    # a fresh process: this one may have enumerated the entry points before the install
-    code = (
-        "import json, mecsim.registry as r, mecsim.api as api\n"
-        "server, client = r.ALGORITHMS.get('ditto')\n"
-        "assert issubclass(server, api.ServerAlgorithm), server\n"
-        "assert issubclass(client, api.ClientAlgorithm), client\n"
-        "print(json.dumps(r.ALGORITHMS.info('ditto').as_dict()))\n"
-    )
-    proc = _run([installed.python, "-c", code], timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    info = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert info["distribution"] == DIST and info["version"] == "0.1.0"
-    assert info["origin"] == "entry point" and info["target"] == "mecsim_ditto:DITTO"
-
-
 def test_plugin_imports_only_the_public_api() -> None:
     source = (EXAMPLE / "mecsim_ditto" / "__init__.py").read_text()
     imports = [
@@ -341,12 +324,18 @@ def test_server_is_a_sample_weighted_average() -> None:
 @pytest.mark.ray
 @pytest.mark.own_ray  # in a subprocess (which starts its own Ray for the `ray` property)
 def test_conformance_kit(installed: PluginVenv) -> None:
-    """mecsim.testing.check_algorithm("ditto"): every property of the conformance kit
+    """The registry resolves ``ditto`` to the entry point's server and client classes, and
+    mecsim.testing.check_algorithm("ditto"): every property of the conformance kit
     (params, determinism, ray, resume, streaming, movable, optraces, nan_guard) holds. In
-    a fresh process: this one may have enumerated the entry points before the install."""
+    a fresh process (one for both: each imports torch): this one may have enumerated the
+    entry points before the install."""
     pytest.importorskip("mecsim.testing", reason="mecsim.testing (the conformance kit) missing")
     code = (
-        "import sys\n"
+        "import json, sys, mecsim.registry as r, mecsim.api as api\n"
+        "server, client = r.ALGORITHMS.get('ditto')\n"
+        "assert issubclass(server, api.ServerAlgorithm), server\n"
+        "assert issubclass(client, api.ClientAlgorithm), client\n"
+        "print(json.dumps(r.ALGORITHMS.info('ditto').as_dict()))\n"
         "from mecsim.testing import check_algorithm\n"
         "report = check_algorithm('ditto')\n"
         "print(report.render())\n"
@@ -354,4 +343,7 @@ def test_conformance_kit(installed: PluginVenv) -> None:
     )
     proc = _run([installed.python, "-c", code], timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    info = json.loads(proc.stdout.strip().splitlines()[0])
+    assert info["distribution"] == DIST and info["version"] == "0.1.0"
+    assert info["origin"] == "entry point" and info["target"] == "mecsim_ditto:DITTO"
     assert "all properties hold" in proc.stdout

@@ -185,6 +185,7 @@ def test_fedbuff_and_fedasync_agree_where_their_equations_meet(tmp_path):
     assert (a["max_staleness"] == 0).all() and (a["in_flight"] == 0).all()
 
 
+@pytest.mark.slow
 def test_an_async_run_without_checkpoints_resumes_from_its_start(tmp_path):
     """checkpoint.every 0: a run killed after its second version keeps no checkpoint, so
     ``mecsim run --resume`` starts it over (its records cut to none) and ends with the

@@ -160,7 +160,6 @@ def test_only_a_hierarchical_algorithm_has_edge_servers_of_its_own() -> None:
 
 
 @pytest.mark.ray
-@pytest.mark.own_ray
 @pytest.mark.slow
 def test_a_killed_edge_server_actor_is_recreated_and_the_records_unchanged(
     tmp_path: Path, tmp_path_factory: pytest.TempPathFactory

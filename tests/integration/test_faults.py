@@ -198,6 +198,7 @@ def test_wait_for_a_fraction_drops_the_slowest(tmp_path: Path) -> None:
     assert r["dropped_deadline"] == 2
 
 
+@pytest.mark.slow
 def test_a_faulted_run_replays_exactly_and_resumes_exactly(tmp_path: Path) -> None:
     cfg = {
         "crash_prob": 0.25,
@@ -290,7 +291,6 @@ def test_a_diverging_run_is_flagged_and_its_model_untouched(tmp_path: Path, caps
 
 
 @pytest.mark.ray
-@pytest.mark.own_ray
 @pytest.mark.slow
 def test_killed_ray_actors_are_recreated_and_the_records_unchanged(tmp_path: Path) -> None:
     """kill -9 a client-host actor after round 1 and the central-server actor after

@@ -127,12 +127,46 @@ def _mecsim(site: Path, *args: str, timeout: float = 240) -> subprocess.Complete
     )
 
 
-def _scenario(tmp_path: Path, **changes) -> Path:
+#: runs ``mecsim`` command lines (a JSON list of argv lists, argv[1]) one after another in
+#: one fresh process, as ``python -m mecsim`` would each: prints each one's exit code and
+#: standard error as a JSON list
+_MANY = """
+import contextlib, io, json, sys
+from mecsim.interfaces.cli import main
+out = []
+for argv in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as exc:
+            code = exc.code
+    out.append([code, err.getvalue()])
+print(json.dumps(out))
+"""
+
+
+def _mecsim_many(site: Path, *argvs: list[str]) -> list[tuple[int, str]]:
+    """``mecsim`` command lines in one fresh process that sees ``site``'s distributions
+    (one interpreter start and torch import for all): each one's (exit code, stderr)."""
+    env = dict(os.environ, PYTHONPATH=str(site))
+    done = subprocess.run(
+        [sys.executable, "-c", _MANY, json.dumps(argvs)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr
+    return [(code, err) for code, err in json.loads(done.stdout.strip().splitlines()[-1])]
+
+
+def _scenario(tmp_path: Path, name: str = "s", **changes) -> Path:
     data = json.loads(json.dumps(TINY))
     data["rounds"] = 1
     for key, value in changes.items():
         data[key] = value
-    path = tmp_path / "s.yaml"
+    path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
 
@@ -236,21 +270,30 @@ def test_ray_workers_resolve_installed_plugins_by_entry_point(site, tmp_path) ->
 
 @pytest.mark.slow
 def test_bad_plugins_are_one_line_and_exit_2(site, tmp_path) -> None:
-    for name, expected in [
+    cases = [
         ("broken", "failed to load: RuntimeError: no licence server"),
         ("twin", "provided by two distributions: halfplug 1.2.0 (halfplug:HALF) and twinplug"),
         ("nope", "unknown algorithm 'nope'; known: broken, dcpfl"),
-    ]:
-        scenario = _scenario(tmp_path, algorithm={"name": name})
-        out = _mecsim(site, "run", str(scenario), "--out", str(tmp_path / name))
-        assert out.returncode == 2, out.stderr
-        assert expected in out.stderr, out.stderr
-        assert "Traceback" not in out.stderr
+    ]
+    runs = [
+        [
+            "run",
+            str(_scenario(tmp_path, name, algorithm={"name": name})),
+            "--out",
+            f"{tmp_path}/{name}",
+        ]
+        for name, _ in cases
+    ]
+    bad_params = _scenario(tmp_path, "bad", algorithm={"name": "half", "params": {"scale": -1}})
+    *ran, validated = _mecsim_many(site, *runs, ["validate", str(bad_params)])
+    for (name, expected), (code, err) in zip(cases, ran, strict=True):
+        assert code == 2, err
+        assert expected in err, err
+        assert "Traceback" not in err
         assert not (tmp_path / name).exists()  # nothing written
-    bad_params = _scenario(tmp_path, algorithm={"name": "half", "params": {"scale": -1}})
-    out = _mecsim(site, "validate", str(bad_params))
-    assert out.returncode == 2
-    assert "algorithm.params.scale: Input should be greater than 0 (algorithm half)" in out.stderr
+    code, err = validated
+    assert code == 2
+    assert "algorithm.params.scale: Input should be greater than 0 (algorithm half)" in err
 
 
 PLUGIN_FILE = """

@@ -163,9 +163,8 @@ def _scenario_file(tmp_path: Path, algorithm: dict, rounds: int = 5) -> Path:
 
 def _reference(tmp_path: Path, scenario: Path) -> Path:
     """The undisturbed run of ``scenario``, in this process: its records are those of a
-    ``mecsim run`` of the file (the killed and resumed runs below stay real processes;
-    tests/integration/test_faults.py's Ray kill test compares a ``mecsim run`` with an in-process
-    reference the same way). One interpreter start fewer per case."""
+    ``mecsim run`` of the file (the killed and resumed runs below stay real processes).
+    One interpreter start fewer per case."""
     ref = tmp_path / "ref" / "r"
     run_in_folder(load_scenario(scenario), ref)
     return ref

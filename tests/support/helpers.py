@@ -11,9 +11,6 @@ import json
 import math
 import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +26,8 @@ from mecsim.emulation.engine import (
     ServerSpec,
 )
 from mecsim.emulation.ops import Backhaul, Compute, Download, ServerCompute, Upload
+from mecsim.run.observers import RunObserver
+from mecsim.scenario import scenario_from_dict
 from mecsim.store.reader import read_csv_exact
 from mecsim.store.runfolder import prepare_resume
 from mecsim.store.session import run_in_folder
@@ -64,75 +63,58 @@ def interrupted_then_resumed(sc, tmp_path: Path, stop_at: int, hosts=(2, 2)) -> 
 # ------------------------------------------------------------------------------- Ray actors killed
 
 
-def ray_actor_pids(root: int, kind: str) -> list[int]:
-    """Processes of ``kind`` actors of the Ray instance started by process ``root`` (its
-    descendants only: other Ray instances on the machine are left alone)."""
-    out = []
-    try:
-        procs = psutil.Process(root).children(recursive=True)
-    except psutil.Error:
-        return out
-    for proc in procs:
-        try:
-            cmd = " ".join(proc.cmdline())
-        except psutil.Error:
-            continue
-        if f"ray::{kind}" in cmd:
-            out.append(proc.pid)
-    return out
+#: the actor classes a kill plan names -> the key of ``RayExecutor.actor_pids()``
+_ACTOR_KINDS = {
+    "ClientHostActor": "hosts",
+    "CentralServerActor": "server",
+    "EdgeServerActor": "edges",
+}
+
+
+class _KillActors(RunObserver):
+    """Kills -9 the first actor of each ``(rounds, kind)`` of ``plan`` at the end of the
+    round that makes ``rounds`` rounds recorded (the actor's process, found through the
+    run's own executor: no other run's actor is touched)."""
+
+    def __init__(self, plan: list[tuple[int, str]], executors: list) -> None:
+        self.plan, self.executors, self.killed = list(plan), executors, []
+
+    def on_round_end(self, info, row, client_rows, traces) -> None:
+        while self.plan and row["round"] + 1 >= self.plan[0][0]:
+            kind = _ACTOR_KINDS[self.plan.pop(0)[1]]
+            pid = self.executors[-1].actor_pids()[kind][0]
+            proc = psutil.Process(pid)
+            os.kill(pid, signal.SIGKILL)
+            proc.wait(timeout=30)  # gone before the run asks the actor for anything
+            self.killed.append(pid)
 
 
 def run_killing_actors(sc, tmp_path: Path, plan: list[tuple[int, str]]) -> Path:
-    """Run ``sc`` with Ray in a ``mecsim run`` subprocess, kill -9 one actor of class
-    ``kind`` once ``rounds`` rounds are recorded, for each ``(rounds, kind)`` of ``plan``;
-    asserts every kill happened and the run finished with one fault each; returns its
-    run folder."""
+    """Run ``sc`` under this process's shared Ray (tests/conftest.py) into
+    ``tmp_path/runs/r``, killing -9 the process of one actor of class ``kind`` once
+    ``rounds`` rounds are recorded, for each ``(rounds, kind)`` of ``plan``; asserts every
+    kill happened and the run finished with one fault each; returns its run folder."""
+    from mecsim.run.backends import ray_executor
+
+    executors: list = []
+    real_start = ray_executor.RayExecutor._start
+
+    def start(self, *args, **kwargs):
+        executors.append(self)
+        return real_start(self, *args, **kwargs)
+
     data = sc.model_dump(mode="json")
     data["execution"]["backend"] = "ray"
-    data["outputs"]["dir"] = str(tmp_path / "runs")
-    path = tmp_path / "s.yaml"
-    path.write_text(__import__("json").dumps(data))
     out = tmp_path / "runs" / "r"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mecsim",
-            "run",
-            str(path),
-            "--run-id",
-            "r",
-            "--quiet",
-            "--no-plots",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    plan, kills = list(plan), len(plan)
-    killed: list[int] = []
-    deadline = time.monotonic() + 300
-    try:
-        while proc.poll() is None and plan and time.monotonic() < deadline:
-            rounds = out / "rounds.csv"
-            done = len(rounds.read_text().splitlines()) - 1 if rounds.exists() else 0
-            if done >= plan[0][0]:
-                pids = [p for p in ray_actor_pids(proc.pid, plan[0][1]) if p not in killed]
-                if pids:
-                    os.kill(pids[0], signal.SIGKILL)
-                    killed.append(pids[0])
-                    plan.pop(0)
-            time.sleep(0.02)
-        _, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert len(killed) == kills, err
-    assert proc.returncode == 0, err
-    meta = __import__("json").loads((out / "run.json").read_text())
-    assert meta["status"] == "finished" and len(meta["faults"]) == kills
+    killer = _KillActors(plan, executors)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ray_executor.RayExecutor, "_start", start)
+        run_in_folder(scenario_from_dict(data, "killed"), out, observers=[killer])
+    assert len(killer.killed) == len(plan) and not killer.plan, killer.killed
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["status"] == "finished" and len(meta["faults"]) == len(plan)
     rounds = read_csv_exact(out / "rounds.csv")
-    assert rounds["faults"].sum() == kills
+    assert rounds["faults"].sum() == len(plan)
     return out
 
 

@@ -202,6 +202,7 @@ def test_a_geometry_run_writes_its_map_and_a_run_without_does_not(runs, tmp_path
         load_run(plain_dir).plot("map")
 
 
+@pytest.mark.slow  # draws every plot of the run again
 def test_mecsim_report_lists_the_map_of_a_geometry_run(runs, tmp_path, capsys):
     geo_dir, plain_dir = runs
     assert main(["report", str(geo_dir), "--out", str(tmp_path / "g")]) == 0
@@ -214,6 +215,7 @@ def test_mecsim_report_lists_the_map_of_a_geometry_run(runs, tmp_path, capsys):
     assert [p.name for p in (tmp_path / "b").glob("map*.png")] == ["map-geo.png"]
 
 
+@pytest.mark.slow
 def test_the_service_draws_the_map_and_its_run_page_shows_it(tmp_path):
     """The service's plot child (plot_run_folder) draws map.png from the run folder; the
     run page references it for a geometry run, not for another."""

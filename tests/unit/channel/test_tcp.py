@@ -382,6 +382,7 @@ def test_a_recorded_scenario_without_transport_loads_as_ideal(tmp_path):
     assert load_recorded_scenario(path).channel.uplink.transport == "tcp"
 
 
+@pytest.mark.slow
 def test_transport_is_a_sweep_axis_replayed_exactly(tmp_path):
     """Record a tiny run once (transport ideal), then sweep the uplink's transport and
     latency: each point's upload is the hand formula of its transport, and the points

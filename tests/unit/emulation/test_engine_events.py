@@ -59,6 +59,7 @@ def test_fast_paths_equal_simpy_on_random_rounds():
     assert min(seen.values()) > 100, seen
 
 
+@pytest.mark.slow
 def test_fast_paths_within_1e9_of_simpy_on_rounds_full_of_ties():
     # Round numbers make many events coincide; the fast paths may then take two events
     # of one instant in another order than SimPy and round differently (a few ulps).

@@ -689,6 +689,7 @@ def test_sweep_requests_are_checked(api, client):
     assert fields == ["runs.0", "set.0", "metric"]
 
 
+@pytest.mark.slow  # ~7 s of generated requests
 def test_schemathesis_finds_no_server_error(api):
     """Generated requests for every operation of /openapi.json: never a 5xx (but /readyz's
     documented 503: this server has no workers), and every response conforms to the spec
