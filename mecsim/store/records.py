@@ -46,6 +46,7 @@ from mecsim.store.reader import (
 )
 from mecsim.store.runfolder import (
     LOCK_NAME,
+    MetaText,
     RunFolderError,
     csv_header_ok,
     status_line,
@@ -177,6 +178,7 @@ class RecordsWriter(RunObserver):
         self.out_dir = Path(out_dir)
         self.summary: dict[str, float] | None = None
         self.meta: dict[str, Any] = {}
+        self._meta_text = MetaText()  # run.json rewritten every round: keeps what did not change
         self._open = False
 
     # -- start -----------------------------------------------------------------------
@@ -212,7 +214,7 @@ class RecordsWriter(RunObserver):
 
     def _write_meta(self, **changes: Any) -> None:
         self.meta.update(changes, updated_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-        write_meta(self.out_dir, self.meta)
+        write_meta(self.out_dir, self.meta, self._meta_text)
 
     def on_run_start(self, info: RunInfo) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,7 @@ import fcntl
 import io
 import json
 import os
+import pickle
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -120,8 +121,45 @@ def is_locked(run_dir: Path) -> bool:
     return False
 
 
-def write_meta(run_dir: Path, meta: dict[str, Any]) -> None:
-    atomic_write_text(Path(run_dir) / "run.json", json.dumps(meta, indent=1) + "\n")
+class MetaText:
+    """``run.json``'s text: ``json.dumps(meta, indent=1)`` to the byte, each top-level
+    value's text kept while the value is unchanged. A run rewrites run.json after every
+    round (every server version of an asynchronous run), and its per-client lists
+    (devices, samples, placement) made that quadratic in the clients: 10,000 clients and
+    10,000 versions spent 530 of 710 s encoding them. "Unchanged" is decided by the
+    value's pickle (types and bits: ``1``, ``1.0`` and ``True`` differ, so do ``0.0`` and
+    ``-0.0``), so equal pickles give equal JSON; a value mutated in place is re-encoded."""
+
+    def __init__(self) -> None:
+        self._kept: dict[str, tuple[bytes, str]] = {}
+
+    def __call__(self, meta: dict[str, Any]) -> str:
+        if not meta:
+            return json.dumps(meta, indent=1)
+        parts = []
+        for key, value in meta.items():
+            try:
+                stamp = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception:  # not picklable: encoded every time
+                stamp = b""
+            kept = self._kept.get(key)
+            if stamp and kept is not None and kept[0] == stamp:
+                text = kept[1]
+            else:
+                # a value one level down: json.dumps(meta, indent=1) indents its lines by
+                # one more space (no raw newline is inside a JSON string: escaped)
+                text = json.dumps(value, indent=1).replace("\n", "\n ")
+                if stamp:
+                    self._kept[key] = (stamp, text)
+            parts.append(f" {json.dumps(key)}: {text}")
+        return "{\n" + ",\n".join(parts) + "\n}"
+
+
+def write_meta(run_dir: Path, meta: dict[str, Any], text: MetaText | None = None) -> None:
+    """Write ``meta`` as the folder's ``run.json`` (atomically); ``text``: a writer's
+    :class:`MetaText`, which keeps the text of what did not change since its last call."""
+    body = text(meta) if text is not None else json.dumps(meta, indent=1)
+    atomic_write_text(Path(run_dir) / "run.json", body + "\n")
 
 
 def run_status(run_dir: Path) -> dict[str, Any]:
