@@ -121,6 +121,7 @@ def test_kill_9_at_a_version_boundary_then_resume(tmp_path: Path) -> None:
     for point, rows_left in (("round-end:2", 3), ("finish", 6)):
         out = killed_at(scenario, tmp_path / "runs", point, rows_left)
         resumed_equals(ref, out, 6)
+        assert len(pd.read_csv(out / "rounds.csv")) == 6  # every version, once
 
 
 @pytest.mark.slow
