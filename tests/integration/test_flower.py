@@ -119,14 +119,18 @@ def test_the_global_arrays_after_every_round_equal_flowers_simulation(
     )
     assert run.returncode == 0, run.stderr[-2000:]
     a, b = np.load(theirs), np.load(ours)
-    names = [f"round{r}" for r in range(4)]
+    names = [f"round{r}" for r in range(4)] + ["faults"]
     names += [f"{k}{r}" for k in ("times", "wall") for r in (1, 2, 3)]
     assert sorted(a.files) == sorted(b.files) == sorted(names)
+    # each side's strategy heard every client it sent to once, without an error
+    assert list(a["faults"]) == list(b["faults"]) == []
     assert np.array_equal(a["round0"], b["round0"])  # the same initial model
     for r in range(1, 4):
         moved = np.abs(b[f"round{r}"] - b[f"round{r - 1}"]).max()
         assert moved > 1e-3  # the rounds trained: equality below is not of unchanged arrays
-        np.testing.assert_allclose(b[f"round{r}"], a[f"round{r}"], rtol=0, atol=1e-6)
+        np.testing.assert_allclose(
+            b[f"round{r}"], a[f"round{r}"], rtol=0, atol=1e-6, err_msg=f"round {r}"
+        )
         # stateful clients: each counts its trainings in its Context, kept between rounds
         assert float(a[f"times{r}"]) == float(b[f"times{r}"]) == r
 
