@@ -26,7 +26,7 @@ from support.paths import ROOT
 from support.venv import PluginVenv
 
 from mecsim.interfaces.cli import main
-from mecsim.interfaces.cli.new import FILES, KINDS
+from mecsim.interfaces.cli.new import CHECKED, FILES, KINDS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -65,7 +65,13 @@ def test_a_name_that_is_not_an_identifier_is_refused(
 
 
 @pytest.mark.parametrize(
-    ("kind", "name"), [("algorithm", "fedavg"), ("model", "mlp_2nn"), ("dataset", "mnist")]
+    ("kind", "name"),
+    [
+        ("algorithm", "fedavg"),
+        ("model", "mlp_2nn"),
+        ("dataset", "mnist"),
+        ("async_server", "fedbuff"),
+    ],
 )
 def test_a_name_mecsim_already_uses_is_refused(
     kind: str,
@@ -202,7 +208,8 @@ def test_a_package_is_written_with_its_entry_point(
     assert "pyproject.toml" in out and "tests/test_my_thing.py" in out
     assert "pip install -e mecsim-my_thing" in out
     assert "mecsim run mecsim-my_thing/scenarios/my_thing.yaml" in out
-    assert ("mecsim check my_thing" in out) == (kind in ("algorithm", "compressor"))
+    assert ("mecsim check my_thing" in out) == (kind in CHECKED)
+    assert set(CHECKED) == {"algorithm", "compressor", "async_server"}
 
 
 def test_an_empty_folder_is_filled(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -241,7 +248,16 @@ def test_help_explains_the_kinds(capsys: pytest.CaptureFixture[str]) -> None:
         main(["new", "--help"])
     assert exc.value.code == 0
     out = capsys.readouterr().out
-    for word in ("algorithm", "model", "dataset", "channel", "--dir", "pip install -e DIR"):
+    for word in (
+        "algorithm",
+        "model",
+        "dataset",
+        "channel",
+        "compressor",
+        "async_server",
+        "--dir",
+        "pip install -e DIR",
+    ):
         assert word in out
 
 
@@ -351,6 +367,34 @@ def test_a_generated_compressor_installs_runs_and_passes_its_own_test(
     finally:
         plugin_venv.uninstall(f"mecsim-{name}")
     assert name not in _entry_point_names(plugin_venv, "mecsim.compressors")  # as it was
+
+
+@pytest.mark.slow
+def test_a_generated_async_server_installs_and_passes_its_own_test(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], plugin_venv: PluginVenv
+) -> None:
+    """Its own tests run its scenario (mode async, the server by its entry point), work
+    one update out by hand and pass the conformance kit."""
+    name = "newkit_server"
+    pkg = tmp_path / "pkg"
+    assert _new(capsys, "async_server", name, "--dir", str(pkg))[0] == 0
+    try:
+        plugin_venv.install(pkg)
+        assert name in _entry_point_names(plugin_venv, "mecsim.async_servers")
+        out = _run(
+            plugin_venv.python,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            str(pkg / "tests"),
+            cwd=pkg,
+        )
+        assert "4 passed" in out
+    finally:
+        plugin_venv.uninstall(f"mecsim-{name}")
+    assert name not in _entry_point_names(plugin_venv, "mecsim.async_servers")  # as it was
 
 
 @pytest.mark.slow

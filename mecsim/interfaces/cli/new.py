@@ -47,6 +47,8 @@ class Kind:
     attribute: str  # what in mecsim_NAME the entry point names
     summary: str  # the distribution's one-line description ({name} filled in)
     what: str  # what the module holds, for the list of files written
+    #: how a scenario names it ({name} filled in)
+    names_it: str = "{kind}: {{name: {name}}}"
 
 
 KINDS: dict[str, Kind] = {
@@ -80,7 +82,17 @@ KINDS: dict[str, Kind] = {
         "The {name} compressor of uploads for mecsim",
         "the compressor class and its Params: sign bits and one scale, to start from",
     ),
+    "async_server": Kind(
+        "mecsim.async_servers",
+        "{Name}",
+        "The {name} asynchronous server for mecsim",
+        "the server class and its Params: FedAsync with server momentum, to start from",
+        "aggregation: {{mode: async, server: {{name: {name}}}}}",
+    ),
 }
+
+#: the kinds the conformance kit checks (``mecsim check NAME``)
+CHECKED = ("algorithm", "compressor", "async_server")
 
 #: (file in the package, template under mecsim/templates/, what it is)
 FILES = (
@@ -97,8 +109,9 @@ NAME_PATTERN = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 
 DESCRIPTION = """\
 Write a ready-to-install plugin package for mecsim: an algorithm, a model, a data set,
-a channel (link model) or a compressor (of uploads), found by mecsim through an entry
-point once installed, and named by a scenario.
+a channel (link model), a compressor (of uploads) or an asynchronous server (what the
+server of mode async / buffered / semi_sync does with each update), found by mecsim
+through an entry point once installed, and named by a scenario.
 
 DIR (default ./mecsim-NAME) gets pyproject.toml (the distribution mecsim-NAME and its
 entry point), the module mecsim_NAME/ (a working starting point whose docstrings say
@@ -108,9 +121,11 @@ edits:
 
   pip install -e DIR
   mecsim run DIR/scenarios/NAME.yaml
-  mecsim check NAME                    (algorithms, compressors: the conformance kit)
+  mecsim check NAME                    (algorithms, compressors, asynchronous servers:
+                                        the conformance kit)
 
-NAME is what scenarios give (algorithm: {name: NAME}): ASCII letters, digits and
+NAME is what scenarios give (algorithm: {name: NAME}; an asynchronous server:
+aggregation: {mode: async, server: {name: NAME}}): ASCII letters, digits and
 underscores, starting with a letter, not ending with an underscore, not a Python
 keyword, and not a name mecsim or another installed plugin already uses. DIR must not
 exist or be empty: nothing is overwritten, and nothing is left half-written.
@@ -121,13 +136,15 @@ examples:
   mecsim new dataset blobs
   mecsim new channel lossy_wifi
   mecsim new compressor signs
+  mecsim new async_server fedasync_m
 """
 
 
 def add_new_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "new",
-        help="write a new plugin package (algorithm, model, data set, channel, compressor)",
+        help="write a new plugin package (algorithm, model, data set, channel, compressor, "
+        "asynchronous server)",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -136,7 +153,8 @@ def add_new_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         choices=list(KINDS),
         metavar="KIND",
         help="algorithm (a server and client pair), model (a torch module factory), "
-        "dataset (a DatasetSpec), channel (a link model) or compressor (of uploads)",
+        "dataset (a DatasetSpec), channel (a link model), compressor (of uploads) or "
+        "async_server (the server of the asynchronous modes)",
     )
     p.add_argument("name", metavar="NAME", help="the name scenarios give it, e.g. fedfoo")
     p.add_argument(
@@ -232,6 +250,7 @@ def package_files(kind: str, name: str) -> dict[str, str]:
         "group": spec.group,
         "target": f"{module}:{spec.attribute.format(Name=camel(name))}",
         "summary": spec.summary.format(name=name),
+        "names_it": spec.names_it.format(kind=kind, name=name),
         "requires": _requirement(),
     }
     templates = resources.files("mecsim") / "templates"
@@ -318,7 +337,7 @@ def cmd_new(args: argparse.Namespace, console: Console) -> int:
     print("next:")
     print(f"  pip install -e {q(str(folder))}")
     print(f"  mecsim run {q(str(folder / 'scenarios' / f'{name}.yaml'))}")
-    if kind in ("algorithm", "compressor"):
+    if kind in CHECKED:
         print(f"  mecsim check {name}")
     print(f"  python -m pytest -q {q(str(folder / 'tests'))}")
     return 0
