@@ -6,8 +6,9 @@ scenarios, from their records.
 Each run directory gives one row: its algorithm and mode, seed, the emulated seconds and
 the clients' energy (J, summed over every update or client-round until then) when the
 mean user accuracy first reached each target (evaluated versions or rounds only), the
-updates the server took in until then, the final accuracy, the updates (trainings) and the whole emulated time. ``--quick`` makes
-two tiny runs (sync and FedAsync, 4 clients) and prints their table.
+updates the server took in until then, the final accuracy, the updates (trainings) and
+the whole emulated time. ``--quick`` makes two tiny runs (sync and FedAsync, 4 clients)
+and prints their table.
 """
 
 from __future__ import annotations
