@@ -23,7 +23,6 @@ from classicapp.client_app import client_fn
 from classicapp.server_app import server_fn
 
 
-
 def seeded_numpy_mod(msg: Message, context: Context, call_next):
     """Seed numpy's global generator from the partition id and the server round (the
     message's group_id) before SecAgg+ runs: its stochastic quantisation draws from it,
