@@ -551,7 +551,11 @@ class MecsimGrid(Grid):
             from flwr.supercore.run import RunNotRunningException
 
             raise RunNotRunningException
-        self._polls += 1
+        # the app's own thread waiting for nodes (a strategy's sampling); a thread of
+        # Flower's (DefaultWorkflow's node updates, from a Message-API main too) polls
+        # as it pleases
+        if threading.current_thread() is self._bridge._thread:
+            self._polls += 1
         if self._polls > MAX_NODE_POLLS and not self.classic:
             raise RuntimeError(
                 f"the ServerApp keeps asking for nodes: it waits for more than the "
