@@ -230,3 +230,28 @@ def test_too_few_clients_left_for_the_threshold_leave_the_model_as_flower_does(
     assert [len(r["stages"]) for r in traces(folder)] == [2, 2]  # no unmask stage
     arrays = np.load(out)
     assert np.array_equal(arrays["round2"], arrays["round0"])
+
+
+@pytest.mark.slow
+def test_flowers_fl_dp_sa_example_runs_with_only_its_data_loading_changed(
+    tmp_path: Path,
+) -> None:
+    """Flower's fl-dp-sa example (tests/data/flower_fl_dp_sa: client-side DP clipping and
+    SecAgg+, 20 nodes of which FedAvg samples 4 a round, 3 rounds): every round has its
+    three SecAgg+ stages, sent to the sampled clients only, and each masked-vectors reply
+    holds the CNN's 61,610 values (and the weight) as int64 arrays."""
+    from flwr.common import ndarray_to_bytes
+
+    folder = run(tmp_path, DATA / "flower_fl_dp_sa", "dpsa", rounds=3, topology={"clients": 20})
+    rounds = pd.read_csv(folder / "rounds.csv")
+    assert rounds["selected"].tolist() == rounds["completed"].tolist() == [4, 4, 4]
+    assert np.isfinite(rounds["train_loss"]).all() and (rounds["client_gflops"] > 0).all()
+    shapes = [(6, 1, 3, 3), (6,), (16, 6, 5, 5), (16,), (120, 400), (120,)]
+    shapes += [(84, 120), (84,), (10, 84), (10,), (1,)]
+    assert sum(int(np.prod(s)) for s in shapes) == 61_610 + 1
+    masked = sum(len(ndarray_to_bytes(np.zeros(s, np.int64))) for s in shapes)
+    for rec in traces(folder):
+        assert len(rec["stages"]) == 3
+        assert all(sorted(st["clients"]) == sorted(rec["clients"]) for st in rec["stages"])
+        for ops in rec["stages"][1]["clients"].values():
+            assert masked < trace_bytes(ops)[0] < masked + 1000
