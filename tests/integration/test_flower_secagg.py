@@ -135,6 +135,12 @@ def test_every_secagg_stage_is_charged_in_its_round(tmp_path: Path) -> None:
     assert rounds["client_gflops"].to_numpy() == pytest.approx(base["client_gflops"].to_numpy())
     assert (rounds["bytes_up"] > 2 * base["bytes_up"]).all()  # masked int64 vs float32
     assert (rounds["energy_j"] > 0).all() and (rounds["round_time_s"] > 0).all()
+    # a replay re-times a round's first batch only: a run with stages is refused, saying so
+    from mecsim.analysis.replay import RunLoadError, load_run
+
+    with pytest.raises(RunLoadError, match="round 1's training has 3 further stages"):
+        load_run(secagg)
+    assert len(load_run(plain).rounds) == 2
 
 
 @pytest.mark.slow
