@@ -40,8 +40,11 @@ RATIO = 200 / 1000
 
 
 def run(tmp_path: Path, app: Path, name: str, *args: str, env=None, **over) -> Path:
-    """``mecsim run`` of ``app`` (4 clients, 2 rounds) in this process, the app's
-    environment switches set for the while; the run's folder."""
+    """``mecsim run`` of ``app`` (4 clients, 2 rounds) in this process, in-process unless
+    ``args`` name a backend, the app's environment switches set for the while; the
+    run's folder."""
+    if "--backend" not in args:
+        args = (*args, "--backend", "local")
     data = {
         "name": name,
         "seed": 0,
@@ -147,7 +150,7 @@ def test_every_secagg_stage_is_charged_in_its_round(tmp_path: Path) -> None:
 def test_secagg_records_are_the_same_in_process_and_on_ray(tmp_path: Path) -> None:
     from mecsim.testing import first_difference
 
-    local = run(tmp_path, APP, "local", "--backend", "local")
+    local = run(tmp_path, APP, "local")
     ray = run(tmp_path, APP, "ray", "--backend", "ray")
     assert first_difference(local, ray) is None
     assert len(traces(ray)[0]["stages"]) == 3
@@ -170,7 +173,7 @@ def test_the_secagg_aggregate_equals_flowers_simulation(tmp_path: Path) -> None:
     )
     assert sim.returncode == 0, sim.stderr[-2000:]
     ours = tmp_path / "mecsim.npz"
-    run(tmp_path, APP, "ours", "--backend", "local", env={"CLASSICAPP_OUT": str(ours)})
+    run(tmp_path, APP, "ours", env={"CLASSICAPP_OUT": str(ours)})
     a, b = np.load(theirs), np.load(ours)
     assert sorted(a.files) == sorted(b.files) == ["round0", "round1", "round2"]
     for r in (1, 2):
