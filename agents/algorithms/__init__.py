@@ -10,6 +10,7 @@ its import string to the registry. Nothing in the engine or the run loop changes
 from __future__ import annotations
 
 from mecsim.agents.algorithms.base import (
+    ROUND_STAGE,
     AggregateStats,
     AlgorithmError,
     ClientAlgorithm,
@@ -54,6 +55,7 @@ __all__ = [
     "ClientContext",
     "ClientResult",
     "ClientTask",
+    "ROUND_STAGE",
     "EdgeAlgorithm",
     "EdgeReport",
     "ServerAlgorithm",

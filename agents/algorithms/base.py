@@ -282,6 +282,12 @@ class CallAbandoned(BaseException):
 
 _T = TypeVar("_T")
 
+#: A key of :attr:`ClientTask.config` (a server that drives its rounds): set, the task's
+#: batch is a further stage of the round's training, which the run loop charges in the
+#: round (its time, bytes, FLOPs and energy: docs/flower.md), not beside it as an
+#: evaluation
+ROUND_STAGE = "round_stage"
+
 
 class _Overran(Exception):
     """The watchdog's own: the call did not return in time."""
@@ -533,7 +539,10 @@ class ServerAlgorithm(ABC):
     #: and plans, executes, times and aggregates each further batch it returns (e.g. a
     #: strategy's evaluate messages) until it returns none; the clients' accuracies then
     #: come from those batches (``ClientResult.extra["flower_accuracy"]`` and
-    #: ``["flower_loss"]``), not from :meth:`ClientAlgorithm.evaluate`
+    #: ``["flower_loss"]``), not from :meth:`ClientAlgorithm.evaluate`. A further batch
+    #: whose tasks carry :data:`ROUND_STAGE` in their config is a stage of the round's
+    #: training (SecAgg+'s key exchange, masked vectors, unmasking): it is charged in the
+    #: round's own columns (time, bytes, FLOPs, energy), not beside it
     drives_rounds: ClassVar[bool] = False
     #: False when the server's state cannot be checkpointed (say why in
     #: :attr:`checkpoint_refusal`): a scenario with ``checkpoint.every`` > 0 is refused

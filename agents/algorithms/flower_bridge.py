@@ -33,7 +33,12 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.flop_counter import FlopCounterMode
 
 import mecsim.registry as registry
-from mecsim.agents.algorithms.base import AlgorithmError, ClientContext, ClientTask
+from mecsim.agents.algorithms.base import (
+    ROUND_STAGE,
+    AlgorithmError,
+    ClientContext,
+    ClientTask,
+)
 from mecsim.agents.algorithms.flower_app import (
     ACCURACY_KEYS,
     LOSS_KEYS,
@@ -237,6 +242,27 @@ def _category(message: Message) -> str:
     return message.metadata.message_type.split(".")[0]
 
 
+def _group(batch: dict[int, Message]) -> str:
+    """The batch's ``group_id`` (Flower's server round: every workflow and strategy of
+    Flower sets it to ``str(server_round)``), "" when its messages carry none or differ."""
+    groups = {m.metadata.group_id for m in batch.values()}
+    return groups.pop() if len(groups) == 1 else ""
+
+
+def _records(message: Message) -> tuple[str, ...]:
+    """The names of a message's records (arrays, metrics, configs), sorted: what tells
+    messages of one kind that do different work apart (SecAgg+'s setup, share keys and
+    unmask stages carry a config record only; its masked-vectors stage the model too)."""
+    content = message.content
+    return tuple(
+        sorted(
+            [f"a:{k}" for k in content.array_records]
+            + [f"m:{k}" for k in content.metric_records]
+            + [f"c:{k}" for k in content.config_records]
+        )
+    )
+
+
 class _RunOver(BaseException):
     """Raised in the ServerApp's thread when mecsim's run ends before the app does (a
     BaseException, so that the app's own ``except Exception`` does not swallow it)."""
@@ -258,6 +284,13 @@ class Bridge:
         self._to_app: queue.Queue[Any] = queue.Queue()
         self._pending: dict[int, Message] | None = None  # the app's next batch, by client
         self._batch: dict[int, Message] = {}  # the batch mecsim is executing
+        # the round's train batches so far: the group_id of its first, its clients, and
+        # whether the last batch was one of them (a further train batch of the same
+        # group right after it is a stage of the round: SecAgg+'s)
+        self._group = ""
+        self._round_clients: set[int] = set()
+        self._in_training = False
+        self._stage = False  # the batch mecsim is executing is such a stage
         self._finished = False
         self._round = -1
         self._batches = 0
@@ -380,8 +413,11 @@ class Bridge:
 
     def select(self, rnd: int) -> list[int]:
         """The clients of the round's next batch: at a round's start, its train batch;
-        within the round, the batch that followed (none when the next is a train batch,
-        the next round's, or the app has ended)."""
+        within the round, the batch that followed (none when the next is the next
+        round's train batch, or the app has ended). A train batch right after the
+        round's train batch, with the same ``group_id``, is a stage of the round (tasks
+        marked :data:`ROUND_STAGE`): Flower's ``SecAggPlusWorkflow`` sends its four stages
+        so, all ``group_id`` = the server round, and its next round under the next."""
         new_round = rnd != self._round
         pending = self._pending
         if pending is None:
@@ -407,8 +443,27 @@ class Bridge:
                     f"batch of train messages{hint}"
                 )
             self._round = rnd
+            self._group = _group(pending)
+            self._round_clients = set(pending)
+            self._stage = False
         elif category == "train":
-            return []
+            # a stage of the round's training (SecAgg+'s share keys, collect masked
+            # vectors, unmask) when it follows the round's train batches directly and
+            # carries their group_id; any other train batch is the next round's
+            if not (self._in_training and self._group and _group(pending) == self._group):
+                return []
+            strangers = sorted(set(pending) - self._round_clients)
+            if strangers:
+                raise AlgorithmError(
+                    f"algorithm 'flower': the ServerApp sent a further batch of train "
+                    f"messages of round {rnd + 1} (group_id {self._group!r}) to client "
+                    f"{strangers[0]}, which its round's first train batch did not include; "
+                    "mecsim charges a round's stages to the clients it selected"
+                )
+            self._stage = True
+        else:
+            self._stage = False
+        self._in_training = category == "train"
         self._batch, self._pending = pending, None
         return sorted(pending)
 
@@ -424,6 +479,8 @@ class Bridge:
                 "node_id": self.node_of[cid],
                 "num_partitions": n,
             }
+            if self._stage:
+                config[ROUND_STAGE] = True
             tasks.append(ClientTask(cid, None, len(wire), config=config))
         return tasks
 
@@ -494,7 +551,11 @@ class MecsimGrid(Grid):
             from flwr.supercore.run import RunNotRunningException
 
             raise RunNotRunningException
-        self._polls += 1
+        # the app's own thread waiting for nodes (a strategy's sampling); a thread of
+        # Flower's (DefaultWorkflow's node updates, from a Message-API main too) polls
+        # as it pleases
+        if threading.current_thread() is self._bridge._thread:
+            self._polls += 1
         if self._polls > MAX_NODE_POLLS and not self.classic:
             raise RuntimeError(
                 f"the ServerApp keeps asking for nodes: it waits for more than the "
@@ -603,9 +664,12 @@ class ClientRunner:
 
     def __init__(self, params: FlowerParams) -> None:
         self.params = params
-        # (client, message category) -> the work signature and FLOPs of the call that
-        # was counted (see _scaled_flops)
-        self._counted: dict[tuple[int, str], tuple[tuple[int, int, int], float]] = {}
+        # (client, message category, the names of its records) -> the work signature and
+        # FLOPs of the call that was counted (see _scaled_flops): SecAgg+'s stages are
+        # all train messages, and only one of them (its arrays and config) trains
+        self._counted: dict[
+            tuple[int, str, tuple[str, ...]], tuple[tuple[int, int, int], float]
+        ] = {}
         self._warned: set[str] = set()  # optimisers said to have no FLOP count
 
     def handle(self, ctx: ClientContext, config: dict[str, Any]) -> Outcome:
@@ -634,7 +698,7 @@ class ClientRunner:
         np.random.seed(seed % 2**32)
         category = _category(message)
         with _Tally() as tally:
-            key = (ctx.client_id, category)
+            key = (ctx.client_id, category, _records(message))
             counted = self._counted.get(key)
             if counted is None or self.params.flops == "every_message":
                 with FlopCounterMode(display=False) as counter:

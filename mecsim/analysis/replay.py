@@ -215,6 +215,15 @@ def _load_run(run_dir: Path) -> RecordedRun:
         raise RunLoadError(f"{clients_path}:1: no 'status' (or older 'completed') column")
     check_client_rows(clients_path, clients_df, clients)
     records = read_traces(traces_path, clients)
+    staged = next((r for r in records if r.stages), None)
+    if staged is not None:
+        raise RunLoadError(
+            f"{run_dir}: round {staged.round + 1}'s training has {staged.stages} further "
+            f"stages ({traces_path.name}'s 'stages': a Flower app's secure aggregation), "
+            "which a replay does not re-time; answer the what-if by running its scenario "
+            f"again with the change (mecsim run {run_dir / 'scenario.yaml'} --set "
+            "PATH=VALUE), docs/flower.md"
+        )
     # a round counts when its row, its clients' rows and its traces were written
     n_rounds = min(len(rounds_df), len(records))
     if n_rounds == 0:

@@ -26,14 +26,22 @@ from typing import Any
 
 import numpy as np
 
-from mecsim.agents.algorithms import ClientResult, ClientTask, algorithm_classes
+from mecsim.agents.algorithms import ROUND_STAGE, ClientResult, ClientTask, algorithm_classes
 from mecsim.agents.server import AggregateReport
 from mecsim.emulation import faults
 from mecsim.emulation.energy import client_energy
 from mecsim.emulation.engine import RoundTiming
-from mecsim.emulation.ops import Handoff, OpTrace, trace_bytes
+from mecsim.emulation.ops import Handoff, OpTrace, op_to_dict, trace_bytes
 from mecsim.emulation.timing import EmulatedRound, emulate_round
-from mecsim.run.rows import Evaluations, client_row, round_row, trace_record
+from mecsim.run.rows import (
+    Evaluations,
+    StageBatch,
+    add_stages,
+    client_row,
+    round_row,
+    stage_totals,
+    trace_record,
+)
 from mecsim.run.setup import RunFailed, RunSetup
 
 
@@ -79,15 +87,19 @@ def run_round(
     tr = train(rs, rnd, elapsed_s, plan_ahead=plan_ahead, wall0=wall0)
     traces = round_traces(tr)
     ag = time_and_aggregate(rs, rnd, elapsed_s, tr, traces, plan_ahead=plan_ahead)
-    ev = evaluate(rs, rnd, tr.selected, evaluates, at_s=elapsed_s + ag.timing.round_time_s)
+    first_s = ag.timing.round_time_s  # the round's first batch
+    ev = evaluate(rs, rnd, tr.selected, evaluates, at_s=elapsed_s + first_s, first_s=first_s)
     client_rows, statuses = _client_rows(rs, rnd, tr, traces, ag, ev)
+    timing = ag.timing
+    if ev.stages:  # further stages of the round's training (SecAgg+'s): in its columns
+        timing = add_stages(timing, ev.stages, client_rows, statuses)
     row = round_row(
         run_id=rs.info.run_id,
         rnd=rnd,
         algorithm=sc.algorithm.name,
         selected=tr.selected,
         statuses=statuses,
-        timing=ag.timing,
+        timing=timing,
         elapsed_s=elapsed_s,
         traces=traces,
         client_rows=client_rows,
@@ -100,6 +112,22 @@ def run_round(
         handoffs=tr.handoffs if rs.hierarchy_moves else None,
     )
     record = trace_record(rnd, ag.report.flops, tr.selected, traces, tr.faults)
+    if ev.stages:
+        for key, value in stage_totals(ev.stages).items():
+            row[key] += value
+        if np.isnan(row["train_loss"]):  # the stage that trained reported it
+            row["train_loss"] = _mean_finite(
+                [c["train_loss"] for c in client_rows if c.get("selected") and "train_loss" in c]
+            )
+        # each stage's traces as timed (a replay re-times the first batch only)
+        record["stages"] = [
+            {
+                "start_s": st.start_s,
+                "time_s": st.timing.round_time_s,
+                "clients": {str(c): [op_to_dict(op) for op in t] for c, t in st.traces.items()},
+            }
+            for st in ev.stages
+        ]
     # the whole round in this process, its records built (not yet written) included
     row["host_wall_s"] = time.perf_counter() - wall0
     return row, client_rows, record
@@ -189,15 +217,22 @@ def time_and_aggregate(
 
 
 def evaluate(
-    rs: RunSetup, rnd: int, selected: list[int], evaluates: bool, *, at_s: float
+    rs: RunSetup,
+    rnd: int,
+    selected: list[int],
+    evaluates: bool,
+    *,
+    at_s: float,
+    first_s: float = 0.0,
 ) -> Evaluations:
     """The round's evaluations: a server that drives its rounds sends its follow-up batches
-    (from ``at_s``, the round's end); otherwise, when the round evaluates, every client
-    (``evaluation.clients: all``) or the selected ones report accuracy and loss."""
+    (from ``at_s``, the end of the round's first batch, which took ``first_s``; further
+    stages of its training come first); otherwise, when the round evaluates, every
+    client (``evaluation.clients: all``) or the selected ones report accuracy and loss."""
     sc = rs.info.scenario
     ev = Evaluations()
     if rs.drives_rounds:
-        ev.scores, ev.follow_up = _follow_up_batches(rs, rnd, at_s)
+        ev.scores, ev.follow_up, ev.stages = _follow_up_batches(rs, rnd, at_s, first_s)
     elif evaluates:
         who = list(range(sc.topology.clients)) if sc.evaluation.clients == "all" else selected
         for cid, acc, loss, _, *extra in rs.executor.evaluate(rnd, who):
@@ -315,8 +350,8 @@ def _associate(rs: RunSetup, rnd: int, elapsed_s: float) -> dict[int, Handoff]:
 
 
 def _follow_up_batches(
-    rs: RunSetup, rnd: int, at_s: float
-) -> tuple[dict[int, tuple[float, float]], dict[str, float]]:
+    rs: RunSetup, rnd: int, at_s: float, first_s: float
+) -> tuple[dict[int, tuple[float, float]], dict[str, float], list[StageBatch]]:
     """The batches a server that drives its rounds (``ServerAlgorithm.drives_rounds``: a
     Flower ServerApp) sends after the round's aggregation, until it sends none: each
     planned, executed, timed on the round's links from ``at_s`` (one after the other, no
@@ -327,8 +362,13 @@ def _follow_up_batches(
     evaluation, they are reported beside the round), ``eval_accuracy_weighted`` (the
     replies' accuracy weighted by their examples, as Flower's strategies weigh it) and
     the metrics the server's aggregation of each batch returned (a Flower ServerApp's
-    centralised evaluation)."""
+    centralised evaluation). A batch whose tasks are marked ``ROUND_STAGE`` is a further
+    stage of the round's training (SecAgg+'s): timed the same way, it is returned as a
+    :class:`StageBatch` (with its clients' energy) to be charged in the round's columns,
+    not in the ``eval_*`` ones."""
     sc = rs.info.scenario
+    round_start_s = at_s - first_s
+    stages: list[StageBatch] = []
     evals: dict[int, tuple[float, float]] = {}
     columns: dict[str, float] = {
         "eval_clients": 0,
@@ -341,7 +381,7 @@ def _follow_up_batches(
     while True:
         selected, tasks = rs.executor.plan(rnd)
         if not tasks:
-            return evals, columns
+            return evals, columns, stages
         results = rs.executor.fit(rnd, tasks)
         traces = {r.client_id: r.trace for r in sorted(results, key=lambda r: r.client_id)}
         emulated = emulate_round(rs.network, sc.faults, rs.slowdown, rnd, selected, at_s, (), ())
@@ -349,6 +389,19 @@ def _follow_up_batches(
         done = {c.client_id for c in timing.clients if c.completed}
         agg = rs.executor.aggregate(rnd, [r for r in results if r.client_id in done])
         timing = emulated.time(traces, rs.server_profile.aggregate_time_s(agg.flops))
+        if any(t.config.get(ROUND_STAGE) for t in tasks):
+            stages.append(
+                StageBatch(
+                    start_s=at_s - round_start_s,
+                    timing=timing,
+                    traces=traces,
+                    results={r.client_id: r for r in results},
+                    energy=_stage_energy(rs, selected, emulated, timing, traces),
+                )
+            )
+            at_s += timing.round_time_s
+            columns.update(agg.metrics)
+            continue
         at_s += timing.round_time_s
         columns.update(agg.metrics)  # the server's figures known after this batch
         columns["eval_clients"] += len(selected)
@@ -370,3 +423,36 @@ def _follow_up_batches(
                     weighted[1] += r.num_samples
         if weighted[1]:
             columns["eval_accuracy_weighted"] = weighted[0] / weighted[1]
+
+
+def _stage_energy(
+    rs: RunSetup,
+    selected: list[int],
+    emulated: EmulatedRound,
+    timing: RoundTiming,
+    traces: dict[int, OpTrace],
+) -> dict[int, dict[str, float]]:
+    """Each client's energy in a further stage of the round's training, over the stage's
+    time, on the stage's links (as :func:`_client_rows` for the round's first batch)."""
+    sc = rs.info.scenario
+    air_rates = rs.network.round_links[0].tolist()  # the stage's draw, in selection order
+    position = {cid: i for i, cid in enumerate(selected)}
+    out = {}
+    for tl in timing.clients:
+        cid = tl.client_id
+        out[cid] = client_energy(
+            rs.network.devices[cid],
+            tl,
+            traces[cid],
+            emulated.specs[cid],
+            timing.round_time_s,
+            idle_policy=sc.energy.idle_policy,
+            tx_power_dbm=float(rs.network.tx_power_dbm[cid]),
+            air_rates_bps=air_rates[position[cid]],
+        )
+    return out
+
+
+def _mean_finite(values: list[float]) -> float:
+    finite = [v for v in values if not np.isnan(v)]
+    return float(np.mean(finite)) if finite else float("nan")

@@ -15,6 +15,7 @@ The rows themselves are built here too, from what the round's phases computed
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -165,6 +166,23 @@ class Evaluations:
     extras: dict[int, dict[str, float]] = field(default_factory=dict)
     #: the ``eval_*`` columns of a server that drives its rounds (its follow-up batches)
     follow_up: dict[str, float] = field(default_factory=dict)
+    #: the further stages of the round's training (a server that drives its rounds:
+    #: batches marked ``ROUND_STAGE``), as timed, in order
+    stages: list[StageBatch] = field(default_factory=list)
+
+
+@dataclass
+class StageBatch:
+    """A further stage of a round's training (SecAgg+'s share keys, masked vectors,
+    unmask: :data:`mecsim.agents.algorithms.ROUND_STAGE`), timed on the round's links
+    after the stage before it. Its seconds, bytes, FLOPs and energy are added to the
+    round's and its clients' columns (:func:`add_stages`)."""
+
+    start_s: float  # from the round's start to this stage's (the stages before it)
+    timing: RoundTiming  # with the server's work on the replies
+    traces: dict[int, OpTrace]  # per client, by id
+    results: dict[int, ClientResult]  # per client, by id
+    energy: dict[int, dict[str, float]]  # per client: ENERGY_KEYS of its part
 
 
 def _mean(values: list[float]) -> float:
@@ -347,3 +365,63 @@ def trace_record(
         record["failed"] = {str(c): st for c, st in sorted(round_faults.failed.items())}
         record["outage"] = sorted(round_faults.outage)
     return record
+
+
+#: the client columns a stage adds to (seconds and counts: summed)
+_STAGE_SUMS = ("download_s", "compute_s", "upload_s", "server_compute_s")
+
+
+def add_stages(
+    timing: RoundTiming,
+    stages: list[StageBatch],
+    client_rows: list[dict[str, Any]],
+    statuses: dict[int, str],
+) -> RoundTiming:
+    """Charge a round's further training stages in its records: each client's row gains
+    its stages' seconds, bytes, FLOPs, steps, host seconds and energy, its ``finish_s``
+    becomes that of its last stage (from the round's start), and a client that missed a
+    stage's deadline is ``dropped_deadline`` (its status updated in ``statuses``); returns
+    the round's timing with the stages' critical paths added (they run one after the
+    other, each waiting for the replies of the one before). The round row's bytes and
+    client FLOPs are added by :func:`stage_totals`."""
+    rows = {r["client_id"]: r for r in client_rows if r.get("selected")}
+    for st in stages:
+        timelines = {c.client_id: c for c in st.timing.clients}
+        for cid, trace in st.traces.items():
+            row, tl = rows[cid], timelines[cid]
+            up, down = trace_bytes(trace)
+            row["bytes_up"] += up
+            row["bytes_down"] += down
+            for key in _STAGE_SUMS:
+                row[key] += getattr(tl, key)
+            row["finish_s"] = st.start_s + tl.finish_s
+            r = st.results.get(cid)
+            if r is not None:
+                row["gflops"] = row.get("gflops", 0.0) + r.flops / 1e9
+                row["steps"] = row.get("steps", 0) + r.steps
+                row["host_train_s"] = row.get("host_train_s", 0.0) + r.host_seconds
+                row["num_samples"] = max(int(row.get("num_samples") or 0), r.num_samples)
+                if np.isnan(row.get("train_loss", np.nan)) and not np.isnan(r.train_loss):
+                    row["train_loss"] = r.train_loss  # the stage that trained
+            for key, joules in st.energy.get(cid, {}).items():
+                row[key] = row.get(key, 0.0) + joules
+            if not tl.completed and statuses.get(cid) == "completed":
+                statuses[cid] = "dropped_deadline"
+                row["status"], row["completed"] = "dropped_deadline", False
+    sums = {
+        attr: getattr(timing, attr) + sum(getattr(st.timing, attr) for st in stages)
+        for attr in (*TIMING.values(), "wait_s", "aggregate_s")
+    }
+    return dataclasses.replace(timing, **sums)
+
+
+def stage_totals(stages: list[StageBatch]) -> dict[str, float]:
+    """The round row's ``bytes_up``, ``bytes_down`` and ``client_gflops`` of its further
+    training stages (added to the first batch's)."""
+    up = down = 0
+    for st in stages:
+        for trace in st.traces.values():
+            u, d = trace_bytes(trace)
+            up, down = up + u, down + d
+    flops = sum(r.flops for st in stages for r in st.results.values())
+    return {"bytes_up": up, "bytes_down": down, "client_gflops": flops / 1e9}

@@ -492,6 +492,15 @@ _AnyOp = Annotated[
 ]
 
 
+class _StageLine(BaseModel):
+    """A further stage of a round's training (a Flower app's SecAgg+ stages), as timed."""
+
+    model_config = ConfigDict(extra="forbid")
+    start_s: float
+    time_s: float
+    clients: dict[_Id, list[_AnyOp]]
+
+
 class _TraceLine(BaseModel):
     """One line of ``optraces.jsonl`` as :func:`mecsim.run.round.run_round` writes it."""
 
@@ -502,6 +511,7 @@ class _TraceLine(BaseModel):
     clients: dict[_Id, list[_AnyOp]]
     failed: dict[_Id, _Text] = {}
     outage: list[_Count] = []
+    stages: list[_StageLine] = []
 
 
 @dataclass(frozen=True)
@@ -515,6 +525,8 @@ class TraceRecord:
     traces: dict[int, OpTrace]
     failed: dict[int, str]
     outage: frozenset[int]
+    #: further stages of the round's training (SecAgg+'s), which a replay does not re-time
+    stages: int = 0
 
 
 def _ops(rows: Iterable[_OpRow]) -> tuple[Op, ...]:
@@ -572,6 +584,7 @@ def read_traces(path: str | Path, clients: int | None = None) -> list[TraceRecor
                 {c: _ops(by_id[c]) for c in order},
                 failed,
                 frozenset(row.outage),
+                len(row.stages),
             )
         )
     return out
