@@ -88,8 +88,12 @@ def run_round(
     traces = round_traces(tr)
     ag = time_and_aggregate(rs, rnd, elapsed_s, tr, traces, plan_ahead=plan_ahead)
     first_s = ag.timing.round_time_s  # the round's first batch
+    # each selected client's (up, down) air rates, in selection order: the links of the
+    # round's first batch as emulate_round drew them (mecsim.emulation.energy.air_rate_bps),
+    # read before a follow-up batch (a driving server's) draws its own
+    air_rates = rs.network.round_links[0].tolist()
     ev = evaluate(rs, rnd, tr.selected, evaluates, at_s=elapsed_s + first_s, first_s=first_s)
-    client_rows, statuses = _client_rows(rs, rnd, tr, traces, ag, ev)
+    client_rows, statuses = _client_rows(rs, rnd, tr, traces, ag, ev, air_rates)
     timing = ag.timing
     if ev.stages:  # further stages of the round's training (SecAgg+'s): in its columns
         timing = add_stages(timing, ev.stages, client_rows, statuses)
@@ -270,13 +274,12 @@ def _client_rows(
     traces: dict[int, OpTrace],
     ag: Aggregated,
     ev: Evaluations,
+    air_rates: list[list[float]],
 ) -> tuple[list[dict[str, Any]], dict[int, str]]:
     """The client rows of the round (selected or evaluated clients, by id) and the status
-    of each selected client."""
+    of each selected client; ``air_rates``: each selected client's (up, down) air rates of
+    the round's first batch, in selection order."""
     sc = rs.info.scenario
-    # each selected client's (up, down) air rates, in selection order (the round's links
-    # as emulate_round drew them: mecsim.emulation.energy.air_rate_bps)
-    air_rates = rs.network.round_links[0].tolist()
     by_id = {r.client_id: r for r in tr.results}
     timelines = {c.client_id: c for c in ag.timing.clients}
     position = {cid: i for i, cid in enumerate(tr.selected)}

@@ -192,6 +192,33 @@ def test_a_flower_run_records_every_round_with_mecsims_costs(tmp_path: Path) -> 
     assert clients["accuracy"].notna().sum() == 12  # every client evaluated every round
 
 
+def test_a_train_batchs_radio_energy_is_its_own_whatever_batches_follow(tmp_path: Path) -> None:
+    """Each trained client's radio energy is charged at its own air rates of the round's
+    train batch: the same with an evaluate batch after it as without one. (The evaluate
+    batch draws its own links; read after it, a client was charged another's rates: 0.054
+    J for client 1's 0.376 s upload instead of 0.566 J, until 2026-11-29.)"""
+    radio = []
+    for fraction_evaluate in (1.0, 0.0):
+        run_config = {"fraction-train": 0.5, "fraction-evaluate": fraction_evaluate}
+        out = tmp_path / f"eval{fraction_evaluate}"
+        out.mkdir()
+        path = scenario(
+            out,
+            rounds=1,
+            algorithm={"name": "flower", "params": {"app": str(APP), "run_config": run_config}},
+        )
+        run = mecsim_run(path, "--backend", "local")
+        assert run.returncode == 0, run.stderr[-2000:]
+        clients = pd.read_csv(only_run(out) / "clients.csv")
+        trained = clients[clients["selected"]].set_index("client_id")
+        assert len(trained) == 2 and (trained["energy_radio_j"] > 0).all()
+        radio.append(trained["energy_radio_j"])
+    # the same two clients trained (the strategy's sampling comes first), each charged the
+    # same radio energy; their uploads differ, so a swap of rates would show
+    pd.testing.assert_series_equal(radio[0], radio[1])
+    assert radio[0].iloc[0] != radio[0].iloc[1]
+
+
 def test_a_client_dropped_by_the_deadline_is_a_failed_reply_to_the_strategy(
     tmp_path: Path,
 ) -> None:
