@@ -79,6 +79,13 @@ GEOMETRY_KEYS = ("x_m", "y_m")
 #: the client changed edge server at this round's start, else 0 (also a rounds.csv
 #: column: the round's handovers, all clients)
 HANDOVER_KEYS = ("handovers",)
+#: the per client-round columns of handover during a round (``geometry.handover``),
+#: after the channel's and GEOMETRY_KEYS: the client's handovers in the round (at
+#: measurement times from the round's start to its end), the first one's time (s since
+#: the round's start; empty without one) and the transfers that one or more of them
+#: handed over mid-way or held up (``download``, ``upload``, ``download;upload``, or
+#: empty: none was in progress)
+DURING_ROUND_KEYS = ("handovers_in_round", "handover_s", "handover_transfer")
 
 #: Per client-round transport columns added to the channel records.
 TRANSPORT_KEYS = (
@@ -219,8 +226,15 @@ def channel_record_keys(cfg: ChannelConfig) -> tuple[str, ...]:
 def client_record_keys(scenario: Scenario) -> tuple[str, ...]:
     """clients.csv's columns after mecsim's own: the channel's
     (:func:`channel_record_keys`), then, with a geometry, :data:`GEOMETRY_KEYS`."""
-    geometry = GEOMETRY_KEYS if scenario.geometry is not None else ()
-    return (*channel_record_keys(scenario.channel), *geometry, *round_record_keys(scenario))
+    g = scenario.geometry
+    geometry = GEOMETRY_KEYS if g is not None else ()
+    during = DURING_ROUND_KEYS if g is not None and g.handover is not None else ()
+    return (
+        *channel_record_keys(scenario.channel),
+        *geometry,
+        *round_record_keys(scenario),
+        *during,
+    )
 
 
 def round_record_keys(scenario: Scenario) -> tuple[str, ...]:
@@ -232,7 +246,9 @@ def round_record_keys(scenario: Scenario) -> tuple[str, ...]:
 
 
 #: per client-round names a channel plugin's record_keys may not take
-RESERVED_CLIENT_KEYS = frozenset((*RECORD_KEYS, *TRANSPORT_KEYS, *GEOMETRY_KEYS, *HANDOVER_KEYS))
+RESERVED_CLIENT_KEYS = frozenset(
+    (*RECORD_KEYS, *TRANSPORT_KEYS, *GEOMETRY_KEYS, *HANDOVER_KEYS, *DURING_ROUND_KEYS)
+)
 
 
 def downlink_note(scenario: Scenario) -> str | None:
@@ -665,6 +681,9 @@ class NetworkModel:
         # with a deadline, the clients are held where they are at it (MovingLinks.horizon_s)
         deadline_s = self.network.deadline_s
         common["horizon_s"] = math.inf if deadline_s is None else elapsed_s + deadline_s
+        # handover during the round: the serving site follows the A3 timeline
+        common["handover"] = self.moving.timeline
+        common["all_sites_m"] = self.cells.sites_m
         positions = self.moving.positions
         # the rate is B log2(1 + SINR): the payload's share of it by the bandwidth's factor
         up = MovingLinks(
@@ -688,6 +707,30 @@ class NetworkModel:
             **common,
         )
         return up, down
+
+    def handovers_in_round(
+        self, selected: list[int], elapsed_s: float, round_time_s: float
+    ) -> dict[int, dict[str, Any]]:
+        """Handover during a round: each selected client's :data:`DURING_ROUND_KEYS` for
+        the round from ``elapsed_s`` lasting ``round_time_s`` (after it was timed: the
+        transfers its links handed over); empty without ``geometry.handover``."""
+        timeline = None if self.moving is None else self.moving.timeline
+        if timeline is None:
+            return {}
+        end_s = elapsed_s + round_time_s if math.isfinite(round_time_s) else elapsed_s
+        which: dict[int, set[str]] = {}
+        for name, links in zip(("upload", "download"), self.moving_links or (), strict=False):
+            for j, _, _ in links.handed_over:
+                which.setdefault(int(links.clients[j]), set()).add(name)
+        out: dict[int, dict[str, Any]] = {}
+        for cid in selected:
+            times = timeline.between(cid, elapsed_s, end_s)
+            out[cid] = {
+                "handovers_in_round": int(times.size),
+                "handover_s": float(times[0] - elapsed_s) if times.size else math.nan,
+                "handover_transfer": ";".join(sorted(which.get(cid, ()))),
+            }
+        return out
 
     def move_to(self, rnd: int, elapsed_s: float) -> RoundCells:
         """Clients that move, at round ``rnd``'s start ``elapsed_s`` (emulated s): their

@@ -80,7 +80,7 @@ def run_round(
     traces = round_traces(tr)
     ag = time_and_aggregate(rs, rnd, elapsed_s, tr, traces, plan_ahead=plan_ahead)
     ev = evaluate(rs, rnd, tr.selected, evaluates, at_s=elapsed_s + ag.timing.round_time_s)
-    client_rows, statuses = _client_rows(rs, rnd, tr, traces, ag, ev)
+    client_rows, statuses = _client_rows(rs, rnd, tr, traces, ag, ev, elapsed_s)
     row = round_row(
         run_id=rs.info.run_id,
         rnd=rnd,
@@ -235,6 +235,7 @@ def _client_rows(
     traces: dict[int, OpTrace],
     ag: Aggregated,
     ev: Evaluations,
+    elapsed_s: float = 0.0,
 ) -> tuple[list[dict[str, Any]], dict[int, str]]:
     """The client rows of the round (selected or evaluated clients, by id) and the status
     of each selected client."""
@@ -247,6 +248,8 @@ def _client_rows(
     position = {cid: i for i, cid in enumerate(tr.selected)}
     rejected = set(ag.report.rejected)
     moved = _moved(rs)
+    # handover during the round: where each client's transfers were handed over
+    during = rs.network.handovers_in_round(tr.selected, elapsed_s, ag.timing.round_time_s)
     statuses: dict[int, str] = {}
     rows: list[dict[str, Any]] = []
     for cid in sorted(set(tr.selected) | set(ev.scores)):
@@ -277,7 +280,7 @@ def _client_rows(
                 trace=traces.get(cid),
                 result=by_id.get(cid),
                 crashed=cid in tr.faults.crash_at,
-                channel=ag.emulated.channel_rows.get(cid, {}),
+                channel={**ag.emulated.channel_rows.get(cid, {}), **during.get(cid, {})},
                 energy=energy,
                 evaluation=ev.scores.get(cid),
                 handovers=None if moved is None else int(moved[cid]),
