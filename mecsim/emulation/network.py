@@ -33,7 +33,7 @@ from mecsim.channel.phy_models import NrPhy, TruncatedShannonPhy, WifiAxPhy
 from mecsim.channel.tcp import CONNECTION_SETUP_ROUND_TRIPS, TcpColumns, TcpFlow, header_efficiency
 from mecsim.channel.transport import jittered_latency_s, mathis_goodput_bps
 from mecsim.channel.units import db_to_linear, dbm_to_w
-from mecsim.channel.wireless import RECORD_KEYS, RoundChannel
+from mecsim.channel.wireless import RECORD_KEYS, RoundChannel, large_scale_gain
 from mecsim.emulation.devices import DeviceProfile, all_profiles
 from mecsim.emulation.energy import air_rate_bps, power_array
 from mecsim.emulation.engine import (
@@ -46,7 +46,11 @@ from mecsim.emulation.engine import (
 )
 from mecsim.emulation.geometry import StaticCells, cells_of
 from mecsim.emulation.handover import MovingCells, RoundCells, area_of, initial_trace_positions
-from mecsim.emulation.interference import downlink_interference_w, uplink_interference_w
+from mecsim.emulation.interference import (
+    InstantUplink,
+    downlink_interference_w,
+    uplink_interference_w,
+)
 from mecsim.emulation.moving_rate import MovingLinks
 from mecsim.scenario import (
     ChannelConfig,
@@ -437,6 +441,14 @@ class NetworkModel:
             and isinstance(self.channel, ShannonChannel)
         )
         self.moving_links: tuple[MovingLinks, MovingLinks] | None = None
+        #: per-instant uplink interference (channel.interference.timing: instant): the
+        #: round's uplinks as :class:`InstantUplink` (the round's timing solves them,
+        #: mecsim.emulation.timing), else None
+        inter = getattr(scenario.channel, "interference", None)
+        self.instant = (
+            inter is not None and inter.model == "geometric" and inter.timing == "instant"
+        )
+        self.instant_uplink: InstantUplink | None = None
         self.devices = [profiles[name] for name in scenario.client_profiles()]
         # each client's device as columns (ClientColumns of a round index them)
         self.step_overhead_s = np.array([float(d.step_overhead_s) for d in self.devices])
@@ -574,7 +586,10 @@ class NetworkModel:
         # includes the other flows' shares) is its bits at its air rate at the round's
         # start (mecsim.emulation.energy)
         trace = isinstance(self.channel, TraceChannel)
-        up_schedule = trace or (self.follows and not self.network.uplink_shared)
+        up_schedule = trace or (self.follows and not self.network.uplink_shared) or self.instant
+        self.instant_uplink = (
+            self._instant_uplink(ch, selected, up_cap, up_share) if self.instant else None
+        )
         down_schedule = trace or (self.follows and not self.network.downlink_shared)
         self.round_links = (
             np.column_stack(
@@ -604,6 +619,48 @@ class NetworkModel:
             max_share(down_rate, down_good) if self._capped(self.downlink) else None,
             tcp_flows(self.uplink, rtt, self._flows(selected, self.network.uplink_shared)),
             tcp_flows(self.downlink, rtt, self._flows(selected, self.network.downlink_shared)),
+        )
+
+    def _instant_uplink(
+        self, ch: RoundChannel, selected: list[int], cap: np.ndarray, share: float
+    ) -> InstantUplink:
+        """The round's uplinks for per-instant interference (:class:`InstantUplink`):
+        the round's draws (bandwidth, power, fading), each link's gain as the channel
+        computes it, and what every selected client puts into every site (the path
+        losses of the round's start, those of the per-round interference)."""
+        cells = self.cells
+        assert cells is not None and cells.groups is not None and cells.path_loss_db is not None
+        channel = cast(ShannonChannel, self.channel)
+        at = np.asarray(selected, dtype=np.int64)
+        h = np.asarray(ch.fading_gain, dtype=float)
+        if channel.path_loss is None:
+            gain = large_scale_gain(
+                ch.distance_m,
+                channel.path_loss_db,
+                channel.reference_distance_m,
+                channel.path_loss_exponent,
+                h,
+            )
+        else:
+            assert self.radio.path_loss_db is not None
+            gain = h * db_to_linear(-self.radio.path_loss_db[at])
+        path_loss = cells.path_loss_db
+        if self.round_cells is not None and self.round_cells.path_loss_db is not None:
+            path_loss = self.round_cells.path_loss_db
+        p_w = np.asarray(dbm_to_w(ch.tx_power_dbm), dtype=float)
+        heard = dbm_to_w(self.tx_power_dbm)[at, None] * db_to_linear(-path_loss[at])
+        return InstantUplink(
+            at,
+            np.asarray(ch.bandwidth_hz, dtype=float),
+            p_w,
+            np.asarray(gain, dtype=float),
+            float(channel.noise_psd_w_per_hz),
+            float(channel.snr_offset_db),
+            self.edge_server[at].astype(np.int64),
+            np.asarray(heard, dtype=float),
+            cells.groups,
+            np.broadcast_to(np.asarray(cap, dtype=float), len(at)).copy(),
+            float(share),
         )
 
     @staticmethod

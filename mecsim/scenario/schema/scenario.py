@@ -204,6 +204,43 @@ class Scenario(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _instant_interference_fits(self) -> Scenario:
+        """Per-instant interference (``channel.interference.timing: instant``) solves a
+        round's uploads on dedicated links at constant link gains: built for flat
+        synchronous algorithms, clients that stand or whose rate is taken at the round's
+        start (``rate: round``), B · log2(1 + SINR) and no outage faults."""
+        inter = getattr(self.channel, "interference", None)
+        if inter is None or inter.timing != "instant":
+            return self
+        g = self.geometry
+        ch = self.channel
+        assert isinstance(ch, ShannonChannelConfig)  # the only channel with interference
+        why = ""
+        if registry.algorithm(self.algorithm.name)[0].Edge is not None:
+            why = f"algorithm {self.algorithm.name} is hierarchical"
+        elif ch.shared_media(self.algorithm.name)[0]:
+            why = "the uplink is a shared medium (built for dedicated links)"
+        elif g is not None and g.moves() and g.mobility.rate == "step":
+            why = (
+                "clients move under geometry.mobility.rate: step (a rate that changes both "
+                "with the distance and with who transmits is not built); set rate: round"
+            )
+        elif ch.phy.model != "shannon":
+            why = f"channel.phy.model is {ch.phy.model} (built for B · log2(1 + SINR))"
+        elif self.aggregation.mode != "sync":
+            why = f"aggregation.mode is {self.aggregation.mode} (built for sync rounds)"
+        elif self.faults is not None and (
+            self.faults.link_outages or self.faults.edge_server_outages
+        ):
+            why = "faults has outage intervals"
+        if why:
+            raise ValueError(
+                f"channel.interference.timing: instant cannot be applied: {why}; use "
+                "timing: round (every co-channel transmitter on for the whole phase)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _device_groups_fit(self) -> Scenario:
         known = set(registry.device_profiles()) | set(self.devices.profiles)
         for i, group in enumerate(self.devices.clients):
