@@ -47,9 +47,7 @@ class EmulatedRound:
     instant: InstantUplink | None = None
     # the last traces timed and their solution: timing the same traces again (after the
     # aggregation, with its time) only summarises them again
-    _solved: dict[str, tuple[Mapping[int, OpTrace], SolvedRound]] = field(
-        default_factory=dict, repr=False, compare=False
-    )
+    _solved: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def time(self, traces: Mapping[int, OpTrace], aggregate_s: float = 0.0) -> RoundTiming:
         """The round's timelines and critical path; ``aggregate_s`` is the server's
@@ -64,6 +62,12 @@ class EmulatedRound:
             last = (traces, solved)
             self._solved["last"] = last
         return last[1].timing(aggregate_s, failed=self.failed, wait_for=self.wait_for)
+
+    def timed_specs(self) -> Mapping[int, ClientSpec]:
+        """The specs the last :meth:`time` timed: :attr:`specs`, or, under per-instant
+        interference, with each uplink's rate schedule (what its energy is charged by)."""
+        specs: Mapping[int, ClientSpec] = self._solved.get("specs", self.specs)
+        return specs
 
     def _solve_instant(self, traces: Mapping[int, OpTrace], instant: InstantUplink) -> SolvedRound:
         """The round with per-instant uplink interference: solved with the per-round
@@ -98,6 +102,7 @@ class EmulatedRound:
                 if nbits[i] > 0 and tl is not None and np.isfinite(tl.finish_s):
                     starts[i] = tl.finish_s - tl.upload_s
             if before is not None and np.array_equal(starts, before, equal_nan=True):
+                self._solved["specs"] = specs
                 return solved
             _, schedules = instant.solve(starts, nbits)
             specs = dict(specs)

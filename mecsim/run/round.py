@@ -261,7 +261,7 @@ def _client_rows(
                 rs.network.devices[cid],
                 tl,
                 traces[cid],
-                ag.emulated.specs[cid],
+                ag.emulated.timed_specs()[cid],
                 ag.timing.round_time_s,
                 idle_policy=sc.energy.idle_policy,
                 tx_power_dbm=float(rs.network.tx_power_dbm[cid]),

@@ -150,8 +150,8 @@ class AssociationConfig(_Strict):
 #: TS 36.133 / TS 38.133 give for a UE without DRX
 MEASUREMENT_PERIOD_S = 0.2
 #: ``geometry.handover.interruption_s``'s default (s): a break-before-make handover with
-#: random access interrupts the user plane for some 30-60 ms (LTE; 3GPP TR 36.881 §5.5
-#: studies its parts); 50 ms is taken here
+#: random access interrupts the user plane for some 30-60 ms in LTE (3GPP's
+#: latency-reduction study TR 36.881 breaks it into its parts); 50 ms, the middle, here
 INTERRUPTION_S = 0.05
 
 
@@ -175,8 +175,8 @@ class HandoverConfig(_Strict):
         le=10,
         description="a handover stops the client's transfers for this long (s) from the "
         "moment it is triggered, then they go on at the new cell's rate; default 0.05 s, "
-        "within the 30-60 ms of a break-before-make handover with random access (LTE, "
-        "3GPP TR 36.881 §5.5)",
+        "the middle of the 30-60 ms an LTE break-before-make handover with random access "
+        "interrupts the user plane (3GPP TR 36.881 studies its parts)",
     )
 
 

@@ -153,3 +153,21 @@ def test_a_scenario_at_the_default_timing_dumps_as_before():
     assert three_clients().model_dump(mode="json")["channel"]["interference"]["timing"] == (
         "instant"
     )
+
+
+def test_a_run_charges_each_upload_its_air_time_per_instant(tmp_path):
+    """A one-round run of the three clients: each client's radio energy is its uploads'
+    and downloads' air time (the transfer's duration on a rate schedule) at its powers:
+    finite, and below the per-round run's (its uploads are shorter)."""
+    from mecsim.store.reader import read_csv_exact
+    from mecsim.store.session import run_in_folder
+
+    energy = {}
+    for timing in ("instant", "round"):
+        sc = three_clients(timing).model_copy(update={"rounds": 1})
+        run_in_folder(sc, tmp_path / timing)
+        rows = read_csv_exact(tmp_path / timing / "clients.csv")
+        energy[timing] = rows["energy_radio_j"].to_numpy()
+        assert np.isfinite(energy[timing]).all() and (energy[timing] > 0).all()
+    assert (energy["instant"] <= energy["round"] + 1e-12).all()
+    assert (energy["instant"] < energy["round"]).any()
