@@ -204,9 +204,10 @@ def bench(
         )
 
 
-def moving_scenario(clients: int, reuse: int):
+def moving_scenario(clients: int, reuse: int, handover: bool = False):
     """The shared-AP scenario with ``clients`` clients on 7 hexagonal UMi cells, walking,
-    geometric interference of reuse factor ``reuse`` (the module's docstring, 4)."""
+    geometric interference of reuse factor ``reuse`` (the module's docstring, 4);
+    ``handover``: with handover during rounds (``geometry.handover`` at its defaults)."""
     from mecsim.scenario import load_scenario, scenario_from_dict
 
     data = scaled(WIFI, clients).model_dump(mode="json")
@@ -221,6 +222,8 @@ def moving_scenario(clients: int, reuse: int):
     data["geometry"] = campus.geometry.model_dump(mode="json", exclude_none=True)
     # each transfer's rate follows its client (the default for clients that move)
     data["geometry"]["mobility"]["rate"] = "step"
+    if handover:
+        data["geometry"]["handover"] = {}
     return scenario_from_dict(data, f"{WIFI.name} x {clients} clients, moving, reuse {reuse}")
 
 
@@ -295,9 +298,15 @@ def bench_moving(scenario, pools: list[list[tuple]], n_rounds: int, target_s: fl
     if target_s is not None:
         line += f"  [target <= {target_s:g} s in all: {'met' if total <= target_s else 'MISSED'}]"
     print(line, flush=True)
+    timeline = network.moving.timeline if network.moving is not None else None
+    during = (
+        ""
+        if timeline is None
+        else f" ({int(timeline.count.sum())} at measurement times, during the rounds)"
+    )
     print(
-        f"  emulated {elapsed_s:.1f} s, {handovers} handovers, median uplink interference "
-        f"{np.median(ul_w):.3e} W ({load()})",
+        f"  emulated {elapsed_s:.1f} s, {handovers} handovers{during}, median uplink "
+        f"interference {np.median(ul_w):.3e} W ({load()})",
         flush=True,
     )
 
@@ -417,6 +426,11 @@ def main(argv: list[str] | None = None) -> None:
         help="time the moving-clients case alone (the mobility speed case)",
     )
     p.add_argument(
+        "--handover",
+        action="store_true",
+        help="moving case: with handover during rounds (geometry.handover at its defaults)",
+    )
+    p.add_argument(
         "--only-moving-shared",
         action="store_true",
         help="time the moving-clients-on-shared-cells case alone (workload 5)",
@@ -445,7 +459,9 @@ def main(argv: list[str] | None = None) -> None:
     pools = [list(rec.traces.values()) for rec in wifi_run.rounds]
     print(f"  {sum(map(len, pools))} recorded client op-traces, e.g. {pools[0][0]}")
     if args.only_moving:
-        bench_moving(moving_scenario(args.clients, args.reuse), pools, args.rounds, 15.0)
+        bench_moving(
+            moving_scenario(args.clients, args.reuse, args.handover), pools, args.rounds, 15.0
+        )
         return
     shared = moving_shared_scenario(args.clients, args.reuse)
     if args.only_moving_shared:

@@ -164,7 +164,7 @@ class MovingLinks:
         j: np.ndarray,
         nbits: np.ndarray,
         start_s: np.ndarray,
-        _after_s: float | None = None,
+        _after_s: np.ndarray | None = None,
     ) -> np.ndarray:
         """Seconds to move ``nbits[i]`` bits over link ``j[i]`` from ``start_s[i]`` (s
         since the round started), by the mid* rule (the module's docstring), all links
@@ -175,9 +175,12 @@ class MovingLinks:
         a link's time is the same number whatever links are timed with it.
 
         With handover during the round, a transfer during which its client hands over
-        (at t_h, a measurement time) moves its bits up to t_h on the old site, nothing
-        until t_h + interruption, and the rest on the new site (:meth:`_handed_over_s`);
-        one that would start during an interruption waits for its end."""
+        (at t_h, a measurement time) moves its bits up to t_h on the old site (whole
+        pieces at their midpoints' rates, the last part at the midpoint of the part
+        used), nothing until t_h + interruption, and the rest on the new site from there
+        (this rule again: later handovers alike); one that would start during an
+        interruption waits for its end. ``_after_s`` (absolute s, per link): the
+        handover a resumed transfer follows (not counted again)."""
         out = self._times_on_sites(j, nbits, start_s)
         ho = self.handover
         if ho is None:
@@ -191,35 +194,53 @@ class MovingLinks:
         live = np.flatnonzero(bits > 0)
         h = np.full(len(j), np.inf)
         if live.size:
-            # a handover up to one interruption before the start still holds it up;
-            # ``_after_s``: the handover a resumed transfer follows (not again)
-            after = (
-                a0[live] - ho.interruption_s if _after_s is None else np.full(live.size, _after_s)
-            )
+            # a handover up to one interruption before the start still holds it up
+            after = a0[live] - ho.interruption_s if _after_s is None else _after_s[live]
             h[live] = ho.next_handover_s(self.clients[j[live]], after, end[live])
-        for row in np.flatnonzero(np.isfinite(h)):
-            out[row] = self._handed_over_s(int(j[row]), float(bits[row]), float(start[row]), h[row])
+        rows = np.flatnonzero(np.isfinite(h))
+        if not rows.size:
+            return out
+        jr, hr, ar = j[rows], h[rows], a0[rows]
+        for jj, ss, hh in zip(jr.tolist(), start[rows].tolist(), hr.tolist(), strict=True):
+            self.handed_over.add((jj, ss, hh))
+        sent = self._bits_by(jr, ar, np.maximum(hr, ar))
+        early = sent >= bits[rows]  # through before the handover after all (rare)
+        for k in np.flatnonzero(early):
+            row = rows[k]
+            out[row] = MovingRate(self, int(j[row]))._run_s(
+                float(bits[row]), float(start[row]), limit_s=float(hr[k] - self.round_start_s)
+            )[0]
+        go = np.flatnonzero(~early)
+        if go.size:
+            resume = hr[go] + ho.interruption_s - self.round_start_s
+            rest = self.transfer_times_s(jr[go], bits[rows[go]] - sent[go], resume, _after_s=hr[go])
+            out[rows[go]] = resume + rest - start[rows[go]]
         return out
 
-    def _handed_over_s(self, j: int, nbits: float, start_s: float, handover_s: float) -> float:
-        """Seconds to move ``nbits`` over link ``j`` from ``start_s`` (s since the round
-        started) when its client hands over at ``handover_s`` (absolute emulated s, after
-        ``start_s`` − the interruption, before the transfer's end on the old site): the
-        bits up to then (none if it is not after the start), the interruption, the rest
-        from its end (:meth:`transfer_times_s`: later handovers alike)."""
-        assert self.handover is not None
-        self.handed_over.add((j, start_s, handover_s))
-        limit_s = handover_s - self.round_start_s
-        sent = 0.0
-        if limit_s > start_s:
-            done_s, sent = MovingRate(self, j)._run_s(nbits, start_s, limit_s=limit_s)
-            if math.isfinite(done_s):  # through before the handover after all
-                return done_s
-        resume_s = limit_s + self.handover.interruption_s
-        rest = self.transfer_times_s(
-            np.array([j]), np.array([nbits - sent]), np.array([resume_s]), _after_s=handover_s
-        )
-        return float(resume_s + rest[0] - start_s)
+    def _bits_by(self, j: np.ndarray, from_s: np.ndarray, limit_s: np.ndarray) -> np.ndarray:
+        """Bits moved over links ``j`` from ``from_s`` to ``limit_s`` (absolute s, per
+        link): each whole grid piece at its midpoint's goodput, the piece ``limit_s``
+        falls in up to it at the midpoint of the part used (as mid* takes a transfer's
+        last piece); all links at once, in batches of pieces."""
+        sent = np.zeros(len(j))
+        t = np.asarray(from_s, dtype=np.float64).copy()
+        limit = np.asarray(limit_s, dtype=np.float64)
+        idx = np.flatnonzero(limit > t)
+        step, batch = self.step_s, _FIRST_BATCH
+        while idx.size:
+            ti, li = t[idx], limit[idx]
+            first = (np.floor(ti / step + _TOLERANCE) + 1) * step
+            first = np.where(first - ti > _TOLERANCE * step, first, first + step)
+            ends = np.minimum(
+                first[:, None] + np.arange(batch, dtype=np.float64) * step, li[:, None]
+            )
+            starts = np.concatenate([ti[:, None], ends[:, :-1]], axis=1)
+            rates = self.goodput_bps(j[idx][:, None], (starts + ends) / 2.0)
+            sent[idx] += np.sum(rates * (ends - starts), axis=1)
+            t[idx] = ends[:, -1]
+            idx = idx[ends[:, -1] < li]
+            batch *= 4
+        return sent
 
     def _times_on_sites(self, j: np.ndarray, nbits: np.ndarray, start_s: np.ndarray) -> np.ndarray:
         """:meth:`transfer_times_s` without the handovers' interruptions (each piece's

@@ -819,7 +819,9 @@ class NetworkModel:
         """The selected clients' specs as columns (what :meth:`round` puts in each
         ClientSpec, without the objects; moving clients' links as their MovingLinks), or
         None when the links are rate schedules."""
-        if isinstance(self.channel, TraceChannel):
+        if isinstance(self.channel, TraceChannel) or self.instant:
+            # per-instant interference: the round is solved on ClientSpecs
+            # (mecsim.emulation.timing.EmulatedRound.time)
             return None
         moving = self.moving_links
         if moving is not None and (self.network.uplink_shared or self.network.downlink_shared):
