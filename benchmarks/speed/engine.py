@@ -227,7 +227,13 @@ def moving_scenario(clients: int, reuse: int, handover: bool = False):
     return scenario_from_dict(data, f"{WIFI.name} x {clients} clients, moving, reuse {reuse}")
 
 
-def bench_moving(scenario, pools: list[list[tuple]], n_rounds: int, target_s: float | None):
+def bench_moving(
+    scenario,
+    pools: list[list[tuple]],
+    n_rounds: int,
+    target_s: float | None,
+    run_path: bool = True,
+):
     """The mobility speed case, each round starting at the emulated time the previous one
     ended, timed two ways on the same rounds:
 
@@ -310,6 +316,8 @@ def bench_moving(scenario, pools: list[list[tuple]], n_rounds: int, target_s: fl
         flush=True,
     )
 
+    if not run_path:
+        return
     # the run path: emulate_round (ClientSpecs, rate objects, records) and the engine
     network = network_model()
     elapsed_s = wall = cpu = 0.0
@@ -431,6 +439,11 @@ def main(argv: list[str] | None = None) -> None:
         help="moving case: with handover during rounds (geometry.handover at its defaults)",
     )
     p.add_argument(
+        "--engine-only",
+        action="store_true",
+        help="moving case: the engine's figure only (not the run path's)",
+    )
+    p.add_argument(
         "--only-moving-shared",
         action="store_true",
         help="time the moving-clients-on-shared-cells case alone (workload 5)",
@@ -460,7 +473,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"  {sum(map(len, pools))} recorded client op-traces, e.g. {pools[0][0]}")
     if args.only_moving:
         bench_moving(
-            moving_scenario(args.clients, args.reuse, args.handover), pools, args.rounds, 15.0
+            moving_scenario(args.clients, args.reuse, args.handover),
+            pools,
+            args.rounds,
+            15.0,
+            run_path=not args.engine_only,
         )
         return
     shared = moving_shared_scenario(args.clients, args.reuse)

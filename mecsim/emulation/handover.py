@@ -312,10 +312,11 @@ class HandoverTimeline:
         return out
 
     def between(self, client: int, after_s: float, until_s: float) -> np.ndarray:
-        """Client ``client``'s handover times in [``after_s``, ``until_s``) (s)."""
+        """Client ``client``'s handover times in (``after_s``, ``until_s``] (s): after a
+        round's start (one at it is the start's cell), up to its end."""
         self.advance_to(until_s)
         times = self.times_s[client]
-        out: np.ndarray = times[(times >= after_s) & (times < until_s)]
+        out: np.ndarray = times[(times > after_s) & (times <= until_s)]
         return out
 
 

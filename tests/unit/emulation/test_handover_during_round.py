@@ -211,3 +211,26 @@ def test_a_scenario_without_the_field_dumps_as_before(tmp_path):
         "measurement_period_s": 0.2,
         "interruption_s": 0.05,
     }
+
+
+def test_the_records_say_where_a_transfer_was_handed_over(tmp_path):
+    """The round from 20 s lasting 5 s: client 0 hands over once, 1.6 s after the
+    round's start, during its upload; client 1 stands (none). A transfer timed after the
+    handover is not counted as handed over."""
+    sc = _scenario(tmp_path, {"measurement_period_s": STEP_S, "interruption_s": INTERRUPTION_S})
+    net = NetworkModel(sc, device_profiles(sc))
+    net.round(0, [0, 1], 0.0, records=False)
+    specs, _, _, _ = net.round(1, [0, 1], 20.0, records=False)
+    specs[0].downlink_rate_bps.transfer_time_s(1e5, 0.0)  # through before 21.6 s
+    specs[0].uplink_rate_bps.transfer_time_s(4e6, 0.0)
+    rows = net.handovers_in_round([0, 1], 20.0, 5.0)
+    assert rows[0]["handovers_in_round"] == 1
+    assert rows[0]["handover_s"] == pytest.approx(1.6, abs=1e-12)
+    assert rows[0]["handover_transfer"] == "upload"
+    assert rows[1]["handovers_in_round"] == 0 and math.isnan(rows[1]["handover_s"])
+    assert rows[1]["handover_transfer"] == ""
+    keys = ("handovers_in_round", "handover_s", "handover_transfer")
+    from mecsim.emulation.network import client_record_keys
+
+    assert client_record_keys(sc)[-3:] == keys
+    assert not set(keys) & set(client_record_keys(_scenario(tmp_path)))
