@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal, cast
 
 from pydantic import (
     Field,
+    SerializationInfo,
     SerializerFunctionWrapHandler,
     ValidationError,
     field_validator,
@@ -23,6 +24,7 @@ from mecsim.scenario.schema.base import (
     _loc,
     _resolvable,
     _Strict,
+    every_field,
 )
 from mecsim.scenario.schema.links import LinkTransport, _check_client_loss, personalised_downloads
 
@@ -70,11 +72,13 @@ class Interference(_Strict):
     )
 
     @model_serializer(mode="wrap")
-    def _without_default_timing(self, handler: SerializerFunctionWrapHandler) -> Any:
+    def _without_default_timing(
+        self, handler: SerializerFunctionWrapHandler, info: SerializationInfo
+    ) -> Any:
         """``timing`` left out of a dump at its default (runs recorded before it keep
         their scenario digests and their scenario.yaml)."""
         data = handler(self)
-        if isinstance(data, dict) and data.get("timing") == "round":
+        if isinstance(data, dict) and data.get("timing") == "round" and not every_field(info):
             data.pop("timing")
         return data
 

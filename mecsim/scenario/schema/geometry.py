@@ -6,11 +6,17 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
+from pydantic import (
+    Field,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 import mecsim.scenario.plane as plane
 from mecsim.scenario.mobility import MobilityConfig
-from mecsim.scenario.schema.base import Decibels, _Strict
+from mecsim.scenario.schema.base import Decibels, _Strict, every_field
 
 #: The largest coordinate, area side or distance a geometry takes (m): 10,000 km, far
 #: beyond any cell layout, far below where float arithmetic loses the metre
@@ -217,11 +223,13 @@ class GeometryConfig(_Strict):
     )
 
     @model_serializer(mode="wrap")
-    def _without_unset_handover(self, handler: SerializerFunctionWrapHandler) -> Any:
+    def _without_unset_handover(
+        self, handler: SerializerFunctionWrapHandler, info: SerializationInfo
+    ) -> Any:
         """``handover`` left out of a dump while null (runs recorded before it keep
         their scenario digests and their scenario.yaml)."""
         data = handler(self)
-        if isinstance(data, dict) and data.get("handover", 0) is None:
+        if isinstance(data, dict) and data.get("handover", 0) is None and not every_field(info):
             data.pop("handover")
         return data
 

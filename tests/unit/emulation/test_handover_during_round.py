@@ -234,3 +234,15 @@ def test_the_records_say_where_a_transfer_was_handed_over(tmp_path):
 
     assert client_record_keys(sc)[-3:] == keys
     assert not set(keys) & set(client_record_keys(_scenario(tmp_path)))
+
+
+def test_the_new_fields_can_be_set_by_an_override(tmp_path):
+    """Left out of a dump at their defaults, the fields are still override paths."""
+    from mecsim.scenario.overrides import apply_overrides
+
+    sc = _scenario(tmp_path)
+    on = apply_overrides(sc, {"geometry.handover": {"interruption_s": 0.03}})
+    assert on.geometry.handover.interruption_s == 0.03
+    assert on.geometry.handover.measurement_period_s == 0.2
+    off = apply_overrides(on, {"geometry.handover": None})
+    assert off.geometry.handover is None

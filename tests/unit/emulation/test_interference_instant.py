@@ -171,3 +171,35 @@ def test_a_run_charges_each_upload_its_air_time_per_instant(tmp_path):
         assert np.isfinite(energy[timing]).all() and (energy[timing] > 0).all()
     assert (energy["instant"] <= energy["round"] + 1e-12).all()
     assert (energy["instant"] < energy["round"]).any()
+
+
+def test_timing_is_an_override_path():
+    """Left out of a dump at its default, ``timing`` can still be set by an override (a
+    sweep's axis: ``--set channel.interference.timing=round,instant``)."""
+    from mecsim.scenario.overrides import apply_overrides, is_timing_path
+
+    sc = apply_overrides(three_clients("round"), {"channel.interference.timing": "instant"})
+    assert sc.channel.interference.timing == "instant"
+    assert is_timing_path("channel.interference.timing")
+
+
+def test_a_replay_per_instant_of_a_per_round_run_is_a_run_per_instant(tmp_path):
+    """Two rounds of the three clients' cells with reuse 1: a replay of the per-round run
+    with ``timing: instant`` gives the rounds of a run per instant, bit for bit (its
+    energy included); they are shorter."""
+    from mecsim.analysis.replay import load_run, replay
+    from mecsim.run.rows import REPLAY_COLUMNS
+    from mecsim.scenario.overrides import apply_overrides
+    from mecsim.store.reader import read_csv_exact
+    from mecsim.store.session import run_in_folder
+
+    base = three_clients("round")
+    point = {"channel.interference.timing": "instant"}
+    run_in_folder(base, tmp_path / "a")
+    run_in_folder(apply_overrides(base, point), tmp_path / "b")
+    got = replay(load_run(tmp_path / "a"), point)
+    want = read_csv_exact(tmp_path / "b" / "rounds.csv")[REPLAY_COLUMNS]
+    for col in REPLAY_COLUMNS:
+        assert np.array_equal(got.rounds[col].to_numpy(), want[col].to_numpy(), equal_nan=True), col
+    first = read_csv_exact(tmp_path / "a" / "rounds.csv")
+    assert (want["round_time_s"].to_numpy() < first["round_time_s"].to_numpy()).all()
