@@ -10,7 +10,7 @@ position is a whole metre: exact in float32). B enters when d_A − d_B > 20 m:
 
     t (s)   x (m)   d_A = √((x − 200)² + 30²)   d_B = √((800 − x)² + 30²)   d_A − d_B
     21.0    510     √97,000 = 311.448           √85,000 = 291.548            19.900
-    21.2    512     √98,244 = 313.439           √83,844 = 289.558            23.882  enters
+    21.2    512     √98,244 = 313.439           √83,844 = 289.558            23.881  enters
 
 held 0 s at 21.2, 0.2 s at 21.4, 0.4 s ≥ 0.32 s at 21.6: the client hands over at
 t_h = 21.6 s (measurement 108).
