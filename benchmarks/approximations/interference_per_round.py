@@ -13,6 +13,10 @@ not change); the figures are the per-round upload time's relative excess over th
 exact one, per client-round (median, max), and the excess of the round's last upload
 end, relative to the exact round from its start to that end.
 
+Then the same scenario with ``channel.interference.timing: instant`` (mecsim's own
+per-instant solution): each of its client-rounds' upload ends against this script's
+exact recomputation (the largest relative difference), and its last upload ends.
+
     python benchmarks/approximations/interference_per_round.py [--quick]
 """
 
@@ -47,7 +51,7 @@ def _merge(a: dict, b: dict) -> dict:
     return a
 
 
-def docs_example(reuse: int, rounds: int) -> dict:
+def docs_example(reuse: int, rounds: int, timing: str = "round") -> dict:
     """The default scenario with docs/mobility.md's first YAML block, geometric
     interference of ``reuse``."""
     base = yaml.safe_load(Path(default_scenario_path()).read_text())
@@ -55,6 +59,8 @@ def docs_example(reuse: int, rounds: int) -> dict:
     block = yaml.safe_load(re.search(r"```yaml\n(.*?)```", text, re.S).group(1))
     data = _merge(copy.deepcopy(base), block)
     data["channel"]["interference"] = {"model": "geometric", "reuse": reuse}
+    if timing != "round":
+        data["channel"]["interference"]["timing"] = timing
     data["rounds"] = rounds
     data.setdefault("execution", {})["backend"] = "local"
     data.setdefault("metrics", {})["enabled"] = False
@@ -145,6 +151,58 @@ def main() -> None:
         )
         assert min(per_client) >= -1e-9, "per round is never faster than per instant"
         assert all(math.isfinite(x) for x in per_client)
+        instant_dir = out / f"interference-reuse{reuse}-instant"
+        run_in_folder(scenario_from_dict(docs_example(reuse, rounds, "instant"), "i"), instant_dir)
+        worst, last = instant_against_exact(run_dir, instant_dir, data)
+        print(
+            f"{reuse:>5} timing: instant, upload ends against the exact ones: largest "
+            f"relative difference {worst:.2e}; last upload ends "
+            + ", ".join(f"{x:.3f}" for x in last)
+        )
+        assert worst < 1e-9, "mecsim's per-instant uploads are the exact ones"
+
+
+def instant_against_exact(
+    run_dir: Path, instant_dir: Path, data: dict
+) -> tuple[float, list[float]]:
+    """A ``timing: instant`` run's upload ends (s from each round's start) against the
+    exact ones recomputed from the per-round run (the same starts: download and compute
+    do not depend on the uplink): the largest relative difference, and each round's last
+    upload end of the instant run."""
+    sc = scenario_from_dict(data, "interference")
+    net = NetworkModel(sc, device_profiles(sc))
+    cells = net.cells
+    assert cells is not None and cells.groups is not None and cells.path_loss_db is not None
+    grp, srv = cells.groups, net.edge_server
+    per_round = read_csv_exact(run_dir / "clients.csv")
+    instant = read_csv_exact(instant_dir / "clients.csv")
+    n0 = 10 ** (sc.channel.noise_psd_dbm_per_hz / 10) / 1000
+    worst, last = 0.0, []
+    chosen = per_round["selected"].astype(bool)
+    for (rnd, rows), (_, inst) in zip(
+        per_round[chosen].groupby("round"),
+        instant[instant["selected"].astype(bool)].groupby("round"),
+        strict=True,
+    ):
+        assert rows["client_id"].tolist() == inst["client_id"].tolist(), rnd
+        ids = rows["client_id"].to_numpy(dtype=int)
+        start = (rows["start_s"] + rows["download_s"] + rows["compute_s"]).to_numpy()
+        b = rows["bandwidth_hz"].to_numpy()
+        noise = n0 * b
+        sinr = 10 ** (rows["uplink_snr_db"].to_numpy() / 10)
+        signal = sinr * (rows["ul_interference_w"].to_numpy() + noise)
+        p_w = 10 ** (rows["tx_power_dbm"].to_numpy() / 10) / 1000
+        s = srv[ids]
+        co = (grp[s][:, None] == grp[s][None, :]) & (s[:, None] != s[None, :])
+        cross = np.where(co, p_w[:, None] * 10 ** (-cells.path_loss_db[ids][:, s] / 10), 0.0)
+        bits = rows["upload_s"].to_numpy() * rows["uplink_rate_bps"].to_numpy()
+        exact = exact_uploads_s(start, bits, signal, cross, noise, b)
+        got = (
+            inst["start_s"] + inst["download_s"] + inst["compute_s"] + inst["upload_s"]
+        ).to_numpy()
+        worst = max(worst, float(np.max(np.abs(got - exact) / (exact - start))))
+        last.append(float(got.max() - inst["start_s"].min()))
+    return worst, last
 
 
 if __name__ == "__main__":

@@ -204,9 +204,10 @@ def bench(
         )
 
 
-def moving_scenario(clients: int, reuse: int):
+def moving_scenario(clients: int, reuse: int, handover: bool = False):
     """The shared-AP scenario with ``clients`` clients on 7 hexagonal UMi cells, walking,
-    geometric interference of reuse factor ``reuse`` (the module's docstring, 4)."""
+    geometric interference of reuse factor ``reuse`` (the module's docstring, 4);
+    ``handover``: with handover during rounds (``geometry.handover`` at its defaults)."""
     from mecsim.scenario import load_scenario, scenario_from_dict
 
     data = scaled(WIFI, clients).model_dump(mode="json")
@@ -221,10 +222,18 @@ def moving_scenario(clients: int, reuse: int):
     data["geometry"] = campus.geometry.model_dump(mode="json", exclude_none=True)
     # each transfer's rate follows its client (the default for clients that move)
     data["geometry"]["mobility"]["rate"] = "step"
+    if handover:
+        data["geometry"]["handover"] = {}
     return scenario_from_dict(data, f"{WIFI.name} x {clients} clients, moving, reuse {reuse}")
 
 
-def bench_moving(scenario, pools: list[list[tuple]], n_rounds: int, target_s: float | None):
+def bench_moving(
+    scenario,
+    pools: list[list[tuple]],
+    n_rounds: int,
+    target_s: float | None,
+    run_path: bool = True,
+):
     """The mobility speed case, each round starting at the emulated time the previous one
     ended, timed two ways on the same rounds:
 
@@ -295,12 +304,20 @@ def bench_moving(scenario, pools: list[list[tuple]], n_rounds: int, target_s: fl
     if target_s is not None:
         line += f"  [target <= {target_s:g} s in all: {'met' if total <= target_s else 'MISSED'}]"
     print(line, flush=True)
+    timeline = network.moving.timeline if network.moving is not None else None
+    during = (
+        ""
+        if timeline is None
+        else f" ({int(timeline.count.sum())} at measurement times, during the rounds)"
+    )
     print(
-        f"  emulated {elapsed_s:.1f} s, {handovers} handovers, median uplink interference "
-        f"{np.median(ul_w):.3e} W ({load()})",
+        f"  emulated {elapsed_s:.1f} s, {handovers} handovers{during}, median uplink "
+        f"interference {np.median(ul_w):.3e} W ({load()})",
         flush=True,
     )
 
+    if not run_path:
+        return
     # the run path: emulate_round (ClientSpecs, rate objects, records) and the engine
     network = network_model()
     elapsed_s = wall = cpu = 0.0
@@ -417,6 +434,16 @@ def main(argv: list[str] | None = None) -> None:
         help="time the moving-clients case alone (the mobility speed case)",
     )
     p.add_argument(
+        "--handover",
+        action="store_true",
+        help="moving case: with handover during rounds (geometry.handover at its defaults)",
+    )
+    p.add_argument(
+        "--engine-only",
+        action="store_true",
+        help="moving case: the engine's figure only (not the run path's)",
+    )
+    p.add_argument(
         "--only-moving-shared",
         action="store_true",
         help="time the moving-clients-on-shared-cells case alone (workload 5)",
@@ -445,7 +472,13 @@ def main(argv: list[str] | None = None) -> None:
     pools = [list(rec.traces.values()) for rec in wifi_run.rounds]
     print(f"  {sum(map(len, pools))} recorded client op-traces, e.g. {pools[0][0]}")
     if args.only_moving:
-        bench_moving(moving_scenario(args.clients, args.reuse), pools, args.rounds, 15.0)
+        bench_moving(
+            moving_scenario(args.clients, args.reuse, args.handover),
+            pools,
+            args.rounds,
+            15.0,
+            run_path=not args.engine_only,
+        )
         return
     shared = moving_shared_scenario(args.clients, args.reuse)
     if args.only_moving_shared:

@@ -13,8 +13,13 @@ At each round's start, emulated time ``t`` (the time the previous rounds took):
    (:func:`mecsim.emulation.geometry.a3_handover`), the condition's held time counted in
    emulated seconds between these evaluations.
 
-The round's links then use each client's serving link at ``t`` for the whole round
-(a transfer's rate does not yet follow the client during the round).
+The round's links then use each client's serving link at ``t`` for the whole round.
+
+With ``geometry.handover`` (handover during a round) the A3 rule is evaluated at the
+measurement times ``k · measurement_period_s`` instead, for every client, whatever the
+rounds (:class:`HandoverTimeline`): a round's start takes the serving cells of the last
+measurement at or before it, and a moving client's transfers follow its serving cell
+during the round (:mod:`mecsim.emulation.moving_rate`).
 
 Evaluations depend on each other (the A3 timers), so a round is evaluated after the
 rounds before it; :meth:`MovingCells.at_round` keeps every round's result and answers a
@@ -37,7 +42,7 @@ from mecsim.emulation.geometry import StaticCells, a3_handover, distances_m, lin
 from mecsim.emulation.mobility import Area, Trajectory, build_model, check_trace
 from mecsim.emulation.mobility.traces import NodeTrack, TraceError, TraceWarning
 from mecsim.emulation.mobility.trajectory import _GRID_TOLERANCE
-from mecsim.scenario import GeometryConfig
+from mecsim.scenario import GeometryConfig, HandoverConfig
 from mecsim.scenario.mobility import MobilityConfig
 
 #: grid points computed at a time: the grid grows in blocks of this many points, so the
@@ -209,6 +214,112 @@ def area_of(geometry: GeometryConfig) -> Area:
     return Area.of_size(w, h)
 
 
+#: measurement times within this fraction of a period of a time count as at it
+_PERIOD_TOLERANCE = 1e-9
+#: handovers a client's event table holds before it grows (doubling)
+_EVENTS_BLOCK = 4
+
+
+class HandoverTimeline:
+    """The A3 rule evaluated at the measurement times ``t_k = k · period_s`` (k = 1, 2,
+    ...) for every client, from the association at the start (t = 0), as far as a run
+    asks (:meth:`advance_to`); every handover kept as an event (time, client, new site),
+    so the serving cell of any client at any time already evaluated is known
+    (:meth:`site_at`), however far ahead a transfer has looked. Each evaluation is
+    :func:`a3_handover` with the metric at the clients' positions at t_k (each link's
+    path loss there, spatially consistent LOS state and shadowing where the client is)
+    and ``elapsed_s = period_s``."""
+
+    def __init__(self, moving: MovingCells, config: HandoverConfig) -> None:
+        self.moving = moving
+        self.period_s = float(config.measurement_period_s)
+        self.interruption_s = float(config.interruption_s)
+        start = moving.cells.serving.astype(np.int64)
+        n, n_sites = moving.cells.distance_m.shape
+        self.serving = start.copy()  # after the last measurement evaluated
+        self.held_s = np.full((n, n_sites), np.nan)
+        self.measured = 0  # the last measurement evaluated (0: the start)
+        self.count = np.zeros(n, dtype=np.int64)
+        #: (n, cap) each client's handover times (s; inf past its count), (n, cap + 1)
+        #: its serving site from the start and after each
+        self.times_s = np.full((n, _EVENTS_BLOCK), np.inf)
+        self.sites = np.zeros((n, _EVENTS_BLOCK + 1), dtype=np.int64)
+        self.sites[:, 0] = start
+
+    def advance_to(self, t_s: float) -> None:
+        """Evaluate every measurement up to emulated time ``t_s``."""
+        last = math.floor(t_s / self.period_s + _PERIOD_TOLERANCE)
+        while self.measured < last:
+            self._measure(self.measured + 1)
+
+    def _measure(self, k: int) -> None:
+        m = self.moving
+        t = k * self.period_s
+        positions = m.positions.at(t)
+        d = distances_m(positions, m.cells.sites_m)
+        every = m.cells.large_scale_at(positions)
+        _, _, metric = link_metric(m.rule, d, m.channel, every, m.cells.groups)
+        new, self.held_s = a3_handover(
+            metric, self.serving, self.held_s, self.period_s, m.hysteresis, m.time_to_trigger_s
+        )
+        moved = np.flatnonzero(new != self.serving)
+        if moved.size:
+            if int(self.count[moved].max()) >= self.times_s.shape[1]:
+                self._grow()
+            at = self.count[moved]
+            self.times_s[moved, at] = t
+            self.sites[moved, at + 1] = new[moved]
+            self.count[moved] += 1
+        self.serving = new
+        self.measured = k
+
+    def _grow(self) -> None:
+        n, cap = self.times_s.shape
+        times = np.full((n, 2 * cap), np.inf)
+        times[:, :cap] = self.times_s
+        sites = np.zeros((n, 2 * cap + 1), dtype=np.int64)
+        sites[:, : cap + 1] = self.sites
+        self.times_s, self.sites = times, sites
+
+    def site_at(self, clients: np.ndarray, t_s: np.ndarray) -> np.ndarray:
+        """The serving site of client ``clients[...]`` at emulated time ``t_s[...]`` (the
+        two broadcast): its site after the last handover at or before that time."""
+        t = np.asarray(t_s, dtype=np.float64)
+        c = np.broadcast_to(np.asarray(clients, dtype=np.int64), t.shape)
+        if t.size:
+            self.advance_to(float(t.max()))
+        done = (self.times_s[c] <= t[..., None]).sum(axis=-1)
+        out: np.ndarray = self.sites[c, done]
+        return out
+
+    def serving_at(self, t_s: float) -> np.ndarray:
+        """Every client's serving site at emulated time ``t_s``."""
+        n = len(self.serving)
+        return self.site_at(np.arange(n, dtype=np.int64), np.full(n, float(t_s)))
+
+    def next_handover_s(
+        self, clients: np.ndarray, after_s: np.ndarray, until_s: np.ndarray
+    ) -> np.ndarray:
+        """Each client's first handover in (``after_s``, ``until_s``) (open interval;
+        emulated s), inf where none; ``until_s`` must be finite."""
+        until = np.asarray(until_s, dtype=np.float64)
+        if until.size:
+            self.advance_to(float(until.max()))
+        c = np.asarray(clients, dtype=np.int64)
+        times = self.times_s[c]
+        inside = (times > np.asarray(after_s)[:, None]) & (times < until[:, None])
+        out: np.ndarray = np.where(inside, times, np.inf).min(axis=1, initial=np.inf)
+        return out
+
+    def between(self, client: int, after_s: float, until_s: float) -> np.ndarray:
+        """Client ``client``'s handover times in (``after_s``, ``until_s``] (s): after a
+        round's start (one at it is the start's cell), up to its end."""
+        self.advance_to(until_s)
+        times = self.times_s[client]
+        out: np.ndarray = times[(times > after_s) & (times <= until_s)]
+        return out
+
+
 class MovingCells:
     """The association of clients that move, round by round (the module's docstring)."""
 
@@ -237,6 +348,11 @@ class MovingCells:
             trace_end_s=trace_end_s,
         )
         self.history: list[RoundCells] = []
+        #: handover during a round: the A3 rule at every measurement time (None: at
+        #: round starts only)
+        self.timeline = (
+            None if geometry.handover is None else HandoverTimeline(self, geometry.handover)
+        )
 
     def _serving_link(
         self, d: np.ndarray, serving: np.ndarray, ls: LargeScaleDraw | None
@@ -255,6 +371,8 @@ class MovingCells:
                 f"round {rnd}'s cells asked before round {len(self.history)}'s: the A3 "
                 "timers need every earlier round's start (MovingCells.catch_up)"
             )
+        if self.timeline is not None:
+            return self._at_round_measured(rnd, t_s)
         if rnd == 0:
             serving = self.cells.serving.astype(np.int64)
             held = np.full(self.cells.distance_m.shape, np.nan)
@@ -272,6 +390,23 @@ class MovingCells:
         )
         distance, large_scale = self._serving_link(d, new, every)
         rc = RoundCells(t_s, positions, new, new != serving, distance, large_scale, held, loss)
+        self.history.append(rc)
+        return rc
+
+    def _at_round_measured(self, rnd: int, t_s: float) -> RoundCells:
+        """:meth:`at_round` with handover during rounds: the serving cells of the last
+        measurement at or before ``t_s`` (:class:`HandoverTimeline`); ``handovers``: the
+        clients whose cell differs from the previous round's start."""
+        assert self.timeline is not None
+        before = self.history[-1].serving if rnd > 0 else self.cells.serving.astype(np.int64)
+        new = self.timeline.serving_at(t_s)
+        positions = self.positions.at(t_s)
+        d = distances_m(positions, self.cells.sites_m)
+        every = self.cells.large_scale_at(positions) if t_s > 0 else self.cells.large_scale
+        loss, _, _ = link_metric(self.rule, d, self.channel, every, self.cells.groups)
+        distance, large_scale = self._serving_link(d, new, every)
+        held = self.timeline.held_s.copy()
+        rc = RoundCells(t_s, positions, new, new != before, distance, large_scale, held, loss)
         self.history.append(rc)
         return rc
 

@@ -21,6 +21,7 @@ no small-scale fading on interfering links.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -174,3 +175,117 @@ def downlink_interference_w(
     )
     out: np.ndarray = (server_tx_power_w * np.where(co_channel, _gain(pl[sel]), 0.0)).sum(axis=1)
     return out
+
+
+# ----------------------------------------------------------------------------- per instant
+
+
+@dataclass(frozen=True, eq=False)
+class InstantUplink:
+    """A round's uplinks under per-instant geometric interference
+    (``channel.interference.timing: instant``), per selected client in selection order:
+    its id, bandwidth B (Hz), transmit power p (W), the gain g of its own link (path loss
+    and fading), the noise N0 (W/Hz), its serving site; ``heard_w`` (k, S) what each
+    selected client puts into every site (p_j · 10^(−PL_{j,s}/10)); the sites' channel
+    groups; each link's Mathis cap (b/s) and payload share. Client i's uplink rate while
+    the selected clients ``on`` transmit:
+
+        r_i = min(cap_i, share · B_i · log2(1 + 10^(offset/10) · p_i g_i / (I_i + N0 B_i))),
+        I_i = Σ_{j ∈ on, s_j ≠ s_i, group(s_j) = group(s_i)} heard_w[j, s_i]
+
+    (:meth:`rates_bps`): with every selected client on, the per-round rate."""
+
+    clients: np.ndarray
+    bandwidth_hz: np.ndarray
+    tx_power_w: np.ndarray
+    gain: np.ndarray
+    noise_psd_w_per_hz: float
+    snr_offset_db: float
+    serving: np.ndarray
+    heard_w: np.ndarray
+    groups: np.ndarray
+    cap_bps: np.ndarray
+    share: float
+
+    def interference_w(self, on: np.ndarray) -> np.ndarray:
+        """(k,) the uplink interference (W) at each client's site with the clients
+        ``on`` (bool (k,)) transmitting."""
+        srv = self.serving
+        grp = self.groups
+        co = (grp[srv][:, None] == grp[srv][None, :]) & (srv[:, None] != srv[None, :])
+        heard = self.heard_w[:, srv].T  # [i, j]: j at i's site
+        out: np.ndarray = np.where(co & on[None, :], heard, 0.0).sum(axis=1)
+        return out
+
+    def rates_bps(self, on: np.ndarray) -> np.ndarray:
+        """(k,) each client's uplink goodput with the clients ``on`` transmitting."""
+        i_w = self.interference_w(on)
+        noise_w = i_w + self.noise_psd_w_per_hz * self.bandwidth_hz
+        s = 10.0 ** (self.snr_offset_db / 10.0) * self.tx_power_w * self.gain / noise_w
+        out: np.ndarray = np.minimum(
+            self.cap_bps, self.share * self.bandwidth_hz * np.log2(1.0 + s)
+        )
+        return out
+
+    def solve(
+        self, start_s: np.ndarray, nbits: np.ndarray
+    ) -> tuple[np.ndarray, list[tuple[tuple[float, ...], tuple[float, ...]]]]:
+        """The uploads, exactly: client i sends ``nbits[i]`` from ``start_s[i]`` (s since
+        the round's start; NaN: no upload), every rate constant between two consecutive
+        starts or ends (the set of transmitters fixed). Returns each upload's end (NaN
+        without one; inf: never, at rate 0) and each client's rate as a schedule
+        ``(times, rates)`` from 0 (the rate of each interval from its upload's start to
+        its end; before the start, the first interval's)."""
+        k = len(self.clients)
+        start = np.asarray(start_s, dtype=float)
+        left = np.where(np.isnan(start), 0.0, np.asarray(nbits, dtype=float))
+        end = np.full(k, np.nan)
+        on = np.zeros(k, dtype=bool)
+        pending = sorted((float(start[i]), i) for i in range(k) if not np.isnan(start[i]))
+        steps: list[list[tuple[float, float]]] = [[] for _ in range(k)]
+        t, p = 0.0, 0
+        while p < len(pending) or on.any():
+            while p < len(pending) and pending[p][0] <= t:
+                i = pending[p][1]
+                if left[i] > 0:
+                    on[i] = True
+                else:
+                    end[i] = pending[p][0]
+                p += 1
+            if not on.any():
+                t = pending[p][0]
+                continue
+            rate = self.rates_bps(on)
+            active = np.flatnonzero(on)
+            for i in active.tolist():
+                steps[i].append((t, float(rate[i])))
+            with np.errstate(divide="ignore"):
+                due = np.where(rate[active] > 0, left[active] / rate[active], np.inf)
+            t_next = pending[p][0] if p < len(pending) else math.inf
+            t_done = t + float(due.min())
+            if t_done == math.inf and t_next == math.inf:  # nobody can finish
+                end[active] = math.inf
+                break
+            if t_done <= t_next:
+                dt = t_done - t
+                first = due <= due.min()
+                for i, fin in zip(active.tolist(), first.tolist(), strict=True):
+                    if fin:
+                        end[i], left[i], on[i] = t_done, 0.0, False
+                    else:
+                        left[i] -= rate[i] * dt
+                t = t_done
+            else:
+                left[active] -= rate[active] * (t_next - t)
+                t = t_next
+        schedules: list[tuple[tuple[float, ...], tuple[float, ...]]] = []
+        for i in range(k):
+            if not steps[i]:
+                schedules.append(((0.0,), (float(self.rates_bps(on)[i]),)))
+                continue
+            times: tuple[float, ...] = tuple(s for s, _ in steps[i])
+            rates: tuple[float, ...] = tuple(r for _, r in steps[i])
+            if times[0] > 0.0:
+                times, rates = (0.0, *times), (rates[0], *rates)
+            schedules.append((times, rates))
+        return end, schedules

@@ -36,7 +36,7 @@ from mecsim.channel import Tr38901PathLoss
 from mecsim.channel.spatial import SpatialLargeScale
 from mecsim.channel.units import db_to_linear
 from mecsim.emulation.engine import TimeVaryingRate
-from mecsim.emulation.handover import ClientPositions
+from mecsim.emulation.handover import ClientPositions, HandoverTimeline
 
 #: a transfer not through this many grid steps after it started never finishes (an
 #: outage: the client is out of range; the positions of every client would otherwise be
@@ -90,10 +90,22 @@ class MovingLinks:
     #: position), so that a transfer of a client out of range does not compute
     #: everyone's positions thousands of steps ahead
     horizon_s: float = math.inf
+    #: handover during the round (geometry.handover): each client's serving site at any
+    #: time (its links' ``site_m`` and ``site_index`` are those of the round's start),
+    #: with every site's position (S, 2); a transfer in progress at a handover stops for
+    #: the timeline's interruption and goes on at the new site's rate. None: the site of
+    #: the round's start for the whole round
+    handover: HandoverTimeline | None = None
+    all_sites_m: np.ndarray | None = None
     #: the goodput at grid steps' midpoints, computed as shared media ask for them
     #: (:meth:`step_rate_bps`): block b -> (links, _STEP_BLOCK), or (b, link) -> a row
     _step_rates: dict[int | tuple[int, int], np.ndarray] = field(
         default_factory=dict, init=False, repr=False, compare=False
+    )
+    #: the transfers handed over as timed: (link, its start (s since the round's
+    #: start), the handover's time (absolute s)); the records' ``handover_transfer``
+    handed_over: set[tuple[int, float, float]] = field(
+        default_factory=set, init=False, repr=False, compare=False
     )
 
     @property
@@ -101,11 +113,16 @@ class MovingLinks:
         return self.positions.step_s
 
     def gain(
-        self, j: np.ndarray | int, distance_m: np.ndarray, positions_m: np.ndarray | None = None
+        self,
+        j: np.ndarray | int,
+        distance_m: np.ndarray,
+        positions_m: np.ndarray | None = None,
+        site_index: np.ndarray | None = None,
     ) -> np.ndarray:
         """The path-loss gain G(d) of links ``j`` at distances ``distance_m`` (linear;
         the two broadcast); with spatial consistency, of the LOS state and shadowing at
-        the clients' ``positions_m`` (..., 2)."""
+        the clients' ``positions_m`` (..., 2) to the sites ``site_index`` (default: each
+        link's serving site of the round's start)."""
         if self.tr38901 is None:
             out: np.ndarray = db_to_linear(self.path_loss_db) * (
                 distance_m / self.reference_distance_m
@@ -114,7 +131,8 @@ class MovingLinks:
         env = None if self.environment_u is None else self.environment_u[j]
         if self.spatial is not None and positions_m is not None:
             assert self.site_index is not None
-            _, los, sf = self.spatial.links(positions_m, self.site_index[j])
+            sites = self.site_index[j] if site_index is None else site_index
+            _, los, sf = self.spatial.links(positions_m, sites)
             pl = self.tr38901.path_loss_db(distance_m, los, sf, env)
             return np.asarray(db_to_linear(-pl), dtype=float)
         assert self.los is not None and self.shadow_fading_db is not None
@@ -128,20 +146,105 @@ class MovingLinks:
         t = np.minimum(np.asarray(t_s, dtype=np.float64), self.horizon_s)
         j = np.broadcast_to(np.asarray(j, dtype=np.int64), t.shape)
         p = self.positions.clients_at(self.clients[j], t)
-        site = self.site_m[j]
+        at: np.ndarray | None = None
+        if self.handover is not None:  # the site serving the client at each time
+            assert self.all_sites_m is not None
+            at = self.handover.site_at(self.clients[j], t)
+            site = self.all_sites_m[at]
+        else:
+            site = self.site_m[j]
         d = np.hypot(p[..., 0] - site[..., 0], p[..., 1] - site[..., 1])
-        rate = self.bandwidth_hz[j] * np.log2(1.0 + self.sinr_per_gain[j] * self.gain(j, d, p))
+        g = self.gain(j, d, p, at)
+        rate = self.bandwidth_hz[j] * np.log2(1.0 + self.sinr_per_gain[j] * g)
         out: np.ndarray = np.minimum(rate, self.cap_bps[j])
         return out
 
-    def transfer_times_s(self, j: np.ndarray, nbits: np.ndarray, start_s: np.ndarray) -> np.ndarray:
+    def transfer_times_s(
+        self,
+        j: np.ndarray,
+        nbits: np.ndarray,
+        start_s: np.ndarray,
+        _after_s: np.ndarray | None = None,
+    ) -> np.ndarray:
         """Seconds to move ``nbits[i]`` bits over link ``j[i]`` from ``start_s[i]`` (s
         since the round started), by the mid* rule (the module's docstring), all links
         at once; inf for a transfer not through :data:`MAX_TRANSFER_STEPS` steps after
         it started (after :attr:`horizon_s` the rate is constant: the rest of a transfer
         still going there takes rest / rate, inf at rate 0). Each link's arithmetic is
         that of one link alone (pieces in batches of 8, 32, 128, ... for every link), so
-        a link's time is the same number whatever links are timed with it."""
+        a link's time is the same number whatever links are timed with it.
+
+        With handover during the round, a transfer during which its client hands over
+        (at t_h, a measurement time) moves its bits up to t_h on the old site (whole
+        pieces at their midpoints' rates, the last part at the midpoint of the part
+        used), nothing until t_h + interruption, and the rest on the new site from there
+        (this rule again: later handovers alike); one that would start during an
+        interruption waits for its end. ``_after_s`` (absolute s, per link): the
+        handover a resumed transfer follows (not counted again)."""
+        out = self._times_on_sites(j, nbits, start_s)
+        ho = self.handover
+        if ho is None:
+            return out
+        j = np.asarray(j, dtype=np.int64)
+        bits = np.asarray(nbits, dtype=np.float64)
+        start = np.asarray(start_s, dtype=np.float64)
+        a0 = self.round_start_s + start
+        cap = np.minimum(self.horizon_s, a0 + MAX_TRANSFER_STEPS * self.step_s)
+        end = np.minimum(np.where(np.isfinite(out), a0 + out, cap), cap)
+        live = np.flatnonzero(bits > 0)
+        h = np.full(len(j), np.inf)
+        if live.size:
+            # a handover up to one interruption before the start still holds it up
+            after = a0[live] - ho.interruption_s if _after_s is None else _after_s[live]
+            h[live] = ho.next_handover_s(self.clients[j[live]], after, end[live])
+        rows = np.flatnonzero(np.isfinite(h))
+        if not rows.size:
+            return out
+        jr, hr, ar = j[rows], h[rows], a0[rows]
+        for jj, ss, hh in zip(jr.tolist(), start[rows].tolist(), hr.tolist(), strict=True):
+            self.handed_over.add((jj, ss, hh))
+        sent = self._bits_by(jr, ar, np.maximum(hr, ar))
+        early = sent >= bits[rows]  # through before the handover after all (rare)
+        for k in np.flatnonzero(early):
+            row = rows[k]
+            out[row] = MovingRate(self, int(j[row]))._run_s(
+                float(bits[row]), float(start[row]), limit_s=float(hr[k] - self.round_start_s)
+            )[0]
+        go = np.flatnonzero(~early)
+        if go.size:
+            resume = hr[go] + ho.interruption_s - self.round_start_s
+            rest = self.transfer_times_s(jr[go], bits[rows[go]] - sent[go], resume, _after_s=hr[go])
+            out[rows[go]] = resume + rest - start[rows[go]]
+        return out
+
+    def _bits_by(self, j: np.ndarray, from_s: np.ndarray, limit_s: np.ndarray) -> np.ndarray:
+        """Bits moved over links ``j`` from ``from_s`` to ``limit_s`` (absolute s, per
+        link): each whole grid piece at its midpoint's goodput, the piece ``limit_s``
+        falls in up to it at the midpoint of the part used (as mid* takes a transfer's
+        last piece); all links at once, in batches of pieces."""
+        sent = np.zeros(len(j))
+        t = np.asarray(from_s, dtype=np.float64).copy()
+        limit = np.asarray(limit_s, dtype=np.float64)
+        idx = np.flatnonzero(limit > t)
+        step, batch = self.step_s, _FIRST_BATCH
+        while idx.size:
+            ti, li = t[idx], limit[idx]
+            first = (np.floor(ti / step + _TOLERANCE) + 1) * step
+            first = np.where(first - ti > _TOLERANCE * step, first, first + step)
+            ends = np.minimum(
+                first[:, None] + np.arange(batch, dtype=np.float64) * step, li[:, None]
+            )
+            starts = np.concatenate([ti[:, None], ends[:, :-1]], axis=1)
+            rates = self.goodput_bps(j[idx][:, None], (starts + ends) / 2.0)
+            sent[idx] += np.sum(rates * (ends - starts), axis=1)
+            t[idx] = ends[:, -1]
+            idx = idx[ends[:, -1] < li]
+            batch *= 4
+        return sent
+
+    def _times_on_sites(self, j: np.ndarray, nbits: np.ndarray, start_s: np.ndarray) -> np.ndarray:
+        """:meth:`transfer_times_s` without the handovers' interruptions (each piece's
+        rate that of the site serving the client at its midpoint)."""
         j = np.asarray(j, dtype=np.int64)
         left = np.array(nbits, dtype=np.float64)
         a0 = self.round_start_s + np.asarray(start_s, dtype=np.float64)

@@ -33,7 +33,7 @@ from mecsim.channel.phy_models import NrPhy, TruncatedShannonPhy, WifiAxPhy
 from mecsim.channel.tcp import CONNECTION_SETUP_ROUND_TRIPS, TcpColumns, TcpFlow, header_efficiency
 from mecsim.channel.transport import jittered_latency_s, mathis_goodput_bps
 from mecsim.channel.units import db_to_linear, dbm_to_w
-from mecsim.channel.wireless import RECORD_KEYS, RoundChannel
+from mecsim.channel.wireless import RECORD_KEYS, RoundChannel, large_scale_gain
 from mecsim.emulation.devices import DeviceProfile, all_profiles
 from mecsim.emulation.energy import air_rate_bps, power_array
 from mecsim.emulation.engine import (
@@ -46,7 +46,11 @@ from mecsim.emulation.engine import (
 )
 from mecsim.emulation.geometry import StaticCells, cells_of
 from mecsim.emulation.handover import MovingCells, RoundCells, area_of, initial_trace_positions
-from mecsim.emulation.interference import downlink_interference_w, uplink_interference_w
+from mecsim.emulation.interference import (
+    InstantUplink,
+    downlink_interference_w,
+    uplink_interference_w,
+)
 from mecsim.emulation.moving_rate import MovingLinks
 from mecsim.scenario import (
     ChannelConfig,
@@ -79,6 +83,13 @@ GEOMETRY_KEYS = ("x_m", "y_m")
 #: the client changed edge server at this round's start, else 0 (also a rounds.csv
 #: column: the round's handovers, all clients)
 HANDOVER_KEYS = ("handovers",)
+#: the per client-round columns of handover during a round (``geometry.handover``),
+#: after the channel's and GEOMETRY_KEYS: the client's handovers in the round (at
+#: measurement times from the round's start to its end), the first one's time (s since
+#: the round's start; empty without one) and the transfers that one or more of them
+#: handed over mid-way or held up (``download``, ``upload``, ``download;upload``, or
+#: empty: none was in progress)
+DURING_ROUND_KEYS = ("handovers_in_round", "handover_s", "handover_transfer")
 
 #: Per client-round transport columns added to the channel records.
 TRANSPORT_KEYS = (
@@ -219,8 +230,15 @@ def channel_record_keys(cfg: ChannelConfig) -> tuple[str, ...]:
 def client_record_keys(scenario: Scenario) -> tuple[str, ...]:
     """clients.csv's columns after mecsim's own: the channel's
     (:func:`channel_record_keys`), then, with a geometry, :data:`GEOMETRY_KEYS`."""
-    geometry = GEOMETRY_KEYS if scenario.geometry is not None else ()
-    return (*channel_record_keys(scenario.channel), *geometry, *round_record_keys(scenario))
+    g = scenario.geometry
+    geometry = GEOMETRY_KEYS if g is not None else ()
+    during = DURING_ROUND_KEYS if g is not None and g.handover is not None else ()
+    return (
+        *channel_record_keys(scenario.channel),
+        *geometry,
+        *round_record_keys(scenario),
+        *during,
+    )
 
 
 def round_record_keys(scenario: Scenario) -> tuple[str, ...]:
@@ -232,7 +250,9 @@ def round_record_keys(scenario: Scenario) -> tuple[str, ...]:
 
 
 #: per client-round names a channel plugin's record_keys may not take
-RESERVED_CLIENT_KEYS = frozenset((*RECORD_KEYS, *TRANSPORT_KEYS, *GEOMETRY_KEYS, *HANDOVER_KEYS))
+RESERVED_CLIENT_KEYS = frozenset(
+    (*RECORD_KEYS, *TRANSPORT_KEYS, *GEOMETRY_KEYS, *HANDOVER_KEYS, *DURING_ROUND_KEYS)
+)
 
 
 def downlink_note(scenario: Scenario) -> str | None:
@@ -421,6 +441,14 @@ class NetworkModel:
             and isinstance(self.channel, ShannonChannel)
         )
         self.moving_links: tuple[MovingLinks, MovingLinks] | None = None
+        #: per-instant uplink interference (channel.interference.timing: instant): the
+        #: round's uplinks as :class:`InstantUplink` (the round's timing solves them,
+        #: mecsim.emulation.timing), else None
+        inter = getattr(scenario.channel, "interference", None)
+        self.instant = (
+            inter is not None and inter.model == "geometric" and inter.timing == "instant"
+        )
+        self.instant_uplink: InstantUplink | None = None
         self.devices = [profiles[name] for name in scenario.client_profiles()]
         # each client's device as columns (ClientColumns of a round index them)
         self.step_overhead_s = np.array([float(d.step_overhead_s) for d in self.devices])
@@ -558,7 +586,10 @@ class NetworkModel:
         # includes the other flows' shares) is its bits at its air rate at the round's
         # start (mecsim.emulation.energy)
         trace = isinstance(self.channel, TraceChannel)
-        up_schedule = trace or (self.follows and not self.network.uplink_shared)
+        up_schedule = trace or (self.follows and not self.network.uplink_shared) or self.instant
+        self.instant_uplink = (
+            self._instant_uplink(ch, selected, up_cap, up_share) if self.instant else None
+        )
         down_schedule = trace or (self.follows and not self.network.downlink_shared)
         self.round_links = (
             np.column_stack(
@@ -588,6 +619,48 @@ class NetworkModel:
             max_share(down_rate, down_good) if self._capped(self.downlink) else None,
             tcp_flows(self.uplink, rtt, self._flows(selected, self.network.uplink_shared)),
             tcp_flows(self.downlink, rtt, self._flows(selected, self.network.downlink_shared)),
+        )
+
+    def _instant_uplink(
+        self, ch: RoundChannel, selected: list[int], cap: np.ndarray, share: float
+    ) -> InstantUplink:
+        """The round's uplinks for per-instant interference (:class:`InstantUplink`):
+        the round's draws (bandwidth, power, fading), each link's gain as the channel
+        computes it, and what every selected client puts into every site (the path
+        losses of the round's start, those of the per-round interference)."""
+        cells = self.cells
+        assert cells is not None and cells.groups is not None and cells.path_loss_db is not None
+        channel = cast(ShannonChannel, self.channel)
+        at = np.asarray(selected, dtype=np.int64)
+        h = np.asarray(ch.fading_gain, dtype=float)
+        if channel.path_loss is None:
+            gain = large_scale_gain(
+                ch.distance_m,
+                channel.path_loss_db,
+                channel.reference_distance_m,
+                channel.path_loss_exponent,
+                h,
+            )
+        else:
+            assert self.radio.path_loss_db is not None
+            gain = h * db_to_linear(-self.radio.path_loss_db[at])
+        path_loss = cells.path_loss_db
+        if self.round_cells is not None and self.round_cells.path_loss_db is not None:
+            path_loss = self.round_cells.path_loss_db
+        p_w = np.asarray(dbm_to_w(ch.tx_power_dbm), dtype=float)
+        heard = dbm_to_w(self.tx_power_dbm)[at, None] * db_to_linear(-path_loss[at])
+        return InstantUplink(
+            at,
+            np.asarray(ch.bandwidth_hz, dtype=float),
+            p_w,
+            np.asarray(gain, dtype=float),
+            float(channel.noise_psd_w_per_hz),
+            float(channel.snr_offset_db),
+            self.edge_server[at].astype(np.int64),
+            np.asarray(heard, dtype=float),
+            cells.groups,
+            np.broadcast_to(np.asarray(cap, dtype=float), len(at)).copy(),
+            float(share),
         )
 
     @staticmethod
@@ -665,6 +738,9 @@ class NetworkModel:
         # with a deadline, the clients are held where they are at it (MovingLinks.horizon_s)
         deadline_s = self.network.deadline_s
         common["horizon_s"] = math.inf if deadline_s is None else elapsed_s + deadline_s
+        # handover during the round: the serving site follows the A3 timeline
+        common["handover"] = self.moving.timeline
+        common["all_sites_m"] = self.cells.sites_m
         positions = self.moving.positions
         # the rate is B log2(1 + SINR): the payload's share of it by the bandwidth's factor
         up = MovingLinks(
@@ -688,6 +764,30 @@ class NetworkModel:
             **common,
         )
         return up, down
+
+    def handovers_in_round(
+        self, selected: list[int], elapsed_s: float, round_time_s: float
+    ) -> dict[int, dict[str, Any]]:
+        """Handover during a round: each selected client's :data:`DURING_ROUND_KEYS` for
+        the round from ``elapsed_s`` lasting ``round_time_s`` (after it was timed: the
+        transfers its links handed over); empty without ``geometry.handover``."""
+        timeline = None if self.moving is None else self.moving.timeline
+        if timeline is None:
+            return {}
+        end_s = elapsed_s + round_time_s if math.isfinite(round_time_s) else elapsed_s
+        which: dict[int, set[str]] = {}
+        for name, links in zip(("upload", "download"), self.moving_links or (), strict=False):
+            for j, _, _ in links.handed_over:
+                which.setdefault(int(links.clients[j]), set()).add(name)
+        out: dict[int, dict[str, Any]] = {}
+        for cid in selected:
+            times = timeline.between(cid, elapsed_s, end_s)
+            out[cid] = {
+                "handovers_in_round": int(times.size),
+                "handover_s": float(times[0] - elapsed_s) if times.size else math.nan,
+                "handover_transfer": ";".join(sorted(which.get(cid, ()))),
+            }
+        return out
 
     def move_to(self, rnd: int, elapsed_s: float) -> RoundCells:
         """Clients that move, at round ``rnd``'s start ``elapsed_s`` (emulated s): their
@@ -719,7 +819,9 @@ class NetworkModel:
         """The selected clients' specs as columns (what :meth:`round` puts in each
         ClientSpec, without the objects; moving clients' links as their MovingLinks), or
         None when the links are rate schedules."""
-        if isinstance(self.channel, TraceChannel):
+        if isinstance(self.channel, TraceChannel) or self.instant:
+            # per-instant interference: the round is solved on ClientSpecs
+            # (mecsim.emulation.timing.EmulatedRound.time)
             return None
         moving = self.moving_links
         if moving is not None and (self.network.uplink_shared or self.network.downlink_shared):

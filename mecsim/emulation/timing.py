@@ -6,6 +6,7 @@ with no override gives the recorded times to the bit.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,13 +17,20 @@ from mecsim.emulation import faults
 from mecsim.emulation.engine import (
     ClientSpec,
     NetworkSpec,
+    RateSchedule,
     RoundTiming,
     ServerSpec,
     SolvedRound,
     solve_round,
 )
+from mecsim.emulation.interference import InstantUplink
 from mecsim.emulation.network import NetworkModel
-from mecsim.emulation.ops import OpTrace
+from mecsim.emulation.ops import OpTrace, Upload
+
+#: a round is solved at most this many times for per-instant interference (until the
+#: uploads start where the solution before had them: twice for op-traces whose upload is
+#: their last op)
+INSTANT_PASSES = 4
 
 
 @dataclass(frozen=True)
@@ -35,11 +43,11 @@ class EmulatedRound:
     failed: frozenset[int]  # crashed or dropped out: timed as they ran, never completed
     wait_for: int | None  # the server aggregates once this many have completed
     channel_rows: dict[int, dict[str, Any]]  # per client: the draws (empty: not asked)
+    #: per-instant uplink interference: the round's uplinks, solved by :meth:`time`
+    instant: InstantUplink | None = None
     # the last traces timed and their solution: timing the same traces again (after the
     # aggregation, with its time) only summarises them again
-    _solved: dict[str, tuple[Mapping[int, OpTrace], SolvedRound]] = field(
-        default_factory=dict, repr=False, compare=False
-    )
+    _solved: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def time(self, traces: Mapping[int, OpTrace], aggregate_s: float = 0.0) -> RoundTiming:
         """The round's timelines and critical path; ``aggregate_s`` is the server's
@@ -47,9 +55,67 @@ class EmulatedRound:
         (unchanged) reuses its timelines."""
         last = self._solved.get("last")
         if last is None or last[0] is not traces:
-            last = (traces, solve_round(traces, self.specs, self.servers, self.network))
+            if self.instant is None:
+                solved = solve_round(traces, self.specs, self.servers, self.network)
+            else:
+                solved = self._solve_instant(traces, self.instant)
+            last = (traces, solved)
             self._solved["last"] = last
         return last[1].timing(aggregate_s, failed=self.failed, wait_for=self.wait_for)
+
+    def timed_specs(self) -> Mapping[int, ClientSpec]:
+        """The specs the last :meth:`time` timed: :attr:`specs`, or, under per-instant
+        interference, with each uplink's rate schedule (what its energy is charged by)."""
+        specs: Mapping[int, ClientSpec] = self._solved.get("specs", self.specs)
+        return specs
+
+    def _solve_instant(self, traces: Mapping[int, OpTrace], instant: InstantUplink) -> SolvedRound:
+        """The round with per-instant uplink interference: solved with the per-round
+        rates, each upload's start read off it (a client's upload must be its trace's
+        last op), the uploads solved exactly from those starts
+        (:meth:`InstantUplink.solve`), each client's uplink given its rate as a schedule,
+        and the round solved again, until the uploads start where the solution before had
+        them (at once for traces whose upload is their last op)."""
+        specs = self.specs
+        order = [int(c) for c in instant.clients]
+        nbits = np.zeros(len(order))
+        for i, cid in enumerate(order):
+            trace = traces.get(cid, ())
+            uploads = [k for k, op in enumerate(trace) if isinstance(op, Upload)]
+            if uploads and (len(uploads) > 1 or uploads[0] != len(trace) - 1):
+                raise ValueError(
+                    "channel.interference.timing: instant needs each client's upload to be "
+                    f"the last op of its trace; client {cid}'s trace has {len(uploads)} "
+                    f"upload(s), the first at op {uploads[0]} of {len(trace)}: use timing: round"
+                )
+            if uploads:
+                last_op = trace[-1]
+                assert isinstance(last_op, Upload)
+                nbits[i] = 8.0 * float(last_op.nbytes)
+        before: np.ndarray | None = None
+        for _ in range(INSTANT_PASSES):
+            solved = solve_round(traces, specs, self.servers, self.network)
+            timelines = {c.client_id: c for c in solved.timing(0.0).clients}
+            starts = np.full(len(order), np.nan)
+            for i, cid in enumerate(order):
+                tl = timelines.get(cid)
+                if nbits[i] > 0 and tl is not None and np.isfinite(tl.finish_s):
+                    starts[i] = tl.finish_s - tl.upload_s
+            if before is not None and np.array_equal(starts, before, equal_nan=True):
+                self._solved["specs"] = specs
+                return solved
+            _, schedules = instant.solve(starts, nbits)
+            specs = dict(specs)
+            for cid, (times, rates) in zip(order, schedules, strict=True):
+                if cid in specs:
+                    specs[cid] = dataclasses.replace(
+                        specs[cid], uplink_rate_bps=RateSchedule(times, rates)
+                    )
+            before = starts
+        raise ValueError(
+            "channel.interference.timing: instant: the uploads' starts did not settle in "
+            f"{INSTANT_PASSES} solutions of the round; use timing: round"
+        )
 
 
 def emulate_round(
@@ -79,4 +145,5 @@ def emulate_round(
         frozenset(failed),
         faults.wait_for_count(faults_cfg, len(selected)),
         channel_rows,
+        network.instant_uplink,
     )

@@ -93,7 +93,7 @@ def run_round(
     # read before a follow-up batch (a driving server's) draws its own
     air_rates = rs.network.round_links[0].tolist()
     ev = evaluate(rs, rnd, tr.selected, evaluates, at_s=elapsed_s + first_s, first_s=first_s)
-    client_rows, statuses = _client_rows(rs, rnd, tr, traces, ag, ev, air_rates)
+    client_rows, statuses = _client_rows(rs, rnd, tr, traces, ag, ev, air_rates, elapsed_s)
     timing = ag.timing
     if ev.stages:  # further stages of the round's training (SecAgg+'s): in its columns
         timing = add_stages(timing, ev.stages, client_rows, statuses)
@@ -275,6 +275,7 @@ def _client_rows(
     ag: Aggregated,
     ev: Evaluations,
     air_rates: list[list[float]],
+    elapsed_s: float = 0.0,
 ) -> tuple[list[dict[str, Any]], dict[int, str]]:
     """The client rows of the round (selected or evaluated clients, by id) and the status
     of each selected client; ``air_rates``: each selected client's (up, down) air rates of
@@ -285,6 +286,8 @@ def _client_rows(
     position = {cid: i for i, cid in enumerate(tr.selected)}
     rejected = set(ag.report.rejected)
     moved = _moved(rs)
+    # handover during the round: where each client's transfers were handed over
+    during = rs.network.handovers_in_round(tr.selected, elapsed_s, ag.timing.round_time_s)
     statuses: dict[int, str] = {}
     rows: list[dict[str, Any]] = []
     for cid in sorted(set(tr.selected) | set(ev.scores)):
@@ -296,7 +299,7 @@ def _client_rows(
                 rs.network.devices[cid],
                 tl,
                 traces[cid],
-                ag.emulated.specs[cid],
+                ag.emulated.timed_specs()[cid],
                 ag.timing.round_time_s,
                 idle_policy=sc.energy.idle_policy,
                 tx_power_dbm=float(rs.network.tx_power_dbm[cid]),
@@ -315,7 +318,7 @@ def _client_rows(
                 trace=traces.get(cid),
                 result=by_id.get(cid),
                 crashed=cid in tr.faults.crash_at,
-                channel=ag.emulated.channel_rows.get(cid, {}),
+                channel={**ag.emulated.channel_rows.get(cid, {}), **during.get(cid, {})},
                 energy=energy,
                 evaluation=ev.scores.get(cid),
                 handovers=None if moved is None else int(moved[cid]),

@@ -22,6 +22,7 @@ from typing import Any
 
 from mecsim.scenario import Scenario, ScenarioError, scenario_from_dict
 from mecsim.scenario.loader import MAX_DEPTH, parse_yaml
+from mecsim.scenario.schema.base import EVERY_FIELD
 
 # Top-level sections whose changes only change timing (and energy): replay re-times
 # recorded traces.
@@ -127,7 +128,7 @@ def apply_overrides(
     scenario: Scenario, overrides: Mapping[str, Any], source: str = "scenario"
 ) -> Scenario:
     """A new scenario with each ``path: value`` of ``overrides`` set, validated again."""
-    data = scenario.model_dump(mode="json")
+    data = scenario.model_dump(mode="json", context=EVERY_FIELD)
     set_paths(data, overrides)
     if not overrides:
         return scenario

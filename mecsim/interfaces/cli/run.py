@@ -31,6 +31,7 @@ from mecsim.scenario import (
     scenario_from_dict,
 )
 from mecsim.scenario.overrides import OverrideError, parse_sets, set_paths
+from mecsim.scenario.schema.base import EVERY_FIELD
 from mecsim.store.reader import read_meta
 from mecsim.store.runfolder import RunFolderError, prepare_resume, status_line
 from mecsim.store.session import BadRun, new_run_id, run_in_folder
@@ -45,7 +46,7 @@ def set_options(scenario: Scenario, sets: list[str], source: str) -> Scenario:
     option or the field."""
     if not sets:
         return scenario
-    data = scenario.model_dump(mode="json")
+    data = scenario.model_dump(mode="json", context=EVERY_FIELD)
     try:
         set_paths(data, parse_sets(sets))
     except OverrideError as exc:

@@ -47,6 +47,7 @@ from mecsim.scenario import (
     resolved_yaml,
 )
 from mecsim.scenario.overrides import OverrideError, check_path
+from mecsim.scenario.schema.base import EVERY_FIELD
 
 #: Scenario fields that name files or folders to read: each must lie under --data-root.
 PATH_FIELDS = ("dataset.root", "channel.path", "geometry.mobility.trace.path")
@@ -222,7 +223,7 @@ def _prepare(
     limits: Limits | None,
 ) -> tuple[str, Scenario]:
     sc = _validate_text(scenario_text(scenario), tmp_dir)
-    data = sc.model_dump(mode="json")
+    data = sc.model_dump(mode="json", context=EVERY_FIELD)  # an override may name any field
     changes: dict[str, Any] = dict(overrides)
     if rounds is not None:
         changes["rounds"] = rounds

@@ -110,6 +110,18 @@ def _range_type(*, gt: float | None = None, ge: float | None = None, le: float |
     return Annotated[float | tuple[float, float], BeforeValidator(check), WithJsonSchema(schema)]
 
 
+#: ``model_dump(context=EVERY_FIELD)``: a scenario's dump with the fields a dump leaves
+#: out while at their defaults (``geometry.handover``, ``channel.interference.timing``),
+#: so that an override (``--set``, a sweep's axis) can name them
+EVERY_FIELD = {"every_field": True}
+
+
+def every_field(info: Any) -> bool:
+    """Was the dump asked for :data:`EVERY_FIELD`?"""
+    context = getattr(info, "context", None)
+    return isinstance(context, dict) and bool(context.get("every_field"))
+
+
 class _Strict(BaseModel):
     # allow_inf_nan=False: every float field refuses inf and nan
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, cast
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    Field,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 import mecsim.registry as registry
 from mecsim.scenario.schema.base import (
@@ -16,6 +24,7 @@ from mecsim.scenario.schema.base import (
     _loc,
     _resolvable,
     _Strict,
+    every_field,
 )
 from mecsim.scenario.schema.links import LinkTransport, _check_client_loss, personalised_downloads
 
@@ -54,6 +63,24 @@ class Interference(_Strict):
         "(1: all co-channel; 3, 7: the hexagonal reuse patterns) and only sites of one "
         "group interfere",
     )
+    timing: Literal["round", "instant"] = Field(
+        default="round",
+        description="model geometric: round (the default) counts every co-channel "
+        "transmitter of the round for the whole upload / download phase (an upper bound); "
+        "instant counts an uplink interferer only while its upload is on the air, the "
+        "rates re-computed at each upload's start and end",
+    )
+
+    @model_serializer(mode="wrap")
+    def _without_default_timing(
+        self, handler: SerializerFunctionWrapHandler, info: SerializationInfo
+    ) -> Any:
+        """``timing`` left out of a dump at its default (runs recorded before it keep
+        their scenario digests and their scenario.yaml)."""
+        data = handler(self)
+        if isinstance(data, dict) and data.get("timing") == "round" and not every_field(info):
+            data.pop("timing")
+        return data
 
     @model_validator(mode="after")
     def _fields_of_the_model(self) -> Interference:
@@ -69,6 +96,11 @@ class Interference(_Strict):
                 raise ValueError(
                     "reuse: applies to model geometric only (model distribution draws "
                     "the interference)"
+                )
+            if self.timing != "round":
+                raise ValueError(
+                    "timing: applies to model geometric only (model distribution draws "
+                    "the interference per client-round)"
                 )
             return self
         defaults = {"uplink_mean": 1.0, "uplink_std": 2.0, "downlink_mean": 1.0}

@@ -4,13 +4,19 @@ the plane (hexagonal grids, areas, even splits) is :mod:`mecsim.scenario.plane`'
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import (
+    Field,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 import mecsim.scenario.plane as plane
 from mecsim.scenario.mobility import MobilityConfig
-from mecsim.scenario.schema.base import Decibels, _Strict
+from mecsim.scenario.schema.base import Decibels, _Strict, every_field
 
 #: The largest coordinate, area side or distance a geometry takes (m): 10,000 km, far
 #: beyond any cell layout, far below where float arithmetic loses the metre
@@ -144,6 +150,42 @@ class AssociationConfig(_Strict):
         return self
 
 
+#: ``geometry.handover.measurement_period_s``'s default (s): the layer-1 measurement
+#: period of ns-3's LTE and NR UEs (``LteUePhy`` / ``NrUePhy`` attribute
+#: ``UeMeasurementsFilterPeriod``, default 200 ms), the intra-frequency measurement period
+#: TS 36.133 / TS 38.133 give for a UE without DRX
+MEASUREMENT_PERIOD_S = 0.2
+#: ``geometry.handover.interruption_s``'s default (s): a break-before-make handover with
+#: random access interrupts the user plane for some 30-60 ms in LTE (3GPP's
+#: latency-reduction study TR 36.881 breaks it into its parts); 50 ms, the middle, here
+INTERRUPTION_S = 0.05
+
+
+class HandoverConfig(_Strict):
+    """Handover during a round (docs/mobility.md, "Handover during a round"): the A3 rule
+    of ``association`` evaluated every ``measurement_period_s`` of emulated time, and a
+    client that hands over in the middle of a transfer stops for ``interruption_s``, then
+    goes on at the new cell's rate."""
+
+    measurement_period_s: float = Field(
+        default=MEASUREMENT_PERIOD_S,
+        gt=0,
+        le=3600,
+        description="the A3 rule (hysteresis, time-to-trigger) is evaluated at the emulated "
+        "times k · this (s); default 0.2 s, ns-3's UeMeasurementsFilterPeriod (LTE and NR "
+        "UEs' layer-1 measurement period, TS 36.133 / 38.133 without DRX)",
+    )
+    interruption_s: float = Field(
+        default=INTERRUPTION_S,
+        ge=0,
+        le=10,
+        description="a handover stops the client's transfers for this long (s) from the "
+        "moment it is triggered, then they go on at the new cell's rate; default 0.05 s, "
+        "the middle of the 30-60 ms an LTE break-before-make handover with random access "
+        "interrupts the user plane (3GPP TR 36.881 studies its parts)",
+    )
+
+
 class GeometryConfig(_Strict):
     """Edge servers and clients on a plane (docs/mobility.md, "Geometry"). With it, each
     client's distance to its serving edge server comes from positions (not from
@@ -172,6 +214,24 @@ class GeometryConfig(_Strict):
         "moves. With clients that move, the association is re-evaluated at each round's "
         "start (docs/mobility.md, Handover)",
     )
+    handover: HandoverConfig | None = Field(
+        default=None,
+        description="null (the default): the association is re-evaluated at round starts "
+        "only; a mapping: also during the round, every measurement_period_s, a transfer in "
+        "progress handed over with an interruption (clients that move, rate: step, "
+        "dedicated links, flat algorithms)",
+    )
+
+    @model_serializer(mode="wrap")
+    def _without_unset_handover(
+        self, handler: SerializerFunctionWrapHandler, info: SerializationInfo
+    ) -> Any:
+        """``handover`` left out of a dump while null (runs recorded before it keep
+        their scenario digests and their scenario.yaml)."""
+        data = handler(self)
+        if isinstance(data, dict) and data.get("handover", 0) is None and not every_field(info):
+            data.pop("handover")
+        return data
 
     def moves(self) -> bool:
         """Do the clients move (a mobility model other than static)?"""

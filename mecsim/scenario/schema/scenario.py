@@ -165,6 +165,82 @@ class Scenario(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _handover_during_round_fits(self) -> Scenario:
+        """Handover during a round (``geometry.handover``) re-routes a moving client's
+        dedicated links mid-transfer: built for clients that move under ``rate: step`` on
+        a Shannon channel, dedicated links, flat synchronous algorithms and no outage
+        faults (docs/mobility.md, "Handover during a round")."""
+        g = self.geometry
+        if g is None or g.handover is None:
+            return self
+        why = ""
+        if not g.moves():
+            why = "the clients do not move (geometry.mobility.model: static)"
+        elif g.mobility.rate != "step":
+            why = "geometry.mobility.rate is round (the rate does not follow the client)"
+        elif not isinstance(self.channel, ShannonChannelConfig):
+            why = f"channel.model {self.channel.model} has no rate that depends on the cell"
+        elif registry.algorithm(self.algorithm.name)[0].Edge is not None:
+            why = (
+                f"algorithm {self.algorithm.name} is hierarchical (its edge servers group "
+                "their clients at the round's start)"
+            )
+        elif any(self.channel.shared_media(self.algorithm.name)):
+            why = (
+                "a link is a shared medium (a flow leaving one cell's sharing for "
+                "another's mid-transfer is not built); use dedicated links"
+            )
+        elif self.aggregation.mode != "sync":
+            why = f"aggregation.mode is {self.aggregation.mode} (built for sync rounds)"
+        elif self.faults is not None and (
+            self.faults.link_outages or self.faults.edge_server_outages
+        ):
+            why = "faults has outage intervals (not combined with handover interruptions)"
+        if why:
+            raise ValueError(
+                f"geometry.handover: handover during a round cannot be applied: {why}; "
+                "leave geometry.handover out (association at round starts only)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _instant_interference_fits(self) -> Scenario:
+        """Per-instant interference (``channel.interference.timing: instant``) solves a
+        round's uploads on dedicated links at constant link gains: built for flat
+        synchronous algorithms, clients that stand or whose rate is taken at the round's
+        start (``rate: round``), B · log2(1 + SINR) and no outage faults."""
+        inter = getattr(self.channel, "interference", None)
+        if inter is None or inter.timing != "instant":
+            return self
+        g = self.geometry
+        ch = self.channel
+        assert isinstance(ch, ShannonChannelConfig)  # the only channel with interference
+        why = ""
+        if registry.algorithm(self.algorithm.name)[0].Edge is not None:
+            why = f"algorithm {self.algorithm.name} is hierarchical"
+        elif ch.shared_media(self.algorithm.name)[0]:
+            why = "the uplink is a shared medium (built for dedicated links)"
+        elif g is not None and g.moves() and g.mobility.rate == "step":
+            why = (
+                "clients move under geometry.mobility.rate: step (a rate that changes both "
+                "with the distance and with who transmits is not built); set rate: round"
+            )
+        elif ch.phy.model != "shannon":
+            why = f"channel.phy.model is {ch.phy.model} (built for B · log2(1 + SINR))"
+        elif self.aggregation.mode != "sync":
+            why = f"aggregation.mode is {self.aggregation.mode} (built for sync rounds)"
+        elif self.faults is not None and (
+            self.faults.link_outages or self.faults.edge_server_outages
+        ):
+            why = "faults has outage intervals"
+        if why:
+            raise ValueError(
+                f"channel.interference.timing: instant cannot be applied: {why}; use "
+                "timing: round (every co-channel transmitter on for the whole phase)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _device_groups_fit(self) -> Scenario:
         known = set(registry.device_profiles()) | set(self.devices.profiles)
         for i, group in enumerate(self.devices.clients):
