@@ -241,7 +241,12 @@ class AsyncRun:
             init = np.zeros(1, dtype=np.float32)  # the stand-in server of the re-play
         self.server: AsyncServer = self._new_server(init)
         self.published_at = {0: 0.0}  # version -> emulated s it was made
-        self.versions = {0: self.server.weights}  # versions some cycle still trains on
+        self.current = 0  # the version downloads get: the last published
+        # the versions kept: the current one and those in-flight cycles trained on, found
+        # by counting the in-flight cycles of each version (_start, _release) rather
+        # than by a pass over the clients in flight after every update (quadratic)
+        self.versions = {0: self.server.weights}
+        self.users: dict[int, int] = {}  # version -> its cycles in flight (none: absent)
         self.pending: list[_Cycle] = []  # started, not yet executed
         self.in_flight: dict[int, _Cycle] = {}
         self.batches = 0
@@ -310,11 +315,12 @@ class AsyncRun:
 
     # -- training, in batches --------------------------------------------------------
     def _start(self, cid: int, cycle: int) -> _Cycle:
-        v = self.server_version
+        v = self.current
         nbytes = int(self.rs.info.model_nbytes)
         cyc = _Cycle(cid, cycle, v, self.env.now, ClientTask(cid, self.versions[v], nbytes))
         self.pending.append(cyc)
         self.in_flight[cid] = cyc
+        self.users[v] = self.users.get(v, 0) + 1
         return cyc
 
     @property
@@ -438,10 +444,6 @@ class AsyncRun:
         assert cyc.result is not None
         return cyc.result
 
-    @property
-    def server_version(self) -> int:
-        return max(self.published_at)
-
     # -- the processes ---------------------------------------------------------------
     def _client(self, cid: int) -> _Proc:
         cycle = 0
@@ -514,7 +516,7 @@ class AsyncRun:
             )
         self.updates += 1
         cyc.upload = None
-        self._forget_versions()
+        self._release(cyc)
 
     def _periods(self) -> _Proc:
         """semi_sync: at the end of every period the server averages what arrived."""
@@ -608,7 +610,7 @@ class AsyncRun:
             }
         self.updates += 1
         cyc.upload = None
-        self._forget_versions()
+        self._release(cyc)
         return made, agg_s
 
     def _check_version(self, made: Any, before: int, method: str) -> None:
@@ -645,10 +647,17 @@ class AsyncRun:
             trace = (Download(cyc.task.download_nbytes), *trace)
         return trace
 
-    def _forget_versions(self) -> None:
-        # the published version (downloads get it) and those in-flight cycles trained on
-        keep = {c.version for c in self.in_flight.values()} | {self.server_version}
-        for v in [v for v in self.versions if v not in keep]:
+    def _release(self, cyc: _Cycle) -> None:
+        """``cyc`` (taken by the server, or lost) no longer trains on its version: the
+        version is dropped when no other cycle in flight trained on it and it is not the
+        current one (kept: the published version, and those in-flight cycles trained on)."""
+        v = cyc.version
+        left = self.users[v] - 1
+        if left:
+            self.users[v] = left
+            return
+        del self.users[v]
+        if v != self.current:
             del self.versions[v]
 
     def _update_row(
@@ -739,7 +748,9 @@ class AsyncRun:
         before_s = self.published_at[v - 1]
         self.published_at[v] = now
         self.versions[v] = self.server.weights
-        self._forget_versions()
+        previous, self.current = self.current, v
+        if previous not in self.users:  # no cycle in flight trained on it
+            del self.versions[previous]
         if self.replaying:  # its rows are on disk and its checkpoint is where the resume began
             self.log = _VersionLog()
             if v == self.replay_to:
