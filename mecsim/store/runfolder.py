@@ -155,11 +155,14 @@ class MetaText:
         return "{\n" + ",\n".join(parts) + "\n}"
 
 
-def write_meta(run_dir: Path, meta: dict[str, Any], text: MetaText | None = None) -> None:
+def write_meta(
+    run_dir: Path, meta: dict[str, Any], text: MetaText | None = None, durable: bool = True
+) -> None:
     """Write ``meta`` as the folder's ``run.json`` (atomically); ``text``: a writer's
-    :class:`MetaText`, which keeps the text of what did not change since its last call."""
+    :class:`MetaText`, which keeps the text of what did not change since its last call;
+    ``durable=False``: not fsync'ed (:func:`mecsim.store.files.atomic_write_bytes`)."""
     body = text(meta) if text is not None else json.dumps(meta, indent=1)
-    atomic_write_text(Path(run_dir) / "run.json", body + "\n")
+    atomic_write_text(Path(run_dir) / "run.json", body + "\n", durable)
 
 
 def run_status(run_dir: Path) -> dict[str, Any]:
