@@ -46,7 +46,7 @@ import sys
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import psutil
@@ -68,11 +68,22 @@ from mecsim.emulation.engine.simpy_model import (
 )
 from mecsim.emulation.ops import Compute, Download, Upload, op_to_dict, trace_flops
 from mecsim.registry import ASYNC_SERVERS
+from mecsim.run.backends.base import MAX_RECOVERIES, ActorFailure, ExecutorState
+from mecsim.run.backends.local import LocalExecutor
+from mecsim.run.backends.placement import PlacementTimeout
 from mecsim.run.chaos import kill_point
 from mecsim.run.setup import MiB, RunFailed, RunSetup
 from mecsim.scenario import Scenario
 
 _Proc = Generator[simpy.Event, Any, None]
+_T = TypeVar("_T")
+
+#: Batches of trainings between two recovery points: on an executor whose processes can
+#: die (Ray), the hosts' state (clients' private states, measured step costs) is taken
+#: into memory every this many batches; a host that dies is re-created, given the last
+#: one and the batches since are executed again (their results thrown away: the run has
+#: them), so the trainings it then executes are the uninterrupted run's.
+RECOVERY_POINT_BATCHES = 32
 
 #: Updates per client a server may take without making a version (modes async and
 #: buffered) before the run calls it stuck (:meth:`AsyncRun._check_progress`).
@@ -212,10 +223,12 @@ class AsyncRun:
         checkpoint: Callable[[AsyncRun, int, float], None] | None = None,
         every: int = 0,
         resume: tuple[int, Any] | None = None,
+        hosts_state: ExecutorState | None = None,
     ) -> None:
         """``checkpoint(run, versions, now)`` is called after the rows of every ``every``-th
         version (and of the last) are emitted; ``resume`` is (versions done, the
-        :meth:`state` of the checkpoint taken then) of a run to continue."""
+        :meth:`state` of the checkpoint taken then) of a run to continue, and
+        ``hosts_state`` the state its hosts were given (None: new hosts')."""
         self.rs, self.emit, self.should_stop = rs, emit, should_stop
         self.checkpoint, self.every = checkpoint, every
         sc = rs.info.scenario
@@ -260,6 +273,13 @@ class AsyncRun:
         self.slots = simpy.Resource(self.env, capacity=self.agg.concurrency or self.n)
         self.wall0 = time.perf_counter()
         self.train_wall = 0.0
+        # a host that dies (Ray) is re-created and restored (_on_hosts): the hosts' state
+        # at the last recovery point (None: new hosts') and the batches fit since
+        self.can_fail = not isinstance(rs.executor, LocalExecutor)
+        self.recovery = hosts_state
+        self.redo: list[tuple[int, list[ClientTask]]] = []
+        self.faults = 0  # actor deaths since the last version's row
+        self.recoveries = 0  # since the last call to the hosts that went through
         self._network()
 
     def _new_server(self, init_weights: np.ndarray) -> AsyncServer:
@@ -335,8 +355,13 @@ class AsyncRun:
             return
         tasks = sorted((c.task for c in batch), key=lambda t: t.client_id)
         t0 = time.perf_counter()
-        results = self.rs.executor.fit(self.batches, tasks)
-        uploads = self.rs.executor.take_uploads()
+        executor, b = self.rs.executor, self.batches
+        if self.can_fail and len(self.redo) >= RECOVERY_POINT_BATCHES:
+            self.recovery = self._on_hosts(lambda: executor.state())
+            self.redo = []
+        results, uploads = self._on_hosts(lambda: (executor.fit(b, tasks), executor.take_uploads()))
+        if self.can_fail:
+            self.redo.append((b, tasks))
         self.train_wall += time.perf_counter() - t0
         self.batches += 1
         by_id = {r.client_id: r for r in results}
@@ -364,6 +389,47 @@ class AsyncRun:
             }
             done.append(encode(entry, f"asynchronous run: client {cyc.client_id}'s result"))
         self.executed.append(done)
+
+    def _on_hosts(self, call: Callable[[], _T]) -> _T:
+        """``call()``, a request to the hosts; when a host (any actor) has died, the
+        actors are re-created, given the hosts' state of the last recovery point, the
+        batches fit since are executed again, and ``call`` is made again: its results are
+        those the uninterrupted run gets (each training is seeded by its batch and
+        client, and the hosts are where they were). Each death is an ``on_fault`` and
+        counts in the next version's ``faults``; more than :data:`MAX_RECOVERIES` in a
+        row fail the run."""
+        failure: ActorFailure | None = None
+        while True:
+            try:
+                if failure is not None:
+                    self._restore(failure)
+                out = call()
+            except ActorFailure as exc:
+                failure = exc
+                self.faults += 1
+                self.recoveries += 1
+                self.emit("on_fault", self.current, str(exc))
+                if self.recoveries > MAX_RECOVERIES:
+                    raise RunFailed(
+                        f"actors died {self.recoveries} times without a call to the hosts "
+                        f"going through in between (last: {exc})"
+                    ) from exc
+                continue
+            self.recoveries = 0
+            return out
+
+    def _restore(self, failure: ActorFailure) -> None:
+        executor = self.rs.executor
+        try:
+            executor.restart()
+        except PlacementTimeout as exc:
+            raise RunFailed(f"{exc}, after {failure}") from None
+        self.emit("on_placement", self.current, executor.placement())
+        if self.recovery is not None:
+            executor.load_state(self.recovery)
+        for b, tasks in self.redo:
+            executor.fit(b, tasks)
+            executor.take_uploads()
 
     def _replayed(self, batch: list[_Cycle]) -> None:
         """A resume's re-play: the batch's recorded results in place of its trainings,
@@ -760,7 +826,8 @@ class AsyncRun:
         kill_point(f"round-end:{v - 1}")
         last = v >= self.sc.rounds
         if self.checkpoint is not None and self.every and (v % self.every == 0 or last):
-            self.checkpoint(self, v, now)
+            checkpoint = self.checkpoint
+            self._on_hosts(lambda: checkpoint(self, v, now))
         if last:
             self.done.succeed()
         elif self.should_stop is not None:
@@ -780,7 +847,8 @@ class AsyncRun:
             nbytes = int(self.rs.info.model_nbytes)
             who = list(range(self.n))
             tasks = [ClientTask(c, self.server.weights, nbytes) for c in who]
-            for cid, acc, loss, *_ in self.rs.executor.evaluate_tasks(rnd, tasks):
+            executor = self.rs.executor
+            for cid, acc, loss, *_ in self._on_hosts(lambda: executor.evaluate_tasks(rnd, tasks)):
                 evals[cid] = (acc, loss)
         accs = [a for a, _ in evals.values() if not np.isnan(a)]
 
@@ -803,7 +871,7 @@ class AsyncRun:
             "dropped_out": sum(r["status"].startswith("lost_offline") for r in taken),
             "outage": 0,
             "rejected": sum(r["status"] == "rejected_nonfinite" for r in taken),
-            "faults": 0,
+            "faults": self.faults,  # actor deaths recovered from (_on_hosts)
             "round_time_s": now - before_s,
             "dl_time_s": mean([r["download_s"] for r in accepted]),
             "client_time_s": mean([r["compute_s"] for r in accepted]),
@@ -835,6 +903,7 @@ class AsyncRun:
         }
         row["host_wall_s"] = time.perf_counter() - self.wall0
         self.wall0, self.train_wall = time.perf_counter(), 0.0
+        self.faults = 0
         self.rows.append(row)
         traces = {"round": rnd, "aggregation": self.agg.mode, "updates": log.traces}
         self.emit("on_round_end", row, taken, traces)

@@ -37,6 +37,11 @@ class ActorFailure(RuntimeError):
     there."""
 
 
+#: Actor deaths recovered from without a round (an asynchronous run: a call to the hosts)
+#: going through in between before giving up.
+MAX_RECOVERIES = 3
+
+
 class RoundAborted(Exception):
     """The run was told to stop (a user cancelled it, or its server is stopping) while a
     round was in progress: the executor stopped waiting for its actors, the round is
