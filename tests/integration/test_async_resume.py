@@ -154,7 +154,10 @@ def test_killed_ray_actors_are_recreated_and_the_async_records_unchanged(
     version 4 of a FedAsync run on real Ray: the actors are re-created, given the hosts'
     state of the last recovery point (every 2 batches: one taken in memory; every 32:
     none yet, new hosts), the batches since are executed again, and the run finishes
-    with the two faults recorded and the records of an undisturbed in-process run."""
+    with the two faults recorded and the records of an undisturbed in-process run. The
+    algorithm is FedProx evaluating each client's own last trained model, which lives in
+    the client's state on its host: a host restored to a point without the batches since
+    executed again would evaluate other models."""
     from support.helpers import run_killing_actors
 
     import mecsim.run.async_run as async_run
@@ -162,6 +165,7 @@ def test_killed_ray_actors_are_recreated_and_the_async_records_unchanged(
     monkeypatch.setattr(async_run, "RECOVERY_POINT_BATCHES", points_every)
     data = tiny_async_dict(**MODES["fedasync"])
     data["evaluation"] = {"every": 1}  # a call to the hosts at every version
+    data["algorithm"] = {"name": "fedprox", "params": {"eval_model": "local"}}
     sc = scenario_from_dict(data, "async-tiny")
     ref = tmp_path / "ref" / "r"
     run_in_folder(sc, ref)
