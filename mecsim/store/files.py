@@ -18,23 +18,18 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path, data: bytes, durable: bool = True) -> None:
-    """Write ``data`` to ``path`` so that ``path`` is either the old file or the new one.
-    ``durable=False``: not fsync'ed (a process killed after the call leaves the new
-    file, as the OS has it; a power cut may leave the old one), for a file rewritten
-    often whose next durable write follows soon (an asynchronous run's ``run.json``)."""
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that ``path`` is either the old file or the new one."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with atomic_section():
         with tmp.open("wb") as f:
             f.write(data)
             f.flush()
-            if durable:
-                os.fsync(f.fileno())
+            os.fsync(f.fileno())
         os.replace(tmp, path)
-        if durable:
-            fsync_dir(path.parent)
+        fsync_dir(path.parent)
 
 
-def atomic_write_text(path: Path, text: str, durable: bool = True) -> None:
-    atomic_write_bytes(path, text.encode(), durable)
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode())

@@ -9,10 +9,12 @@
   keeps every finished round (``mecsim run --resume`` continues it). An asynchronous
   run (``updates.csv`` in place of ``clients.csv``) ends a version every update or few:
   its rows reach the OS at every version's end (a killed process loses none of them),
-  and are fsync'ed, with ``run.json``, at least every :data:`SYNC_EVERY_S` seconds,
-  before every checkpoint (which refers to them: what a resume needs is on disk before
-  the checkpoint that needs it) and at the end, not after every version (an fsync per
-  version was 27 of 168 s of a 10,000-client run);
+  and are fsync'ed at least every :data:`SYNC_EVERY_S` seconds, before every
+  checkpoint (which refers to them: what a resume needs is on disk before the
+  checkpoint that needs it) and at the end, not after every version (an fsync per
+  version was 27 of 168 s of a 10,000-client run); ``run.json`` (``rounds_done``) is
+  rewritten with each of those fsyncs, so it may be up to that long behind the rows (a
+  rename over it costs ~10 ms on ext4, which flushes the new file's data first);
 - ``optraces.jsonl``: one line per round with every client's op-trace and the server's
   aggregation FLOPs (what a replay needs);
 - at the end (also of an interrupted run): ``rounds.parquet`` / ``clients.parquet`` (when
@@ -238,9 +240,9 @@ class RecordsWriter(RunObserver):
         self._synced_at = time.monotonic()
         self._open = True
 
-    def _write_meta(self, durable: bool = True, **changes: Any) -> None:
+    def _write_meta(self, **changes: Any) -> None:
         self.meta.update(changes, updated_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-        write_meta(self.out_dir, self.meta, self._meta_text, durable)
+        write_meta(self.out_dir, self.meta, self._meta_text)
 
     def _sync(self) -> None:
         """Every row written so far on disk (fsync'ed)."""
@@ -331,16 +333,19 @@ class RecordsWriter(RunObserver):
     ) -> None:
         with atomic_section():  # an interrupt waits until the round is on disk
             # (an asynchronous run's version: with the OS, fsync'ed every SYNC_EVERY_S s)
-            durable = time.monotonic() - self._synced_at >= self._sync_every_s
+            due = time.monotonic() - self._synced_at >= self._sync_every_s
             self.clients.append(client_rows, sync=False)
             self.rounds.append([round_row], sync=False)
             if self.traces is not None:
                 self.traces.write(json.dumps(traces) + "\n")
                 self.traces.flush()
                 self._traces_unsynced = True
-            if durable:
+            done = int(round_row["round"]) + 1
+            if due:
                 self._sync()
-            self._write_meta(durable, rounds_done=int(round_row["round"]) + 1)
+                self._write_meta(rounds_done=done)
+            else:  # written with the next sync, checkpoint or the run's end
+                self.meta["rounds_done"] = done
 
     def on_checkpoint_start(self, info: RunInfo, rounds_done: int) -> None:
         self._sync()  # the checkpoint refers to these rows: on disk before it is

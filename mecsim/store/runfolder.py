@@ -155,14 +155,11 @@ class MetaText:
         return "{\n" + ",\n".join(parts) + "\n}"
 
 
-def write_meta(
-    run_dir: Path, meta: dict[str, Any], text: MetaText | None = None, durable: bool = True
-) -> None:
+def write_meta(run_dir: Path, meta: dict[str, Any], text: MetaText | None = None) -> None:
     """Write ``meta`` as the folder's ``run.json`` (atomically); ``text``: a writer's
-    :class:`MetaText`, which keeps the text of what did not change since its last call;
-    ``durable=False``: not fsync'ed (:func:`mecsim.store.files.atomic_write_bytes`)."""
+    :class:`MetaText`, which keeps the text of what did not change since its last call."""
     body = text(meta) if text is not None else json.dumps(meta, indent=1)
-    atomic_write_text(Path(run_dir) / "run.json", body + "\n", durable)
+    atomic_write_text(Path(run_dir) / "run.json", body + "\n")
 
 
 def run_status(run_dir: Path) -> dict[str, Any]:
