@@ -69,7 +69,6 @@ from mecsim.emulation.engine.simpy_model import (
 from mecsim.emulation.ops import Compute, Download, Upload, op_to_dict, trace_flops
 from mecsim.registry import ASYNC_SERVERS
 from mecsim.run.backends.base import MAX_RECOVERIES, ActorFailure, ExecutorState
-from mecsim.run.backends.local import LocalExecutor
 from mecsim.run.backends.placement import PlacementTimeout
 from mecsim.run.chaos import kill_point
 from mecsim.run.setup import MiB, RunFailed, RunSetup
@@ -190,6 +189,7 @@ class _Cycle:
     result: ClientResult | None = None
     upload: np.ndarray | None = None
     upload_size: int = 0  # elements of the upload (the server's FLOPs count them)
+    finite: bool = False  # whether the upload is all finite (looked at once, when trained)
     download_s: float = 0.0
     compute_s: float = 0.0
     upload_s: float = 0.0
@@ -278,7 +278,7 @@ class AsyncRun:
         self.process = psutil.Process()
         # a host that dies (Ray) is re-created and restored (_on_hosts): the hosts' state
         # at the last recovery point (None: new hosts') and the batches fit since
-        self.can_fail = not isinstance(rs.executor, LocalExecutor)
+        self.can_fail = bool(getattr(rs.executor, "actors_can_die", False))
         self.recovery = hosts_state
         self.redo: list[tuple[int, list[ClientTask]]] = []
         self.faults = 0  # actor deaths since the last version's row
@@ -376,13 +376,8 @@ class AsyncRun:
             cyc.upload = None if w is None else np.array(w, dtype=np.float32, copy=True)
             cyc.upload_size = 0 if cyc.upload is None else int(cyc.upload.size)
             r.weights = None
-            kind = (
-                "none"
-                if cyc.upload is None
-                else "finite"
-                if np.isfinite(cyc.upload).all()
-                else "nonfinite"
-            )
+            cyc.finite = cyc.upload is not None and bool(np.isfinite(cyc.upload).all())
+            kind = "none" if cyc.upload is None else "finite" if cyc.finite else "nonfinite"
             entry = {
                 "client_id": cyc.client_id,
                 "cycle": cyc.cycle,
@@ -447,6 +442,7 @@ class AsyncRun:
             e = recorded[(cyc.client_id, cyc.cycle)]
             cyc.result = e["result"]
             cyc.upload_size = int(e["upload_size"])
+            cyc.finite = e["upload"] == "finite"
             cyc.upload = (
                 None
                 if e["upload"] == "none"
@@ -633,7 +629,7 @@ class AsyncRun:
         staleness = self.server.version - cyc.version
         staleness_s = self.env.now - self.published_at[cyc.version]
         limit = self.agg.max_staleness
-        finite = cyc.upload is not None and bool(np.isfinite(cyc.upload).all())
+        finite = cyc.upload is not None and cyc.finite
         finite = finite and math.isfinite(result.train_loss)
         status = (
             "rejected_nonfinite"
