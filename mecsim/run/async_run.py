@@ -37,6 +37,11 @@ place. The clock's events depend on the op-traces, the upload sizes, which updat
 finite and the versions made, never on the weights' values, so the re-play reaches the
 very state the run was in (checked: the updates, batches and versions' times must
 match), and the run continues as if it had not stopped.
+
+A Ray actor that dies mid-run does not stop it: every :data:`RECOVERY_POINT_BATCHES`
+batches the hosts' state is taken into memory, and a call to the hosts that fails on a
+dead actor re-creates the actors, restores that state, executes the batches since again
+and is made again (:meth:`AsyncRun._on_hosts`), so the run goes on as if undisturbed.
 """
 
 from __future__ import annotations
