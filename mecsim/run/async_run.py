@@ -37,6 +37,11 @@ place. The clock's events depend on the op-traces, the upload sizes, which updat
 finite and the versions made, never on the weights' values, so the re-play reaches the
 very state the run was in (checked: the updates, batches and versions' times must
 match), and the run continues as if it had not stopped.
+
+A Ray actor that dies mid-run does not stop it: every :data:`RECOVERY_POINT_BATCHES`
+batches the hosts' state is taken into memory, and a call to the hosts that fails on a
+dead actor re-creates the actors, restores that state, executes the batches since again
+and is made again (:meth:`AsyncRun._on_hosts`), so the run goes on as if undisturbed.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ import sys
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import psutil
@@ -68,11 +73,21 @@ from mecsim.emulation.engine.simpy_model import (
 )
 from mecsim.emulation.ops import Compute, Download, Upload, op_to_dict, trace_flops
 from mecsim.registry import ASYNC_SERVERS
+from mecsim.run.backends.base import MAX_RECOVERIES, ActorFailure, ExecutorState
+from mecsim.run.backends.placement import PlacementTimeout
 from mecsim.run.chaos import kill_point
 from mecsim.run.setup import MiB, RunFailed, RunSetup
 from mecsim.scenario import Scenario
 
 _Proc = Generator[simpy.Event, Any, None]
+_T = TypeVar("_T")
+
+#: Batches of trainings between two recovery points: on an executor whose processes can
+#: die (Ray), the hosts' state (clients' private states, measured step costs) is taken
+#: into memory every this many batches; a host that dies is re-created, given the last
+#: one and the batches since are executed again (their results thrown away: the run has
+#: them), so the trainings it then executes are the uninterrupted run's.
+RECOVERY_POINT_BATCHES = 32
 
 #: Updates per client a server may take without making a version (modes async and
 #: buffered) before the run calls it stuck (:meth:`AsyncRun._check_progress`).
@@ -179,6 +194,7 @@ class _Cycle:
     result: ClientResult | None = None
     upload: np.ndarray | None = None
     upload_size: int = 0  # elements of the upload (the server's FLOPs count them)
+    finite: bool = False  # whether the upload is all finite (looked at once, when trained)
     download_s: float = 0.0
     compute_s: float = 0.0
     upload_s: float = 0.0
@@ -212,10 +228,12 @@ class AsyncRun:
         checkpoint: Callable[[AsyncRun, int, float], None] | None = None,
         every: int = 0,
         resume: tuple[int, Any] | None = None,
+        hosts_state: ExecutorState | None = None,
     ) -> None:
         """``checkpoint(run, versions, now)`` is called after the rows of every ``every``-th
         version (and of the last) are emitted; ``resume`` is (versions done, the
-        :meth:`state` of the checkpoint taken then) of a run to continue."""
+        :meth:`state` of the checkpoint taken then) of a run to continue, and
+        ``hosts_state`` the state its hosts were given (None: new hosts')."""
         self.rs, self.emit, self.should_stop = rs, emit, should_stop
         self.checkpoint, self.every = checkpoint, every
         sc = rs.info.scenario
@@ -241,7 +259,12 @@ class AsyncRun:
             init = np.zeros(1, dtype=np.float32)  # the stand-in server of the re-play
         self.server: AsyncServer = self._new_server(init)
         self.published_at = {0: 0.0}  # version -> emulated s it was made
-        self.versions = {0: self.server.weights}  # versions some cycle still trains on
+        self.current = 0  # the version downloads get: the last published
+        # the versions kept: the current one and those in-flight cycles trained on, found
+        # by counting the in-flight cycles of each version (_start, _release) rather
+        # than by a pass over the clients in flight after every update (quadratic)
+        self.versions = {0: self.server.weights}
+        self.users: dict[int, int] = {}  # version -> its cycles in flight (none: absent)
         self.pending: list[_Cycle] = []  # started, not yet executed
         self.in_flight: dict[int, _Cycle] = {}
         self.batches = 0
@@ -255,6 +278,16 @@ class AsyncRun:
         self.slots = simpy.Resource(self.env, capacity=self.agg.concurrency or self.n)
         self.wall0 = time.perf_counter()
         self.train_wall = 0.0
+        # this process (server_rss_mb): psutil.Process() reads /proc at each creation,
+        # 4 ms a version under load at 10,000 versions
+        self.process = psutil.Process()
+        # a host that dies (Ray) is re-created and restored (_on_hosts): the hosts' state
+        # at the last recovery point (None: new hosts') and the batches fit since
+        self.can_fail = bool(getattr(rs.executor, "actors_can_die", False))
+        self.recovery = hosts_state
+        self.redo: list[tuple[int, list[ClientTask]]] = []
+        self.faults = 0  # actor deaths since the last version's row
+        self.recoveries = 0  # since the last call to the hosts that went through
         self._network()
 
     def _new_server(self, init_weights: np.ndarray) -> AsyncServer:
@@ -310,11 +343,12 @@ class AsyncRun:
 
     # -- training, in batches --------------------------------------------------------
     def _start(self, cid: int, cycle: int) -> _Cycle:
-        v = self.server_version
+        v = self.current
         nbytes = int(self.rs.info.model_nbytes)
         cyc = _Cycle(cid, cycle, v, self.env.now, ClientTask(cid, self.versions[v], nbytes))
         self.pending.append(cyc)
         self.in_flight[cid] = cyc
+        self.users[v] = self.users.get(v, 0) + 1
         return cyc
 
     @property
@@ -329,8 +363,13 @@ class AsyncRun:
             return
         tasks = sorted((c.task for c in batch), key=lambda t: t.client_id)
         t0 = time.perf_counter()
-        results = self.rs.executor.fit(self.batches, tasks)
-        uploads = self.rs.executor.take_uploads()
+        executor, b = self.rs.executor, self.batches
+        if self.can_fail and len(self.redo) >= RECOVERY_POINT_BATCHES:
+            self.recovery = self._on_hosts(lambda: executor.state())
+            self.redo = []
+        results, uploads = self._on_hosts(lambda: (executor.fit(b, tasks), executor.take_uploads()))
+        if self.can_fail:
+            self.redo.append((b, tasks))
         self.train_wall += time.perf_counter() - t0
         self.batches += 1
         by_id = {r.client_id: r for r in results}
@@ -342,13 +381,8 @@ class AsyncRun:
             cyc.upload = None if w is None else np.array(w, dtype=np.float32, copy=True)
             cyc.upload_size = 0 if cyc.upload is None else int(cyc.upload.size)
             r.weights = None
-            kind = (
-                "none"
-                if cyc.upload is None
-                else "finite"
-                if np.isfinite(cyc.upload).all()
-                else "nonfinite"
-            )
+            cyc.finite = cyc.upload is not None and bool(np.isfinite(cyc.upload).all())
+            kind = "none" if cyc.upload is None else "finite" if cyc.finite else "nonfinite"
             entry = {
                 "client_id": cyc.client_id,
                 "cycle": cyc.cycle,
@@ -358,6 +392,47 @@ class AsyncRun:
             }
             done.append(encode(entry, f"asynchronous run: client {cyc.client_id}'s result"))
         self.executed.append(done)
+
+    def _on_hosts(self, call: Callable[[], _T]) -> _T:
+        """``call()``, a request to the hosts; when a host (any actor) has died, the
+        actors are re-created, given the hosts' state of the last recovery point, the
+        batches fit since are executed again, and ``call`` is made again: its results are
+        those the uninterrupted run gets (each training is seeded by its batch and
+        client, and the hosts are where they were). Each death is an ``on_fault`` and
+        counts in the next version's ``faults``; more than :data:`MAX_RECOVERIES` in a
+        row fail the run."""
+        failure: ActorFailure | None = None
+        while True:
+            try:
+                if failure is not None:
+                    self._restore(failure)
+                out = call()
+            except ActorFailure as exc:
+                failure = exc
+                self.faults += 1
+                self.recoveries += 1
+                self.emit("on_fault", self.current, str(exc))
+                if self.recoveries > MAX_RECOVERIES:
+                    raise RunFailed(
+                        f"actors died {self.recoveries} times without a call to the hosts "
+                        f"going through in between (last: {exc})"
+                    ) from exc
+                continue
+            self.recoveries = 0
+            return out
+
+    def _restore(self, failure: ActorFailure) -> None:
+        executor = self.rs.executor
+        try:
+            executor.restart()
+        except PlacementTimeout as exc:
+            raise RunFailed(f"{exc}, after {failure}") from None
+        self.emit("on_placement", self.current, executor.placement())
+        if self.recovery is not None:
+            executor.load_state(self.recovery)
+        for b, tasks in self.redo:
+            executor.fit(b, tasks)
+            executor.take_uploads()
 
     def _replayed(self, batch: list[_Cycle]) -> None:
         """A resume's re-play: the batch's recorded results in place of its trainings,
@@ -372,6 +447,7 @@ class AsyncRun:
             e = recorded[(cyc.client_id, cyc.cycle)]
             cyc.result = e["result"]
             cyc.upload_size = int(e["upload_size"])
+            cyc.finite = e["upload"] == "finite"
             cyc.upload = (
                 None
                 if e["upload"] == "none"
@@ -437,10 +513,6 @@ class AsyncRun:
             self._execute()
         assert cyc.result is not None
         return cyc.result
-
-    @property
-    def server_version(self) -> int:
-        return max(self.published_at)
 
     # -- the processes ---------------------------------------------------------------
     def _client(self, cid: int) -> _Proc:
@@ -514,7 +586,7 @@ class AsyncRun:
             )
         self.updates += 1
         cyc.upload = None
-        self._forget_versions()
+        self._release(cyc)
 
     def _periods(self) -> _Proc:
         """semi_sync: at the end of every period the server averages what arrived."""
@@ -562,7 +634,7 @@ class AsyncRun:
         staleness = self.server.version - cyc.version
         staleness_s = self.env.now - self.published_at[cyc.version]
         limit = self.agg.max_staleness
-        finite = cyc.upload is not None and bool(np.isfinite(cyc.upload).all())
+        finite = cyc.upload is not None and cyc.finite
         finite = finite and math.isfinite(result.train_loss)
         status = (
             "rejected_nonfinite"
@@ -608,7 +680,7 @@ class AsyncRun:
             }
         self.updates += 1
         cyc.upload = None
-        self._forget_versions()
+        self._release(cyc)
         return made, agg_s
 
     def _check_version(self, made: Any, before: int, method: str) -> None:
@@ -645,10 +717,17 @@ class AsyncRun:
             trace = (Download(cyc.task.download_nbytes), *trace)
         return trace
 
-    def _forget_versions(self) -> None:
-        # the published version (downloads get it) and those in-flight cycles trained on
-        keep = {c.version for c in self.in_flight.values()} | {self.server_version}
-        for v in [v for v in self.versions if v not in keep]:
+    def _release(self, cyc: _Cycle) -> None:
+        """``cyc`` (taken by the server, or lost) no longer trains on its version: the
+        version is dropped when no other cycle in flight trained on it and it is not the
+        current one (kept: the published version, and those in-flight cycles trained on)."""
+        v = cyc.version
+        left = self.users[v] - 1
+        if left:
+            self.users[v] = left
+            return
+        del self.users[v]
+        if v != self.current:
             del self.versions[v]
 
     def _update_row(
@@ -739,7 +818,9 @@ class AsyncRun:
         before_s = self.published_at[v - 1]
         self.published_at[v] = now
         self.versions[v] = self.server.weights
-        self._forget_versions()
+        previous, self.current = self.current, v
+        if previous not in self.users:  # no cycle in flight trained on it
+            del self.versions[previous]
         if self.replaying:  # its rows are on disk and its checkpoint is where the resume began
             self.log = _VersionLog()
             if v == self.replay_to:
@@ -749,7 +830,8 @@ class AsyncRun:
         kill_point(f"round-end:{v - 1}")
         last = v >= self.sc.rounds
         if self.checkpoint is not None and self.every and (v % self.every == 0 or last):
-            self.checkpoint(self, v, now)
+            checkpoint = self.checkpoint
+            self._on_hosts(lambda: checkpoint(self, v, now))
         if last:
             self.done.succeed()
         elif self.should_stop is not None:
@@ -769,7 +851,8 @@ class AsyncRun:
             nbytes = int(self.rs.info.model_nbytes)
             who = list(range(self.n))
             tasks = [ClientTask(c, self.server.weights, nbytes) for c in who]
-            for cid, acc, loss, *_ in self.rs.executor.evaluate_tasks(rnd, tasks):
+            executor = self.rs.executor
+            for cid, acc, loss, *_ in self._on_hosts(lambda: executor.evaluate_tasks(rnd, tasks)):
                 evals[cid] = (acc, loss)
         accs = [a for a, _ in evals.values() if not np.isnan(a)]
 
@@ -792,7 +875,7 @@ class AsyncRun:
             "dropped_out": sum(r["status"].startswith("lost_offline") for r in taken),
             "outage": 0,
             "rejected": sum(r["status"] == "rejected_nonfinite" for r in taken),
-            "faults": 0,
+            "faults": self.faults,  # actor deaths recovered from (_on_hosts)
             "round_time_s": now - before_s,
             "dl_time_s": mean([r["download_s"] for r in accepted]),
             "client_time_s": mean([r["compute_s"] for r in accepted]),
@@ -806,7 +889,7 @@ class AsyncRun:
             **energy,
             "client_gflops": sum(r["gflops"] for r in taken),
             "server_gflops": log.server_flops / 1e9,
-            "server_rss_mb": psutil.Process().memory_info().rss / MiB,
+            "server_rss_mb": self.process.memory_info().rss / MiB,
             "client_peak_mb": max((r["peak_memory_mb"] for r in taken), default=0.0),
             "mean_accuracy": mean(accs),
             "min_accuracy": min(accs) if accs else float("nan"),
@@ -824,6 +907,7 @@ class AsyncRun:
         }
         row["host_wall_s"] = time.perf_counter() - self.wall0
         self.wall0, self.train_wall = time.perf_counter(), 0.0
+        self.faults = 0
         self.rows.append(row)
         traces = {"round": rnd, "aggregation": self.agg.mode, "updates": log.traces}
         self.emit("on_round_end", row, taken, traces)

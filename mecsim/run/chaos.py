@@ -5,7 +5,8 @@ same signal as ``kill -9``, an OOM kill or a power cut would deliver — when it
 one of these points:
 
 - ``round-start:N``: round N (0-based) has been planned but nothing of it is recorded;
-- ``round-end:N``: round N's records are written and fsync'ed, its checkpoint not yet;
+- ``round-end:N``: round N's records are written (fsync'ed, or an asynchronous run's
+  version's given to the OS: :mod:`mecsim.store.records`), its checkpoint not yet;
 - ``finish``: every round is done and the Parquet copy of ``rounds.csv`` is written, but
   ``clients.parquet`` and ``summary.md`` are not.
 

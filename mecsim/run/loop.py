@@ -23,7 +23,13 @@ import numpy as np
 from mecsim.agents.state import BlobSink
 from mecsim.run.async_run import AsyncRun
 from mecsim.run.async_run import refusals as async_refusals
-from mecsim.run.backends.base import ActorFailure, ExecutorState, RoundAborted, abort_status
+from mecsim.run.backends.base import (
+    MAX_RECOVERIES,
+    ActorFailure,
+    ExecutorState,
+    RoundAborted,
+    abort_status,
+)
 from mecsim.run.backends.placement import PlacementTimeout
 from mecsim.run.chaos import kill_point
 from mecsim.run.observers import RunObserver
@@ -66,10 +72,6 @@ class Checkpoints(Protocol):
 
     def load(self, path: Path) -> Checkpoint:
         """The checkpoint stored at ``path``."""
-
-
-#: Actor deaths recovered from without a round finishing in between before giving up.
-MAX_RECOVERIES = 3
 
 
 _SAME_COLUMNS = (
@@ -121,6 +123,7 @@ class _Loop:
             blobs=st.blobs,
             edges=st.edges,
         )
+        self._emit("on_checkpoint_start", self.rnd)
         path = self.store.save(ckpt)
         self.base = Checkpoint(ckpt.rounds_done, ckpt.elapsed_s, None, {}, None, path)
         self._emit("on_checkpoint", self.rnd, self.store.last_bytes, self.store.last_seconds)
@@ -150,6 +153,7 @@ class _Loop:
             clocked=clocked.state(sink),
         )
         ckpt.blobs.update(sink.new)
+        self._emit("on_checkpoint_start", versions)
         self.store.save(ckpt)
         self._emit("on_checkpoint", versions, self.store.last_bytes, self.store.last_seconds)
 
@@ -257,7 +261,7 @@ class _Loop:
         refused = async_refusals(sc)
         if refused:
             raise RunFailed("; ".join(f"{where}: {why}" for where, why in refused))
-        resume = None
+        resume, hosts = None, None
         if self.rnd > 0:
             if self.rnd >= sc.rounds:  # killed after its last checkpoint: nothing to run
                 return "finished"
@@ -268,6 +272,9 @@ class _Loop:
                     f"{self.rnd} holds no asynchronous run's state; run the scenario again"
                 )
             resume = (self.rnd, ckpt.clocked)
+            # the hosts were given the checkpoint's state (run()): what a host that dies
+            # before the run's first recovery point is restored to
+            hosts = ExecutorState(ckpt.server, ckpt.clients, ckpt.costs, edges=ckpt.edges)
         clocked = AsyncRun(
             self.rs,
             self._emit,
@@ -275,6 +282,7 @@ class _Loop:
             checkpoint=self._checkpoint_clocked if self.every else None,
             every=self.every,
             resume=resume,
+            hosts_state=hosts,
         )
         status = clocked.run()
         self.rows.extend(clocked.rows)

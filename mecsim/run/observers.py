@@ -34,6 +34,10 @@ class RunObserver:
         traces: dict[str, Any],
     ) -> None: ...
 
+    def on_checkpoint_start(self, info: RunInfo, rounds_done: int) -> None:
+        """A checkpoint after ``rounds_done`` rounds is about to be written: what it refers
+        to (the records of those rounds) must be on disk before it is."""
+
     def on_checkpoint(self, info: RunInfo, rounds_done: int, nbytes: int, seconds: float) -> None:
         """A checkpoint after ``rounds_done`` rounds was written."""
 

@@ -219,3 +219,63 @@ def test_an_async_run_without_checkpoints_resumes_from_its_start(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert_same_records(full, run_dir)
+
+
+@pytest.mark.parametrize(
+    "aggregation",
+    [
+        {"mode": "async", "alpha": 0.5},
+        {"mode": "buffered", "buffer_size": 2, "concurrency": 3},
+        {"mode": "semi_sync", "period_s": 2.0},
+    ],
+)
+def test_the_versions_kept_are_the_current_and_those_cycles_in_flight_train_on(
+    tmp_path, monkeypatch, aggregation
+):
+    """The run counts the cycles in flight per version instead of looking at every
+    cycle after every update; after every update taken or lost and every version made,
+    the versions it keeps are exactly the published one and those the cycles in flight
+    downloaded (clients going offline too: exponential availability loses cycles)."""
+    from mecsim.run.async_run import AsyncRun
+
+    checked: list[int] = []
+
+    def check(run: AsyncRun) -> None:
+        in_flight = {c.version for c in run.in_flight.values()}
+        assert set(run.versions) == in_flight | {max(run.published_at)}
+        assert run.current == max(run.published_at)
+        counts: dict[int, int] = {}
+        for c in run.in_flight.values():
+            counts[c.version] = counts.get(c.version, 0) + 1
+        assert run.users == counts
+        checked.append(len(run.versions))
+
+    def wrap(name: str) -> None:
+        original = getattr(AsyncRun, name)
+
+        def checked_call(self, *args, **kwargs):
+            out = original(self, *args, **kwargs)
+            check(self)
+            return out
+
+        monkeypatch.setattr(AsyncRun, name, checked_call)
+
+    for name in ("_release", "_publish"):
+        wrap(name)
+    data = _scenario(**aggregation)
+    data["availability"] = {"model": "exponential", "mean_online_s": 6.0, "mean_offline_s": 1.0}
+    data["topology"] = {"clients": 4}
+    run = mecsim.simulate(
+        data,
+        out=tmp_path,
+        run_id="v",
+        backend="local",
+        hosts=1,
+        progress=False,
+        plots=False,
+        metrics__enabled=False,
+    )
+    assert run.status == "finished"
+    updates = read_csv_exact(tmp_path / "v" / "updates.csv")
+    assert len(checked) >= len(updates) + 6
+    assert max(checked) >= 2  # some cycle trained on an older version while a new one was out

@@ -37,6 +37,11 @@ class ActorFailure(RuntimeError):
     there."""
 
 
+#: Actor deaths recovered from without a round (an asynchronous run: a call to the hosts)
+#: going through in between before giving up.
+MAX_RECOVERIES = 3
+
+
 class RoundAborted(Exception):
     """The run was told to stop (a user cancelled it, or its server is stopping) while a
     round was in progress: the executor stopped waiting for its actors, the round is
@@ -75,7 +80,11 @@ class ExecutorState:
 class Executor(Protocol):
     """Where a run's clients and servers execute: the steps of a round, the state of a
     checkpoint, and the life of the processes. Both implementations give the same records
-    for the same scenario (tests compare them)."""
+    for the same scenario (tests compare them).
+
+    ``actors_can_die`` (a class attribute; absent: False): whether its calls may raise
+    :class:`ActorFailure` (Ray's processes; never in-process). An asynchronous run keeps
+    what it needs to restore the hosts only then."""
 
     def plan(self, rnd: int) -> tuple[list[int], list[ClientTask]]:
         """The round's selected clients and their tasks (planned by the central server,

@@ -71,6 +71,10 @@ class RayExecutor:
     is left of the actors and starts new ones.
     """
 
+    #: its actors are processes that can die (:class:`ActorFailure`); see
+    #: :attr:`~mecsim.run.backends.base.Executor.actors_can_die`
+    actors_can_die = True
+
     def __init__(
         self,
         server_kwargs: dict[str, Any],

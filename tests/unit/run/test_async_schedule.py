@@ -89,11 +89,22 @@ def _scenario(aggregation: dict, rounds: int):
     )
 
 
-def _run(aggregation: dict, rounds: int, scale: float = 1.0):
+class _NaNFromClient1(_Executor):
+    """As :class:`_Executor`, but client 1 uploads NaN."""
+
+    def fit(self, rnd, tasks, lost=frozenset(), fold=None):
+        results = super().fit(rnd, tasks, lost, fold)
+        for r in results:
+            if r.client_id == 1:
+                r.weights = np.full_like(r.weights, np.nan)
+        return results
+
+
+def _run(aggregation: dict, rounds: int, scale: float = 1.0, ex: _Executor | None = None):
     sc = _scenario(aggregation, rounds)
     profiles = device_profiles(sc)
     info = RunInfo("t", sc, None, 2, NBYTES, 0, 0.0, sc.client_profiles())
-    ex = _Executor(scale)
+    ex = _Executor(scale) if ex is None else ex
     server = DeviceProfile("srv", 1e12, 0.0, 10**9)
     rs = RunSetup(
         info, ex, NetworkModel(sc, profiles), server, np.ones(3), init_weights=np.zeros(2)
@@ -211,3 +222,20 @@ def test_a_diverging_server_step_stops_the_run_saying_so():
 
     with pytest.raises(RunFailed, match="version 1 of the model holds NaN or inf"):
         _run({"mode": "buffered", "buffer_size": 1, "server_lr": 100.0}, rounds=3, scale=1e37)
+
+
+def test_a_non_finite_upload_is_rejected_and_folds_into_nothing():
+    """Client 1 uploads NaN: its update (the third arrival, at 2.4 s) is recorded as
+    rejected_nonfinite with weight 0 and makes no version; FedAsync (α = 0.6, s = 1 / (1
+    + staleness)^0.5 by default) makes its 4 versions from the other four updates:
+    x1 = 0.6 (client 0 on x0 = 0: 0.4 * 0 + 0.6 * 1), x2 = 0.4 * 0.6 + 0.6 * 1.6 = 1.2,
+    x3 from client 0 on x2 (staleness 0): 0.4 * 1.2 + 0.6 * 2.2 = 1.8, x4 from client 2
+    on x0 (staleness 3): weight 0.6 / 2 = 0.3, 0.7 * 1.8 + 0.3 * 3 = 2.16."""
+    run, rows, updates, _ = _run({"mode": "async", "alpha": 0.6}, rounds=4, ex=_NaNFromClient1())
+    assert [u["client_id"] for u in updates] == [0, 0, 1, 0, 2]
+    assert [u["status"] for u in updates] == ["accepted"] * 2 + ["rejected_nonfinite"] + [
+        "accepted"
+    ] * 2
+    assert updates[2]["weight"] == 0.0 and updates[2]["version"] == 3
+    assert [r["rejected"] for r in rows] == [0, 0, 1, 0]
+    assert [r["mean_accuracy"] for r in rows] == pytest.approx([0.6, 1.2, 1.8, 2.16], rel=1e-6)
