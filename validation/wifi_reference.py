@@ -7,9 +7,8 @@
     python validation/wifi_reference.py cells-small   # reference/wifi_small.json
     python validation/wifi_reference.py cells-holdout-3   # reference/wifi_holdout_3.json
 
-Needs Debian's ns-3.37 (libns3-dev) and g++. Debian's ns3 .pc files name libgsl.so, which
-only libgsl-dev installs; the runtime libraries are enough, so those two entries are
-dropped from the link line.
+Needs Debian's ns-3.37 (libns3-dev) and g++; the programs are compiled by
+validation/ns3.py (``build``: cached by the source's digest, the link line as it makes it).
 """
 
 from __future__ import annotations
@@ -21,11 +20,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = ROOT / "validation" / "ns3"
-MODULES = (
-    "ns3-core ns3-network ns3-internet ns3-point-to-point ns3-applications "
-    "ns3-traffic-control ns3-wifi ns3-mobility ns3-propagation"
-).split()
+if str(ROOT) not in sys.path:  # run as a script, or loaded by its path (tests/unit/channel)
+    sys.path.insert(0, str(ROOT))
+from validation import ns3  # noqa: E402
+
 BYTES = 800_040
 SATURATED_BYTES = 20_000_000
 
@@ -130,22 +128,15 @@ HOLDOUT_CELLS_3 = _drawn_cells_3()
 
 
 def build(name: str) -> Path:
-    """Compile validation/ns3/<name>.cc to /tmp/<name> (skipped if up to date)."""
-    source = SOURCES / f"{name}.cc"
-    binary = Path("/tmp") / name
-    if binary.exists() and binary.stat().st_mtime > source.stat().st_mtime:
-        return binary
-    cflags = subprocess.run(
-        ["pkg-config", "--cflags", *MODULES], check=True, capture_output=True, text=True
-    ).stdout.split()
-    libs = subprocess.run(
-        ["pkg-config", "--libs", *MODULES], check=True, capture_output=True, text=True
-    ).stdout.split()
-    libs = [lib for lib in libs if "libgsl" not in lib]
-    subprocess.run(
-        ["g++", "-O2", "-std=c++17", str(source), *cflags, *libs, "-o", str(binary)], check=True
-    )
-    return binary
+    """The compiled program validation/ns3/<name>.cc, built by validation/ns3.py: once per
+    source, flags and ns-3 version, kept in its cache (``$MECSIM_VALIDATION_CACHE``), so a
+    fresh clone does not compile it again. Debian's ns-3.37 only: the references written
+    here say so, and ``$MECSIM_NS3_PREFIX`` (another install) is refused."""
+    if ns3.ns3_prefix() is not None:
+        raise ns3.Ns3Error(
+            f"{ns3.PREFIX_ENV} is set: the Wi-Fi references are Debian's ns-3.37 (unset it)"
+        )
+    return ns3.build(name)
 
 
 def thresholds() -> None:

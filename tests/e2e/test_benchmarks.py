@@ -1,4 +1,5 @@
-"""Every benchmark still runs: each script under benchmarks/ with ``--quick``, in a subprocess.
+"""Every benchmark still runs: each script under benchmarks/ with ``--quick``, in a process
+of its own.
 
 Benchmarks are run by hand and their full runs take minutes to hours, so nothing else
 would notice one that no longer starts. A benchmark is any ``benchmarks/*/*.py`` with a
@@ -8,7 +9,10 @@ not minutes), exit 0 and print its figures. One whose quick run needs Ray says s
 line ``QUICK_USES_RAY = True`` and is marked ``ray``.
 
 The quick runs record into a fresh temporary directory (``MECSIM_BENCH_DIR``, ``TMPDIR``),
-as on a fresh clone, so the recording paths are exercised too.
+as on a fresh clone, so the recording paths are exercised too. A script runs as ``python
+SCRIPT --quick`` would, forked from a server that has imported torch and mecsim once
+(tests/support/scripts.py: half a quick run's time was its imports); one that starts Ray
+runs in an interpreter of its own.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from pathlib import Path
 
 import pytest
 from support.paths import ROOT
+from support.scripts import run_script
 
 BENCHMARKS = ROOT / "benchmarks"
 
@@ -36,9 +41,13 @@ def discover() -> list[Path]:
     )
 
 
+def _uses_ray(path: Path) -> bool:
+    return re.search(r"^QUICK_USES_RAY = True", path.read_text(), re.M) is not None
+
+
 def _param(path: Path):
     marks = [pytest.mark.slow]
-    if re.search(r"^QUICK_USES_RAY = True", path.read_text(), re.M):
+    if _uses_ray(path):
         marks += [pytest.mark.ray, pytest.mark.own_ray]  # in the benchmark's own process
     return pytest.param(path, id=path.stem, marks=marks)
 
@@ -66,14 +75,17 @@ def test_benchmark_quick_run(script: Path, short_tmp: Path) -> None:
         "TMPDIR": str(short_tmp),
         "PYTHONUNBUFFERED": "1",
     }
-    proc = subprocess.run(
-        [sys.executable, str(script), "--quick"],
-        cwd=short_tmp,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=540,
-    )
+    if _uses_ray(script):  # Ray's threads and processes: an interpreter of its own
+        proc = subprocess.run(
+            [sys.executable, str(script), "--quick"],
+            cwd=short_tmp,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=540,
+        )
+    else:
+        proc = run_script(script, ["--quick"], env, short_tmp, timeout_s=540)
     tail = f"\n--- stdout ---\n{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-3000:]}"
     assert proc.returncode == 0, tail
     figures = re.findall(r"\d+\.\d+", proc.stdout)

@@ -161,42 +161,39 @@ def test_only_a_hierarchical_algorithm_has_edge_servers_of_its_own() -> None:
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_a_killed_edge_server_actor_is_recreated_and_the_records_unchanged(
+def test_each_edge_server_is_an_actor_and_a_killed_one_is_recreated_with_the_records_unchanged(
     tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """A hierarchical run under Ray, one edge-server actor kill -9'ed after round 1 (its
-    edge model mid-global-round) and the central one after round 4: the run recovers
-    from its checkpoints and its records equal those of the in-process run."""
+    """A hierarchical run under Ray has a central-server actor and one actor per edge
+    server, each its own process with no CPU reserved (the hosts hold one each): looked
+    at after round 0 of the run below (one start of the actors, not two). One
+    edge-server actor is then kill -9'ed after round 1 (its edge model mid-global-round)
+    and the central one after round 4: the run recovers from its checkpoints and its
+    records equal those of the in-process run."""
+    import psutil
+    import ray
+
+    seen: dict = {}
+
+    def look(executor) -> None:
+        pids = seen["pids"] = executor.actor_pids()
+        seen["names"] = {
+            p: " ".join(psutil.Process(p).cmdline()) for p in pids["edges"] + pids["server"]
+        }
+        seen["cpus_used"] = ray.cluster_resources()["CPU"] - ray.available_resources().get("CPU", 0)
 
     out = run_killing_actors(
-        case("phsfl_2x2_half"), tmp_path, [(1, "EdgeServerActor"), (4, "CentralServerActor")]
+        case("phsfl_2x2_half"),
+        tmp_path,
+        [(1, "EdgeServerActor"), (4, "CentralServerActor")],
+        first_round=look,
     )
+    edges, central, hosts = (seen["pids"][k] for k in ("edges", "server", "hosts"))
+    assert len(edges) == 2 and len(set(edges + central + hosts)) == 2 + 1 + 2
+    assert all("ray::EdgeServerActor" in seen["names"][p] for p in edges)
+    assert "ray::CentralServerActor" in seen["names"][central[0]]
+    assert seen["cpus_used"] == 2  # the two hosts'
     assert_same_records(reference("phsfl_2x2_half", tmp_path_factory), out, ignore=("faults",))
-
-
-@pytest.mark.ray
-@pytest.mark.slow
-def test_each_edge_server_is_an_actor_process_of_its_own() -> None:
-    """Under Ray a hierarchical run has a central-server actor and one actor per edge
-    server, each its own process with no CPU reserved (the hosts hold one each)."""
-    import psutil
-
-    from mecsim.run.setup import prepare
-
-    rs = prepare(case("phsfl_2x2", backend="ray"), "p", None)
-    try:
-        pids = rs.executor.actor_pids()
-        edges, central, hosts = pids["edges"], pids["server"], pids["hosts"]
-        assert len(edges) == 2 and len(set(edges + central + hosts)) == 2 + 1 + 2
-        names = {p: " ".join(psutil.Process(p).cmdline()) for p in edges + central}
-        assert all("ray::EdgeServerActor" in names[p] for p in edges)
-        assert "ray::CentralServerActor" in names[central[0]]
-        import ray
-
-        used = ray.cluster_resources()["CPU"] - ray.available_resources().get("CPU", 0)
-        assert used == 2  # the two hosts'
-    finally:
-        rs.executor.close()
 
 
 def regenerate() -> None:

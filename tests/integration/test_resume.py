@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from support.helpers import DCPFL_E2E, DCPFL_FAST, interrupted_then_resumed
-from support.kills import TIMEOUT_S, killed_at, resumed_equals
+from support.kills import TIMEOUT_S, killed_at, resumed_in_process_equals
 from support.scenarios import BUILTIN_ALGORITHMS, tiny
 
 from mecsim.analysis.replay import load_run, reproduces
@@ -191,7 +191,7 @@ def test_kill_9_then_resume(algorithm: dict, points, tmp_path: Path) -> None:
         out = killed_at(scenario, tmp_path / "runs", point, rows_left)
         if point == "finish":
             assert (out / "rounds.parquet").exists() and not (out / "summary.md").exists()
-        resumed_equals(ref, out, 5)
+        resumed_in_process_equals(ref, out, 5)
 
 
 @pytest.mark.slow

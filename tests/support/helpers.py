@@ -76,10 +76,13 @@ class _KillActors(RunObserver):
     round that makes ``rounds`` rounds recorded (the actor's process, found through the
     run's own executor: no other run's actor is touched)."""
 
-    def __init__(self, plan: list[tuple[int, str]], executors: list) -> None:
+    def __init__(self, plan: list[tuple[int, str]], executors: list, first_round=None) -> None:
         self.plan, self.executors, self.killed = list(plan), executors, []
+        self.first_round = first_round
 
     def on_round_end(self, info, row, client_rows, traces) -> None:
+        if row["round"] == 0 and self.first_round is not None:
+            self.first_round(self.executors[-1])
         while self.plan and row["round"] + 1 >= self.plan[0][0]:
             kind = _ACTOR_KINDS[self.plan.pop(0)[1]]
             pid = self.executors[-1].actor_pids()[kind][0]
@@ -89,11 +92,13 @@ class _KillActors(RunObserver):
             self.killed.append(pid)
 
 
-def run_killing_actors(sc, tmp_path: Path, plan: list[tuple[int, str]]) -> Path:
+def run_killing_actors(sc, tmp_path: Path, plan: list[tuple[int, str]], first_round=None) -> Path:
     """Run ``sc`` under this process's shared Ray (tests/conftest.py) into
     ``tmp_path/runs/r``, killing -9 the process of one actor of class ``kind`` once
     ``rounds`` rounds are recorded, for each ``(rounds, kind)`` of ``plan``; asserts every
-    kill happened and the run finished with one fault each; returns its run folder."""
+    kill happened and the run finished with one fault each; returns its run folder.
+    ``first_round(executor)``, if given, is called with the run's live RayExecutor at the
+    end of round 0, before any kill (to look at its actors without starting others)."""
     from mecsim.run.backends import ray_executor
 
     executors: list = []
@@ -106,7 +111,7 @@ def run_killing_actors(sc, tmp_path: Path, plan: list[tuple[int, str]]) -> Path:
     data = sc.model_dump(mode="json")
     data["execution"]["backend"] = "ray"
     out = tmp_path / "runs" / "r"
-    killer = _KillActors(plan, executors)
+    killer = _KillActors(plan, executors, first_round)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ray_executor.RayExecutor, "_start", start)
         run_in_folder(scenario_from_dict(data, "killed"), out, observers=[killer])
