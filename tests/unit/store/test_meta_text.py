@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -28,6 +29,7 @@ _values = st.recursive(
 _metas = st.dictionaries(st.text(max_size=6), _values, max_size=6)
 
 
+@pytest.mark.slow  # 300 nested examples: 18-27 s on a loaded 2-core machine
 @settings(max_examples=300, deadline=None)
 @given(st.lists(_metas, min_size=1, max_size=5))
 def test_every_call_is_json_dumps_indent_1(metas) -> None:
