@@ -1,0 +1,151 @@
+"""Flower's own example apps run on mecsim with only their data loading changed.
+
+tests/data/flower_example_<name> are Flower's examples/quickstart-pytorch,
+examples/advanced-pytorch and examples/custom-mods (github.com/adap/flower, commit
+fdef7afb), copied with their licence header; only ``load_data`` (and the server's
+centralised test set) changed, to read mecsim's embedded MNIST (10,000 images): padded
+to 32x32 and repeated to 3 channels where the model is CIFAR-10's. Each runs in-process
+(``--backend local``) on 4 clients for 2 rounds; the tests check the rounds, that bytes,
+FLOPs and times are charged, that accuracy is recorded, and that the app's own behaviour
+(its files, its mods) shows.
+
+The parameter counts are worked from each model's layers:
+
+- quickstart-pytorch and custom-mods (``Net`` of PyTorch's 60-minute blitz, 3 input
+  channels): conv1 3*6*5*5 + 6 = 456, conv2 6*16*5*5 + 16 = 2,416, fc1 400*120 + 120 =
+  48,120, fc2 120*84 + 84 = 10,164, fc3 84*10 + 10 = 850: 62,006 values;
+- advanced-pytorch (Fashion-MNIST's CNN): conv1 1*16*5*5 + 16 = 416, conv2
+  16*32*5*5 + 32 = 12,832, fc1 512*128 + 128 = 65,664, fc2 128*10 + 10 = 1,290: 80,202.
+
+A model's message holds its float32 values (4 bytes each) and a little more (array
+names, shapes, the config, metadata): each train message down and reply up is at least
+4 x values bytes and at most 4,000 bytes more.
+
+FLOPs, as torch's FlopCounterMode counts them (2 a multiply-add; ReLU and pooling not
+counted): a sample's forward pass is 2 x its multiply-adds; training adds the backward
+pass, 2 x forward for each layer but the first conv (its input needs no gradient: only
+the weight's, 1 x forward). Multiply-adds a sample:
+
+- blitz Net (3x32x32 in): conv1 6*28*28 outputs x 75 = 352,800, conv2 16*10*10 x 150 =
+  240,000, the linear layers 48,000 + 10,080 + 840 = 58,920; training 2 x 2 x 352,800
+  + 3 x 2 x (240,000 + 58,920) = 3,204,720 FLOPs, evaluation 2 x 651,720 = 1,303,440;
+- advanced Net (1x28x28 in): conv1 16*24*24 x 25 = 230,400, conv2 32*8*8 x 400 =
+  819,200, linear 65,536 + 1,280; training 2 x 2 x 230,400 + 3 x 2 x 886,016 =
+  6,237,696 FLOPs.
+
+Each optimiser step adds SGD with momentum's update, 4 FLOPs a parameter (all three
+apps train with ``SGD(momentum=0.9)``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from support.paths import DATA
+
+pytest.importorskip("flwr", reason='Flower is not installed: pip install "mecsim[flower]"')
+
+#: quickstart-pytorch's and custom-mods' Net (see the module's docstring)
+BLITZ_VALUES = 62_006
+#: advanced-pytorch's Net
+FMNIST_VALUES = 80_202
+#: what a model's message may hold beyond its float32 values
+OVERHEAD_BYTES = 4_000
+#: training and evaluation FLOPs a sample (see the module's docstring)
+BLITZ_TRAIN_FLOPS = 3_204_720
+BLITZ_EVAL_FLOPS = 1_303_440
+FMNIST_TRAIN_FLOPS = 6_237_696
+#: SGD with momentum's update, FLOPs a parameter and step
+SGD_MOMENTUM_FLOPS = 4
+
+
+def run(tmp_path: Path, app: Path, name: str, env=None, **over) -> Path:
+    """``mecsim run --backend local`` of ``app`` (4 clients, 2 rounds) in this process
+    with ``tmp_path`` as the working directory (the apps write their files there), the
+    app's environment switches set for the while; the run's folder."""
+    data = {
+        "name": name,
+        "seed": 0,
+        "rounds": 2,
+        "topology": {"clients": 4},
+        "algorithm": {"name": "flower", "params": {"app": str(app)}},
+        "checkpoint": {"every": 0},
+        "metrics": {"enabled": False},
+        "outputs": {"dir": str(tmp_path / name)},
+        **over,
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    from mecsim.interfaces.cli import main
+
+    err = io.StringIO()
+    saved = {k: os.environ.get(k) for k in (env or {})}
+    os.environ.update(env or {})
+    cwd = Path.cwd()
+    os.chdir(tmp_path)
+    try:
+        with contextlib.redirect_stderr(err):
+            code = main(["run", str(path), "--quiet", "--no-plots", "--backend", "local"])
+    finally:
+        os.chdir(cwd)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    assert code == 0, err.getvalue()[-2000:]
+    return sorted((tmp_path / name).iterdir())[-1]
+
+
+def check_costs(folder: Path, values: int, train_flops: int, selected: int) -> pd.DataFrame:
+    """2 rounds of ``selected`` clients each, every one completed; each train message
+    down and each reply up carries the model's ``values`` float32 values (and at most
+    OVERHEAD_BYTES more); each trained client charged ``train_flops`` a sample and SGD's
+    update a step; times and energy charged. rounds.csv."""
+    rounds = pd.read_csv(folder / "rounds.csv")
+    clients = pd.read_csv(folder / "clients.csv")
+    trained = clients[clients["selected"]]
+    assert len(trained) == 2 * selected
+    assert (trained["steps"] == np.ceil(trained["num_samples"] / 32)).all()  # batches of 32
+    flops = trained["num_samples"] * train_flops + trained["steps"] * values * SGD_MOMENTUM_FLOPS
+    assert np.allclose(trained["gflops"], flops / 1e9, rtol=1e-12)
+    assert list(rounds["round"]) == [0, 1]  # Flower's rounds 1 and 2
+    assert (rounds["selected"] == selected).all() and (rounds["completed"] == selected).all()
+    for column in ("bytes_down", "bytes_up"):
+        per_message = rounds[column] / selected
+        assert (per_message >= 4 * values).all(), column
+        assert (per_message <= 4 * values + OVERHEAD_BYTES).all(), column
+    assert (rounds["client_gflops"] > 0).all()
+    assert (rounds["round_time_s"] > 0).all() and (rounds["energy_j"] > 0).all()
+    assert (rounds["eval_time_s"] > 0).all() and (rounds["eval_bytes_up"] > 0).all()
+    return rounds
+
+
+@pytest.mark.slow
+def test_flowers_quickstart_pytorch_runs_with_only_its_data_loading_changed(
+    tmp_path: Path,
+) -> None:
+    """quickstart-pytorch: FedAvg over all 4 clients, half of them evaluated a round
+    (its fraction-evaluate 0.5), the server's centralised evaluation on the 10,000
+    images recorded, and the final model saved where the app saves it (final_model.pt
+    in the working directory), with the CNN's 62,006 values."""
+    import torch
+
+    folder = run(tmp_path, DATA / "flower_example_quickstart_pytorch", "quickstart")
+    rounds = check_costs(folder, BLITZ_VALUES, BLITZ_TRAIN_FLOPS, selected=4)
+    # IidPartitioner's 4 shards of the 10,000 images: 2,000 to train, 500 to evaluate
+    clients = pd.read_csv(folder / "clients.csv")
+    assert (clients.loc[clients["selected"], "num_samples"] == 2000).all()
+    assert (rounds["eval_clients"] == 2).all()
+    assert np.allclose(rounds["eval_gflops"], 2 * 500 * BLITZ_EVAL_FLOPS / 1e9, rtol=1e-12)
+    assert rounds["mean_accuracy"].between(0, 1).all()
+    assert rounds["central_accuracy"].between(0, 1).all()
+    model = torch.load(tmp_path / "final_model.pt")
+    assert sum(t.numel() for t in model.values()) == BLITZ_VALUES
