@@ -11,6 +11,8 @@ Imports Flower: only loaded when a scenario names the ``flower`` algorithm.
 
 from __future__ import annotations
 
+import functools
+
 import importlib
 import logging
 import queue
@@ -192,19 +194,44 @@ def _watch_classic_evaluate(strategy: Any, grid: MecsimGrid) -> None:
 def _watch_evaluate_fn() -> None:
     """Keep what a Message-API strategy's ``evaluate_fn`` returns (the centralised
     evaluation: a MetricRecord per server round) in the bridge of the Grid it runs on:
-    ``Strategy.start`` wrapped once per process (apps on other Grids: unchanged; a Grid
-    the app wraps, passing attributes through, still counts as mecsim's)."""
+    ``Strategy.start`` wrapped once per process, and so is the ``start`` of every
+    subclass that overrides it (Flower's advanced-pytorch example's ``CustomFedAvg``
+    runs its own round loop and never calls ``Strategy.start``), whether defined
+    before this call or after (apps on other Grids: unchanged; a Grid the app wraps,
+    passing attributes through, still counts as mecsim's)."""
     from flwr.serverapp.strategy import Strategy
 
-    if getattr(Strategy.start, "_mecsim_watch", False):
+    def subclasses(cls: type) -> list[type]:
+        return [s for c in cls.__subclasses__() for s in (c, *subclasses(c))]
+
+    for cls in (Strategy, *subclasses(Strategy)):
+        if "start" in vars(cls):
+            _watch_start(cls)
+    if getattr(Strategy, "_mecsim_watch_subclasses", False):
         return
-    original = Strategy.start
+
+    def init_subclass(cls: type, **kwargs: Any) -> None:
+        super(Strategy, cls).__init_subclass__(**kwargs)
+        if "start" in vars(cls):
+            _watch_start(cls)
+
+    Strategy.__init_subclass__ = classmethod(init_subclass)  # type: ignore[assignment]
+    Strategy._mecsim_watch_subclasses = True  # type: ignore[attr-defined]
+
+
+def _watch_start(cls: type) -> None:
+    """Wrap ``cls.start`` (its own) so that its ``evaluate_fn`` keyword's results land in
+    the bridge; once (an ``evaluate_fn`` already wrapped, as a subclass's ``start``
+    passes it on to ``super().start``, is not wrapped again)."""
+    original = vars(cls)["start"]
+    if getattr(original, "_mecsim_watch", False):
+        return
 
     def start(self: Any, grid: Any, *args: Any, **kwargs: Any) -> Any:
         fn = kwargs.get("evaluate_fn")
         # mecsim's Grid, or an app's wrapper of it that passes its attributes through
         bridge = getattr(grid, "_bridge", None)
-        if isinstance(bridge, Bridge) and fn is not None:
+        if isinstance(bridge, Bridge) and fn is not None and not hasattr(fn, "_mecsim"):
 
             def evaluate_fn(server_round: int, arrays: Any) -> Any:
                 res = fn(server_round, arrays)
@@ -215,11 +242,13 @@ def _watch_evaluate_fn() -> None:
                     )
                 return res
 
+            evaluate_fn._mecsim = True  # type: ignore[attr-defined]
             kwargs["evaluate_fn"] = evaluate_fn
         return original(self, grid, *args, **kwargs)
 
+    functools.update_wrapper(start, original, updated=())
     start._mecsim_watch = True  # type: ignore[attr-defined]
-    Strategy.start = start  # type: ignore[method-assign]
+    cls.start = start  # type: ignore[attr-defined]
 
 
 def _check_min_clients(strategy: Any, clients: int) -> None:
