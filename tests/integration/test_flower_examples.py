@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 from pathlib import Path
 
@@ -149,3 +150,43 @@ def test_flowers_quickstart_pytorch_runs_with_only_its_data_loading_changed(
     assert rounds["central_accuracy"].between(0, 1).all()
     model = torch.load(tmp_path / "final_model.pt")
     assert sum(t.numel() for t in model.values()) == BLITZ_VALUES
+
+
+@pytest.mark.slow
+def test_flowers_advanced_pytorch_runs_with_only_its_data_loading_changed(
+    tmp_path: Path,
+) -> None:
+    """advanced-pytorch: its CustomFedAvg (fraction-train 0.5 here: 2 of the 4 clients
+    a round) on Dirichlet(1.0) label shares, W&B switched off by wandb's own switch
+    (WANDB_MODE=disabled); the strategy's own files (outputs/<date>/<time>/: the run
+    config, results.json a round, the best model's checkpoint) are written, and its
+    server-side accuracy is the one mecsim records as central_accuracy."""
+    pytest.importorskip("wandb", reason="advanced-pytorch's strategy.py imports wandb")
+    import torch
+
+    folder = run(
+        tmp_path,
+        DATA / "flower_example_advanced_pytorch",
+        "advanced",
+        env={"WANDB_MODE": "disabled", "WANDB_SILENT": "true"},
+        algorithm={
+            "name": "flower",
+            "params": {
+                "app": str(DATA / "flower_example_advanced_pytorch"),
+                "run_config": {"fraction-train": 0.5},
+            },
+        },
+    )
+    rounds = check_costs(folder, FMNIST_VALUES, FMNIST_TRAIN_FLOPS, selected=2)
+    assert (rounds["eval_clients"] == 2).all()  # fraction-evaluate 0.5
+    assert rounds["mean_accuracy"].between(0, 1).all()
+    (save_path,) = (tmp_path / "outputs").glob("*/*")
+    assert json.loads((save_path / "run_config.json").read_text())["fraction-train"] == 0.5
+    results = json.loads((save_path / "results.json").read_text())
+    assert [r["round"] for r in results] == [1, 2]
+    central = [r["evaluate_metrics_serverapp"]["accuracy"] for r in results]
+    assert np.allclose(rounds["central_accuracy"], central, rtol=0, atol=1e-12)
+    best = max(central)
+    assert list(save_path.glob(f"model_state_acc_{best}_round_*.pth"))
+    model = torch.load(tmp_path / "final_model.pt")
+    assert sum(t.numel() for t in model.values()) == FMNIST_VALUES

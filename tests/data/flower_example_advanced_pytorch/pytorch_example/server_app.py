@@ -1,13 +1,17 @@
+# Copyright Flower Labs GmbH. Licensed under the Apache License, Version 2.0
+# (http://www.apache.org/licenses/LICENSE-2.0). Copied from Flower's examples/advanced-pytorch
+# (github.com/adap/flower, commit fdef7afb1dca3030553be302366cfd285ed6632c) for mecsim's
+# tests; changed: the global test set is mecsim's embedded MNIST (task.load_global_test_set;
+# no network here), nothing else.
 """pytorch-example: A Flower / PyTorch app."""
 
 import torch
-from datasets import load_dataset
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from torch.utils.data import DataLoader
 
 from pytorch_example.strategy import CustomFedAvg
-from pytorch_example.task import Net, apply_eval_transforms, create_run_dir, test
+from pytorch_example.task import Net, create_run_dir, load_global_test_set, test
 
 # Create ServerApp
 app = ServerApp()
@@ -60,10 +64,12 @@ def get_global_evaluate_fn(device: str):
         # FlowerDatasets. However, we don't use FlowerDatasets for the server since
         # partitioning is not needed.
         # We make use of the "test" split only
-        global_test_set = load_dataset("zalando-datasets/fashion_mnist")["test"]
+        # mecsim: the embedded MNIST's 10,000 images with the eval transforms, in place
+        # of load_dataset("zalando-datasets/fashion_mnist")["test"] with them
+        global_test_set = load_global_test_set()
 
         testloader = DataLoader(
-            global_test_set.with_transform(apply_eval_transforms),
+            global_test_set,
             batch_size=32,
         )
 
