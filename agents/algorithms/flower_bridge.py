@@ -12,7 +12,6 @@ Imports Flower: only loaded when a scenario names the ``flower`` algorithm.
 from __future__ import annotations
 
 import functools
-
 import importlib
 import logging
 import queue
