@@ -190,3 +190,42 @@ def test_flowers_advanced_pytorch_runs_with_only_its_data_loading_changed(
     assert list(save_path.glob(f"model_state_acc_{best}_round_*.pth"))
     model = torch.load(tmp_path / "final_model.pt")
     assert sum(t.numel() for t in model.values()) == FMNIST_VALUES
+
+
+@pytest.mark.slow
+def test_flowers_custom_mods_runs_with_only_its_data_loading_changed(tmp_path: Path) -> None:
+    """custom-mods: its ClientApp's TensorBoard mod (the one the example switches on;
+    the W&B mod stays commented out, as published) wraps every ClientApp call: it
+    writes, for each node and round, the train metrics the ClientApp returned, and they
+    are the ones mecsim records (each client's train loss, 2,000 examples); the run's
+    costs and accuracies as for quickstart-pytorch (the same CNN on the same data)."""
+    pytest.importorskip("wandb", reason="custom-mods' mods.py imports wandb")
+    pytest.importorskip("tensorboard", reason="custom-mods' TensorBoard mod needs tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    folder = run(tmp_path, DATA / "flower_example_custom_mods", "mods")
+    rounds = check_costs(folder, BLITZ_VALUES, BLITZ_TRAIN_FLOPS, selected=4)
+    assert (rounds["eval_clients"] == 2).all()  # fraction-evaluate 0.4, at least 2
+    assert rounds["mean_accuracy"].between(0, 1).all()
+    assert rounds["central_accuracy"].between(0, 1).all()
+    (run_dir,) = (tmp_path / ".runs_history").iterdir()  # one Flower run
+    nodes = sorted(run_dir.iterdir())
+    assert len(nodes) == 4  # every node trained
+    logged: dict[int, list[float]] = {1: [], 2: []}
+    evaluated = 0
+    for node in nodes:
+        events = EventAccumulator(str(node))
+        events.Reload()
+        assert [e.step for e in events.Scalars("fit_time")] == [1, 2]
+        assert all(e.value > 0 for e in events.Scalars("fit_time"))
+        # num-examples of its train replies (2,000) and of its evaluate replies (500)
+        examples = [e.value for e in events.Scalars("num-examples")]
+        assert sorted(examples) == [500] * (len(examples) - 2) + [2000, 2000]
+        evaluated += len(examples) - 2
+        for e in events.Scalars("train_loss"):
+            logged[e.step].append(e.value)
+    assert evaluated == 4  # 2 evaluated a round
+    clients = pd.read_csv(folder / "clients.csv")
+    for rnd, losses in logged.items():
+        recorded = clients.loc[clients["round"] == rnd - 1, "train_loss"]
+        assert np.allclose(sorted(losses), sorted(recorded), rtol=1e-6)

@@ -1,3 +1,8 @@
+# Copyright Flower Labs GmbH. Licensed under the Apache License, Version 2.0
+# (http://www.apache.org/licenses/LICENSE-2.0). Copied from Flower's examples/custom-mods
+# (github.com/adap/flower, commit fdef7afb1dca3030553be302366cfd285ed6632c) for mecsim's
+# tests; changed: ClientAppCallable and Mod imported from flwr.clientapp.typing, where
+# Flower 1.38-1.42 have them (flwr.client.typing is gone); nothing else.
 """custom_mods: A Flower app with custom mods."""
 
 import os
@@ -6,7 +11,7 @@ from typing import cast
 
 import wandb
 from flwr.app import Context, Message, MessageType
-from flwr.client.typing import ClientAppCallable, Mod
+from flwr.clientapp.typing import ClientAppCallable, Mod  # mecsim: flwr.client.typing
 from torch.utils.tensorboard.writer import SummaryWriter
 
 

@@ -1,13 +1,14 @@
+# Copyright Flower Labs GmbH. Licensed under the Apache License, Version 2.0
+# (http://www.apache.org/licenses/LICENSE-2.0). Copied from Flower's examples/custom-mods
+# (github.com/adap/flower, commit fdef7afb1dca3030553be302366cfd285ed6632c) for mecsim's
+# tests; changed: load_data and load_centralized_dataset read mecsim's
+# embedded MNIST (no network here), nothing else.
 """custom_mods: A Flower app with custom mods."""
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from datasets import load_dataset
-from flwr_datasets import FederatedDataset
-from flwr_datasets.partitioner import IidPartitioner
 from torch.utils.data import DataLoader
-from torchvision.transforms import Compose, Normalize, ToTensor
 
 
 class Net(nn.Module):
@@ -31,45 +32,50 @@ class Net(nn.Module):
         return self.fc3(x)
 
 
-fds = None  # Cache FederatedDataset
+def _mnist_as_cifar(index=None):
+    """mecsim: images of the MNIST test set embedded in mecsim (10,000; no network here,
+    and no flwr-datasets or torchvision) in place of CIFAR-10, shaped as the model wants
+    CIFAR-10's: each 28x28 image zero-padded by 2 pixels to 32x32 and repeated to 3
+    channels; normalised as the original's transforms do (ToTensor: /255, then
+    Normalize((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))). Records of {"img", "label"}."""
+    import numpy as np
 
-pytorch_transforms = Compose([ToTensor(), Normalize((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))])
+    from mecsim.data.datasets import load_embedded_mnist
 
-
-def apply_transforms(batch):
-    """Apply transforms to the partition from FederatedDataset."""
-    batch["img"] = [pytorch_transforms(img) for img in batch["img"]]
-    return batch
+    ds = load_embedded_mnist()
+    index = np.arange(len(ds.labels)) if index is None else index
+    images = torch.from_numpy(ds.images[index].astype(np.float32)).reshape(-1, 1, 28, 28)
+    images = F.pad(images / 255.0, (2, 2, 2, 2)).repeat(1, 3, 1, 1)
+    images = (images - 0.5) / 0.5
+    labels = torch.from_numpy(ds.labels[index].astype(np.int64))
+    return [{"img": images[i], "label": labels[i]} for i in range(len(index))]
 
 
 def load_data(partition_id: int, num_partitions: int, batch_size: int):
-    """Load partition CIFAR10 data."""
-    # Only initialize `FederatedDataset` once
-    global fds
-    if fds is None:
-        partitioner = IidPartitioner(num_partitions=num_partitions)
-        fds = FederatedDataset(
-            dataset="uoft-cs/cifar10",
-            partitioners={"train": partitioner},
-        )
-    partition = fds.load_partition(partition_id)
-    # Divide data on each node: 80% train, 20% test
-    partition_train_test = partition.train_test_split(test_size=0.2, seed=42)
-    # Construct dataloaders
-    partition_train_test = partition_train_test.with_transform(apply_transforms)
+    """Load partition CIFAR10 data.
+
+    mecsim: the embedded MNIST (see _mnist_as_cifar), cut as IidPartitioner cuts it
+    (equal contiguous shards), split 80/20 with seed 42; DataLoaders as before."""
+    import numpy as np
+
+    from mecsim.data.datasets import load_embedded_mnist
+
+    n = len(load_embedded_mnist().labels)
+    shard = np.array_split(np.arange(n), num_partitions)[partition_id]
+    order = np.random.default_rng(42).permutation(len(shard))
+    n_test = int(round(0.2 * len(shard)))
     trainloader = DataLoader(
-        partition_train_test["train"], batch_size=batch_size, shuffle=True
+        _mnist_as_cifar(shard[order[n_test:]]), batch_size=batch_size, shuffle=True
     )
-    testloader = DataLoader(partition_train_test["test"], batch_size=batch_size)
+    testloader = DataLoader(_mnist_as_cifar(shard[order[:n_test]]), batch_size=batch_size)
     return trainloader, testloader
 
 
 def load_centralized_dataset():
-    """Load test set and return dataloader."""
-    # Load entire test set
-    test_dataset = load_dataset("uoft-cs/cifar10", split="test")
-    dataset = test_dataset.with_format("torch").with_transform(apply_transforms)
-    return DataLoader(dataset, batch_size=128)
+    """Load test set and return dataloader.
+
+    mecsim: the whole embedded MNIST (see _mnist_as_cifar), 128 a batch as before."""
+    return DataLoader(_mnist_as_cifar(), batch_size=128)
 
 
 def train(net, trainloader, epochs, lr, device):
