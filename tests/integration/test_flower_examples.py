@@ -196,8 +196,8 @@ def test_flowers_advanced_pytorch_runs_with_only_its_data_loading_changed(
 def test_flowers_custom_mods_runs_with_only_its_data_loading_changed(tmp_path: Path) -> None:
     """custom-mods: its ClientApp's TensorBoard mod (the one the example switches on;
     the W&B mod stays commented out, as published) wraps every ClientApp call: it
-    writes, for each node and round, the train metrics the ClientApp returned, and they
-    are the ones mecsim records (each client's train loss, 2,000 examples); the run's
+    writes, for each node and round, the metrics the ClientApp returned and the call's
+    (host) time; the train losses are the ones mecsim records (2,000 examples); the run's
     costs and accuracies as for quickstart-pytorch (the same CNN on the same data)."""
     pytest.importorskip("wandb", reason="custom-mods' mods.py imports wandb")
     pytest.importorskip("tensorboard", reason="custom-mods' TensorBoard mod needs tensorboard")
