@@ -201,7 +201,11 @@ def _watch_evaluate_fn() -> None:
     from flwr.serverapp.strategy import Strategy
 
     def subclasses(cls: type) -> list[type]:
-        return [s for c in cls.__subclasses__() for s in (c, *subclasses(c))]
+        found: list[type] = []
+        subs: list[type] = cls.__subclasses__()
+        for sub in subs:
+            found += [sub, *subclasses(sub)]
+        return found
 
     for cls in (Strategy, *subclasses(Strategy)):
         if "start" in vars(cls):
@@ -209,7 +213,7 @@ def _watch_evaluate_fn() -> None:
     if getattr(Strategy, "_mecsim_watch_subclasses", False):
         return
 
-    def init_subclass(cls: type, **kwargs: Any) -> None:
+    def init_subclass(cls: Any, **kwargs: Any) -> None:
         super(Strategy, cls).__init_subclass__(**kwargs)
         if "start" in vars(cls):
             _watch_start(cls)
