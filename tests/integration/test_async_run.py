@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from support.scenarios import tiny_async_dict
 
 import mecsim
 from mecsim.scenario import ScenarioError
@@ -17,34 +18,9 @@ from mecsim.store.reader import read_csv_exact
 from mecsim.testing import compared_columns
 
 
-def _scenario(**aggregation) -> dict:
-    return {
-        "name": "async-tiny",
-        "seed": 3,
-        "rounds": 6,
-        "dataset": {
-            "name": "mnist-embedded",
-            "train_size": 400,
-            "test_size": 200,
-            "partition": {"method": "iid"},
-        },
-        "model": {"name": "mlp_2nn"},
-        "topology": {"clients": 4},
-        "devices": {"clients": [{"profile": "rpi3b", "count": 2}, {"profile": "rpi4"}]},
-        "channel": {
-            "model": "fixed_rate",
-            "uplink": {"rate_bps": 20e6, "shared": True},
-            "downlink": {"rate_bps": 50e6, "shared": True},
-        },
-        "training": {"epochs": 1, "batch_size": 20, "lr": 0.05},
-        "evaluation": {"every": 3},
-        "aggregation": aggregation,
-    }
-
-
 def _run(tmp_path: Path, run_id: str, backend: str = "local", **aggregation) -> Path:
     run = mecsim.simulate(
-        _scenario(**aggregation),
+        tiny_async_dict(**aggregation),
         out=tmp_path,
         run_id=run_id,
         backend=backend,
@@ -134,7 +110,7 @@ def test_fedbuff_run_in_process_equals_ray(tmp_path):
     ],
 )
 def test_refused_before_anything_starts(tmp_path, change, field, words):
-    sc = _scenario(mode="async")
+    sc = tiny_async_dict(mode="async")
     sc.update(change)
     with pytest.raises(ScenarioError) as err:
         mecsim.simulate(sc, out=tmp_path, run_id="x", backend="local", progress=False, plots=False)
@@ -158,7 +134,7 @@ def test_bad_aggregation_fields_name_the_field(tmp_path, aggregation, field):
     path = tmp_path / "bad.yaml"
     import yaml
 
-    path.write_text(yaml.safe_dump(_scenario(**aggregation)))
+    path.write_text(yaml.safe_dump(tiny_async_dict(**aggregation)))
     with pytest.raises(ScenarioError) as err:
         mecsim.scenario.load_scenario(path)
     assert str(path) in str(err.value) and field in str(err.value)
@@ -199,7 +175,7 @@ def test_an_async_run_without_checkpoints_resumes_from_its_start(tmp_path):
 
     sc = scenario_from_dict(
         {
-            **_scenario(mode="async"),
+            **tiny_async_dict(mode="async"),
             "metrics": {"enabled": False},
             "execution": {"backend": "local"},
             "checkpoint": {"every": 0},
@@ -262,7 +238,7 @@ def test_the_versions_kept_are_the_current_and_those_cycles_in_flight_train_on(
 
     for name in ("_release", "_publish"):
         wrap(name)
-    data = _scenario(**aggregation)
+    data = tiny_async_dict(**aggregation)
     data["availability"] = {"model": "exponential", "mean_online_s": 6.0, "mean_offline_s": 1.0}
     data["topology"] = {"clients": 4}
     run = mecsim.simulate(

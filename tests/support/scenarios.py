@@ -7,6 +7,7 @@ from typing import Any
 
 import mecsim.registry as registry
 from mecsim.scenario import Scenario, scenario_from_dict
+from mecsim.testing import TINY_ASYNC
 
 #: mecsim's own algorithms (installed plugins, e.g. examples/ditto in an environment where
 #: someone installed it, are not the suite's to parametrize over), but ``flower``: it runs a Flower
@@ -56,30 +57,12 @@ def tiny(**overrides: Any) -> Scenario:
 
 
 def tiny_async_dict(**aggregation: Any) -> dict[str, Any]:
-    """A small asynchronous scenario as a dict (docs/async.md): 4 clients (two Pi 3B, a
-    Pi 4 and the default device) in one shared cell, 400 embedded MNIST samples, 6 server
-    versions, evaluated every 3; ``aggregation`` is its ``aggregation:`` section."""
-    return {
-        "name": "async-tiny",
-        "seed": 3,
-        "rounds": 6,
-        "dataset": {
-            "name": "mnist-embedded",
-            "train_size": 400,
-            "test_size": 200,
-            "partition": {"method": "iid"},
-        },
-        "model": {"name": "mlp_2nn"},
-        "topology": {"clients": 4},
-        "devices": {"clients": [{"profile": "rpi3b", "count": 2}, {"profile": "rpi4"}]},
-        "channel": {
-            "model": "fixed_rate",
-            "uplink": {"rate_bps": 20e6, "shared": True},
-            "downlink": {"rate_bps": 50e6, "shared": True},
-        },
-        "training": {"epochs": 1, "batch_size": 20, "lr": 0.05},
-        "evaluation": {"every": 3},
-        "metrics": {"enabled": False},
-        "execution": {"backend": "local", "hosts": 2},
-        "aggregation": aggregation,
-    }
+    """A small asynchronous scenario as a dict (docs/async.md): the conformance kit's
+    (`mecsim.testing.TINY_ASYNC`: 4 clients, two Pi 3B, a Pi 4 and the default device, in
+    one shared cell, 400 embedded MNIST samples, 6 server versions evaluated every 3) on
+    two hosts; ``aggregation`` is its ``aggregation:`` section."""
+    data = copy.deepcopy(TINY_ASYNC)
+    data["name"] = "async-tiny"
+    data["execution"] = {"backend": "local", "hosts": 2}
+    data["aggregation"] = aggregation
+    return data
