@@ -193,8 +193,10 @@ class FedRepServer(ServerAlgorithm):
             return [
                 (
                     "algorithm.params.head_layers",
-                    f"{params.head_layers} head layers leave no body: the model has "
-                    f"{layout.num_layers} layers ({', '.join(layout.layer_names)})",
+                    (
+                        f"{params.head_layers} head layers leave no body: the model has "
+                        f"{layout.num_layers} layers ({', '.join(layout.layer_names)})"
+                    ),
                 )
             ]
         return []

@@ -29,6 +29,7 @@ from mecsim.api import (
     model_layout,
     set_flat,
 )
+
 from mecsim_fedrep import FedRepClient, FedRepServer, head_mask, head_parameters
 
 PACKAGE = Path(__file__).resolve().parent.parent
@@ -87,7 +88,8 @@ def test_head_and_body_of_the_2nn() -> None:
 
 def test_a_head_of_every_layer_is_refused() -> None:
     ctx = context()
-    kwargs = dict(train=ctx.train, model=ctx.model, layout=ctx.layout, clients=2, participation=1)
+    kwargs = {"train": ctx.train, "model": ctx.model, "layout": ctx.layout}
+    kwargs |= {"clients": 2, "participation": 1.0}
     ok = FedRepServer.check_scenario(FedRepServer.Params(head_layers=3), **kwargs)
     assert ok == []
     ((field, message),) = FedRepServer.check_scenario(FedRepServer.Params(head_layers=4), **kwargs)
@@ -129,9 +131,7 @@ def test_fit_uploads_the_body_keeps_the_head_and_charges_both_phases() -> None:
     assert all(p.requires_grad for p in ctx.model.parameters())
 
 
-def test_the_head_phase_leaves_the_body_s_parameters_and_moves_its_batchnorm_statistics() -> (
-    None
-):
+def test_the_head_phase_leaves_the_body_s_parameters_and_moves_its_batchnorm_statistics() -> None:
     ctx = context()
     client = FedRepClient({})
     head, body = head_parameters(ctx.model, ctx.layout, 1)
