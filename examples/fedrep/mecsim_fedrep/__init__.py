@@ -41,8 +41,9 @@ Choices where the paper leaves room (each a choice point of a port: docs/extendi
   counter stays each host's;
 * **the second model**: there is none; the head is a flat vector in ``ctx.state``
   (checkpointed with the client's state, so a resumed run equals a fresh one);
-* **optimiser**: the scenario's, built afresh for each phase (the authors' code keeps
-  one SGD with momentum 0.5 for both phases; with momentum 0, the default, the two agree).
+* **optimiser**: the scenario's, built afresh for each phase (one optimiser for both
+  phases would carry momentum from the head's steps into the body's; with plain SGD,
+  the default, the two are the same).
 """
 
 from __future__ import annotations
