@@ -189,15 +189,16 @@ def test_the_second_round_trains_on_from_the_kept_head() -> None:
     body = ctx.init_weights[~mask]
     client.fit(ctx, ClientTask(0, body, 4 * BODY))
     first_head = ctx.state["head"].copy()
-    # the same body again from a fresh client with the first head planted in its state
-    fresh = context(seed=ctx.client_id)
-    fresh.generator = torch.Generator().manual_seed(5)
-    ctx.generator = torch.Generator().manual_seed(5)
-    fresh.state["head"] = first_head.copy()
-    a = client.fit(ctx, ClientTask(0, body, 4 * BODY))
-    b = client.fit(fresh, ClientTask(0, body, 4 * BODY))
+    # round 2 from the same body: the same as a fresh client given that head, not as one
+    # that starts from the initial head
+    planted, blank = context(), context()
+    planted.state["head"] = first_head.copy()
+    for c in (ctx, planted, blank):
+        c.generator = torch.Generator().manual_seed(5)
+    a, b, c = (client.fit(x, ClientTask(0, body, 4 * BODY)) for x in (ctx, planted, blank))
     np.testing.assert_array_equal(a.weights, b.weights)
-    np.testing.assert_array_equal(ctx.state["head"], fresh.state["head"])
+    np.testing.assert_array_equal(ctx.state["head"], planted.state["head"])
+    assert not np.array_equal(a.weights, c.weights)
 
 
 def test_server_averages_the_bodies_by_samples_and_keeps_its_head() -> None:
