@@ -72,3 +72,14 @@ def test_installs_passes_the_kit_and_sends_the_body_only(
         (row,) = list(csv.DictReader(f))
     # 6 clients, each the body down and up: 6 x 792,000 bytes each way
     assert int(row["bytes_up"]) == int(row["bytes_down"]) == 6 * BODY_BYTES == 4_752_000
+
+
+def test_the_plugin_imports_only_the_public_api() -> None:
+    """Written as a user writes one: of mecsim, only ``mecsim.api``."""
+    source = (EXAMPLE / "mecsim_fedrep" / "__init__.py").read_text()
+    imports = [
+        line.split()[1]
+        for line in source.splitlines()
+        if line.startswith(("import ", "from ")) and "mecsim" in line.split()[1]
+    ]
+    assert imports == ["mecsim.api"], imports
