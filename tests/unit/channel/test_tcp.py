@@ -151,6 +151,30 @@ def test_a_window_limited_flow_on_an_aggregating_mac_by_hand():
     assert one(20.0, 0.5, 10) == pytest.approx(0.0, abs=1e-3)
 
 
+def test_a_station_sharing_its_cell_has_no_ack_train_by_hand():
+    """Two stations in a cell (flows 2), τ = 0.1 ms a segment at the fair share, an MPDU
+    adding a = 20 µs to the cycle, k = 42: the others' fixed part between two rounds is
+    k·(τ − 2a)·(2 − 1)/2 = 1.26 ms, so with 1 ms of wire each way a round trip is
+    R = 2 ms + τ + 1.26 ms = 3.36 ms. The cell-mate's exchanges hold the medium while
+    the round's ACKs come back, so they come in one burst a round trip apart: 3.36 ms >
+    the ACK delta (2 ms), no train (spread over the window at its own rate, 10·τ/2, the
+    gap would have been 2.86 ms; with 0.5 ms each way 1.86 ms, and the train would have
+    ended slow start at 19 segments). Plain slow start then: rounds of 10, 18, 36
+    (delayed ACKs, g = 9, c = 1), the link full from round K = 2 ((9·4 + 1)·τ ≥ R), the
+    139 segments' last in round 4: stall 2·R − S_2·τ = 6.72 − 2.8 = 3.92 ms; with 0.5 ms
+    each way R = 2.36 ms, K = 2 again: 4.72 − 2.8 = 1.92 ms."""
+    tau, a, k = 0.1e-3, 20e-6, 42.0
+    for rtt, by_hand in ((0.002, 3.92e-3), (0.001, 1.92e-3)):
+        got = float(slow_start_stall_s(139, rtt, tau, 10, a, k, 2.0))
+        assert got == pytest.approx(by_hand, rel=1e-9)
+    # alone in its cell (flows 1, the same τ: R = 2.1 ms) the round's ACKs trickle back
+    # spread over its window: R − 10·τ = 1.1 ms <= 2 ms, and the train ends slow start
+    # after round 0 (a window of 19), a window-limited flow after it: longer than slow
+    # start to the full link would take, 2·R − 28·τ = 1.4 ms
+    alone = float(slow_start_stall_s(139, 0.002, tau, 10, a, k, 1.0))
+    assert alone > 2 * (0.002 + tau) - 28 * tau + 1e-3
+
+
 def test_the_aqm_drop_after_slow_start_by_hand():
     """R = 0.12 + τ = 0.122 s with τ = 2 ms: pipe 61 segments; HyStart's θ = R/8 =
     15.25 ms (a queue of 7.625 segments), θ − τ = 13.25 ms > CoDel's 5 ms target. No
@@ -456,6 +480,7 @@ def test_a_recorded_scenario_without_transport_loads_as_ideal(tmp_path):
     assert load_recorded_scenario(path).channel.uplink.transport == "tcp"
 
 
+@pytest.mark.slow
 def test_transport_is_a_sweep_axis_replayed_exactly(tmp_path):
     """Record a tiny run once (transport ideal), then sweep the uplink's transport and
     latency: each point's upload is the hand formula of its transport, and the points
