@@ -469,6 +469,36 @@ def _station_cycles_s(
     return k, data_s + ack_s + 2.0 * overhead_per_success_s
 
 
+def wifi_mpdu_air_s(
+    mcs: ArrayLike,
+    channel_width_mhz: int = 20,
+    nss: int = 1,
+    gi_ns: float = 800,
+    mac: WifiCellMac | None = None,
+) -> FloatArray:
+    """The air time one more MPDU adds to a station's share of the cell's cycle (s): its
+    subframe in the station's A-MPDU and half a TCP ACK's in the access point's (one
+    ACK per two segments), from :func:`_station_cycles_s`' exchanges of ``k`` and 1
+    MPDUs: ``(T(k) − T(1)) / (k − 1)`` (0 where ``k`` is 1). What an exchange costs
+    beyond ``k`` of these — AIFS, backoff, preambles, SIFS, block acks, idle and
+    collision time — is its fixed part, paid however few MPDUs it carries."""
+    mac = mac or WifiCellMac()
+    m = np.atleast_1d(np.asarray(mcs, dtype=np.int64))
+    k = ampdu_mpdus(m, channel_width_mhz, nss, gi_ns, mac)
+    data_subframe = _pad4(mac.ip_packet_bytes + mac.mac_overhead_bytes + mac.ampdu_delimiter_bytes)
+    ack_subframe = _pad4(mac.tcp_ack_ip_bytes + mac.mac_overhead_bytes + mac.ampdu_delimiter_bytes)
+
+    def own_s(n_mpdus: FloatArray) -> FloatArray:
+        acks = n_mpdus / mac.segments_per_tcp_ack
+        return _exchange_s(
+            n_mpdus * data_subframe, m, channel_width_mhz, nss, gi_ns, mac
+        ) + _exchange_s(np.ceil(acks) * ack_subframe, m, channel_width_mhz, nss, gi_ns, mac)
+
+    with np.errstate(invalid="ignore", divide="ignore"):
+        per = np.where(k > 1, (own_s(k) - own_s(np.ones_like(k))) / (k - 1.0), 0.0)
+    return np.asarray(per, dtype=float).reshape(np.shape(mcs))
+
+
 def wifi_cell_goodput_bps(
     mcs: ArrayLike,
     channel_width_mhz: int = 20,

@@ -30,11 +30,11 @@ from numpy.typing import ArrayLike
 from mecsim.channel.phy import (
     TR36942_DOWNLINK,
     TR36942_UPLINK,
-    WifiCellMac,
     ampdu_mpdus,
     he_mcs_for_snr,
     nr_rate_for_sinr_bps,
     truncated_shannon_bps,
+    wifi_mpdu_air_s,
     wifi_station_rates_bps,
 )
 
@@ -125,24 +125,28 @@ class WifiAxPhy:
             out[on] = rates
         return out.reshape(np.shape(sinr))
 
-    def turn_s(self, snr_db: ArrayLike, rate_bps: ArrayLike, bandwidth_hz: ArrayLike) -> np.ndarray:
-        """How long a station waits for its turn on the air, its A-MPDU's share of the
-        cell's cycle (``8 · k · packet / rate``, :func:`wifi_station_rates_bps`): what the
-        cell adds to a TCP flow's round trip, on top of the wired path's latency. 0 for a
-        station out of range (its rate is 0 and its transfers never end anyway)."""
+    def exchanges(
+        self, snr_db: ArrayLike, bandwidth_hz: ArrayLike
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """What a TCP flow reads of each station's MAC (:class:`~mecsim.channel.tcp.TcpFlow`):
+        the air time one more MPDU of its own adds to the cell's cycle
+        (:func:`~mecsim.channel.phy.wifi_mpdu_air_s`) and ``k``, the MPDUs an A-MPDU of
+        its rate carries (:func:`~mecsim.channel.phy.ampdu_mpdus`). (0, 1) for a station
+        out of range (its rate is 0 and its transfers never end anyway)."""
         snr = np.atleast_1d(np.asarray(snr_db, dtype=float))
-        rate = np.broadcast_to(np.asarray(rate_bps, dtype=float), snr.shape)
         band = np.broadcast_to(np.asarray(bandwidth_hz, dtype=float), snr.shape)
-        out = np.zeros(snr.shape)
-        packet_bits = 8.0 * WifiCellMac().ip_packet_bytes
+        air = np.zeros(snr.shape)
+        mpdus = np.ones(snr.shape)
         for width_hz in np.unique(band):
             on = band == width_hz
             width = int(round(width_hz / 1e6))
             mcs = he_mcs_for_snr(snr[on], width, self.spatial_streams)
-            k = ampdu_mpdus(np.maximum(mcs, 0), width, self.spatial_streams, self.guard_interval_ns)
-            with np.errstate(divide="ignore"):
-                out[on] = np.where((mcs >= 0) & (rate[on] > 0), k * packet_bits / rate[on], 0.0)
-        return out
+            m = np.maximum(mcs, 0)
+            k = ampdu_mpdus(m, width, self.spatial_streams, self.guard_interval_ns)
+            per = wifi_mpdu_air_s(m, width, self.spatial_streams, self.guard_interval_ns)
+            air[on] = np.where(mcs >= 0, per, 0.0)
+            mpdus[on] = np.where(mcs >= 0, k, 1.0)
+        return air, mpdus
 
 
 @dataclass(frozen=True)

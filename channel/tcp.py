@@ -30,6 +30,43 @@ speed and carries no headers. A real transfer of a model is a finite TCP flow on
    :func:`slow_start_stall_s` (0 when ``rtt`` is 0). (Linux's receiver also ACKs every
    segment for a while after a connection starts or idles, "quick ACKs", which speeds
    its first rounds; ns-3 does not, and ns-3 is the reference: docs/validation.md.)
+   **2b. HyStart's ACK train** (ns-3.37's ``TcpCubic::HystartUpdate``, Linux's
+   ``hystart_update`` in ``tcp_cubic.c``): once the window is at least 16 segments, ACKs
+   at most 2 ms apart form a train, and slow start ends when the train has lasted longer
+   than the least round trip (Linux: half of it). A round's test runs (in ns-3.37, and
+   Linux kernels that reset the round after it; 6.x sources reset it first) to the
+   first ACK that passes the segment sent last when the round began — with the delayed
+   ACK holding
+   a round's odd segment, the next round's first ACK, about ``R`` after the round's
+   first — so the train holds, and slow start ends, at the first round ``x`` whose ACKs
+   leave a gap of at most 2 ms before the next round's (``R − s_x·τ ≤ 2 ms``, ACKs
+   ``2τ`` apart within it) and whose next window ``s_(x+1)`` has reached 16 with an ACK
+   to spare. Before the window covers the path that happens only where ``R`` is a few
+   ms (on a longer path the gap falls under 2 ms only in the round that nearly fills
+   the link, full from the next round anyway). Then Cubic, with no loss yet, grows the
+   window a segment per 20 segments ACKed (its ``cnt`` clamp), ``w = s_(x+1) + u/20``
+   after ``u`` segments, each window a round trip, ``R/w`` a segment, until it covers
+   the path (:func:`_window_limited_s`). 800 kB at 1 Gb/s, 1 ms one way: ns-3 0.0398 s
+   (0.0144 s with the test off), mecsim 0.0387 s.
+   **2c. On an aggregating MAC** (an 802.11ax station: ``TcpFlow.mpdu_air_s``, the air
+   time an MPDU of its own adds to the cell's cycle, and ``ampdu_mpdus``, ``k``): with
+   the cell's ``n`` stations alike, a cycle's time an MPDU is ``a = n·mpdu_air_s`` and
+   its fixed part ``k·(τ − a)``; a station's round trip is the wired path's plus the
+   other stations' share of that fixed part, ``k·(τ − a)·(n − 1)/n``; a round's ACKs
+   come back as its A-MPDU's. A station alone in its cell (``n = 1``) leaves the medium
+   idle while its ACKs cross the wire, so the access point returns a round's first ACKs
+   as they come and the ACK clock spreads the round over bursts about an exchange
+   apart: the train's gap is the round trip less the window at the station's own rate
+   (``s_x·τ``; ns-3, one station at 44 m, 40 MHz: bursts 0.2–1.5 ms apart, slow start
+   ends at 20 segments). With cell-mates (``n > 1``) their exchanges hold the medium
+   while the ACKs come back, and the access point returns a round's in one burst: the
+   gap is the whole round trip, above the delta wherever the wire's round trip is
+   (ns-3, stations at 5 and 33 m, 80 MHz: the near one's bursts 2.4, 2.5 and 6.5 ms
+   apart, and in 9 of 10 seeds both windows reach 103–308 segments). After the exit the
+   ACK-clocked station
+   sends the A-MPDUs its ACK bursts release: a cycle of ``m`` MPDUs takes
+   ``P(m) = k·(τ − a) + m·a``, ``w = (m / P(m))·(rtt + P(m))`` (Little's law, the
+   medium busy) gives ``m``, and a segment costs ``P(m)/m`` instead of ``τ``.
 3. **Set-up.** ``connection: new`` costs one more round trip (the handshake before the
    first byte), ``tls`` two (TCP's and a TLS 1.3 handshake's). ``persistent`` (the
    default: FL clients keep their connection to the server) none.
@@ -131,6 +168,24 @@ CUBIC_BETA = 0.7
 #: CoDel's target sojourn and interval (RFC 8289 §4.2-4.3; Linux's and ns-3's fq_codel
 #: defaults), s
 CODEL_TARGET_S, CODEL_INTERVAL_S = 0.005, 0.1
+#: HyStart's ACK-train test (ns-3.37's TcpCubic HyStartAckDelta and HyStartLowWindow;
+#: Linux's hystart_ack_delta_us and hystart_low_window): ACKs at most this far apart
+#: (s) form a train, tested once the window reaches this many segments
+HYSTART_ACK_DELTA_S = 0.002
+HYSTART_LOW_WINDOW = 16
+#: segments a delayed ACK acknowledges
+ACK_SEGMENTS = 2
+#: points of the midpoint rule over a window-limited flow's segments
+WINDOW_LIMITED_POINTS = 64
+#: Cubic's cnt clamp before the first loss (ns-3.37's CntClamp, Linux's bictcp_update):
+#: the window grows a segment per this many segments ACKed at most
+CUBIC_CNT_CLAMP = 20
+#: the seed of the loss model's draws (common random numbers: fixed, never the scenario's)
+LOSS_SEED = 20261128
+#: HyStart's delay threshold's bounds (Linux's HYSTART_DELAY_MIN / MAX), s
+HYSTART_DELAY_MIN_S, HYSTART_DELAY_MAX_S = 0.004, 0.016
+#: rounds of draws made at a time (a chunk is 3.3 MB; most transfers need the first only)
+LOSS_CHUNK_ROUNDS = 100
 
 CongestionControl = Literal["cubic", "newreno"]
 Connection = Literal["persistent", "new", "tls"]
@@ -159,42 +214,151 @@ def _pow2(k: np.ndarray) -> np.ndarray:
 
 
 def slow_start_stall_s(
-    segments: ArrayLike, rtt_s: ArrayLike, segment_s: ArrayLike, initial_window: float
+    segments: ArrayLike,
+    rtt_s: ArrayLike,
+    segment_s: ArrayLike,
+    initial_window: float,
+    mpdu_air_s: ArrayLike | None = None,
+    ampdu_mpdus: ArrayLike = 1.0,
+    flows: ArrayLike = 1.0,
 ) -> np.ndarray:
     """Seconds a transfer of ``segments`` spends beyond ``segments · segment_s`` because
     slow start leaves the link idle while the window grows (item 2 of the module's
     docstring): ``k·R − S_k·τ`` with ``R = rtt_s + segment_s``, ``k = min(K, j)``,
     ``S_k = g·(2^k − 1) + c·[k ≥ 1]`` (``g, c = iw − 1, 1`` when a delayed ACK holds a
-    segment a round, ``iw, 0`` when its timer fires within the round or ``iw < 2``).
-    ``segments`` may be fractional (an expected count)."""
+    segment a round, ``iw, 0`` when its timer fires within the round or ``iw < 2``) —
+    unless HyStart's ACK train ends slow start first (item 2b): then the rounds up to
+    the exit and the window-limited flow after it (:func:`_window_limited_s`). On an
+    aggregating MAC (an 802.11ax cell: ``mpdu_air_s``, the air time an MPDU of the
+    station's own adds to the cell's cycle, ``ampdu_mpdus`` an A-MPDU's MPDUs at the
+    goodput, ``flows`` the stations of the cell; item 2c) a round trip also holds the
+    other stations' exchanges. ``segments`` may be fractional (an expected count)."""
     n = np.asarray(segments, dtype=float)
     tau = np.asarray(segment_s, dtype=float)
-    r = np.asarray(rtt_s, dtype=float) + tau
+    rtt = np.asarray(rtt_s, dtype=float)
+    r = rtt + tau
     iw = float(initial_window)
+    mac = mpdu_air_s is not None
+    kk = np.asarray(ampdu_mpdus, dtype=float) if mac else np.asarray(1.0)
+    fl = np.asarray(flows, dtype=float) if mac else np.asarray(1.0)
+    # the cell's stations alike: an MPDU of each adds ``flows · mpdu_air_s`` to the cycle,
+    # whose fixed part (AIFS, backoff, preambles, block acks, idle and collision time)
+    # is ``k·(τ − air)``; the other stations' share of it lies between a station's rounds
+    air = np.asarray(mpdu_air_s, dtype=float) * fl if mac else tau
+    with np.errstate(invalid="ignore"):
+        others = kk * (tau - air) * (fl - 1.0) / fl if mac else np.asarray(0.0)
+        r_round = r + others if mac else r
+    # how far apart a round's ACKs come back, a segment: on a link, a segment's time; a
+    # station alone in its cell, a segment at its own rate (the access point finds the
+    # medium idle as the round's first ACKs arrive and returns them in bursts the ACK
+    # clock spreads over the round); a station sharing the cell, 0: the others'
+    # exchanges hold the medium while the ACKs arrive and the access point returns the
+    # round's in one burst, the next a round trip later (item 2c)
+    with np.errstate(invalid="ignore"):
+        own = np.where(fl > 1.0, 0.0, tau / fl) if mac else tau
     with np.errstate(invalid="ignore"):  # an infinite τ (no rate): answered below
         held = (r - iw * tau <= DELAYED_ACK_TIMEOUT_S) & (iw >= 2.0)
     g = np.where(held, iw - 1.0, iw)  # segments a round adds, doubling
     c = np.where(held, 1.0, 0.0)  # the segment a delayed ACK keeps in flight
     with np.errstate(divide="ignore", invalid="ignore"):
-        fill = _first_power(np.where(tau > 0, (r / tau - c) / g, 0.0))  # K
+        fill = _first_power(np.where(tau > 0, (r_round / tau - c) / g, 0.0))  # K
     last = _first_power((n - c) / g + 1.0) - 1.0  # j: the round of the last segment
     k = np.maximum(np.minimum(fill, last), 0.0)
     sent = np.where(k > 0, g * (_pow2(k) - 1.0) + c, 0.0)  # S_k
     with np.errstate(invalid="ignore"):
-        stall = k * r - sent * tau
+        stall = k * r_round - sent * tau
+    shape = np.shape(stall)
+    # HyStart's ACK train (item 2b): the first round x < min(K, j) whose next window
+    # reaches the low window with an ACK to spare and whose ACKs (2τ apart: one per two
+    # segments) leave a gap of at most the ACK delta before the next round's first,
+    # R − s_x·τ (on a cell: the round trip less the station's own A-MPDU of the window)
+    with np.errstate(invalid="ignore"):
+        ok = (n > 0) & (tau > 0) & np.isfinite(tau) & (2.0 * tau <= HYSTART_ACK_DELTA_S)
+    # the gap shrinks as the window grows: only where the last round before min(K, j)
+    # leaves at most the delta can any round's (most transfers are skipped here)
+    with np.errstate(invalid="ignore", over="ignore"):
+        s_last = np.where(k > 1, g * _pow2(np.maximum(k - 1.0, 0.0)) + c, g + c)
+        ok &= (k >= 1) & (r_round - s_last * own <= HYSTART_ACK_DELTA_S)
+    cand = np.flatnonzero(np.broadcast_to(ok, shape))
+    if cand.size == 0:
+        return np.where((n > 0) & np.isfinite(tau), np.maximum(stall, 0.0), 0.0)
+    n_b, r_b, own_b, tau_b, rtt_b, g_b, c_b, k_b, a_b, kk_b = (
+        np.broadcast_to(v, shape).ravel()[cand]
+        for v in (n, r_round, own, tau, rtt, g, c, k, air, kk)
+    )
+    x = np.full(cand.size, np.inf)
+    for i in range(int(np.max(k_b))):  # a handful of rounds
+        s_i = g_b * 2.0**i + c_b if i > 0 else g_b + c_b  # round i's window (iw in round 0)
+        s_next = g_b * 2.0 ** (i + 1) + c_b
+        hit = (i < k_b) & (s_next - ACK_SEGMENTS >= HYSTART_LOW_WINDOW)
+        hit &= r_b - s_i * own_b <= HYSTART_ACK_DELTA_S
+        x = np.where(hit & ~np.isfinite(x), float(i), x)
+    train = np.isfinite(x)
+    if train.any():
+        t = train
+        sent_x = g_b[t] * (_pow2(x[t] + 1.0) - 1.0) + c_b[t]  # S_(x+1): rounds 0..x
+        w_x = g_b[t] * _pow2(x[t] + 1.0) + c_b[t]  # the window at the exit
+        stall = np.array(np.broadcast_to(stall, shape), dtype=float, copy=True)
+        flat = stall.reshape(-1)
+        flat[cand[t]] = (
+            (x[t] + 1.0) * r_b[t]
+            - sent_x * tau_b[t]
+            + _window_limited_s(n_b[t] - sent_x, w_x, rtt_b[t], tau_b[t], a_b[t], kk_b[t])
+        )
     return np.where((n > 0) & np.isfinite(tau), np.maximum(stall, 0.0), 0.0)
+
+
+def _window_limited_s(
+    left: np.ndarray,
+    w0: np.ndarray,
+    rtt: np.ndarray,
+    tau: np.ndarray,
+    mpdu_air_s: np.ndarray,
+    ampdu_mpdus: np.ndarray,
+) -> np.ndarray:
+    """Seconds ``left`` segments take beyond ``left · τ`` after slow start ended at window
+    ``w0`` below the path (item 2b): Cubic before its first loss grows the window a
+    segment per :data:`CUBIC_CNT_CLAMP` ACKed, ``w = w0 + u / clamp`` after ``u``
+    segments, and the flow delivers ``X(w)`` segments a second. On an aggregating MAC
+    (item 2c) a cycle of exchanges of ``m`` MPDUs takes ``P(m) = O + m·a`` (``a =
+    mpdu_air_s``, the cycle's time an MPDU, ``O = k·(τ − a)``, ``k = ampdu_mpdus``:
+    ``P(k) = k·τ``, the saturated rate); the ACK-clocked flow keeps the medium busy with
+    A-MPDUs of the ``m`` segments an ACK burst releases, ``w = X·(rtt + P(m))`` with
+    ``X = m / P(m)``
+    (Little's law: a segment's round trip is the wired one and one exchange period), so
+    ``m`` solves ``a·m² + (O + rtt − w·a)·m − w·O = 0``, and a segment costs
+    ``P(m)/m = O/m + a``; from ``m ≥ k`` on, ``τ``; below one MPDU an exchange, the
+    window per round trip, ``(rtt + P(1))/w``. A point-to-point link (``a = τ``,
+    ``k = 1``, ``O = 0``) is the last case: a round trip ``R = rtt + τ`` per window,
+    ``R/w`` a segment. The integral over ``u`` by the midpoint rule
+    (:data:`WINDOW_LIMITED_POINTS` points)."""
+    out = np.zeros(left.shape)
+    live = left > 0
+    if not live.any():
+        return out
+    u = (np.arange(WINDOW_LIMITED_POINTS) + 0.5) / WINDOW_LIMITED_POINTS
+    span = left[live][:, None]
+    w = w0[live][:, None] + span * u / CUBIC_CNT_CLAMP
+    k = np.maximum(ampdu_mpdus[live][:, None], 1.0)
+    t = tau[live][:, None]
+    b = np.minimum(mpdu_air_s[live][:, None], t)
+    o = k * (t - b)
+    rt = rtt[live][:, None]
+    big_b = o + rt - w * b
+    with np.errstate(divide="ignore", invalid="ignore"):
+        m = np.where(
+            b > 0, (-big_b + np.sqrt(big_b * big_b + 4.0 * b * w * o)) / (2.0 * b), w * o / (o + rt)
+        )
+        per_segment = np.where(m >= k, t, np.where(m < 1.0, (rt + o + b) / w, o / m + b))
+    extra = np.maximum(per_segment - t, 0.0)
+    out[live] = extra.mean(axis=1) * left[live]
+    return out
 
 
 #: sample paths behind a lossy transfer's expected time
 LOSS_PATHS = 1024
 #: round trips a path is followed for; the rest of a transfer goes at the last one's rate
 LOSS_ROUNDS = 4000
-#: the seed of the loss model's draws (common random numbers: fixed, never the scenario's)
-LOSS_SEED = 20261128
-#: HyStart's delay threshold's bounds (Linux's HYSTART_DELAY_MIN / MAX), s
-HYSTART_DELAY_MIN_S, HYSTART_DELAY_MAX_S = 0.004, 0.016
-#: rounds of draws made at a time (a chunk is 3.3 MB; most transfers need the first only)
-LOSS_CHUNK_ROUNDS = 100
 
 
 @cache
@@ -438,6 +602,9 @@ def tcp_extra_s(
     congestion_control: CongestionControl = "cubic",
     min_rto_s: float = 0.2,
     queue: Queue = "fq_codel",
+    mpdu_air_s: ArrayLike = 0.0,
+    ampdu_mpdus: ArrayLike = 1.0,
+    flows: ArrayLike = 1.0,
 ) -> np.ndarray:
     """Expected seconds a transfer of ``nbytes`` takes beyond ``8·nbytes / goodput_bps``
     (and its one-way latency) as a finite TCP flow: set-up, slow start and, with a loss
@@ -445,7 +612,11 @@ def tcp_extra_s(
     docstring). ``goodput_bps`` is the payload rate the link gives the flow (its rate
     times :func:`header_efficiency`); ``rtt_s`` the round trip of the path without
     serialisation; ``queue`` the bottleneck's (``fq_codel``: item 4's drop after slow
-    start). 0 for ``nbytes <= 0``; inf where the goodput is 0."""
+    start); ``mpdu_air_s`` and ``ampdu_mpdus`` the aggregating MAC the flow's goodput
+    comes through (an 802.11ax station's: the air time an MPDU of its own adds to the
+    cell's cycle, and the MPDUs an A-MPDU of the goodput carries; ``flows`` the stations
+    sharing the cell; ``mpdu_air_s`` 0: a link that serialises segment by segment,
+    :func:`slow_start_stall_s`). 0 for ``nbytes <= 0``; inf where the goodput is 0."""
     shape = np.broadcast(nbytes, goodput_bps, rtt_s).shape
     # at least 1-d: numpy times a 0-d array's powers with the C library's pow and an
     # array's with its SIMD kernels (AVX-512 ones differ in the last bit), so one
@@ -462,7 +633,9 @@ def tcp_extra_s(
     iw = float(initial_window)
     p = float(loss_rate)
     if p <= 0.0:
-        extra = extra + slow_start_stall_s(d, rtt, tau, iw)
+        air = np.asarray(mpdu_air_s, dtype=float)
+        mac = (air, ampdu_mpdus, flows) if bool(np.any(air > 0)) else (None,)
+        extra = extra + slow_start_stall_s(d, rtt, tau, iw, *mac)
         if queue == "fq_codel":
             extra = extra + codel_drop_stall_s(d, rtt, tau, iw)
     else:
@@ -480,6 +653,8 @@ class TcpColumns:
     flow: TcpFlow
     rtt_s: np.ndarray
     flows: np.ndarray
+    mpdu_air_s: np.ndarray | None = None
+    ampdu_mpdus: np.ndarray | None = None
 
     @staticmethod
     def uniform(flows: Sequence[TcpFlow | None]) -> bool:
@@ -509,13 +684,24 @@ class TcpColumns:
         first = cast(TcpFlow, flows[0])
         rtt = np.array([cast(TcpFlow, f).rtt_s for f in flows], dtype=float)
         count = np.array([cast(TcpFlow, f).flows for f in flows], dtype=float)
-        return cls(first, rtt, count)
+        if all(cast(TcpFlow, f).mpdu_air_s == 0.0 for f in flows):
+            return cls(first, rtt, count)
+        exchange = np.array([cast(TcpFlow, f).mpdu_air_s for f in flows], dtype=float)
+        mpdus = np.array([cast(TcpFlow, f).ampdu_mpdus for f in flows], dtype=float)
+        return cls(first, rtt, count, exchange, mpdus)
 
     def extra_s(
         self, at: np.ndarray | slice, nbytes: np.ndarray, goodput_bps: np.ndarray
     ) -> np.ndarray:
         """:meth:`TcpFlow.extra_array` of rows ``at``' transfers, element-wise."""
         f = self.flow
+        mac: dict[str, np.ndarray] = {}
+        if self.mpdu_air_s is not None and self.ampdu_mpdus is not None:
+            mac = {
+                "mpdu_air_s": self.mpdu_air_s[at],
+                "ampdu_mpdus": self.ampdu_mpdus[at],
+                "flows": self.flows[at],
+            }
         return tcp_extra_s(
             nbytes,
             np.asarray(goodput_bps, dtype=float) / self.flows[at],
@@ -527,6 +713,7 @@ class TcpColumns:
             congestion_control=f.congestion_control,
             min_rto_s=f.min_rto_s,
             queue=f.queue,
+            **mac,
         )
 
 
@@ -538,7 +725,11 @@ class TcpFlow:
     the number of the round's flows on that medium; 1 on a dedicated link).
 
     ``rtt_s`` is this client-round's round trip (the scenario's one-way latencies of both
-    directions, jitter included)."""
+    directions, jitter included). ``mpdu_air_s`` and ``ampdu_mpdus``: on an aggregating
+    MAC (an 802.11ax station), the air time one more MPDU of its own adds to the cell's
+    cycle (its subframe and half a TCP ACK's in the access point's A-MPDU) and the MPDUs
+    an A-MPDU of its goodput carries; 0 and 1 on a link that serialises segment by
+    segment (:func:`tcp_extra_s`)."""
 
     rtt_s: float
     mss_bytes: int = TCP_MSS_BYTES
@@ -549,15 +740,20 @@ class TcpFlow:
     min_rto_s: float = 0.2
     flows: int = 1
     queue: Queue = "fq_codel"
+    mpdu_air_s: float = 0.0
+    ampdu_mpdus: float = 1.0
 
     def __post_init__(self) -> None:
         if not (self.rtt_s >= 0 and self.mss_bytes > 0 and self.initial_window >= 1):
             raise ValueError(f"{self!r}: rtt_s >= 0, mss_bytes > 0, initial_window >= 1")
         if self.flows < 1:
             raise ValueError(f"{self!r}: flows must be >= 1")
+        if not (self.mpdu_air_s >= 0 and self.ampdu_mpdus >= 1):
+            raise ValueError(f"{self!r}: mpdu_air_s >= 0, ampdu_mpdus >= 1")
 
     def kind(self) -> tuple[object, ...]:
-        """The parameters a direction's flows share (all but ``rtt_s`` and ``flows``)."""
+        """The parameters a direction's flows share (all but ``rtt_s``, ``flows`` and the
+        MAC's ``mpdu_air_s`` and ``ampdu_mpdus``)."""
         return (
             self.mss_bytes,
             self.initial_window,
@@ -582,7 +778,13 @@ class TcpFlow:
         repeat from round to round on fixed rates)."""
         if self.loss_rate > 0 or (self.queue == "fq_codel" and self.rtt_s > 0):
             return _remembered_extra_s(
-                self.kind(), self.rtt_s, self.flows, float(nbytes), float(goodput_bps)
+                self.kind(),
+                self.rtt_s,
+                self.flows,
+                float(nbytes),
+                float(goodput_bps),
+                self.mpdu_air_s,
+                self.ampdu_mpdus,
             )
         return float(self.extra_array(np.asarray(nbytes), np.asarray(goodput_bps)))
 
@@ -599,12 +801,21 @@ class TcpFlow:
             congestion_control=self.congestion_control,
             min_rto_s=self.min_rto_s,
             queue=self.queue,
+            mpdu_air_s=self.mpdu_air_s,
+            ampdu_mpdus=self.ampdu_mpdus,
+            flows=self.flows,
         )
 
 
 @lru_cache(maxsize=1 << 16)
 def _remembered_extra_s(
-    kind: tuple[object, ...], rtt_s: float, flows: int, nbytes: float, goodput_bps: float
+    kind: tuple[object, ...],
+    rtt_s: float,
+    flows: int,
+    nbytes: float,
+    goodput_bps: float,
+    mpdu_air_s: float = 0.0,
+    ampdu_mpdus: float = 1.0,
 ) -> float:
     """:meth:`TcpFlow.extra_s` of a lossy flow or one through fq_codel, remembered (the
     same arithmetic as :meth:`TcpFlow.extra_array`: the cache changes no bit)."""
@@ -621,5 +832,8 @@ def _remembered_extra_s(
             congestion_control=cast(CongestionControl, cc),
             min_rto_s=cast(float, min_rto),
             queue=cast(Queue, queue),
+            mpdu_air_s=np.asarray(mpdu_air_s),
+            ampdu_mpdus=np.asarray(ampdu_mpdus),
+            flows=np.asarray(float(flows)),
         )
     )

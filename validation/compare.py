@@ -261,6 +261,7 @@ def all_rows() -> list[Row]:
     cells_2 = json.loads((REFERENCE / "wifi_holdout_2.json").read_text())
     small = json.loads((REFERENCE / "wifi_small.json").read_text())
     cells_3 = json.loads((REFERENCE / "wifi_holdout_3.json").read_text())
+    cells_4 = json.loads((REFERENCE / "wifi_holdout_4.json").read_text())
     return (
         tcp_rows(tcp)
         + wifi_rows(wifi)
@@ -271,6 +272,7 @@ def all_rows() -> list[Row]:
         + wifi_rows(cells_2, "held-out-2")
         + wifi_rows(small, "small")
         + wifi_rows(cells_3, "held-out-3")
+        + wifi_rows(cells_4, "held-out-4")
     )
 
 
@@ -412,6 +414,9 @@ def summary(rows: list[Row]) -> dict[str, dict[str, float]]:
         "wifi held out, third draw (with small uploads)": [
             r for r in rows if r.kind == "wifi" and r.grid == "held-out-3"
         ],
+        "wifi held out, fourth draw (with small uploads)": [
+            r for r in rows if r.kind == "wifi" and r.grid == "held-out-4"
+        ],
         "tcp held out": held,
         "tcp held out, no loss": [r for r in held if "loss" not in r.case],
         "tcp held out, loss": [r for r in held if "loss" in r.case],
@@ -510,6 +515,7 @@ _SET_NOTE = {
     "held-out-2": "  (held out, second draw)",
     "small": "  (small uploads)",
     "held-out-3": "  (held out, third draw)",
+    "held-out-4": "  (held out, fourth draw)",
 }
 
 
@@ -552,6 +558,8 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown(rows, "small"))
         print("\nHeld-out cells, third draw (with small uploads):\n")
         print(markdown(rows, "held-out-3"))
+        print("\nHeld-out cells, fourth draw (with small uploads):\n")
+        print(markdown(rows, "held-out-4"))
         print()
     else:
         for r in rows:

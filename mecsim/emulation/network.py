@@ -328,18 +328,24 @@ def payload_share(link: LinkTransport) -> float:
 
 
 def tcp_flows(
-    link: LinkTransport, rtt_s: np.ndarray, flows: np.ndarray
+    link: LinkTransport,
+    rtt_s: np.ndarray,
+    flows: np.ndarray,
+    mac: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[TcpFlow, ...] | None:
     """Each client's :class:`~mecsim.channel.tcp.TcpFlow` on ``link`` (round trips
-    ``rtt_s``, ``flows`` sharing its medium), or None under ``transport: ideal``."""
+    ``rtt_s``, ``flows`` sharing its medium; ``mac``: an aggregating MAC's air time of
+    an MPDU and MPDUs an A-MPDU, per client, :meth:`WifiAxPhy.exchanges`), or None
+    under ``transport: ideal``."""
     if not link.tcp():
         return None
-    made: dict[tuple[float, int], TcpFlow] = {}  # one object per (round trip, flows)
+    made: dict[tuple[float, int, float, float], TcpFlow] = {}  # one object per kind
 
-    def flow(rtt: float, k: int) -> TcpFlow:
-        found = made.get((rtt, k))
+    def flow(rtt: float, k: int, air_s: float = 0.0, mpdus: float = 1.0) -> TcpFlow:
+        key = (rtt, k, air_s, mpdus)
+        found = made.get(key)
         if found is None:
-            found = made[(rtt, k)] = TcpFlow(
+            found = made[key] = TcpFlow(
                 rtt_s=rtt,
                 mss_bytes=link.segment_bytes(),
                 initial_window=link.initial_window_segments,
@@ -349,10 +355,14 @@ def tcp_flows(
                 min_rto_s=link.min_rto_s,
                 flows=k,
                 queue=link.queue,
+                mpdu_air_s=air_s,
+                ampdu_mpdus=mpdus,
             )
         return found
 
     n = len(rtt_s)
+    if mac is not None:
+        return tuple(map(flow, rtt_s.tolist(), flows.tolist(), *(a.tolist() for a in mac)))
     if n and (rtt_s == rtt_s[0]).all() and (flows == flows[0]).all():
         return (flow(float(rtt_s[0]), int(flows[0])),) * n  # one object, shared
     return tuple(map(flow, rtt_s.tolist(), flows.tolist()))
@@ -560,8 +570,9 @@ class NetworkModel:
         down_lat = jittered_latency_s(self.downlink.latency_s, self.downlink.jitter_s, u[:, 1])
         rtt = up_lat + down_lat  # data one way, acknowledgements the other
         phy = getattr(self.channel, "phy", None)
-        if isinstance(phy, WifiAxPhy):  # and a station's turn on the cell's air
-            rtt = rtt + phy.turn_s(ch.uplink_snr_db, ch.uplink_rate_bps, ch.bandwidth_hz)
+        mac: tuple[np.ndarray, np.ndarray] | None = None
+        if isinstance(phy, WifiAxPhy):  # the cell's exchanges, for a window-limited flow
+            mac = phy.exchanges(ch.uplink_snr_db, ch.bandwidth_hz)
         # transport ideal: the Mathis bound alone (rate inf), applied to constant rates and
         # to every segment of a trace schedule; tcp: no cap (a finite flow's losses are
         # timed per transfer, TcpFlow), the payload's share of the rate
@@ -617,8 +628,8 @@ class NetworkModel:
             bh_bps,
             max_share(up_rate, up_good) if self._capped(self.uplink) else None,
             max_share(down_rate, down_good) if self._capped(self.downlink) else None,
-            tcp_flows(self.uplink, rtt, self._flows(selected, self.network.uplink_shared)),
-            tcp_flows(self.downlink, rtt, self._flows(selected, self.network.downlink_shared)),
+            tcp_flows(self.uplink, rtt, self._flows(selected, self.network.uplink_shared), mac),
+            tcp_flows(self.downlink, rtt, self._flows(selected, self.network.downlink_shared), mac),
         )
 
     def _instant_uplink(

@@ -104,8 +104,8 @@ def test_the_second_draw_is_new_cells_from_the_same_distribution():
 
 def test_the_first_held_out_set_over_ten_seeds(first):
     """The cell that missed with 3 seeds (2 stations at 18 and 44 m, 40 MHz, 200 kB:
-    +17.2 % of a 3-seed mean of 0.0339 s) is within 15 % of the 10-seed mean, and so
-    is every other."""
+    +17.2 % of a 3-seed mean of 0.0339 s with the model then) is within 15 % of the
+    10-seed mean, and so is every other."""
     assert len(first) == 8
     assert statistics.median(abs(r.error) for r in first.values()) <= FIRST_MEDIAN
     for r in first.values():
@@ -117,12 +117,14 @@ def test_the_first_held_out_set_over_ten_seeds(first):
     assert cell.error == pytest.approx(FIRST_TARGET_ERROR, abs=0.005)
 
 
-#: measured when the sets were run (docs/validation.md: first set 3.0 %, second 4.7 %);
-#: held to the validation's figure for cells, median <= 10 %
+#: measured when the sets were run (docs/validation.md: first set 3.0 %, second 4.7 %;
+#: with the window-limited flow 2.7 % and 4.9 %); held to the validation's figure for
+#: cells, median <= 10 %
 FIRST_MEDIAN = SECOND_MEDIAN = 0.10
-#: the cell that missed with 3 seeds, against the 10 seeds' mean (0.0352 s; 30 seeds'
-#: mean is 0.0373 s, +6.6 %): mecsim's 0.0397 s
-FIRST_TARGET_ERROR = 0.128
+#: the cell that missed with 3 seeds, against the 10 seeds' mean (0.0352 s): mecsim's
+#: 0.0314 s (0.0397 s, +12.8 %, before the window-limited flow: neither station waits a
+#: saturated turn a round trip now, and neither has an ACK train with a cell-mate)
+FIRST_TARGET_ERROR = -0.108
 
 
 def test_the_second_draw_is_held_to_15_percent(second):
@@ -134,29 +136,24 @@ def test_the_second_draw_is_held_to_15_percent(second):
         assert abs(r.error) <= 0.15, (r.case, r.error)
 
 
-#: small uploads mecsim misses by more than 15 %, the error measured when the set was run
-#: (mecsim / ns-3's mean over 10 seeds - 1); each is held within 5 points of it
+#: small uploads mecsim misses by more than 15 %, the error measured with the
+#: window-limited flow (mecsim / ns-3's mean over 10 seeds - 1); each is held within 5
+#: points of it. Before it, 8 of 30 were outside, by up to 43 % (docs/validation.md).
 SMALL_OUTSIDE_15 = {
-    # fast stations: ns-3's HyStart (ACK-train test) ends slow start at 16-20 segments,
-    # and the station sends small A-MPDUs; mecsim's is a saturated station's
-    "2sta_5+12m_80MHz_200000B": -0.187,
-    "2sta_5+12m_80MHz_800040B": -0.281,
-    "1sta_18m_40MHz_800040B": -0.214,
-    "1sta_18m_80MHz_800040B": -0.351,
-    # small uploads: mecsim's slow start waits a full A-MPDU turn every round trip
-    "2sta_5+12m_20MHz_200000B": 0.152,
-    "1sta_18m_20MHz_200000B": 0.360,
-    "1sta_44m_20MHz_200000B": 0.290,
-    "1sta_44m_40MHz_200000B": 0.426,
+    # two fast stations: in ns-3 one of them (which, the order of their accesses
+    # decides) finds the medium idle as its ACKs come back, and its ACK train ends its
+    # slow start at about 20 segments; mecsim's stations have a cell-mate, so no train
+    "2sta_5+12m_80MHz_200000B": -0.339,
+    "2sta_5+12m_80MHz_800040B": -0.330,
 }
 
 
 def test_small_uploads_are_off_where_the_docs_say(small):
-    """The model's two gaps on small uploads (docs/validation.md, "What is left"), held
-    at their measured errors (±5 points) so that a change that moves them, or a new
-    case outside 15 %, is seen: fast stations (HyStart's ACK-train test ends ns-3's slow
-    start at 16-20 segments) where mecsim is short, a lone slow station's small upload
-    (its full A-MPDU turn in every round trip of slow start) where it is long."""
+    """The model's gap on small uploads (docs/validation.md, "What is left"), held at
+    its measured errors (±5 points) so that a change that moves them, or a new case
+    outside 15 %, is seen: a pair of fast stations, one of which ns-3's HyStart sends
+    out of slow start at about 20 segments by its ACK train, where mecsim, which gives
+    a station with a cell-mate no train, is short; every other cell within 15 %."""
     assert len(small) == 30
     for r in small.values():
         if r.case in SMALL_OUTSIDE_15:

@@ -4,8 +4,11 @@
 the 8 cells of ``HOLDOUT_CELLS_3`` (``python validation/wifi_reference.py
 cells-holdout-3``), four drawn as the first two held-out sets were (2-15 stations,
 200 kB / 800 kB / 3 MB) and four small uploads (1-3 stations, 200-800 kB), drawn from a
-fixed seed and run once, the Wi-Fi model unchanged since; never used to change it
-(docs/validation.md, "Held-out cells"). Timed by mecsim through scenario files as
+fixed seed and run once with the model before the window-limited flow (8 of 8 within
+15 %); the window-limited flow as first built put one pair outside (+20.3 %), and its
+trace gave today's rule (no ACK train for a station with a cell-mate): so this set is no
+longer held out from the model (docs/validation.md, "Held-out cells"; the fourth draw,
+``test_validation_wifi_holdout4.py``, is). Timed by mecsim through scenario files as
 ``python -m validation.compare`` does. Needs no ns-3; with it, one cell is run live and
 must give the stored times again.
 """
@@ -79,9 +82,10 @@ def test_the_draw_is_the_first_sets_distribution_and_small_uploads():
         assert o["width_mhz"] in ("20", "40", "80")
 
 
-#: measured when the set was run once (docs/validation.md): median |error| 2.7 %, 8 of 8
-#: within 15 % (largest 6.9 %)
-THIRD_MEDIAN = 0.027
+#: measured with the window-limited flow (docs/validation.md): median |error| 4.1 %, 8 of
+#: 8 within 15 % (largest 13.9 %, the pair at 5 and 33 m); when it was run once, with the
+#: model before, 2.7 % (largest 6.9 %)
+THIRD_MEDIAN = 0.041
 #: none outside 15 %
 THIRD_OUTSIDE_15: dict[str, float] = {}
 

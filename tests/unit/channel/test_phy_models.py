@@ -80,8 +80,14 @@ def test_a_wifi_station_close_to_its_access_point_gets_mcs_11_and_the_macs_rate(
     assert expect == pytest.approx(115.5e6, rel=0.01)
     assert rows[0]["uplink_rate_bps"] == pytest.approx(expect, rel=1e-12)
     assert specs[0].uplink_rate_bps == pytest.approx(expect * 1448 / 1500, rel=1e-12)
-    # its TCP round trip includes its turn on the air: 42 packets of 1,500 bytes
-    assert specs[0].uplink_tcp.rtt_s == pytest.approx(42 * 12000 / expect, rel=1e-9)
+    # its TCP round trip is the wired path's (the scenario's latencies); what its MAC
+    # adds to a window-limited flow is read from its exchanges: 42-MPDU A-MPDUs, and per
+    # MPDU a 1,544-byte subframe and half a 96-byte TCP ACK subframe at MCS 11's 1,950
+    # bits a 13.6 µs symbol, (12,352 + 384) / 1,950 · 13.6 µs = 88.83 µs
+    tcp = specs[0].uplink_tcp
+    assert tcp.rtt_s == pytest.approx(0.0, abs=1e-12)
+    assert tcp.ampdu_mpdus == 42
+    assert tcp.mpdu_air_s == pytest.approx(88.83e-6, rel=0.01)
 
 
 def test_stations_of_one_cell_contend_and_the_cells_efficiency_falls_with_their_number():

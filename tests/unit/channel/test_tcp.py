@@ -98,6 +98,83 @@ def test_slow_start_edges():
     assert math.isinf(float(tcp_extra_s(10, 0.0, 0.1)))
 
 
+def test_the_ack_train_ends_slow_start_on_a_short_fast_path_by_hand():
+    """800,040 bytes (553 segments) at 1 Gb/s, 1 ms one way: τ = 1448·8/(1e9·1448/1500)
+    = 12 µs, R = 2 ms + τ. Round 0's 10 segments leave a gap of R − 10τ = 1.89 ms ≤ 2 ms
+    before round 1's first ACK, and the next window is 19 (≥ 16 with an ACK to spare):
+    HyStart's ACK train ends slow start there (stall R − 10τ), and Cubic before its
+    first loss grows the window a segment per 20 ACKed, w = 19 + u/20, a window per
+    round trip: the 543 segments left idle ∫ (R/w − τ) du = 20·R·ln(46.15/19) − 543·τ."""
+    tau = 8 * 1448 / (1e9 * 1448 / 1500)
+    r = 0.002 + tau
+    by_hand = (r - 10 * tau) + 20 * r * math.log((19 + 543 / 20) / 19) - 543 * tau
+    got = float(slow_start_stall_s(553, 0.002, tau, 10))
+    assert got == pytest.approx(by_hand, rel=1e-4)
+    assert by_hand == pytest.approx(0.03109, rel=1e-3)
+    # the same transfer 2 ms one way: round 0 leaves a gap of 3.89 ms, round 1 (19) 3.78
+    # ms, more than the ACK delta: no train; the last segment leaves in round 5 (S_6 =
+    # 9·63 + 1 = 568 ≥ 553), before the link fills: 5·R − S_5·τ, S_5 = 9·31 + 1 = 280
+    r2 = 0.004 + tau
+    assert float(slow_start_stall_s(553, 0.004, tau, 10)) == pytest.approx(5 * r2 - 280 * tau)
+
+
+def test_the_ack_train_against_ns3_on_point_to_point_links():
+    """ns-3.37 (validation/ns3/tcp_flows.cc, Cubic with HyStart, seed 1): 800,040 bytes,
+    1 ms one way — 0.03984 s at 1 Gb/s and 0.04390 s at 200 Mb/s (0.01435 s and
+    0.03665 s with the ACK-train test off, --ns3::TcpCubic::HyStartDetect=2); 2 ms one way
+    at 1 Gb/s, 0.02535 s either way. mecsim within 6 %."""
+    for delay_s, rate_bps, ns3_s in (
+        (0.001, 1e9, 0.03984),
+        (0.001, 2e8, 0.04390),
+        (0.002, 1e9, 0.02535),
+    ):
+        goodput = rate_bps * header_efficiency(1448, 52)
+        t = delay_s + 8 * 800_040 / goodput + float(tcp_extra_s(800_040, goodput, 2 * delay_s))
+        assert t == pytest.approx(ns3_s, rel=0.06), (delay_s, rate_bps, t)
+
+
+def test_a_window_limited_flow_on_an_aggregating_mac_by_hand():
+    """A MAC whose cycle of A-MPDUs of m MPDUs takes P(m) = O + m·a, a = 0.5, k = 10,
+    τ = P(k)/k = 1 (O = 5): at window w = 11.667 with a round trip of 10 on the wire,
+    m = 5 solves m·(1 + 10/P(m)) = w (P(5) = 7.5), and a segment costs P(5)/5 = 1.5,
+    0.5 more than at the saturated rate; a point-to-point link (a = τ, k = 1) at w = 5
+    spends the round trip R = 10 + 1 per window: 11/5 − 1 = 1.2 a segment."""
+    from mecsim.channel.tcp import _window_limited_s
+
+    def one(w, a, k):
+        arr = [np.array([v], dtype=float) for v in (0.02, w, 10.0, 1.0, a, k)]
+        return float(_window_limited_s(*arr)[0]) / 0.02
+
+    assert one(5 * (1 + 10 / 7.5), 0.5, 10) == pytest.approx(0.5, rel=1e-3)
+    assert one(5.0, 1.0, 1.0) == pytest.approx(1.2, rel=1e-3)
+    # at the window that fills the A-MPDU (m = k: w = 10·(1 + 10/10) = 20) nothing more
+    assert one(20.0, 0.5, 10) == pytest.approx(0.0, abs=1e-3)
+
+
+def test_a_station_sharing_its_cell_has_no_ack_train_by_hand():
+    """Two stations in a cell (flows 2), τ = 0.1 ms a segment at the fair share, an MPDU
+    adding a = 20 µs to the cycle, k = 42: the others' fixed part between two rounds is
+    k·(τ − 2a)·(2 − 1)/2 = 1.26 ms, so with 1 ms of wire each way a round trip is
+    R = 2 ms + τ + 1.26 ms = 3.36 ms. The cell-mate's exchanges hold the medium while
+    the round's ACKs come back, so they come in one burst a round trip apart: 3.36 ms >
+    the ACK delta (2 ms), no train (spread over the window at its own rate, 10·τ/2, the
+    gap would have been 2.86 ms; with 0.5 ms each way 1.86 ms, and the train would have
+    ended slow start at 19 segments). Plain slow start then: rounds of 10, 18, 36
+    (delayed ACKs, g = 9, c = 1), the link full from round K = 2 ((9·4 + 1)·τ ≥ R), the
+    139 segments' last in round 4: stall 2·R − S_2·τ = 6.72 − 2.8 = 3.92 ms; with 0.5 ms
+    each way R = 2.36 ms, K = 2 again: 4.72 − 2.8 = 1.92 ms."""
+    tau, a, k = 0.1e-3, 20e-6, 42.0
+    for rtt, by_hand in ((0.002, 3.92e-3), (0.001, 1.92e-3)):
+        got = float(slow_start_stall_s(139, rtt, tau, 10, a, k, 2.0))
+        assert got == pytest.approx(by_hand, rel=1e-9)
+    # alone in its cell (flows 1, the same τ: R = 2.1 ms) the round's ACKs trickle back
+    # spread over its window: R − 10·τ = 1.1 ms <= 2 ms, and the train ends slow start
+    # after round 0 (a window of 19), a window-limited flow after it: longer than slow
+    # start to the full link would take, 2·R − 28·τ = 1.4 ms
+    alone = float(slow_start_stall_s(139, 0.002, tau, 10, a, k, 1.0))
+    assert alone > 2 * (0.002 + tau) - 28 * tau + 1e-3
+
+
 def test_the_aqm_drop_after_slow_start_by_hand():
     """R = 0.12 + τ = 0.122 s with τ = 2 ms: pipe 61 segments; HyStart's θ = R/8 =
     15.25 ms (a queue of 7.625 segments), θ − τ = 13.25 ms > CoDel's 5 ms target. No
@@ -244,6 +321,27 @@ def test_flow_scalar_and_columns_agree_bit_for_bit():
         good = rng.uniform(slowest, 1e9, size=50)
         one = [f.extra_s(b, g) for f, b, g in zip(flows, nbytes, good, strict=True)]
         assert cols.extra_s(slice(None), nbytes, good).tolist() == one
+
+
+def test_wifi_flows_scalar_and_columns_agree_bit_for_bit():
+    """Flows on an aggregating MAC (an 802.11ax cell's stations: mpdu_air_s, ampdu_mpdus)
+    through both paths: the same floats."""
+    rng = np.random.default_rng(11)
+    flows = [
+        TcpFlow(
+            float(rng.uniform(0.0, 0.004)),
+            flows=int(rng.integers(1, 4)),
+            mpdu_air_s=float(rng.uniform(20e-6, 200e-6)),
+            ampdu_mpdus=float(rng.integers(20, 64)),
+        )
+        for _ in range(40)
+    ]
+    cols = TcpColumns.of(flows)
+    assert cols is not None and cols.mpdu_air_s is not None
+    nbytes = rng.integers(1, 3_000_000, size=40).astype(float)
+    good = rng.uniform(50e6, 600e6, size=40)
+    one = [f.extra_s(b, g) for f, b, g in zip(flows, nbytes, good, strict=True)]
+    assert cols.extra_s(slice(None), nbytes, good).tolist() == one
 
 
 def test_columns_of_flows_that_add_no_time_are_none():
