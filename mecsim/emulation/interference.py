@@ -21,7 +21,8 @@ no small-scale fading on interfering links.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -179,6 +180,34 @@ def downlink_interference_w(
 
 # ----------------------------------------------------------------------------- per instant
 
+#: grid times within this fraction of a step of a time are that time (as the moving
+#: links' pieces: mecsim.emulation.moving_rate)
+_GRID_TOLERANCE = 1e-9
+
+
+class UplinkMotion(Protocol):
+    """What per-instant interference needs of clients that move
+    (``geometry.mobility.rate: step``): the round's uplinks' gains and what each puts
+    into every site, constant over each step of the mobility grid (absolute emulated time
+    [k · step_s, (k + 1) · step_s]). Implemented by
+    :class:`mecsim.emulation.moving_rate.UplinkGainsOnGrid`."""
+
+    @property
+    def step_s(self) -> float: ...
+
+    @property
+    def round_start_s(self) -> float: ...
+
+    def last_step(self) -> int:
+        """The last grid step whose gains may differ from the one before (after it the
+        clients are held: the round's deadline, or as far as a transfer may go)."""
+        ...
+
+    def at_step(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(gain (n,), heard_w (n, S)) over grid step ``k``: each link's gain (path loss
+        and fading) and what each client puts into every site (W)."""
+        ...
+
 
 @dataclass(frozen=True, eq=False)
 class InstantUplink:
@@ -193,7 +222,13 @@ class InstantUplink:
         r_i = min(cap_i, share · B_i · log2(1 + 10^(offset/10) · p_i g_i / (I_i + N0 B_i))),
         I_i = Σ_{j ∈ on, s_j ≠ s_i, group(s_j) = group(s_i)} heard_w[j, s_i]
 
-    (:meth:`rates_bps`): with every selected client on, the per-round rate."""
+    (:meth:`rates_bps`): with every selected client on, the per-round rate.
+
+    ``motion``: clients that move (``geometry.mobility.rate: step``): g_i and
+    ``heard_w`` are those of each step of the mobility grid (:class:`UplinkMotion`;
+    ``gain`` and ``heard_w`` above are then the round's start's, what the per-round
+    rates use), so the rates change at grid times as well as at uploads' starts and
+    ends."""
 
     clients: np.ndarray
     bandwidth_hz: np.ndarray
@@ -206,43 +241,75 @@ class InstantUplink:
     groups: np.ndarray
     cap_bps: np.ndarray
     share: float
+    motion: UplinkMotion | None = None
+    #: (S, k) True where site s hears client j as interference (another site of its
+    #: group): the terms of the per-site sums
+    _co: np.ndarray = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        grp = np.asarray(self.groups, dtype=np.int64)
+        srv = np.asarray(self.serving, dtype=np.int64)
+        sites = np.arange(len(grp))
+        co = (grp[srv][None, :] == grp[:, None]) & (srv[None, :] != sites[:, None])
+        object.__setattr__(self, "_co", co)
+
+    def _heard_at_sites(self, heard_w: np.ndarray) -> np.ndarray:
+        """(S, k) ``heard_w`` (k, S) transposed, 0 where a site does not hear a client."""
+        out: np.ndarray = np.where(self._co, heard_w.T, 0.0)
+        return out
+
+    def _rates(
+        self, rows: np.ndarray, on: np.ndarray, gain: np.ndarray, heard_at_sites: np.ndarray
+    ) -> np.ndarray:
+        """The goodputs of clients ``rows`` with the clients ``on`` transmitting, of the
+        gains ``gain`` and the per-site terms ``heard_at_sites``. Each site's
+        interference is one sum over the clients in selection order (the numbers of
+        summing, client by client, what each hears)."""
+        at_site = np.where(on[None, :], heard_at_sites, 0.0).sum(axis=1)
+        i_w = at_site[self.serving[rows]]
+        b = self.bandwidth_hz[rows]
+        noise_w = i_w + self.noise_psd_w_per_hz * b
+        s = 10.0 ** (self.snr_offset_db / 10.0) * self.tx_power_w[rows] * gain[rows] / noise_w
+        out: np.ndarray = np.minimum(self.cap_bps[rows], self.share * b * np.log2(1.0 + s))
+        return out
 
     def interference_w(self, on: np.ndarray) -> np.ndarray:
         """(k,) the uplink interference (W) at each client's site with the clients
-        ``on`` (bool (k,)) transmitting."""
-        srv = self.serving
-        grp = self.groups
-        co = (grp[srv][:, None] == grp[srv][None, :]) & (srv[:, None] != srv[None, :])
-        heard = self.heard_w[:, srv].T  # [i, j]: j at i's site
-        out: np.ndarray = np.where(co & on[None, :], heard, 0.0).sum(axis=1)
+        ``on`` (bool (k,)) transmitting (the round's start's path losses)."""
+        at_site = np.where(on[None, :], self._heard_at_sites(self.heard_w), 0.0).sum(axis=1)
+        out: np.ndarray = at_site[self.serving]
         return out
 
     def rates_bps(self, on: np.ndarray) -> np.ndarray:
-        """(k,) each client's uplink goodput with the clients ``on`` transmitting."""
-        i_w = self.interference_w(on)
-        noise_w = i_w + self.noise_psd_w_per_hz * self.bandwidth_hz
-        s = 10.0 ** (self.snr_offset_db / 10.0) * self.tx_power_w * self.gain / noise_w
-        out: np.ndarray = np.minimum(
-            self.cap_bps, self.share * self.bandwidth_hz * np.log2(1.0 + s)
-        )
-        return out
+        """(k,) each client's uplink goodput with the clients ``on`` transmitting (the
+        round's start's gains)."""
+        rows = np.arange(len(self.clients))
+        return self._rates(rows, on, self.gain, self._heard_at_sites(self.heard_w))
 
     def solve(
         self, start_s: np.ndarray, nbits: np.ndarray
     ) -> tuple[np.ndarray, list[tuple[tuple[float, ...], tuple[float, ...]]]]:
         """The uploads, exactly: client i sends ``nbits[i]`` from ``start_s[i]`` (s since
         the round's start; NaN: no upload), every rate constant between two consecutive
-        starts or ends (the set of transmitters fixed). Returns each upload's end (NaN
-        without one; inf: never, at rate 0) and each client's rate as a schedule
-        ``(times, rates)`` from 0 (the rate of each interval from its upload's start to
-        its end; before the start, the first interval's)."""
+        events: an upload's start or end, and, for clients that move, a grid time at
+        which the gains change (a grid step whose gains are those of the step before is
+        no event). Returns each upload's end (NaN without one; inf: never, at rate 0)
+        and each client's rate as a schedule ``(times, rates)`` from 0 (the rate of each
+        interval from its upload's start to its end; before the start, the first
+        interval's)."""
         k = len(self.clients)
         start = np.asarray(start_s, dtype=float)
         left = np.where(np.isnan(start), 0.0, np.asarray(nbits, dtype=float))
         end = np.full(k, np.nan)
         on = np.zeros(k, dtype=bool)
         pending = sorted((float(start[i]), i) for i in range(k) if not np.isnan(start[i]))
-        steps: list[list[tuple[float, float]]] = [[] for _ in range(k)]
+        grid = _Grid(self) if self.motion is not None else None
+        gain, heard = self.gain, self._heard_at_sites(self.heard_w)
+        if grid is not None:
+            gain, heard = grid.at(0.0)
+        log_t: list[float] = []
+        log_rows: list[np.ndarray] = []
+        log_rates: list[np.ndarray] = []
         t, p = 0.0, 0
         while p < len(pending) or on.any():
             while p < len(pending) and pending[p][0] <= t:
@@ -254,38 +321,129 @@ class InstantUplink:
                 p += 1
             if not on.any():
                 t = pending[p][0]
+                if grid is not None:
+                    gain, heard = grid.at(t)
                 continue
-            rate = self.rates_bps(on)
             active = np.flatnonzero(on)
-            for i in active.tolist():
-                steps[i].append((t, float(rate[i])))
+            rate = self._rates(active, on, gain, heard)
+            log_t.append(t)
+            log_rows.append(active)
+            log_rates.append(rate)
             with np.errstate(divide="ignore"):
-                due = np.where(rate[active] > 0, left[active] / rate[active], np.inf)
+                due = np.where(rate > 0, left[active] / rate, np.inf)
             t_next = pending[p][0] if p < len(pending) else math.inf
             t_done = t + float(due.min())
-            if t_done == math.inf and t_next == math.inf:  # nobody can finish
-                end[active] = math.inf
+            t_grid = math.inf if grid is None else grid.next_change(t, min(t_done, t_next))
+            if t_done == math.inf and t_next == math.inf and t_grid == math.inf:
+                end[active] = math.inf  # nobody can finish
                 break
-            if t_done <= t_next:
+            if t_grid < t_done and t_grid < t_next:  # the gains change: a grid time
+                assert grid is not None
+                left[active] -= rate * (t_grid - t)
+                t = t_grid
+                gain, heard = grid.at(t)
+            elif t_done <= t_next:
                 dt = t_done - t
                 first = due <= due.min()
-                for i, fin in zip(active.tolist(), first.tolist(), strict=True):
-                    if fin:
-                        end[i], left[i], on[i] = t_done, 0.0, False
-                    else:
-                        left[i] -= rate[i] * dt
+                done = active[first]
+                going = active[~first]
+                end[done], left[done], on[done] = t_done, 0.0, False
+                left[going] -= rate[~first] * dt
                 t = t_done
             else:
-                left[active] -= rate[active] * (t_next - t)
+                left[active] -= rate * (t_next - t)
                 t = t_next
+            if grid is not None:  # the step t is in (t may be a grid time itself)
+                gain, heard = grid.at(t)
+        return end, self._schedules(log_t, log_rows, log_rates, on, gain, heard)
+
+    def _schedules(
+        self,
+        log_t: list[float],
+        log_rows: list[np.ndarray],
+        log_rates: list[np.ndarray],
+        on: np.ndarray,
+        gain: np.ndarray,
+        heard: np.ndarray,
+    ) -> list[tuple[tuple[float, ...], tuple[float, ...]]]:
+        """Each client's rate schedule from the solution's log (at each event, the
+        transmitting clients and their rates); a client that never transmitted: its
+        rate with the clients ``on`` at the end (nobody) as its one step."""
+        k = len(self.clients)
+        rows = np.concatenate(log_rows) if log_rows else np.zeros(0, dtype=np.int64)
+        times = np.repeat(np.asarray(log_t, dtype=float), [len(r) for r in log_rows])
+        rates = np.concatenate(log_rates) if log_rates else np.zeros(0)
+        order = np.argsort(rows, kind="stable")
+        counts = np.bincount(rows, minlength=k)
+        bounds = np.concatenate([[0], np.cumsum(counts)])
+        times_l, rates_l = times[order].tolist(), rates[order].tolist()
+        alone: list[float] | None = None
         schedules: list[tuple[tuple[float, ...], tuple[float, ...]]] = []
         for i in range(k):
-            if not steps[i]:
-                schedules.append(((0.0,), (float(self.rates_bps(on)[i]),)))
+            a, b = int(bounds[i]), int(bounds[i + 1])
+            if a == b:
+                if alone is None:
+                    alone = self._rates(np.arange(k), on, gain, heard).tolist()
+                schedules.append(((0.0,), (float(alone[i]),)))
                 continue
-            times: tuple[float, ...] = tuple(s for s, _ in steps[i])
-            rates: tuple[float, ...] = tuple(r for _, r in steps[i])
-            if times[0] > 0.0:
-                times, rates = (0.0, *times), (rates[0], *rates)
-            schedules.append((times, rates))
-        return end, schedules
+            ts: tuple[float, ...] = tuple(times_l[a:b])
+            rs: tuple[float, ...] = tuple(rates_l[a:b])
+            if ts[0] > 0.0:
+                ts, rs = (0.0, *ts), (rs[0], *rs)
+            schedules.append((ts, rs))
+        return schedules
+
+
+class _Grid:
+    """The mobility grid of an :class:`InstantUplink` with ``motion``: the gains at a
+    time (s since the round's start) and the next grid time at which they change."""
+
+    def __init__(self, uplink: InstantUplink) -> None:
+        motion = uplink.motion
+        assert motion is not None
+        self.uplink, self.motion = uplink, motion
+        self.step_s, self.start_s = motion.step_s, motion.round_start_s
+        self.last = motion.last_step()
+        self._data: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.k = -1  # the step whose gains are current
+        self.same_to = -1  # steps k .. same_to have the same gains
+
+    def step_of(self, t_s: float) -> int:
+        """The grid step a time (s since the round's start) falls in; a time within a
+        tolerance of a grid time is in the step it starts."""
+        a = self.start_s + t_s
+        k = math.floor(a / self.step_s + _GRID_TOLERANCE)
+        if (k + 1) * self.step_s - a <= _GRID_TOLERANCE * self.step_s:
+            k += 1
+        return min(k, self.last)
+
+    def _step(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        got = self._data.get(k)
+        if got is None:
+            gain, heard_w = self.motion.at_step(k)
+            got = (gain, self.uplink._heard_at_sites(heard_w))
+            self._data[k] = got
+        return got
+
+    def at(self, t_s: float) -> tuple[np.ndarray, np.ndarray]:
+        """The gains and per-site terms at ``t_s``, made the current ones."""
+        k = self.step_of(t_s)
+        if not self.k <= k <= self.same_to:
+            self.k = self.same_to = k
+        return self._step(self.k)
+
+    def next_change(self, t_s: float, before_s: float) -> float:
+        """The first grid time after ``t_s`` and before ``before_s`` (s since the round's
+        start) at which the gains differ from the current ones; inf if none."""
+        gain, heard = self._step(self.k)
+        k = self.same_to + 1
+        while k <= self.last:
+            t_grid = k * self.step_s - self.start_s
+            if t_grid >= before_s:
+                return math.inf
+            g, h = self._step(k)
+            if not (np.array_equal(g, gain) and np.array_equal(h, heard)):
+                return t_grid
+            self.same_to = k
+            k += 1
+        return math.inf
