@@ -17,7 +17,6 @@ from mecsim.emulation import faults
 from mecsim.emulation.engine import (
     ClientSpec,
     NetworkSpec,
-    RateSchedule,
     RoundTiming,
     ServerSpec,
     SolvedRound,
@@ -104,13 +103,11 @@ class EmulatedRound:
             if before is not None and np.array_equal(starts, before, equal_nan=True):
                 self._solved["specs"] = specs
                 return solved
-            _, schedules = instant.solve(starts, nbits)
+            rates = instant.rates(starts, nbits)
             specs = dict(specs)
-            for cid, (times, rates) in zip(order, schedules, strict=True):
+            for cid, rate in zip(order, rates, strict=True):
                 if cid in specs:
-                    specs[cid] = dataclasses.replace(
-                        specs[cid], uplink_rate_bps=RateSchedule(times, rates)
-                    )
+                    specs[cid] = dataclasses.replace(specs[cid], uplink_rate_bps=rate)
             before = starts
         raise ValueError(
             "channel.interference.timing: instant: the uploads' starts did not settle in "
