@@ -268,6 +268,10 @@ class InstantUplink:
         interference is one sum over the clients in selection order (the numbers of
         summing, client by client, what each hears)."""
         at_site = np.where(on[None, :], heard_at_sites, 0.0).sum(axis=1)
+        return self._rates_at(rows, at_site, gain)
+
+    def _rates_at(self, rows: np.ndarray, at_site: np.ndarray, gain: np.ndarray) -> np.ndarray:
+        """The goodputs of clients ``rows`` with each site's interference ``at_site``."""
         i_w = at_site[self.serving[rows]]
         b = self.bandwidth_hz[rows]
         noise_w = i_w + self.noise_psd_w_per_hz * b
@@ -298,11 +302,10 @@ class InstantUplink:
     def rates(self, start_s: np.ndarray, nbits: np.ndarray) -> list[TimeVaryingRate]:
         """Each client's uplink as the engine times it after :meth:`solved`: standing
         clients, its rate schedule (:class:`RateSchedule`); clients that move, an
-        :class:`InstantRate`, which gives the solution's end for the upload solved and
-        builds the schedule only if asked about another transfer (a schedule has an
-        entry per event of the client's upload: at 10,000 clients, hundreds of millions
-        a round)."""
-        end, log = self.solved(start_s, nbits)
+        :class:`InstantRate`, which gives the solution's end for the upload solved (a
+        schedule has an entry per event of the client's upload: at 10,000 walkers,
+        tens of millions a round, so none is kept)."""
+        end, log = self.solved(start_s, nbits, log=self.motion is None)
         if self.motion is None:
             return [RateSchedule(t, r) for t, r in log.schedules()]
         start = np.asarray(start_s, dtype=float)
@@ -312,7 +315,9 @@ class InstantUplink:
             for i in range(len(self.clients))
         ]
 
-    def solved(self, start_s: np.ndarray, nbits: np.ndarray) -> tuple[np.ndarray, _Log]:
+    def solved(
+        self, start_s: np.ndarray, nbits: np.ndarray, *, log: bool = True
+    ) -> tuple[np.ndarray, _Log]:
         """The uploads, exactly: client i sends ``nbits[i]`` from ``start_s[i]`` (s since
         the round's start; NaN: no upload), every rate constant between two consecutive
         events: an upload's start or end, and, for clients that move, a grid time at
@@ -320,7 +325,7 @@ class InstantUplink:
         no event). Returns each upload's end (NaN without one; inf: never, at rate 0)
         and each client's rate as a schedule ``(times, rates)`` from 0 (the rate of each
         interval from its upload's start to its end; before the start, the first
-        interval's: :class:`_Log`)."""
+        interval's: :class:`_Log`; ``log=False``: only who transmitted is kept)."""
         k = len(self.clients)
         start = np.asarray(start_s, dtype=float)
         left = np.where(np.isnan(start), 0.0, np.asarray(nbits, dtype=float))
@@ -334,12 +339,24 @@ class InstantUplink:
         log_t: list[float] = []
         log_rows: list[np.ndarray] = []
         log_rates: list[np.ndarray] = []
+        ever = np.zeros(k, dtype=bool)
+        # each site's interference and each transmitting client's rate, recomputed at an
+        # event only where it changes: the sites that hear a client that started or
+        # stopped, the clients of those sites and those that started (every one after
+        # a grid time). Each site's sum is the same sum (a row of the (S, k) terms), so
+        # the numbers are those of recomputing everything
+        at_site = np.zeros(len(self.groups))
+        rate_all = np.zeros(k)
+        changed: list[int] | None = None  # None: everything
+        current = (gain, heard)
         t, p = 0.0, 0
         while p < len(pending) or on.any():
             while p < len(pending) and pending[p][0] <= t:
                 i = pending[p][1]
                 if left[i] > 0:
                     on[i] = True
+                    if changed is not None:
+                        changed.append(i)
                 else:
                     end[i] = pending[p][0]
                 p += 1
@@ -349,10 +366,28 @@ class InstantUplink:
                     gain, heard = grid.at(t)
                 continue
             active = np.flatnonzero(on)
-            rate = self._rates(active, on, gain, heard)
-            log_t.append(t)
-            log_rows.append(active)
-            log_rates.append(rate)
+            if changed is None or current[0] is not gain or current[1] is not heard:
+                at_site = np.where(on[None, :], heard, 0.0).sum(axis=1)
+                rate_all[active] = self._rates_at(active, at_site, gain)
+                current = (gain, heard)
+            elif changed:
+                who = np.asarray(changed, dtype=np.int64)
+                hit = self._co[:, who].any(axis=1)
+                sites = np.flatnonzero(hit)
+                if sites.size:
+                    at_site[sites] = np.where(on[None, :], heard[sites], 0.0).sum(axis=1)
+                again = hit[self.serving[active]]
+                again[np.searchsorted(active, who[on[who]])] = True
+                rows = active[again]
+                rate_all[rows] = self._rates_at(rows, at_site, gain)
+            changed = []
+            rate = rate_all[active]
+            if log:
+                log_t.append(t)
+                log_rows.append(active)
+                log_rates.append(rate)
+            else:
+                ever[active] = True
             with np.errstate(divide="ignore"):
                 due = np.where(rate > 0, left[active] / rate, np.inf)
             t_next = pending[p][0] if p < len(pending) else math.inf
@@ -372,6 +407,7 @@ class InstantUplink:
                 done = active[first]
                 going = active[~first]
                 end[done], left[done], on[done] = t_done, 0.0, False
+                changed.extend(done.tolist())
                 left[going] -= rate[~first] * dt
                 t = t_done
             else:
@@ -379,7 +415,7 @@ class InstantUplink:
                 t = t_next
             if grid is not None:  # the step t is in (t may be a grid time itself)
                 gain, heard = grid.at(t)
-        return end, _Log(self, log_t, log_rows, log_rates, (on, gain, heard))
+        return end, _Log(self, log_t, log_rows, log_rates, (on, gain, heard), None if log else ever)
 
 
 class _Log:
@@ -395,8 +431,11 @@ class _Log:
         log_rows: list[np.ndarray],
         log_rates: list[np.ndarray],
         last: tuple[np.ndarray, np.ndarray, np.ndarray],
+        ever: np.ndarray | None = None,
     ) -> None:
         self.uplink, self.last = uplink, last
+        #: without a log: who transmitted (None: the log has it)
+        self.ever = ever
         self.log_t, self.log_rows, self.log_rates = log_t, log_rows, log_rates
         self._by_client: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._alone: np.ndarray | None = None
@@ -413,16 +452,25 @@ class _Log:
             self._by_client = (times[order], rates[order], bounds)
         return self._by_client
 
+    def transmitted(self, i: int) -> bool:
+        if self.ever is not None:
+            return bool(self.ever[i])
+        _, _, bounds = self._sorted()
+        return bool(bounds[i + 1] > bounds[i])
+
     def schedule(self, i: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
-        """Client ``i``'s rate schedule ``(times, rates)`` from 0."""
-        times, rates, bounds = self._sorted()
-        a, b = int(bounds[i]), int(bounds[i + 1])
-        if a == b:
+        """Client ``i``'s rate schedule ``(times, rates)`` from 0 (a solution without
+        its log: only that of a client that did not transmit)."""
+        if not self.transmitted(i):
             if self._alone is None:
                 on, gain, heard = self.last
                 every = np.arange(len(self.uplink.clients))
                 self._alone = self.uplink._rates(every, on, gain, heard)
             return (0.0,), (float(self._alone[i]),)
+        if self.ever is not None:
+            raise ValueError("the solution's log was not kept")
+        times, rates, bounds = self._sorted()
+        a, b = int(bounds[i]), int(bounds[i + 1])
         ts: tuple[float, ...] = tuple(times[a:b].tolist())
         rs: tuple[float, ...] = tuple(rates[a:b].tolist())
         if ts[0] > 0.0:
@@ -441,9 +489,13 @@ _SAME_START_S = 1e-12
 class InstantRate(TimeVaryingRate):
     """A moving client's uplink under per-instant interference
     (:meth:`InstantUplink.rates`): the upload solved (``nbits`` from ``start_s``, or
-    from within :data:`_SAME_START_S` of it) ends at the solution's ``end_s``; any other
-    transfer is timed on the client's rate schedule (:class:`RateSchedule`, built
-    then)."""
+    from within :data:`_SAME_START_S` of it) ends at the solution's ``end_s``. Another
+    transfer: a client that did not transmit in the solution has its rate with nobody
+    on (as a standing client's schedule); one that did, its solved upload's mean rate
+    (bits over its duration). Only a solution that is solved again asks so
+    (:meth:`mecsim.emulation.timing.EmulatedRound.time` repeats the solutions until the
+    uploads start where the one before had them: the round kept asks about the uploads
+    solved)."""
 
     __slots__ = ("end_s", "i", "log", "nbits", "start_s")
 
@@ -458,7 +510,11 @@ class InstantRate(TimeVaryingRate):
         )
 
     def schedule(self) -> RateSchedule:
-        return RateSchedule(*self.log.schedule(self.i))
+        if not self.log.transmitted(self.i):
+            return RateSchedule(*self.log.schedule(self.i))
+        duration_s = self.end_s - self.start_s
+        mean = self.nbits / duration_s if duration_s > 0 else 0.0
+        return RateSchedule((0.0,), (mean,))
 
     def transfer_time_s(self, nbits: float, start_s: float) -> float:
         if nbits <= 0:
