@@ -11,9 +11,11 @@ Pure functions of numpy arrays:
   other co-channel cells) and :func:`downlink_interference_w` (at the client, from the
   other co-channel sites that serve a selected client).
 
-Interference is evaluated **per round, not per instant**: every selected client of a
-round is taken to transmit for the whole upload phase, every site serving one of them
-for the whole download phase. Powers are mean powers: the path loss of each link (the
+Interference is evaluated **per round** by these two: every selected client of a round
+is taken to transmit for the whole upload phase, every site serving one of them for the
+whole download phase. **Per instant** (``channel.interference.timing: instant``), the
+uplinks are solved from event to event by :class:`InstantUplink` (clients that move
+under ``rate: step``: the gains of each step of the mobility grid, too). Powers are mean powers: the path loss of each link (the
 channel's model, with each link's LOS state and shadowing as the geometry draws them),
 no small-scale fading on interfering links.
 """

@@ -72,8 +72,9 @@ class EmulatedRound:
         """The round with per-instant uplink interference: solved with the per-round
         rates, each upload's start read off it (a client's upload must be its trace's
         last op), the uploads solved exactly from those starts
-        (:meth:`InstantUplink.solve`), each client's uplink given its rate as a schedule,
-        and the round solved again, until the uploads start where the solution before had
+        (:meth:`InstantUplink.rates`), each client's uplink given its rate as a schedule
+        (clients that move: the solution's end, :class:`InstantRate`), and the round
+        solved again, until the uploads start where the solution before had
         them (at once for traces whose upload is their last op)."""
         specs = self.specs
         order = [int(c) for c in instant.clients]
