@@ -204,9 +204,7 @@ def bench(
         )
 
 
-def moving_scenario(
-    clients: int, reuse: int, handover: bool = False, instant: bool = False
-):
+def moving_scenario(clients: int, reuse: int, handover: bool = False, instant: bool = False):
     """The shared-AP scenario with ``clients`` clients on 7 hexagonal UMi cells, walking,
     geometric interference of reuse factor ``reuse`` (the module's docstring, 4);
     ``handover``: with handover during rounds (``geometry.handover`` at its defaults);

@@ -15,9 +15,9 @@ Interference is evaluated **per round** by these two: every selected client of a
 is taken to transmit for the whole upload phase, every site serving one of them for the
 whole download phase. **Per instant** (``channel.interference.timing: instant``), the
 uplinks are solved from event to event by :class:`InstantUplink` (clients that move
-under ``rate: step``: the gains of each step of the mobility grid, too). Powers are mean powers: the path loss of each link (the
-channel's model, with each link's LOS state and shadowing as the geometry draws them),
-no small-scale fading on interfering links.
+under ``rate: step``: the gains of each step of the mobility grid, too). Powers are mean
+powers: the path loss of each link (the channel's model, with each link's LOS state and
+shadowing as the geometry draws them), no small-scale fading on interfering links.
 """
 
 from __future__ import annotations
@@ -374,11 +374,11 @@ class InstantUplink:
                 current = (gain, heard)
             elif changed:
                 who = np.asarray(changed, dtype=np.int64)
-                hit = self._co[:, who].any(axis=1)
+                hit = np.asarray(self._co[:, who].any(axis=1), dtype=bool)
                 sites = np.flatnonzero(hit)
                 if sites.size:
                     at_site[sites] = np.where(on[None, :], heard[sites], 0.0).sum(axis=1)
-                again = hit[self.serving[active]]
+                again: np.ndarray = hit[self.serving[active]]
                 again[np.searchsorted(active, who[on[who]])] = True
                 rows = active[again]
                 rate_all[rows] = self._rates_at(rows, at_site, gain)
