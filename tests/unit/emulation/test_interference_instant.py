@@ -398,3 +398,45 @@ def test_instant_timing_with_handover_during_rounds_is_refused(tmp_path):
 
     with pytest.raises(ScenarioError, match=r"channel\.interference\.timing: .*geometry\.handover"):
         scenario_from_dict(sc, "t")
+
+
+def test_a_walkers_grid_path_losses_are_the_associations(tmp_path):
+    """Under TR 38.901 with spatially consistent LOS and shadowing, the path losses the
+    per-instant solver takes at a grid step are those the association evaluates with the
+    clients there (the same model, the same fields), to the bit."""
+    from mecsim.emulation.geometry import distances_m, link_metric
+
+    sc = walking(tmp_path).model_dump(mode="json", exclude_none=True)
+    sc["channel"]["path_loss"] = {"model": "38.901-umi", "carrier_ghz": 3.5}
+    sc["geometry"]["min_distance_m"] = 10.0
+    from mecsim.scenario import scenario_from_dict
+
+    sc = scenario_from_dict(sc, "umi walker")
+    net = NetworkModel(sc, device_profiles(sc))
+    net.links(0, [0, 1, 2], 0.0)
+    motion = net.instant_uplink.motion
+    assert motion is not None and net.cells.spatial is not None
+    p = net.moving.positions.at(1.75)  # step 3's midpoint
+    cells = net.cells
+    want, _, _ = link_metric(
+        "nearest", distances_m(p, cells.sites_m), net.channel, cells.large_scale_at(p)
+    )
+    assert np.array_equal(motion.path_loss_db(p), want)
+    gain, heard = motion.at_step(3)
+    p_w = 10 ** (23 / 10) / 1e3
+    assert heard == pytest.approx(p_w * 10.0 ** (-want / 10.0), rel=1e-12)
+    assert not np.array_equal(heard, motion.at_step(2)[1])  # client 0 moved
+
+
+def test_a_run_with_a_walker_per_instant(tmp_path):
+    """A one-round run of the walker's cells per instant: every client's upload and
+    radio energy finite."""
+    from mecsim.store.reader import read_csv_exact
+    from mecsim.store.session import run_in_folder
+
+    sc = walking(tmp_path).model_copy(update={"rounds": 1})
+    run_in_folder(sc, tmp_path / "run")
+    rows = read_csv_exact(tmp_path / "run" / "clients.csv")
+    assert len(rows) == 3
+    assert np.isfinite(rows["upload_s"].to_numpy()).all()
+    assert (rows["energy_radio_j"].to_numpy() > 0).all()
