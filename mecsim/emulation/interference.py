@@ -249,6 +249,7 @@ class InstantUplink:
     #: (S, k) True where site s hears client j as interference (another site of its
     #: group): the terms of the per-site sums
     _co: np.ndarray = field(init=False, repr=False, compare=False)
+    _co_t: np.ndarray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         grp = np.asarray(self.groups, dtype=np.int64)
@@ -256,6 +257,7 @@ class InstantUplink:
         sites = np.arange(len(grp))
         co = (grp[srv][None, :] == grp[:, None]) & (srv[None, :] != sites[:, None])
         object.__setattr__(self, "_co", co)
+        object.__setattr__(self, "_co_t", np.ascontiguousarray(co.T))
 
     def _heard_at_sites(self, heard_w: np.ndarray) -> np.ndarray:
         """(S, k) ``heard_w`` (k, S) transposed, 0 where a site does not hear a client."""
@@ -348,36 +350,40 @@ class InstantUplink:
         # a grid time). Each site's sum is the same sum (a row of the (S, k) terms), so
         # the numbers are those of recomputing everything
         at_site = np.zeros(len(self.groups))
+        terms = np.zeros((len(self.groups), k))  # heard where on, else 0
         rate_all = np.zeros(k)
         changed: list[int] | None = None  # None: everything
         current = (gain, heard)
-        t, p = 0.0, 0
-        while p < len(pending) or on.any():
+        t, p, n_on = 0.0, 0, 0
+        while p < len(pending) or n_on:
             while p < len(pending) and pending[p][0] <= t:
                 i = pending[p][1]
                 if left[i] > 0:
                     on[i] = True
+                    n_on += 1
                     if changed is not None:
                         changed.append(i)
                 else:
                     end[i] = pending[p][0]
                 p += 1
-            if not on.any():
+            if not n_on:
                 t = pending[p][0]
                 if grid is not None:
                     gain, heard = grid.at(t)
                 continue
             active = np.flatnonzero(on)
             if changed is None or current[0] is not gain or current[1] is not heard:
-                at_site = np.where(on[None, :], heard, 0.0).sum(axis=1)
+                terms = np.where(on[None, :], heard, 0.0)
+                at_site = terms.sum(axis=1)
                 rate_all[active] = self._rates_at(active, at_site, gain)
                 current = (gain, heard)
             elif changed:
                 who = np.asarray(changed, dtype=np.int64)
-                hit = np.asarray(self._co[:, who].any(axis=1), dtype=bool)
+                terms[:, who] = np.where(on[who][None, :], heard[:, who], 0.0)
+                hit = np.asarray(self._co_t[who].any(axis=0), dtype=bool)
                 sites = np.flatnonzero(hit)
                 if sites.size:
-                    at_site[sites] = np.where(on[None, :], heard[sites], 0.0).sum(axis=1)
+                    at_site[sites] = terms[sites].sum(axis=1)
                 again: np.ndarray = hit[self.serving[active]]
                 again[np.searchsorted(active, who[on[who]])] = True
                 rows = active[again]
@@ -409,6 +415,7 @@ class InstantUplink:
                 done = active[first]
                 going = active[~first]
                 end[done], left[done], on[done] = t_done, 0.0, False
+                n_on -= len(done)
                 changed.extend(done.tolist())
                 left[going] -= rate[~first] * dt
                 t = t_done
@@ -544,6 +551,7 @@ class _Grid:
         self._data: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.k = -1  # the step whose gains are current
         self.same_to = -1  # steps k .. same_to have the same gains
+        self.differs: int | None = None  # same_to + 1, known to have other gains
 
     def step_of(self, t_s: float) -> int:
         """The grid step a time (s since the round's start) falls in; a time within a
@@ -567,11 +575,15 @@ class _Grid:
         k = self.step_of(t_s)
         if not self.k <= k <= self.same_to:
             self.k = self.same_to = k
+            self.differs = None
         return self._step(self.k)
 
     def next_change(self, t_s: float, before_s: float) -> float:
         """The first grid time after ``t_s`` and before ``before_s`` (s since the round's
         start) at which the gains differ from the current ones; inf if none."""
+        if self.differs is not None:  # found before, while the same step was current
+            t_grid = self.differs * self.step_s - self.start_s
+            return t_grid if t_grid < before_s else math.inf
         gain, heard = self._step(self.k)
         k = self.same_to + 1
         while k <= self.last:
@@ -580,6 +592,7 @@ class _Grid:
                 return math.inf
             g, h = self._step(k)
             if not (np.array_equal(g, gain) and np.array_equal(h, heard)):
+                self.differs = k
                 return t_grid
             self.same_to = k
             k += 1
