@@ -492,13 +492,13 @@ class _Log:
 
 #: an upload asked about within this fraction of its solved start (its start read off a
 #: timeline as finish − duration: a few ulps off) is the upload solved
-_SAME_START_S = 1e-12
+SAME_START_RTOL = 1e-12
 
 
 class InstantRate(TimeVaryingRate):
     """A moving client's uplink under per-instant interference
     (:meth:`InstantUplink.rates`): the upload solved (``nbits`` from ``start_s``, or
-    from within :data:`_SAME_START_S` of it) ends at the solution's ``end_s``. Another
+    from within :data:`SAME_START_RTOL` of it) ends at the solution's ``end_s``. Another
     transfer: a client that did not transmit in the solution has its rate with nobody
     on (as a standing client's schedule); one that did, its solved upload's mean rate
     (bits over its duration). Only a solution that is solved again asks so
@@ -528,7 +528,7 @@ class InstantRate(TimeVaryingRate):
     def transfer_time_s(self, nbits: float, start_s: float) -> float:
         if nbits <= 0:
             return 0.0
-        if nbits == self.nbits and abs(start_s - self.start_s) <= _SAME_START_S * max(
+        if nbits == self.nbits and abs(start_s - self.start_s) <= SAME_START_RTOL * max(
             1.0, abs(self.start_s)
         ):
             return self.end_s - start_s

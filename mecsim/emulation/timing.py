@@ -22,7 +22,7 @@ from mecsim.emulation.engine import (
     SolvedRound,
     solve_round,
 )
-from mecsim.emulation.interference import InstantUplink
+from mecsim.emulation.interference import SAME_START_RTOL, InstantUplink
 from mecsim.emulation.network import NetworkModel
 from mecsim.emulation.ops import OpTrace, Upload
 
@@ -101,7 +101,7 @@ class EmulatedRound:
                 tl = timelines.get(cid)
                 if nbits[i] > 0 and tl is not None and np.isfinite(tl.finish_s):
                     starts[i] = tl.finish_s - tl.upload_s
-            if before is not None and np.array_equal(starts, before, equal_nan=True):
+            if before is not None and _settled(starts, before, instant.motion is not None):
                 self._solved["specs"] = specs
                 return solved
             rates = instant.rates(starts, nbits)
@@ -114,6 +114,20 @@ class EmulatedRound:
             "channel.interference.timing: instant: the uploads' starts did not settle in "
             f"{INSTANT_PASSES} solutions of the round; use timing: round"
         )
+
+
+def _settled(starts: np.ndarray, before: np.ndarray, walkers: bool) -> bool:
+    """Do the uploads start where the solution before had them? The same numbers; with
+    clients that move, within :data:`SAME_START_RTOL` (a start read off a timeline as
+    finish − duration is a few ulps off, and a walker's :class:`InstantRate` answers
+    the upload solved for a start that close: solving again would give the same ends
+    but for those ulps)."""
+    if np.array_equal(starts, before, equal_nan=True):
+        return True
+    if not walkers or not np.array_equal(np.isnan(starts), np.isnan(before)):
+        return False
+    a, b = starts[~np.isnan(starts)], before[~np.isnan(before)]
+    return bool(np.all(np.abs(a - b) <= SAME_START_RTOL * np.maximum(1.0, np.abs(b))))
 
 
 def emulate_round(
