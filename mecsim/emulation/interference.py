@@ -303,19 +303,28 @@ class InstantUplink:
         end, log = self.solved(start_s, nbits)
         return end, log.schedules()
 
-    def rates(self, start_s: np.ndarray, nbits: np.ndarray) -> list[TimeVaryingRate]:
+    def rates(
+        self, start_s: np.ndarray, nbits: np.ndarray, tolerance_s: np.ndarray | None = None
+    ) -> list[TimeVaryingRate]:
         """Each client's uplink as the engine times it after :meth:`solved`: standing
         clients, its rate schedule (:class:`RateSchedule`); clients that move, an
         :class:`InstantRate`, which gives the solution's end for the upload solved (a
         schedule has an entry per event of the client's upload: at 10,000 walkers,
-        tens of millions a round, so none is kept)."""
+        tens of millions a round, so none is kept); ``tolerance_s``: how far from its
+        solved start an upload asked about is that upload (default
+        :data:`SAME_START_RTOL` of the start)."""
         end, log = self.solved(start_s, nbits, log=self.motion is None)
         if self.motion is None:
             return [RateSchedule(t, r) for t, r in log.schedules()]
         start = np.asarray(start_s, dtype=float)
         bits = np.asarray(nbits, dtype=float)
+        tol = (
+            SAME_START_RTOL * np.maximum(1.0, np.abs(start))
+            if tolerance_s is None
+            else np.asarray(tolerance_s, dtype=float)
+        )
         return [
-            InstantRate(log, i, float(start[i]), float(bits[i]), float(end[i]))
+            InstantRate(log, i, float(start[i]), float(bits[i]), float(end[i]), float(tol[i]))
             for i in range(len(self.clients))
         ]
 
@@ -490,15 +499,15 @@ class _Log:
         return [self.schedule(i) for i in range(len(self.uplink.clients))]
 
 
-#: an upload asked about within this fraction of its solved start (its start read off a
-#: timeline as finish − duration: a few ulps off) is the upload solved
+#: an upload asked about within this fraction of its solved start's scale (the finish it
+#: was read off, as finish − duration: a few ulps off) is the upload solved
 SAME_START_RTOL = 1e-12
 
 
 class InstantRate(TimeVaryingRate):
     """A moving client's uplink under per-instant interference
     (:meth:`InstantUplink.rates`): the upload solved (``nbits`` from ``start_s``, or
-    from within :data:`SAME_START_RTOL` of it) ends at the solution's ``end_s``. Another
+    from within ``tolerance_s`` of it) ends at the solution's ``end_s``. Another
     transfer: a client that did not transmit in the solution has its rate with nobody
     on (as a standing client's schedule); one that did, its solved upload's mean rate
     (bits over its duration). Only a solution that is solved again asks so
@@ -506,11 +515,14 @@ class InstantRate(TimeVaryingRate):
     uploads start where the one before had them: the round kept asks about the uploads
     solved)."""
 
-    __slots__ = ("end_s", "i", "log", "nbits", "start_s")
+    __slots__ = ("end_s", "i", "log", "nbits", "start_s", "tolerance_s")
 
-    def __init__(self, log: _Log, i: int, start_s: float, nbits: float, end_s: float) -> None:
+    def __init__(
+        self, log: _Log, i: int, start_s: float, nbits: float, end_s: float, tolerance_s: float
+    ) -> None:
         self.log, self.i = log, i
         self.start_s, self.nbits, self.end_s = start_s, nbits, end_s
+        self.tolerance_s = tolerance_s
 
     def __repr__(self) -> str:
         return (
@@ -528,9 +540,7 @@ class InstantRate(TimeVaryingRate):
     def transfer_time_s(self, nbits: float, start_s: float) -> float:
         if nbits <= 0:
             return 0.0
-        if nbits == self.nbits and abs(start_s - self.start_s) <= SAME_START_RTOL * max(
-            1.0, abs(self.start_s)
-        ):
+        if nbits == self.nbits and abs(start_s - self.start_s) <= self.tolerance_s:
             return self.end_s - start_s
         return self.schedule().transfer_time_s(nbits, start_s)
 

@@ -92,42 +92,48 @@ class EmulatedRound:
                 last_op = trace[-1]
                 assert isinstance(last_op, Upload)
                 nbits[i] = 8.0 * float(last_op.nbytes)
-        before: np.ndarray | None = None
+        before: tuple[np.ndarray, np.ndarray] | None = None
         for _ in range(INSTANT_PASSES):
             solved = solve_round(traces, specs, self.servers, self.network)
             timelines = {c.client_id: c for c in solved.timing(0.0).clients}
             starts = np.full(len(order), np.nan)
+            # a start read off as finish − duration is a few ulps of the finish off
+            tol_s = np.zeros(len(order))
             for i, cid in enumerate(order):
                 tl = timelines.get(cid)
                 if nbits[i] > 0 and tl is not None and np.isfinite(tl.finish_s):
                     starts[i] = tl.finish_s - tl.upload_s
-            if before is not None and _settled(starts, before, instant.motion is not None):
+                    tol_s[i] = SAME_START_RTOL * max(1.0, abs(tl.finish_s))
+            if before is not None and _settled((starts, tol_s), before, instant.motion is not None):
                 self._solved["specs"] = specs
                 return solved
-            rates = instant.rates(starts, nbits)
+            rates = instant.rates(starts, nbits, tol_s)
             specs = dict(specs)
             for cid, rate in zip(order, rates, strict=True):
                 if cid in specs:
                     specs[cid] = dataclasses.replace(specs[cid], uplink_rate_bps=rate)
-            before = starts
+            before = (starts, tol_s)
         raise ValueError(
             "channel.interference.timing: instant: the uploads' starts did not settle in "
             f"{INSTANT_PASSES} solutions of the round; use timing: round"
         )
 
 
-def _settled(starts: np.ndarray, before: np.ndarray, walkers: bool) -> bool:
-    """Do the uploads start where the solution before had them? The same numbers; with
-    clients that move, within :data:`SAME_START_RTOL` (a start read off a timeline as
-    finish − duration is a few ulps off, and a walker's :class:`InstantRate` answers
-    the upload solved for a start that close: solving again would give the same ends
-    but for those ulps)."""
-    if np.array_equal(starts, before, equal_nan=True):
+def _settled(
+    now: tuple[np.ndarray, np.ndarray], before: tuple[np.ndarray, np.ndarray], walkers: bool
+) -> bool:
+    """Do the uploads start where the solution before had them? ``(starts, tolerances)``
+    of each: the same numbers; with clients that move, within the tolerances
+    (:data:`SAME_START_RTOL` of each finish the start was read off, as finish −
+    duration: a few ulps), for which a walker's :class:`InstantRate` answers the upload
+    solved: solving again would give the same ends but for those ulps."""
+    (a, tol_a), (b, tol_b) = now, before
+    if np.array_equal(a, b, equal_nan=True):
         return True
-    if not walkers or not np.array_equal(np.isnan(starts), np.isnan(before)):
+    if not walkers or not np.array_equal(np.isnan(a), np.isnan(b)):
         return False
-    a, b = starts[~np.isnan(starts)], before[~np.isnan(before)]
-    return bool(np.all(np.abs(a - b) <= SAME_START_RTOL * np.maximum(1.0, np.abs(b))))
+    on = ~np.isnan(a)
+    return bool(np.all(np.abs(a[on] - b[on]) <= np.maximum(tol_a[on], tol_b[on])))
 
 
 def emulate_round(
