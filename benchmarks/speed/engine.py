@@ -31,6 +31,9 @@ recorded (each recorded once, in-process, into ``--record-dir``, and reused):
    interference, the per-client records) and then the engine; each round starts where the
    last ended (emulated time), so the clients move between rounds. Target: 10,000
    clients x 100 rounds in <= 15 s. The network's and the engine's shares are printed.
+   ``--instant``: the interference per instant (``channel.interference.timing:
+   instant``), each round timed as a run times it (per-instant rounds are solved on
+   client specs, not columns: ``emulate_round`` without records, then the solutions).
 
 5. **Moving clients on shared cells**: workload 4's walkers with each cell's uplink and
    downlink one shared medium (``access: shared_cell``, 20 MHz; ``downlink.mode:
