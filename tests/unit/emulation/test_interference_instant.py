@@ -301,8 +301,8 @@ def walking(tmp_path, speed_mps: float = V_MPS, timing: str = "instant", clients
 
 def test_a_walker_per_instant_equals_the_hand_calculation(tmp_path):
     """The solver's ends are the hand calculation's (1e-9 relative); the round timed
-    (SimPy path) finishes there too; per round, and with the gains of the round's start
-    (the walker frozen where it started), each finishes elsewhere."""
+    (``EmulatedRound.time``) finishes there too; the standing case's ends (the walker where it
+    started) are not these."""
     sc = walking(tmp_path)
     net = NetworkModel(sc, device_profiles(sc))
     em = emulate_round(net, None, np.ones(3), 0, [0, 1, 2], 0.0, (), ())
