@@ -31,6 +31,9 @@ recorded (each recorded once, in-process, into ``--record-dir``, and reused):
    interference, the per-client records) and then the engine; each round starts where the
    last ended (emulated time), so the clients move between rounds. Target: 10,000
    clients x 100 rounds in <= 15 s. The network's and the engine's shares are printed.
+   ``--instant``: the interference per instant (``channel.interference.timing:
+   instant``), each round timed as a run times it (per-instant rounds are solved on
+   client specs, not columns: ``emulate_round`` without records, then the solutions).
 
 5. **Moving clients on shared cells**: workload 4's walkers with each cell's uplink and
    downlink one shared medium (``access: shared_cell``, 20 MHz; ``downlink.mode:
@@ -204,17 +207,23 @@ def bench(
         )
 
 
-def moving_scenario(clients: int, reuse: int, handover: bool = False):
+def moving_scenario(clients: int, reuse: int, handover: bool = False, instant: bool = False):
     """The shared-AP scenario with ``clients`` clients on 7 hexagonal UMi cells, walking,
     geometric interference of reuse factor ``reuse`` (the module's docstring, 4);
-    ``handover``: with handover during rounds (``geometry.handover`` at its defaults)."""
+    ``handover``: with handover during rounds (``geometry.handover`` at its defaults);
+    ``instant``: the interference per instant (``channel.interference.timing:
+    instant``)."""
     from mecsim.scenario import load_scenario, scenario_from_dict
 
     data = scaled(WIFI, clients).model_dump(mode="json")
     data["topology"] = {**data["topology"], "edge_servers": 7}
     data["channel"] = {
         "model": "shannon",
-        "interference": {"model": "geometric", "reuse": reuse},
+        "interference": {
+            "model": "geometric",
+            "reuse": reuse,
+            **({"timing": "instant"} if instant else {}),
+        },
         "path_loss": {"model": "38.901-umi", "carrier_ghz": 3.5},
     }
     campus = load_scenario(ROOT / "scenarios" / "mec-campus-walk.yaml")
@@ -281,24 +290,36 @@ def bench_moving(
     setup_s = time.perf_counter() - t0
     elapsed_s = net_wall = eng_wall = cpu = 0.0
     handovers, ul_w, engine_times = 0, [], []
-    for r, (_, plan) in enumerate(rounds):
+    instant = network.instant
+    for r, (traces, plan) in enumerate(rounds):
         c0, w0 = time.process_time(), time.perf_counter()
-        links = network.links(r, ids, elapsed_s)
-        cols = network.columns(links, ids)
-        w1 = time.perf_counter()
-        timed = time_round_columns(plan, cols, network.network)
+        if instant:
+            # per instant: the round is solved on ClientSpecs (EmulatedRound.time), no
+            # records; network model = the links and specs, engine = the solutions
+            emulated = emulate_round(
+                network, scenario.faults, slowdown, r, ids, elapsed_s, (), (), records=False
+            )
+            w1 = time.perf_counter()
+            round_time_s = emulated.time(traces).round_time_s
+        else:
+            links = network.links(r, ids, elapsed_s)
+            cols = network.columns(links, ids)
+            w1 = time.perf_counter()
+            round_time_s = time_round_columns(plan, cols, network.network).summary.round_time_s
         w2 = time.perf_counter()
         cpu += time.process_time() - c0
         net_wall, eng_wall = net_wall + (w1 - w0), eng_wall + (w2 - w1)
-        elapsed_s += timed.summary.round_time_s
-        engine_times.append(timed.summary.round_time_s)
+        elapsed_s += round_time_s
+        engine_times.append(round_time_s)
         handovers += int(network.round_cells.handovers.sum())
-        ul_w.append(float(np.median(links.channel.ul_interference_w)))
+        if not instant:
+            ul_w.append(float(np.median(links.channel.ul_interference_w)))
     total = net_wall + eng_wall
     line = (
         f"  engine: {total:.3f} s for {n_rounds} rounds (CPU {cpu:.3f} s), "
         f"{total / n_rounds:.4f} s a round, {n * n_rounds / total:,.0f} client-rounds/s; "
-        f"network model {net_wall:.3f} s, engine on columns {eng_wall:.3f} s (setup, not "
+        f"network model {net_wall:.3f} s, engine {'per instant' if instant else 'on columns'} "
+        f"{eng_wall:.3f} s (setup, not "
         f"timed: {setup_s:.2f} s)"
     )
     if target_s is not None:
@@ -311,8 +332,9 @@ def bench_moving(
         else f" ({int(timeline.count.sum())} at measurement times, during the rounds)"
     )
     print(
-        f"  emulated {elapsed_s:.1f} s, {handovers} handovers{during}, median uplink "
-        f"interference {np.median(ul_w):.3e} W ({load()})",
+        f"  emulated {elapsed_s:.1f} s, {handovers} handovers{during}"
+        + ("" if instant else f", median uplink interference {np.median(ul_w):.3e} W")
+        + f" ({load()})",
         flush=True,
     )
 
@@ -439,6 +461,11 @@ def main(argv: list[str] | None = None) -> None:
         help="moving case: with handover during rounds (geometry.handover at its defaults)",
     )
     p.add_argument(
+        "--instant",
+        action="store_true",
+        help="moving case: interference per instant (channel.interference.timing: instant)",
+    )
+    p.add_argument(
         "--engine-only",
         action="store_true",
         help="moving case: the engine's figure only (not the run path's)",
@@ -473,7 +500,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"  {sum(map(len, pools))} recorded client op-traces, e.g. {pools[0][0]}")
     if args.only_moving:
         bench_moving(
-            moving_scenario(args.clients, args.reuse, args.handover),
+            moving_scenario(args.clients, args.reuse, args.handover, args.instant),
             pools,
             args.rounds,
             15.0,

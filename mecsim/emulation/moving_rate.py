@@ -27,7 +27,7 @@ positions (:meth:`mecsim.emulation.handover.ClientPositions.client_at`).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -514,3 +514,58 @@ def _cut(
             down = any(a <= lo < b for a, b in outages)
             yield (0.0 if down else rate), stop
             lo = stop
+
+
+@dataclass(frozen=True, eq=False)
+class UplinkGainsOnGrid:
+    """Per-instant interference with clients that move (``channel.interference.timing:
+    instant`` under ``geometry.mobility.rate: step``): the round's uplinks' gains over
+    each step of the mobility grid (absolute emulated time [k · step_s, (k + 1) ·
+    step_s]), every client where it is at the step's midpoint (the "mid" rule of moving
+    clients on a shared medium), held where it is at :attr:`horizon_s` (the round's
+    deadline) from the step in which that falls on, and from the step
+    :data:`MAX_TRANSFER_STEPS` after the round's start's at the latest. :meth:`at_step` is
+    :class:`mecsim.emulation.interference.UplinkMotion`'s.
+
+    ``path_loss_db(positions (k, 2)) -> (k, S)``: every selected client's path loss to
+    every site with the clients there (the association's model: spatially consistent
+    LOS state and shadowing where they are); ``serving_gain(positions, path_loss) ->
+    (k,)``: each client's own link's gain (its path loss to its serving site and the
+    round's fading); ``tx_power_w`` (k,): what each puts into a site is its power times
+    that link's gain."""
+
+    positions: ClientPositions
+    round_start_s: float
+    clients: np.ndarray
+    tx_power_w: np.ndarray
+    path_loss_db: Callable[[np.ndarray], np.ndarray]
+    serving_gain: Callable[[np.ndarray, np.ndarray], np.ndarray]
+    horizon_s: float = math.inf
+    _cache: dict[float, tuple[np.ndarray, np.ndarray]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    @property
+    def step_s(self) -> float:
+        return self.positions.step_s
+
+    def last_step(self) -> int:
+        first = math.floor(self.round_start_s / self.step_s + _TOLERANCE)
+        last = first + MAX_TRANSFER_STEPS
+        if math.isfinite(self.horizon_s):
+            last = min(last, math.floor(self.horizon_s / self.step_s + _TOLERANCE))
+        return last
+
+    def at_step(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(gain (k,), heard_w (k, S)) over grid step ``k``: the clients at the step's
+        midpoint (at the horizon from the step it falls in on)."""
+        step = self.step_s
+        t = self.horizon_s if (k + 1) * step > self.horizon_s else (k + 0.5) * step
+        got = self._cache.get(t)
+        if got is None:
+            p = self.positions.clients_at(self.clients, np.full(len(self.clients), t))
+            pl = self.path_loss_db(p)
+            heard: np.ndarray = self.tx_power_w[:, None] * db_to_linear(-pl)
+            got = (np.asarray(self.serving_gain(p, pl), dtype=float), heard)
+            self._cache[t] = got
+        return got

@@ -44,14 +44,14 @@ from mecsim.emulation.engine import (
     ServerSpec,
     TimeVaryingRate,
 )
-from mecsim.emulation.geometry import StaticCells, cells_of
+from mecsim.emulation.geometry import StaticCells, cells_of, distances_m, path_loss_db
 from mecsim.emulation.handover import MovingCells, RoundCells, area_of, initial_trace_positions
 from mecsim.emulation.interference import (
     InstantUplink,
     downlink_interference_w,
     uplink_interference_w,
 )
-from mecsim.emulation.moving_rate import MovingLinks
+from mecsim.emulation.moving_rate import MovingLinks, UplinkGainsOnGrid
 from mecsim.scenario import (
     ChannelConfig,
     FixedRateChannelConfig,
@@ -599,7 +599,9 @@ class NetworkModel:
         trace = isinstance(self.channel, TraceChannel)
         up_schedule = trace or (self.follows and not self.network.uplink_shared) or self.instant
         self.instant_uplink = (
-            self._instant_uplink(ch, selected, up_cap, up_share) if self.instant else None
+            self._instant_uplink(ch, selected, up_cap, up_share, elapsed_s)
+            if self.instant
+            else None
         )
         down_schedule = trace or (self.follows and not self.network.downlink_shared)
         self.round_links = (
@@ -633,7 +635,12 @@ class NetworkModel:
         )
 
     def _instant_uplink(
-        self, ch: RoundChannel, selected: list[int], cap: np.ndarray, share: float
+        self,
+        ch: RoundChannel,
+        selected: list[int],
+        cap: np.ndarray,
+        share: float,
+        elapsed_s: float = 0.0,
     ) -> InstantUplink:
         """The round's uplinks for per-instant interference (:class:`InstantUplink`):
         the round's draws (bandwidth, power, fading), each link's gain as the channel
@@ -659,7 +666,8 @@ class NetworkModel:
         if self.round_cells is not None and self.round_cells.path_loss_db is not None:
             path_loss = self.round_cells.path_loss_db
         p_w = np.asarray(dbm_to_w(ch.tx_power_dbm), dtype=float)
-        heard = dbm_to_w(self.tx_power_dbm)[at, None] * db_to_linear(-path_loss[at])
+        heard_power_w = dbm_to_w(self.tx_power_dbm)[at]
+        heard = heard_power_w[:, None] * db_to_linear(-path_loss[at])
         return InstantUplink(
             at,
             np.asarray(ch.bandwidth_hz, dtype=float),
@@ -672,6 +680,56 @@ class NetworkModel:
             cells.groups,
             np.broadcast_to(np.asarray(cap, dtype=float), len(at)).copy(),
             float(share),
+            self._uplink_motion(at, h, heard_power_w, elapsed_s) if self.follows else None,
+        )
+
+    def _uplink_motion(
+        self, at: np.ndarray, fading: np.ndarray, heard_power_w: np.ndarray, elapsed_s: float
+    ) -> UplinkGainsOnGrid:
+        """Per-instant interference with clients that move (``rate: step``): the
+        selected clients' path losses to every site where they are at each step of the
+        mobility grid, by the model the association uses (:func:`path_loss_db`, each
+        link's LOS state and shadowing where the client is, or drawn per run), and
+        their own links' gains to the round's serving sites with the round's fading, as
+        :meth:`_instant_uplink` computes them at the round's start."""
+        assert self.moving is not None and self.cells is not None
+        cells = self.cells
+        channel = cast(ShannonChannel, self.channel)
+        serving = self.edge_server[at]
+        rows = np.arange(len(at))
+        ls = cells.large_scale
+        env = None if ls is None or ls.environment_u is None else ls.environment_u[at]
+        per_run = None if ls is None else ls.take(at)
+        spatial = cells.spatial
+
+        def losses(positions_m: np.ndarray) -> np.ndarray:
+            d = distances_m(positions_m, cells.sites_m)
+            if spatial is not None and ls is not None:
+                return path_loss_db(d, channel, spatial.draw(positions_m, env))
+            return path_loss_db(d, channel, per_run)
+
+        def own_gain(positions_m: np.ndarray, loss_db: np.ndarray) -> np.ndarray:
+            if channel.path_loss is None:
+                d = distances_m(positions_m, cells.sites_m)[rows, serving]
+                return large_scale_gain(
+                    d,
+                    channel.path_loss_db,
+                    channel.reference_distance_m,
+                    channel.path_loss_exponent,
+                    fading,
+                )
+            out: np.ndarray = fading * db_to_linear(-loss_db[rows, serving])
+            return out
+
+        deadline_s = self.network.deadline_s
+        return UplinkGainsOnGrid(
+            self.moving.positions,
+            elapsed_s,
+            at,
+            np.asarray(heard_power_w, dtype=float),
+            losses,
+            own_gain,
+            horizon_s=math.inf if deadline_s is None else elapsed_s + deadline_s,
         )
 
     @staticmethod

@@ -17,13 +17,12 @@ from mecsim.emulation import faults
 from mecsim.emulation.engine import (
     ClientSpec,
     NetworkSpec,
-    RateSchedule,
     RoundTiming,
     ServerSpec,
     SolvedRound,
     solve_round,
 )
-from mecsim.emulation.interference import InstantUplink
+from mecsim.emulation.interference import SAME_START_RTOL, InstantUplink
 from mecsim.emulation.network import NetworkModel
 from mecsim.emulation.ops import OpTrace, Upload
 
@@ -73,8 +72,9 @@ class EmulatedRound:
         """The round with per-instant uplink interference: solved with the per-round
         rates, each upload's start read off it (a client's upload must be its trace's
         last op), the uploads solved exactly from those starts
-        (:meth:`InstantUplink.solve`), each client's uplink given its rate as a schedule,
-        and the round solved again, until the uploads start where the solution before had
+        (:meth:`InstantUplink.rates`), each client's uplink given its rate as a schedule
+        (clients that move: the solution's end, :class:`InstantRate`), and the round
+        solved again, until the uploads start where the solution before had
         them (at once for traces whose upload is their last op)."""
         specs = self.specs
         order = [int(c) for c in instant.clients]
@@ -92,30 +92,48 @@ class EmulatedRound:
                 last_op = trace[-1]
                 assert isinstance(last_op, Upload)
                 nbits[i] = 8.0 * float(last_op.nbytes)
-        before: np.ndarray | None = None
+        before: tuple[np.ndarray, np.ndarray] | None = None
         for _ in range(INSTANT_PASSES):
             solved = solve_round(traces, specs, self.servers, self.network)
             timelines = {c.client_id: c for c in solved.timing(0.0).clients}
             starts = np.full(len(order), np.nan)
+            # a start read off as finish − duration is a few ulps of the finish off
+            tol_s = np.zeros(len(order))
             for i, cid in enumerate(order):
                 tl = timelines.get(cid)
                 if nbits[i] > 0 and tl is not None and np.isfinite(tl.finish_s):
                     starts[i] = tl.finish_s - tl.upload_s
-            if before is not None and np.array_equal(starts, before, equal_nan=True):
+                    tol_s[i] = SAME_START_RTOL * max(1.0, abs(tl.finish_s))
+            if before is not None and _settled((starts, tol_s), before, instant.motion is not None):
                 self._solved["specs"] = specs
                 return solved
-            _, schedules = instant.solve(starts, nbits)
+            rates = instant.rates(starts, nbits, tol_s)
             specs = dict(specs)
-            for cid, (times, rates) in zip(order, schedules, strict=True):
+            for cid, rate in zip(order, rates, strict=True):
                 if cid in specs:
-                    specs[cid] = dataclasses.replace(
-                        specs[cid], uplink_rate_bps=RateSchedule(times, rates)
-                    )
-            before = starts
+                    specs[cid] = dataclasses.replace(specs[cid], uplink_rate_bps=rate)
+            before = (starts, tol_s)
         raise ValueError(
             "channel.interference.timing: instant: the uploads' starts did not settle in "
             f"{INSTANT_PASSES} solutions of the round; use timing: round"
         )
+
+
+def _settled(
+    now: tuple[np.ndarray, np.ndarray], before: tuple[np.ndarray, np.ndarray], walkers: bool
+) -> bool:
+    """Do the uploads start where the solution before had them? ``(starts, tolerances)``
+    of each: the same numbers; with clients that move, within the tolerances
+    (:data:`SAME_START_RTOL` of each finish the start was read off, as finish −
+    duration: a few ulps), for which a walker's :class:`InstantRate` answers the upload
+    solved: solving again would give the same ends but for those ulps."""
+    (a, tol_a), (b, tol_b) = now, before
+    if np.array_equal(a, b, equal_nan=True):
+        return True
+    if not walkers or not np.array_equal(np.isnan(a), np.isnan(b)):
+        return False
+    on = ~np.isnan(a)
+    return bool(np.all(np.abs(a[on] - b[on]) <= np.maximum(tol_a[on], tol_b[on])))
 
 
 def emulate_round(

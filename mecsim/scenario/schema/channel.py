@@ -68,7 +68,8 @@ class Interference(_Strict):
         description="model geometric: round (the default) counts every co-channel "
         "transmitter of the round for the whole upload / download phase (an upper bound); "
         "instant counts an uplink interferer only while its upload is on the air, the "
-        "rates re-computed at each upload's start and end",
+        "rates re-computed at each upload's start and end (and, for clients that move "
+        "under geometry.mobility.rate: step, at the mobility grid's times)",
     )
 
     @model_serializer(mode="wrap")

@@ -206,9 +206,10 @@ class Scenario(_Strict):
     @model_validator(mode="after")
     def _instant_interference_fits(self) -> Scenario:
         """Per-instant interference (``channel.interference.timing: instant``) solves a
-        round's uploads on dedicated links at constant link gains: built for flat
-        synchronous algorithms, clients that stand or whose rate is taken at the round's
-        start (``rate: round``), B · log2(1 + SINR) and no outage faults."""
+        round's uploads on dedicated links: built for flat synchronous algorithms,
+        clients that stand or move (under ``rate: step`` the gains change at the
+        mobility grid's times; not with handover during rounds), B · log2(1 + SINR) and
+        no outage faults."""
         inter = getattr(self.channel, "interference", None)
         if inter is None or inter.timing != "instant":
             return self
@@ -220,10 +221,10 @@ class Scenario(_Strict):
             why = f"algorithm {self.algorithm.name} is hierarchical"
         elif ch.shared_media(self.algorithm.name)[0]:
             why = "the uplink is a shared medium (built for dedicated links)"
-        elif g is not None and g.moves() and g.mobility.rate == "step":
+        elif g is not None and g.moves() and g.handover is not None:
             why = (
-                "clients move under geometry.mobility.rate: step (a rate that changes both "
-                "with the distance and with who transmits is not built); set rate: round"
+                "geometry.handover is set (a serving cell that changes during the round is "
+                "not built with per-instant interference)"
             )
         elif ch.phy.model != "shannon":
             why = f"channel.phy.model is {ch.phy.model} (built for B · log2(1 + SINR))"
