@@ -255,7 +255,7 @@ def slow_start_stall_s(
     # exchanges hold the medium while the ACKs arrive and the access point returns the
     # round's in one burst, the next a round trip later (item 2c)
     with np.errstate(invalid="ignore"):
-        own = np.where(fl > 1.0, 0.0, tau / fl) if mac else tau
+        own = tau / fl if mac else tau
     with np.errstate(invalid="ignore"):  # an infinite τ (no rate): answered below
         held = (r - iw * tau <= DELAYED_ACK_TIMEOUT_S) & (iw >= 2.0)
     g = np.where(held, iw - 1.0, iw)  # segments a round adds, doubling
@@ -278,33 +278,53 @@ def slow_start_stall_s(
     # leaves at most the delta can any round's (most transfers are skipped here)
     with np.errstate(invalid="ignore", over="ignore"):
         s_last = np.where(k > 1, g * _pow2(np.maximum(k - 1.0, 0.0)) + c, g + c)
-        ok &= (k >= 1) & (r_round - s_last * own <= HYSTART_ACK_DELTA_S)
+        r_own = rtt + own if mac else r  # the round trip as the station alone has it
+        ok &= (k >= 1) & (r_own - s_last * own <= HYSTART_ACK_DELTA_S)
     cand = np.flatnonzero(np.broadcast_to(ok, shape))
     if cand.size == 0:
         return np.where((n > 0) & np.isfinite(tau), np.maximum(stall, 0.0), 0.0)
-    n_b, r_b, own_b, tau_b, rtt_b, g_b, c_b, k_b, a_b, kk_b = (
+    n_b, r_b, ro_b, own_b, tau_b, rtt_b, g_b, c_b, k_b, a_b, kk_b, ot_b, fl_b = (
         np.broadcast_to(v, shape).ravel()[cand]
-        for v in (n, r_round, own, tau, rtt, g, c, k, air, kk)
+        for v in (n, r_round, r_own, own, tau, rtt, g, c, k, air, kk, others, fl)
     )
-    x = np.full(cand.size, np.inf)
-    for i in range(int(np.max(k_b))):  # a handful of rounds
+    # the cell-mates' time on the air in a round: their exchanges' fixed parts and an
+    # A-MPDU of the same window each (stations alike); the train holds only where the
+    # station's first ACKs reach an idle medium, with the chance of the round trip's
+    # idle share (1 without cell-mates: the first round that passes is the exit)
+    a_own = a_b / fl_b
+    rounds = int(np.max(k_b))
+    hits, chances, stalls = [], [], []
+    for i in range(rounds):  # a handful of rounds
         s_i = g_b * 2.0**i + c_b if i > 0 else g_b + c_b  # round i's window (iw in round 0)
         s_next = g_b * 2.0 ** (i + 1) + c_b
         hit = (i < k_b) & (s_next - ACK_SEGMENTS >= HYSTART_LOW_WINDOW)
-        hit &= r_b - s_i * own_b <= HYSTART_ACK_DELTA_S
-        x = np.where(hit & ~np.isfinite(x), float(i), x)
-    train = np.isfinite(x)
-    if train.any():
-        t = train
-        sent_x = g_b[t] * (_pow2(x[t] + 1.0) - 1.0) + c_b[t]  # S_(x+1): rounds 0..x
-        w_x = g_b[t] * _pow2(x[t] + 1.0) + c_b[t]  # the window at the exit
-        stall = np.array(np.broadcast_to(stall, shape), dtype=float, copy=True)
-        flat = stall.reshape(-1)
-        flat[cand[t]] = (
-            (x[t] + 1.0) * r_b[t]
-            - sent_x * tau_b[t]
-            + _window_limited_s(n_b[t] - sent_x, w_x, rtt_b[t], tau_b[t], a_b[t], kk_b[t])
-        )
+        hit &= ro_b - s_i * own_b <= HYSTART_ACK_DELTA_S
+        with np.errstate(invalid="ignore"):
+            busy = np.where(fl_b > 1.0, ot_b + (fl_b - 1.0) * s_i * a_own, 0.0)
+            chance = np.where(fl_b > 1.0, np.clip(1.0 - busy / r_b, 0.0, 1.0), 1.0)
+        hits.append(hit)
+        chances.append(chance)
+        stalls.append(None)
+        if hit.any():
+            t = hit
+            sent_x = g_b[t] * (2.0 ** (i + 1) - 1.0) + c_b[t]  # S_(i+1): rounds 0..i
+            w_x = g_b[t] * 2.0 ** (i + 1) + c_b[t]  # the window at the exit
+            st = np.zeros(cand.size)
+            st[t] = (
+                (i + 1.0) * r_b[t]
+                - sent_x * tau_b[t]
+                + _window_limited_s(n_b[t] - sent_x, w_x, rtt_b[t], tau_b[t], a_b[t], kk_b[t])
+            )
+            stalls[-1] = st
+    # the expectation over the round of the exit (or none), from the last round back
+    expected = np.array(np.broadcast_to(stall, shape), dtype=float).reshape(-1)[cand]
+    for hit, chance, st in zip(reversed(hits), reversed(chances), reversed(stalls), strict=True):
+        if st is not None:
+            expected = np.where(
+                hit, np.where(chance >= 1.0, st, chance * st + (1.0 - chance) * expected), expected
+            )
+    stall = np.array(np.broadcast_to(stall, shape), dtype=float, copy=True)
+    stall.reshape(-1)[cand] = expected
     return np.where((n > 0) & np.isfinite(tau), np.maximum(stall, 0.0), 0.0)
 
 
