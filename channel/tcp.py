@@ -58,12 +58,19 @@ speed and carries no headers. A real transfer of a model is a finite TCP flow on
    as they come and the ACK clock spreads the round over bursts about an exchange
    apart: the train's gap is the round trip less the window at the station's own rate
    (``s_x·τ``; ns-3, one station at 44 m, 40 MHz: bursts 0.2–1.5 ms apart, slow start
-   ends at 20 segments). With cell-mates (``n > 1``) their exchanges hold the medium
-   while the ACKs come back, and the access point returns a round's in one burst: the
-   gap is the whole round trip, above the delta wherever the wire's round trip is
-   (ns-3, stations at 5 and 33 m, 80 MHz: the near one's bursts 2.4, 2.5 and 6.5 ms
-   apart, and in 9 of 10 seeds both windows reach 103–308 segments). After the exit the
-   ACK-clocked station
+   ends at 20 segments). With cell-mates (``n > 1``) the same gap, measured as the
+   station alone would have it (``rtt + τ/n − s_x·τ/n``), ends slow start only when the
+   round's first ACKs reach an idle medium; while the cell-mates' exchanges hold it the
+   access point returns the round's ACKs in one burst a round trip after the last (ns-3,
+   stations at 5 and 33 m, 80 MHz: the near one's bursts 2.4, 2.5 and 6.5 ms apart).
+   Which happens is the order of the accesses, seed by seed (ns-3, 14 and 34 m, 80 MHz:
+   the near station leaves at 19 segments in 4 seeds of 10, the far one at 19–37 in 6),
+   so round ``x`` ends it with the chance of the round trip's idle share,
+   ``1 − (k·(τ − a)·(n − 1)/n + (n − 1)·s_x·a/n) / R`` (the cell-mates' fixed parts and
+   their A-MPDUs of the same window, stations alike), and the stall is the expectation
+   over the round of the exit, or none (a stated approximation: the cell's last upload
+   is then the last of the stations' expectations; docs/validation.md). After the exit
+   the ACK-clocked station
    sends the A-MPDUs its ACK bursts release: a cycle of ``m`` MPDUs takes
    ``P(m) = k·(τ − a) + m·a``, ``w = (m / P(m))·(rtt + P(m))`` (Little's law, the
    medium busy) gives ``m``, and a segment costs ``P(m)/m`` instead of ``τ``.
@@ -232,7 +239,10 @@ def slow_start_stall_s(
     aggregating MAC (an 802.11ax cell: ``mpdu_air_s``, the air time an MPDU of the
     station's own adds to the cell's cycle, ``ampdu_mpdus`` an A-MPDU's MPDUs at the
     goodput, ``flows`` the stations of the cell; item 2c) a round trip also holds the
-    other stations' exchanges. ``segments`` may be fractional (an expected count)."""
+    other stations' exchanges, and a station with cell-mates leaves by the ACK train
+    with the chance that the medium is idle as its ACKs come back: the stall is the
+    expectation over the round of the exit. ``segments`` may be fractional (an expected
+    count)."""
     n = np.asarray(segments, dtype=float)
     tau = np.asarray(segment_s, dtype=float)
     rtt = np.asarray(rtt_s, dtype=float)
@@ -248,14 +258,13 @@ def slow_start_stall_s(
     with np.errstate(invalid="ignore"):
         others = kk * (tau - air) * (fl - 1.0) / fl if mac else np.asarray(0.0)
         r_round = r + others if mac else r
-    # how far apart a round's ACKs come back, a segment: on a link, a segment's time; a
-    # station alone in its cell, a segment at its own rate (the access point finds the
-    # medium idle as the round's first ACKs arrive and returns them in bursts the ACK
-    # clock spreads over the round); a station sharing the cell, 0: the others'
-    # exchanges hold the medium while the ACKs arrive and the access point returns the
-    # round's in one burst, the next a round trip later (item 2c)
+    # how far apart a round's ACKs come back, a segment: on a link, a segment's time; on
+    # a cell, a segment at the station's own rate (the access point finds the medium
+    # idle as the round's first ACKs arrive and returns them in bursts the ACK clock
+    # spreads over the round); with cell-mates that holds only with the chance the
+    # medium is idle then, below (item 2c)
     with np.errstate(invalid="ignore"):
-        own = np.where(fl > 1.0, 0.0, tau / fl) if mac else tau
+        own = tau / fl if mac else tau
     with np.errstate(invalid="ignore"):  # an infinite τ (no rate): answered below
         held = (r - iw * tau <= DELAYED_ACK_TIMEOUT_S) & (iw >= 2.0)
     g = np.where(held, iw - 1.0, iw)  # segments a round adds, doubling
@@ -278,33 +287,55 @@ def slow_start_stall_s(
     # leaves at most the delta can any round's (most transfers are skipped here)
     with np.errstate(invalid="ignore", over="ignore"):
         s_last = np.where(k > 1, g * _pow2(np.maximum(k - 1.0, 0.0)) + c, g + c)
-        ok &= (k >= 1) & (r_round - s_last * own <= HYSTART_ACK_DELTA_S)
+        r_own = rtt + own if mac else r  # the round trip as the station alone has it
+        ok &= (k >= 1) & (r_own - s_last * own <= HYSTART_ACK_DELTA_S)
     cand = np.flatnonzero(np.broadcast_to(ok, shape))
     if cand.size == 0:
         return np.where((n > 0) & np.isfinite(tau), np.maximum(stall, 0.0), 0.0)
-    n_b, r_b, own_b, tau_b, rtt_b, g_b, c_b, k_b, a_b, kk_b = (
+    n_b, r_b, ro_b, own_b, tau_b, rtt_b, g_b, c_b, k_b, a_b, kk_b, ot_b, fl_b = (
         np.broadcast_to(v, shape).ravel()[cand]
-        for v in (n, r_round, own, tau, rtt, g, c, k, air, kk)
+        for v in (n, r_round, r_own, own, tau, rtt, g, c, k, air, kk, others, fl)
     )
-    x = np.full(cand.size, np.inf)
-    for i in range(int(np.max(k_b))):  # a handful of rounds
+    # the cell-mates' time on the air in a round: their exchanges' fixed parts and an
+    # A-MPDU of the same window each (stations alike); the train holds only where the
+    # station's first ACKs reach an idle medium, with the chance of the round trip's
+    # idle share (1 without cell-mates: the first round that passes is the exit)
+    a_own = a_b / fl_b
+    rounds = int(np.max(k_b))
+    hits: list[np.ndarray] = []
+    chances: list[np.ndarray] = []
+    stalls: list[np.ndarray | None] = []
+    for i in range(rounds):  # a handful of rounds
         s_i = g_b * 2.0**i + c_b if i > 0 else g_b + c_b  # round i's window (iw in round 0)
         s_next = g_b * 2.0 ** (i + 1) + c_b
         hit = (i < k_b) & (s_next - ACK_SEGMENTS >= HYSTART_LOW_WINDOW)
-        hit &= r_b - s_i * own_b <= HYSTART_ACK_DELTA_S
-        x = np.where(hit & ~np.isfinite(x), float(i), x)
-    train = np.isfinite(x)
-    if train.any():
-        t = train
-        sent_x = g_b[t] * (_pow2(x[t] + 1.0) - 1.0) + c_b[t]  # S_(x+1): rounds 0..x
-        w_x = g_b[t] * _pow2(x[t] + 1.0) + c_b[t]  # the window at the exit
-        stall = np.array(np.broadcast_to(stall, shape), dtype=float, copy=True)
-        flat = stall.reshape(-1)
-        flat[cand[t]] = (
-            (x[t] + 1.0) * r_b[t]
-            - sent_x * tau_b[t]
-            + _window_limited_s(n_b[t] - sent_x, w_x, rtt_b[t], tau_b[t], a_b[t], kk_b[t])
-        )
+        hit &= ro_b - s_i * own_b <= HYSTART_ACK_DELTA_S
+        with np.errstate(invalid="ignore"):
+            busy = np.where(fl_b > 1.0, ot_b + (fl_b - 1.0) * s_i * a_own, 0.0)
+            chance = np.where(fl_b > 1.0, np.clip(1.0 - busy / r_b, 0.0, 1.0), 1.0)
+        hits.append(hit)
+        chances.append(chance)
+        stalls.append(None)
+        if hit.any():
+            t = hit
+            sent_x = g_b[t] * (2.0 ** (i + 1) - 1.0) + c_b[t]  # S_(i+1): rounds 0..i
+            w_x = g_b[t] * 2.0 ** (i + 1) + c_b[t]  # the window at the exit
+            st = np.zeros(cand.size)
+            st[t] = (
+                (i + 1.0) * r_b[t]
+                - sent_x * tau_b[t]
+                + _window_limited_s(n_b[t] - sent_x, w_x, rtt_b[t], tau_b[t], a_b[t], kk_b[t])
+            )
+            stalls[-1] = st
+    # the expectation over the round of the exit (or none), from the last round back
+    expected = np.array(np.broadcast_to(stall, shape), dtype=float).reshape(-1)[cand]
+    for hit, chance, st in zip(reversed(hits), reversed(chances), reversed(stalls), strict=True):
+        if st is not None:
+            expected = np.where(
+                hit, np.where(chance >= 1.0, st, chance * st + (1.0 - chance) * expected), expected
+            )
+    stall = np.array(np.broadcast_to(stall, shape), dtype=float, copy=True)
+    stall.reshape(-1)[cand] = expected
     return np.where((n > 0) & np.isfinite(tau), np.maximum(stall, 0.0), 0.0)
 
 

@@ -250,8 +250,9 @@ def all_rows() -> list[Row]:
     held-out TCP cases, the long round trips (``reference/tcp_rtt.json``), the cases held
     out from the AQM model (``reference/tcp_holdout_long.json``), then the held-out cells
     (``reference/wifi_holdout.json``, the second draw, ``wifi_holdout_2.json``, and the
-    third, with small uploads, ``wifi_holdout_3.json``) and the small uploads in lightly
-    loaded cells (``reference/wifi_small.json``)."""
+    third, fourth and fifth, with small uploads, ``wifi_holdout_3.json`` to
+    ``wifi_holdout_5.json``) and the small uploads in lightly loaded cells
+    (``reference/wifi_small.json``)."""
     tcp = json.loads((REFERENCE / "tcp.json").read_text())
     wifi = json.loads((REFERENCE / "wifi.json").read_text())
     held = json.loads((REFERENCE / "tcp_holdout.json").read_text())
@@ -262,6 +263,7 @@ def all_rows() -> list[Row]:
     small = json.loads((REFERENCE / "wifi_small.json").read_text())
     cells_3 = json.loads((REFERENCE / "wifi_holdout_3.json").read_text())
     cells_4 = json.loads((REFERENCE / "wifi_holdout_4.json").read_text())
+    cells_5 = json.loads((REFERENCE / "wifi_holdout_5.json").read_text())
     return (
         tcp_rows(tcp)
         + wifi_rows(wifi)
@@ -273,6 +275,7 @@ def all_rows() -> list[Row]:
         + wifi_rows(small, "small")
         + wifi_rows(cells_3, "held-out-3")
         + wifi_rows(cells_4, "held-out-4")
+        + wifi_rows(cells_5, "held-out-5")
     )
 
 
@@ -414,8 +417,11 @@ def summary(rows: list[Row]) -> dict[str, dict[str, float]]:
         "wifi held out, third draw (with small uploads)": [
             r for r in rows if r.kind == "wifi" and r.grid == "held-out-3"
         ],
-        "wifi held out, fourth draw (with small uploads)": [
+        "wifi fourth draw (with small uploads; development data since its trace)": [
             r for r in rows if r.kind == "wifi" and r.grid == "held-out-4"
+        ],
+        "wifi held out, fifth draw (with small uploads)": [
+            r for r in rows if r.kind == "wifi" and r.grid == "held-out-5"
         ],
         "tcp held out": held,
         "tcp held out, no loss": [r for r in held if "loss" not in r.case],
@@ -515,7 +521,8 @@ _SET_NOTE = {
     "held-out-2": "  (held out, second draw)",
     "small": "  (small uploads)",
     "held-out-3": "  (held out, third draw)",
-    "held-out-4": "  (held out, fourth draw)",
+    "held-out-4": "  (fourth draw, development data)",
+    "held-out-5": "  (held out, fifth draw)",
 }
 
 
@@ -558,8 +565,10 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown(rows, "small"))
         print("\nHeld-out cells, third draw (with small uploads):\n")
         print(markdown(rows, "held-out-3"))
-        print("\nHeld-out cells, fourth draw (with small uploads):\n")
+        print("\nThe fourth draw (with small uploads; development data since its trace):\n")
         print(markdown(rows, "held-out-4"))
+        print("\nHeld-out cells, fifth draw (with small uploads):\n")
+        print(markdown(rows, "held-out-5"))
         print()
     else:
         for r in rows:

@@ -151,27 +151,52 @@ def test_a_window_limited_flow_on_an_aggregating_mac_by_hand():
     assert one(20.0, 0.5, 10) == pytest.approx(0.0, abs=1e-3)
 
 
-def test_a_station_sharing_its_cell_has_no_ack_train_by_hand():
-    """Two stations in a cell (flows 2), τ = 0.1 ms a segment at the fair share, an MPDU
-    adding a = 20 µs to the cycle, k = 42: the others' fixed part between two rounds is
-    k·(τ − 2a)·(2 − 1)/2 = 1.26 ms, so with 1 ms of wire each way a round trip is
-    R = 2 ms + τ + 1.26 ms = 3.36 ms. The cell-mate's exchanges hold the medium while
-    the round's ACKs come back, so they come in one burst a round trip apart: 3.36 ms >
-    the ACK delta (2 ms), no train (spread over the window at its own rate, 10·τ/2, the
-    gap would have been 2.86 ms; with 0.5 ms each way 1.86 ms, and the train would have
-    ended slow start at 19 segments). Plain slow start then: rounds of 10, 18, 36
-    (delayed ACKs, g = 9, c = 1), the link full from round K = 2 ((9·4 + 1)·τ ≥ R), the
-    139 segments' last in round 4: stall 2·R − S_2·τ = 6.72 − 2.8 = 3.92 ms; with 0.5 ms
-    each way R = 2.36 ms, K = 2 again: 4.72 − 2.8 = 1.92 ms."""
+def test_a_station_sharing_its_cell_trains_with_the_medium_s_idle_share_by_hand():
+    """Two stations in a cell (flows 2), τ = 0.1 ms a segment at the fair share (0.05 ms
+    at the station's own rate), an MPDU adding a = 20 µs to the cycle, k = 42: the
+    cell-mate's fixed part between two rounds is k·(τ − 2a)·(2 − 1)/2 = 1.26 ms, so with
+    1 ms of wire each way a round trip is R = 2 ms + τ + 1.26 ms = 3.36 ms. Plain slow
+    start: rounds of 10, 18, 36 (delayed ACKs, g = 9, c = 1), the link full from round
+    K = 2 ((9·4 + 1)·τ ≥ R), the 139 segments' last in round 4: stall 2·R − S_2·τ =
+    6.72 − 2.8 = 3.92 ms. The ACK train, as the station alone would have it (a round trip
+    of 2 ms + 0.05 ms): round 0 leaves 2.05 − 10·0.05 = 1.55 ms <= 2 ms, round 1
+    2.05 − 19·0.05 = 1.1 ms; it holds where the round's first ACKs find the medium free
+    of the cell-mate, whose fixed part and A-MPDU of the same window take 1.26 + 10·0.02
+    = 1.46 ms of round 0's 3.36 (chance 1.9/3.36) and 1.26 + 19·0.02 = 1.64 ms of round
+    1's (chance 1.72/3.36). The exit after round 0 costs R − S_1·τ = 3.36 − 1.0 = 2.36 ms
+    and the window-limited flow of the 129 segments left from a window of 19; after
+    round 1, 2·R − S_2·τ = 3.92 ms and the 111 left from 37. The stall is the
+    expectation over the three outcomes. With 0.5 ms of wire each way the same, R =
+    2.36 ms (plain: 4.72 − 2.8 = 1.92 ms)."""
+    from mecsim.channel.tcp import _window_limited_s
+
     tau, a, k = 0.1e-3, 20e-6, 42.0
-    for rtt, by_hand in ((0.002, 3.92e-3), (0.001, 1.92e-3)):
+
+    def limited(left: float, w0: float, rtt: float, air: float = 2 * a) -> float:
+        # the cell's time an MPDU: each station's a, two stations
+        args = [np.array([v]) for v in (left, w0, rtt, tau, air, k)]
+        return float(_window_limited_s(*args)[0])
+
+    for rtt in (0.002, 0.001):
+        r = rtt + tau + 1.26e-3
+        plain = 2 * r - 28 * tau
+        p0 = 1.0 - (1.26e-3 + 10 * a) / r
+        p1 = 1.0 - (1.26e-3 + 19 * a) / r
+        after_0 = r - 10 * tau + limited(129, 19, rtt)
+        after_1 = 2 * r - 28 * tau + limited(111, 37, rtt)
+        by_hand = p0 * after_0 + (1 - p0) * (p1 * after_1 + (1 - p1) * plain)
         got = float(slow_start_stall_s(139, rtt, tau, 10, a, k, 2.0))
         assert got == pytest.approx(by_hand, rel=1e-9)
-    # alone in its cell (flows 1, the same τ: R = 2.1 ms) the round's ACKs trickle back
-    # spread over its window: R − 10·τ = 1.1 ms <= 2 ms, and the train ends slow start
-    # after round 0 (a window of 19), a window-limited flow after it: longer than slow
-    # start to the full link would take, 2·R − 28·τ = 1.4 ms
+        # between the plain slow start and an exit after round 0 for certain
+        assert plain < got < after_0
+    # the chances are the figures above: 0.5655 and 0.5119 with 1 ms each way
+    assert 1.0 - 1.46e-3 / 3.36e-3 == pytest.approx(0.565476, abs=1e-6)
+    # alone in its cell (flows 1, the same τ: R = 2.1 ms) no cell-mate holds the medium:
+    # R − 10·τ = 1.1 ms <= 2 ms, and the train ends slow start after round 0 (a window of
+    # 19) for certain, a window-limited flow after it: longer than slow start to the full
+    # link would take, 2·R − 28·τ = 1.4 ms
     alone = float(slow_start_stall_s(139, 0.002, tau, 10, a, k, 1.0))
+    assert alone == pytest.approx(0.0021 - 10 * tau + limited(129, 19, 0.002, a), rel=1e-9)
     assert alone > 2 * (0.002 + tau) - 28 * tau + 1e-3
 
 
