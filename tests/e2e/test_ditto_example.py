@@ -109,15 +109,43 @@ def test_plugin_imports_only_the_public_api() -> None:
     assert imports == ["mecsim.api"], imports
 
 
+#: one fresh process of the venv (each imports torch, mecsim and Ray): the registry's
+#: look-up of ``ditto``, mecsim.testing.check_algorithm("ditto") (its ``ray`` property
+#: starts and stops a Ray of its own), then ``mecsim run ARGV`` (mecsim's ``main``, as
+#: ``python -m mecsim`` calls it), which starts another; exits 0 when both passed
+_KIT_THEN_RUN = (
+    "import json, sys, mecsim.registry as r, mecsim.api as api\n"
+    "server, client = r.ALGORITHMS.get('ditto')\n"
+    "assert issubclass(server, api.ServerAlgorithm), server\n"
+    "assert issubclass(client, api.ClientAlgorithm), client\n"
+    "print(json.dumps(r.ALGORITHMS.info('ditto').as_dict()))\n"
+    "from mecsim.testing import check_algorithm\n"
+    "report = check_algorithm('ditto')\n"
+    "print(report.render())\n"
+    "from mecsim.interfaces.cli import main\n"
+    "code = main(sys.argv[1:])\n"
+    "print(f'mecsim run exit {code}')\n"
+    "sys.exit(0 if report.ok and code == 0 else 1)\n"
+)
+
+
 @pytest.mark.slow
 @pytest.mark.ray
-@pytest.mark.own_ray  # `mecsim run` starts a Ray of its own
-def test_scenario_runs_under_ray(installed: PluginVenv, tmp_path: Path) -> None:
+@pytest.mark.own_ray  # in a subprocess, which starts Ray of its own (twice)
+def test_conformance_kit_and_the_scenario_under_ray(installed: PluginVenv, tmp_path: Path) -> None:
+    """In a fresh process of the venv (this one may have enumerated the entry points
+    before the install): the registry resolves ``ditto`` to the entry point's server and
+    client classes; mecsim.testing.check_algorithm("ditto"): every property of the
+    conformance kit (params, determinism, ray, resume, streaming, movable, optraces,
+    nan_guard) holds; and ``mecsim run`` of the example's scenario under Ray with 2 hosts
+    finishes with Ditto's records. One process for the two, not one each: a fresh
+    interpreter importing torch, mecsim and Ray is most of what a second would add."""
+    pytest.importorskip("mecsim.testing", reason="mecsim.testing (the conformance kit) missing")
     proc = _run(
         [
             installed.python,
-            "-m",
-            "mecsim",
+            "-c",
+            _KIT_THEN_RUN,
             "run",
             str(SCENARIO),
             "--rounds",
@@ -130,9 +158,17 @@ def test_scenario_runs_under_ray(installed: PluginVenv, tmp_path: Path) -> None:
             str(tmp_path),
             "--no-plots",
             "--quiet",
-        ]
+        ],
+        timeout=900,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # the kit
+    info = json.loads(proc.stdout.strip().splitlines()[0])
+    assert info["distribution"] == DIST and info["version"] == "0.1.0"
+    assert info["origin"] == "entry point" and info["target"] == "mecsim_ditto:DITTO"
+    assert "all properties hold" in proc.stdout
+    # the scenario's run
+    assert "mecsim run exit 0" in proc.stdout
     (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     meta = json.loads((run_dir / "run.json").read_text())
     assert meta["status"] == "finished" and meta["backend"] == "ray"
@@ -315,35 +351,3 @@ def test_server_is_a_sample_weighted_average() -> None:
     stats = server.aggregate_fit(0, results)
     np.testing.assert_allclose(server.weights, 2.0)  # (30 * 1 + 10 * 5) / 40
     assert stats.flops == 2.0 * ctx.layout.size * 2 + ctx.layout.size  # 2|w|K + |w|
-
-
-# --------------------------------------------------------------------------- conformance
-
-
-@pytest.mark.slow
-@pytest.mark.ray
-@pytest.mark.own_ray  # in a subprocess (which starts its own Ray for the `ray` property)
-def test_conformance_kit(installed: PluginVenv) -> None:
-    """The registry resolves ``ditto`` to the entry point's server and client classes, and
-    mecsim.testing.check_algorithm("ditto"): every property of the conformance kit
-    (params, determinism, ray, resume, streaming, movable, optraces, nan_guard) holds. In
-    a fresh process (one for both: each imports torch): this one may have enumerated the
-    entry points before the install."""
-    pytest.importorskip("mecsim.testing", reason="mecsim.testing (the conformance kit) missing")
-    code = (
-        "import json, sys, mecsim.registry as r, mecsim.api as api\n"
-        "server, client = r.ALGORITHMS.get('ditto')\n"
-        "assert issubclass(server, api.ServerAlgorithm), server\n"
-        "assert issubclass(client, api.ClientAlgorithm), client\n"
-        "print(json.dumps(r.ALGORITHMS.info('ditto').as_dict()))\n"
-        "from mecsim.testing import check_algorithm\n"
-        "report = check_algorithm('ditto')\n"
-        "print(report.render())\n"
-        "sys.exit(0 if report.ok else 1)\n"
-    )
-    proc = _run([installed.python, "-c", code], timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    info = json.loads(proc.stdout.strip().splitlines()[0])
-    assert info["distribution"] == DIST and info["version"] == "0.1.0"
-    assert info["origin"] == "entry point" and info["target"] == "mecsim_ditto:DITTO"
-    assert "all properties hold" in proc.stdout

@@ -272,23 +272,42 @@ def _run(*argv: str, timeout: float = 600, cwd: Path | None = None) -> str:
     return done.stdout
 
 
-def _mecsim_run(venv: PluginVenv, scenario: Path, out: Path) -> dict:
-    _run(
-        venv.python,
-        "-m",
-        "mecsim",
-        "run",
-        str(scenario),
-        "--backend",
-        "local",
-        "--out",
-        str(out),
-        "--no-plots",
-        "--quiet",
-    )
+#: ``mecsim run ARGS`` (mecsim's ``main``, as ``python -m mecsim`` calls it), then, when it
+#: exited 0, ``python -m pytest PYTEST_ARGS`` (``pytest.main``) in the same fresh process:
+#: ``-c`` ARGS ``--`` PYTEST_ARGS. One interpreter importing torch and mecsim, not two
+_RUN_THEN_TESTS = (
+    "import sys\n"
+    "from mecsim.interfaces.cli import main\n"
+    "cut = sys.argv.index('--')\n"
+    "code = main(sys.argv[1:cut])\n"
+    "print(f'mecsim run exit {code}', flush=True)\n"
+    "if code:\n"
+    "    sys.exit(code)\n"
+    "import pytest\n"
+    "sys.exit(pytest.main(sys.argv[cut + 1:]))\n"
+)
+
+
+def _mecsim_run(
+    venv: PluginVenv,
+    scenario: Path,
+    out: Path,
+    tests: list[Path] | None = None,
+    cwd: Path | None = None,
+) -> tuple[dict, str]:
+    """``mecsim run SCENARIO`` in a fresh process of ``venv`` (in-process backend); with
+    ``tests``, ``python -m pytest -q`` of those folders after it in the same process (in
+    ``cwd``). The run's run.json and the process's stdout."""
+    argv = ["run", str(scenario), "--backend", "local", "--out", str(out), "--no-plots", "--quiet"]
+    if tests is None:
+        stdout = _run(venv.python, "-m", "mecsim", *argv)
+    else:
+        pytest_args = ["-q", "-p", "no:cacheprovider", *(str(t) for t in tests)]
+        stdout = _run(venv.python, "-c", _RUN_THEN_TESTS, *argv, "--", *pytest_args, cwd=cwd)
+        assert "mecsim run exit 0" in stdout, stdout
     (run_dir,) = out.iterdir()
     info: dict = json.loads((run_dir / "run.json").read_text())
-    return info
+    return info, stdout
 
 
 def _entry_point_names(venv: PluginVenv, group: str) -> str:
@@ -316,25 +335,22 @@ def test_a_generated_algorithm_installs_runs_and_passes_its_own_test(
     assert _new(capsys, "algorithm", name, "--dir", str(pkg))[0] == 0
     try:
         plugin_venv.install(pkg)
-        info = _mecsim_run(plugin_venv, pkg / "scenarios" / f"{name}.yaml", tmp_path / "runs")
-        assert info["status"] == "finished"
-        assert _plugins(info) == {"algorithm": (name, _normal(f"mecsim-{name}"))}
+        scenario = pkg / "scenarios" / f"{name}.yaml"
         if importlib.util.find_spec("mecsim.testing") is None:
+            info, _ = _mecsim_run(plugin_venv, scenario, tmp_path / "runs")
+            assert info["status"] == "finished"
+            assert _plugins(info) == {"algorithm": (name, _normal(f"mecsim-{name}"))}
             pytest.skip(
                 "the package installed and its scenario ran; its generated test (which "
                 "runs mecsim.testing.check_algorithm) was not run: mecsim.testing cannot "
                 "be imported in this checkout yet"
             )
-        out = _run(
-            plugin_venv.python,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            str(pkg / "tests"),
-            cwd=pkg,
+        # the scenario with `mecsim run`, then the package's own tests, one process
+        info, out = _mecsim_run(
+            plugin_venv, scenario, tmp_path / "runs", tests=[pkg / "tests"], cwd=pkg
         )
+        assert info["status"] == "finished"
+        assert _plugins(info) == {"algorithm": (name, _normal(f"mecsim-{name}"))}
         assert "2 passed" in out
     finally:
         plugin_venv.uninstall(f"mecsim-{name}")
@@ -350,19 +366,16 @@ def test_a_generated_compressor_installs_runs_and_passes_its_own_test(
     assert _new(capsys, "compressor", name, "--dir", str(pkg))[0] == 0
     try:
         plugin_venv.install(pkg)
-        info = _mecsim_run(plugin_venv, pkg / "scenarios" / f"{name}.yaml", tmp_path / "runs")
-        assert info["status"] == "finished"
-        assert _plugins(info) == {"compressor": (name, _normal(f"mecsim-{name}"))}
-        out = _run(
-            plugin_venv.python,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            str(pkg / "tests"),
+        # the scenario with `mecsim run`, then the package's own tests, one process
+        info, out = _mecsim_run(
+            plugin_venv,
+            pkg / "scenarios" / f"{name}.yaml",
+            tmp_path / "runs",
+            tests=[pkg / "tests"],
             cwd=pkg,
         )
+        assert info["status"] == "finished"
+        assert _plugins(info) == {"compressor": (name, _normal(f"mecsim-{name}"))}
         assert "4 passed" in out
     finally:
         plugin_venv.uninstall(f"mecsim-{name}")
@@ -416,26 +429,21 @@ def test_a_generated_model_data_set_and_channel_install_and_run_together(
     )
     try:
         plugin_venv.install(tmp_path / "m", tmp_path / "d", tmp_path / "c")
-        info = _mecsim_run(plugin_venv, scenario, tmp_path / "runs")
+        # the scenario with `mecsim run`, then each package's own tests (its scenario,
+        # its shapes, its registration), one process
+        info, out = _mecsim_run(
+            plugin_venv,
+            scenario,
+            tmp_path / "runs",
+            tests=[tmp_path / "m" / "tests", tmp_path / "d" / "tests", tmp_path / "c" / "tests"],
+            cwd=tmp_path,
+        )
         assert info["status"] == "finished"
         assert _plugins(info) == {
             "model": (model, _normal(f"mecsim-{model}")),
             "dataset": (dataset, _normal(f"mecsim-{dataset}")),
             "channel": (channel, _normal(f"mecsim-{channel}")),
         }
-        # and each package's own tests (its scenario, its shapes, its registration)
-        out = _run(
-            plugin_venv.python,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            str(tmp_path / "m" / "tests"),
-            str(tmp_path / "d" / "tests"),
-            str(tmp_path / "c" / "tests"),
-            cwd=tmp_path,
-        )
         # 11: the model template checks MNIST's and CIFAR-10's shapes (no 1x8x8 input)
         assert re.search(r"\b11 passed\b", out), out
     finally:
